@@ -1,0 +1,1 @@
+"""The InferenceDeployment API: versioned pydantic models, the source of the CRD."""

@@ -1,0 +1,57 @@
+"""kubeinfer.io/v1alpha1: the InferenceDeployment kind."""
+
+from kubeinfer.operator.api.v1alpha1.conditions import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    Reason,
+    set_condition,
+)
+from kubeinfer.operator.api.v1alpha1.inference_deployment import (
+    AutoscalingSpec,
+    Backend,
+    CacheSpec,
+    CalibrationSpec,
+    EngineSpec,
+    InferenceDeployment,
+    InferenceDeploymentSpec,
+    InferenceDeploymentStatus,
+    ModelSource,
+    ModelSpec,
+    Phase,
+    Precision,
+    RolloutSpec,
+    RolloutStrategy,
+    RuntimeSpec,
+    ShadowSpec,
+)
+from kubeinfer.operator.api.v1alpha1.resource import API_VERSION, GROUP, KIND, PLURAL, VERSION
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "VERSION",
+    "AutoscalingSpec",
+    "Backend",
+    "CacheSpec",
+    "CalibrationSpec",
+    "Condition",
+    "ConditionStatus",
+    "ConditionType",
+    "EngineSpec",
+    "InferenceDeployment",
+    "InferenceDeploymentSpec",
+    "InferenceDeploymentStatus",
+    "ModelSource",
+    "ModelSpec",
+    "Phase",
+    "Precision",
+    "Reason",
+    "RolloutSpec",
+    "RolloutStrategy",
+    "RuntimeSpec",
+    "ShadowSpec",
+    "set_condition",
+]

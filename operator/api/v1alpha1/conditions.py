@@ -1,0 +1,103 @@
+"""Status conditions, as Kubernetes' metav1.Condition describes them.
+
+One enum of types and one of reasons feed both the code and the schema. `set_condition`
+keeps `lastTransitionTime` when a condition's status has not changed, so a reconcile
+that finds nothing new writes an identical status (and the operator patches nothing).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import Field
+
+from kubeinfer.runtime.config import ApiModel
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    ENGINE_READY = "EngineReady"
+    AVAILABLE = "Available"
+    PROGRESSING = "Progressing"
+    SHADOW_PASSED = "ShadowPassed"
+    DEGRADED = "Degraded"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Reason(StrEnum):
+    """Every reason the operator writes: CamelCase, machine-readable, stable."""
+
+    RECONCILING = "Reconciling"
+    INVALID_SPEC = "InvalidSpec"
+    ENGINE_PINNED = "EnginePinned"
+    ENGINE_BUILT = "EngineBuilt"
+    ENGINE_BUILDING = "EngineBuilding"
+    ENGINE_BUILD_FAILED = "EngineBuildFailed"
+    DEPLOYMENT_AVAILABLE = "DeploymentAvailable"
+    DEPLOYMENT_UNAVAILABLE = "DeploymentUnavailable"
+    ROLLING_OUT = "RollingOut"
+    ROLLOUT_COMPLETE = "RolloutComplete"
+    WAITING_FOR_ENGINE = "WaitingForEngine"
+    SHADOW_RUNNING = "ShadowRunning"
+    SHADOW_PASSED = "ShadowPassed"
+    SHADOW_FAILED = "ShadowFailed"
+    NO_CANDIDATE = "NoCandidate"
+    AS_EXPECTED = "AsExpected"
+    READY = "Ready"
+    NOT_READY = "NotReady"
+
+
+class Condition(ApiModel):
+    """One aspect of the InferenceDeployment's state (metav1.Condition)."""
+
+    type: ConditionType
+    """Which aspect: Ready (the summary kstatus, Flux and `kubectl wait` read), EngineReady,
+    Available, Progressing, ShadowPassed or Degraded."""
+
+    status: ConditionStatus
+    """True, False or Unknown."""
+
+    reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    """Why the condition last changed, as one CamelCase word."""
+
+    message: str = Field(default="", max_length=32768)
+    """What happened, for humans."""
+
+    last_transition_time: datetime
+    """When the status last changed from one value to another."""
+
+    observed_generation: int = Field(default=0, ge=0)
+    """The metadata.generation the condition was computed from."""
+
+
+def set_condition(
+    conditions: list[Condition],
+    type: ConditionType,
+    status: ConditionStatus,
+    reason: Reason | str,
+    message: str,
+    generation: int,
+    now: datetime,
+) -> list[Condition]:
+    """Returns `conditions` with `type` set; the transition time moves only on a change of
+    status, and the order of the list is kept (new types are appended)."""
+    new = Condition(
+        type=type,
+        status=status,
+        reason=str(reason),
+        message=message,
+        last_transition_time=now,
+        observed_generation=generation,
+    )
+    for index, existing in enumerate(conditions):
+        if existing.type == type:
+            if existing.status == status:
+                new = new.model_copy(update={"last_transition_time": existing.last_transition_time})
+            return [*conditions[:index], new, *conditions[index + 1 :]]
+    return [*conditions, new]

@@ -1,0 +1,495 @@
+"""The InferenceDeployment spec and status: what an SRE writes and what kubectl reads.
+
+These models are the API. The CRD in `crds/` is generated from them (`kubeinfer crds`),
+their field docstrings are what `kubectl explain` prints, and `kubeinfer validate` and the
+operator validate manifests with them. Units are part of field names.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from kubeinfer.operator.api.v1alpha1.conditions import Condition
+from kubeinfer.runtime.config import ApiModel, BatchingPolicy, CrossFieldRule
+
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+LABEL_VALUE = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+SHA256_HEX = r"^[0-9a-f]{64}$"
+ENGINE_DIGEST = r"^sha256:[0-9a-f]{64}$"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$"
+MODEL_URI = r"^(file|https|s3|gs|pvc)://.+$"
+
+Quantity = Annotated[str, Field(pattern=QUANTITY, max_length=64)]
+
+
+class Backend(StrEnum):
+    TENSORRT = "tensorrt"
+    ONNXRUNTIME = "onnxruntime"
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    INT8 = "int8"
+
+
+class RolloutStrategy(StrEnum):
+    SHADOW = "Shadow"
+    ROLLING = "Rolling"
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    BUILDING_ENGINE = "BuildingEngine"
+    DEPLOYING = "Deploying"
+    SHADOWING = "Shadowing"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"
+
+
+class SecretReference(ApiModel):
+    """A Secret in the InferenceDeployment's namespace."""
+
+    name: str = Field(pattern=DNS1123_LABEL, max_length=253)
+    """The Secret's name. Its keys are passed to the model fetcher as environment variables
+    (e.g. AWS_ACCESS_KEY_ID for s3://)."""
+
+
+class ModelSource(ApiModel):
+    """Where the ONNX model is fetched from."""
+
+    uri: str = Field(pattern=MODEL_URI, max_length=2048)
+    """The model's location: file://, https://, s3://, gs:// or pvc://CLAIM/PATH."""
+
+    sha256: str | None = Field(default=None, pattern=SHA256_HEX)
+    """The model file's expected sha256 (64 lowercase hex digits); a download that does not
+    match is refused."""
+
+    secret_ref: SecretReference | None = None
+    """Credentials for the source, if it needs any."""
+
+
+class ModelSpec(ApiModel):
+    """The model being served."""
+
+    name: str = Field(pattern=DNS1123_LABEL, max_length=63)
+    """The name clients use in /v2/models/{name}/infer (a DNS-1123 label)."""
+
+    version: str = Field(pattern=LABEL_VALUE, max_length=63)
+    """The model's version; changing it rolls out a new engine. Must be a valid label
+    value, since it labels every child object."""
+
+    source: ModelSource
+    """Where the ONNX model comes from."""
+
+
+class CalibrationSpec(ApiModel):
+    """INT8 calibration data: an .npz file with one array per model input, each of shape
+    [samples, ...input shape without batch]."""
+
+    uri: str = Field(pattern=MODEL_URI, max_length=2048)
+    """Location of the .npz calibration file (same schemes as the model source)."""
+
+    sha256: str | None = Field(default=None, pattern=SHA256_HEX)
+    """The calibration file's expected sha256."""
+
+
+class CacheSpec(ApiModel):
+    """The content-addressed engine cache: a PersistentVolumeClaim shared by the build Job
+    and the runtime pods. Either the operator creates a claim (size, storageClassName) or
+    an existing claim is named (existingClaim)."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="!(has(self.existingClaim) && has(self.storageClassName))",
+            message="storageClassName applies only to a claim the operator creates; "
+            "leave it out with existingClaim",
+            field="storageClassName",
+            holds=lambda c: not (c.existing_claim and c.storage_class_name),
+        ),
+    )
+
+    existing_claim: str | None = Field(default=None, pattern=DNS1123_LABEL, max_length=253)
+    """An existing PersistentVolumeClaim to use as the cache; the operator creates none."""
+
+    size: Quantity = "10Gi"
+    """Capacity of the claim the operator creates (a Kubernetes quantity)."""
+
+    storage_class_name: str | None = Field(default=None, max_length=253)
+    """StorageClass of the claim the operator creates; the cluster default when unset."""
+
+    access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
+    """Access mode of the claim the operator creates. ReadWriteMany lets runtime pods on
+    several nodes share one cache."""
+
+
+class AccuracyGate(ApiModel):
+    """Limits on what a lower precision may cost, checked against the fp32 reference when
+    the engine is built; an engine that fails them is not published."""
+
+    max_top1_drop: float | None = Field(default=None, ge=0, le=1)
+    """Largest acceptable fall in top-1 agreement with fp32 (0.01 is one point)."""
+
+    min_cosine: float | None = Field(default=None, ge=-1, le=1)
+    """Smallest acceptable cosine similarity between the engine's outputs and fp32's."""
+
+
+class EngineSpec(ApiModel):
+    """How the model becomes an engine: built once per set of inputs into the cache, or
+    pinned to a known-good engine by digest."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="self.precision != 'int8' || has(self.calibration) || has(self.pin)",
+            message="precision int8 needs calibration data unless the engine is pinned",
+            field="calibration",
+            holds=lambda e: e.precision != Precision.INT8
+            or e.calibration is not None
+            or e.pin is not None,
+        ),
+        CrossFieldRule(
+            cel="!has(self.pin) || self.pin.matches('^sha256:[0-9a-f]{64}$')",
+            message="pin must be sha256: followed by 64 lowercase hex digits",
+            field="pin",
+            holds=lambda e: e.pin is None or re.fullmatch(ENGINE_DIGEST, e.pin) is not None,
+        ),
+    )
+
+    backend: Backend = Backend.ONNXRUNTIME
+    """tensorrt (GPU nodes) or onnxruntime (CPU)."""
+
+    precision: Precision = Precision.FP32
+    """fp32, fp16 or int8 (int8 needs calibration unless pinned)."""
+
+    max_batch_size: int = Field(default=32, ge=1, le=1024)
+    """Largest batch the engine is built for (its optimisation profile spans 1..this)."""
+
+    calibration: CalibrationSpec | None = None
+    """INT8 calibration data; required for int8 unless the engine is pinned."""
+
+    pin: str | None = Field(default=None, max_length=71)
+    """Serve exactly this engine from the cache (sha256:<64 hex>) and build nothing."""
+
+    cache: CacheSpec = Field(default_factory=CacheSpec)
+    """Where engines are stored."""
+
+    accuracy: AccuracyGate | None = None
+    """Accuracy gates for reduced-precision builds."""
+
+
+class Toleration(ApiModel):
+    """A pod toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(default=None, max_length=317)
+    """The taint key; empty with operator Exists matches every taint."""
+
+    operator: Literal["Exists", "Equal"] = "Equal"
+    """Exists or Equal."""
+
+    value: str | None = Field(default=None, max_length=63)
+    """The taint value, for operator Equal."""
+
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    """The taint effect to match; all effects when unset."""
+
+    toleration_seconds: int | None = Field(default=None, ge=0)
+    """For NoExecute, how long the pod stays bound after the taint appears."""
+
+
+class ResourceSpec(ApiModel):
+    """Compute resources of each runtime pod."""
+
+    gpus: int = Field(default=0, ge=0, le=16)
+    """NVIDIA GPUs (nvidia.com/gpu) per pod; tensorrt needs at least one."""
+
+    cpu: Quantity | None = None
+    """CPU request and limit per pod, e.g. "2"."""
+
+    memory: Quantity | None = None
+    """Memory request and limit per pod, e.g. "4Gi"."""
+
+
+class RuntimeSpec(ApiModel):
+    """The runtime pods: dynamic-batching inference servers."""
+
+    image: str | None = Field(default=None, max_length=512)
+    """Runtime container image; the operator's default image when unset."""
+
+    replicas: int = Field(default=1, ge=0, le=1000)
+    """Pods to run while autoscaling is off (`kubectl scale` sets this)."""
+
+    resources: ResourceSpec = Field(default_factory=ResourceSpec)
+    """Per-pod GPUs, CPU and memory."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the pods (and engine builds) must match."""
+
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    """Taints the pods (and engine builds) tolerate."""
+
+    gpu_product: str | None = Field(default=None, pattern=LABEL_VALUE, max_length=63)
+    """The nvidia.com/gpu.product node label value (e.g. NVIDIA-H100-80GB-HBM3) that both
+    engine builds and runtime pods must match, since a TensorRT engine only runs on the
+    GPU it was built for."""
+
+    batching: BatchingPolicy = Field(default_factory=BatchingPolicy)
+    """The dynamic batcher's policy."""
+
+
+class ShadowThresholds(ApiModel):
+    """When a shadowed candidate is good enough to promote."""
+
+    max_absolute_output_difference: float = Field(default=0.01, ge=0)
+    """Largest acceptable absolute difference between candidate and serving outputs."""
+
+    min_top1_agreement: float = Field(default=0.99, ge=0, le=1)
+    """Smallest acceptable fraction of requests whose top-1 class agrees (0..1)."""
+
+    max_p99_latency_regression_percent: float = Field(default=10, ge=0, le=1000)
+    """Largest acceptable p99 latency increase of the candidate over serving, in percent."""
+
+
+class ShadowSpec(ApiModel):
+    """Shadow testing: mirrored live traffic to the candidate, compared with serving."""
+
+    traffic_percent: int = Field(default=10, ge=1, le=100)
+    """Share of live requests mirrored to the candidate, in percent."""
+
+    min_samples: int = Field(default=1000, ge=1, le=10_000_000)
+    """Mirrored requests needed before a verdict."""
+
+    max_duration_seconds: int = Field(default=3600, ge=1, le=604_800)
+    """Longest a shadow test runs; a candidate without enough samples by then is rolled
+    back."""
+
+    thresholds: ShadowThresholds = Field(default_factory=ShadowThresholds)
+    """Promotion thresholds."""
+
+
+class RolloutSpec(ApiModel):
+    """How a new model version or engine replaces the serving one."""
+
+    strategy: RolloutStrategy = RolloutStrategy.ROLLING
+    """Rolling (replace pods as soon as the new engine is ready) or Shadow (mirror traffic
+    to the candidate, then promote or roll back on the thresholds)."""
+
+    shadow: ShadowSpec = Field(default_factory=ShadowSpec)
+    """Shadow test settings, used with strategy Shadow."""
+
+
+class PrometheusSpec(ApiModel):
+    """The Prometheus the autoscaler queries."""
+
+    url: str | None = Field(default=None, pattern=r"^https?://.+$", max_length=2048)
+    """Prometheus base URL; the operator's default when unset."""
+
+
+class AutoscalingSpec(ApiModel):
+    """Scaling on queue depth and GPU memory pressure, read from Prometheus."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="self.minReplicas <= self.maxReplicas",
+            message="minReplicas must be at most maxReplicas",
+            field="minReplicas",
+            holds=lambda a: a.min_replicas <= a.max_replicas,
+        ),
+    )
+
+    enabled: bool = False
+    """Scale automatically; runtime.replicas is then ignored."""
+
+    min_replicas: int = Field(default=1, ge=1, le=1000)
+    """Fewest pods."""
+
+    max_replicas: int = Field(default=4, ge=1, le=1000)
+    """Most pods."""
+
+    target_queue_depth_per_replica: float = Field(default=8, gt=0, le=100_000)
+    """Queued requests per pod the autoscaler aims for."""
+
+    gpu_memory_high_watermark: float = Field(default=0.9, ge=0, le=1)
+    """GPU memory used ratio (0..1) above which the autoscaler adds a pod."""
+
+    scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600)
+    """How long a higher recommendation must hold before scaling up."""
+
+    scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600)
+    """How long a lower recommendation must hold before scaling down."""
+
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
+    """Where metrics are read."""
+
+
+class SloSpec(ApiModel):
+    """Service level objectives that status reports against."""
+
+    p99_latency_milliseconds: float | None = Field(default=None, gt=0, le=3_600_000)
+    """Target p99 request latency in milliseconds."""
+
+
+class InferenceDeploymentSpec(ApiModel):
+    """The desired state of a model served on Kubernetes."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="self.runtime.batching.maxBatchSize <= self.engine.maxBatchSize",
+            message="runtime.batching.maxBatchSize must be at most engine.maxBatchSize",
+            field="runtime.batching.maxBatchSize",
+            holds=lambda s: s.runtime.batching.max_batch_size <= s.engine.max_batch_size,
+        ),
+        CrossFieldRule(
+            cel="self.engine.backend != 'tensorrt' || self.runtime.resources.gpus >= 1",
+            message="backend tensorrt needs runtime.resources.gpus of at least 1",
+            field="runtime.resources.gpus",
+            holds=lambda s: s.engine.backend != Backend.TENSORRT or s.runtime.resources.gpus >= 1,
+        ),
+    )
+
+    model: ModelSpec
+    """The model to serve."""
+
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    """How the model becomes an engine."""
+
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    """The runtime pods."""
+
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
+    """How new versions replace the serving one."""
+
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    """Autoscaling on queue depth and GPU memory pressure."""
+
+    slo: SloSpec = Field(default_factory=SloSpec)
+    """Latency objective reported in status."""
+
+
+class EngineStatus(ApiModel):
+    """The engine the current generation uses."""
+
+    digest: str | None = Field(default=None, max_length=71)
+    """Content digest of the engine in the cache (sha256:...)."""
+
+    backend: Backend | None = None
+    """Backend the engine was built with."""
+
+    precision: Precision | None = None
+    """Precision the engine was built with."""
+
+    target: str | None = Field(default=None, max_length=64)
+    """What the engine was built for: `cpu`, or the GPU's compute capability (sm_90)."""
+
+    max_batch_size: int | None = Field(default=None, ge=1)
+    """Largest batch the engine's profile accepts."""
+
+
+class VersionStatus(ApiModel):
+    """A model version and the engine it runs."""
+
+    version: str | None = Field(default=None, max_length=63)
+    """The model version."""
+
+    engine_digest: str | None = Field(default=None, max_length=71)
+    """The engine's digest."""
+
+
+class CandidateStatus(VersionStatus):
+    """The version under shadow test."""
+
+    samples: int = Field(default=0, ge=0)
+    """Mirrored requests compared so far."""
+
+    verdict: Literal["Pending", "Passed", "Failed"] = "Pending"
+    """Outcome of the shadow test."""
+
+
+class MetricsStatus(ApiModel):
+    """Load figures last read from Prometheus."""
+
+    queue_depth: float | None = Field(default=None, ge=0)
+    """Requests queued across all pods."""
+
+    p99_milliseconds: float | None = Field(default=None, ge=0)
+    """p99 request latency in milliseconds."""
+
+    gpu_memory_used_ratio: float | None = Field(default=None, ge=0, le=1)
+    """Highest GPU memory used ratio among the pods (0..1)."""
+
+
+class InferenceDeploymentStatus(ApiModel):
+    """The observed state, written only by the operator."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    """The metadata.generation this status describes."""
+
+    phase: Phase = Phase.PENDING
+    """Pending, BuildingEngine, Deploying, Shadowing, Ready, Degraded or Failed."""
+
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    """Ready (the summary), EngineReady, Available, Progressing, ShadowPassed, Degraded."""
+
+    engine: EngineStatus | None = None
+    """The current generation's engine."""
+
+    serving: VersionStatus | None = None
+    """The version that serves live traffic."""
+
+    candidate: CandidateStatus | None = None
+    """The version under shadow test, if any."""
+
+    replicas: int = Field(default=0, ge=0)
+    """Desired runtime pods (the scale subresource reads this)."""
+
+    ready_replicas: int = Field(default=0, ge=0)
+    """Runtime pods ready to serve."""
+
+    ready: str = Field(default="0/0", max_length=32)
+    """readyReplicas/replicas, for `kubectl get`."""
+
+    selector: str = Field(default="", max_length=1024)
+    """Label selector of the runtime pods, for the scale subresource and HPAs."""
+
+    metrics: MetricsStatus | None = None
+    """Load figures from Prometheus."""
+
+
+class ObjectMeta(ApiModel):
+    """The parts of metadata that `kubeinfer validate` checks; the rest is kept as is."""
+
+    model_config = {**ApiModel.model_config, "extra": "allow"}
+
+    name: str = Field(pattern=DNS1123_LABEL, max_length=52)
+    """The object's name (a DNS-1123 label of at most 52 characters, so that child names
+    with suffixes stay valid)."""
+
+    namespace: str | None = Field(default=None, pattern=DNS1123_LABEL, max_length=63)
+    """The object's namespace."""
+
+
+class InferenceDeployment(ApiModel):
+    """A whole InferenceDeployment document, as read from a manifest or the API."""
+
+    api_version: Literal["kubeinfer.io/v1alpha1"]
+    """kubeinfer.io/v1alpha1."""
+
+    kind: Literal["InferenceDeployment"]
+    """InferenceDeployment."""
+
+    metadata: ObjectMeta
+    """Standard object metadata."""
+
+    spec: InferenceDeploymentSpec
+    """The desired state."""
+
+    status: InferenceDeploymentStatus | None = None
+    """The observed state."""

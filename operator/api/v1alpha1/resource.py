@@ -1,0 +1,36 @@
+"""The CRD's descriptor: names, scope, subresources and printer columns. Pure data."""
+
+from __future__ import annotations
+
+GROUP = "kubeinfer.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceDeployment"
+PLURAL = "inferencedeployments"
+SINGULAR = "inferencedeployment"
+SHORT_NAMES = ["infd"]
+CATEGORIES = ["all", "kubeinfer"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# `kubectl scale infd/x --replicas=3` writes spec.runtime.replicas; HPAs read the selector.
+SCALE_SUBRESOURCE = {
+    "specReplicasPath": ".spec.runtime.replicas",
+    "statusReplicasPath": ".status.replicas",
+    "labelSelectorPath": ".status.selector",
+}
+
+PRINTER_COLUMNS = [
+    {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+    {"name": "Version", "type": "string", "jsonPath": ".spec.model.version"},
+    {"name": "Backend", "type": "string", "jsonPath": ".spec.engine.backend"},
+    {"name": "Precision", "type": "string", "jsonPath": ".spec.engine.precision"},
+    {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {
+        "name": "P99",
+        "type": "number",
+        "jsonPath": ".status.metrics.p99Milliseconds",
+        "description": "p99 request latency in milliseconds",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]

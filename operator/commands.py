@@ -1,0 +1,14 @@
+"""The control plane's subcommands of the `kubeinfer` CLI (`crds`, `validate`, `render`,
+`operator`). Each lives in its own module and exposes `register(subparsers)`."""
+
+from __future__ import annotations
+
+import argparse
+
+from kubeinfer.operator import crds_command, validate_command
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Adds the control plane's subcommands to the `kubeinfer` parser."""
+    for register_command in (crds_command.register, validate_command.register):
+        register_command(subparsers)

@@ -1,0 +1,1 @@
+"""Generates the InferenceDeployment CRD from the pydantic models."""

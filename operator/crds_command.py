@@ -1,0 +1,37 @@
+"""`kubeinfer crds`: prints the CRD generated from the models; `--write` refreshes the
+committed copies, `--check` fails when they are stale."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kubeinfer.operator.crdgen.crd import CRD_FILE, HELM_CRD_FILE, render_crd_yaml
+
+
+def run(write: bool, check: bool, root: Path) -> int:
+    text = render_crd_yaml()
+    targets = [root / CRD_FILE, root / HELM_CRD_FILE]
+    if check:
+        stale = [str(t) for t in targets if not t.exists() or t.read_text() != text]
+        for target in stale:
+            print(f"{target} is stale: run `kubeinfer crds --write`", file=sys.stderr)
+        return 1 if stale else 0
+    if write:
+        for target in targets:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            print(f"wrote {target}", file=sys.stderr)
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser("crds", help="print the InferenceDeployment CRD")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="write crds/ and the Helm chart copy")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the committed CRDs are stale")
+    parser.add_argument("--root", type=Path, default=Path("."), help="repository root")
+    parser.set_defaults(handler=lambda args: run(args.write, args.check, args.root))

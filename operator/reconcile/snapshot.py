@@ -1,0 +1,65 @@
+"""What one reconcile pass starts from and what it decides: plain frozen values.
+
+`gather` (I/O) fills an `ObservedState`; `decide` (pure) returns a `Decision`; `apply`
+(I/O) carries it out. Children are plain Kubernetes object dicts, exactly as the API
+server returns them (observed) or as they are server-side applied (desired).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
+
+KubeObject = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    """The InferenceDeployment being reconciled."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+
+
+@dataclass(frozen=True)
+class ObservedState:
+    """Everything the decision may look at. Children are those owned by the
+    InferenceDeployment (by ownerReference), found through their labels."""
+
+    owner: OwnerRef
+    spec: InferenceDeploymentSpec
+    status: InferenceDeploymentStatus
+    pvc: KubeObject | None = None
+    configmap: KubeObject | None = None
+    deployment: KubeObject | None = None
+    service: KubeObject | None = None
+    jobs: tuple[KubeObject, ...] = ()
+    job_pods: tuple[KubeObject, ...] = ()
+    """Pods of the build Jobs, where the build's digest is read from the termination
+    message."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to emit on the InferenceDeployment."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one pass: the children that should exist (applied as given, with
+    field manager `kubeinfer`), children to delete (kind, name), the new status and the
+    events to emit. `requeue_after_seconds` asks for another pass (e.g. build backoff)."""
+
+    apply: tuple[KubeObject, ...] = ()
+    delete: tuple[tuple[str, str], ...] = ()
+    status: InferenceDeploymentStatus = field(default_factory=InferenceDeploymentStatus)
+    events: tuple[Event, ...] = ()
+    requeue_after_seconds: float | None = None

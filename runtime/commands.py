@@ -1,0 +1,15 @@
+"""The runtime's subcommands of the `kubeinfer` CLI (`serve`, `build`).
+
+Each command module exposes `register(subparsers)`; this module only lists them, so the
+control plane's CLI can mount them without knowing their flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Adds the runtime's subcommands to the `kubeinfer` parser."""
+    for register_command in ():
+        register_command(subparsers)

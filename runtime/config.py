@@ -1,0 +1,123 @@
+"""The runtime's typed configuration, and the model base both planes share.
+
+`BatchingPolicy` is the single definition of the dynamic batcher's knobs: the operator's
+InferenceDeployment spec embeds it (so the CRD schema is generated from it) and renders
+it into the runtime's ConfigMap, and `kubeinfer serve` validates it at start. Field
+docstrings become the CRD's descriptions, which `kubectl explain` prints.
+
+Cross-field rules are declared once as `CrossFieldRule`s: the same rule yields the CRD's
+CEL `x-kubernetes-validations` entry and the pydantic check, with one message, so the API
+server, `kubeinfer validate` and the operator reject a manifest in the same words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+
+class CrossFieldRuleViolation(ValueError):
+    """A cross-field rule did not hold; `field` is the camelCase path below the model."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class CrossFieldRule:
+    """One rule over several fields of a model, checked by the API server and by pydantic.
+
+    `cel` is evaluated by the API server with `self` bound to the model's object; `holds`
+    is the same predicate over the pydantic instance. `field` (camelCase, dotted, relative
+    to the model) is where the error is reported, in both places.
+    """
+
+    cel: str
+    message: str
+    field: str
+    holds: Callable[[Any], bool]
+
+    def to_schema(self) -> dict[str, str]:
+        return {"rule": self.cel, "message": self.message, "fieldPath": f".{self.field}"}
+
+
+class ApiModel(BaseModel):
+    """Base of every API and config model: camelCase on the wire, unknown fields refused,
+    immutable once validated, and field docstrings used as descriptions."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+        validate_default=True,
+    )
+
+    cross_field_rules: ClassVar[tuple[CrossFieldRule, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.cross_field_rules:
+            extra = cls.model_config.get("json_schema_extra") or {}
+            assert isinstance(extra, dict)
+            cls.model_config = {
+                **cls.model_config,
+                "json_schema_extra": {
+                    **extra,
+                    "x-kubernetes-validations": [r.to_schema() for r in cls.cross_field_rules],
+                },
+            }
+
+    @model_validator(mode="after")
+    def _check_cross_field_rules(self) -> Self:
+        for rule in self.cross_field_rules:
+            if not rule.holds(self):
+                raise CrossFieldRuleViolation(rule.message, rule.field)
+        return self
+
+    def to_wire(self) -> dict[str, Any]:
+        """The camelCase JSON form, without unset optional fields."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class BatchingPolicy(ApiModel):
+    """How the runtime's dynamic batcher forms batches."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="self.preferredBatchSizes.all(s, s <= self.maxBatchSize)",
+            message="every preferredBatchSizes entry must be at most maxBatchSize",
+            field="preferredBatchSizes",
+            holds=lambda p: all(s <= p.max_batch_size for s in p.preferred_batch_sizes),
+        ),
+    )
+
+    max_batch_size: int = Field(default=32, ge=1, le=1024)
+    """Largest batch (in items along the first dimension) the batcher sends to the engine."""
+
+    max_queue_delay_microseconds: int = Field(default=2000, ge=0, le=1_000_000)
+    """Longest a request waits for others to join its batch. The batcher waits only when a
+    larger batch can help (a preferred size is not yet reached); a lone request on an idle
+    server runs at once."""
+
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=1024)]] = Field(default_factory=list, max_length=16)
+    """Batch sizes the engine runs best at (e.g. its optimisation profile's sizes); the
+    batcher flushes as soon as one is reached. Each must be at most maxBatchSize."""
+
+    execution_slots: int = Field(default=2, ge=1, le=16)
+    """Batches run concurrently. Each slot owns buffers preallocated for maxBatchSize (and a
+    CUDA stream on GPU), so a second slot overlaps copies with the first slot's compute."""
+
+    max_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
+    """Most requests waiting in the queue; beyond it requests are refused at once with 503
+    and Retry-After, so latency never grows without bound."""
+
+    default_timeout_milliseconds: int = Field(default=10_000, ge=1, le=3_600_000)
+    """Deadline of a request that sets no `timeout` parameter; a request still queued at its
+    deadline is answered with a timeout error and never executed."""
