@@ -121,3 +121,65 @@ class BatchingPolicy(ApiModel):
     default_timeout_milliseconds: int = Field(default=10_000, ge=1, le=3_600_000)
     """Deadline of a request that sets no `timeout` parameter; a request still queued at its
     deadline is answered with a timeout error and never executed."""
+
+
+class EngineSource(ApiModel):
+    """Which engine a runtime serves: an ONNX file as it is, or an engine from the
+    content-addressed cache by digest (verified against its manifest before serving)."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="has(self.onnxPath) != has(self.digest)",
+            message="set exactly one of onnxPath and digest",
+            field="digest",
+            holds=lambda s: (s.onnx_path is None) != (s.digest is None),
+        ),
+        CrossFieldRule(
+            cel="!has(self.digest) || has(self.cacheDirectory)",
+            message="an engine digest needs cacheDirectory",
+            field="cacheDirectory",
+            holds=lambda s: s.digest is None or s.cache_directory is not None,
+        ),
+    )
+
+    onnx_path: str | None = None
+    """An ONNX model file served with ONNX Runtime as it is (no build)."""
+
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
+    """An engine in the cache, by digest (sha256:<64 hex>)."""
+
+    cache_directory: str | None = None
+    """The engine cache's root directory (the mounted cache volume)."""
+
+
+class RuntimeConfig(ApiModel):
+    """Everything `kubeinfer serve` needs: the operator renders this model, serialized,
+    into the runtime's ConfigMap; flags override it field by field."""
+
+    model_name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    """The served model's name (the {name} in /v2/models/{name}/infer)."""
+
+    model_version: str = Field(default="1", max_length=63)
+    """The served model's version, reported in metadata and metric labels."""
+
+    engine: EngineSource
+    """The engine to serve."""
+
+    batching: BatchingPolicy = Field(default_factory=BatchingPolicy)
+    """The dynamic batcher's policy."""
+
+    host: str = "0.0.0.0"
+    """Address the HTTP server listens on."""
+
+    http_port: int = Field(default=8000, ge=1, le=65535)
+    """Port of the v2 inference API and /metrics."""
+
+    max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """Largest request body accepted; larger ones are refused with 413."""
+
+    drain_grace_period_seconds: float = Field(default=30, ge=0, le=3600)
+    """After SIGTERM, how long queued and in-flight requests may take to be answered
+    before the process exits anyway."""
+
+    intra_op_threads: int | None = Field(default=None, ge=1, le=256)
+    """ONNX Runtime intra-op threads per execution slot; its default when unset."""
