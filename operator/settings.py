@@ -1,0 +1,106 @@
+"""The operator's own configuration, read once at start from `KUBEINFER_*` variables.
+
+A plain frozen pydantic model rather than pydantic-settings: the operator has a handful of
+scalar knobs, and `from_env` keeps the mapping from variable to field explicit and
+testable with a dict instead of a patched environment. Every duration carries its unit.
+The pure reconcile core receives an instance as an argument; nothing reads the
+environment at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "KUBEINFER_"
+
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/kubeinfer/kubeinfer:0.1.0"
+
+
+class InvalidSettings(ValueError):
+    """An environment variable the operator cannot use; the message names it."""
+
+
+class OperatorSettings(BaseModel):
+    """Operator-wide defaults and timings (each field maps to `KUBEINFER_<FIELD_NAME>`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    runtime_image: str = Field(default=DEFAULT_RUNTIME_IMAGE, min_length=1, max_length=512)
+    """Image of the runtime pods and of the engine build Jobs when the spec names none (both
+    run the `kubeinfer` CLI)."""
+
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Pull policy of the containers the operator creates."""
+
+    field_manager: str = Field(default="kubeinfer", min_length=1, max_length=128)
+    """Server-side apply field manager: the operator owns exactly the fields it sets."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch (comma-separated in the environment); empty means the whole
+    cluster."""
+
+    resync_interval_seconds: float = Field(default=60, gt=0, le=86_400)
+    """Period of the timer that reconciles every object even when nothing changed."""
+
+    build_poll_seconds: float = Field(default=10, gt=0, le=3600)
+    """How soon to look again while a build Job runs (its pod's termination message is
+    not always announced by an event on the Job)."""
+
+    build_backoff_seconds: float = Field(default=30, gt=0, le=86_400)
+    """Delay before retrying after the first failed build attempt; doubles per attempt."""
+
+    build_backoff_max_seconds: float = Field(default=1800, gt=0, le=86_400)
+    """Longest delay between build attempts."""
+
+    build_backoff_limit: int = Field(default=1, ge=0, le=10)
+    """The build Job's own pod retries (Job.spec.backoffLimit) before the attempt fails."""
+
+    build_active_deadline_seconds: int = Field(default=3600, ge=60, le=86_400)
+    """Longest one build attempt may run (Job.spec.activeDeadlineSeconds)."""
+
+    build_ttl_seconds_after_finished: int = Field(default=86_400, ge=0, le=31_536_000)
+    """How long finished build Jobs are kept before Kubernetes deletes them; the built
+    engine's digest is kept on the runtime ConfigMap, so nothing is rebuilt after."""
+
+    pre_stop_sleep_seconds: int = Field(default=5, ge=0, le=300)
+    """Pause before SIGTERM reaches a runtime pod, so Service endpoints stop sending it
+    traffic before it starts draining."""
+
+    drain_grace_period_seconds: int = Field(default=30, ge=0, le=3600)
+    """How long a terminating runtime pod may answer queued and in-flight requests (the
+    runtime's drainGracePeriodSeconds); the pod's termination grace period is longer."""
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split_namespaces(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def termination_grace_period_seconds(self) -> int:
+        """preStop pause + drain + a margin, so the kubelet never kills a draining pod."""
+        return self.pre_stop_sleep_seconds + self.drain_grace_period_seconds + 10
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:
+        """Reads `KUBEINFER_<FIELD>` variables (unset ones keep their defaults); raises
+        InvalidSettings naming the variable on a bad value."""
+        environ = os.environ if environ is None else environ
+        values = {
+            name: environ[ENV_PREFIX + name.upper()]
+            for name in cls.model_fields
+            if ENV_PREFIX + name.upper() in environ
+        }
+        try:
+            return cls.model_validate(values)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{ENV_PREFIX}{str(detail['loc'][0]).upper()}: {detail['msg']}"
+                for detail in error.errors(include_url=False)
+            )
+            raise InvalidSettings(problems) from None
