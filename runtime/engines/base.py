@@ -33,6 +33,35 @@ V2_TO_NUMPY: dict[str, np.dtype] = {
 NUMPY_TO_V2: dict[np.dtype, str] = {v: k for k, v in V2_TO_NUMPY.items()}
 
 
+class EngineError(Exception):
+    """Base of what an engine raises. The data plane turns it into its own error (a batch
+    that failed is every one of its requests' error); nothing here knows HTTP."""
+
+
+class UnsupportedModel(EngineError):
+    """At load: the model cannot be served by this engine (a datatype with no v2
+    equivalent, a dimension other than the batch one that is dynamic, no batch dimension).
+    A start-up error, so the message names the tensor and what to change."""
+
+
+class BatchSizeError(EngineError, ValueError):
+    """A batch outside 1..max_batch_size was asked of a slot: the batcher's bug, never a
+    client's (requests larger than maxBatchSize are refused before they are queued)."""
+
+
+class BackendUnavailable(EngineError):
+    """The backend's libraries (TensorRT, pycuda, a CUDA device) are missing here."""
+
+
+def check_batch_size(batch_size: int, max_batch_size: int) -> None:
+    """Raises `BatchSizeError` unless 1 <= batch_size <= max_batch_size."""
+    if not 1 <= batch_size <= max_batch_size:
+        raise BatchSizeError(
+            f"batch size {batch_size} is outside 1..{max_batch_size} (the slot's buffers "
+            f"hold max_batch_size={max_batch_size} rows)"
+        )
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One input or output: `shape` includes the batch dimension first, as -1."""

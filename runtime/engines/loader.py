@@ -1,0 +1,43 @@
+"""One entry point from a model file and a backend name to a loaded `Engine`.
+
+The backend modules are imported here, lazily, so that choosing ONNX Runtime never
+imports TensorRT or pycuda, and a missing GPU stack is reported only when asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from kubeinfer.runtime.engines.base import Engine
+
+Backend = Literal["onnxruntime", "tensorrt"]
+BACKENDS: tuple[str, ...] = ("onnxruntime", "tensorrt")
+
+
+def load_engine(
+    path: str | os.PathLike[str],
+    backend: str,
+    max_batch_size: int,
+    intra_op_threads: int | None = None,
+) -> Engine:
+    """Loads `path` with `backend`: an ONNX file for "onnxruntime", a serialized TensorRT
+    plan for "tensorrt" (whose optimisation profile must allow `max_batch_size`).
+
+    Raises FileNotFoundError for a missing file, ValueError for an unknown backend,
+    `UnsupportedModel` for a model the backend cannot serve, and `BackendUnavailable`
+    when TensorRT / pycuda / a CUDA device is missing. `intra_op_threads` applies to
+    ONNX Runtime only.
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no model file at {os.fspath(path)}")
+    if backend == "onnxruntime":
+        from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
+
+        return OnnxRuntimeEngine(path, max_batch_size, intra_op_threads=intra_op_threads)
+    if backend == "tensorrt":
+        from kubeinfer.runtime.engines.tensorrt import TensorRTEngine
+
+        return TensorRTEngine(path, max_batch_size)
+    raise ValueError(f"unknown engine backend {backend!r}; choose one of {', '.join(BACKENDS)}")

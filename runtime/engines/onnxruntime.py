@@ -1,0 +1,277 @@
+"""The ONNX Runtime CPU engine: execution slots over preallocated, reused numpy buffers.
+
+Why IO binding, and one binding per batch size: `InferenceSession.run` allocates every
+output array on each call and converts every input, and rebinding an `IOBinding` costs
+more than the run itself on a small model (measured: tiny MLP, batch 1: `run` 33 us,
+rebinding then running 70 us, a binding made once and reused 17 us). So each slot
+allocates its input and output buffers once for `max_batch_size` rows, and at creation
+builds, for every batch size n, an `IOBinding` of views of the first n rows plus the
+dict of those views. `run(n)` is then a single `run_with_iobinding` on a ready binding:
+ONNX Runtime reads the input rows in place and writes the outputs straight into the
+slot's buffers; no tensor buffer is allocated on the hot path (a test counts them).
+
+Sessions: one `InferenceSession` shared by every slot by default (ONNX Runtime's `Run`
+is thread-safe; each slot has its own bindings and buffers). A session per slot is
+available (`session_per_slot=True`): it gives each slot its own intra-op thread pool, at
+the cost of a copy of the weights per slot; see `tests/benchmarks/ort_slots.py` for the
+measurement behind the default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from kubeinfer.runtime.engines.base import (
+    EngineError,
+    TensorSpec,
+    UnsupportedModel,
+    check_batch_size,
+)
+
+# ONNX Runtime's type strings with a v2 datatype; anything else (string, bfloat16, fp8,
+# sequences, maps) is refused at load with `UnsupportedModel`.
+ORT_TO_V2: dict[str, str] = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+}
+
+# Buffers start on a cache-line boundary, as MLAS's own allocations do.
+_ALIGNMENT = 64
+
+
+def serving_session_options(intra_op_threads: int | None) -> ort.SessionOptions:
+    """Options for serving: full graph optimisation, sequential execution (one batch
+    never needs inter-op parallelism; concurrency comes from slots), the memory arena and
+    memory patterns kept on (intermediates are reused across runs), warnings silenced.
+
+    `intra_op_threads` None keeps ONNX Runtime's default (one thread per physical core).
+    Spinning is off when the pool has workers: a worker that spins after its share of a
+    batch burns a core the HTTP loop and the other slots need (serving shares the CPU).
+    """
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.inter_op_num_threads = 1
+    if intra_op_threads is not None:
+        if intra_op_threads < 1:
+            raise ValueError(f"intra_op_threads must be at least 1, got {intra_op_threads}")
+        options.intra_op_num_threads = intra_op_threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.enable_cpu_mem_arena = True
+    options.enable_mem_pattern = True
+    options.log_severity_level = 3
+    return options
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A C-contiguous array on a 64-byte boundary with every page touched now, so the
+    first batch pays no page faults (np.zeros/np.empty map pages lazily)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % _ALIGNMENT
+    array = raw[offset : offset + nbytes].view(dtype).reshape(shape)
+    array.fill(0)
+    return array
+
+
+def _tensor_specs(
+    args: Sequence[ort.NodeArg], kind: str
+) -> tuple[tuple[TensorSpec, ...], list[str]]:
+    """TensorSpecs for a session's inputs or outputs, and the names of those whose item
+    shape is not static in the model (outputs can be resolved by a probe run)."""
+    specs, unresolved = [], []
+    for arg in args:
+        datatype = ORT_TO_V2.get(arg.type)
+        if datatype is None:
+            raise UnsupportedModel(
+                f"{kind} {arg.name!r} has type {arg.type}, which has no Open Inference "
+                f"Protocol datatype; supported: {', '.join(sorted(ORT_TO_V2))}"
+            )
+        shape = list(arg.shape)
+        if not shape:
+            raise UnsupportedModel(
+                f"{kind} {arg.name!r} is a scalar; a batch dimension (first) is required"
+            )
+        if isinstance(shape[0], int):
+            raise UnsupportedModel(
+                f"{kind} {arg.name!r} has a fixed first dimension ({shape[0]}); export the "
+                "model with a dynamic batch dimension (e.g. dynamic_axes={0: 'batch'})"
+            )
+        item = shape[1:]
+        if not all(isinstance(d, int) and d >= 0 for d in item):
+            unresolved.append(arg.name)
+            item = [-1] * len(item)
+        specs.append(TensorSpec(arg.name, datatype, (-1, *item)))
+    return tuple(specs), unresolved
+
+
+def _probe_output_specs(
+    session: ort.InferenceSession,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    unresolved: list[str],
+) -> tuple[TensorSpec, ...]:
+    """Output shapes the model leaves symbolic, read from one run on a batch of zeros."""
+    feed = {s.name: np.zeros((1, *s.item_shape), s.dtype) for s in inputs}
+    try:
+        results = session.run([s.name for s in outputs], feed)
+    except Exception as error:  # ONNX Runtime raises its own exception types
+        raise UnsupportedModel(
+            f"outputs {unresolved} have no static shape and a probe run failed: {error}"
+        ) from error
+    probed = []
+    for spec, result in zip(outputs, results, strict=True):
+        if result.ndim == 0 or result.shape[0] != 1:
+            raise UnsupportedModel(
+                f"output {spec.name!r} does not follow the batch (shape {result.shape} "
+                "for a batch of 1); every output needs the batch dimension first"
+            )
+        probed.append(TensorSpec(spec.name, spec.datatype, (-1, *result.shape[1:])))
+    return tuple(probed)
+
+
+class OnnxRuntimeSlot:
+    """Buffers for `max_batch_size` rows and, per batch size, a ready IO binding.
+
+    `input_views(n)` and `run(n)` return the same dict objects (of the same views) on
+    every call with the same n: treat them as read-only mappings. One thread at a time.
+    """
+
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        inputs: tuple[TensorSpec, ...],
+        outputs: tuple[TensorSpec, ...],
+        max_batch_size: int,
+    ) -> None:
+        self._session: ort.InferenceSession | None = session
+        self.max_batch_size = max_batch_size
+        self.input_buffers = {
+            s.name: aligned_empty((max_batch_size, *s.item_shape), s.dtype) for s in inputs
+        }
+        self.output_buffers = {
+            s.name: aligned_empty((max_batch_size, *s.item_shape), s.dtype) for s in outputs
+        }
+        # Index n holds the views of the first n rows (index 0 unused).
+        self._input_views: list[dict[str, np.ndarray]] = [{}]
+        self._output_views: list[dict[str, np.ndarray]] = [{}]
+        self._bindings: list[ort.IOBinding | None] = [None]
+        for n in range(1, max_batch_size + 1):
+            self._input_views.append({k: b[:n] for k, b in self.input_buffers.items()})
+            self._output_views.append({k: b[:n] for k, b in self.output_buffers.items()})
+            self._bindings.append(self._bind(session, n))
+        self._run_options = ort.RunOptions()
+
+    def _bind(self, session: ort.InferenceSession, n: int) -> ort.IOBinding:
+        binding = session.io_binding()
+        for name, view in self._input_views[n].items():
+            binding.bind_input(name, "cpu", 0, view.dtype, view.shape, view.ctypes.data)
+        for name, view in self._output_views[n].items():
+            binding.bind_output(name, "cpu", 0, view.dtype, view.shape, view.ctypes.data)
+        return binding
+
+    def input_views(self, batch_size: int) -> dict[str, np.ndarray]:
+        check_batch_size(batch_size, self.max_batch_size)
+        return self._input_views[batch_size]
+
+    def run(self, batch_size: int) -> dict[str, np.ndarray]:
+        check_batch_size(batch_size, self.max_batch_size)
+        if self._session is None:
+            raise EngineError("the slot is closed")
+        self._session.run_with_iobinding(self._bindings[batch_size], self._run_options)
+        return self._output_views[batch_size]
+
+    def close(self) -> None:
+        """Drops the bindings (and the slot's own session, if it has one)."""
+        self._bindings = [None]
+        self._session = None
+
+
+class OnnxRuntimeEngine:
+    """An ONNX model on ONNX Runtime's CPU execution provider.
+
+    The model must have a dynamic first (batch) dimension on every input and output and
+    static other dimensions (outputs left symbolic by the exporter are resolved by one
+    probe run at load). `intra_op_threads` sizes the thread pool of each session: with a
+    shared session (the default) all slots draw on that one pool; with
+    `session_per_slot=True` each slot gets a session and a pool of that size.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        max_batch_size: int,
+        intra_op_threads: int | None = None,
+        session_per_slot: bool = False,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self._path = str(Path(path))
+        self._max_batch_size = max_batch_size
+        self._intra_op_threads = intra_op_threads
+        self._session_per_slot = session_per_slot
+        self._session: ort.InferenceSession | None = self._new_session()
+        self._inputs, unresolved_inputs = _tensor_specs(self._session.get_inputs(), "input")
+        if unresolved_inputs:
+            raise UnsupportedModel(
+                f"inputs {unresolved_inputs} have dynamic dimensions besides the batch one; "
+                "slot buffers are preallocated, so every other dimension must be fixed"
+            )
+        outputs, unresolved = _tensor_specs(self._session.get_outputs(), "output")
+        if unresolved:
+            outputs = _probe_output_specs(self._session, self._inputs, outputs, unresolved)
+        self._outputs = outputs
+        if session_per_slot:
+            self._session = None  # each slot loads its own; the probe session is dropped
+
+    def _new_session(self) -> ort.InferenceSession:
+        try:
+            return ort.InferenceSession(
+                self._path,
+                serving_session_options(self._intra_op_threads),
+                providers=["CPUExecutionProvider"],
+            )
+        except FileNotFoundError:
+            raise
+        except Exception as error:  # ONNX Runtime raises its own exception types
+            if not Path(self._path).is_file():
+                raise FileNotFoundError(f"no model file at {self._path}") from error
+            raise UnsupportedModel(f"ONNX Runtime cannot load {self._path}: {error}") from error
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self._outputs
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._max_batch_size
+
+    def create_slot(self) -> OnnxRuntimeSlot:
+        if self._session_per_slot:
+            return OnnxRuntimeSlot(
+                self._new_session(), self._inputs, self._outputs, self._max_batch_size
+            )
+        if self._session is None:
+            raise EngineError("the engine is closed")
+        return OnnxRuntimeSlot(self._session, self._inputs, self._outputs, self._max_batch_size)
+
+    def close(self) -> None:
+        self._session = None
