@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 
+from kubeinfer.runtime import build_command, serve_command
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Adds the runtime's subcommands to the `kubeinfer` parser."""
-    for register_command in ():
+    for register_command in (serve_command.register, build_command.register):
         register_command(subparsers)

@@ -1,0 +1,84 @@
+"""How a batch is made: check a request against the model's inputs, pack requests into an
+execution slot's preallocated input views, and split the outputs back per request.
+
+Pure (numpy only, no asyncio, no engine import): `pack` writes into views the caller
+passes in and `split` copies rows out of output views that the slot will overwrite on
+its next run, so the only allocations on the hot path are the per-request result arrays
+the response needs anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from kubeinfer.runtime.engines.base import TensorSpec
+from kubeinfer.runtime.protocol.errors import InvalidRequest
+
+
+def check_inputs(
+    specs: Sequence[TensorSpec], inputs: Mapping[str, tuple[str, np.ndarray]], max_rows: int
+) -> int:
+    """Validates one request's inputs (name -> (datatype, array)) against the model and
+    returns its rows (its batch dimension); raises InvalidRequest naming the problem."""
+    expected = {spec.name for spec in specs}
+    unknown = sorted(set(inputs) - expected)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown input {unknown[0]!r}; the model's inputs are {sorted(expected)}"
+        )
+    rows = None
+    for spec in specs:
+        if spec.name not in inputs:
+            raise InvalidRequest(f"missing input {spec.name!r}")
+        datatype, array = inputs[spec.name]
+        if datatype != spec.datatype:
+            raise InvalidRequest(
+                f"input {spec.name!r} has datatype {datatype}, the model expects {spec.datatype}"
+            )
+        item_shape = spec.item_shape
+        if array.ndim != len(spec.shape) or any(
+            want >= 0 and got != want for got, want in zip(array.shape[1:], item_shape, strict=True)
+        ):
+            expected_shape = ["batch", *(d if d >= 0 else "any" for d in item_shape)]
+            raise InvalidRequest(
+                f"input {spec.name!r} has shape {list(array.shape)}, "
+                f"the model expects {expected_shape}"
+            )
+        if rows is None:
+            rows = array.shape[0]
+        elif array.shape[0] != rows:
+            raise InvalidRequest(
+                f"input {spec.name!r} has {array.shape[0]} rows, other inputs have {rows}"
+            )
+    assert rows is not None
+    if not 1 <= rows <= max_rows:
+        raise InvalidRequest(
+            f"a request carries {rows} rows along the batch dimension; "
+            f"this model accepts 1 to {max_rows}"
+        )
+    return rows
+
+
+def pack(
+    requests: Sequence[Mapping[str, np.ndarray]], views: Mapping[str, np.ndarray]
+) -> list[slice]:
+    """Copies each request's inputs, one after the other along dim 0, into the slot's input
+    views (already cut to the batch's total rows); returns each request's row range."""
+    ranges, start = [], 0
+    for request in requests:
+        stop = start
+        for name, view in views.items():
+            array = request[name]
+            stop = start + array.shape[0]
+            view[start:stop] = array
+        ranges.append(slice(start, stop))
+        start = stop
+    return ranges
+
+
+def split(
+    outputs: Mapping[str, np.ndarray], ranges: Sequence[slice]
+) -> list[dict[str, np.ndarray]]:
+    """Each request's rows of every output, copied out (the slot reuses its buffers)."""
+    return [{name: array[rows].copy() for name, array in outputs.items()} for rows in ranges]

@@ -1,0 +1,116 @@
+"""When to run a batch: every scheduling decision of the dynamic batcher, as a pure function.
+
+`next_decision(policy, pending, free_slots, busy_slots, now)` looks at the queue (rows,
+arrival time and deadline of each waiting request, oldest first), the execution slots
+and a monotonic `now`, and returns a `Decision`: which requests have expired (answered
+with a timeout, never executed) and then either `Flush(count)` (run the first `count`
+requests as one batch now) or `WaitUntil(t)` (nothing to do before monotonic time `t`,
+or before the next event when `t` is None). No asyncio, no clock: the queue supplies
+`now`, so table tests drive time by hand.
+
+The rules, in order:
+
+1. A batch never exceeds `maxBatchSize` rows; a request carrying its own batch dimension
+   counts by its rows and is never split.
+2. With no free slot nothing runs: requests keep queueing, which is how batches form
+   while execution is busy.
+3. When a slot is free the queued requests go at once, up to `maxBatchSize`, unless
+   waiting (up to `maxQueueDelayMicroseconds` after the oldest request arrived) can help:
+   another batch is in flight (so requests are arriving, and a small batch started now
+   would compete with it for the same cores or GPU) and a better size is still ahead, the
+   next of `preferredBatchSizes` or, when none is configured, `maxBatchSize`. Reaching a
+   preferred size, or passing the largest one, flushes at once. With no batch in flight
+   nothing waits, so a lone request on an idle server pays no delay, and with one
+   execution slot batches form purely while that slot is busy.
+4. While draining (after SIGTERM) nothing waits: everything queued goes as fast as slots
+   free up.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kubeinfer.runtime.config import BatchingPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """What the policy needs to know about one queued request."""
+
+    rows: int
+    arrived_at: float
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Flush:
+    """Run the first `count` (non-expired) queued requests as one batch now."""
+
+    count: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
+    """Nothing to run before monotonic time `at`; None means until the next event
+    (a request arrives or a slot frees)."""
+
+    at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    expired: tuple[int, ...]
+    """Positions (in `pending`) of requests past their deadline: answer them with a
+    timeout and remove them before applying `action`, whose counts exclude them."""
+    action: Flush | WaitUntil
+
+
+def _min(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def next_decision(
+    policy: BatchingPolicy,
+    pending: Sequence[Pending],
+    free_slots: int,
+    busy_slots: int,
+    now: float,
+    draining: bool = False,
+) -> Decision:
+    """The batcher's next step; see the module docstring for the rules."""
+    expired = tuple(i for i, p in enumerate(pending) if p.deadline <= now)
+    live = [p for p in pending if p.deadline > now] if expired else pending
+    earliest_deadline = min((p.deadline for p in live), default=None)
+    if not live or free_slots <= 0:
+        return Decision(expired, WaitUntil(earliest_deadline))
+
+    # The longest prefix that fits in one batch (at least one request: admission refuses
+    # requests with more rows than maxBatchSize).
+    max_rows = policy.max_batch_size
+    count, rows = 0, 0
+    for p in live:
+        if rows + p.rows > max_rows and count > 0:
+            break
+        count, rows = count + 1, rows + p.rows
+    if count < len(live) or rows >= max_rows or draining:
+        return Decision(expired, Flush(count, rows))
+
+    # Waiting can help only while another batch is in flight (requests are arriving and
+    # would otherwise go in a small batch competing with it) and a better size is ahead:
+    # the next preferred size, or maxBatchSize when none is configured.
+    preferred = sorted(policy.preferred_batch_sizes)
+    if busy_slots == 0 or rows in preferred:
+        return Decision(expired, Flush(count, rows))
+    if preferred and bisect.bisect_right(preferred, rows) == len(preferred):
+        return Decision(expired, Flush(count, rows))  # past the largest preferred size
+    flush_at = live[0].arrived_at + policy.max_queue_delay_microseconds / 1e6
+    if now >= flush_at:
+        return Decision(expired, Flush(count, rows))
+    return Decision(expired, WaitUntil(_min(flush_at, earliest_deadline)))

@@ -1,0 +1,287 @@
+"""The dynamic batcher's mechanism: one asyncio queue per model in front of an engine's
+execution slots.
+
+Everything that decides *when* lives in `policy.next_decision` and everything that decides
+*how* to pack lives in `assembler`; this module only applies them: it admits requests into
+a bounded queue (full -> `Overloaded`, a 503 with Retry-After, at once), keeps one future
+per request, runs a scheduler task that asks the policy what to do, answers expired
+requests with `DeadlineExceeded` without running them, skips requests whose caller went
+away (cancelled futures), and runs each batch on a free slot in a worker thread (the
+engine blocks; the event loop must not), so `executionSlots` batches run concurrently. An
+engine exception is given to every request of its batch. Time comes from an injected
+monotonic clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from kubeinfer.runtime.batching import assembler
+from kubeinfer.runtime.batching.policy import Flush, Pending, next_decision
+from kubeinfer.runtime.config import BatchingPolicy
+from kubeinfer.runtime.engines.base import Engine, ExecutionSlot
+from kubeinfer.runtime.protocol.errors import (
+    DeadlineExceeded,
+    EngineFailed,
+    InferenceServerError,
+    NotReady,
+    Overloaded,
+)
+
+log = logging.getLogger(__name__)
+
+
+class BatchObserver(Protocol):
+    """Where the batcher reports what it does (the Prometheus metrics implement it)."""
+
+    def queue_depth(self, depth: int) -> None: ...
+
+    def inflight_batches(self, count: int) -> None: ...
+
+    def batch_started(self, rows: int, queue_seconds: Sequence[float]) -> None: ...
+
+    def batch_finished(self, compute_seconds: float) -> None: ...
+
+
+class _NoObserver:
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+    def inflight_batches(self, count: int) -> None:
+        pass
+
+    def batch_started(self, rows: int, queue_seconds: Sequence[float]) -> None:
+        pass
+
+    def batch_finished(self, compute_seconds: float) -> None:
+        pass
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    inputs: Mapping[str, np.ndarray]
+    view: Pending
+    future: asyncio.Future[dict[str, np.ndarray]]
+
+
+class Batcher:
+    """Queues requests for one model and runs them in batches on the engine's slots.
+
+    Use: `await start()`, then `await infer(...)` from request handlers; `await drain()`
+    on shutdown (stops admission, answers everything queued), then `await close()`.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        policy: BatchingPolicy,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        if policy.max_batch_size > engine.max_batch_size:
+            raise ValueError(
+                f"maxBatchSize {policy.max_batch_size} exceeds the engine's {engine.max_batch_size}"
+            )
+        self._engine = engine
+        self._policy = policy
+        self._clock = clock
+        self._observer = observer or _NoObserver()
+        self._queue: deque[_Request] = deque()
+        self._slots: list[ExecutionSlot] = []
+        self._free: list[ExecutionSlot] = []
+        self._busy = 0
+        self._accepting = False
+        self._draining = False
+        self._next_wake: float | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._scheduler: asyncio.Task[None] | None = None
+        self._batches: set[asyncio.Task[None]] = set()
+        self._executor: ThreadPoolExecutor | None = None
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def start(self) -> None:
+        """Creates the slots (their buffers are allocated here, once) and the scheduler."""
+        self._slots = [self._engine.create_slot() for _ in range(self._policy.execution_slots)]
+        self._free = list(self._slots)
+        self._executor = ThreadPoolExecutor(
+            max_workers=len(self._slots), thread_name_prefix="kubeinfer-slot"
+        )
+        self._wakeup = asyncio.Event()
+        self._accepting = True
+        self._scheduler = asyncio.create_task(self._schedule(), name="kubeinfer-batcher")
+
+    async def infer(
+        self, inputs: Mapping[str, np.ndarray], rows: int, timeout_seconds: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """Runs one request (already checked by `assembler.check_inputs`) in some batch and
+        returns its outputs; raises Overloaded, NotReady, DeadlineExceeded or EngineFailed."""
+        if not self._accepting or self._wakeup is None:
+            raise NotReady("the server is shutting down" if self._draining else "not started")
+        if len(self._queue) >= self._policy.max_queue_size:
+            raise Overloaded(
+                f"the queue is full ({self._policy.max_queue_size} requests); retry later"
+            )
+        now = self._clock()
+        if timeout_seconds is None:
+            timeout_seconds = self._policy.default_timeout_milliseconds / 1000
+        request = _Request(
+            inputs,
+            Pending(rows, now, now + timeout_seconds),
+            asyncio.get_running_loop().create_future(),
+        )
+        self._queue.append(request)
+        # Wake the scheduler only when it could act: a slot is free, or this request's
+        # deadline comes before the time it already plans to wake at.
+        if self._free or self._next_wake is None or request.view.deadline < self._next_wake:
+            self._wakeup.set()
+        return await request.future
+
+    async def drain(self, timeout_seconds: float) -> bool:
+        """Stops admission and waits until every queued and running request is answered;
+        False if that took longer than `timeout_seconds`."""
+        self._accepting = False
+        self._draining = True
+        if self._wakeup is not None:
+            self._wakeup.set()
+        deadline = time.monotonic() + timeout_seconds
+        while self._queue or self._busy:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.002)
+        return True
+
+    async def close(self) -> None:
+        """Stops the scheduler, fails whatever is left, and releases the slots."""
+        self._accepting = False
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            await asyncio.gather(self._scheduler, return_exceptions=True)
+        self._fail_queued(NotReady("the server stopped"))
+        if self._batches:
+            await asyncio.gather(*self._batches, return_exceptions=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        for slot in self._slots:
+            slot.close()
+        self._slots, self._free = [], []
+
+    def _fail_queued(self, error: InferenceServerError) -> None:
+        while self._queue:
+            request = self._queue.popleft()
+            if not request.future.done():
+                request.future.set_exception(error)
+
+    async def _schedule(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            self._wakeup.clear()
+            try:
+                wait_until = self._step()
+            except Exception:  # a bug here must not leave callers waiting forever
+                log.exception("Batch scheduler failed; failing the queued requests")
+                self._fail_queued(EngineFailed("internal batching error"))
+                wait_until = None
+            if wait_until is False:
+                continue  # flushed a batch: decide again at once
+            self._next_wake = wait_until
+            timeout = None if wait_until is None else max(0.0, wait_until - self._clock())
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+            except TimeoutError:
+                pass
+
+    def _step(self) -> float | bool | None:
+        """One policy decision, applied. Returns False after starting a batch, else the
+        monotonic time to wake at (None: at the next event)."""
+        queue = self._queue
+        if any(r.future.done() for r in queue):  # callers that went away
+            self._queue = queue = deque(r for r in queue if not r.future.done())
+        self._observer.queue_depth(len(queue))
+        now = self._clock()
+        decision = next_decision(
+            self._policy,
+            [r.view for r in queue],
+            len(self._free),
+            self._busy,
+            now,
+            self._draining,
+        )
+        if decision.expired:
+            expired = set(decision.expired)
+            kept = deque()
+            for index, request in enumerate(queue):
+                if index in expired:
+                    waited_ms = (now - request.view.arrived_at) * 1000
+                    request.future.set_exception(
+                        DeadlineExceeded(
+                            f"the request's deadline passed after {waited_ms:.1f} ms in the "
+                            "queue; it was not executed"
+                        )
+                    )
+                else:
+                    kept.append(request)
+            self._queue = queue = kept
+            self._observer.queue_depth(len(queue))
+        action = decision.action
+        if not isinstance(action, Flush):
+            return action.at
+        batch = [queue.popleft() for _ in range(action.count)]
+        self._observer.queue_depth(len(queue))
+        slot = self._free.pop()
+        self._busy += 1
+        self._observer.inflight_batches(self._busy)
+        self._observer.batch_started(action.rows, [now - r.view.arrived_at for r in batch])
+        task = asyncio.create_task(self._run_batch(slot, batch, action.rows))
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+        return False
+
+    async def _run_batch(self, slot: ExecutionSlot, batch: list[_Request], rows: int) -> None:
+        loop = asyncio.get_running_loop()
+        started = self._clock()
+        try:
+            results = await loop.run_in_executor(
+                self._executor, _execute, slot, [r.inputs for r in batch], rows
+            )
+        except Exception as error:
+            log.exception("Engine failed on a batch of %d rows", rows)
+            failure = EngineFailed(f"the engine failed on this request's batch: {error}")
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(failure)
+        else:
+            for request, result in zip(batch, results, strict=True):
+                if not request.future.done():
+                    request.future.set_result(result)
+        finally:
+            self._observer.batch_finished(self._clock() - started)
+            self._free.append(slot)
+            self._busy -= 1
+            self._observer.inflight_batches(self._busy)
+            assert self._wakeup is not None
+            self._wakeup.set()
+
+
+def _execute(
+    slot: ExecutionSlot, inputs: list[Mapping[str, np.ndarray]], rows: int
+) -> list[dict[str, np.ndarray]]:
+    """Runs in a worker thread: pack into the slot's buffers, run, copy each request's rows
+    out before the slot is reused."""
+    ranges = assembler.pack(inputs, slot.input_views(rows))
+    return assembler.split(slot.run(rows), ranges)

@@ -1,0 +1,1 @@
+"""The HTTP transport (aiohttp): thin routes over `kubeinfer.runtime.dataplane`."""

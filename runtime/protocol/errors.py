@@ -1,0 +1,84 @@
+"""Domain errors of the data plane, each carrying its HTTP status, and the one place that
+turns any of them into a response.
+
+The data plane, the codec and the batcher raise these; the HTTP transport catches
+`InferenceServerError` and calls `error_response_parts` (and nothing else decides a status
+code), so a new transport (gRPC) maps the same exceptions in one more place only. The
+body is always `{"error": "..."}`, the shape the Open Inference Protocol and Triton use.
+"""
+
+from __future__ import annotations
+
+import json
+
+
+class InferenceServerError(Exception):
+    """Base: `status` is the HTTP status; `headers` extra response headers."""
+
+    status: int = 500
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class InvalidRequest(InferenceServerError):
+    """The request is malformed or does not match the model's inputs (400)."""
+
+    status = 400
+
+
+class ModelNotFound(InferenceServerError):
+    """No model (or version) of that name is served here (404)."""
+
+    status = 404
+
+
+class RequestTooLarge(InferenceServerError):
+    """The body is over `maxRequestBytes` (413)."""
+
+    status = 413
+
+
+class _RetryLater(InferenceServerError):
+    status = 503
+
+    def __init__(self, message: str, retry_after_seconds: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_seconds)}
+
+
+class Overloaded(_RetryLater):
+    """The queue is full (`maxQueueSize`): refused at once so latency stays bounded (503)."""
+
+
+class NotReady(_RetryLater):
+    """The model is not loaded yet, or the server is draining after SIGTERM (503)."""
+
+
+class DeadlineExceeded(InferenceServerError):
+    """The request's deadline passed while it was queued; it was never executed (504)."""
+
+    status = 504
+
+
+class EngineFailed(InferenceServerError):
+    """The engine raised while running a batch; every request of that batch gets it (500).
+
+    The only 500 the server answers on purpose: the input was valid, the model failed."""
+
+    status = 500
+
+
+def error_response_parts(error: InferenceServerError) -> tuple[int, bytes, dict[str, str]]:
+    """(status, JSON body, headers) for an error: the single status mapping of the server."""
+    body = json.dumps({"error": error.message}).encode()
+    return error.status, body, {"Content-Type": "application/json", **error.headers}

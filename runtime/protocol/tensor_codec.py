@@ -1,0 +1,191 @@
+"""Wire format <-> numpy: `decode_infer_request` and `encode_infer_response`.
+
+Both the JSON tensor form (`"data": [...]`) and Triton's binary tensor data extension are
+handled, for requests and responses: with the extension the body is a JSON header of
+`Inference-Header-Content-Length` bytes followed by raw little-endian tensors, in input
+order, each announced by a `binary_data_size` parameter. An output is sent binary when
+its requested `binary_data` parameter is true, or else when the request-level
+`binary_data_output` parameter is.
+
+Everything a client can get wrong raises `InvalidRequest` with a message naming the field,
+never anything else, so malformed input always ends as a 400.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+from kubeinfer.runtime.engines.base import V2_TO_NUMPY
+from kubeinfer.runtime.protocol.errors import InvalidRequest
+from kubeinfer.runtime.protocol.v2_types import (
+    BINARY_DATA_OUTPUT_PARAMETER,
+    BINARY_DATA_PARAMETER,
+    BINARY_DATA_SIZE_PARAMETER,
+    TIMEOUT_PARAMETER,
+    InferInput,
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+)
+
+
+def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
+    parameters = obj.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidRequest(f"{where}.parameters must be an object")
+    return parameters
+
+
+def _shape(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(
+        type(d) is int and d >= 0
+        for d in value  # bool is an int subclass: refused
+    ):
+        raise InvalidRequest(f"{where}.shape must be a list of non-negative integers")
+    return tuple(value)
+
+
+def _decode_input(obj: Any, index: int, binary: memoryview, offset: int) -> tuple[InferInput, int]:
+    """One input; returns it and the offset just past its binary data (if any)."""
+    where = f"inputs[{index}]"
+    if not isinstance(obj, dict):
+        raise InvalidRequest(f"{where} must be an object")
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"{where}.name must be a non-empty string")
+    datatype = obj.get("datatype")
+    dtype = V2_TO_NUMPY.get(datatype) if isinstance(datatype, str) else None
+    if dtype is None:
+        raise InvalidRequest(
+            f"input {name!r}: datatype {datatype!r} is not supported "
+            f"(one of {', '.join(V2_TO_NUMPY)})"
+        )
+    shape = _shape(obj.get("shape"), f"input {name!r}")
+    count = math.prod(shape)
+    size = _parameters(obj, f"input {name!r}").get(BINARY_DATA_SIZE_PARAMETER)
+    if size is not None:
+        if type(size) is not int or size < 0:
+            raise InvalidRequest(f"input {name!r}: binary_data_size must be an integer >= 0")
+        if offset + size > len(binary):
+            raise InvalidRequest(
+                f"input {name!r}: binary_data_size {size} runs past the end of the body "
+                f"({len(binary) - offset} binary bytes left)"
+            )
+        if size != count * dtype.itemsize:
+            raise InvalidRequest(
+                f"input {name!r}: binary_data_size {size} does not match shape "
+                f"{list(shape)} of {datatype} ({count * dtype.itemsize} bytes)"
+            )
+        array = np.frombuffer(binary[offset : offset + size], dtype=dtype.newbyteorder("<"))
+        return InferInput(name, datatype, array.reshape(shape)), offset + size
+    data = obj.get("data")
+    if not isinstance(data, list):
+        raise InvalidRequest(f"input {name!r}: 'data' must be a list (or use binary_data_size)")
+    try:
+        array = np.asarray(data, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise InvalidRequest(
+            f"input {name!r}: data is not a valid {datatype} tensor: {error}"
+        ) from None
+    if array.size != count:
+        raise InvalidRequest(
+            f"input {name!r}: data has {array.size} elements, shape {list(shape)} needs {count}"
+        )
+    return InferInput(name, datatype, array.reshape(shape)), offset
+
+
+def _decode_outputs(value: Any) -> list[RequestedOutput] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise InvalidRequest("outputs must be a list")
+    outputs = []
+    for index, obj in enumerate(value):
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            raise InvalidRequest(f"outputs[{index}] must be an object with a string name")
+        binary = _parameters(obj, f"outputs[{index}]").get(BINARY_DATA_PARAMETER)
+        if binary is not None and not isinstance(binary, bool):
+            raise InvalidRequest(f"outputs[{index}].parameters.binary_data must be a boolean")
+        outputs.append(RequestedOutput(obj["name"], binary))
+    return outputs
+
+
+def decode_infer_request(body: bytes, header_length: int | None = None) -> InferRequest:
+    """Parses an infer request body; `header_length` is the value of the
+    Inference-Header-Content-Length header (None when the body is all JSON)."""
+    if header_length is None:
+        header, binary = body, memoryview(b"")
+    else:
+        if not 0 <= header_length <= len(body):
+            raise InvalidRequest(
+                f"Inference-Header-Content-Length {header_length} is outside the body "
+                f"of {len(body)} bytes"
+            )
+        header, binary = body[:header_length], memoryview(body)[header_length:]
+    try:
+        obj = json.loads(header)
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
+        raise InvalidRequest(f"malformed JSON request: {error}") from None
+    if not isinstance(obj, dict):
+        raise InvalidRequest("the request must be a JSON object")
+    request_id = obj.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidRequest("id must be a string")
+    raw_inputs = obj.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidRequest("inputs must be a non-empty list")
+    inputs, offset = [], 0
+    for index, raw in enumerate(raw_inputs):
+        decoded, offset = _decode_input(raw, index, binary, offset)
+        inputs.append(decoded)
+    if offset != len(binary):
+        raise InvalidRequest(
+            f"{len(binary) - offset} bytes of binary data follow the header that no input claims"
+        )
+    parameters = _parameters(obj, "request")
+    timeout = parameters.get(TIMEOUT_PARAMETER)
+    if timeout is not None and (type(timeout) is not int or timeout < 0):
+        raise InvalidRequest("parameters.timeout must be an integer (microseconds) >= 0")
+    binary_output = parameters.get(BINARY_DATA_OUTPUT_PARAMETER, False)
+    if not isinstance(binary_output, bool):
+        raise InvalidRequest("parameters.binary_data_output must be a boolean")
+    return InferRequest(
+        id=request_id,
+        inputs=inputs,
+        outputs=_decode_outputs(obj.get("outputs")),
+        timeout_microseconds=timeout,
+        binary_data_output=binary_output,
+    )
+
+
+def encode_infer_response(response: InferResponse) -> tuple[bytes, int | None]:
+    """(body, header length): the header length is None when no output is binary, and
+    otherwise goes into the Inference-Header-Content-Length response header."""
+    outputs, chunks = [], []
+    for output in response.outputs:
+        entry: dict[str, Any] = {
+            "name": output.name,
+            "datatype": output.datatype,
+            "shape": list(output.data.shape),
+        }
+        if output.binary:
+            raw = np.ascontiguousarray(output.data, dtype=output.data.dtype.newbyteorder("<"))
+            entry["parameters"] = {BINARY_DATA_SIZE_PARAMETER: raw.nbytes}
+            chunks.append(raw.tobytes())
+        else:
+            entry["data"] = output.data.ravel().tolist()
+        outputs.append(entry)
+    obj: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "outputs": outputs,
+    }
+    if response.id is not None:
+        obj["id"] = response.id
+    header = json.dumps(obj, separators=(",", ":")).encode()
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)

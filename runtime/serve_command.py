@@ -1,0 +1,171 @@
+"""`kubeinfer serve`: serve one model over the Open Inference Protocol v2 until SIGTERM.
+
+Configuration is a `RuntimeConfig`: from `--config FILE` (YAML or JSON, camelCase, the
+form the operator renders into the runtime's ConfigMap), then flags override it field by
+field, then the result is validated as a whole, so a bad value is reported the same way
+whichever way it came. Nothing heavy is imported until the command runs.
+
+Exit codes: 0 after a clean drain; 2 for an invalid configuration; 1 when the engine
+cannot be loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kubeinfer.runtime.config import RuntimeConfig
+    from kubeinfer.runtime.engines.base import Engine
+    from kubeinfer.runtime.metrics import GpuMemoryReader
+
+log = logging.getLogger("kubeinfer.serve")
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+# flag, config path (camelCase, dotted), argparse type, help
+_FIELD_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
+    ("--model-name", "modelName", str, "served model name (the {name} in the v2 routes)"),
+    ("--model-version", "modelVersion", str, "served model version"),
+    ("--host", "host", str, "listen address"),
+    ("--port", "httpPort", int, "HTTP port of the v2 API and /metrics"),
+    ("--max-batch-size", "batching.maxBatchSize", int, "largest batch, in rows"),
+    ("--max-queue-delay-microseconds", "batching.maxQueueDelayMicroseconds", int,
+     "longest a request waits for a larger batch (only when that can help)"),
+    ("--preferred-batch-sizes", "batching.preferredBatchSizes", _sizes,
+     "comma-separated batch sizes the engine runs best at"),
+    ("--execution-slots", "batching.executionSlots", int, "batches run concurrently"),
+    ("--max-queue-size", "batching.maxQueueSize", int, "queued requests before 503"),
+    ("--default-timeout-milliseconds", "batching.defaultTimeoutMilliseconds", int,
+     "deadline of a request without a timeout parameter"),
+    ("--max-request-bytes", "maxRequestBytes", int, "largest request body (413 beyond)"),
+    ("--drain-grace-period-seconds", "drainGracePeriodSeconds", float,
+     "time to answer queued requests after SIGTERM"),
+    ("--intra-op-threads", "intraOpThreads", int, "ONNX Runtime intra-op threads"),
+)  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
+    """The RuntimeConfig from `--config` and the flags; raises ValueError (with every
+    problem, one per line) when the file or the result is invalid."""
+    import yaml
+    from kubeinfer.runtime.config import RuntimeConfig
+    from pydantic import ValidationError
+
+    data: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            loaded = yaml.safe_load(Path(args.config).read_text())
+        except OSError as error:
+            raise ValueError(f"cannot read {args.config}: {error.strerror or error}") from None
+        except yaml.YAMLError as error:
+            raise ValueError(f"{args.config}: not valid YAML/JSON: {error}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{args.config}: expected a mapping of RuntimeConfig fields")
+        data = loaded
+    for flag, path, _, _ in _FIELD_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is None:
+            continue
+        *parents, leaf = path.split(".")
+        node = data
+        for parent in parents:
+            node = node.setdefault(parent, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"{parent} must be a mapping")
+        node[leaf] = value
+    if args.onnx is not None:  # an engine flag replaces the file's engine section whole
+        data["engine"] = {"onnxPath": str(args.onnx)}
+    try:
+        return RuntimeConfig.model_validate(data)
+    except ValidationError as error:
+        problems = [
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in error.errors()
+        ]
+        raise ValueError("\n".join(problems)) from None
+    except ValueError as error:  # a CrossFieldRuleViolation raised outside pydantic
+        raise ValueError(str(error)) from None
+
+
+def load_engine_for(config: RuntimeConfig) -> Engine:
+    """The engine `config.engine` names, loaded for the batcher's maxBatchSize.
+
+    The one place that turns an `EngineSource` into an `Engine`: an ONNX file goes to ONNX
+    Runtime as it is; an engine digest from the cache is resolved here too (the engine
+    cache's own code adds that branch)."""
+    from kubeinfer.runtime.engines.loader import load_engine
+
+    source = config.engine
+    if source.onnx_path is None:
+        raise ValueError("engine digests from the cache are not supported by this build")
+    return load_engine(
+        source.onnx_path,
+        "onnxruntime",
+        config.batching.max_batch_size,
+        intra_op_threads=config.intra_op_threads,
+    )
+
+
+def gpu_memory_reader() -> GpuMemoryReader | None:
+    """The NVML reader for the GPU memory gauges, or None where there is no GPU (or no
+    NVML binding)."""
+    try:
+        from kubeinfer.runtime import gpu_memory
+    except ImportError:
+        return None
+    reader = getattr(gpu_memory, "metrics_reader", None)
+    return reader() if callable(reader) else None
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = config_from_args(args)
+    except ValueError as error:
+        print(f"kubeinfer serve: invalid configuration:\n{error}", file=sys.stderr)
+        return 2
+    try:
+        engine = load_engine_for(config)
+    except Exception as error:  # any load failure is a clean exit with its message
+        print(f"kubeinfer serve: cannot load the engine: {error}", file=sys.stderr)
+        return 1
+
+    import asyncio
+
+    from kubeinfer.runtime.http.app import create_app
+    from kubeinfer.runtime.http.server import serve
+
+    try:
+        app = create_app(config, engine, gpu_memory=gpu_memory_reader())
+        return asyncio.run(serve(app, config))
+    finally:
+        engine.close()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve a model over the Open Inference Protocol v2 (HTTP) with dynamic batching",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE", help="RuntimeConfig as YAML or JSON (camelCase)"
+    )
+    parser.add_argument("--onnx", type=Path, metavar="PATH", help="ONNX model file to serve")
+    for flag, _, type_, help_ in _FIELD_FLAGS:
+        parser.add_argument(flag, type=type_, default=None, help=help_)
+    parser.set_defaults(handler=run)
