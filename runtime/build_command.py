@@ -1,0 +1,123 @@
+"""`kubeinfer build`: build an engine into the content-addressed cache, or pin one.
+
+    kubeinfer build --model URI --backend onnxruntime|tensorrt --precision fp32|fp16|int8
+                    [--calibration FILE.npz] [--max-batch-size N] --cache DIR [--json]
+                    [--max-top1-drop X] [--min-cosine Y]
+    kubeinfer build --pin sha256:... --cache DIR [--json]
+
+stdout carries only the result (the digest, or with `--json` the whole manifest, plus a
+`cacheHit` field) so scripts and the operator's build Job can read it; one progress line
+per stage goes to stderr. With `--termination-message-path` (a Kubernetes Job's
+`/dev/termination-log`) the digest is also written there, where the operator reads it
+from the pod's status. Bad input exits 2 with one line saying what is wrong; a failed
+build or gate exits 1. The calibration file's format is documented in
+`kubeinfer.runtime.calibration`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "build",
+        help="build an engine into the cache (or resolve a pinned one) and print its digest",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    parser.add_argument("--model", metavar="URI", help="path, file://, https:// or s3:// URI")
+    parser.add_argument("--model-sha256", metavar="HEX", help="expected sha256 of the model")
+    parser.add_argument("--backend", choices=("onnxruntime", "tensorrt"), default="onnxruntime")
+    parser.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp32")
+    parser.add_argument(
+        "--calibration",
+        metavar="URI",
+        help="int8 calibration samples: an .npz with one [samples, ...] array per input",
+    )
+    parser.add_argument("--calibration-sha256", metavar="HEX")
+    parser.add_argument(
+        "--validation", metavar="URI", help="validation samples for the report (.npz)"
+    )
+    parser.add_argument("--max-batch-size", type=int, default=32, metavar="N")
+    parser.add_argument("--cache", required=True, metavar="DIR", help="the engine cache root")
+    parser.add_argument("--json", action="store_true", help="print the whole manifest")
+    parser.add_argument(
+        "--pin", metavar="DIGEST", help="resolve and verify sha256:... instead of building"
+    )
+    parser.add_argument("--max-top1-drop", type=float, metavar="X")
+    parser.add_argument("--min-cosine", type=float, metavar="Y")
+    parser.add_argument(
+        "--termination-message-path",
+        metavar="PATH",
+        help="also write the digest here (a Kubernetes Job's /dev/termination-log)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def _progress() -> Callable[[str], None]:
+    started = time.monotonic()
+
+    def report(line: str) -> None:
+        print(f"[build {time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    return report
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from kubeinfer.runtime.builders import BuildError
+    from kubeinfer.runtime.engine_build import BUILD_ERRORS, AccuracyGateError, build_engine
+    from kubeinfer.runtime.engine_cache import resolve_engine
+
+    if args.pin is not None:
+        if args.model is not None:
+            return _error("give either --pin or --model, not both")
+        try:
+            resolved = resolve_engine(args.cache, args.pin)
+        except BUILD_ERRORS as error:
+            return _error(str(error))
+        digest, manifest, hit = resolved.digest, resolved.manifest, True
+    else:
+        if args.model is None:
+            return _error("--model is required (or --pin to use an engine already built)")
+        try:
+            result = build_engine(
+                args.model,
+                args.backend,
+                args.precision,
+                args.cache,
+                calibration=args.calibration,
+                max_batch_size=args.max_batch_size,
+                max_top1_drop=args.max_top1_drop,
+                min_cosine=args.min_cosine,
+                model_sha256=args.model_sha256,
+                calibration_sha256=args.calibration_sha256,
+                validation=args.validation,
+                progress=_progress(),
+            )
+        except AccuracyGateError as error:
+            print(f"error: {error}; nothing was published", file=sys.stderr)
+            print(error.report.model_dump_json(by_alias=True, indent=2), file=sys.stderr)
+            return 1
+        except BuildError as error:
+            print(f"error: the build failed: {error}; nothing was published", file=sys.stderr)
+            return 1
+        except BUILD_ERRORS as error:
+            return _error(str(error))
+        digest, manifest, hit = result.digest, result.manifest, result.cache_hit
+    if args.termination_message_path:
+        Path(args.termination_message_path).write_text(digest)
+    if args.json:
+        print(json.dumps({**manifest.to_wire(), "cacheHit": hit}, indent=2, sort_keys=True))
+    else:
+        print(digest)
+    return 0

@@ -1,0 +1,82 @@
+"""Engine builders, one per backend, behind one small interface.
+
+A builder turns a source ONNX model into an engine file for its backend and runs that
+engine on samples (for the accuracy report). `get_builder` imports a backend only when it
+is asked for, so the onnxruntime path never imports TensorRT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from kubeinfer.runtime.engine_manifest import BatchProfile
+
+Samples = dict[str, np.ndarray]
+Progress = Callable[[str], None]
+
+
+class BuildError(RuntimeError):
+    """The backend could not build an engine from the model."""
+
+
+class Builder(Protocol):
+    backend: str
+    engine_file: str
+    """The engine's file name in the cache entry."""
+
+    def backend_version(self) -> str: ...
+
+    def target(self) -> str:
+        """`cpu`, or the GPU's compute capability (`sm_90`)."""
+        ...
+
+    def library_versions(self) -> dict[str, str]: ...
+
+    def build(
+        self,
+        model_path: Path,
+        precision: str,
+        engine_path: Path,
+        calibration: Samples | None,
+        profile: BatchProfile,
+        work_dir: Path,
+        progress: Progress,
+    ) -> None: ...
+
+    def run(self, engine_path: Path, samples: Samples, max_batch_size: int) -> Samples:
+        """The engine's outputs on `samples`, run in batches of at most `max_batch_size`."""
+        ...
+
+
+def get_builder(backend: str) -> Builder:
+    if backend == "onnxruntime":
+        from kubeinfer.runtime.builders.onnxruntime_builder import OnnxRuntimeBuilder
+
+        return OnnxRuntimeBuilder()
+    if backend == "tensorrt":
+        from kubeinfer.runtime.builders.tensorrt_builder import TensorRTBuilder
+
+        return TensorRTBuilder()
+    raise ValueError(f"unknown backend {backend!r}; use onnxruntime or tensorrt")
+
+
+def run_through_engine(engine, samples: Samples) -> Samples:  # type: ignore[no-untyped-def]
+    """Runs `samples` through a loaded serving `Engine` (engines/base.py) the way the
+    batcher does: copy rows into a slot's input views, run, copy the outputs out."""
+    count = next(iter(samples.values())).shape[0]
+    slot = engine.create_slot()
+    chunks: dict[str, list[np.ndarray]] = {}
+    try:
+        for start in range(0, count, engine.max_batch_size):
+            rows = min(engine.max_batch_size, count - start)
+            for name, view in slot.input_views(rows).items():
+                view[...] = samples[name][start : start + rows]
+            for name, out in slot.run(rows).items():
+                chunks.setdefault(name, []).append(np.array(out, copy=True))
+    finally:
+        slot.close()
+    return {name: np.concatenate(parts) for name, parts in chunks.items()}

@@ -1,0 +1,254 @@
+"""Build an engine through the cache: `build_engine(...) -> BuildResult`.
+
+The order is chosen so that bad input never touches the cache and a cache hit does no
+work: fetch and check everything the key is made of (model bytes, calibration data), and
+compute the key; a hit is verified and returned at once. Only a miss takes the key's
+lock, checks again (another builder may have finished meanwhile), builds in a staging
+directory, measures the candidate against the fp32 reference, applies the gates, and
+publishes. An engine that fails a gate is never published.
+
+Validation samples for the report, first match wins: a given validation file; for int8,
+the calibration file's held-out tail (see `calibration`); for fp32/fp16, the calibration
+file if one is given; otherwise seeded synthetic inputs (the report says which).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+
+from kubeinfer.runtime import calibration as cal
+from kubeinfer.runtime.accuracy import AccuracyReport, compare_outputs, gate_violations
+from kubeinfer.runtime.builders import Builder, BuildError, Progress, get_builder
+from kubeinfer.runtime.engine_cache import EngineCache, EngineCacheError, ResolvedEngine
+from kubeinfer.runtime.engine_manifest import (
+    BACKENDS,
+    PRECISIONS,
+    BatchProfile,
+    EngineKey,
+    EngineManifest,
+)
+from kubeinfer.runtime.model_fetch import FetchedFile, fetch, sha256_file
+
+
+class InvalidModelError(ValueError):
+    """The model file is not a valid ONNX model."""
+
+
+class AccuracyGateError(RuntimeError):
+    """The engine's accuracy fails a gate; it was not published."""
+
+    def __init__(self, message: str, report: AccuracyReport) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+# Everything build_engine raises for bad input or a failed build; the CLI prints these as
+# one clear line, anything else is a bug and keeps its traceback.
+BUILD_ERRORS: tuple[type[Exception], ...] = (
+    ValueError,  # InvalidModelError, FetchError, CalibrationDataError, bad arguments
+    BuildError,
+    EngineCacheError,
+    AccuracyGateError,
+)
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    digest: str
+    manifest: EngineManifest
+    cache_hit: bool
+    engine_path: Path
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def _kubeinfer_version() -> str:
+    try:
+        return importlib.metadata.version("kubeinfer")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _load_model(fetched: FetchedFile) -> onnx.ModelProto:
+    try:
+        model = onnx.load_model_from_string(fetched.path.read_bytes())
+        onnx.checker.check_model(model)
+    except (DecodeError, onnx.checker.ValidationError, ValueError) as error:
+        raise InvalidModelError(f"{fetched.uri} is not a valid ONNX model: {error}") from error
+    if not model.graph.node:
+        raise InvalidModelError(f"{fetched.uri} is not a valid ONNX model: its graph is empty")
+    return model
+
+
+def _check_gates(
+    report: AccuracyReport, max_top1_drop: float | None, min_cosine: float | None, what: str
+) -> None:
+    violations = gate_violations(report, max_top1_drop, min_cosine)
+    if violations:
+        raise AccuracyGateError(
+            f"{what} fails its accuracy gates: " + "; ".join(violations), report
+        )
+
+
+def _hit(resolved: ResolvedEngine, gates: tuple[float | None, float | None]) -> BuildResult:
+    if resolved.manifest.accuracy is not None:
+        _check_gates(resolved.manifest.accuracy, *gates, what=f"cached engine {resolved.digest}")
+    return BuildResult(resolved.digest, resolved.manifest, True, resolved.engine_path)
+
+
+def build_engine(
+    model_uri: str,
+    backend: str,
+    precision: str,
+    cache_dir: str | Path,
+    calibration: str | None = None,
+    max_batch_size: int = 32,
+    max_top1_drop: float | None = None,
+    min_cosine: float | None = None,
+    model_sha256: str | None = None,
+    calibration_sha256: str | None = None,
+    validation: str | None = None,
+    progress: Progress = _quiet,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> BuildResult:
+    """Builds (or finds) the engine for these inputs in the cache at `cache_dir`."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    if not 1 <= max_batch_size <= 1024:
+        raise ValueError(f"max batch size {max_batch_size} must be within 1..1024")
+    if precision == "int8" and calibration is None:
+        raise ValueError("precision int8 needs calibration data (--calibration FILE.npz)")
+    cache = EngineCache(Path(cache_dir))
+    fetched: list[FetchedFile] = []
+    try:
+        progress(f"Fetching the model {model_uri}")
+        model_file = fetch(model_uri, cache.scratch_dir, model_sha256)
+        fetched.append(model_file)
+        inputs, outputs = cal.describe_model(_load_model(model_file))
+        calib_samples = calib_sha = None
+        if calibration is not None:
+            calib_file = fetch(calibration, cache.scratch_dir, calibration_sha256)
+            fetched.append(calib_file)
+            calib_samples = cal.load_samples(calib_file.path, inputs, "calibration data")
+            calib_sha = calib_file.sha256
+        validation_samples, source = None, "synthetic"
+        if validation is not None:
+            validation_file = fetch(validation, cache.scratch_dir)
+            fetched.append(validation_file)
+            validation_samples = cal.load_samples(validation_file.path, inputs, "validation data")
+            source = "given"
+        if precision == "int8":
+            assert calib_samples is not None
+            if validation_samples is None or cal.sample_count(calib_samples) > 1:
+                calib_samples, held_out = cal.split_holdout(calib_samples)
+                if validation_samples is None:
+                    validation_samples, source = held_out, "held-out"
+        elif validation_samples is None and calib_samples is not None:
+            validation_samples, source = calib_samples, "given"
+        if validation_samples is None:
+            validation_samples = cal.synthetic_samples(inputs, cal.SYNTHETIC_SAMPLES)
+
+        builder = get_builder(backend)
+        key = EngineKey(
+            model_sha256=model_file.sha256,
+            backend=backend,  # type: ignore[arg-type]
+            backend_version=builder.backend_version(),
+            precision=precision,  # type: ignore[arg-type]
+            batch_profile=BatchProfile.up_to(max_batch_size),
+            calibration_sha256=calib_sha if precision == "int8" else None,
+            target=builder.target(),
+        )
+        digest = key.digest()
+        gates = (max_top1_drop, min_cosine)
+        if cache.contains(digest):
+            progress(f"Cache hit: {digest}")
+            return _hit(cache.resolve(digest), gates)
+        with cache.lock(digest):
+            if cache.contains(digest):
+                progress(f"Cache hit after waiting for another builder: {digest}")
+                return _hit(cache.resolve(digest), gates)
+            with cache.staging(digest) as staging:
+                manifest = _build_into(
+                    builder,
+                    model_file.path,
+                    key,
+                    staging,
+                    calib_samples,
+                    validation_samples,
+                    source,
+                    inputs,
+                    outputs,
+                    progress,
+                    now,
+                )
+                _check_gates(manifest.accuracy, *gates, what=f"the {precision} engine")  # type: ignore[arg-type]
+                progress(f"Publishing {digest}")
+                if not cache.publish(digest, staging, manifest):
+                    progress("Another builder published this key first; keeping its entry")
+        resolved = cache.resolve(digest)
+        return BuildResult(digest, resolved.manifest, False, resolved.engine_path)
+    finally:
+        for item in fetched:
+            item.cleanup()
+
+
+def _build_into(
+    builder: Builder,
+    model_path: Path,
+    key: EngineKey,
+    staging: Path,
+    calibration: cal.Samples | None,
+    validation: cal.Samples,
+    source: str,
+    inputs: list,  # type: ignore[type-arg]
+    outputs: list,  # type: ignore[type-arg]
+    progress: Progress,
+    now: Callable[[], datetime],
+) -> EngineManifest:
+    from kubeinfer.runtime.builders.onnxruntime_builder import run_model
+
+    started = time.monotonic()
+    engine_path = staging / builder.engine_file
+    work_dir = staging / "work"
+    work_dir.mkdir()
+    builder.build(
+        model_path, key.precision, engine_path, calibration, key.batch_profile, work_dir, progress
+    )
+    build_seconds = time.monotonic() - started
+    progress(f"Measuring accuracy against fp32 on {cal.sample_count(validation)} {source} samples")
+    reference = run_model(model_path, validation, key.batch_profile.max)
+    candidate = builder.run(engine_path, validation, key.batch_profile.max)
+    report = compare_outputs(reference, candidate, source)
+    for name in list(work_dir.iterdir()):
+        name.unlink()
+    work_dir.rmdir()
+    return EngineManifest(
+        digest=key.digest(),
+        key=key,
+        engine_file=builder.engine_file,
+        engine_sha256=sha256_file(engine_path),
+        engine_bytes=engine_path.stat().st_size,
+        inputs=inputs,
+        outputs=outputs,
+        created_at=now().isoformat(timespec="seconds").replace("+00:00", "Z"),
+        builder_versions={
+            "kubeinfer": _kubeinfer_version(),
+            "numpy": np.__version__,
+            **builder.library_versions(),
+        },
+        build_seconds=round(build_seconds, 3),
+        accuracy=report,
+    )

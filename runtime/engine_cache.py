@@ -1,0 +1,189 @@
+"""The content-addressed engine cache on disk: lookup, atomic publish, verified resolve.
+
+Layout, under the cache root (a volume shared by build Jobs and runtime pods):
+
+    engines/<hex>/manifest.json     the EngineManifest (key, engine sha256, report, ...)
+    engines/<hex>/<engine file>     model.onnx (ONNX Runtime) or model.plan (TensorRT)
+    tmp/                            staging directories and downloads, same filesystem
+    locks/<hex>.lock                one flock per key, so one builder works per key
+
+where `<hex>` is the digest without its `sha256:` prefix. An entry appears only whole:
+the builder writes the engine and then the manifest into a staging directory under
+`tmp/`, fsyncs them and renames the directory into `engines/` (rename is atomic on one
+filesystem, and renaming onto an existing non-empty directory fails, so a second
+publisher of the same key keeps the first entry and drops its own). A per-key lock makes
+a concurrent builder of the same key wait and then find the entry, doing no work; the
+rename keeps the guarantee even where locks are not shared (some network filesystems).
+Lock files are left in place: deleting a lock file someone may be waiting on is racy.
+
+`resolve_engine` is what serving and `--pin` use: it re-derives the digest from the
+manifest's key and re-hashes the engine file, and refuses an entry that does not match,
+with a message naming the path and what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from kubeinfer.runtime.engine_manifest import MANIFEST_FILE, EngineManifest, is_digest
+from kubeinfer.runtime.model_fetch import sha256_file
+
+
+class EngineCacheError(Exception):
+    """The cache cannot give the requested engine."""
+
+
+class EngineNotFoundError(EngineCacheError):
+    """No entry for the digest."""
+
+
+class EngineIntegrityError(EngineCacheError):
+    """An entry exists but is incomplete, corrupt or tampered with."""
+
+
+@dataclass(frozen=True)
+class ResolvedEngine:
+    """A verified cache entry."""
+
+    digest: str
+    directory: Path
+    engine_path: Path
+    manifest: EngineManifest
+
+
+def _hex(digest: str) -> str:
+    if not is_digest(digest):
+        raise EngineCacheError(
+            f"{digest!r} is not an engine digest: expected sha256: followed by 64 lowercase "
+            "hex digits"
+        )
+    return digest.removeprefix("sha256:")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class EngineCache:
+    """One cache root; creating it creates nothing on disk."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    @property
+    def engines_dir(self) -> Path:
+        return self.root / "engines"
+
+    @property
+    def scratch_dir(self) -> Path:
+        return self.root / "tmp"
+
+    def entry_dir(self, digest: str) -> Path:
+        return self.engines_dir / _hex(digest)
+
+    def contains(self, digest: str) -> bool:
+        return (self.entry_dir(digest) / MANIFEST_FILE).is_file()
+
+    def resolve(self, digest: str) -> ResolvedEngine:
+        """The verified entry, or `EngineNotFoundError` / `EngineIntegrityError`."""
+        directory = self.entry_dir(digest)
+        manifest_path = directory / MANIFEST_FILE
+        if not directory.is_dir():
+            raise EngineNotFoundError(
+                f"engine {digest} is not in the cache at {self.root} (no {directory}); "
+                "build it with `kubeinfer build ... --cache DIR` or check that the right "
+                "cache volume is mounted"
+            )
+        remedy = f"delete {directory} and rebuild the engine with `kubeinfer build`"
+        try:
+            manifest = EngineManifest.model_validate_json(manifest_path.read_bytes())
+        except FileNotFoundError as error:
+            raise EngineIntegrityError(
+                f"engine {digest}: {manifest_path} is missing, so the entry cannot be "
+                f"verified; {remedy}"
+            ) from error
+        except ValidationError as error:
+            raise EngineIntegrityError(
+                f"engine {digest}: {manifest_path} is not a valid manifest "
+                f"({error.error_count()} problems, first: {error.errors()[0]['msg']}); {remedy}"
+            ) from error
+        if manifest.digest != digest or manifest.key.digest() != digest:
+            raise EngineIntegrityError(
+                f"engine {digest}: the manifest at {manifest_path} describes "
+                f"{manifest.key.digest()}, not this digest (tampered or misplaced); {remedy}"
+            )
+        engine_path = directory / manifest.engine_file
+        if not engine_path.is_file():
+            raise EngineIntegrityError(f"engine {digest}: {engine_path} is missing; {remedy}")
+        actual = sha256_file(engine_path)
+        if actual != manifest.engine_sha256:
+            raise EngineIntegrityError(
+                f"engine {digest}: {engine_path} has sha256 {actual} but its manifest "
+                f"records {manifest.engine_sha256}: the file is corrupt or was modified, "
+                f"and is not served; {remedy}"
+            )
+        return ResolvedEngine(digest, directory, engine_path, manifest)
+
+    @contextlib.contextmanager
+    def lock(self, digest: str) -> Iterator[None]:
+        """Holds the key's exclusive lock (blocking) for the duration of the block."""
+        locks = self.root / "locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with (locks / f"{_hex(digest)}.lock").open("a") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def staging(self, digest: str) -> Iterator[Path]:
+        """A fresh staging directory on the cache's filesystem, removed on exit unless it
+        was published."""
+        self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix=f"build-{_hex(digest)[:12]}-", dir=self.scratch_dir))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def publish(self, digest: str, staging: Path, manifest: EngineManifest) -> bool:
+        """Writes the manifest into `staging` and renames it into place. False when an
+        entry for the digest already exists (another builder won; ours is dropped)."""
+        engine_path = staging / manifest.engine_file
+        with engine_path.open("rb+") as handle:
+            os.fsync(handle.fileno())
+        manifest_path = staging / MANIFEST_FILE
+        with manifest_path.open("w", encoding="utf-8") as handle:
+            handle.write(manifest.to_json())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(staging, 0o755)
+        self.engines_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(staging, self.entry_dir(digest))
+        except OSError as error:
+            if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                return False
+            raise
+        _fsync_dir(self.engines_dir)
+        return True
+
+
+def resolve_engine(cache_dir: str | Path, digest: str) -> ResolvedEngine:
+    """Resolves and verifies `digest` in the cache at `cache_dir` (serving, `--pin`)."""
+    return EngineCache(Path(cache_dir)).resolve(digest)

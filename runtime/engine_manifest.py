@@ -1,0 +1,129 @@
+"""The engine cache's key and manifest: what makes an engine unique, and what is stored
+beside it.
+
+`EngineKey` holds every input that changes the engine's bytes or where it can run: the
+model's sha256, the backend and its version, the precision, the batch profile, the
+calibration data's sha256 and the target (`cpu`, or a GPU compute capability such as
+`sm_90`, since a TensorRT plan only runs on the GPU architecture and TensorRT version it
+was built with). Its digest is the sha256 of the key's canonical JSON (sorted keys, no
+whitespace, ASCII), so the same inputs give the same digest on every machine and at any
+cache path. `layout` versions our own build recipe: a change to how we build bumps it and
+with it every digest, instead of serving an engine built by the old recipe.
+
+`EngineManifest` is `manifest.json` beside the engine: the key, the engine file's own
+sha256 (checked before serving), its I/O, creation time, builder versions and the
+accuracy report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Literal
+
+from pydantic import Field
+
+from kubeinfer.runtime.accuracy import AccuracyReport
+from kubeinfer.runtime.config import ApiModel
+
+DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
+SHA256_HEX_PATTERN = r"^[0-9a-f]{64}$"
+MANIFEST_FILE = "manifest.json"
+BUILD_LAYOUT = 1
+
+Backend = Literal["onnxruntime", "tensorrt"]
+Precision = Literal["fp32", "fp16", "int8"]
+BACKENDS: tuple[str, ...] = ("onnxruntime", "tensorrt")
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
+
+
+def is_digest(value: str) -> bool:
+    return re.fullmatch(DIGEST_PATTERN, value) is not None
+
+
+class BatchProfile(ApiModel):
+    """The batch sizes the engine accepts: TensorRT's optimisation profile over the first
+    dimension (min/opt/max); ONNX Runtime accepts any size, and max is what the runtime may
+    send."""
+
+    min: int = Field(ge=1)
+    opt: int = Field(ge=1)
+    max: int = Field(ge=1)
+
+    @classmethod
+    def up_to(cls, max_batch_size: int) -> BatchProfile:
+        return cls(min=1, opt=max_batch_size, max=max_batch_size)
+
+
+class EngineKey(ApiModel):
+    """Everything that makes an engine unique; the cache digest is computed from it."""
+
+    layout: int = BUILD_LAYOUT
+    """Version of kubeinfer's build recipe."""
+
+    model_sha256: str = Field(pattern=SHA256_HEX_PATTERN)
+    """sha256 of the source ONNX model's bytes."""
+
+    backend: Backend
+    backend_version: str
+    """The backend's version (onnxruntime or tensorrt): engines are not portable across it."""
+
+    precision: Precision
+    batch_profile: BatchProfile
+
+    calibration_sha256: str | None = Field(default=None, pattern=SHA256_HEX_PATTERN)
+    """sha256 of the calibration .npz (int8 only)."""
+
+    target: str = Field(min_length=1, max_length=32)
+    """`cpu`, or the GPU's compute capability (`sm_90`)."""
+
+    def canonical_json(self) -> str:
+        return json.dumps(
+            self.model_dump(mode="json", by_alias=True),
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=True,
+        )
+
+    def digest(self) -> str:
+        return "sha256:" + hashlib.sha256(self.canonical_json().encode("ascii")).hexdigest()
+
+
+class TensorInfo(ApiModel):
+    """One engine input or output; `shape` has -1 for dynamic dimensions."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class EngineManifest(ApiModel):
+    """`manifest.json`: written last into the build directory, before it is published."""
+
+    schema_version: int = 1
+    digest: str = Field(pattern=DIGEST_PATTERN)
+    """`sha256:` + sha256 of the key's canonical JSON."""
+
+    key: EngineKey
+    engine_file: str = Field(pattern=r"^[A-Za-z0-9._-]+$")
+    """The engine's file name inside the entry's directory."""
+
+    engine_sha256: str = Field(pattern=SHA256_HEX_PATTERN)
+    """sha256 of the engine file: checked before the engine is served."""
+
+    engine_bytes: int = Field(ge=0)
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    created_at: str
+    """When the engine was built (UTC, RFC 3339)."""
+
+    builder_versions: dict[str, str]
+    """Versions of kubeinfer and every library that shaped the engine."""
+
+    build_seconds: float = Field(ge=0)
+    accuracy: AccuracyReport | None = None
+    """The engine against the fp32 reference on validation samples."""
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_wire(), indent=2, sort_keys=True) + "\n"
