@@ -54,12 +54,16 @@ class Event:
 
 @dataclass(frozen=True)
 class Decision:
-    """The outcome of one pass: the children that should exist (applied as given, with
-    field manager `kubeinfer`), children to delete (kind, name), the new status and the
-    events to emit. `requeue_after_seconds` asks for another pass (e.g. build backoff)."""
+    """The outcome of one pass: the children to write (applied as given, with field
+    manager `kubeinfer`: only those missing or changed, so an unchanged object gets no
+    write), children to delete (kind, name), the new status and the events to emit.
+    `requeue_after_seconds` asks for another pass (e.g. build backoff)."""
 
     apply: tuple[KubeObject, ...] = ()
     delete: tuple[tuple[str, str], ...] = ()
     status: InferenceDeploymentStatus = field(default_factory=InferenceDeploymentStatus)
     events: tuple[Event, ...] = ()
     requeue_after_seconds: float | None = None
+    desired: tuple[KubeObject, ...] = ()
+    """Every child that should exist, written or not (`apply` is the subset that is
+    missing or whose input-hash annotation differs from the observed one)."""

@@ -43,6 +43,7 @@ class Reason(StrEnum):
     DEPLOYMENT_UNAVAILABLE = "DeploymentUnavailable"
     ROLLING_OUT = "RollingOut"
     ROLLOUT_COMPLETE = "RolloutComplete"
+    ROLLOUT_STALLED = "RolloutStalled"
     WAITING_FOR_ENGINE = "WaitingForEngine"
     SHADOW_RUNNING = "ShadowRunning"
     SHADOW_PASSED = "ShadowPassed"

@@ -1,0 +1,414 @@
+"""Builders of the children of an InferenceDeployment, as plain Kubernetes objects. Pure.
+
+Each builder returns exactly the fields the operator owns (server-side apply with field
+manager `kubeinfer` then owns those and nothing else), with the standard labels, an
+ownerReference to the InferenceDeployment (so deleting it garbage-collects them) and an
+input-hash annotation over everything else it sets: a child whose observed hash equals
+the desired one needs no write (prometheus-operator's approach).
+
+Spec fields never reach a shell: containers run the `kubeinfer` CLI with an argv list.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
+from kubeinfer.operator.api.v1alpha1.inference_deployment import Backend
+from kubeinfer.operator.api.v1alpha1.resource import API_VERSION, KIND
+from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.reconcile.snapshot import KubeObject, OwnerRef
+from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.runtime.config import EngineSource, RuntimeConfig
+
+CACHE_MOUNT = "/cache"
+CONFIG_MOUNT = "/etc/kubeinfer"
+CONFIG_KEY = "runtime.yaml"
+SOURCES_MOUNT = "/sources"
+TERMINATION_LOG = "/dev/termination-log"
+HTTP_PORT = 8000
+METRICS_SERVICE_PORT = 9090
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+NON_ROOT_ID = 65532
+
+
+def owner_reference(owner: OwnerRef) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def input_hash(obj: KubeObject) -> str | None:
+    """The input-hash annotation of an object (desired or observed), if any."""
+    return ((obj.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_INPUT_HASH)
+
+
+def _finish(
+    api_version: str,
+    kind: str,
+    name: str,
+    owner: OwnerRef,
+    labels: dict[str, str],
+    body: dict[str, Any],
+    annotations: dict[str, str] | None = None,
+) -> KubeObject:
+    """Wraps a body with metadata and stamps the input hash over all of it."""
+    obj: KubeObject = {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "annotations": dict(annotations or {}),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        **body,
+    }
+    obj["metadata"]["annotations"][names.ANNOTATION_INPUT_HASH] = names.stable_hash(obj)
+    return obj
+
+
+def cache_claim(spec: InferenceDeploymentSpec, owner: str) -> str:
+    """The claim both the build Job and the runtime mount."""
+    return spec.engine.cache.existing_claim or names.cache_claim_name(owner)
+
+
+def build_cache_pvc(owner: OwnerRef, spec: InferenceDeploymentSpec) -> KubeObject | None:
+    """The engine cache claim, or None when the spec names an existing claim."""
+    cache = spec.engine.cache
+    if cache.existing_claim:
+        return None
+    body: dict[str, Any] = {
+        "accessModes": [cache.access_mode],
+        "resources": {"requests": {"storage": cache.size}},
+    }
+    if cache.storage_class_name:
+        body["storageClassName"] = cache.storage_class_name
+    labels = names.common_labels(owner.name, spec.model.version, names.COMPONENT_CACHE)
+    return _finish(
+        "v1",
+        "PersistentVolumeClaim",
+        names.cache_claim_name(owner.name),
+        owner,
+        labels,
+        {"spec": body},
+    )
+
+
+def _pod_security() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_ID,
+        "runAsGroup": NON_ROOT_ID,
+        "fsGroup": NON_ROOT_ID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def _placement(spec: InferenceDeploymentSpec) -> dict[str, Any]:
+    """nodeSelector (with the GPU product, since an engine runs only on the GPU it was
+    built for) and tolerations, shared by build Jobs and runtime pods."""
+    selector = dict(spec.runtime.node_selector)
+    if spec.runtime.gpu_product:
+        selector[GPU_PRODUCT_LABEL] = spec.runtime.gpu_product
+    placement: dict[str, Any] = {}
+    if selector:
+        placement["nodeSelector"] = dict(sorted(selector.items()))
+    if spec.runtime.tolerations:
+        placement["tolerations"] = [t.to_wire() for t in spec.runtime.tolerations]
+    return placement
+
+
+def _source_argument(uri: str, volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]) -> str:
+    """A pvc://CLAIM/PATH source becomes a read-only mount and a file:// path; other
+    schemes are fetched by `kubeinfer build` itself."""
+    if not uri.startswith("pvc://"):
+        return uri
+    claim, _, path = uri.removeprefix("pvc://").partition("/")
+    volume = f"source-{len(volumes)}"
+    volumes.append(
+        {"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+    )
+    mounts.append({"name": volume, "mountPath": f"{SOURCES_MOUNT}/{claim}", "readOnly": True})
+    return f"file://{SOURCES_MOUNT}/{claim}/{path}"
+
+
+def build_engine_job(
+    owner: OwnerRef,
+    spec: InferenceDeploymentSpec,
+    settings: OperatorSettings,
+    build_key: str,
+    attempt: int,
+) -> KubeObject:
+    """The Job that runs `kubeinfer build` once for these inputs and reports the engine's
+    digest in its container's termination message."""
+    engine, source = spec.engine, spec.model.source
+    volumes: list[dict[str, Any]] = [
+        {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim(spec, owner.name)}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "cache", "mountPath": CACHE_MOUNT},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    argv = ["build", "--model", _source_argument(source.uri, volumes, mounts)]
+    if source.sha256:
+        argv += ["--model-sha256", source.sha256]
+    argv += [
+        "--backend", str(engine.backend),
+        "--precision", str(engine.precision),
+        "--max-batch-size", str(engine.max_batch_size),
+    ]  # fmt: skip
+    if engine.calibration:
+        argv += ["--calibration", _source_argument(engine.calibration.uri, volumes, mounts)]
+        if engine.calibration.sha256:
+            argv += ["--calibration-sha256", engine.calibration.sha256]
+    gates = engine.accuracy
+    if gates and gates.max_top1_drop is not None:
+        argv += ["--max-top1-drop", str(gates.max_top1_drop)]
+    if gates and gates.min_cosine is not None:
+        argv += ["--min-cosine", str(gates.min_cosine)]
+    argv += ["--cache", CACHE_MOUNT, "--json", "--termination-message-path", TERMINATION_LOG]
+
+    resources: dict[str, Any] = {}
+    requests = {
+        k: v
+        for k, v in (("cpu", spec.runtime.resources.cpu), ("memory", spec.runtime.resources.memory))
+        if v
+    }
+    if requests:
+        resources["requests"] = requests
+    if engine.backend == Backend.TENSORRT:
+        resources["limits"] = {GPU_RESOURCE: "1"}
+    container: dict[str, Any] = {
+        "name": "build",
+        "image": spec.runtime.image or settings.runtime_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["kubeinfer"],
+        "args": argv,
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "securityContext": _container_security(),
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": mounts,
+    }
+    if resources:
+        container["resources"] = resources
+    if source.secret_ref:
+        container["envFrom"] = [{"secretRef": {"name": source.secret_ref.name}}]
+
+    template_labels = {
+        names.LABEL_NAME: names.APP_NAME,
+        names.LABEL_INSTANCE: owner.name,
+        names.LABEL_MANAGED_BY: names.MANAGED_BY,
+        names.LABEL_COMPONENT: names.COMPONENT_BUILD,
+        names.LABEL_BUILD_KEY: build_key[: names.BUILD_KEY_LABEL_LENGTH],
+    }
+    labels = {
+        **names.common_labels(owner.name, spec.model.version, names.COMPONENT_BUILD),
+        names.LABEL_BUILD_KEY: build_key[: names.BUILD_KEY_LABEL_LENGTH],
+        names.LABEL_BUILD_ATTEMPT: str(attempt),
+    }
+    body = {
+        "spec": {
+            "backoffLimit": settings.build_backoff_limit,
+            "activeDeadlineSeconds": settings.build_active_deadline_seconds,
+            "ttlSecondsAfterFinished": settings.build_ttl_seconds_after_finished,
+            "template": {
+                # No version label: a Job's template is immutable, and a version bump with
+                # the same engine inputs reuses the Job.
+                "metadata": {"labels": template_labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": _pod_security(),
+                    **_placement(spec),
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        }
+    }
+    name = names.build_job_name(owner.name, build_key, attempt)
+    annotations = {names.ANNOTATION_BUILD_KEY: build_key}
+    return _finish("batch/v1", "Job", name, owner, labels, body, annotations)
+
+
+def runtime_config(
+    spec: InferenceDeploymentSpec, settings: OperatorSettings, version: str, digest: str
+) -> RuntimeConfig:
+    """What `kubeinfer serve` runs: the given engine from the mounted cache."""
+    return RuntimeConfig(
+        model_name=spec.model.name,
+        model_version=version,
+        engine=EngineSource(digest=digest, cache_directory=CACHE_MOUNT),
+        batching=spec.runtime.batching,
+        http_port=HTTP_PORT,
+        drain_grace_period_seconds=settings.drain_grace_period_seconds,
+    )
+
+
+def build_runtime_configmap(
+    owner: OwnerRef, config: RuntimeConfig, build_key: str | None
+) -> KubeObject:
+    """The runtime's config as YAML; its annotations record which engine inputs the
+    digest was built from."""
+    text = yaml.safe_dump(config.to_wire(), sort_keys=True)
+    annotations = {names.ANNOTATION_ENGINE_DIGEST: config.engine.digest or ""}
+    if build_key:
+        annotations[names.ANNOTATION_BUILD_KEY] = build_key
+    labels = names.common_labels(owner.name, config.model_version, names.COMPONENT_RUNTIME)
+    body = {"data": {CONFIG_KEY: text}}
+    return _finish(
+        "v1", "ConfigMap", names.runtime_name(owner.name), owner, labels, body, annotations
+    )
+
+
+def desired_replicas(spec: InferenceDeploymentSpec, deployment: KubeObject | None) -> int:
+    """Pods to run. The autoscaling seam: with autoscaling on, the replicas the autoscaler
+    last set on the Deployment are kept within [minReplicas, maxReplicas]."""
+    scaling = spec.autoscaling
+    if not scaling.enabled:
+        return spec.runtime.replicas
+    current = ((deployment or {}).get("spec") or {}).get("replicas")
+    current = current if isinstance(current, int) else scaling.min_replicas
+    return max(scaling.min_replicas, min(scaling.max_replicas, current))
+
+
+def _runtime_resources(spec: InferenceDeploymentSpec) -> dict[str, Any]:
+    resources = spec.runtime.resources
+    amounts = {k: v for k, v in (("cpu", resources.cpu), ("memory", resources.memory)) if v}
+    if resources.gpus:
+        amounts[GPU_RESOURCE] = str(resources.gpus)
+    return {"requests": dict(amounts), "limits": dict(amounts)} if amounts else {}
+
+
+def build_runtime_deployment(
+    owner: OwnerRef,
+    spec: InferenceDeploymentSpec,
+    settings: OperatorSettings,
+    configmap: KubeObject,
+    replicas: int,
+) -> KubeObject:
+    """The runtime pods. The pod template carries the ConfigMap's hash, so a new engine or
+    policy rolls the pods; maxUnavailable 0 keeps serving capacity during the roll."""
+    meta = configmap["metadata"]
+    version = meta["labels"][names.LABEL_VERSION]
+    selector = names.runtime_selector(owner.name)
+    template_annotations = {
+        names.ANNOTATION_CONFIG_HASH: names.stable_hash(configmap["data"]),
+        names.ANNOTATION_ENGINE_DIGEST: meta["annotations"][names.ANNOTATION_ENGINE_DIGEST],
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(HTTP_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+    if names.ANNOTATION_BUILD_KEY in meta["annotations"]:
+        template_annotations[names.ANNOTATION_BUILD_KEY] = meta["annotations"][
+            names.ANNOTATION_BUILD_KEY
+        ]
+
+    def probe(path: str, period: int, failures: int) -> dict[str, Any]:
+        return {
+            "httpGet": {"path": path, "port": "http"},
+            "periodSeconds": period,
+            "timeoutSeconds": 2,
+            "failureThreshold": failures,
+        }
+
+    container: dict[str, Any] = {
+        "name": "runtime",
+        "image": spec.runtime.image or settings.runtime_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["kubeinfer"],
+        "args": ["serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        # Loading an engine can take minutes; the startup probe holds liveness off until then.
+        "startupProbe": probe("/v2/health/live", 5, 120),
+        "livenessProbe": probe("/v2/health/live", 10, 3),
+        "readinessProbe": probe("/v2/health/ready", 5, 2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": settings.pre_stop_sleep_seconds}}},
+        "securityContext": _container_security(),
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    if _runtime_resources(spec):
+        container["resources"] = _runtime_resources(spec)
+    volumes = [
+        {"name": "config", "configMap": {"name": meta["name"]}},
+        {
+            "name": "cache",
+            "persistentVolumeClaim": {"claimName": cache_claim(spec, owner.name), "readOnly": True},
+        },
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    labels = names.common_labels(owner.name, version, names.COMPONENT_RUNTIME)
+    body = {
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": selector},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "template": {
+                "metadata": {"labels": copy.deepcopy(labels), "annotations": template_annotations},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "enableServiceLinks": False,
+                    "securityContext": _pod_security(),
+                    "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
+                    **_placement(spec),
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        }
+    }
+    return _finish("apps/v1", "Deployment", names.runtime_name(owner.name), owner, labels, body)
+
+
+def build_service(owner: OwnerRef, version: str) -> KubeObject:
+    """The runtime's Service: `http` for inference, `metrics` for scrapers selecting a
+    named port (the runtime serves /metrics on its http port)."""
+    body = {
+        "spec": {
+            "type": "ClusterIP",
+            "selector": names.runtime_selector(owner.name),
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": "metrics",
+                    "port": METRICS_SERVICE_PORT,
+                    "targetPort": "http",
+                    "protocol": "TCP",
+                },
+            ],
+        }
+    }
+    labels = names.common_labels(owner.name, version, names.COMPONENT_RUNTIME)
+    return _finish("v1", "Service", names.service_name(owner.name), owner, labels, body)

@@ -1,0 +1,330 @@
+"""Where the current spec's engine stands: pinned, built, building or failed. Pure.
+
+The build key is a hash of every engine input (model uri and sha256, backend, precision,
+maxBatchSize, calibration, gpuProduct, and the accuracy gates, which decide whether the
+engine is published at all). It names the build Job, so an operator restarted
+in the middle of a build finds the running Job instead of starting a second one, and a
+change of any input starts a new build while the old engine keeps serving.
+
+Where a built digest comes from, in order: the pin; the runtime ConfigMap, whose
+annotations record the build key its digest was built from (so a finished Job may be
+garbage-collected without a rebuild); the termination message of a succeeded build
+Job's pod.
+
+Retries: each attempt is its own Job, `<owner>-build-<hash>-<attempt>`. A failed attempt
+is kept (its reason and message stay visible in `kubectl describe job`, and Kubernetes
+deletes it after ttlSecondsAfterFinished); once the backoff after it has passed, the next
+attempt's Job is created. Deleting and recreating one Job name was rejected: between the
+delete and the create the failure would be gone from the cluster, and a slow watch could
+show the deleted Job as the new attempt's outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
+from kubeinfer.operator.api.v1alpha1.inference_deployment import Backend
+from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.reconcile.snapshot import KubeObject, ObservedState
+from kubeinfer.operator.settings import OperatorSettings
+
+BUILD_CONTAINER = "build"
+DIGEST_PATTERN = re.compile(r"sha256:[0-9a-f]{64}")
+MISSING_MESSAGE_GRACE = timedelta(seconds=60)
+"""How long after a Job's completion its pod may still be missing from what was gathered
+(the pod's watch event can trail the Job's) before the attempt counts as failed."""
+
+
+class EnginePhase(StrEnum):
+    PINNED = "Pinned"
+    BUILT = "Built"
+    BUILDING = "Building"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True)
+class ServingEngine:
+    """The engine the runtime currently runs (or last ran), read from its children."""
+
+    version: str
+    digest: str
+    build_key: str | None
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """The current spec's engine. `job_attempt` is the attempt whose Job must exist (None:
+    no Job wanted); `retry_at` is when a failed build is retried; `delete_jobs` names
+    unfinished Jobs of inputs that no longer apply."""
+
+    phase: EnginePhase
+    build_key: str
+    digest: str | None = None
+    target: str | None = None
+    job_attempt: int | None = None
+    job_name: str | None = None
+    message: str = ""
+    retry_at: datetime | None = None
+    delete_jobs: tuple[str, ...] = ()
+
+    @property
+    def ready(self) -> bool:
+        return self.digest is not None
+
+
+def build_inputs(spec: InferenceDeploymentSpec) -> dict[str, Any]:
+    """Every input that changes the built engine (the pin alone when pinned)."""
+    engine = spec.engine
+    if engine.pin is not None:
+        return {"pin": engine.pin}
+    calibration = engine.calibration
+    return {
+        "model": {"uri": spec.model.source.uri, "sha256": spec.model.source.sha256},
+        "backend": str(engine.backend),
+        "precision": str(engine.precision),
+        "maxBatchSize": engine.max_batch_size,
+        "calibration": None
+        if calibration is None
+        else {"uri": calibration.uri, "sha256": calibration.sha256},
+        "gpuProduct": spec.runtime.gpu_product,
+        "accuracy": None if engine.accuracy is None else engine.accuracy.to_wire(),
+    }
+
+
+def build_key(spec: InferenceDeploymentSpec) -> str:
+    """sha256 (64 hex digits) of the engine inputs."""
+    return names.stable_hash(build_inputs(spec), 64)
+
+
+def parse_time(value: Any) -> datetime | None:
+    """A Kubernetes timestamp (RFC 3339, `Z` suffix) as an aware datetime, or None."""
+    if isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def parse_termination_message(message: str | None) -> tuple[str | None, str | None]:
+    """(digest, target) from `kubeinfer build --json`'s termination message: a JSON object
+    with `digest` (and optionally `target`), or any text containing one engine digest."""
+    if not message:
+        return None, None
+    try:
+        document = json.loads(message)
+    except ValueError:
+        document = None
+    if isinstance(document, dict):
+        digest, target = document.get("digest"), document.get("target")
+        if isinstance(digest, str) and DIGEST_PATTERN.fullmatch(digest):
+            return digest, target if isinstance(target, str) else None
+    match = DIGEST_PATTERN.search(message)
+    return (match.group(0) if match else None), None
+
+
+def observed_serving(observed: ObservedState) -> ServingEngine | None:
+    """The served engine: from the ConfigMap's annotations, else the Deployment's pod
+    template (the ConfigMap was deleted), else the last status (both were deleted)."""
+    for child in (observed.configmap, _pod_template(observed.deployment)):
+        if not child:
+            continue
+        meta = child.get("metadata") or {}
+        annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+        digest = annotations.get(names.ANNOTATION_ENGINE_DIGEST)
+        if digest and labels.get(names.LABEL_VERSION):
+            return ServingEngine(
+                labels[names.LABEL_VERSION], digest, annotations.get(names.ANNOTATION_BUILD_KEY)
+            )
+    serving = observed.status.serving
+    if serving and serving.version and serving.engine_digest:
+        return ServingEngine(serving.version, serving.engine_digest, None)
+    return None
+
+
+def _pod_template(deployment: KubeObject | None) -> KubeObject | None:
+    return ((deployment or {}).get("spec") or {}).get("template")
+
+
+def _condition(job: KubeObject, type_: str) -> dict[str, Any] | None:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == type_ and condition.get("status") == "True":
+            return condition
+    return None
+
+
+def _attempt(job: KubeObject) -> int:
+    value = ((job.get("metadata") or {}).get("labels") or {}).get(names.LABEL_BUILD_ATTEMPT)
+    return int(value) if value and value.isdigit() else 0
+
+
+def _job_pods(observed: ObservedState, job_name: str) -> list[KubeObject]:
+    result = []
+    for pod in observed.job_pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        owners = {ref.get("name") for ref in meta.get("ownerReferences") or []}
+        if job_name in (labels.get("batch.kubernetes.io/job-name"), labels.get("job-name")):
+            result.append(pod)
+        elif job_name in owners:
+            result.append(pod)
+    return result
+
+
+def _terminations(pods: list[KubeObject]) -> list[dict[str, Any]]:
+    """The build container's `state.terminated` of each pod that has one."""
+    result = []
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            terminated = (status.get("state") or {}).get("terminated")
+            if status.get("name") == BUILD_CONTAINER and terminated:
+                result.append(terminated)
+    return result
+
+
+def _failure_text(job: KubeObject, pods: list[KubeObject]) -> str:
+    condition = _condition(job, "Failed") or {}
+    reason = condition.get("reason") or "Failed"
+    text = f"{reason}: {condition.get('message') or 'the build Job failed'}"
+    said = [t.get("message", "").strip() for t in _terminations(pods) if t.get("exitCode")]
+    if said and said[-1]:
+        text += f"; the build reported: {said[-1][:2000]}"
+    return text
+
+
+def backoff_seconds(attempt: int, settings: OperatorSettings) -> float:
+    """Delay after failed attempt `attempt` (0-based): doubling from the base, capped."""
+    return min(
+        settings.build_backoff_seconds * 2 ** min(attempt, 30), settings.build_backoff_max_seconds
+    )
+
+
+def engine_state(observed: ObservedState, settings: OperatorSettings, now: datetime) -> EngineState:
+    """Where the current spec's engine stands, and which build Job must exist."""
+    spec, owner = observed.spec, observed.owner.name
+    key = build_key(spec)
+    jobs = [
+        job
+        for job in observed.jobs
+        if ((job.get("metadata") or {}).get("labels") or {}).get(names.LABEL_INSTANCE) == owner
+    ]
+    mine = [
+        j
+        for j in jobs
+        if _labels(j).get(names.LABEL_BUILD_KEY) == key[: names.BUILD_KEY_LABEL_LENGTH]
+    ]
+    stale = tuple(
+        sorted(
+            j["metadata"]["name"]
+            for j in jobs
+            if j not in mine and not (_condition(j, "Complete") or _condition(j, "Failed"))
+        )
+    )
+    cpu_target = "cpu" if spec.engine.backend == Backend.ONNXRUNTIME else None
+    previous = observed.status.engine
+
+    if spec.engine.pin is not None:
+        return EngineState(
+            EnginePhase.PINNED,
+            key,
+            digest=spec.engine.pin,
+            target=previous.target if previous and previous.digest == spec.engine.pin else None,
+            message=f"Engine {spec.engine.pin} is pinned; the runtime verifies it at start.",
+            delete_jobs=stale,
+        )
+
+    serving = observed_serving(observed)
+    if serving and serving.build_key == key:
+        return EngineState(
+            EnginePhase.BUILT,
+            key,
+            digest=serving.digest,
+            target=previous.target
+            if previous and previous.digest == serving.digest
+            else cpu_target,
+            message=f"Engine {serving.digest} was built for these inputs.",
+            delete_jobs=stale,
+        )
+
+    if not mine:
+        return _building(owner, key, 0, stale)
+    latest = max(mine, key=_attempt)
+    attempt = _attempt(latest)
+    job_name = latest["metadata"]["name"]
+    pods = _job_pods(observed, job_name)
+
+    if _condition(latest, "Complete"):
+        for terminated in _terminations(pods):
+            digest, target = parse_termination_message(terminated.get("message"))
+            if digest and not terminated.get("exitCode"):
+                return EngineState(
+                    EnginePhase.BUILT,
+                    key,
+                    digest=digest,
+                    target=target or cpu_target,
+                    message=f"Engine {digest} was built by Job {job_name}.",
+                    delete_jobs=stale,
+                )
+        completed = parse_time((latest.get("status") or {}).get("completionTime"))
+        if completed is None or now - completed < MISSING_MESSAGE_GRACE:
+            return EngineState(
+                EnginePhase.BUILDING,
+                key,
+                job_name=job_name,
+                message=f"Job {job_name} completed; waiting for its pod's termination message.",
+                delete_jobs=stale,
+            )
+        failure = (
+            "NoDigest: the build Job completed but no pod reported an engine digest in its "
+            "termination message"
+        )
+        failed_at: datetime | None = completed
+    elif _condition(latest, "Failed"):
+        failure = _failure_text(latest, pods)
+        failed_at = parse_time((_condition(latest, "Failed") or {}).get("lastTransitionTime"))
+        failed_at = failed_at or parse_time((latest.get("status") or {}).get("startTime"))
+    else:
+        return _building(owner, key, attempt, stale)
+
+    retry_at = (
+        None
+        if failed_at is None
+        else failed_at + timedelta(seconds=backoff_seconds(attempt, settings))
+    )
+    if retry_at is None or now >= retry_at:
+        return _building(owner, key, attempt + 1, stale)
+    return EngineState(
+        EnginePhase.FAILED,
+        key,
+        job_name=job_name,
+        message=f"Job {job_name} failed: {failure}. Retrying at {retry_at.isoformat()}.",
+        retry_at=retry_at,
+        delete_jobs=stale,
+    )
+
+
+def _labels(job: KubeObject) -> dict[str, str]:
+    return (job.get("metadata") or {}).get("labels") or {}
+
+
+def _building(owner: str, key: str, attempt: int, stale: tuple[str, ...]) -> EngineState:
+    """The message depends only on the attempt, so passes during one build write the same
+    status; the failure that led to a retry was reported by its own Event."""
+    job_name = names.build_job_name(owner, key, attempt)
+    retry = f" (attempt {attempt + 1})" if attempt else ""
+    return EngineState(
+        EnginePhase.BUILDING,
+        key,
+        job_attempt=attempt,
+        job_name=job_name,
+        message=f"Job {job_name} is building the engine{retry}.",
+        delete_jobs=stale,
+    )

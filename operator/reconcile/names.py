@@ -1,0 +1,89 @@
+"""Deterministic names, labels, annotations and hashes of the children of an
+InferenceDeployment.
+
+The same owner and inputs always yield the same names, so a second reconcile (or a
+restarted operator) addresses the objects the first one created instead of adding new
+ones. Names stay valid however long the owner's name is: the API caps it at 52
+characters, and the longest suffix here keeps every child within 63.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+APP_NAME = "kubeinfer"
+MANAGED_BY = "kubeinfer-operator"
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_VERSION = "kubeinfer.io/version"
+LABEL_BUILD_KEY = "kubeinfer.io/build-key"
+LABEL_BUILD_ATTEMPT = "kubeinfer.io/build-attempt"
+
+ANNOTATION_INPUT_HASH = "kubeinfer.io/input-hash"
+"""Hash of everything the operator sets on a child; equal hashes mean nothing to write."""
+ANNOTATION_CONFIG_HASH = "kubeinfer.io/config-hash"
+"""On the runtime pod template: a ConfigMap change changes it and so rolls the pods."""
+ANNOTATION_ENGINE_DIGEST = "kubeinfer.io/engine-digest"
+ANNOTATION_BUILD_KEY = "kubeinfer.io/engine-build-key"
+"""On the ConfigMap and the pod template: which engine inputs the served digest came
+from, so a finished build is remembered after its Job is garbage-collected."""
+
+COMPONENT_RUNTIME = "runtime"
+COMPONENT_BUILD = "engine-build"
+COMPONENT_CACHE = "engine-cache"
+
+BUILD_KEY_LABEL_LENGTH = 40
+"""Hex digits of the build key kept in labels (a label value holds at most 63)."""
+
+
+def stable_hash(value: Any, length: int = 16) -> str:
+    """sha256 of the canonical JSON of `value` (sorted keys), as `length` hex digits."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def cache_claim_name(owner: str) -> str:
+    return f"{owner}-engine-cache"
+
+
+def runtime_name(owner: str) -> str:
+    """The runtime Deployment's and ConfigMap's name."""
+    return f"{owner}-runtime"
+
+
+def service_name(owner: str) -> str:
+    """The Service keeps the owner's name, so clients call `http://<name>.<namespace>`."""
+    return owner
+
+
+def build_job_name(owner: str, build_key: str, attempt: int) -> str:
+    """`<owner>-build-<hash>-<attempt>`: the hash covers the owner and the build key, so a
+    truncated owner name cannot collide with another owner's Job; at most 63 characters
+    (Jobs label their pods with their name)."""
+    digest = stable_hash([owner, build_key], 10)
+    return f"{owner[:42]}-build-{digest}-{attempt}"
+
+
+def common_labels(owner: str, version: str, component: str) -> dict[str, str]:
+    return {
+        LABEL_NAME: APP_NAME,
+        LABEL_INSTANCE: owner,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        LABEL_COMPONENT: component,
+        LABEL_VERSION: version,
+    }
+
+
+def runtime_selector(owner: str) -> dict[str, str]:
+    """The runtime pods' selector. Immutable on a Deployment, so it holds no version."""
+    return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: owner, LABEL_COMPONENT: COMPONENT_RUNTIME}
+
+
+def selector_string(selector: dict[str, str]) -> str:
+    """`k=v,k=v` in key order, as the scale subresource and HPAs read it."""
+    return ",".join(f"{key}={selector[key]}" for key in sorted(selector))

@@ -1,0 +1,246 @@
+"""The InferenceDeployment's status and the Events of its transitions. Pure.
+
+Conditions are written through `set_condition`, so an unchanged condition keeps its
+lastTransitionTime, and every message is built from facts that change only when the
+world does (no "retrying in 12 s"): a pass that finds nothing new computes a status equal
+to the stored one, and the operator patches nothing.
+
+`Ready` is the summary that kstatus, Argo CD, Flux and `kubectl wait` read: True only when
+the current generation's engine is what the Deployment runs and every desired replica of
+that Deployment is updated, ready and available.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
+from kubeinfer.operator.api.v1alpha1.conditions import (
+    Condition,
+    ConditionStatus,
+    ConditionType,
+    Reason,
+    set_condition,
+)
+from kubeinfer.operator.api.v1alpha1.inference_deployment import (
+    EngineStatus,
+    Phase,
+    VersionStatus,
+)
+from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.reconcile.desired import input_hash
+from kubeinfer.operator.reconcile.engine_state import EnginePhase, EngineState, ServingEngine
+from kubeinfer.operator.reconcile.snapshot import Event, KubeObject, ObservedState
+
+TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
+
+WARNING_REASONS = frozenset(
+    {Reason.INVALID_SPEC, Reason.ENGINE_BUILD_FAILED, Reason.ROLLOUT_STALLED}
+)
+EVENT_MESSAGE_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class RolloutProgress:
+    """How far the observed Deployment is from the desired one."""
+
+    exists: bool
+    complete: bool
+    available: bool
+    stalled: bool
+    ready_replicas: int
+    message: str
+
+
+def rollout_progress(
+    observed: KubeObject | None, desired: KubeObject | None, replicas: int
+) -> RolloutProgress:
+    """Complete means: the observed Deployment is the desired one (same input hash), its
+    controller has seen that generation, and all `replicas` pods are updated, ready and
+    available with no old pod left."""
+    if observed is None or desired is None:
+        return RolloutProgress(False, False, False, False, 0, "the Deployment does not exist yet")
+    name = observed["metadata"]["name"]
+    status: dict[str, Any] = observed.get("status") or {}
+    ready = int(status.get("readyReplicas") or 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    available_count = int(status.get("availableReplicas") or 0)
+    total = int(status.get("replicas") or 0)
+    generation = observed["metadata"].get("generation")
+    seen = generation is None or int(status.get("observedGeneration") or 0) >= int(generation)
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    available_condition = conditions.get("Available")
+    available = (
+        available_condition.get("status") == "True"
+        if available_condition
+        else available_count >= replicas
+    )
+    progressing = conditions.get("Progressing") or {}
+    stalled = progressing.get("reason") == "ProgressDeadlineExceeded"
+    complete = (
+        input_hash(observed) == input_hash(desired)
+        and seen
+        and updated >= replicas
+        and ready >= replicas
+        and available_count >= replicas
+        and total == replicas
+    )
+    message = f"Deployment {name}: {updated} of {replicas} pods updated, {ready} ready"
+    if stalled:
+        message += f"; {progressing.get('message') or 'progress deadline exceeded'}"
+    return RolloutProgress(True, complete, available, stalled, ready, message)
+
+
+def compute_status(
+    observed: ObservedState,
+    engine: EngineState,
+    serving: ServingEngine | None,
+    rollout: RolloutProgress,
+    replicas: int,
+    now: datetime,
+) -> InferenceDeploymentStatus:
+    """The whole status for this pass; `serving` is the engine the desired runtime runs."""
+    spec, generation = observed.spec, observed.owner.generation
+    previous = observed.status
+    current = (
+        engine.ready
+        and serving is not None
+        and serving.digest == engine.digest
+        and serving.version == spec.model.version
+    )
+    ready = current and rollout.complete
+    old = serving if serving is not None and not current else None
+    keeps = f" Version {old.version} keeps serving." if old else ""
+
+    # EngineReady
+    if engine.phase == EnginePhase.PINNED:
+        engine_condition = (TRUE, Reason.ENGINE_PINNED, engine.message)
+    elif engine.phase == EnginePhase.BUILT:
+        engine_condition = (TRUE, Reason.ENGINE_BUILT, engine.message)
+    elif engine.phase == EnginePhase.BUILDING:
+        engine_condition = (FALSE, Reason.ENGINE_BUILDING, engine.message + keeps)
+    else:
+        engine_condition = (FALSE, Reason.ENGINE_BUILD_FAILED, engine.message + keeps)
+
+    # Available: is anything serving, whichever version it is?
+    if not rollout.exists:
+        waiting = Reason.WAITING_FOR_ENGINE if serving is None else Reason.DEPLOYMENT_UNAVAILABLE
+        available = (FALSE, waiting, f"No runtime pods: {rollout.message}.")
+    elif rollout.available:
+        available = (TRUE, Reason.DEPLOYMENT_AVAILABLE, f"{rollout.message}.")
+    else:
+        available = (FALSE, Reason.DEPLOYMENT_UNAVAILABLE, f"{rollout.message}.")
+
+    # Progressing and Degraded
+    degraded = (FALSE, Reason.AS_EXPECTED, "")
+    if engine.phase == EnginePhase.FAILED:
+        progressing = (FALSE, Reason.ENGINE_BUILD_FAILED, engine.message)
+        degraded = (TRUE, Reason.ENGINE_BUILD_FAILED, engine.message + keeps)
+    elif engine.phase == EnginePhase.BUILDING:
+        progressing = (TRUE, Reason.ENGINE_BUILDING, engine.message)
+    elif rollout.stalled:
+        progressing = (FALSE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
+        degraded = (TRUE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
+    elif ready:
+        progressing = (FALSE, Reason.ROLLOUT_COMPLETE, f"{rollout.message}.")
+    else:
+        progressing = (TRUE, Reason.ROLLING_OUT, f"{rollout.message}.")
+
+    # Ready: the summary
+    if ready:
+        summary = (
+            TRUE,
+            Reason.READY,
+            f"Version {spec.model.version} (engine {engine.digest}) serves on "
+            f"{replicas} of {replicas} pods.",
+        )
+    elif engine.phase in (EnginePhase.BUILDING, EnginePhase.FAILED):
+        summary = (FALSE, engine_condition[1], engine_condition[2])
+    elif rollout.stalled:
+        summary = (FALSE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
+    else:
+        summary = (FALSE, Reason.ROLLING_OUT, f"{rollout.message}.{keeps}")
+
+    conditions = list(previous.conditions)
+    for type_, (status, reason, message) in (
+        (ConditionType.READY, summary),
+        (ConditionType.ENGINE_READY, engine_condition),
+        (ConditionType.AVAILABLE, available),
+        (ConditionType.PROGRESSING, progressing),
+        (ConditionType.DEGRADED, degraded),
+    ):
+        conditions = set_condition(conditions, type_, status, reason, message, generation, now)
+
+    if ready:
+        phase = Phase.READY
+    elif engine.phase == EnginePhase.FAILED:
+        phase = Phase.DEGRADED if serving is not None else Phase.FAILED
+    elif engine.phase == EnginePhase.BUILDING:
+        phase = Phase.BUILDING_ENGINE
+    elif rollout.stalled:
+        phase = Phase.DEGRADED
+    else:
+        phase = Phase.DEPLOYING
+
+    engine_status = EngineStatus(
+        digest=engine.digest,
+        backend=spec.engine.backend,
+        precision=spec.engine.precision,
+        target=engine.target,
+        max_batch_size=spec.engine.max_batch_size,
+    )
+    if serving is not None and rollout.complete:
+        serving_status: VersionStatus | None = VersionStatus(
+            version=serving.version, engine_digest=serving.digest
+        )
+    else:
+        serving_status = previous.serving
+    return previous.model_copy(
+        update={
+            "observed_generation": generation,
+            "phase": phase,
+            "conditions": conditions,
+            "engine": engine_status,
+            "serving": serving_status,
+            "replicas": replicas,
+            "ready_replicas": rollout.ready_replicas,
+            "ready": f"{rollout.ready_replicas}/{replicas}",
+            "selector": names.selector_string(names.runtime_selector(observed.owner.name)),
+        }
+    )
+
+
+def invalid_status(
+    status: InferenceDeploymentStatus, message: str, generation: int, now: datetime
+) -> InferenceDeploymentStatus:
+    """Degraded=True and Ready=False with reason InvalidSpec; the rest is kept, since the
+    children of the last valid spec are left as they are."""
+    conditions = list(status.conditions)
+    for type_, value in ((ConditionType.READY, FALSE), (ConditionType.DEGRADED, TRUE)):
+        conditions = set_condition(
+            conditions, type_, value, Reason.INVALID_SPEC, message, generation, now
+        )
+    return status.model_copy(
+        update={"observed_generation": generation, "phase": Phase.FAILED, "conditions": conditions}
+    )
+
+
+def transition_events(before: list[Condition], after: list[Condition]) -> tuple[Event, ...]:
+    """One Event per condition whose status or reason changed (or that is new); Warning for
+    failure reasons."""
+    old = {c.type: c for c in before}
+    events = []
+    for condition in after:
+        previous = old.get(condition.type)
+        if previous and (previous.status, previous.reason) == (condition.status, condition.reason):
+            continue
+        text = f"{condition.type} is {condition.status}"
+        if condition.message:
+            text += f": {condition.message}"
+        if len(text) > EVENT_MESSAGE_LIMIT:
+            text = text[: EVENT_MESSAGE_LIMIT - 3] + "..."
+        kind = "Warning" if condition.reason in WARNING_REASONS else "Normal"
+        events.append(Event(type=kind, reason=condition.reason, message=text))
+    return tuple(events)
