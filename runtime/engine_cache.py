@@ -32,11 +32,15 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from kubeinfer.runtime.engine_manifest import MANIFEST_FILE, EngineManifest, is_digest
 from kubeinfer.runtime.model_fetch import sha256_file
+
+if TYPE_CHECKING:
+    from kubeinfer.runtime.engines.base import Engine
 
 
 class EngineCacheError(Exception):
@@ -187,3 +191,26 @@ class EngineCache:
 def resolve_engine(cache_dir: str | Path, digest: str) -> ResolvedEngine:
     """Resolves and verifies `digest` in the cache at `cache_dir` (serving, `--pin`)."""
     return EngineCache(Path(cache_dir)).resolve(digest)
+
+
+def load_cached_engine(
+    cache_dir: str | Path,
+    digest: str,
+    max_batch_size: int,
+    intra_op_threads: int | None = None,
+) -> Engine:
+    """Resolves and verifies `digest`, then loads it with the manifest's backend: the
+    serving side's one call (`kubeinfer serve --engine sha256:... --cache DIR`)."""
+    from kubeinfer.runtime.engines.loader import load_engine
+
+    resolved = resolve_engine(cache_dir, digest)
+    key = resolved.manifest.key
+    if max_batch_size > key.batch_profile.max:
+        raise EngineCacheError(
+            f"engine {digest} was built for batches up to {key.batch_profile.max}, but the "
+            f"runtime's maxBatchSize is {max_batch_size}; lower maxBatchSize or build the "
+            f"engine with --max-batch-size {max_batch_size}"
+        )
+    return load_engine(
+        resolved.engine_path, key.backend, max_batch_size, intra_op_threads=intra_op_threads
+    )

@@ -87,6 +87,12 @@ def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
         node[leaf] = value
     if args.onnx is not None:  # an engine flag replaces the file's engine section whole
         data["engine"] = {"onnxPath": str(args.onnx)}
+    if args.engine is not None:  # a cache digest: `kubeinfer build` prints it
+        if args.onnx is not None:
+            raise ValueError("give either --onnx or --engine, not both")
+        data["engine"] = {"digest": args.engine}
+        if args.cache is not None:
+            data["engine"]["cacheDirectory"] = str(args.cache)
     try:
         return RuntimeConfig.model_validate(data)
     except ValidationError as error:
@@ -107,8 +113,16 @@ def load_engine_for(config: RuntimeConfig) -> Engine:
     from kubeinfer.runtime.engines.loader import load_engine
 
     source = config.engine
-    if source.onnx_path is None:
-        raise ValueError("engine digests from the cache are not supported by this build")
+    if source.digest is not None:  # resolved and sha256-verified against its manifest
+        from kubeinfer.runtime.engine_cache import load_cached_engine
+
+        return load_cached_engine(
+            source.cache_directory or "",
+            source.digest,
+            config.batching.max_batch_size,
+            intra_op_threads=config.intra_op_threads,
+        )
+    assert source.onnx_path is not None
     return load_engine(
         source.onnx_path,
         "onnxruntime",
@@ -166,6 +180,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--config", type=Path, metavar="FILE", help="RuntimeConfig as YAML or JSON (camelCase)"
     )
     parser.add_argument("--onnx", type=Path, metavar="PATH", help="ONNX model file to serve")
+    parser.add_argument(
+        "--engine", metavar="DIGEST", help="serve this engine (sha256:...) from --cache"
+    )
+    parser.add_argument("--cache", type=Path, metavar="DIR", help="the engine cache's root")
     for flag, _, type_, help_ in _FIELD_FLAGS:
         parser.add_argument(flag, type=type_, default=None, help=help_)
     parser.set_defaults(handler=run)
