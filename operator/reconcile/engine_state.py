@@ -286,7 +286,7 @@ def engine_state(observed: ObservedState, settings: OperatorSettings, now: datet
             "NoDigest: the build Job completed but no pod reported an engine digest in its "
             "termination message"
         )
-        failed_at: datetime | None = completed
+        failed_at: datetime | None = completed + MISSING_MESSAGE_GRACE
     elif _condition(latest, "Failed"):
         failure = _failure_text(latest, pods)
         failed_at = parse_time((_condition(latest, "Failed") or {}).get("lastTransitionTime"))

@@ -1,0 +1,200 @@
+"""A small in-memory stand-in for the API server, for the pure decision's table tests.
+
+`Cluster` keeps the objects a `Decision` applies, bumps a Deployment's generation when its
+spec changes (leaving its status stale until a test marks it rolled out, as the
+Deployment controller would), and lets a test play the part of the Job and Deployment
+controllers: a build succeeds with a termination message, fails with a reason, or the
+runtime pods become ready. Each `reconcile()` is one pass of `decide` over what is stored.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import kubernetes_validate
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
+from kubeinfer.operator.api.v1alpha1.conditions import ConditionType
+from kubeinfer.operator.reconcile.decide import decide
+from kubeinfer.operator.reconcile.snapshot import Decision, KubeObject, ObservedState, OwnerRef
+from kubeinfer.operator.settings import OperatorSettings
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+SETTINGS = OperatorSettings(build_backoff_seconds=30, build_backoff_max_seconds=600)
+KUBERNETES_VERSION = "1.33"
+DIGEST_A = "sha256:" + "a" * 64
+DIGEST_B = "sha256:" + "b" * 64
+SINGLETONS = {
+    "PersistentVolumeClaim": "pvc",
+    "ConfigMap": "configmap",
+    "Deployment": "deployment",
+    "Service": "service",
+}
+
+
+def k8s_time(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def make_spec(**sections: Any) -> InferenceDeploymentSpec:
+    """A valid spec: model `mlp` version `1` from https, with `sections` merged in."""
+    document: dict[str, Any] = {
+        "model": {
+            "name": "mlp",
+            "version": "1",
+            "source": {"uri": "https://models.example.com/mlp.onnx", "sha256": "c" * 64},
+        }
+    }
+    for key, value in sections.items():
+        document[key] = {**document.get(key, {}), **value}
+    return InferenceDeploymentSpec.model_validate(document)
+
+
+def validate_kubernetes(obj: KubeObject) -> None:
+    """Strict validation against the official schemas: an unknown field fails."""
+    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+class Cluster:
+    """One InferenceDeployment and its children, as the API server would store them."""
+
+    def __init__(self, spec: InferenceDeploymentSpec, name: str = "demo", namespace: str = "ns"):
+        self.name, self.namespace, self.uid = name, namespace, "0f0e0d0c-uid"
+        self.spec, self.generation = spec, 1
+        self.status = InferenceDeploymentStatus()
+        self.objects: dict[tuple[str, str], KubeObject] = {}
+        self.pods: list[KubeObject] = []
+        self.writes = 0
+
+    # -- the object itself --------------------------------------------------------------
+    def update_spec(self, spec: InferenceDeploymentSpec) -> None:
+        self.spec, self.generation = spec, self.generation + 1
+
+    def condition(self, type_: ConditionType) -> Any:
+        return next(c for c in self.status.conditions if c.type == type_)
+
+    # -- one pass -------------------------------------------------------------------------
+    def observe(self) -> ObservedState:
+        singles: dict[str, KubeObject | None] = {field: None for field in SINGLETONS.values()}
+        for (kind, _), obj in self.objects.items():
+            if kind in SINGLETONS:
+                singles[SINGLETONS[kind]] = copy.deepcopy(obj)
+        return ObservedState(
+            owner=OwnerRef(self.name, self.namespace, self.uid, self.generation),
+            spec=self.spec,
+            status=self.status,
+            jobs=tuple(
+                copy.deepcopy(o) for (k, _), o in sorted(self.objects.items()) if k == "Job"
+            ),
+            job_pods=tuple(copy.deepcopy(self.pods)),
+            **singles,
+        )
+
+    def reconcile(self, now: datetime = T0, settings: OperatorSettings = SETTINGS) -> Decision:
+        decision = decide(self.observe(), settings, now)
+        for child in decision.apply:
+            validate_kubernetes(child)
+            self._store(child)
+        for kind, name in decision.delete:
+            self.objects.pop((kind, name), None)
+        if decision.status != self.status:
+            self.writes += 1
+            # What the API server returns: the status round-tripped through JSON.
+            wire = decision.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+            self.status = InferenceDeploymentStatus.model_validate(wire)
+        self.writes += len(decision.apply) + len(decision.delete)
+        return decision
+
+    def _store(self, child: KubeObject) -> None:
+        key = (child["kind"], child["metadata"]["name"])
+        new = copy.deepcopy(child)
+        old = self.objects.get(key)
+        if child["kind"] == "Deployment":
+            generation = (old or {}).get("metadata", {}).get("generation", 0)
+            if old is None or old["spec"] != new["spec"]:
+                generation += 1
+            new["metadata"]["generation"] = generation
+            new["status"] = copy.deepcopy((old or {}).get("status", {}))
+        elif old is not None and "status" in old:
+            new["status"] = old["status"]
+        self.objects[key] = new
+
+    # -- playing the controllers ----------------------------------------------------------
+    def get(self, kind: str, name: str | None = None) -> KubeObject:
+        matches = [o for (k, n), o in self.objects.items() if k == kind and name in (None, n)]
+        assert len(matches) == 1, f"expected one {kind} {name or ''}, found {len(matches)}"
+        return matches[0]
+
+    def jobs(self) -> list[KubeObject]:
+        return [o for (k, _), o in sorted(self.objects.items()) if k == "Job"]
+
+    def delete(self, kind: str, name: str) -> None:
+        del self.objects[(kind, name)]
+
+    def _pod(self, job: KubeObject, terminated: dict[str, Any]) -> None:
+        name = job["metadata"]["name"]
+        self.pods.append(
+            {
+                "metadata": {
+                    "name": f"{name}-x7k2p",
+                    "labels": {"batch.kubernetes.io/job-name": name},
+                },
+                "status": {
+                    "containerStatuses": [{"name": "build", "state": {"terminated": terminated}}]
+                },
+            }
+        )
+
+    def succeed_job(self, name: str, message: str, at: datetime = T0) -> None:
+        job = self.objects[("Job", name)]
+        job["status"] = {
+            "succeeded": 1,
+            "completionTime": k8s_time(at),
+            "conditions": [
+                {"type": "Complete", "status": "True", "lastTransitionTime": k8s_time(at)}
+            ],
+        }
+        self._pod(job, {"exitCode": 0, "reason": "Completed", "message": message})
+
+    def fail_job(self, name: str, reason: str, message: str, log: str, at: datetime = T0) -> None:
+        job = self.objects[("Job", name)]
+        job["status"] = {
+            "failed": 2,
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": k8s_time(at),
+                }
+            ],
+        }
+        self._pod(job, {"exitCode": 1, "reason": "Error", "message": log})
+
+    def roll_out(self, ready: int | None = None) -> None:
+        """The Deployment controller finished: every desired pod updated and ready."""
+        deployment = self.get("Deployment")
+        replicas = deployment["spec"]["replicas"]
+        ready = replicas if ready is None else ready
+        deployment["status"] = {
+            "observedGeneration": deployment["metadata"]["generation"],
+            "replicas": replicas,
+            "updatedReplicas": replicas,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "conditions": [
+                {"type": "Available", "status": "True" if ready >= replicas else "False"},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
+            ],
+        }
+
+    def build_to_ready(self, digest: str = DIGEST_A, now: datetime = T0) -> None:
+        """Drives a fresh object to Ready: build, succeed, roll out."""
+        self.reconcile(now)
+        (job,) = [j for j in self.jobs() if "status" not in j]
+        self.succeed_job(job["metadata"]["name"], digest, at=now + timedelta(seconds=60))
+        self.reconcile(now + timedelta(seconds=61))
+        self.roll_out()
+        self.reconcile(now + timedelta(seconds=90))

@@ -1,0 +1,301 @@
+"""The pure decision through an engine's life: build Job, digest from the termination
+message, runtime children, readiness, failures with backoff, pinning, version changes, and
+convergence after a restart or a garbage-collected Job.
+
+Each test drives `decide` pass by pass over `decide_scenarios.Cluster`, which stores what
+a Decision applies (every applied object is validated against the Kubernetes 1.33
+schemas in strict mode) and plays the Job and Deployment controllers.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+import yaml
+from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
+from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
+from kubeinfer.operator.api.v1alpha1.inference_deployment import Phase
+from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.reconcile.desired import CONFIG_KEY
+from kubeinfer.operator.reconcile.engine_state import build_key
+
+READY, ENGINE = ConditionType.READY, ConditionType.ENGINE_READY
+TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
+
+
+def kinds(objects) -> list[str]:
+    return sorted(o["kind"] for o in objects)
+
+
+def served_digest(cluster: Cluster) -> str:
+    config = yaml.safe_load(cluster.get("ConfigMap")["data"][CONFIG_KEY])
+    return config["engine"]["digest"]
+
+
+def test_a_new_deployment_gets_a_cache_claim_and_a_build_job_but_no_runtime_yet():
+    cluster = Cluster(make_spec())
+    decision = cluster.reconcile()
+    assert kinds(decision.apply) == ["Job", "PersistentVolumeClaim"]
+    assert cluster.status.phase == Phase.BUILDING_ENGINE
+    assert cluster.condition(ENGINE).reason == Reason.ENGINE_BUILDING
+    assert cluster.condition(READY).status == FALSE
+    assert decision.requeue_after_seconds == pytest.approx(10)
+
+
+def test_the_build_job_runs_kubeinfer_build_as_argv_on_a_node_with_the_gpu_product():
+    spec = make_spec(
+        engine={"backend": "tensorrt", "precision": "fp16"},
+        runtime={"resources": {"gpus": 1}, "gpuProduct": "NVIDIA-H100-80GB-HBM3"},
+    )
+    spec = spec.model_copy(
+        update={
+            "model": spec.model.model_copy(
+                update={
+                    "source": spec.model.source.model_copy(
+                        update={"uri": "https://x/m.onnx; rm -rf /"}
+                    )
+                }
+            )
+        }
+    )
+    job = next(o for o in Cluster(spec).reconcile().apply if o["kind"] == "Job")
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["kubeinfer"]
+    args = container["args"]
+    # The hostile URI stays one argv element: there is no shell to interpret it.
+    assert args[args.index("--model") + 1] == "https://x/m.onnx; rm -rf /"
+    assert args[args.index("--backend") + 1] == "tensorrt"
+    assert args[args.index("--precision") + 1] == "fp16"
+    assert args[args.index("--cache") + 1] == "/cache"
+    assert args[args.index("--termination-message-path") + 1] == "/dev/termination-log"
+    assert "--json" in args
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert pod["restartPolicy"] == "Never"
+    assert {"backoffLimit", "activeDeadlineSeconds", "ttlSecondsAfterFinished"} <= set(job["spec"])
+
+
+def test_a_succeeded_job_s_termination_message_deploys_the_runtime_with_that_digest():
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    (job,) = cluster.jobs()
+    message = json.dumps({"digest": DIGEST_A, "cacheHit": False})
+    cluster.succeed_job(job["metadata"]["name"], message, at=T0 + timedelta(seconds=30))
+    decision = cluster.reconcile(T0 + timedelta(seconds=31))
+    assert kinds(decision.apply) == ["ConfigMap", "Deployment", "Service"]
+    assert served_digest(cluster) == DIGEST_A
+    assert cluster.condition(ENGINE).status == TRUE
+    assert cluster.condition(ENGINE).reason == Reason.ENGINE_BUILT
+    assert cluster.status.engine.digest == DIGEST_A
+    assert cluster.status.phase == Phase.DEPLOYING
+    assert cluster.condition(READY).status == FALSE
+
+
+def test_a_rolled_out_deployment_makes_the_object_ready():
+    cluster = Cluster(make_spec(runtime={"replicas": 3}))
+    cluster.build_to_ready(DIGEST_A)
+    assert cluster.condition(READY).status == TRUE
+    assert cluster.status.phase == Phase.READY
+    assert cluster.status.serving.version == "1"
+    assert cluster.status.serving.engine_digest == DIGEST_A
+    assert (cluster.status.replicas, cluster.status.ready_replicas) == (3, 3)
+    assert cluster.status.ready == "3/3"
+
+
+def test_ready_stays_false_until_every_desired_replica_is_ready():
+    cluster = Cluster(make_spec(runtime={"replicas": 3}))
+    cluster.build_to_ready(DIGEST_A)
+    cluster.roll_out(ready=2)
+    cluster.reconcile(T0 + timedelta(minutes=5))
+    assert cluster.condition(READY).status == FALSE
+    assert cluster.status.ready == "2/3"
+
+
+def test_a_failed_build_reports_the_job_reason_and_is_retried_with_backoff():
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    (job,) = cluster.jobs()
+    first = job["metadata"]["name"]
+    failed_at = T0 + timedelta(seconds=20)
+    cluster.fail_job(
+        first,
+        "BackoffLimitExceeded",
+        "Job has reached the specified backoff limit",
+        "error: the build failed: out of memory",
+        at=failed_at,
+    )
+
+    decision = cluster.reconcile(failed_at + timedelta(seconds=5))
+    engine = cluster.condition(ENGINE)
+    assert (engine.status, engine.reason) == (FALSE, Reason.ENGINE_BUILD_FAILED)
+    assert "BackoffLimitExceeded" in engine.message
+    assert "Job has reached the specified backoff limit" in engine.message
+    assert "out of memory" in engine.message
+    assert cluster.condition(ConditionType.DEGRADED).status == TRUE
+    assert cluster.status.phase == Phase.FAILED  # nothing served yet
+    assert decision.apply == ()  # no new attempt before the backoff
+    assert decision.requeue_after_seconds == pytest.approx(25)
+    assert any(
+        e.type == "Warning" and e.reason == Reason.ENGINE_BUILD_FAILED for e in decision.events
+    )
+
+    decision = cluster.reconcile(failed_at + timedelta(seconds=30))
+    (retry,) = [o for o in decision.apply if o["kind"] == "Job"]
+    assert retry["metadata"]["name"] != first
+    assert retry["metadata"]["labels"][names.LABEL_BUILD_ATTEMPT] == "1"
+    assert cluster.condition(ENGINE).reason == Reason.ENGINE_BUILDING
+
+    # The second failure waits twice as long.
+    second_failed = failed_at + timedelta(seconds=100)
+    cluster.fail_job(
+        retry["metadata"]["name"],
+        "DeadlineExceeded",
+        "Job was active longer than specified deadline",
+        "",
+        at=second_failed,
+    )
+    decision = cluster.reconcile(second_failed + timedelta(seconds=1))
+    assert decision.requeue_after_seconds == pytest.approx(59)
+
+
+def test_a_failed_rebuild_keeps_the_previous_version_serving():
+    cluster = Cluster(make_spec())
+    cluster.build_to_ready(DIGEST_A)
+    cluster.update_spec(make_spec(model={"version": "2"}, engine={"precision": "fp16"}))
+    later = T0 + timedelta(hours=1)
+    cluster.reconcile(later)
+    (new_job,) = [j for j in cluster.jobs() if "status" not in j]
+    cluster.fail_job(
+        new_job["metadata"]["name"], "BackoffLimitExceeded", "backoff limit", "", at=later
+    )
+    decision = cluster.reconcile(later + timedelta(seconds=1))
+    assert served_digest(cluster) == DIGEST_A
+    assert cluster.get("Deployment")["metadata"]["labels"][names.LABEL_VERSION] == "1"
+    assert not [o for o in decision.apply if o["kind"] in ("ConfigMap", "Deployment")]
+    assert cluster.status.serving.version == "1"
+    assert cluster.status.phase == Phase.DEGRADED
+    assert "Version 1 keeps serving" in cluster.condition(ENGINE).message
+    assert cluster.condition(ConditionType.AVAILABLE).status == TRUE
+
+
+def test_a_pinned_engine_needs_no_job():
+    cluster = Cluster(make_spec(engine={"pin": DIGEST_B, "cache": {"existingClaim": "engines"}}))
+    decision = cluster.reconcile()
+    assert kinds(decision.apply) == ["ConfigMap", "Deployment", "Service"]
+    assert served_digest(cluster) == DIGEST_B
+    assert cluster.condition(ENGINE).reason == Reason.ENGINE_PINNED
+    volumes = cluster.get("Deployment")["spec"]["template"]["spec"]["volumes"]
+    cache = next(v for v in volumes if v["name"] == "cache")
+    assert cache["persistentVolumeClaim"] == {"claimName": "engines", "readOnly": True}
+
+
+def test_a_version_change_builds_first_and_keeps_the_old_digest_until_built():
+    cluster = Cluster(make_spec())
+    cluster.build_to_ready(DIGEST_A)
+    old_deployment = cluster.get("Deployment")
+    cluster.update_spec(
+        make_spec(
+            model={"version": "2", "source": {"uri": "https://models.example.com/mlp-v2.onnx"}},
+            runtime={"batching": {"maxBatchSize": 8}},
+        )
+    )
+    later = T0 + timedelta(hours=1)
+    decision = cluster.reconcile(later)
+    # The new build starts (the cache claim's version label follows the spec); the
+    # runtime's ConfigMap and Deployment are not touched.
+    assert kinds(decision.apply) == ["Job", "PersistentVolumeClaim"]
+    assert cluster.get("Deployment") == old_deployment
+    assert served_digest(cluster) == DIGEST_A
+    assert cluster.condition(READY).status == FALSE
+    assert cluster.status.observed_generation == 2
+
+    (new_job,) = [j for j in cluster.jobs() if "status" not in j]
+    cluster.succeed_job(new_job["metadata"]["name"], DIGEST_B, at=later + timedelta(seconds=40))
+    decision = cluster.reconcile(later + timedelta(seconds=41))
+    assert kinds(decision.apply) == ["ConfigMap", "Deployment", "Service"]
+    assert served_digest(cluster) == DIGEST_B
+    config = yaml.safe_load(cluster.get("ConfigMap")["data"][CONFIG_KEY])
+    assert config["modelVersion"] == "2" and config["batching"]["maxBatchSize"] == 8
+    template = cluster.get("Deployment")["spec"]["template"]["metadata"]
+    old_template = old_deployment["spec"]["template"]["metadata"]
+    assert (
+        template["annotations"][names.ANNOTATION_CONFIG_HASH]
+        != old_template["annotations"][names.ANNOTATION_CONFIG_HASH]
+    )
+    assert cluster.condition(READY).status == FALSE  # pods not rolled yet
+    cluster.roll_out()
+    cluster.reconcile(later + timedelta(seconds=90))
+    assert cluster.condition(READY).status == TRUE
+    assert cluster.status.serving.version == "2"
+
+
+def test_any_engine_input_changes_the_build_key_and_the_version_alone_does_not():
+    base = make_spec()
+    changed = [
+        make_spec(model={"source": {"uri": "https://models.example.com/other.onnx"}}),
+        make_spec(engine={"precision": "fp16"}),
+        make_spec(engine={"maxBatchSize": 64}),
+        make_spec(engine={"backend": "tensorrt"}, runtime={"resources": {"gpus": 1}}),
+        make_spec(runtime={"gpuProduct": "NVIDIA-A100-SXM4-80GB"}),
+        make_spec(engine={"calibration": {"uri": "https://x/c.npz"}}),
+    ]
+    keys = {build_key(spec) for spec in changed}
+    assert len(keys) == len(changed) and build_key(base) not in keys
+    assert build_key(make_spec(model={"version": "9"}, runtime={"replicas": 5})) == build_key(base)
+
+
+def test_an_operator_restart_mid_build_converges_on_the_same_job():
+    cluster = Cluster(make_spec())
+    first = cluster.reconcile()
+    (job,) = cluster.jobs()
+    job["status"] = {"active": 1, "startTime": "2026-01-01T12:00:01Z"}
+    # A new operator process: the same observed world, a later clock.
+    again = cluster.reconcile(T0 + timedelta(minutes=7))
+    assert again.apply == ()
+    assert [j["metadata"]["name"] for j in cluster.jobs()] == [job["metadata"]["name"]]
+    # Even a restart that has not yet seen the Job names the same one: applying it again
+    # addresses the existing Job instead of adding a second.
+    blind = Cluster(make_spec()).reconcile()
+    assert [o["metadata"]["name"] for o in blind.apply if o["kind"] == "Job"] == [
+        o["metadata"]["name"] for o in first.apply if o["kind"] == "Job"
+    ]
+
+
+def test_a_garbage_collected_build_job_is_not_rebuilt():
+    cluster = Cluster(make_spec())
+    cluster.build_to_ready(DIGEST_A)
+    (job,) = cluster.jobs()
+    cluster.delete("Job", job["metadata"]["name"])
+    cluster.pods.clear()
+    decision = cluster.reconcile(T0 + timedelta(days=2))
+    assert decision.apply == ()
+    assert cluster.condition(READY).status == TRUE
+
+
+def test_an_unfinished_build_of_replaced_inputs_is_deleted():
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    (old_job,) = cluster.jobs()
+    cluster.update_spec(make_spec(engine={"precision": "fp16"}))
+    decision = cluster.reconcile(T0 + timedelta(minutes=1))
+    assert decision.delete == (("Job", old_job["metadata"]["name"]),)
+    assert [o["kind"] for o in decision.apply] == ["Job"]
+
+
+def test_a_completed_job_whose_pod_is_not_seen_yet_waits_then_retries():
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    (job,) = cluster.jobs()
+    cluster.succeed_job(job["metadata"]["name"], DIGEST_A, at=T0)
+    cluster.pods.clear()
+    decision = cluster.reconcile(T0 + timedelta(seconds=10))
+    assert decision.apply == () and cluster.condition(ENGINE).reason == Reason.ENGINE_BUILDING
+    cluster.reconcile(T0 + timedelta(seconds=75))
+    assert cluster.condition(ENGINE).reason == Reason.ENGINE_BUILD_FAILED
+    assert "NoDigest" in cluster.condition(ENGINE).message
+    decision = cluster.reconcile(T0 + timedelta(minutes=2))
+    (retry,) = decision.apply
+    assert retry["metadata"]["labels"][names.LABEL_BUILD_ATTEMPT] == "1"
