@@ -1,0 +1,390 @@
+"""`make bench`: kubeinfer against an unbatched server and MLServer, on this machine.
+
+A script, not a test (nothing here is named test_*, so pytest never collects it):
+
+    .venv/bin/python tests/benchmarks/bench_serving.py [--quick] [--out .bench/results.md]
+
+For each deterministic model from `kubeinfer.runtime.demo_models` (the overhead-bound
+small MLP and the ~170 MB memory-bound MLP) it measures the in-process ONNX Runtime
+ceiling at batch 1..64, then starts each server as a subprocess on a loopback port (one
+at a time), checks its answers against ONNX Runtime in-process, and drives it with 1, 8,
+32 and 64 closed-loop clients sending single-item requests (v2 JSON; Triton binary too at
+32 clients). The mean batch size is the delta of the server's batch-size histogram over
+the measured window. Last, the memory-bound model's fp32 and int8 engines, built through
+`kubeinfer build`, are served side by side. It prints one Markdown report (serving table,
+ceiling table, int8 table, the issue's targets) and writes it to `--out`.
+
+Every server gets the same ONNX Runtime intra-op thread count (`--threads`, default 1:
+on 2 cores shared with the load generator and the server's own event loop a second
+compute thread only competes; measured with `--threads 2` it is slower for all three).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from engine_ceiling import measure_ceiling, reference_outputs
+from kubeinfer.runtime.demo_models import build_memory_bound_mlp, build_small_mlp
+from loadgen import (
+    EncodedRequest,
+    encode_binary_infer,
+    encode_json_infer,
+    request_once,
+    run_closed_loop,
+)
+from prometheus_client.parser import text_string_to_metric_families
+from report import (
+    Int8Comparison,
+    Row,
+    ceiling_table,
+    check_targets,
+    int8_table,
+    serving_table,
+    targets_table,
+)
+from servers import (
+    HOST,
+    REPO,
+    ServerFailed,
+    ServerProcess,
+    ServerSpec,
+    http_get,
+    kubeinfer_spec,
+    mlserver_spec,
+    unbatched_spec,
+)
+
+SMALL, MEMORY = "small-mlp", "memory-bound-mlp"
+MODELS = {SMALL: build_small_mlp, MEMORY: build_memory_bound_mlp}
+INPUT, OUTPUT = "input", "logits"
+DISTINCT_REQUESTS = 16
+
+
+# --------------------------------------------------------------------------- CPU accounting
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _busy_cpu_s() -> float:
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / _TICK
+
+
+def _session_cpu_s(session_id: int) -> float:
+    """CPU of every live process in a session (a server and its workers)."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == session_id:
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def batch_histogram(metrics_url: str, model: str) -> tuple[float, float] | None:
+    """(sum, count) of the batch-size histogram for `model`: kubeinfer's
+    `kubeinfer_batch_size`, or `bench_batch_size` logged by our MLServer runtime."""
+    status, body = http_get(metrics_url)
+    if status != 200:
+        return None
+    total = count = 0.0
+    found = False
+    for family in text_string_to_metric_families(body.decode()):
+        if family.name not in ("kubeinfer_batch_size", "bench_batch_size"):
+            continue
+        for sample in family.samples:
+            if model not in sample.labels.values():
+                continue
+            if sample.name.endswith("_sum"):
+                total += sample.value
+                found = True
+            elif sample.name.endswith("_count"):
+                count += sample.value
+    return (total, count) if found else None
+
+
+@dataclass
+class Snapshot:
+    busy_s: float
+    server_s: float
+    histogram: tuple[float, float] | None
+
+
+def snapshot(spec: ServerSpec, server: ServerProcess) -> Snapshot:
+    assert server.process is not None
+    histogram = batch_histogram(spec.metrics_url, spec.model_name) if spec.metrics_url else None
+    return Snapshot(_busy_cpu_s(), _session_cpu_s(server.process.pid), histogram)
+
+
+# --------------------------------------------------------------------------- one server
+
+
+def make_requests(spec: ServerSpec, items: np.ndarray, encoding: str) -> list[EncodedRequest]:
+    if encoding == "json":
+        return [encode_json_infer(HOST, spec.port, spec.model_name, INPUT, x) for x in items]
+    return [encode_binary_infer(HOST, spec.port, spec.model_name, INPUT, OUTPUT, x) for x in items]
+
+
+def decode_output(body: bytes, headers: dict[str, str]) -> np.ndarray:
+    split = int(headers.get("inference-header-content-length", len(body)))
+    output = json.loads(body[:split])["outputs"][0]
+    if "data" in output:
+        return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+    return np.frombuffer(body[split:], dtype=np.float32).reshape(output["shape"])
+
+
+def check_answers(spec: ServerSpec, requests: list[EncodedRequest], expected: np.ndarray) -> None:
+    """Every distinct request once, answered with ONNX Runtime's own output."""
+    for index, request in enumerate(requests):
+        response = asyncio.run(request_once(HOST, spec.port, request.raw))
+        if response.status != 200:
+            raise ServerFailed(f"{spec.label}: HTTP {response.status}: {response.body[:300]!r}")
+        got = decode_output(response.body, response.headers)
+        if not np.allclose(got[0], expected[index], rtol=1e-3, atol=1e-3):
+            raise ServerFailed(f"{spec.label}: wrong output for request {index}")
+
+
+def load_runs(
+    spec: ServerSpec,
+    server: ServerProcess,
+    model: str,
+    items: np.ndarray,
+    expected: np.ndarray,
+    plan: list[tuple[str, int]],
+    args: argparse.Namespace,
+    label: str | None = None,
+) -> list[Row]:
+    rows = []
+    for encoding in dict.fromkeys(e for e, _ in plan):
+        check_answers(spec, make_requests(spec, items, encoding), expected)
+    for encoding, clients in plan:
+        requests = make_requests(spec, items, encoding)
+        marks: dict[str, Snapshot] = {}
+        result = asyncio.run(
+            run_closed_loop(
+                HOST,
+                spec.port,
+                requests,
+                clients,
+                args.warmup,
+                args.duration,
+                on_window_start=lambda m=marks: m.__setitem__("start", snapshot(spec, server)),
+                on_window_end=lambda m=marks: m.__setitem__("end", snapshot(spec, server)),
+            )
+        )
+        start, end = marks["start"], marks["end"]
+        mean_batch = None
+        if start.histogram and end.histogram and end.histogram[1] > start.histogram[1]:
+            mean_batch = (end.histogram[0] - start.histogram[0]) / (
+                end.histogram[1] - start.histogram[1]
+            )
+        foreign = (
+            (end.busy_s - start.busy_s) - (end.server_s - start.server_s) - result.client_cpu_s
+        )
+        row = Row(
+            model=model,
+            server=label or spec.label,
+            encoding=encoding,
+            clients=clients,
+            throughput=result.throughput,
+            p50_ms=result.percentile_ms(50),
+            p99_ms=result.percentile_ms(99),
+            mean_batch=mean_batch,
+            errors=result.errors,
+            client_us_per_request=result.client_cpu_us_per_request,
+            foreign_cpu_pct=max(0.0, foreign) / (os.cpu_count() or 1) / args.duration * 100,
+        )
+        if result.error_samples:
+            print(f"  errors, e.g. {result.error_samples[0]}", file=sys.stderr)
+        print(
+            f"  {row.server:>10} {model:>17} {encoding:>6} {clients:>3} clients: "
+            f"{row.throughput:7.0f} req/s  p50 {row.p50_ms:7.2f} ms  p99 {row.p99_ms:7.2f} ms"
+            f"  batch {row.mean_batch or 0:5.1f}  other CPU {row.foreign_cpu_pct:3.0f}%",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+def serve_and_load(spec: ServerSpec, *run_args: object, label: str | None = None) -> list[Row]:
+    log_dir = REPO / ".bench" / "logs"
+    with ServerProcess(spec, log_dir) as server:
+        return load_runs(spec, server, *run_args, label=label)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- int8
+
+
+def build_engine(model_path: Path, precision: str, cache: Path, calibration: Path) -> dict:
+    command = [
+        str(REPO / ".venv" / "bin" / "kubeinfer"), "build", "--model", str(model_path),
+        "--backend", "onnxruntime", "--precision", precision, "--max-batch-size", "32",
+        "--cache", str(cache), "--json",
+    ]  # fmt: skip
+    if precision == "int8":
+        command += ["--calibration", str(calibration)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"kubeinfer build {precision} failed: {done.stderr.strip()[-800:]}")
+    return json.loads(done.stdout)
+
+
+def int8_comparison(
+    model_path: Path, items: np.ndarray, args: argparse.Namespace
+) -> Int8Comparison:
+    from kubeinfer.runtime.calibration import write_demo_samples
+
+    work = REPO / ".bench" / "engines"
+    calibration = write_demo_samples(model_path, work / "calibration.npz", count=160)
+    sizes, ceilings, served, accuracy = {}, {}, {}, {}
+    for precision in ("fp32", "int8"):
+        started = time.monotonic()
+        manifest = build_engine(model_path, precision, work, calibration)
+        digest = manifest["digest"]
+        engine_path = work / "engines" / digest.removeprefix("sha256:") / manifest["engineFile"]
+        print(f"  built {precision} {digest[:19]} in {time.monotonic() - started:.0f}s", flush=True)
+        sizes[precision] = engine_path.stat().st_size / 1e6
+        points = measure_ceiling(engine_path, args.threads, args.ceiling_seconds, (1, 32))
+        ceilings[precision] = {p.batch_size: p.items_per_second for p in points}
+        expected = reference_outputs(engine_path, items)
+        spec = kubeinfer_spec(engine_path, MEMORY, args.threads)
+        rows = serve_and_load(spec, MEMORY, items, expected, [("json", 32)], args,
+                              label=f"kubeinfer-{precision}")  # fmt: skip
+        served[precision] = rows[0]
+        if precision == "int8" and manifest.get("accuracy"):
+            output = manifest["accuracy"]["outputs"][0]
+            accuracy = {k: v for k, v in output.items() if isinstance(v, int | float)}
+    return Int8Comparison(sizes, ceilings, served, accuracy)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="kubeinfer serving benchmark")
+    parser.add_argument("--quick", action="store_true", help="short runs (a smoke check)")
+    parser.add_argument("--duration", type=float, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, help="unmeasured seconds before each run")
+    parser.add_argument("--clients", default="1,8,32,64")
+    parser.add_argument("--models", default=f"{SMALL},{MEMORY}")
+    parser.add_argument("--servers", default="kubeinfer,unbatched,mlserver")
+    parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads, all servers")
+    parser.add_argument("--mlserver-workers", type=int, default=1, help="MLServer parallel_workers")
+    parser.add_argument("--kubeinfer-args", default="", help="extra `kubeinfer serve` flags")
+    parser.add_argument("--no-int8", action="store_true", help="skip the fp32 vs int8 rows")
+    parser.add_argument("--out", type=Path, default=REPO / ".bench" / "results.md")
+    args = parser.parse_args(argv)
+    args.duration = args.duration or (3.0 if args.quick else 10.0)
+    args.warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 3.0)
+    args.ceiling_seconds = 0.3 if args.quick else 1.5
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    clients = [int(c) for c in args.clients.split(",")]
+    servers = args.servers.split(",")
+    models = args.models.split(",")
+    started = datetime.datetime.now(datetime.UTC)
+    model_dir = REPO / ".bench" / "models"
+    rows: list[Row] = []
+    ceilings = {}
+    int8: Int8Comparison | str | None = None
+    for model in models:
+        path = model_dir / f"{model}.onnx"
+        if not path.exists():
+            MODELS[model](path)
+        print(f"{model}: in-process ceiling", flush=True)
+        ceilings[model] = measure_ceiling(path, args.threads, args.ceiling_seconds)
+        width = 512 if model == SMALL else 1024
+        items = np.random.default_rng(7).standard_normal((DISTINCT_REQUESTS, width))
+        items = items.astype(np.float32)
+        expected = reference_outputs(path, items)
+        for server in servers:
+            plan = [("json", c) for c in clients]
+            if server != "mlserver" and 32 in clients:  # MLServer has no binary extension
+                plan.append(("binary", 32))
+            if server == "kubeinfer":
+                spec = kubeinfer_spec(
+                    path, model, args.threads, extra_args=tuple(args.kubeinfer_args.split())
+                )
+            elif server == "unbatched":
+                spec = unbatched_spec(path, model, args.threads)
+            else:
+                spec = mlserver_spec(path, model, args.threads, REPO / ".bench" / "mlserver",
+                                     parallel_workers=args.mlserver_workers)  # fmt: skip
+            print(f"{model}: {server}", flush=True)
+            rows += serve_and_load(spec, model, items, expected, plan, args)
+        if model == MEMORY and not args.no_int8:
+            print(f"{model}: fp32 vs int8 engines", flush=True)
+            try:
+                int8 = int8_comparison(path, items, args)
+            except Exception as error:  # reported in the output, the rest still stands
+                int8 = f"skipped: {error}"
+    text = render(args, started, rows, ceilings, int8, models)
+    print("\n" + text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(f"written to {args.out}")
+    return 0
+
+
+def render(args, started, rows, ceilings, int8, models) -> str:  # type: ignore[no-untyped-def]
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
+    except (OSError, StopIteration):
+        pass
+    parts = [
+        f"# kubeinfer serving benchmark ({started:%Y-%m-%d %H:%M} UTC)\n",
+        f"`{' '.join(['bench_serving.py', *sys.argv[1:]])}` on {os.cpu_count()} CPUs ({cpu}), "
+        f"load generator on the same machine; {args.warmup:g} s warm-up + {args.duration:g} s "
+        f"measured per row; ONNX Runtime {args.threads} intra-op thread(s) in every server; "
+        f"kubeinfer max batch 32 (its default delay and slots); MLServer 1.7.1 adaptive "
+        f"batching max batch 32, 5 ms, parallel_workers={args.mlserver_workers}. Load average "
+        f"at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}. 'other CPU' is what "
+        "processes other than the server and the load generator used during the window.\n",
+        "## Serving (single-item requests, closed loop)\n",
+        serving_table(rows, ceilings),
+        "\n## In-process ONNX Runtime ceiling (items/s, time per batch)\n",
+        ceiling_table(ceilings),
+    ]
+    if isinstance(int8, Int8Comparison):
+        parts += [f"\n## fp32 vs int8 ({MEMORY}, kubeinfer, JSON)\n", int8_table(int8)]
+    elif isinstance(int8, str):
+        parts += [f"\n## fp32 vs int8 ({MEMORY})\n", int8 + "\n"]
+    if SMALL in models and MEMORY in models:
+        parts += [
+            "\n## Targets (issue 3, item 8)\n",
+            targets_table(check_targets(rows, MEMORY, SMALL)),
+        ]
+    return "\n".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

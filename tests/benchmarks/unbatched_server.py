@@ -1,0 +1,130 @@
+"""The baseline: the v2 server a user writes by hand, one `session.run` per request.
+
+Same web framework as kubeinfer's server (aiohttp), same wire formats (v2 JSON and Triton's
+binary tensor extension), no batching: each request is decoded, run through ONNX Runtime
+at batch 1 right in the handler (no thread hop, which is the fastest way to do one run at
+a time), and encoded. That is the strongest unbatched baseline on latency; it is the
+throughput kubeinfer's batcher must beat.
+
+    python unbatched_server.py --model PATH --name NAME --port PORT [--intra-op-threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import onnxruntime as ort
+from aiohttp import web
+
+_DTYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32}
+_V2 = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+def create_app(model_path: str, name: str, intra_op_threads: int) -> web.Application:
+    options = ort.SessionOptions()
+    if intra_op_threads:
+        options.intra_op_num_threads = intra_op_threads
+    session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+    inputs = {i.name: i for i in session.get_inputs()}
+    output_names = [o.name for o in session.get_outputs()]
+
+    async def ready(_: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def metadata(_: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "name": name,
+                "platform": "onnxruntime",
+                "inputs": [{"name": i.name, "shape": i.shape} for i in inputs.values()],
+                "outputs": output_names,
+            }
+        )
+
+    async def infer(request: web.Request) -> web.Response:
+        if request.match_info["model"] != name:
+            return _error(404, f"unknown model {request.match_info['model']!r}")
+        body = await request.read()
+        header_length = request.headers.get("Inference-Header-Content-Length")
+        try:
+            if header_length is not None:
+                split = int(header_length)
+                header, binary = json.loads(body[:split]), memoryview(body)[split:]
+            else:
+                header, binary = json.loads(body), memoryview(b"")
+            feeds, offset = {}, 0
+            for tensor in header["inputs"]:
+                dtype = _DTYPES[tensor["datatype"]]
+                size = (tensor.get("parameters") or {}).get("binary_data_size")
+                if size is not None:
+                    array = np.frombuffer(binary[offset : offset + size], dtype=dtype)
+                    offset += size
+                else:
+                    array = np.asarray(tensor["data"], dtype=dtype)
+                feeds[tensor["name"]] = array.reshape(tensor["shape"])
+            binary_out = {
+                o["name"]
+                for o in header.get("outputs") or ()
+                if (o.get("parameters") or {}).get("binary_data")
+            }
+        except (ValueError, KeyError, TypeError) as error:
+            return _error(400, f"bad request: {error}")
+        try:
+            results = session.run(output_names, feeds)
+        except Exception as error:  # ORT's own argument errors
+            return _error(400, str(error))
+        outputs, chunks = [], []
+        for output_name, array in zip(output_names, results, strict=True):
+            entry = {"name": output_name, "shape": list(array.shape), "datatype": _V2[array.dtype]}
+            if output_name in binary_out:
+                data = np.ascontiguousarray(array).tobytes()
+                entry["parameters"] = {"binary_data_size": len(data)}
+                chunks.append(data)
+            else:
+                entry["data"] = array.ravel().tolist()
+            outputs.append(entry)
+        response_header = json.dumps({"model_name": name, "outputs": outputs}).encode()
+        if not chunks:
+            return web.Response(body=response_header, content_type="application/json")
+        return web.Response(
+            body=b"".join([response_header, *chunks]),
+            headers={
+                "Content-Type": "application/octet-stream",
+                "Inference-Header-Content-Length": str(len(response_header)),
+            },
+        )
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/v2/health/live", ready)
+    app.router.add_get("/v2/health/ready", ready)
+    app.router.add_get("/v2/models/{model}", metadata)
+    app.router.add_get("/v2/models/{model}/ready", ready)
+    app.router.add_post("/v2/models/{model}/infer", infer)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--intra-op-threads", type=int, default=0)
+    args = parser.parse_args()
+    web.run_app(
+        create_app(args.model, args.name, args.intra_op_threads),
+        host=args.host,
+        port=args.port,
+        access_log=None,
+        print=None,
+    )
+
+
+if __name__ == "__main__":
+    main()
