@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed
 # The virtual environment is rebuilt only when the dependencies change.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet --upgrade pip "setuptools>=75"
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TextIO
 
 import yaml
-
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_inference_deployment
 
 
@@ -48,7 +47,8 @@ def validate_file(path: Path) -> tuple[list[str], list[str]]:
     return problems, valid
 
 
-def run(paths: list[Path], out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run(paths: list[Path], out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
     failed = False
     for path in paths:
         problems, valid = validate_file(path)

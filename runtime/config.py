@@ -20,6 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 
+BatchSize = Annotated[int, Field(ge=1, le=1024)]
+
+
 class CrossFieldRuleViolation(ValueError):
     """A cross-field rule did not hold; `field` is the camelCase path below the model."""
 
@@ -106,7 +109,9 @@ class BatchingPolicy(ApiModel):
     larger batch can help (a preferred size is not yet reached); a lone request on an idle
     server runs at once."""
 
-    preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=1024)]] = Field(default_factory=list, max_length=16)
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1, le=1024)]] = Field(
+        default_factory=list, max_length=16
+    )
     """Batch sizes the engine runs best at (e.g. its optimisation profile's sizes); the
     batcher flushes as soon as one is reached. Each must be at most maxBatchSize."""
 

@@ -7,6 +7,7 @@ downloaded.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ def build_mlp(
     sizes = [input_size, *hidden_sizes, output_size]
     nodes, initializers = [], []
     current = input_name
-    for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+    for layer, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         weight = (rng.standard_normal((fan_in, fan_out)) / np.sqrt(fan_in)).astype(np.float32)
         bias = (rng.standard_normal(fan_out) * 0.01).astype(np.float32)
         initializers += [

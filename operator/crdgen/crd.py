@@ -7,20 +7,44 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from kubeinfer.operator.api.v1alpha1 import resource
 from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     InferenceDeploymentSpec,
     InferenceDeploymentStatus,
 )
 from kubeinfer.operator.crdgen.structural import to_structural
+from pydantic import BaseModel
+from pydantic.json_schema import GenerateJsonSchema
+from pydantic_core import core_schema
+
+
+class _ApiServerDefaults(GenerateJsonSchema):
+    """Emits defaults for `default_factory` fields, which pydantic leaves out.
+
+    Without them the API server would not default a missing `runtime` or `engine`, and a
+    CEL rule such as `self.runtime.batching.maxBatchSize <= ...` would fail to evaluate on
+    a manifest that omits them. A nested model defaults to `{}`: the API server then fills
+    in the nested fields' own defaults, so each default is written once.
+    """
+
+    def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
+        factory = schema.get("default_factory")
+        if factory is not None and "default" not in schema:
+            value = factory()  # type: ignore[call-arg]
+            return {} if isinstance(value, BaseModel) else value
+        return super().get_default_value(schema)
+
 
 CRD_FILE = Path("crds") / f"{resource.CRD_NAME}.yaml"
 HELM_CRD_FILE = Path("helm") / "kubeinfer" / "crds" / f"{resource.CRD_NAME}.yaml"
 
 
 def _schema_of(model: type[Any], description: str) -> dict[str, Any]:
-    schema = to_structural(model.model_json_schema(by_alias=True, mode="validation"))
+    schema = to_structural(
+        model.model_json_schema(
+            by_alias=True, mode="validation", schema_generator=_ApiServerDefaults
+        )
+    )
     schema["description"] = description
     return schema
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import Field
-
 from kubeinfer.runtime.config import ApiModel
+from pydantic import Field
 
 
 class ConditionType(StrEnum):

@@ -11,10 +11,9 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field
-
 from kubeinfer.operator.api.v1alpha1.conditions import Condition
 from kubeinfer.runtime.config import ApiModel, BatchingPolicy, CrossFieldRule
+from pydantic import Field
 
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 LABEL_VALUE = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
@@ -148,9 +147,9 @@ class EngineSpec(ApiModel):
             cel="self.precision != 'int8' || has(self.calibration) || has(self.pin)",
             message="precision int8 needs calibration data unless the engine is pinned",
             field="calibration",
-            holds=lambda e: e.precision != Precision.INT8
-            or e.calibration is not None
-            or e.pin is not None,
+            holds=lambda e: (
+                e.precision != Precision.INT8 or e.calibration is not None or e.pin is not None
+            ),
         ),
         CrossFieldRule(
             cel="!has(self.pin) || self.pin.matches('^sha256:[0-9a-f]{64}$')",

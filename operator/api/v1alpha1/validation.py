@@ -9,14 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     InferenceDeployment,
     InferenceDeploymentSpec,
 )
 from kubeinfer.operator.api.v1alpha1.resource import API_VERSION, KIND
 from kubeinfer.runtime.config import CrossFieldRuleViolation
+from pydantic import ValidationError
 
 
 @dataclass(frozen=True)
