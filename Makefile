@@ -13,6 +13,24 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
+# MLServer, the benchmark's baseline, gets its own venv: mlserver 1.7.1's pins conflict
+# with ours (and it needs uvloop 0.21). Same ONNX Runtime version as .venv, for fairness.
+BENCH_VENV  := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_ARGS  ?=
+
+$(BENCH_STAMP): | $(STAMP)
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/pip install --quiet "mlserver==1.7.1" "uvloop==0.21.0" numpy \
+		"onnxruntime==$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)')"
+	touch $@
+
+# The serving benchmark (a script, not a test); `make bench BENCH_ARGS=--quick` for a
+# short run. Results also go to .bench/results.md.
+bench: $(STAMP) $(BENCH_STAMP)
+	$(BIN)/python tests/benchmarks/bench_serving.py $(BENCH_ARGS)
+
 demo: $(STAMP)
 	$(BIN)/python -m kubeinfer.operator demo
 
