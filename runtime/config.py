@@ -19,7 +19,6 @@ from typing import Annotated, Any, ClassVar, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-
 BatchSize = Annotated[int, Field(ge=1, le=1024)]
 
 
