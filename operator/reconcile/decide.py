@@ -20,8 +20,6 @@ from __future__ import annotations
 from datetime import datetime
 
 import yaml
-from pydantic import ValidationError
-
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.reconcile import desired as build
 from kubeinfer.operator.reconcile.engine_state import (
@@ -45,6 +43,7 @@ from kubeinfer.operator.reconcile.status import (
 )
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.runtime.config import RuntimeConfig
+from pydantic import ValidationError
 
 
 def promotion_gate(

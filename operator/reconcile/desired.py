@@ -15,7 +15,6 @@ import copy
 from typing import Any
 
 import yaml
-
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Backend
 from kubeinfer.operator.api.v1alpha1.resource import API_VERSION, KIND
