@@ -1,0 +1,185 @@
+"""CUDA execution slots driven with pycuda: a stream, pinned host buffers, device buffers and
+an event per slot, all made once for `max_batch_size` rows.
+
+A `CudaSlot` runs a batch as: async copy of the first n rows of every input (pinned host
+-> device) on the slot's stream, the compute (`enqueue(n, slot)`: TensorRT's
+`execute_async_v3`, or any kernel launched on `slot.stream_handle`), async copy of the
+first n rows of every output back to pinned host memory, an event recorded after it, and a
+wait on that event. Each slot has its own stream, so while one slot's copies run another
+slot's kernels can (the point of `executionSlots` > 1 on a GPU); the wait releases the GIL
+(pycuda's `Event.synchronize` is a threaded call), so slots in worker threads overlap.
+
+Why the primary context, pushed around each call: pycuda keeps a per-thread context stack,
+and the batcher calls `run` from worker threads. Retaining the device's primary context
+(the one the CUDA runtime, CuPy, PyTorch and TensorRT use) and pushing it for the
+duration of each call makes the slot usable from any thread and lets runtime-API
+libraries share its allocations and streams.
+
+Why blocking-sync events by default: a spinning wait burns a CPU core per slot in flight,
+the cores the HTTP loop and the request codec need; a blocking wait costs some
+microseconds of wake-up latency per batch instead.
+
+pycuda is imported lazily and guarded: importing this module never needs it; creating a
+context without it (or without a device) raises `BackendUnavailable`.
+
+Unverified here: TensorRT cannot be installed on our machines and the machines that built
+this had no GPU; `tests/runtime/test_engines_cuda.py` (marked `gpu`) and
+`tests/benchmarks/gpu_slots.py` exercise this module on a CUDA machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from kubeinfer.runtime.engines.base import (
+    BackendUnavailable,
+    EngineError,
+    TensorSpec,
+    check_batch_size,
+)
+
+
+def import_pycuda() -> ModuleType:
+    """`pycuda.driver`, or `BackendUnavailable` saying how to get it."""
+    try:
+        import pycuda.driver as cuda  # type: ignore[import-not-found]
+    except ImportError as error:
+        raise BackendUnavailable(
+            "pycuda is not installed (pip install 'kubeinfer[gpu]'; it builds against the "
+            f"CUDA toolkit, so nvcc and the CUDA headers must be present): {error}"
+        ) from error
+    return cuda
+
+
+class CudaContext:
+    """The primary context of one device, retained once and pushed per call."""
+
+    def __init__(self, device_index: int = 0) -> None:
+        cuda = import_pycuda()
+        try:
+            cuda.init()
+            count = cuda.Device.count()
+        except Exception as error:  # pycuda's errors, e.g. "cuInit failed: no device"
+            raise BackendUnavailable(f"CUDA could not be initialised: {error}") from error
+        if not 0 <= device_index < count:
+            raise BackendUnavailable(
+                f"no CUDA device {device_index}: this machine has {count} device(s)"
+            )
+        self.cuda = cuda
+        self.device = cuda.Device(device_index)
+        self._context: Any = self.device.retain_primary_context()
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """The primary context is current on this thread inside the block."""
+        self._context.push()
+        try:
+            yield
+        finally:
+            self.cuda.Context.pop()
+
+    def close(self) -> None:
+        """Drops our handle on the primary context. It is not released explicitly:
+        pycuda's `detach` of a primary context leaves its context stack unbalanced when
+        called from a worker thread, and the driver releases it at process exit."""
+        self._context = None
+
+
+# What a slot runs between copy-in and copy-out: enqueue(batch_size, slot) launches work on
+# `slot.stream_handle` reading `slot.device_inputs` and writing `slot.device_outputs`.
+Enqueue = Callable[[int, "CudaSlot"], None]
+
+
+class CudaSlot:
+    """One batch in flight on the GPU: pinned host and device buffers for `max_batch_size`
+    rows of every input and output, a stream and an event, made once.
+
+    `input_views(n)` are views of the pinned input buffers (write requests there);
+    `run(n)` returns views of the pinned output buffers, valid until the next run.
+    """
+
+    def __init__(
+        self,
+        context: CudaContext,
+        inputs: tuple[TensorSpec, ...],
+        outputs: tuple[TensorSpec, ...],
+        max_batch_size: int,
+        enqueue: Enqueue,
+        blocking_sync: bool = True,
+    ) -> None:
+        self._context = context
+        self._enqueue = enqueue
+        self.max_batch_size = max_batch_size
+        cuda = context.cuda
+        with context.active():
+            self.host_inputs = {
+                s.name: cuda.pagelocked_empty((max_batch_size, *s.item_shape), s.dtype)
+                for s in inputs
+            }
+            self.host_outputs = {
+                s.name: cuda.pagelocked_empty((max_batch_size, *s.item_shape), s.dtype)
+                for s in outputs
+            }
+            for array in (*self.host_inputs.values(), *self.host_outputs.values()):
+                array.fill(0)
+            self.device_inputs = {
+                k: cuda.mem_alloc(max(v.nbytes, 1)) for k, v in self.host_inputs.items()
+            }
+            self.device_outputs = {
+                k: cuda.mem_alloc(max(v.nbytes, 1)) for k, v in self.host_outputs.items()
+            }
+            self.stream = cuda.Stream()
+            flags = cuda.event_flags.DISABLE_TIMING
+            if blocking_sync:
+                flags |= cuda.event_flags.BLOCKING_SYNC
+            self.done = cuda.Event(flags)
+        # Device pointers as ints, for TensorRT's set_tensor_address and CuPy/PyTorch views.
+        self.input_pointers = {k: int(v) for k, v in self.device_inputs.items()}
+        self.output_pointers = {k: int(v) for k, v in self.device_outputs.items()}
+        self.stream_handle: int = self.stream.handle
+        # Index n: the views of the first n rows (index 0 unused), made once.
+        self._input_views: list[dict[str, np.ndarray]] = [{}]
+        self._output_views: list[dict[str, np.ndarray]] = [{}]
+        for n in range(1, max_batch_size + 1):
+            self._input_views.append({k: b[:n] for k, b in self.host_inputs.items()})
+            self._output_views.append({k: b[:n] for k, b in self.host_outputs.items()})
+        self._closed = False
+
+    def input_views(self, batch_size: int) -> dict[str, np.ndarray]:
+        check_batch_size(batch_size, self.max_batch_size)
+        return self._input_views[batch_size]
+
+    def run(self, batch_size: int) -> dict[str, np.ndarray]:
+        check_batch_size(batch_size, self.max_batch_size)
+        if self._closed:
+            raise EngineError("the slot is closed")
+        cuda = self._context.cuda
+        inputs, outputs = self._input_views[batch_size], self._output_views[batch_size]
+        with self._context.active():
+            for name, view in inputs.items():
+                # A view of the first rows is contiguous: the copy moves n rows only.
+                cuda.memcpy_htod_async(self.device_inputs[name], view, self.stream)
+            self._enqueue(batch_size, self)
+            for name, view in outputs.items():
+                cuda.memcpy_dtoh_async(view, self.device_outputs[name], self.stream)
+            self.done.record(self.stream)
+            self.done.synchronize()
+        return outputs
+
+    def close(self) -> None:
+        """Frees the device and pinned buffers now (with the context current, as pycuda
+        needs), rather than whenever the garbage collector gets to them."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._context.active():
+            self.stream.synchronize()
+            for allocation in (*self.device_inputs.values(), *self.device_outputs.values()):
+                allocation.free()
+            for array in (*self.host_inputs.values(), *self.host_outputs.values()):
+                array.base.free()
+        self._input_views, self._output_views = [{}], [{}]

@@ -1,0 +1,90 @@
+"""GPU memory used and total, per device, read through NVML for the
+`kubeinfer_gpu_memory_used_bytes` / `kubeinfer_gpu_memory_total_bytes` gauges.
+
+NVML (`pynvml`, from the nvidia-ml-py package) is optional: without the package, the
+driver library or a device, `GpuMemoryReader.read()` returns None and the gauges are
+simply not exported. NVML is initialised once, on the first read, not per scrape; a
+failure is remembered so a machine without a GPU pays for the attempt once.
+
+Why NVML rather than the CUDA runtime: NVML reads the device's memory as the driver
+accounts it (every process, TensorRT's activation memory and the CUDA context included)
+without creating a CUDA context in the scraping thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """One device's memory in bytes, as NVML reports it."""
+
+    index: int
+    name: str
+    used_bytes: int
+    total_bytes: int
+
+
+class GpuMemoryReader:
+    """Reads every visible device's memory; `read()` is None where there is no GPU."""
+
+    def __init__(self, nvml: ModuleType | None = None) -> None:
+        self._nvml = nvml
+        self._handles: list[tuple[int, str, Any]] | None = None
+        self._unavailable = False
+        self._lock = threading.Lock()
+
+    def _initialise(self) -> list[tuple[int, str, Any]] | None:
+        if self._unavailable:
+            return None
+        if self._handles is not None:
+            return self._handles
+        try:
+            nvml = self._nvml
+            if nvml is None:
+                import pynvml as nvml  # type: ignore[import-not-found,no-redef]
+
+                self._nvml = nvml
+            nvml.nvmlInit()
+            handles = []
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                name = nvml.nvmlDeviceGetName(handle)
+                handles.append((index, name.decode() if isinstance(name, bytes) else name, handle))
+        except Exception:  # no package, no driver library (NVMLError_LibraryNotFound), no GPU
+            self._unavailable = True
+            return None
+        if not handles:
+            self._unavailable = True
+            return None
+        self._handles = handles
+        return handles
+
+    def read(self) -> list[GpuMemory] | None:
+        """Each device's used and total bytes, or None without NVML or a GPU (or if a
+        read fails: a scrape must never raise)."""
+        with self._lock:
+            handles = self._initialise()
+            if handles is None:
+                return None
+            assert self._nvml is not None
+            try:
+                readings = []
+                for index, name, handle in handles:
+                    info = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+                    readings.append(GpuMemory(index, name, int(info.used), int(info.total)))
+            except Exception:  # a device lost (Xid) or the driver reloaded
+                return None
+            return readings
+
+
+_default_reader = GpuMemoryReader()
+
+
+def read_gpu_memory() -> list[GpuMemory] | None:
+    """Every device's memory through the process-wide reader; None without a GPU."""
+    return _default_reader.read()
