@@ -23,9 +23,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from pydantic import Field
-
 from kubeinfer.runtime.config import ApiModel
+from pydantic import Field
 
 
 class OutputAccuracy(ApiModel):

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-
 from kubeinfer.runtime.engine_manifest import TensorInfo
 from kubeinfer.runtime.engines.base import NUMPY_TO_V2, V2_TO_NUMPY
 

@@ -24,7 +24,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-
 from kubeinfer.runtime import calibration as cal
 from kubeinfer.runtime.accuracy import AccuracyReport, compare_outputs, gate_violations
 from kubeinfer.runtime.builders import Builder, BuildError, Progress, get_builder

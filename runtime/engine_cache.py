@@ -34,10 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from kubeinfer.runtime.engine_manifest import MANIFEST_FILE, EngineManifest, is_digest
 from kubeinfer.runtime.model_fetch import sha256_file
+from pydantic import ValidationError
 
 if TYPE_CHECKING:
     from kubeinfer.runtime.engines.base import Engine

@@ -22,10 +22,9 @@ import json
 import re
 from typing import Literal
 
-from pydantic import Field
-
 from kubeinfer.runtime.accuracy import AccuracyReport
 from kubeinfer.runtime.config import ApiModel
+from pydantic import Field
 
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 SHA256_HEX_PATTERN = r"^[0-9a-f]{64}$"

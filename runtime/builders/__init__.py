@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-
 from kubeinfer.runtime.engine_manifest import BatchProfile
 
 Samples = dict[str, np.ndarray]

@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-
 from kubeinfer.runtime.builders import BuildError, Progress, Samples
 from kubeinfer.runtime.engine_manifest import BatchProfile
 
