@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from kubeinfer.operator import crds_command, validate_command
+from kubeinfer.operator import crds_command, render_command, validate_command
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Adds the control plane's subcommands to the `kubeinfer` parser."""
-    for register_command in (crds_command.register, validate_command.register):
+    for register_command in (
+        crds_command.register,
+        validate_command.register,
+        render_command.register,
+    ):
         register_command(subparsers)
