@@ -1,0 +1,237 @@
+"""The asyncio batcher over the real ONNX Runtime engine (tiny demo MLP), with a gate in
+front of each slot's `run` so a test can hold execution busy and decide what queues.
+
+Covers: requests that queue while a slot is busy run as one batch and each gets its own
+rows (requests with batch dimension > 1 included), equal to ONNX Runtime run directly;
+a full queue refuses at once with 503 + Retry-After; a request whose deadline passes in
+the queue is answered with a timeout and never executed; one engine error fans out to
+every request of its batch and the next batch runs fine; a cancelled request is not
+executed; a lone request pays no delay even with a long queue delay; several slots run
+concurrently; draining refuses new requests and answers every queued one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from kubeinfer.runtime.batching.queue import Batcher
+from kubeinfer.runtime.config import BatchingPolicy
+from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
+from kubeinfer.runtime.protocol.errors import (
+    DeadlineExceeded,
+    EngineFailed,
+    NotReady,
+    Overloaded,
+)
+
+
+class GatedEngine:
+    """The real engine, with every slot's `run` waiting for `gate` and recording the
+    batch sizes it executed; a batch of `fail_rows` rows raises."""
+
+    def __init__(self, engine: OnnxRuntimeEngine) -> None:
+        self.engine = engine
+        self.gate = threading.Event()
+        self.gate.set()
+        self.batches: list[int] = []
+        self.running = 0
+        self.max_running = 0
+        self.fail_rows: int | None = None
+        self._lock = threading.Lock()
+
+    inputs = property(lambda self: self.engine.inputs)
+    outputs = property(lambda self: self.engine.outputs)
+    max_batch_size = property(lambda self: self.engine.max_batch_size)
+
+    def create_slot(self) -> GatedSlot:
+        return GatedSlot(self, self.engine.create_slot())
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class GatedSlot:
+    def __init__(self, owner: GatedEngine, slot) -> None:
+        self.owner, self.slot = owner, slot
+
+    def input_views(self, batch_size: int):
+        return self.slot.input_views(batch_size)
+
+    def run(self, batch_size: int):
+        owner = self.owner
+        with owner._lock:
+            owner.running += 1
+            owner.max_running = max(owner.max_running, owner.running)
+        try:
+            assert owner.gate.wait(10)
+            if batch_size == owner.fail_rows:
+                raise RuntimeError("simulated engine failure")
+            owner.batches.append(batch_size)
+            return self.slot.run(batch_size)
+        finally:
+            with owner._lock:
+                owner.running -= 1
+
+    def close(self) -> None:
+        self.slot.close()
+
+
+@pytest.fixture
+def gated(tiny_engine: OnnxRuntimeEngine) -> GatedEngine:
+    return GatedEngine(tiny_engine)
+
+
+@pytest.fixture
+def reference(tiny_model: Path):
+    session = ort.InferenceSession(str(tiny_model), providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {"input": x})[0]
+
+
+def rows(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 16)).astype(np.float32)
+
+
+async def started(batcher_engine: GatedEngine, running: int = 1) -> None:
+    for _ in range(500):
+        if batcher_engine.running >= running:
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError("the slot never started running")
+
+
+async def make_batcher(engine: GatedEngine, **policy) -> Batcher:
+    batcher = Batcher(engine, BatchingPolicy(**{"execution_slots": 1, **policy}))
+    await batcher.start()
+    return batcher
+
+
+async def test_requests_queued_while_busy_run_as_one_batch(gated, reference) -> None:
+    batcher = await make_batcher(gated)
+    gated.gate.clear()
+    first = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
+    await started(gated)
+    sizes = [1, 3, 1, 2, 5]  # some requests carry their own batch dimension
+    inputs = [rows(n, seed) for seed, n in enumerate(sizes, start=1)]
+    queued = [asyncio.create_task(batcher.infer({"input": x}, len(x))) for x in inputs]
+    await asyncio.sleep(0.02)
+    gated.gate.set()
+    results = await asyncio.gather(first, *queued)
+    assert gated.batches == [1, sum(sizes)]
+    for x, result in zip([rows(1, 0), *inputs], results, strict=True):
+        np.testing.assert_allclose(result["logits"], reference(x), rtol=1e-5, atol=1e-6)
+    await batcher.close()
+
+
+async def test_a_full_queue_refuses_at_once_with_retry_after(gated) -> None:
+    batcher = await make_batcher(gated, max_queue_size=3)
+    gated.gate.clear()
+    running = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
+    await started(gated)
+    queued = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in range(3)]
+    await asyncio.sleep(0.01)
+    with pytest.raises(Overloaded) as refused:
+        await batcher.infer({"input": rows(1, 9)}, 1)
+    assert refused.value.status == 503 and refused.value.headers["Retry-After"]
+    gated.gate.set()
+    await asyncio.gather(running, *queued)
+    await batcher.close()
+
+
+async def test_a_request_past_its_deadline_is_answered_and_never_executed(gated) -> None:
+    batcher = await make_batcher(gated)
+    gated.gate.clear()
+    running = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
+    await started(gated)
+    late = asyncio.create_task(batcher.infer({"input": rows(4, 1)}, 4, timeout_seconds=0.05))
+    # Answered at its deadline, while the slot is still busy.
+    with pytest.raises(DeadlineExceeded) as timed_out:
+        await asyncio.wait_for(late, 2)
+    assert timed_out.value.status == 504
+    gated.gate.set()
+    await running
+    await batcher.infer({"input": rows(2, 2)}, 2)
+    assert gated.batches == [1, 2]  # the 4-row request never ran
+    await batcher.close()
+
+
+async def test_an_engine_error_fans_out_to_its_batch_only(gated, reference) -> None:
+    batcher = await make_batcher(gated)
+    gated.gate.clear()
+    blocker = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
+    await started(gated)
+    batch = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in range(4)]
+    await asyncio.sleep(0.01)
+    gated.fail_rows = 4  # the batch of the four queued requests fails
+    gated.gate.set()
+    await blocker
+    outcomes = await asyncio.gather(*batch, return_exceptions=True)
+    assert all(isinstance(o, EngineFailed) and o.status == 500 for o in outcomes), outcomes
+    gated.fail_rows = None
+    after = await batcher.infer({"input": rows(1, 5)}, 1)
+    np.testing.assert_allclose(after["logits"], reference(rows(1, 5)), rtol=1e-5, atol=1e-6)
+    await batcher.close()
+
+
+async def test_a_cancelled_request_is_not_executed(gated) -> None:
+    batcher = await make_batcher(gated)
+    gated.gate.clear()
+    running = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
+    await started(gated)
+    gone = asyncio.create_task(batcher.infer({"input": rows(5, 1)}, 5))
+    kept = asyncio.create_task(batcher.infer({"input": rows(2, 2)}, 2))
+    await asyncio.sleep(0.01)
+    gone.cancel()
+    await asyncio.sleep(0.01)
+    gated.gate.set()
+    await asyncio.gather(running, kept)
+    assert gone.cancelled()
+    assert gated.batches == [1, 2]
+    await batcher.close()
+
+
+async def test_a_lone_request_pays_no_queue_delay(gated) -> None:
+    batcher = await make_batcher(
+        gated, execution_slots=2, preferred_batch_sizes=[8], max_queue_delay_microseconds=1_000_000
+    )
+    loop = asyncio.get_running_loop()
+    begin = loop.time()
+    await batcher.infer({"input": rows(1, 0)}, 1)
+    assert loop.time() - begin < 0.5  # the 1 s delay was not waited
+    await batcher.close()
+
+
+async def test_execution_slots_run_batches_concurrently(gated) -> None:
+    batcher = await make_batcher(gated, execution_slots=2, max_queue_delay_microseconds=0)
+    gated.gate.clear()
+    first = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
+    await started(gated)
+    second = asyncio.create_task(batcher.infer({"input": rows(1, 1)}, 1))
+    await started(gated, running=2)
+    gated.gate.set()
+    await asyncio.gather(first, second)
+    assert gated.max_running == 2
+    await batcher.close()
+
+
+async def test_drain_refuses_new_requests_and_answers_queued_ones(gated) -> None:
+    batcher = await make_batcher(gated, preferred_batch_sizes=[8])
+    gated.gate.clear()
+    running = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
+    await started(gated)
+    queued = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in range(5)]
+    await asyncio.sleep(0.01)
+    drain = asyncio.create_task(batcher.drain(timeout_seconds=10))
+    await asyncio.sleep(0.01)
+    assert not batcher.accepting
+    with pytest.raises(NotReady):
+        await batcher.infer({"input": rows(1, 7)}, 1)
+    gated.gate.set()
+    assert await drain is True
+    results = await asyncio.gather(running, *queued)
+    assert all(r["logits"].shape == (1, 10) for r in results)
+    await batcher.close()

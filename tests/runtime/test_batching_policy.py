@@ -1,0 +1,161 @@
+"""The batching policy's decisions, as a table driven by a hand-set clock.
+
+Covers: a lone request on an idle server runs at once (with or without preferred sizes);
+nothing runs without a free slot; a free slot takes the queue at once up to
+maxBatchSize; requests carrying their own batch dimension count by rows and are never
+split; waiting (up to maxQueueDelayMicroseconds after the oldest arrival, and never past
+a request's deadline) happens only while another batch runs and a better size is ahead;
+expired requests are reported and left out of the batch; draining never waits. Then a
+property test of the invariants over random queues.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kubeinfer.runtime.batching.policy import (
+    Decision,
+    Flush,
+    Pending,
+    WaitUntil,
+    next_decision,
+)
+from kubeinfer.runtime.config import BatchingPolicy
+
+FAR = 1e9  # a deadline that never matters
+
+
+def p(rows: int = 1, arrived: float = 0.0, deadline: float = FAR) -> Pending:
+    return Pending(rows=rows, arrived_at=arrived, deadline=deadline)
+
+
+def policy(preferred: tuple[int, ...] = (), delay_us: int = 1000, max_batch: int = 8):
+    return BatchingPolicy(
+        max_batch_size=max_batch,
+        max_queue_delay_microseconds=delay_us,
+        preferred_batch_sizes=list(preferred),
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    policy: BatchingPolicy
+    pending: list[Pending]
+    free: int
+    busy: int
+    now: float
+    expected: Decision
+    draining: bool = False
+
+
+CASES = [
+    Case("an empty queue waits for the next event",
+         policy(), [], free=2, busy=0, now=0.0,
+         expected=Decision((), WaitUntil(None))),
+    Case("a lone request on an idle server runs at once",
+         policy(), [p()], free=2, busy=0, now=0.0,
+         expected=Decision((), Flush(1, 1))),
+    Case("a lone request on an idle server runs at once even below a preferred size",
+         policy(preferred=(4, 8)), [p()], free=2, busy=0, now=0.0,
+         expected=Decision((), Flush(1, 1))),
+    Case("without a free slot requests keep queueing until the earliest deadline",
+         policy(), [p(deadline=5.0), p(deadline=3.0)], free=0, busy=2, now=1.0,
+         expected=Decision((), WaitUntil(3.0))),
+    Case("with one slot, the free slot takes everything queued at once",
+         policy(), [p(), p(), p()], free=1, busy=0, now=0.0,
+         expected=Decision((), Flush(3, 3))),
+    Case("a queue longer than maxBatchSize sends maxBatchSize at once, even while busy",
+         policy(), [p() for _ in range(10)], free=1, busy=1, now=0.0,
+         expected=Decision((), Flush(8, 8))),
+    Case("a request with its own batch dimension counts by rows and is never split",
+         policy(), [p(rows=5), p(rows=4)], free=1, busy=1, now=0.0,
+         expected=Decision((), Flush(1, 5))),
+    Case("requests whose rows add up to maxBatchSize go at once",
+         policy(), [p(rows=3), p(rows=5)], free=1, busy=1, now=0.0,
+         expected=Decision((), Flush(2, 8))),
+    Case("while another batch runs, a small batch waits for more until the delay",
+         policy(), [p(arrived=0.0), p(arrived=0.0002)], free=1, busy=1, now=0.0005,
+         expected=Decision((), WaitUntil(0.001))),
+    Case("once the oldest request has waited the delay, the batch goes",
+         policy(), [p(arrived=0.0), p(arrived=0.0002)], free=1, busy=1, now=0.001,
+         expected=Decision((), Flush(2, 2))),
+    Case("reaching a preferred size flushes at once while another batch runs",
+         policy(preferred=(4,)), [p() for _ in range(4)], free=1, busy=1, now=0.0,
+         expected=Decision((), Flush(4, 4))),
+    Case("between preferred sizes the batcher waits for the next one",
+         policy(preferred=(2, 4)), [p(), p(), p()], free=1, busy=1, now=0.0,
+         expected=Decision((), WaitUntil(0.001))),
+    Case("past the largest preferred size waiting cannot help: flush",
+         policy(preferred=(2, 4)), [p() for _ in range(5)], free=1, busy=1, now=0.0,
+         expected=Decision((), Flush(5, 5))),
+    Case("a wait never runs past a queued request's deadline",
+         policy(preferred=(4,)), [p(deadline=0.0006)], free=1, busy=1, now=0.0,
+         expected=Decision((), WaitUntil(0.0006))),
+    Case("a request past its deadline is expired and left out of the batch",
+         policy(), [p(deadline=0.5), p(deadline=10.0)], free=1, busy=0, now=1.0,
+         expected=Decision((0,), Flush(1, 1))),
+    Case("a deadline equal to now has passed",
+         policy(), [p(deadline=1.0)], free=1, busy=0, now=1.0,
+         expected=Decision((0,), WaitUntil(None))),
+    Case("expired requests are reported even when no slot is free",
+         policy(), [p(deadline=0.5), p(deadline=4.0)], free=0, busy=2, now=1.0,
+         expected=Decision((0,), WaitUntil(4.0))),
+    Case("while draining nothing waits",
+         policy(preferred=(4,)), [p()], free=1, busy=1, now=0.0, draining=True,
+         expected=Decision((), Flush(1, 1))),
+    Case("a zero queue delay never waits",
+         policy(delay_us=0), [p()], free=1, busy=1, now=0.0,
+         expected=Decision((), Flush(1, 1))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_next_decision(case: Case) -> None:
+    decision = next_decision(
+        case.policy, case.pending, case.free, case.busy, case.now, case.draining
+    )
+    assert decision == case.expected
+
+
+queues = st.lists(
+    st.builds(
+        Pending,
+        rows=st.integers(1, 8),
+        arrived_at=st.floats(0, 1),
+        deadline=st.floats(0, 2),
+    ),
+    max_size=40,
+)
+
+
+@given(
+    pending=queues,
+    free=st.integers(0, 3),
+    busy=st.integers(0, 3),
+    now=st.floats(0, 2),
+    preferred=st.lists(st.integers(1, 8), max_size=3),
+    draining=st.booleans(),
+)
+def test_invariants(pending, free, busy, now, preferred, draining) -> None:
+    """Whatever the queue: expired positions are exactly those at or past their deadline,
+    a flush needs a free slot, never exceeds maxBatchSize (unless one request alone is
+    that big), takes a prefix of the live requests whose rows it reports, and a wait never
+    ends past the earliest live deadline."""
+    rules = policy(tuple(preferred))
+    decision = next_decision(rules, pending, free, busy, now, draining)
+    assert decision.expired == tuple(i for i, q in enumerate(pending) if q.deadline <= now)
+    live = [q for q in pending if q.deadline > now]
+    action = decision.action
+    if isinstance(action, Flush):
+        assert free > 0 and 1 <= action.count <= len(live)
+        assert action.rows == sum(q.rows for q in live[: action.count])
+        assert action.rows <= rules.max_batch_size
+    else:
+        assert not live or free == 0 or busy > 0
+        if live:
+            assert action.at is not None
+            assert action.at <= min(q.deadline for q in live)

@@ -1,0 +1,303 @@
+"""`kubeinfer serve` as a real process on a loopback port, driven with `tritonclient.http`.
+
+Covers: outputs over the JSON and the binary tensor paths (each direction) equal ONNX
+Runtime run in-process on the same inputs, for requests of 1 and of several rows; health,
+readiness and metadata routes (also under /versions/{v}); unknown model 404, bad inputs
+400 and an oversized body 413, each with a JSON error; /metrics after concurrent load
+shows batches of more than one request and counts every answer by code; SIGTERM while
+requests are queued: readiness drops, new requests get 503, every accepted request is
+answered correctly, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as triton
+from kubeinfer.runtime.demo_models import build_mlp
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen[bytes], port: int) -> None:
+        self.process, self.port = process, port
+        self.url = f"127.0.0.1:{port}"
+
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: dict | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            connection.request(method, path, body, headers or {})
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            connection.close()
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        _, _, body = self.request("GET", "/metrics")
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(body.decode())
+            for sample in family.samples
+        }
+
+
+def start_server(model: Path, *flags: str) -> Server:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kubeinfer.operator.cli", "serve", "--onnx", str(model),
+         "--model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    server = Server(process, port)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"serve exited: {process.stdout.read().decode()}")  # type: ignore[union-attr]
+        try:
+            if server.request("GET", "/v2/health/ready")[0] == 200:
+                return server
+        except OSError:
+            pass
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError("serve did not become ready")
+
+
+def stop_server(server: Server) -> int:
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+    try:
+        return server.process.wait(timeout=30)
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model: Path) -> Iterator[Server]:
+    running = start_server(tiny_model, "--max-request-bytes", "65536")
+    yield running
+    assert stop_server(running) == 0
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model: Path):
+    session = ort.InferenceSession(str(tiny_model), providers=["CPUExecutionProvider"])
+    return lambda x: session.run(None, {"input": x})[0]
+
+
+def inputs(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, 16)).astype(np.float32)
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("binary_in", [False, True], ids=["json-in", "binary-in"])
+@pytest.mark.parametrize("binary_out", [False, True], ids=["json-out", "binary-out"])
+def test_outputs_equal_onnxruntime(server, reference, rows, binary_in, binary_out) -> None:
+    client = triton.InferenceServerClient(server.url)
+    x = inputs(rows, seed=rows * 10 + binary_in * 2 + binary_out)
+    tensor = triton.InferInput("input", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary_in)
+    result = client.infer(
+        "tiny",
+        [tensor],
+        outputs=[triton.InferRequestedOutput("logits", binary_data=binary_out)],
+        request_id="req-1",
+    )
+    assert result.get_response()["id"] == "req-1"
+    np.testing.assert_allclose(result.as_numpy("logits"), reference(x), rtol=1e-5, atol=1e-6)
+
+
+def test_without_requested_outputs_all_come_back_binary(server, reference) -> None:
+    client = triton.InferenceServerClient(server.url)
+    x = inputs(3, seed=7)
+    tensor = triton.InferInput("input", [3, 16], "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("tiny", [tensor], model_version="1")
+    assert result.get_output("logits")["parameters"]["binary_data_size"] == 3 * 10 * 4
+    np.testing.assert_allclose(result.as_numpy("logits"), reference(x), rtol=1e-5, atol=1e-6)
+
+
+def test_health_and_metadata(server) -> None:
+    client = triton.InferenceServerClient(server.url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("tiny") and client.is_model_ready("tiny", "1")
+    metadata = client.get_model_metadata("tiny")
+    assert metadata["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 16]}]
+    assert metadata["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
+    assert client.get_server_metadata()["extensions"] == ["binary_tensor_data"]
+    assert not client.is_model_ready("other")
+    status, _, body = server.request("GET", "/v2/models/tiny/versions/9")
+    assert status == 404 and "version" in json.loads(body)["error"]
+
+
+def _infer_body(**input_fields) -> bytes:
+    tensor = {"name": "input", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}
+    return json.dumps({"inputs": [{**tensor, **input_fields}]}).encode()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("/v2/models/other/infer", _infer_body(), 404, "not served"),
+        ("/v2/models/tiny/versions/2/infer", _infer_body(), 404, "no version"),
+        ("/v2/models/tiny/infer", _infer_body(name="x"), 400, "unknown input"),
+        ("/v2/models/tiny/infer", _infer_body(shape=[1, 15], data=[0.5] * 15), 400, "shape"),
+        ("/v2/models/tiny/infer", _infer_body(datatype="FP64"), 400, "datatype"),
+        ("/v2/models/tiny/infer", _infer_body(data=[0.5] * 15), 400, "elements"),
+        ("/v2/models/tiny/infer", b'{"inputs": [', 400, "malformed JSON"),
+        ("/v2/models/tiny/infer", b"x" * 70_000, 413, "limit"),
+    ],
+)
+def test_bad_requests_get_a_json_error(server, path, body, status, message) -> None:
+    got, headers, payload = server.request("POST", path, body)
+    assert got == status
+    assert headers["Content-Type"].startswith("application/json")
+    assert message in json.loads(payload)["error"]
+
+
+def test_a_bad_binary_header_is_a_400(server) -> None:
+    got, _, payload = server.request(
+        "POST", "/v2/models/tiny/infer", _infer_body(), {"Inference-Header-Content-Length": "x"}
+    )
+    assert got == 400 and "Inference-Header-Content-Length" in json.loads(payload)["error"]
+
+
+def test_concurrent_load_is_batched_and_counted(server, reference) -> None:
+    labels = (("model", "tiny"), ("version", "1"))
+    before = server.metrics()
+    clients = 32
+    per_client = 15
+
+    def client_loop(seed: int) -> int:
+        client = triton.InferenceServerClient(server.url)
+        for i in range(per_client):
+            x = inputs(1 + (i % 2), seed * 100 + i)
+            tensor = triton.InferInput("input", list(x.shape), "FP32")
+            tensor.set_data_from_numpy(x)
+            result = client.infer("tiny", [tensor])
+            np.testing.assert_allclose(result.as_numpy("logits"), reference(x), rtol=1e-5, atol=1e-6)
+        return per_client
+
+    with ThreadPoolExecutor(clients) as pool:
+        sent = sum(pool.map(client_loop, range(clients)))
+    after = server.metrics()
+
+    def delta(name: str, extra: tuple[tuple[str, str], ...] = ()) -> float:
+        key = (name, tuple(sorted(labels + extra)))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("kubeinfer_requests_total", (("code", "200"),)) == sent
+    batches = delta("kubeinfer_batch_size_count")
+    rows = delta("kubeinfer_batch_size_sum")
+    assert rows == sum(1 + (i % 2) for i in range(per_client)) * clients
+    assert batches < sent  # requests shared batches
+    assert rows / batches > 1.5, f"mean batch {rows / batches:.2f} rows"
+    # More than one request per batch shows in the histogram's buckets, too.
+    assert delta("kubeinfer_batch_size_bucket", (("le", "2.0"),)) < batches
+    assert delta("kubeinfer_queue_duration_seconds_count") == sent
+    assert delta("kubeinfer_compute_duration_seconds_count") == batches
+    assert delta("kubeinfer_request_duration_seconds_count") == sent
+    assert ("kubeinfer_queue_depth", labels) in after
+    assert after[("kubeinfer_inflight_batches", labels)] == 0
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Big enough that a 32-row batch takes tens of milliseconds on one thread."""
+    return build_mlp(
+        tmp_path_factory.mktemp("slow") / "slow.onnx", 16, (2048, 2048), 10, seed=3
+    )
+
+
+def test_sigterm_answers_every_accepted_request_and_exits_0(slow_model: Path) -> None:
+    server = start_server(
+        slow_model, "--execution-slots", "1", "--intra-op-threads", "1",
+        "--drain-grace-period-seconds", "60",
+    )  # fmt: skip
+    session = ort.InferenceSession(str(slow_model), providers=["CPUExecutionProvider"])
+    count = 24
+    results: dict[int, tuple[int, bytes]] = {}
+
+    def send(i: int) -> None:
+        x = inputs(32, seed=1000 + i)
+        body = json.dumps(
+            {"inputs": [{"name": "input", "datatype": "FP32", "shape": [32, 16],
+                         "data": x.ravel().tolist()}]}
+        ).encode()  # fmt: skip
+        status, _, payload = server.request("POST", "/v2/models/tiny/infer", body)
+        results[i] = (status, payload)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    labels = (("model", "tiny"), ("version", "1"))
+    answered = tuple(sorted((*labels, ("code", "200"))))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # every request accepted, several still queued
+        metrics = server.metrics()
+        queued = metrics[("kubeinfer_queue_depth", labels)]
+        running = metrics[("kubeinfer_inflight_batches", labels)]  # one request per batch
+        done = metrics.get(("kubeinfer_requests_total", answered), 0)
+        if queued + running + done >= count and queued >= 3:
+            break
+        time.sleep(0.005)
+    else:
+        pytest.fail("the requests were never all queued")
+    signalled = time.monotonic()
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    status, headers, _ = server.request("GET", "/v2/health/ready")
+    assert status == 503
+    status, headers, payload = server.request("POST", "/v2/models/tiny/infer", _infer_body())
+    assert status == 503 and "Retry-After" in headers, payload
+    assert server.process.wait(timeout=60) == 0
+    assert time.monotonic() - signalled < 60
+    for thread in threads:
+        thread.join(timeout=10)
+    assert sorted(results) == list(range(count))
+    for i, (status, payload) in results.items():
+        assert status == 200, payload
+        [output] = json.loads(payload)["outputs"]
+        expected = session.run(None, {"input": inputs(32, seed=1000 + i)})[0]
+        np.testing.assert_allclose(
+            np.array(output["data"], np.float32).reshape(32, 10), expected, rtol=1e-4, atol=1e-5
+        )
+    log = server.process.stdout.read().decode()  # type: ignore[union-attr]
+    assert "Started draining" in log and "Traceback" not in log
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_an_invalid_configuration_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "runtime.yaml"
+    config.write_text("modelName: Bad_Name\nengine: {onnxPath: /nope.onnx}\nbatching: {maxBatchSize: 0}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "kubeinfer.operator.cli", "serve", "--config", str(config)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "modelName" in done.stderr and "batching.maxBatchSize" in done.stderr
