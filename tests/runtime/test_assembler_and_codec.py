@@ -154,7 +154,10 @@ def test_response_round_trip(binary: bool) -> None:
     labels = np.array([[1], [2], [3]], dtype=np.int64)
     body, header_length = encode_infer_response(
         InferResponse(
-            "m", "1", "r", [InferOutput("logits", "FP32", logits, binary), InferOutput("l", "INT64", labels)]
+            "m",
+            "1",
+            "r",
+            [InferOutput("logits", "FP32", logits, binary), InferOutput("l", "INT64", labels)],
         )
     )
     header = json.loads(body if header_length is None else body[:header_length])
@@ -191,8 +194,9 @@ GOOD = {"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}
         (json.dumps({"inputs": [GOOD], "parameters": {"timeout": -1}}).encode(), None, "timeout"),
         (json.dumps({"inputs": [GOOD], "outputs": [{"x": 1}]}).encode(), None, "outputs"),
         (b'{"inputs": []}', 99, "outside the body"),
-        (b'{"inputs": [' + json.dumps({**GOOD, "data": None, "parameters": {"binary_data_size": 8}}).encode() + b"]}1234",
-         None, "malformed JSON"),  # binary data sent without Inference-Header-Content-Length
+        # binary data sent without Inference-Header-Content-Length
+        (json.dumps({"inputs": [{**GOOD, "parameters": {"binary_data_size": 8}}]}).encode()
+         + b"12345678", None, "malformed JSON"),
     ],
 )  # fmt: skip
 def test_malformed_requests_are_invalid(body: bytes, header_length, message: str) -> None:
@@ -201,7 +205,9 @@ def test_malformed_requests_are_invalid(body: bytes, header_length, message: str
 
 
 def test_binary_sizes_are_checked() -> None:
-    entry = {"name": "x", "datatype": "FP32", "shape": [1, 2], "parameters": {"binary_data_size": 8}}
+    entry = {
+        "name": "x", "datatype": "FP32", "shape": [1, 2], "parameters": {"binary_data_size": 8}
+    }  # fmt: skip
     header = json.dumps({"inputs": [entry]}).encode()
     with pytest.raises(InvalidRequest, match="runs past the end"):
         decode_infer_request(header + b"1234", len(header))

@@ -200,7 +200,8 @@ def test_concurrent_load_is_batched_and_counted(server, reference) -> None:
             tensor = triton.InferInput("input", list(x.shape), "FP32")
             tensor.set_data_from_numpy(x)
             result = client.infer("tiny", [tensor])
-            np.testing.assert_allclose(result.as_numpy("logits"), reference(x), rtol=1e-5, atol=1e-6)
+            got = result.as_numpy("logits")
+            np.testing.assert_allclose(got, reference(x), rtol=1e-5, atol=1e-6)
         return per_client
 
     with ThreadPoolExecutor(clients) as pool:
@@ -229,9 +230,7 @@ def test_concurrent_load_is_batched_and_counted(server, reference) -> None:
 @pytest.fixture(scope="module")
 def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Big enough that a 32-row batch takes tens of milliseconds on one thread."""
-    return build_mlp(
-        tmp_path_factory.mktemp("slow") / "slow.onnx", 16, (2048, 2048), 10, seed=3
-    )
+    return build_mlp(tmp_path_factory.mktemp("slow") / "slow.onnx", 16, (2048, 2048), 10, seed=3)
 
 
 def test_sigterm_answers_every_accepted_request_and_exits_0(slow_model: Path) -> None:
@@ -294,7 +293,9 @@ def test_sigterm_answers_every_accepted_request_and_exits_0(slow_model: Path) ->
 @pytest.mark.skipif(os.name != "posix", reason="signals")
 def test_an_invalid_configuration_exits_2(tmp_path: Path) -> None:
     config = tmp_path / "runtime.yaml"
-    config.write_text("modelName: Bad_Name\nengine: {onnxPath: /nope.onnx}\nbatching: {maxBatchSize: 0}\n")
+    config.write_text(
+        "modelName: Bad_Name\nengine: {onnxPath: /nope.onnx}\nbatching: {maxBatchSize: 0}\n"
+    )
     done = subprocess.run(
         [sys.executable, "-m", "kubeinfer.operator.cli", "serve", "--config", str(config)],
         capture_output=True, text=True, timeout=60,
