@@ -68,9 +68,13 @@ def _progress() -> Callable[[str], None]:
     return report
 
 
-def _error(message: str) -> int:
+def _fail(args: argparse.Namespace, message: str, code: int) -> int:
+    """One `error:` line on stderr and, for a Job, in its termination message (where the
+    operator reads either a digest or the reason the build failed)."""
     print(f"error: {message}", file=sys.stderr)
-    return 2
+    if args.termination_message_path:
+        Path(args.termination_message_path).write_text(f"error: {message}"[:4000])
+    return code
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,15 +84,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.pin is not None:
         if args.model is not None:
-            return _error("give either --pin or --model, not both")
+            return _fail(args, "give either --pin or --model, not both", 2)
         try:
             resolved = resolve_engine(args.cache, args.pin)
         except BUILD_ERRORS as error:
-            return _error(str(error))
+            return _fail(args, str(error), 2)
         digest, manifest, hit = resolved.digest, resolved.manifest, True
     else:
         if args.model is None:
-            return _error("--model is required (or --pin to use an engine already built)")
+            return _fail(args, "--model is required (or --pin to use an engine already built)", 2)
         try:
             result = build_engine(
                 args.model,
@@ -105,14 +109,12 @@ def run(args: argparse.Namespace) -> int:
                 progress=_progress(),
             )
         except AccuracyGateError as error:
-            print(f"error: {error}; nothing was published", file=sys.stderr)
             print(error.report.model_dump_json(by_alias=True, indent=2), file=sys.stderr)
-            return 1
+            return _fail(args, str(error), 1)
         except BuildError as error:
-            print(f"error: the build failed: {error}; nothing was published", file=sys.stderr)
-            return 1
+            return _fail(args, f"the build failed: {error}; nothing was published", 1)
         except BUILD_ERRORS as error:
-            return _error(str(error))
+            return _fail(args, str(error), 2)
         digest, manifest, hit = result.digest, result.manifest, result.cache_hit
     if args.termination_message_path:
         Path(args.termination_message_path).write_text(digest)

@@ -15,6 +15,7 @@ file if one is given; otherwise seeded synthetic inputs (the report says which).
 from __future__ import annotations
 
 import importlib.metadata
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from kubeinfer.runtime.engine_manifest import (
     BatchProfile,
     EngineKey,
     EngineManifest,
+    TensorInfo,
 )
 from kubeinfer.runtime.model_fetch import FetchedFile, fetch, sha256_file
 
@@ -102,7 +104,8 @@ def _check_gates(
 
 def _hit(resolved: ResolvedEngine, gates: tuple[float | None, float | None]) -> BuildResult:
     if resolved.manifest.accuracy is not None:
-        _check_gates(resolved.manifest.accuracy, *gates, what=f"cached engine {resolved.digest}")
+        what = f"the cached engine {resolved.digest} (built earlier under other gates)"
+        _check_gates(resolved.manifest.accuracy, *gates, what=what)
     return BuildResult(resolved.digest, resolved.manifest, True, resolved.engine_path)
 
 
@@ -136,30 +139,9 @@ def build_engine(
         progress(f"Fetching the model {model_uri}")
         model_file = fetch(model_uri, cache.scratch_dir, model_sha256)
         fetched.append(model_file)
-        inputs, outputs = cal.describe_model(_load_model(model_file))
-        calib_samples = calib_sha = None
-        if calibration is not None:
-            calib_file = fetch(calibration, cache.scratch_dir, calibration_sha256)
-            fetched.append(calib_file)
-            calib_samples = cal.load_samples(calib_file.path, inputs, "calibration data")
-            calib_sha = calib_file.sha256
-        validation_samples, source = None, "synthetic"
-        if validation is not None:
-            validation_file = fetch(validation, cache.scratch_dir)
-            fetched.append(validation_file)
-            validation_samples = cal.load_samples(validation_file.path, inputs, "validation data")
-            source = "given"
-        if precision == "int8":
-            assert calib_samples is not None
-            if validation_samples is None or cal.sample_count(calib_samples) > 1:
-                calib_samples, held_out = cal.split_holdout(calib_samples)
-                if validation_samples is None:
-                    validation_samples, source = held_out, "held-out"
-        elif validation_samples is None and calib_samples is not None:
-            validation_samples, source = calib_samples, "given"
-        if validation_samples is None:
-            validation_samples = cal.synthetic_samples(inputs, cal.SYNTHETIC_SAMPLES)
-
+        data = _gather_samples(
+            model_file, precision, calibration, calibration_sha256, validation, cache, fetched
+        )
         builder = get_builder(backend)
         key = EngineKey(
             model_sha256=model_file.sha256,
@@ -167,7 +149,7 @@ def build_engine(
             backend_version=builder.backend_version(),
             precision=precision,  # type: ignore[arg-type]
             batch_profile=BatchProfile.up_to(max_batch_size),
-            calibration_sha256=calib_sha if precision == "int8" else None,
+            calibration_sha256=data.calibration_sha256 if precision == "int8" else None,
             target=builder.target(),
         )
         digest = key.digest()
@@ -180,20 +162,10 @@ def build_engine(
                 progress(f"Cache hit after waiting for another builder: {digest}")
                 return _hit(cache.resolve(digest), gates)
             with cache.staging(digest) as staging:
-                manifest = _build_into(
-                    builder,
-                    model_file.path,
-                    key,
-                    staging,
-                    calib_samples,
-                    validation_samples,
-                    source,
-                    inputs,
-                    outputs,
-                    progress,
-                    now,
+                manifest, report = _build_into(
+                    builder, model_file.path, key, staging, data, progress, now
                 )
-                _check_gates(manifest.accuracy, *gates, what=f"the {precision} engine")  # type: ignore[arg-type]
+                _check_gates(report, *gates, what=f"the {precision} engine (not published)")
                 progress(f"Publishing {digest}")
                 if not cache.publish(digest, staging, manifest):
                     progress("Another builder published this key first; keeping its entry")
@@ -204,19 +176,64 @@ def build_engine(
             item.cleanup()
 
 
+@dataclass(frozen=True)
+class _Samples:
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    calibration: cal.Samples | None
+    calibration_sha256: str | None
+    validation: cal.Samples
+    validation_source: str
+
+
+def _gather_samples(
+    model_file: FetchedFile,
+    precision: str,
+    calibration: str | None,
+    calibration_sha256: str | None,
+    validation: str | None,
+    cache: EngineCache,
+    fetched: list[FetchedFile],
+) -> _Samples:
+    """Checks the model, loads and checks the calibration and validation samples, and
+    picks the validation set (see the module docstring)."""
+    inputs, outputs = cal.describe_model(_load_model(model_file))
+    calib_samples = calib_sha = None
+    if calibration is not None:
+        calib_file = fetch(calibration, cache.scratch_dir, calibration_sha256)
+        fetched.append(calib_file)
+        calib_samples = cal.load_samples(calib_file.path, inputs, "calibration data")
+        calib_sha = calib_file.sha256
+    validation_samples, source = None, "synthetic"
+    if validation is not None:
+        validation_file = fetch(validation, cache.scratch_dir)
+        fetched.append(validation_file)
+        validation_samples = cal.load_samples(validation_file.path, inputs, "validation data")
+        source = "given"
+    if precision == "int8":
+        assert calib_samples is not None
+        # The split does not depend on --validation (unless a lone sample must calibrate),
+        # so the engine depends on the calibration file alone, as its key says.
+        if validation_samples is None or cal.sample_count(calib_samples) > 1:
+            calib_samples, held_out = cal.split_holdout(calib_samples)
+            if validation_samples is None:
+                validation_samples, source = held_out, "held-out"
+    elif validation_samples is None and calib_samples is not None:
+        validation_samples, source = calib_samples, "given"
+    if validation_samples is None:
+        validation_samples = cal.synthetic_samples(inputs, cal.SYNTHETIC_SAMPLES)
+    return _Samples(inputs, outputs, calib_samples, calib_sha, validation_samples, source)
+
+
 def _build_into(
     builder: Builder,
     model_path: Path,
     key: EngineKey,
     staging: Path,
-    calibration: cal.Samples | None,
-    validation: cal.Samples,
-    source: str,
-    inputs: list,  # type: ignore[type-arg]
-    outputs: list,  # type: ignore[type-arg]
+    data: _Samples,
     progress: Progress,
     now: Callable[[], datetime],
-) -> EngineManifest:
+) -> tuple[EngineManifest, AccuracyReport]:
     from kubeinfer.runtime.builders.onnxruntime_builder import run_model
 
     started = time.monotonic()
@@ -224,24 +241,30 @@ def _build_into(
     work_dir = staging / "work"
     work_dir.mkdir()
     builder.build(
-        model_path, key.precision, engine_path, calibration, key.batch_profile, work_dir, progress
+        model_path,
+        key.precision,
+        engine_path,
+        data.calibration,
+        key.batch_profile,
+        work_dir,
+        progress,
     )
     build_seconds = time.monotonic() - started
-    progress(f"Measuring accuracy against fp32 on {cal.sample_count(validation)} {source} samples")
+    validation, source = data.validation, data.validation_source
+    count = cal.sample_count(validation)
+    progress(f"Measuring accuracy against fp32 on {count} {source} samples")
     reference = run_model(model_path, validation, key.batch_profile.max)
     candidate = builder.run(engine_path, validation, key.batch_profile.max)
     report = compare_outputs(reference, candidate, source)
-    for name in list(work_dir.iterdir()):
-        name.unlink()
-    work_dir.rmdir()
-    return EngineManifest(
+    shutil.rmtree(work_dir)
+    manifest = EngineManifest(
         digest=key.digest(),
         key=key,
         engine_file=builder.engine_file,
         engine_sha256=sha256_file(engine_path),
         engine_bytes=engine_path.stat().st_size,
-        inputs=inputs,
-        outputs=outputs,
+        inputs=data.inputs,
+        outputs=data.outputs,
         created_at=now().isoformat(timespec="seconds").replace("+00:00", "Z"),
         builder_versions={
             "kubeinfer": _kubeinfer_version(),
@@ -251,3 +274,4 @@ def _build_into(
         build_seconds=round(build_seconds, 3),
         accuracy=report,
     )
+    return manifest, report

@@ -170,3 +170,38 @@ def test_s3_without_its_extra_says_how_to_install_it(tmp_path: Path) -> None:
             fetch("s3://bucket/model.onnx", tmp_path)
     else:
         pytest.skip("boto3 is installed here")
+
+
+def test_a_failed_build_leaves_its_reason_in_the_termination_message(
+    models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    message = tmp_path / "termination-log"
+    code, _, _ = _cli(
+        capsys, "--model", str(models["tiny"]), "--precision", "int8",
+        "--cache", str(tmp_path / "c"), "--termination-message-path", str(message),
+    )  # fmt: skip
+    assert code == 2
+    assert message.read_text().startswith("error: precision int8 needs calibration data")
+
+
+def test_a_given_validation_file_replaces_the_held_out_samples_in_the_report(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    from kubeinfer.runtime.calibration import write_demo_samples
+    from kubeinfer.runtime.engine_build import build_engine
+
+    validation = write_demo_samples(models["tiny"], tmp_path / "validation.npz", count=7, seed=3)
+    common = {"calibration": str(models["tiny_calibration"])}
+    held_out = build_engine(str(models["tiny"]), "onnxruntime", "int8", tmp_path / "a", **common)
+    given = build_engine(
+        str(models["tiny"]), "onnxruntime", "int8", tmp_path / "b", validation=str(validation),
+        **common,
+    )  # fmt: skip
+    assert given.digest == held_out.digest  # the engine depends on the calibration only
+    assert given.manifest.engine_sha256 == held_out.manifest.engine_sha256
+    assert (held_out.manifest.accuracy.validation_source, held_out.manifest.accuracy.samples) == (
+        "held-out", 13,
+    )  # fmt: skip
+    assert (given.manifest.accuracy.validation_source, given.manifest.accuracy.samples) == (
+        "given", 7,
+    )  # fmt: skip
