@@ -143,11 +143,13 @@ def _source_argument(uri: str, volumes: list[dict[str, Any]], mounts: list[dict[
     if not uri.startswith("pvc://"):
         return uri
     claim, _, path = uri.removeprefix("pvc://").partition("/")
-    volume = f"source-{len(volumes)}"
-    volumes.append(
-        {"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-    )
-    mounts.append({"name": volume, "mountPath": f"{SOURCES_MOUNT}/{claim}", "readOnly": True})
+    sources = [v for v in volumes if v["name"].startswith("source-")]
+    if claim not in [v["persistentVolumeClaim"]["claimName"] for v in sources]:
+        # The model and the calibration data may share a claim: one mount serves both.
+        volume = f"source-{len(sources)}"
+        claim_ref = {"claimName": claim, "readOnly": True}
+        volumes.append({"name": volume, "persistentVolumeClaim": claim_ref})
+        mounts.append({"name": volume, "mountPath": f"{SOURCES_MOUNT}/{claim}", "readOnly": True})
     return f"file://{SOURCES_MOUNT}/{claim}/{path}"
 
 
