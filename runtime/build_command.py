@@ -8,9 +8,10 @@
 stdout carries only the result (the digest, or with `--json` the whole manifest, plus a
 `cacheHit` field) so scripts and the operator's build Job can read it; one progress line
 per stage goes to stderr. With `--termination-message-path` (a Kubernetes Job's
-`/dev/termination-log`) the digest is also written there, where the operator reads it
-from the pod's status. Bad input exits 2 with one line saying what is wrong; a failed
-build or gate exits 1. The calibration file's format is documented in
+`/dev/termination-log`) a compact JSON object (`digest`, `target`, `backend`,
+`precision`, `cacheHit`) is also written there, or on failure the `error:` line, where
+the operator reads it from the pod's status. Bad input exits 2 with one line saying what
+is wrong; a failed build or gate exits 1. The calibration file's format is documented in
 `kubeinfer.runtime.calibration`.
 """
 
@@ -54,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--termination-message-path",
         metavar="PATH",
-        help="also write the digest here (a Kubernetes Job's /dev/termination-log)",
+        help="also write the result here (a Kubernetes Job's /dev/termination-log)",
     )
     parser.set_defaults(handler=run)
 
@@ -116,8 +117,15 @@ def run(args: argparse.Namespace) -> int:
         except BUILD_ERRORS as error:
             return _fail(args, str(error), 2)
         digest, manifest, hit = result.digest, result.manifest, result.cache_hit
-    if args.termination_message_path:
-        Path(args.termination_message_path).write_text(digest)
+    if args.termination_message_path:  # compact: Kubernetes keeps at most 4096 bytes
+        summary = {
+            "digest": digest,
+            "target": manifest.key.target,
+            "backend": manifest.key.backend,
+            "precision": manifest.key.precision,
+            "cacheHit": hit,
+        }
+        Path(args.termination_message_path).write_text(json.dumps(summary, sort_keys=True))
     if args.json:
         print(json.dumps({**manifest.to_wire(), "cacheHit": hit}, indent=2, sort_keys=True))
     else:

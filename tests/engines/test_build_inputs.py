@@ -67,7 +67,11 @@ def test_build_prints_the_digest_and_progress_and_writes_the_termination_message
     )  # fmt: skip
     assert code == 0
     digest = out.strip()
-    assert digest.startswith("sha256:") and message.read_text() == digest
+    assert digest.startswith("sha256:")
+    assert json.loads(message.read_text()) == {
+        "digest": digest, "target": "cpu", "backend": "onnxruntime", "precision": "fp16",
+        "cacheHit": False,
+    }  # fmt: skip
     assert "Converting to fp16" in err and "Publishing" in err
     code, out, err = _cli(capsys, "--pin", digest, "--cache", str(tmp_path / "c"), "--json")
     manifest = json.loads(out)
