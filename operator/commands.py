@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from kubeinfer.operator import crds_command, render_command, validate_command
+from kubeinfer.operator.demo import command as demo_command
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -14,5 +15,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         crds_command.register,
         validate_command.register,
         render_command.register,
+        demo_command.register,
     ):
         register_command(subparsers)

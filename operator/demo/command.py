@@ -1,0 +1,244 @@
+"""`kubeinfer demo`: validate the examples, show what the operator would create, build the
+demo model's engines through the cache, serve one with dynamic batching, drive load, and
+read the batcher's own histogram back from /metrics. Every step is the real code path
+(`kubeinfer validate`, `render`, `build`, `serve`); only the cluster is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+EXAMPLES = Path("examples")
+MODEL_NAME = "demo"
+
+
+def _step(title: str) -> None:
+    print(f"\n== {title}\n", flush=True)
+
+
+def show_manifests() -> bool:
+    from kubeinfer.operator.validate_command import validate_file
+
+    ok = True
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        problems, valid = validate_file(path)
+        for line in valid + problems:
+            print(f"  {line}")
+        ok = ok and not problems
+    return ok
+
+
+def show_children(path: Path) -> None:
+    from kubeinfer.operator.render_command import render_manifest
+
+    children, _ = render_manifest(yaml.safe_load(path.read_text()))
+    for child in children:
+        detail = ""
+        if child["kind"] == "Deployment":
+            pod = child["spec"]["template"]["spec"]
+            detail = (
+                f"  replicas={child['spec']['replicas']}"
+                f" args={' '.join(pod['containers'][0].get('args', []))}"
+            )
+        elif child["kind"] == "Job":
+            detail = (
+                f"  args={' '.join(child['spec']['template']['spec']['containers'][0]['args'])}"
+            )
+        print(f"  {child['kind']}/{child['metadata']['name']}{detail}")
+    print(f"\n  (the full YAML: kubeinfer render {path})")
+
+
+def build_engines(workdir: Path) -> tuple[str, str]:
+    from kubeinfer.runtime.calibration import write_demo_samples
+    from kubeinfer.runtime.demo_models import build_small_mlp
+    from kubeinfer.runtime.engine_build import build_engine
+
+    model = build_small_mlp(workdir / "models" / "small-mlp.onnx")
+    calibration = write_demo_samples(model, workdir / "models" / "calibration.npz")
+    cache = workdir / "cache"
+    digests = {}
+    print(f"  model {model} ({model.stat().st_size / 1e6:.1f} MB), cache {cache}")
+    for precision in ("fp32", "int8"):
+        started = time.perf_counter()
+        result = build_engine(
+            str(model),
+            "onnxruntime",
+            precision,
+            cache,
+            calibration=str(calibration) if precision == "int8" else None,
+            max_batch_size=32,
+        )
+        took = time.perf_counter() - started
+        state = "cache hit, nothing rebuilt" if result.cache_hit else "built"
+        size = result.manifest.engine_bytes / 1e6
+        print(f"  {precision}: {result.digest[:23]}...  {size:6.1f} MB  {state} in {took:.2f} s")
+        digests[precision] = result.digest
+        if precision == "int8" and result.manifest.accuracy:
+            report = result.manifest.accuracy
+            print(f"\n  int8 against fp32 on {report.samples} {report.validation_source} samples:")
+            for output in report.outputs:
+                top1 = "n/a" if output.top1_agreement is None else f"{output.top1_agreement:.3f}"
+                print(
+                    f"    {output.name}: max |diff| {output.max_abs_diff:.4f}, "
+                    f"mean |diff| {output.mean_abs_diff:.4f}, "
+                    f"cosine {output.cosine_similarity:.5f}, top-1 agreement {top1}"
+                )
+    print("\n  (run `make demo` again: both builds are cache hits)")
+    return digests["fp32"], str(cache)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except OSError:
+        return 0, b""
+
+
+def _histogram(metrics_text: str, name: str) -> dict[str, float]:
+    """Cumulative bucket counts, sum and count of one histogram from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                values[sample.labels["le"]] = values.get(sample.labels["le"], 0) + sample.value
+            elif sample.name.endswith(("_sum", "_count")):
+                key = sample.name.rsplit("_", 1)[1]
+                values[key] = values.get(key, 0) + sample.value
+    return values
+
+
+def serve_and_load(digest: str, cache: str, seconds: float) -> bool:
+    import numpy as np
+    import onnxruntime
+    from kubeinfer.operator.demo.load import drive
+
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    command = [
+        sys.executable, "-m", "kubeinfer.operator", "serve",
+        "--engine", digest, "--cache", cache, "--model-name", MODEL_NAME,
+        "--host", "127.0.0.1", "--port", str(port),
+        "--max-batch-size", "32", "--max-queue-delay-microseconds", "2000",
+        "--execution-slots", "2", "--drain-grace-period-seconds", "10",
+    ]  # fmt: skip
+    print(f"  $ kubeinfer serve --engine {digest[:23]}... --cache {cache} --port {port}")
+    server = subprocess.Popen(command)
+    try:
+        deadline = time.monotonic() + 60
+        while _get(f"{base}/v2/health/ready")[0] != 200:
+            if server.poll() is not None or time.monotonic() > deadline:
+                print("  the server did not become ready", file=sys.stderr)
+                return False
+            time.sleep(0.1)
+
+        # One request of 4 rows, checked against ONNX Runtime in this process.
+        rows = np.random.default_rng(7).standard_normal((4, 512)).astype(np.float32)
+        infer_url = f"{base}/v2/models/{MODEL_NAME}/infer"
+        request = {"inputs": [{"name": "input", "shape": [4, 512], "datatype": "FP32",
+                               "data": rows.ravel().tolist()}]}  # fmt: skip
+        body = json.dumps(request).encode()
+        with urllib.request.urlopen(
+            urllib.request.Request(infer_url, body, {"Content-Type": "application/json"})
+        ) as response:
+            served = json.loads(response.read())["outputs"][0]
+        local = onnxruntime.InferenceSession(_engine_file(cache, digest)).run(
+            None, {"input": rows}
+        )[0]
+        difference = float(np.abs(np.asarray(served["data"]).reshape(local.shape) - local).max())
+        print(f"  a 4-row request matches ONNX Runtime in-process: max |diff| {difference:.2e}\n")
+
+        single = json.dumps({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
+                                         "data": rows[0].tolist()}]}).encode()  # fmt: skip
+        print("  | clients | req/s | p50 ms | p99 ms | mean batch | status codes |")
+        print("  |---:|---:|---:|---:|---:|---|")
+        ok = True
+        for clients in (1, 8, 32):
+            before = _histogram(_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
+            result = asyncio.run(drive(infer_url, single, clients, seconds))
+            after = _histogram(_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
+            batches = after.get("count", 0) - before.get("count", 0)
+            rows_run = after.get("sum", 0) - before.get("sum", 0)
+            codes = ", ".join(f"{code}: {n}" for code, n in sorted(result.codes.items()))
+            print(
+                f"  | {clients} | {result.requests_per_second:.0f} "
+                f"| {result.percentile_milliseconds(50):.2f} "
+                f"| {result.percentile_milliseconds(99):.2f} "
+                f"| {rows_run / max(batches, 1):.1f} | {codes} |"
+            )
+            ok = ok and set(result.codes) == {200}
+
+        print("\n  batch sizes the batcher ran, from /metrics (kubeinfer_batch_size):")
+        buckets = _histogram(_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
+        edges = [(k, v) for k, v in buckets.items() if k not in ("sum", "count")]
+        edges.sort(key=lambda kv: float(kv[0]))
+        previous, total, lower = 0.0, max(buckets.get("count", 1), 1), 1
+        for edge, cumulative in edges:
+            count, previous = cumulative - previous, cumulative
+            if edge == "+Inf":
+                label = f"> {lower - 1}"
+            else:
+                upper = int(float(edge))
+                label = str(upper) if upper == lower else f"{lower}..{upper}"
+                lower = upper + 1
+            if count:
+                print(f"    {label:>7} {count:8.0f}  {'#' * max(1, round(40 * count / total))}")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            code = server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            code = -9
+    print(f"\n  SIGTERM: the server drained and exited with code {code}")
+    return ok and code == 0
+
+
+def _engine_file(cache: str, digest: str) -> str:
+    from kubeinfer.runtime.engine_cache import resolve_engine
+
+    return str(resolve_engine(cache, digest).engine_path)
+
+
+def run(args: argparse.Namespace) -> int:
+    workdir: Path = args.workdir
+    _step("1. The example manifests (kubeinfer validate examples/*.yaml)")
+    ok = show_manifests()
+    _step("2. What the operator creates for examples/cpu-minimal.yaml (kubeinfer render)")
+    show_children(EXAMPLES / "cpu-minimal.yaml")
+    _step("3. Engines for the demo model, through the content-addressed cache (kubeinfer build)")
+    digest, cache = build_engines(workdir)
+    _step("4. Serving the fp32 engine with dynamic batching (kubeinfer serve), under load")
+    ok = serve_and_load(digest, cache, args.seconds) and ok
+    print("\nDemo finished." if ok else "\nDemo finished with problems (see above).")
+    return 0 if ok else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser("demo", help="run the main job on a built-in model")
+    parser.add_argument("--workdir", type=Path, default=Path(".demo"), help="models and cache")
+    parser.add_argument("--seconds", type=float, default=3.0, help="load duration per step")
+    parser.set_defaults(handler=run)
