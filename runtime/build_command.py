@@ -44,14 +44,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--validation", metavar="URI", help="validation samples for the report (.npz)"
     )
-    parser.add_argument("--max-batch-size", type=int, default=32, metavar="N")
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=32,
+        metavar="N",
+        help="largest batch the engine accepts (its profile spans 1..N; default 32)",
+    )
     parser.add_argument("--cache", required=True, metavar="DIR", help="the engine cache root")
     parser.add_argument("--json", action="store_true", help="print the whole manifest")
     parser.add_argument(
         "--pin", metavar="DIGEST", help="resolve and verify sha256:... instead of building"
     )
-    parser.add_argument("--max-top1-drop", type=float, metavar="X")
-    parser.add_argument("--min-cosine", type=float, metavar="Y")
+    parser.add_argument(
+        "--max-top1-drop",
+        type=float,
+        metavar="X",
+        help="fail unless at most this share of samples changes its top-1 class vs fp32",
+    )
+    parser.add_argument(
+        "--min-cosine",
+        type=float,
+        metavar="Y",
+        help="fail unless every output's mean cosine similarity to fp32 is at least Y",
+    )
     parser.add_argument(
         "--termination-message-path",
         metavar="PATH",
