@@ -1,0 +1,31 @@
+"""The InferenceDeployment API's enumerations, shared by the spec and the status."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Backend(StrEnum):
+    TENSORRT = "tensorrt"
+    ONNXRUNTIME = "onnxruntime"
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+    INT8 = "int8"
+
+
+class RolloutStrategy(StrEnum):
+    SHADOW = "Shadow"
+    ROLLING = "Rolling"
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    BUILDING_ENGINE = "BuildingEngine"
+    DEPLOYING = "Deploying"
+    SHADOWING = "Shadowing"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"
