@@ -179,52 +179,92 @@ def load_runs(
     for encoding in dict.fromkeys(e for e, _ in plan):
         check_answers(spec, make_requests(spec, items, encoding), expected)
     for encoding, clients in plan:
-        requests = make_requests(spec, items, encoding)
-        marks: dict[str, Snapshot] = {}
-        result = asyncio.run(
-            run_closed_loop(
-                HOST,
-                spec.port,
-                requests,
-                clients,
-                args.warmup,
-                args.duration,
-                on_window_start=lambda m=marks: m.__setitem__("start", snapshot(spec, server)),
-                on_window_end=lambda m=marks: m.__setitem__("end", snapshot(spec, server)),
-            )
-        )
-        start, end = marks["start"], marks["end"]
-        mean_batch = None
-        if start.histogram and end.histogram and end.histogram[1] > start.histogram[1]:
-            mean_batch = (end.histogram[0] - start.histogram[0]) / (
-                end.histogram[1] - start.histogram[1]
-            )
-        foreign = (
-            (end.busy_s - start.busy_s) - (end.server_s - start.server_s) - result.client_cpu_s
-        )
-        row = Row(
-            model=model,
-            server=label or spec.label,
-            encoding=encoding,
-            clients=clients,
-            throughput=result.throughput,
-            p50_ms=result.percentile_ms(50),
-            p99_ms=result.percentile_ms(99),
-            mean_batch=mean_batch,
-            errors=result.errors,
-            client_us_per_request=result.client_cpu_us_per_request,
-            foreign_cpu_pct=max(0.0, foreign) / (os.cpu_count() or 1) / args.duration * 100,
-        )
-        if result.error_samples:
-            print(f"  errors, e.g. {result.error_samples[0]}", file=sys.stderr)
-        print(
-            f"  {row.server:>10} {model:>17} {encoding:>6} {clients:>3} clients: "
-            f"{row.throughput:7.0f} req/s  p50 {row.p50_ms:7.2f} ms  p99 {row.p99_ms:7.2f} ms"
-            f"  batch {row.mean_batch or 0:5.1f}  other CPU {row.foreign_cpu_pct:3.0f}%",
-            flush=True,
-        )
-        rows.append(row)
+        best: Row | None = None
+        for attempt in range(args.retries + 1):
+            wait_for_quiet(args)
+            row = one_run(spec, server, model, items, encoding, clients, args, label)
+            if best is None or row.foreign_cpu_pct < best.foreign_cpu_pct:
+                best = row
+            if row.foreign_cpu_pct <= args.max_other_cpu:
+                break
+            print(f"  (other processes used {row.foreign_cpu_pct:.0f}% CPU: run {attempt + 1} "
+                  f"of {args.retries + 1})", flush=True)  # fmt: skip
+        assert best is not None
+        rows.append(best)
     return rows
+
+
+def wait_for_quiet(args: argparse.Namespace) -> None:
+    """With `--max-other-cpu` set, waits (up to `--quiet-timeout`) until the machine's
+    busy CPU over one second is below it: a shared machine's neighbours come and go."""
+    if args.max_other_cpu >= 100:
+        return
+    deadline = time.monotonic() + args.quiet_timeout
+    while time.monotonic() < deadline:
+        before = _busy_cpu_s()
+        time.sleep(1.0)
+        if (_busy_cpu_s() - before) / (os.cpu_count() or 1) * 100 < args.max_other_cpu:
+            return
+
+
+def one_run(
+    spec: ServerSpec,
+    server: ServerProcess,
+    model: str,
+    items: np.ndarray,
+    encoding: str,
+    clients: int,
+    args: argparse.Namespace,
+    label: str | None,
+) -> Row:
+    requests = make_requests(spec, items, encoding)
+    marks: dict[str, Snapshot] = {}
+    result = asyncio.run(
+        run_closed_loop(
+            HOST,
+            spec.port,
+            requests,
+            clients,
+            args.warmup,
+            args.duration,
+            on_window_start=lambda m=marks: m.__setitem__("start", snapshot(spec, server)),
+            on_window_end=lambda m=marks: m.__setitem__("end", snapshot(spec, server)),
+        )
+    )
+    start, end = marks["start"], marks["end"]
+    mean_batch = None
+    if start.histogram and end.histogram and end.histogram[1] > start.histogram[1]:
+        mean_batch = (end.histogram[0] - start.histogram[0]) / (
+            end.histogram[1] - start.histogram[1]
+        )
+    foreign = (end.busy_s - start.busy_s) - (end.server_s - start.server_s) - result.client_cpu_s
+    row = Row(
+        model=model,
+        server=label or spec.label,
+        encoding=encoding,
+        clients=clients,
+        throughput=result.throughput,
+        p50_ms=result.percentile_ms(50),
+        p99_ms=result.percentile_ms(99),
+        mean_batch=mean_batch,
+        errors=result.errors,
+        client_us_per_request=result.client_cpu_us_per_request,
+        server_cpu_ms_per_request=(end.server_s - start.server_s)
+        / max(1, result.completed + result.errors)
+        * 1000,
+        foreign_cpu_pct=max(0.0, foreign) / (os.cpu_count() or 1) / args.duration * 100,
+    )
+    if result.error_samples:
+        print(f"  errors, e.g. {result.error_samples[0]}", file=sys.stderr)
+    print(
+        f"  {row.server:>10} {model:>17} {encoding:>6} {clients:>3} clients: "
+        f"{row.throughput:7.0f} req/s  p50 {row.p50_ms:7.2f} ms  p99 {row.p99_ms:7.2f} ms"
+        f"  batch {row.mean_batch or 0:5.1f}"
+        f"  server CPU {row.server_cpu_ms_per_request:5.2f} ms/req"
+        f"  other CPU {row.foreign_cpu_pct:3.0f}%",
+        flush=True,
+    )
+    return row
 
 
 def serve_and_load(spec: ServerSpec, *run_args: object, label: str | None = None) -> list[Row]:
@@ -268,10 +308,11 @@ def int8_comparison(
         points = measure_ceiling(engine_path, args.threads, args.ceiling_seconds, (1, 32))
         ceilings[precision] = {p.batch_size: p.items_per_second for p in points}
         expected = reference_outputs(engine_path, items)
-        spec = kubeinfer_spec(engine_path, MEMORY, args.threads)
-        rows = serve_and_load(spec, MEMORY, items, expected, [("json", 32)], args,
+        spec = kubeinfer_spec(engine_path, MEMORY, args.threads, engine=(digest, work))
+        plan = [("json", 32), ("binary", 32)]
+        rows = serve_and_load(spec, MEMORY, items, expected, plan, args,
                               label=f"kubeinfer-{precision}")  # fmt: skip
-        served[precision] = rows[0]
+        served.update({(precision, row.encoding): row for row in rows})
         if precision == "int8" and manifest.get("accuracy"):
             output = manifest["accuracy"]["outputs"][0]
             accuracy = {k: v for k, v in output.items() if isinstance(v, int | float)}
@@ -292,6 +333,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="ORT intra-op threads, all servers")
     parser.add_argument("--mlserver-workers", type=int, default=1, help="MLServer parallel_workers")
     parser.add_argument("--kubeinfer-args", default="", help="extra `kubeinfer serve` flags")
+    parser.add_argument(
+        "--max-other-cpu",
+        type=float,
+        default=100.0,
+        help="on a shared machine: wait for and re-run rows where other processes used "
+        "more than this %% of the CPU (100: off)",
+    )
+    parser.add_argument("--retries", type=int, default=2, help="re-runs of a noisy row")
+    parser.add_argument("--quiet-timeout", type=float, default=30.0)
     parser.add_argument("--no-int8", action="store_true", help="skip the fp32 vs int8 rows")
     parser.add_argument("--out", type=Path, default=REPO / ".bench" / "results.md")
     args = parser.parse_args(argv)
@@ -304,7 +354,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     clients = [int(c) for c in args.clients.split(",")]
-    servers = args.servers.split(",")
+    servers = [s for s in args.servers.split(",") if s]
     models = args.models.split(",")
     started = datetime.datetime.now(datetime.UTC)
     model_dir = REPO / ".bench" / "models"
@@ -375,7 +425,10 @@ def render(args, started, rows, ceilings, int8, models) -> str:  # type: ignore[
         ceiling_table(ceilings),
     ]
     if isinstance(int8, Int8Comparison):
-        parts += [f"\n## fp32 vs int8 ({MEMORY}, kubeinfer, JSON)\n", int8_table(int8)]
+        parts += [
+            f"\n## fp32 vs int8 engines ({MEMORY}, kubeinfer build + serve)\n",
+            int8_table(int8),
+        ]
     elif isinstance(int8, str):
         parts += [f"\n## fp32 vs int8 ({MEMORY})\n", int8 + "\n"]
     if SMALL in models and MEMORY in models:

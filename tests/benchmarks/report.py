@@ -27,6 +27,9 @@ class Row:
     mean_batch: float | None
     errors: int
     client_us_per_request: float
+    server_cpu_ms_per_request: float
+    """CPU the server's processes used per completed request: unlike req/s, this hardly
+    moves when other processes share the machine."""
     foreign_cpu_pct: float
     """CPU used during the window by processes other than the server and the load
     generator, in % of the machine: other users of a shared machine show up here."""
@@ -36,7 +39,7 @@ class Row:
 class Int8Comparison:
     engine_megabytes: dict[str, float]
     ceiling_items_per_s: dict[str, dict[int, float]]  # precision -> batch -> items/s
-    served: dict[str, Row]  # precision -> kubeinfer JSON row
+    served: dict[tuple[str, str], Row]  # (precision, encoding) -> kubeinfer row
     accuracy: dict[str, float]
 
 
@@ -68,8 +71,8 @@ def serving_table(rows: Sequence[Row], ceilings: dict[str, list[CeilingPoint]]) 
     head = (
         "| model | server | encoding | clients | req/s | p50 ms | p99 ms | mean batch "
         "| kubeinfer/MLServer | kubeinfer/unbatched | served/ceiling | errors "
-        "| loadgen µs/req | other CPU % |\n"
-        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+        "| server CPU ms/req | loadgen µs/req | other CPU % |\n"
+        "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
     )
     lines = []
     for row in rows:
@@ -82,7 +85,8 @@ def serving_table(rows: Sequence[Row], ceilings: dict[str, list[CeilingPoint]]) 
             f"| {_ratio(row, _find(rows, 'mlserver', row)) if is_ours else ''} "
             f"| {_ratio(row, _find(rows, 'unbatched', row)) if is_ours else ''} "
             f"| {row.throughput / best:.2f} | {row.errors} "
-            f"| {row.client_us_per_request:.0f} | {row.foreign_cpu_pct:.0f} |"
+            f"| {row.server_cpu_ms_per_request:.2f} | {row.client_us_per_request:.0f} "
+            f"| {row.foreign_cpu_pct:.0f} |"
         )
     return head + "\n".join(lines) + "\n"
 
@@ -106,25 +110,25 @@ def ceiling_table(ceilings: dict[str, list[CeilingPoint]]) -> str:
 
 def int8_table(comparison: Int8Comparison) -> str:
     head = (
-        "| precision | engine MB | ceiling batch 1 | ceiling batch 32 | served req/s (JSON) "
-        "| clients | p50 ms | p99 ms | mean batch |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+        "| precision | encoding | engine MB | ceiling batch 1 | ceiling batch 32 | req/s "
+        "| clients | p50 ms | p99 ms | mean batch | server CPU ms/req |\n"
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
     )
     lines = []
-    for precision in ("fp32", "int8"):
-        row = comparison.served.get(precision)
+    for (precision, encoding), row in comparison.served.items():
         ceiling = comparison.ceiling_items_per_s.get(precision, {})
         lines.append(
-            f"| {precision} | {comparison.engine_megabytes[precision]:.0f} "
+            f"| {precision} | {encoding} | {comparison.engine_megabytes[precision]:.0f} "
             f"| {_fmt(ceiling.get(1), 0)}/s | {_fmt(ceiling.get(32), 0)}/s "
-            f"| {_fmt(row.throughput if row else None, 0)} | {row.clients if row else '—'} "
-            f"| {_fmt(row.p50_ms if row else None, 2)} | {_fmt(row.p99_ms if row else None, 2)} "
-            f"| {_fmt(row.mean_batch if row else None)} |"
+            f"| {row.throughput:.0f} | {row.clients} | {_fmt(row.p50_ms, 2)} "
+            f"| {_fmt(row.p99_ms, 2)} | {_fmt(row.mean_batch)} "
+            f"| {row.server_cpu_ms_per_request:.2f} |"
         )
     accuracy = ", ".join(f"{k} {v:.4g}" for k, v in comparison.accuracy.items())
     return (
         head
         + "\n".join(lines)
-        + f"\n\nint8 accuracy against fp32 (from the manifest): {accuracy}\n"
+        + f"\n\nint8 against fp32 (the manifest's accuracy report): {accuracy}\n"
     )
 
 

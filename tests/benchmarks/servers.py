@@ -128,15 +128,21 @@ def kubeinfer_spec(
     threads: int,
     max_batch_size: int = 32,
     extra_args: tuple[str, ...] = (),
+    engine: tuple[str, Path] | None = None,
 ) -> ServerSpec:
     """`kubeinfer serve` from `.venv` with its default batching policy except
-    maxBatchSize (32, as MLServer's)."""
+    maxBatchSize (32, as MLServer's); `engine` = (digest, cache directory) serves a built
+    engine from the cache (verified there) instead of the ONNX file."""
     port = free_port()
+    source = (
+        ["--engine", engine[0], "--cache", str(engine[1])]
+        if engine
+        else ["--onnx", str(model_path)]
+    )
     command = [
         str(REPO / ".venv" / "bin" / "kubeinfer"),
         "serve",
-        "--onnx",
-        str(model_path),
+        *source,
         "--model-name",
         model_name,
         "--host",
