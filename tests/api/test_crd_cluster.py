@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from kubeinfer.operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from kubeinfer.operator.crdgen.crd import build_crd
 
