@@ -10,6 +10,7 @@ runtime pods become ready. Each `reconcile()` is one pass of `decide` over what 
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -52,8 +53,15 @@ def make_spec(**sections: Any) -> InferenceDeploymentSpec:
 
 
 def validate_kubernetes(obj: KubeObject) -> None:
-    """Strict validation against the official schemas: an unknown field fails."""
-    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+    """Strict validation against the official schemas: an unknown field fails. Objects
+    already found valid are remembered (the scenarios apply many identical ones)."""
+    text = json.dumps(obj, sort_keys=True)
+    if text not in _VALID:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        _VALID.add(text)
+
+
+_VALID: set[str] = set()
 
 
 class Cluster:

@@ -13,6 +13,7 @@ import io
 import os
 from pathlib import Path
 
+import kubernetes_validate
 import pytest
 import yaml
 from decide_scenarios import validate_kubernetes
@@ -140,3 +141,10 @@ def test_a_missing_file_and_a_malformed_digest_are_refused(tmp_path):
     err = io.StringIO()
     assert run(EXAMPLES / "pinned.yaml", "sha256:xyz", io.StringIO(), err) == 2
     assert "--engine-digest" in err.getvalue()
+
+
+def test_the_schema_check_is_strict_so_an_unknown_field_fails():
+    (service,) = [o for o in rendered_objects(EXAMPLES / "pinned.yaml") if o["kind"] == "Service"]
+    service["spec"]["selectr"] = service["spec"].pop("selector")
+    with pytest.raises(kubernetes_validate.ValidationError, match="selectr"):
+        validate_kubernetes(service)
