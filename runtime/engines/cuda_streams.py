@@ -111,7 +111,7 @@ class CudaSlot:
         enqueue: Enqueue,
         blocking_sync: bool = True,
     ) -> None:
-        self._context = context
+        self.context = context
         self._enqueue = enqueue
         self.max_batch_size = max_batch_size
         cuda = context.cuda
@@ -157,9 +157,9 @@ class CudaSlot:
         check_batch_size(batch_size, self.max_batch_size)
         if self._closed:
             raise EngineError("the slot is closed")
-        cuda = self._context.cuda
+        cuda = self.context.cuda
         inputs, outputs = self._input_views[batch_size], self._output_views[batch_size]
-        with self._context.active():
+        with self.context.active():
             for name, view in inputs.items():
                 # A view of the first rows is contiguous: the copy moves n rows only.
                 cuda.memcpy_htod_async(self.device_inputs[name], view, self.stream)
@@ -176,7 +176,7 @@ class CudaSlot:
         if self._closed:
             return
         self._closed = True
-        with self._context.active():
+        with self.context.active():
             self.stream.synchronize()
             for allocation in (*self.device_inputs.values(), *self.device_outputs.values()):
                 allocation.free()

@@ -1,0 +1,168 @@
+"""The CUDA slot machinery (pycuda) and the TensorRT engine's import guard.
+
+Everywhere: importing `cuda_streams` and `tensorrt` needs neither pycuda nor TensorRT,
+and using them without those raises `BackendUnavailable` with an instruction (also through
+`load_engine`). On a CUDA machine (marker `gpu`; needs pycuda, CuPy optional): a
+`CudaSlot` whose compute is a device-to-device copy returns each batch's rows for every
+size 1..max; its pinned and device buffers never move and device memory does not change
+across hundreds of batches; two slots in threads keep their results apart; a CuPy matmul
+launched on the slot's stream equals numpy's; batch sizes outside 1..max are refused.
+TensorRT itself cannot be installed on our machines: the TensorRT engine is untested.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kubeinfer.runtime.engines import cuda_streams, tensorrt
+from kubeinfer.runtime.engines.base import BackendUnavailable, BatchSizeError, TensorSpec
+from kubeinfer.runtime.engines.loader import load_engine
+
+
+def test_tensorrt_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt -> ImportError
+    plan = tmp_path / "model.plan"
+    plan.write_bytes(b"\x00")
+    with pytest.raises(BackendUnavailable, match=r"TensorRT is not installed.*onnxruntime"):
+        tensorrt.TensorRTEngine(plan, max_batch_size=4)
+    with pytest.raises(BackendUnavailable, match="TensorRT is not installed"):
+        load_engine(plan, "tensorrt", max_batch_size=4)
+
+
+def test_pycuda_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pycuda", None)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", None)
+    with pytest.raises(BackendUnavailable, match="pycuda is not installed"):
+        cuda_streams.CudaContext()
+
+
+# ----------------------------------------------------------------------------- on a GPU
+
+X = TensorSpec("x", "FP32", (-1, 256))
+Y = TensorSpec("y", "FP32", (-1, 256))
+
+
+def copy_rows(batch_size: int, slot: cuda_streams.CudaSlot) -> None:
+    """The compute of the identity slot: y = x, on the slot's stream."""
+    slot.context.cuda.memcpy_dtod_async(
+        slot.device_outputs["y"], slot.device_inputs["x"], batch_size * 256 * 4, slot.stream
+    )
+
+
+@pytest.fixture(scope="module")
+def context() -> cuda_streams.CudaContext:
+    return cuda_streams.CudaContext(0)
+
+
+@pytest.mark.gpu
+def test_a_slot_returns_each_batch_for_every_size(context: cuda_streams.CudaContext) -> None:
+    slot = cuda_streams.CudaSlot(context, (X,), (Y,), 16, copy_rows)
+    rng = np.random.default_rng(0)
+    try:
+        for n in range(1, 17):
+            batch = rng.standard_normal((n, 256)).astype(np.float32)
+            slot.input_views(n)["x"][...] = batch
+            out = slot.run(n)["y"]
+            assert out.shape == (n, 256)
+            np.testing.assert_array_equal(out, batch)
+        with pytest.raises(BatchSizeError):
+            slot.run(17)
+        with pytest.raises(BatchSizeError):
+            slot.input_views(0)
+    finally:
+        slot.close()
+
+
+@pytest.mark.gpu
+def test_a_slot_allocates_nothing_per_batch(context: cuda_streams.CudaContext) -> None:
+    slot = cuda_streams.CudaSlot(context, (X,), (Y,), 16, copy_rows)
+    cuda = context.cuda
+    try:
+        pointers = (dict(slot.input_pointers), dict(slot.output_pointers))
+        host = {k: v.ctypes.data for k, v in {**slot.host_inputs, **slot.host_outputs}.items()}
+        for n in range(1, 17):
+            slot.run(n)
+        with context.active():
+            free_before, _ = cuda.mem_get_info()
+        tracemalloc.start()
+        try:
+            traced_before = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            for _ in range(25):
+                for n in range(1, 17):
+                    slot.input_views(n)["x"][0, 0] = n
+                    assert slot.run(n)["y"][0, 0] == n
+            traced_growth = tracemalloc.get_traced_memory()[1] - traced_before
+        finally:
+            tracemalloc.stop()
+        with context.active():
+            free_after, _ = cuda.mem_get_info()
+        assert free_after == free_before, "device memory changed during 400 batches"
+        assert traced_growth < 256 * 4, f"host side allocated {traced_growth} B"
+        assert (slot.input_pointers, slot.output_pointers) == pointers
+        assert {
+            k: v.ctypes.data for k, v in {**slot.host_inputs, **slot.host_outputs}.items()
+        } == host
+    finally:
+        slot.close()
+
+
+@pytest.mark.gpu
+def test_two_slots_in_threads_keep_their_results_apart(context: cuda_streams.CudaContext) -> None:
+    slots = [cuda_streams.CudaSlot(context, (X,), (Y,), 8, copy_rows) for _ in range(2)]
+    batches = [np.full((8, 256), i + 1, np.float32) for i in range(2)]
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def work(i: int) -> None:
+        try:
+            barrier.wait()
+            for _ in range(200):
+                slots[i].input_views(8)["x"][...] = batches[i]
+                np.testing.assert_array_equal(slots[i].run(8)["y"], batches[i])
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for slot in slots:
+        slot.close()
+    assert not errors, errors
+
+
+@pytest.mark.gpu
+def test_a_cupy_matmul_on_the_slot_stream_equals_numpy(
+    context: cuda_streams.CudaContext, tmp_path: Path
+) -> None:
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(1)
+    weight = (rng.standard_normal((256, 256)) / 16).astype(np.float32)
+    with context.active():
+        device_weight = cupy.asarray(weight)
+
+    def device_array(pointer: int, rows: int, owner: object) -> object:
+        memory = cupy.cuda.UnownedMemory(pointer, rows * 256 * 4, owner)
+        return cupy.ndarray((rows, 256), np.float32, cupy.cuda.MemoryPointer(memory, 0))
+
+    def matmul(n: int, slot: cuda_streams.CudaSlot) -> None:
+        with cupy.cuda.ExternalStream(slot.stream_handle):
+            x = device_array(slot.input_pointers["x"], n, slot)
+            y = device_array(slot.output_pointers["y"], n, slot)
+            cupy.matmul(x, device_weight, out=y)
+
+    slot = cuda_streams.CudaSlot(context, (X,), (Y,), 8, matmul)
+    try:
+        for n in (1, 5, 8):
+            batch = rng.standard_normal((n, 256)).astype(np.float32)
+            slot.input_views(n)["x"][...] = batch
+            np.testing.assert_allclose(slot.run(n)["y"], batch @ weight, rtol=1e-3, atol=1e-3)
+    finally:
+        slot.close()
