@@ -14,15 +14,17 @@ dashboards read these names, so they are a public interface:
 | kubeinfer_compute_duration_seconds | histogram | model, version |
 | kubeinfer_batch_size | histogram (rows per batch) | model, version |
 | kubeinfer_requests_total | counter | model, version, code |
-| kubeinfer_gpu_memory_used_bytes | gauge (only where a GPU exists) | device |
-| kubeinfer_gpu_memory_total_bytes | gauge (only where a GPU exists) | device |
+| kubeinfer_gpu_memory_used_bytes | gauge (only where a GPU exists) | device, name |
+| kubeinfer_gpu_memory_total_bytes | gauge (only where a GPU exists) | device, name |
+
+The GPU gauges come from `kubeinfer.runtime.gpu_memory` (NVML), read at scrape time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
+from kubeinfer.runtime.gpu_memory import GpuMemory
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -33,16 +35,8 @@ LATENCY_BUCKETS = (
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-@dataclass(frozen=True)
-class GpuMemory:
-    """One device's memory, as NVML reports it."""
-
-    device: str
-    used_bytes: int
-    total_bytes: int
-
-
-GpuMemoryReader = Callable[[], Iterable[GpuMemory]]
+# `GpuMemoryReader.read` from kubeinfer.runtime.gpu_memory: None where there is no GPU.
+GpuMemoryReader = Callable[[], Iterable[GpuMemory] | None]
 
 
 class _GpuMemoryCollector(Collector):
@@ -53,18 +47,18 @@ class _GpuMemoryCollector(Collector):
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         used = GaugeMetricFamily(
-            "kubeinfer_gpu_memory_used_bytes", "GPU memory in use.", labels=["device"]
+            "kubeinfer_gpu_memory_used_bytes", "GPU memory in use.", labels=["device", "name"]
         )
         total = GaugeMetricFamily(
-            "kubeinfer_gpu_memory_total_bytes", "GPU memory in all.", labels=["device"]
+            "kubeinfer_gpu_memory_total_bytes", "GPU memory in all.", labels=["device", "name"]
         )
         try:
-            devices = list(self._read())
+            devices = list(self._read() or ())
         except Exception:  # a failing NVML read must not fail the whole scrape
             devices = []
         for device in devices:
-            used.add_metric([device.device], device.used_bytes)
-            total.add_metric([device.device], device.total_bytes)
+            used.add_metric([str(device.index), device.name], device.used_bytes)
+            total.add_metric([str(device.index), device.name], device.total_bytes)
         return [used, total]
 
 

@@ -133,13 +133,11 @@ def load_engine_for(config: RuntimeConfig) -> Engine:
 
 def gpu_memory_reader() -> GpuMemoryReader | None:
     """The NVML reader for the GPU memory gauges, or None where there is no GPU (or no
-    NVML binding)."""
-    try:
-        from kubeinfer.runtime import gpu_memory
-    except ImportError:
-        return None
-    reader = getattr(gpu_memory, "metrics_reader", None)
-    return reader() if callable(reader) else None
+    NVML binding): then the gauges are not exported at all."""
+    from kubeinfer.runtime.gpu_memory import GpuMemoryReader
+
+    reader = GpuMemoryReader()
+    return reader.read if reader.read() is not None else None
 
 
 def run(args: argparse.Namespace) -> int:
