@@ -29,6 +29,7 @@ import fcntl
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ from pydantic import ValidationError
 
 if TYPE_CHECKING:
     from kubeinfer.runtime.engines.base import Engine
+
+STALE_SCRATCH_SECONDS = 24 * 3600
 
 
 class EngineCacheError(Exception):
@@ -156,13 +159,32 @@ class EngineCache:
     @contextlib.contextmanager
     def staging(self, digest: str) -> Iterator[Path]:
         """A fresh staging directory on the cache's filesystem, removed on exit unless it
-        was published."""
+        was published. Leftovers of builders killed mid-build (SIGKILL, a node lost) that
+        are older than a day are removed first, so they cannot fill the volume."""
         self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        self.remove_stale_scratch(time.time() - STALE_SCRATCH_SECONDS)
         path = Path(tempfile.mkdtemp(prefix=f"build-{_hex(digest)[:12]}-", dir=self.scratch_dir))
         try:
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+    def remove_stale_scratch(self, older_than: float) -> list[Path]:
+        """Removes scratch entries (staging directories, downloads) last modified before
+        `older_than` (a Unix time); returns what was removed."""
+        removed = []
+        for path in self.scratch_dir.iterdir() if self.scratch_dir.is_dir() else ():
+            try:
+                if path.lstat().st_mtime >= older_than:
+                    continue
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+                removed.append(path)
+            except FileNotFoundError:  # another builder removed it first
+                continue
+        return removed
 
     def publish(self, digest: str, staging: Path, manifest: EngineManifest) -> bool:
         """Writes the manifest into `staging` and renames it into place. False when an

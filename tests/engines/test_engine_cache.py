@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,21 @@ def test_two_concurrent_builders_of_one_key_leave_one_complete_entry(
     assert sorted(p.name for p in entries[0].iterdir()) == ["manifest.json", "model.onnx"]
     assert list((cache / "tmp").iterdir()) == []
     resolve_engine(cache, manifests[0]["digest"])
+
+
+def test_a_killed_builders_leftovers_are_removed_once_stale(tmp_path: Path) -> None:
+    cache = EngineCache(tmp_path)
+    digest = "sha256:" + "3" * 64
+    with cache.staging(digest) as fresh:
+        old = tmp_path / "tmp" / "build-killed"
+        (old / "work").mkdir(parents=True)
+        (old / "work" / "qdq.onnx").write_bytes(b"partial")
+        download = tmp_path / "tmp" / "fetch-partial"
+        download.write_bytes(b"half a model")
+        day_ago = time.time() - 2 * 24 * 3600
+        for path in (old, download):
+            os.utime(path, (day_ago, day_ago))
+        assert sorted(p.name for p in cache.remove_stale_scratch(time.time() - 3600)) == [
+            "build-killed", "fetch-partial",
+        ]  # fmt: skip
+        assert [p.name for p in (tmp_path / "tmp").iterdir()] == [fresh.name]
