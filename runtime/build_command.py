@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         except AccuracyGateError as error:
             print(error.report.model_dump_json(by_alias=True, indent=2), file=sys.stderr)
             return _fail(args, str(error), 1)
-        except BuildError as error:
+        except (BuildError, OSError) as error:
             return _fail(args, f"the build failed: {error}; nothing was published", 1)
         except BUILD_ERRORS as error:
             return _fail(args, str(error), 2)

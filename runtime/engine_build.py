@@ -59,6 +59,7 @@ BUILD_ERRORS: tuple[type[Exception], ...] = (
     BuildError,
     EngineCacheError,
     AccuracyGateError,
+    OSError,  # an unwritable or full cache volume: the message names the path
 )
 
 
