@@ -5,9 +5,12 @@ lastTransitionTime, and every message is built from facts that change only when 
 world does (no "retrying in 12 s"): a pass that finds nothing new computes a status equal
 to the stored one, and the operator patches nothing.
 
-`Ready` is the summary that kstatus, Argo CD, Flux and `kubectl wait` read: True only when
-the current generation's engine is what the Deployment runs and every desired replica of
-that Deployment is updated, ready and available.
+`Ready` is the summary (`kubectl wait --for=condition=Ready`, and what an Argo CD health
+check reads): True only when the current generation's engine is what the Deployment runs
+and every desired replica of that Deployment is updated, ready and available. kstatus,
+which Flux's health checks use, reads only `Reconciling` (True while building or rolling
+out) and `Stalled` (True when a build failed, a rollout exceeded its deadline or the spec
+is invalid), so those two mirror Progressing and Degraded.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ WARNING_REASONS = frozenset(
     {Reason.INVALID_SPEC, Reason.ENGINE_BUILD_FAILED, Reason.ROLLOUT_STALLED}
 )
 EVENT_MESSAGE_LIMIT = 1024
+MIRRORED = frozenset({ConditionType.RECONCILING, ConditionType.STALLED})
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,18 @@ def compute_status(
     else:
         summary = (FALSE, Reason.ROLLING_OUT, f"{rollout.message}.{keeps}")
 
+    # kstatus (Flux's health check) reads only Reconciling and Stalled: mirror Progressing
+    # and a Degraded that needs attention into them.
+    if degraded[0] == TRUE:
+        reconciling, stalled = (FALSE, degraded[1], degraded[2]), degraded
+    elif progressing[0] == TRUE:
+        reconciling, stalled = progressing, (FALSE, Reason.AS_EXPECTED, "")
+    else:
+        reconciling, stalled = (
+            (FALSE, progressing[1], progressing[2]),
+            (FALSE, Reason.AS_EXPECTED, ""),
+        )
+
     conditions = list(previous.conditions)
     for type_, (status, reason, message) in (
         (ConditionType.READY, summary),
@@ -170,6 +186,8 @@ def compute_status(
         (ConditionType.AVAILABLE, available),
         (ConditionType.PROGRESSING, progressing),
         (ConditionType.DEGRADED, degraded),
+        (ConditionType.RECONCILING, reconciling),
+        (ConditionType.STALLED, stalled),
     ):
         conditions = set_condition(conditions, type_, status, reason, message, generation, now)
 
@@ -215,10 +233,16 @@ def compute_status(
 def invalid_status(
     status: InferenceDeploymentStatus, message: str, generation: int, now: datetime
 ) -> InferenceDeploymentStatus:
-    """Degraded=True and Ready=False with reason InvalidSpec; the rest is kept, since the
-    children of the last valid spec are left as they are."""
+    """Degraded=True, Stalled=True, Ready=False and Reconciling=False with reason
+    InvalidSpec; the rest is kept, since the children of the last valid spec are left as
+    they are."""
     conditions = list(status.conditions)
-    for type_, value in ((ConditionType.READY, FALSE), (ConditionType.DEGRADED, TRUE)):
+    for type_, value in (
+        (ConditionType.READY, FALSE),
+        (ConditionType.DEGRADED, TRUE),
+        (ConditionType.RECONCILING, FALSE),
+        (ConditionType.STALLED, TRUE),
+    ):
         conditions = set_condition(
             conditions, type_, value, Reason.INVALID_SPEC, message, generation, now
         )
@@ -229,10 +253,13 @@ def invalid_status(
 
 def transition_events(before: list[Condition], after: list[Condition]) -> tuple[Event, ...]:
     """One Event per condition whose status or reason changed (or that is new); Warning for
-    failure reasons."""
+    failure reasons. Reconciling and Stalled only mirror Progressing and Degraded, whose
+    Events already announce the same transitions."""
     old = {c.type: c for c in before}
     events = []
     for condition in after:
+        if condition.type in MIRRORED:
+            continue
         previous = old.get(condition.type)
         if previous and (previous.status, previous.reason) == (condition.status, condition.reason):
             continue

@@ -80,7 +80,36 @@ def test_every_condition_carries_the_observed_generation():
         ConditionType.AVAILABLE,
         ConditionType.PROGRESSING,
         DEGRADED,
+        ConditionType.RECONCILING,
+        ConditionType.STALLED,
     }
+
+
+def kstatus(cluster: Cluster) -> tuple[str, str]:
+    """(Reconciling, Stalled): what kstatus, and so a Flux health check, reads."""
+    return (
+        cluster.condition(ConditionType.RECONCILING).status,
+        cluster.condition(ConditionType.STALLED).status,
+    )
+
+
+def test_kstatus_sees_in_progress_until_ready_and_failed_on_a_failed_build():
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    assert kstatus(cluster) == (TRUE, FALSE)  # building
+    cluster.succeed_job(cluster.jobs()[0]["metadata"]["name"], DIGEST_A)
+    cluster.reconcile(T0 + timedelta(seconds=1))
+    assert kstatus(cluster) == (TRUE, FALSE)  # rolling out
+    cluster.roll_out()
+    cluster.reconcile(T0 + timedelta(seconds=2))
+    assert kstatus(cluster) == (FALSE, FALSE)  # current
+    cluster.update_spec(make_spec(engine={"precision": "fp16"}))
+    cluster.reconcile(T0 + timedelta(seconds=3))
+    (job,) = [j for j in cluster.jobs() if "status" not in j]
+    cluster.fail_job(job["metadata"]["name"], "BackoffLimitExceeded", "limit", "boom")
+    cluster.reconcile(T0 + timedelta(seconds=4))
+    assert kstatus(cluster) == (FALSE, TRUE)  # failed
+    assert cluster.condition(ConditionType.STALLED).reason == Reason.ENGINE_BUILD_FAILED
 
 
 def test_an_event_is_emitted_on_every_transition_and_only_then():
@@ -129,6 +158,9 @@ def test_an_invalid_spec_sets_degraded_with_the_validation_message_and_touches_n
     assert "precision int8 needs calibration data" in conditions[DEGRADED].message
     assert "spec.engine.calibration" in conditions[DEGRADED].message
     assert (conditions[READY].status, conditions[READY].reason) == (FALSE, Reason.INVALID_SPEC)
+    stalled = conditions[ConditionType.STALLED]
+    assert (stalled.status, stalled.reason) == (TRUE, Reason.INVALID_SPEC)
+    assert conditions[ConditionType.RECONCILING].status == FALSE
     assert conditions[DEGRADED].observed_generation == 2
     assert decision.status.phase == Phase.FAILED
     assert decision.status.serving == cluster.status.serving

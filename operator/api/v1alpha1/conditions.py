@@ -21,6 +21,8 @@ class ConditionType(StrEnum):
     PROGRESSING = "Progressing"
     SHADOW_PASSED = "ShadowPassed"
     DEGRADED = "Degraded"
+    RECONCILING = "Reconciling"
+    STALLED = "Stalled"
 
 
 class ConditionStatus(StrEnum):
@@ -57,8 +59,9 @@ class Condition(ApiModel):
     """One aspect of the InferenceDeployment's state (metav1.Condition)."""
 
     type: ConditionType
-    """Which aspect: Ready (the summary kstatus, Flux and `kubectl wait` read), EngineReady,
-    Available, Progressing, ShadowPassed or Degraded."""
+    """Which aspect: Ready (the summary, for `kubectl wait --for=condition=Ready`), EngineReady,
+    Available, Progressing, ShadowPassed, Degraded, or Reconciling and Stalled (the
+    abnormal-true pair kstatus, and so Flux, reads)."""
 
     status: ConditionStatus
     """True, False or Unknown."""

@@ -76,7 +76,8 @@ class InferenceDeploymentStatus(ApiModel):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    """Ready (the summary), EngineReady, Available, Progressing, ShadowPassed, Degraded."""
+    """Ready (the summary), EngineReady, Available, Progressing, ShadowPassed, Degraded,
+    Reconciling and Stalled (for kstatus)."""
 
     engine: EngineStatus | None = None
     """The current generation's engine."""
