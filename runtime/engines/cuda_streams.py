@@ -73,14 +73,21 @@ class CudaContext:
         self.device = cuda.Device(device_index)
         self._context: Any = self.device.retain_primary_context()
 
+    def push(self) -> None:
+        """Makes the primary context current on this thread (pair with `pop`)."""
+        self._context.push()
+
+    def pop(self) -> None:
+        self.cuda.Context.pop()
+
     @contextmanager
     def active(self) -> Iterator[None]:
         """The primary context is current on this thread inside the block."""
-        self._context.push()
+        self.push()
         try:
             yield
         finally:
-            self.cuda.Context.pop()
+            self.pop()
 
     def close(self) -> None:
         """Drops our handle on the primary context. It is not released explicitly:
@@ -159,7 +166,8 @@ class CudaSlot:
             raise EngineError("the slot is closed")
         cuda = self.context.cuda
         inputs, outputs = self._input_views[batch_size], self._output_views[batch_size]
-        with self.context.active():
+        self.context.push()  # push/pop rather than `active()`: no generator per batch
+        try:
             for name, view in inputs.items():
                 # A view of the first rows is contiguous: the copy moves n rows only.
                 cuda.memcpy_htod_async(self.device_inputs[name], view, self.stream)
@@ -168,6 +176,8 @@ class CudaSlot:
                 cuda.memcpy_dtoh_async(view, self.device_outputs[name], self.stream)
             self.done.record(self.stream)
             self.done.synchronize()
+        finally:
+            self.context.pop()
         return outputs
 
     def close(self) -> None:

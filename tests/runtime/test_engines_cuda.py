@@ -43,14 +43,15 @@ def test_pycuda_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> Non
 
 # ----------------------------------------------------------------------------- on a GPU
 
-X = TensorSpec("x", "FP32", (-1, 256))
-Y = TensorSpec("y", "FP32", (-1, 256))
+WIDTH = 4096  # a 16 KiB row: any per-batch host array would be at least that
+X = TensorSpec("x", "FP32", (-1, WIDTH))
+Y = TensorSpec("y", "FP32", (-1, WIDTH))
 
 
 def copy_rows(batch_size: int, slot: cuda_streams.CudaSlot) -> None:
     """The compute of the identity slot: y = x, on the slot's stream."""
     slot.context.cuda.memcpy_dtod_async(
-        slot.device_outputs["y"], slot.device_inputs["x"], batch_size * 256 * 4, slot.stream
+        slot.device_outputs["y"], slot.device_inputs["x"], batch_size * WIDTH * 4, slot.stream
     )
 
 
@@ -65,10 +66,10 @@ def test_a_slot_returns_each_batch_for_every_size(context: cuda_streams.CudaCont
     rng = np.random.default_rng(0)
     try:
         for n in range(1, 17):
-            batch = rng.standard_normal((n, 256)).astype(np.float32)
+            batch = rng.standard_normal((n, WIDTH)).astype(np.float32)
             slot.input_views(n)["x"][...] = batch
             out = slot.run(n)["y"]
-            assert out.shape == (n, 256)
+            assert out.shape == (n, WIDTH)
             np.testing.assert_array_equal(out, batch)
         with pytest.raises(BatchSizeError):
             slot.run(17)
@@ -103,7 +104,7 @@ def test_a_slot_allocates_nothing_per_batch(context: cuda_streams.CudaContext) -
         with context.active():
             free_after, _ = cuda.mem_get_info()
         assert free_after == free_before, "device memory changed during 400 batches"
-        assert traced_growth < 256 * 4, f"host side allocated {traced_growth} B"
+        assert traced_growth < WIDTH * 4, f"host side allocated {traced_growth} B"
         assert (slot.input_pointers, slot.output_pointers) == pointers
         assert {
             k: v.ctypes.data for k, v in {**slot.host_inputs, **slot.host_outputs}.items()
@@ -115,7 +116,7 @@ def test_a_slot_allocates_nothing_per_batch(context: cuda_streams.CudaContext) -
 @pytest.mark.gpu
 def test_two_slots_in_threads_keep_their_results_apart(context: cuda_streams.CudaContext) -> None:
     slots = [cuda_streams.CudaSlot(context, (X,), (Y,), 8, copy_rows) for _ in range(2)]
-    batches = [np.full((8, 256), i + 1, np.float32) for i in range(2)]
+    batches = [np.full((8, WIDTH), i + 1, np.float32) for i in range(2)]
     errors: list[BaseException] = []
     barrier = threading.Barrier(2)
 
@@ -158,10 +159,11 @@ def test_a_cupy_matmul_on_the_slot_stream_equals_numpy(
             y = device_array(slot.output_pointers["y"], n, slot)
             cupy.matmul(x, device_weight, out=y)
 
-    slot = cuda_streams.CudaSlot(context, (X,), (Y,), 8, matmul)
+    narrow = (TensorSpec("x", "FP32", (-1, 256)), TensorSpec("y", "FP32", (-1, 256)))
+    slot = cuda_streams.CudaSlot(context, narrow[:1], narrow[1:], 8, matmul)
     try:
         for n in (1, 5, 8):
-            batch = rng.standard_normal((n, 256)).astype(np.float32)
+            batch = rng.standard_normal((n, WIDTH)).astype(np.float32)
             slot.input_views(n)["x"][...] = batch
             np.testing.assert_allclose(slot.run(n)["y"], batch @ weight, rtol=1e-3, atol=1e-3)
     finally:
