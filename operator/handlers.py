@@ -1,0 +1,163 @@
+"""kopf handlers: every trigger calls the same level-triggered reconcile.
+
+Create, update, resume and any event on a child (a build Job, its pods, the runtime
+Deployment, ConfigMap, Service, cache claim) call `Reconciler.reconcile` for the
+InferenceDeployment concerned, and the reconciler schedules the periodic resync itself
+(see its docstring for why not a kopf timer); the handlers never branch on what
+happened. Errors map to kopf's retry classes here and only here: a spec the
+model refuses has been written into the status and is a `PermanentError` (kopf does not
+retry it until the spec changes); anything else is a `TemporaryError`, retried after a
+delay that is short for conflicts and throttling and longer otherwise.
+
+`register` adds the handlers to a registry instead of decorating at import time, so the
+operator command and each test build their own registry, settings and credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import kopf
+from kubeinfer.operator.api.v1alpha1.resource import GROUP, PLURAL, VERSION
+from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest
+from kubeinfer.operator.kube.client import (
+    CONFIGMAP,
+    DEPLOYMENT,
+    JOB,
+    POD,
+    PVC,
+    SERVICE,
+    ApiError,
+    KubeClient,
+    ResourceType,
+)
+from kubeinfer.operator.reconcile.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
+from kubeinfer.operator.reconciler import Reconciler
+from kubeinfer.operator.settings import OperatorSettings
+
+ANNOTATION_PREFIX = "kubeinfer.io"
+"""kopf keeps its progress and last-handled spec in annotations under this prefix, so
+nothing but the operator's own fields ever appears in the status."""
+
+RETRY_SOON_SECONDS = 2.0
+RETRY_LATER_SECONDS = 30.0
+
+CHILD_RESOURCES = (JOB, POD, DEPLOYMENT, CONFIGMAP, SERVICE, PVC)
+
+Login = Callable[..., Awaitable[kopf.ConnectionInfo | None] | kopf.ConnectionInfo | None]
+
+
+@dataclass
+class OperatorContext:
+    """What the handlers share: the settings and, once logged in, the reconciler."""
+
+    settings: OperatorSettings
+    reconciler: Reconciler | None = None
+    clients: list[KubeClient] = field(default_factory=list)
+
+    def connect(self, connection: kopf.ConnectionInfo) -> None:
+        """(Re)builds the API client from fresh credentials; passes keep their locks."""
+        client = KubeClient(connection, field_manager=self.settings.field_manager)
+        self.clients.append(client)
+        if self.reconciler is None:
+            self.reconciler = Reconciler(client, self.settings)
+        else:
+            self.reconciler.client = client
+
+    async def close(self) -> None:
+        if self.reconciler is not None:
+            await self.reconciler.close()
+        for client in self.clients:
+            await client.close()
+        self.clients.clear()
+
+
+def configure_kopf(kopf_settings: kopf.OperatorSettings) -> kopf.OperatorSettings:
+    """Applies the operator's choices to the settings given to `kopf.operator`: kopf's
+    own bookkeeping in `kubeinfer.io/` annotations; no Events posted by kopf (the
+    operator posts one per status transition); child watches filtered by the API server
+    to the operator's objects; no scanning of CRDs and namespaces (the resources are
+    known, the namespaces named), which keeps the RBAC rules to what reconciling needs."""
+    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX
+    )
+    kopf_settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    kopf_settings.posting.enabled = False
+    for child in CHILD_RESOURCES:
+        kopf_settings.watching.label_selectors[_is(child)] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+    kopf_settings.scanning.disabled = True
+    return kopf_settings
+
+
+def _is(child: ResourceType) -> Callable[[kopf.Resource], bool]:
+    return lambda resource: (resource.group, resource.plural) == (child.group, child.plural)
+
+
+def register(
+    registry: kopf.OperatorRegistry,
+    settings: OperatorSettings,
+    login: Login | None = None,
+) -> OperatorContext:
+    """Adds every handler to `registry`. `login` returns the API credentials (default:
+    kubeconfig or the in-cluster service account, as kopf finds them)."""
+    context = OperatorContext(settings)
+    owner = (GROUP, VERSION, PLURAL)
+
+    @kopf.on.login(registry=registry)
+    async def authenticate(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        result = (login or kopf.login_via_client)(**kwargs)
+        connection = await result if isinstance(result, Awaitable) else result
+        if connection is not None:
+            context.connect(connection)
+        return connection
+
+    @kopf.on.cleanup(registry=registry)
+    async def close(**_: Any) -> None:
+        await context.close()
+
+    async def reconcile(namespace: str, name: str) -> None:
+        if context.reconciler is None:
+            raise kopf.TemporaryError("Not logged in to the API server yet.", delay=1)
+        try:
+            await context.reconciler.reconcile(namespace, name)
+        except InvalidManifest as invalid:
+            raise kopf.PermanentError(f"Invalid spec: {invalid}") from None
+        except ApiError as error:
+            delay = RETRY_SOON_SECONDS if error.retryable else RETRY_LATER_SECONDS
+            raise kopf.TemporaryError(f"API request refused: {error}", delay=delay) from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            message = f"API unreachable: {error!r}"
+            raise kopf.TemporaryError(message, delay=RETRY_SOON_SECONDS) from None
+
+    @kopf.on.resume(*owner, registry=registry)
+    @kopf.on.create(*owner, registry=registry)
+    @kopf.on.update(*owner, registry=registry)
+    async def reconcile_on_change(namespace: str, name: str, **_: Any) -> None:
+        await reconcile(namespace, name)
+
+    for child in CHILD_RESOURCES:
+
+        @kopf.on.event(
+            child.group,
+            child.version,
+            child.plural,
+            registry=registry,
+            labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_INSTANCE: kopf.PRESENT},
+            id=f"reconcile_owner_of_{child.plural}",
+        )
+        async def reconcile_owner(
+            namespace: str, labels: dict[str, str], logger: logging.Logger, **_: Any
+        ) -> None:
+            try:
+                await reconcile(namespace, labels[LABEL_INSTANCE])
+            except (kopf.PermanentError, kopf.TemporaryError) as error:
+                # kopf does not retry event handlers; the owner's resync retries.
+                logger.info(f"Reconcile after a child's change failed: {error}")
+
+    return context

@@ -1,0 +1,1 @@
+"""I/O with the Kubernetes API: the client, gathering observations, applying decisions."""

@@ -1,0 +1,109 @@
+"""Carries out a `Decision`: server-side apply of children, deletes, the status, events.
+
+Which children to write is the pure core's decision (`Decision.apply` holds only the
+missing or changed ones); this module only performs it, in the order given. The status is
+written with a JSON patch guarded by a `resourceVersion` test, replacing the whole
+status at once (never a merge-patch of the conditions list); a conflict means someone
+wrote in between, and the pass is retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
+from kubeinfer.operator.kube.client import (
+    INFERENCE_DEPLOYMENT,
+    RESOURCES,
+    KubeClient,
+    KubeObject,
+)
+from kubeinfer.operator.reconcile.snapshot import Event, ObservedState, OwnerRef
+
+REPORTING_COMPONENT = "kubeinfer-operator"
+
+
+def observed_children(observed: ObservedState) -> set[tuple[str, str]]:
+    """(kind, name) of every observed child that can be deleted."""
+    slots = [
+        ("PersistentVolumeClaim", observed.pvc),
+        ("ConfigMap", observed.configmap),
+        ("Deployment", observed.deployment),
+        ("Service", observed.service),
+        *(("Job", job) for job in observed.jobs),
+    ]
+    # Items of a LIST carry no kind of their own, so the slot names it.
+    return {(kind, o["metadata"]["name"]) for kind, o in slots if o is not None}
+
+
+async def apply_children(client: KubeClient, children: Iterable[KubeObject]) -> int:
+    """Server-side applies each child, in order; returns how many were written."""
+    written = 0
+    for child in children:
+        await client.apply(child)
+        written += 1
+    return written
+
+
+async def delete_children(
+    client: KubeClient, targets: Iterable[tuple[str, str]], observed: ObservedState
+) -> int:
+    """Deletes the (kind, name) children that exist; returns how many were deleted."""
+    live = observed_children(observed)
+    deleted = 0
+    for kind, name in targets:
+        if (kind, name) in live:
+            deleted += await client.delete(RESOURCES[kind], observed.owner.namespace, name)
+    return deleted
+
+
+def status_document(status: InferenceDeploymentStatus) -> dict[str, Any]:
+    """The status as the API stores it (camelCase, unset fields left out)."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+async def patch_status(
+    client: KubeClient, owner: OwnerRef, status: InferenceDeploymentStatus, resource_version: str
+) -> KubeObject:
+    """Replaces the status, if the object is still at `resource_version` (else 409/422)."""
+    operations = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+        {"op": "add", "path": "/status", "value": status_document(status)},
+    ]
+    return await client.json_patch(
+        INFERENCE_DEPLOYMENT, owner.namespace, owner.name, operations, subresource="status"
+    )
+
+
+def event_object(owner: OwnerRef, event: Event, now: datetime) -> KubeObject:
+    """A core/v1 Event about the InferenceDeployment (what `kubectl describe` lists)."""
+    timestamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{owner.name}.", "namespace": owner.namespace},
+        "involvedObject": {
+            "apiVersion": INFERENCE_DEPLOYMENT.api_version,
+            "kind": INFERENCE_DEPLOYMENT.kind,
+            "name": owner.name,
+            "namespace": owner.namespace,
+            "uid": owner.uid,
+        },
+        "type": event.type,
+        "reason": event.reason,
+        "message": event.message[:1024],
+        "source": {"component": REPORTING_COMPONENT},
+        "reportingComponent": REPORTING_COMPONENT,
+        "firstTimestamp": timestamp,
+        "lastTimestamp": timestamp,
+        "count": 1,
+    }
+
+
+async def post_events(
+    client: KubeClient, owner: OwnerRef, events: Iterable[Event], now: datetime
+) -> None:
+    for event in events:
+        await client.create(event_object(owner, event, now))

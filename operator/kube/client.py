@@ -1,0 +1,203 @@
+"""A small async Kubernetes REST client: the operator's only door to the API server.
+
+Why not kopf's internal client: it is private API. Why not the generated `kubernetes`
+client: it is synchronous and turns objects into models, while the operator works with
+plain dicts and server-side apply. The credentials come from kopf's public login
+functions (`kopf.ConnectionInfo`), so kubeconfig, in-cluster service accounts and test
+servers all work the same way.
+
+Every call is one HTTP request; errors carry their HTTP status (`ApiError.status`), and
+`retryable` says whether trying again later can help. Every kind the operator touches is
+listed once in `RESOURCES`; `kubeinfer.operator.rbac` derives the RBAC rules from the
+same table.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import kopf
+
+KubeObject = dict[str, Any]
+
+FIELD_MANAGER = "kubeinfer"
+BACKGROUND = "Background"
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    """Where a kind lives in the REST API."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        path = f"{root}/namespaces/{namespace}/{self.plural}"
+        if name is not None:
+            path += f"/{name}"
+            if subresource is not None:
+                path += f"/{subresource}"
+        return path
+
+
+INFERENCE_DEPLOYMENT = ResourceType(
+    "kubeinfer.io", "v1alpha1", "inferencedeployments", "InferenceDeployment"
+)
+PVC = ResourceType("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+CONFIGMAP = ResourceType("", "v1", "configmaps", "ConfigMap")
+SERVICE = ResourceType("", "v1", "services", "Service")
+POD = ResourceType("", "v1", "pods", "Pod")
+EVENT = ResourceType("", "v1", "events", "Event")
+DEPLOYMENT = ResourceType("apps", "v1", "deployments", "Deployment")
+JOB = ResourceType("batch", "v1", "jobs", "Job")
+
+RESOURCES: dict[str, ResourceType] = {
+    r.kind: r for r in (INFERENCE_DEPLOYMENT, PVC, CONFIGMAP, SERVICE, POD, EVENT, DEPLOYMENT, JOB)
+}
+"""Every kind the operator reads or writes, by kind."""
+
+
+class ApiError(Exception):
+    """A request the API server refused; `status` is its HTTP status."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def retryable(self) -> bool:
+        """Conflicts, throttling and server errors pass; 4xx validation errors do not."""
+        return self.status in (409, 429) or self.status >= 500
+
+
+class KubeClient:
+    """One aiohttp session to one API server. Use `async with` or call `close()`."""
+
+    def __init__(self, connection: kopf.ConnectionInfo, field_manager: str = FIELD_MANAGER) -> None:
+        self.field_manager = field_manager
+        self.server = connection.server.rstrip("/")
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=connection.as_ssl_context()),
+            headers={"User-Agent": "kubeinfer-operator", **connection.as_http_headers()},
+            trust_env=connection.trust_env,
+        )
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> KubeObject:
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        async with self._session.request(
+            method, self.server + path, params=params, data=data, headers=headers
+        ) as response:
+            text = await response.text()
+            try:
+                payload = json.loads(text) if text else {}
+            except ValueError:
+                payload = {"message": text[:500]}
+            if response.status >= 400:
+                raise ApiError(
+                    response.status,
+                    str(payload.get("reason") or response.reason or "Error"),
+                    str(payload.get("message") or text[:500]),
+                )
+            return payload if isinstance(payload, dict) else {}
+
+    async def get(self, resource: ResourceType, namespace: str, name: str) -> KubeObject | None:
+        """The object, or None when it does not exist (404 is absence, not an error)."""
+        try:
+            return await self._request("GET", resource.path(namespace, name))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def list(
+        self, resource: ResourceType, namespace: str, label_selector: str
+    ) -> list[KubeObject]:
+        """Objects of one kind in one namespace matching a label selector."""
+        result = await self._request(
+            "GET", resource.path(namespace), params={"labelSelector": label_selector}
+        )
+        return list(result.get("items") or [])
+
+    async def apply(self, obj: KubeObject, *, subresource: str | None = None) -> KubeObject:
+        """Server-side apply as our field manager (`kubeinfer`), forcing ownership of conflicts:
+        the operator is the only writer of what it renders."""
+        resource = RESOURCES[obj["kind"]]
+        meta = obj["metadata"]
+        return await self._request(
+            "PATCH",
+            resource.path(meta["namespace"], meta["name"], subresource),
+            params={"fieldManager": self.field_manager, "force": "true"},
+            body=obj,
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def json_patch(
+        self,
+        resource: ResourceType,
+        namespace: str,
+        name: str,
+        operations: list[dict[str, Any]],
+        *,
+        subresource: str | None = None,
+    ) -> KubeObject:
+        """An RFC 6902 JSON patch (use a `test` operation for optimistic concurrency)."""
+        return await self._request(
+            "PATCH",
+            resource.path(namespace, name, subresource),
+            params={"fieldManager": self.field_manager},
+            body=operations,
+            content_type="application/json-patch+json",
+        )
+
+    async def create(self, obj: KubeObject) -> KubeObject:
+        resource = RESOURCES[obj["kind"]]
+        return await self._request(
+            "POST",
+            resource.path(obj["metadata"]["namespace"]),
+            params={"fieldManager": self.field_manager},
+            body=obj,
+        )
+
+    async def delete(self, resource: ResourceType, namespace: str, name: str) -> bool:
+        """Deletes in the background (dependents are garbage-collected); False if absent."""
+        try:
+            await self._request(
+                "DELETE",
+                resource.path(namespace, name),
+                body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": BACKGROUND},
+            )
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True

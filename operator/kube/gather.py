@@ -1,0 +1,93 @@
+"""Builds the `ObservedState` one reconcile pass decides from: what exists, read fresh.
+
+Children are found by their labels (one LIST per kind, in parallel) and kept only when
+an ownerReference points at this InferenceDeployment's uid, so an unrelated object that
+happens to carry the labels is never adopted. A child that is missing is simply absent
+(None or an empty tuple): absence is an observation, not an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
+from kubeinfer.operator.kube.client import (
+    CONFIGMAP,
+    DEPLOYMENT,
+    JOB,
+    POD,
+    PVC,
+    SERVICE,
+    KubeClient,
+    KubeObject,
+)
+from kubeinfer.operator.reconcile.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
+from kubeinfer.operator.reconcile.snapshot import ObservedState, OwnerRef
+from pydantic import ValidationError
+
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+
+
+def children_selector(owner_name: str) -> str:
+    """The label selector every child of one InferenceDeployment matches."""
+    return f"{LABEL_INSTANCE}={owner_name},{LABEL_MANAGED_BY}={MANAGED_BY}"
+
+
+def owner_ref_from_body(body: dict[str, Any]) -> OwnerRef:
+    meta = body["metadata"]
+    return OwnerRef(
+        name=meta["name"],
+        namespace=meta["namespace"],
+        uid=meta.get("uid", ""),
+        generation=int(meta.get("generation") or 1),
+    )
+
+
+def stored_status(body: dict[str, Any]) -> InferenceDeploymentStatus:
+    """The status as stored; a status the model cannot read (written by hand, or by an
+    older operator) counts as empty and is rewritten in full."""
+    try:
+        return InferenceDeploymentStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return InferenceDeploymentStatus()
+
+
+def _owned_by(obj: KubeObject, uid: str) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == uid for ref in refs)
+
+
+def _single(objects: list[KubeObject]) -> KubeObject | None:
+    """The owned object of a kind that has one per InferenceDeployment (first by name)."""
+    return min(objects, key=lambda o: o["metadata"]["name"]) if objects else None
+
+
+async def gather(
+    client: KubeClient, body: dict[str, Any], spec: InferenceDeploymentSpec
+) -> ObservedState:
+    """Reads every child of the InferenceDeployment in `body` and its build Jobs' pods."""
+    owner = owner_ref_from_body(body)
+    selector = children_selector(owner.name)
+    kinds = (PVC, CONFIGMAP, DEPLOYMENT, SERVICE, JOB)
+    listed = await asyncio.gather(*(client.list(k, owner.namespace, selector) for k in kinds))
+    pvcs, configmaps, deployments, services, jobs = (
+        [o for o in objects if _owned_by(o, owner.uid)] for objects in listed
+    )
+    jobs.sort(key=lambda o: o["metadata"]["name"])
+    pods: list[KubeObject] = []
+    if jobs:
+        names = ",".join(job["metadata"]["name"] for job in jobs)
+        pods = await client.list(POD, owner.namespace, f"{JOB_NAME_LABEL} in ({names})")
+        pods.sort(key=lambda o: o["metadata"]["name"])
+    return ObservedState(
+        owner=owner,
+        spec=spec,
+        status=stored_status(body),
+        pvc=_single(pvcs),
+        configmap=_single(configmaps),
+        deployment=_single(deployments),
+        service=_single(services),
+        jobs=tuple(jobs),
+        job_pods=tuple(pods),
+    )

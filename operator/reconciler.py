@@ -1,0 +1,146 @@
+"""One reconcile pass: gather (I/O) → decide (pure) → apply (I/O) → status, if changed.
+
+This is the only module that joins the pure core with the API. Every trigger (create,
+update, resume, an event on a child, the periodic resync) ends in
+`Reconciler.reconcile(namespace, name)`, which re-reads the InferenceDeployment, so a
+pass never acts on a stale copy of it. Passes over one object are serialised by a lock:
+two triggers arriving together cannot both create a child.
+
+The periodic resync is scheduled here, after each pass: sooner when the decision asks
+for it (a running build is polled, a failed one retried after its backoff), else after
+`resync_interval_seconds`. A kopf timer would do the same, but kopf puts a finalizer on
+every object with a timer, which blocks `kubectl delete` whenever the operator is down;
+children need no finalizer, since their ownerReferences let the garbage collector
+remove them. On a restart, kopf's resume handler starts the cycle again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
+from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_spec
+from kubeinfer.operator.kube import apply
+from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, KubeClient
+from kubeinfer.operator.kube.gather import gather, owner_ref_from_body, stored_status
+from kubeinfer.operator.reconcile.decide import decide, decide_invalid
+from kubeinfer.operator.reconcile.snapshot import Decision
+from kubeinfer.operator.settings import OperatorSettings
+
+logger = logging.getLogger(__name__)
+
+
+def utc_now() -> datetime:
+    """Now, to the second: Kubernetes timestamps carry no fraction."""
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one pass did; `decision` is None when the object no longer exists."""
+
+    decision: Decision | None
+    writes: int = 0
+
+
+class Reconciler:
+    """Reconciles InferenceDeployments through one client; schedules requeues itself."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        settings: OperatorSettings,
+        clock: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.client = client
+        self.settings = settings
+        self.clock = clock
+        self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._requeues: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[Outcome]] = set()
+
+    async def reconcile(self, namespace: str, name: str) -> Outcome:
+        """One pass. Raises InvalidManifest (after recording it in the status) for a spec
+        the model refuses, ApiError for a request the API server refused."""
+        async with self._locks[namespace, name]:
+            try:
+                outcome = await self._pass(namespace, name)
+            except InvalidManifest:
+                self._schedule(namespace, name, None)  # only a new spec can help
+                raise
+            except Exception:
+                self._schedule(namespace, name, self.settings.resync_interval_seconds)
+                raise
+            if outcome.decision is None:
+                self._schedule(namespace, name, None)
+            else:
+                delay = outcome.decision.requeue_after_seconds
+                self._schedule(namespace, name, delay or self.settings.resync_interval_seconds)
+            return outcome
+
+    async def _pass(self, namespace: str, name: str) -> Outcome:
+        body = await self.client.get(INFERENCE_DEPLOYMENT, namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return Outcome(None)
+        owner = owner_ref_from_body(body)
+        try:
+            spec = parse_spec(body.get("spec"))
+        except InvalidManifest as invalid:
+            current = stored_status(body)
+            decision = decide_invalid(owner, current, invalid, self.clock())
+            await self._carry_out(body, decision, current)
+            raise
+        observed = await gather(self.client, body, spec)
+        decision = decide(observed, self.settings, self.clock())
+        writes = await apply.apply_children(self.client, decision.apply)
+        writes += await apply.delete_children(self.client, decision.delete, observed)
+        writes += await self._carry_out(body, decision, observed.status)
+        return Outcome(decision, writes)
+
+    async def _carry_out(
+        self, body: dict[str, Any], decision: Decision, current: InferenceDeploymentStatus
+    ) -> int:
+        """Writes the status if it changed, then the events; returns the writes made."""
+        owner = owner_ref_from_body(body)
+        writes = 0
+        if decision.status != current:
+            version = body["metadata"]["resourceVersion"]
+            await apply.patch_status(self.client, owner, decision.status, version)
+            writes += 1
+        await apply.post_events(self.client, owner, decision.events, self.clock())
+        return writes + len(decision.events)
+
+    def _schedule(self, namespace: str, name: str, delay: float | None) -> None:
+        """Arranges one more pass after `delay` seconds (replacing an earlier request)."""
+        key = (namespace, name)
+        if (previous := self._requeues.pop(key, None)) is not None:
+            previous.cancel()
+        if delay is not None:
+            loop = asyncio.get_running_loop()
+            self._requeues[key] = loop.call_later(max(delay, 0.0), self._requeue, key)
+
+    def _requeue(self, key: tuple[str, str]) -> None:
+        self._requeues.pop(key, None)
+        task = asyncio.get_running_loop().create_task(self.reconcile(*key))
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Outcome]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.warning("Resync failed and is retried: %s", error)
+
+    async def close(self) -> None:
+        """Cancels pending requeues and the passes they started."""
+        for handle in self._requeues.values():
+            handle.cancel()
+        self._requeues.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
