@@ -99,10 +99,22 @@ def _observed_child(observed: ObservedState, kind: str, name: str) -> KubeObject
     return None
 
 
+CREATE_ONLY = frozenset({"Job", "PersistentVolumeClaim"})
+"""Kinds written only when missing. A Job's pod template is immutable, and a change
+outside the engine inputs (resources, image, tolerations) must not disturb a build under
+way: the next attempt, if any, is created from the new spec. A claim's class and access
+modes are immutable and its size may only grow, so re-applying a changed cache spec would
+be refused on every pass: the claim is created once and resized on the claim itself."""
+
+
 def needs_write(child: KubeObject, observed: ObservedState) -> bool:
     """A desired child must be applied when it is missing or its input hash changed."""
     existing = _observed_child(observed, child["kind"], child["metadata"]["name"])
-    return existing is None or build.input_hash(existing) != build.input_hash(child)
+    if existing is None:
+        return True
+    return child["kind"] not in CREATE_ONLY and build.input_hash(existing) != build.input_hash(
+        child
+    )
 
 
 def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -> Decision:

@@ -305,7 +305,7 @@ def engine_state(observed: ObservedState, settings: OperatorSettings, now: datet
         EnginePhase.FAILED,
         key,
         job_name=job_name,
-        message=f"Job {job_name} failed: {failure}. Retrying at {retry_at.isoformat()}.",
+        message=f"Job {job_name} failed: {failure}. Retrying at {retry_at:%Y-%m-%dT%H:%M:%SZ}.",
         retry_at=retry_at,
         delete_jobs=stale,
     )

@@ -204,9 +204,8 @@ def test_a_version_change_builds_first_and_keeps_the_old_digest_until_built():
     )
     later = T0 + timedelta(hours=1)
     decision = cluster.reconcile(later)
-    # The new build starts (the cache claim's version label follows the spec); the
-    # runtime's ConfigMap and Deployment are not touched.
-    assert kinds(decision.apply) == ["Job", "PersistentVolumeClaim"]
+    # The new build starts; the runtime's ConfigMap and Deployment are not touched.
+    assert kinds(decision.apply) == ["Job"]
     assert cluster.get("Deployment") == old_deployment
     assert served_digest(cluster) == DIGEST_A
     assert cluster.condition(READY).status == FALSE
@@ -299,3 +298,22 @@ def test_a_completed_job_whose_pod_is_not_seen_yet_waits_then_retries():
     decision = cluster.reconcile(T0 + timedelta(minutes=2))
     (retry,) = decision.apply
     assert retry["metadata"]["labels"][names.LABEL_BUILD_ATTEMPT] == "1"
+
+
+def test_a_build_under_way_and_the_cache_claim_are_not_rewritten_when_other_fields_change():
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    (job,) = cluster.jobs()
+    # A Job's pod template is immutable: re-applying a changed one would be refused.
+    # Nor is a claim's storage class or access mode: the claim is created once.
+    cluster.update_spec(
+        make_spec(
+            runtime={"resources": {"cpu": "4"}},
+            model={"version": "1b"},
+            engine={"cache": {"storageClassName": "other", "accessMode": "ReadWriteMany"}},
+        )
+    )
+    decision = cluster.reconcile(T0 + timedelta(minutes=1))
+    assert decision.apply == ()
+    assert cluster.jobs() == [job]
+    assert cluster.condition(ENGINE).reason == Reason.ENGINE_BUILDING
