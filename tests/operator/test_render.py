@@ -1,6 +1,6 @@
 """`kubeinfer render FILE`: golden YAML for each example manifest, every rendered object
-valid against the Kubernetes 1.33 schemas (strict: an unknown field fails), and clear
-errors for bad input.
+valid against the Kubernetes 1.33 schemas and the newest kubernetes-validate has (strict:
+an unknown field fails), and clear errors for bad input.
 
 Regenerate the golden files after an intended change with
 `KUBEINFER_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/operator/test_render.py`,
@@ -59,7 +59,8 @@ def test_every_rendered_object_is_valid_kubernetes(path):
     objects = rendered_objects(path)
     assert objects
     for obj in objects:
-        validate_kubernetes(obj)
+        validate_kubernetes(obj)  # 1.33, the oldest release we target
+        kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
         meta = obj["metadata"]
         (owner,) = meta["ownerReferences"]
         assert owner["kind"] == "InferenceDeployment" and owner["controller"] is True
