@@ -7,7 +7,9 @@ a full queue refuses at once with 503 + Retry-After; a request whose deadline pa
 the queue is answered with a timeout and never executed; one engine error fans out to
 every request of its batch and the next batch runs fine; a cancelled request is not
 executed; a lone request pays no delay even with a long queue delay; several slots run
-concurrently; draining refuses new requests and answers every queued one.
+concurrently; draining refuses new requests and answers every queued one; a lone small
+request on an idle server runs on the event loop once small batches are known to be fast,
+and in a worker thread otherwise.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class GatedEngine:
         self.gate = threading.Event()
         self.gate.set()
         self.batches: list[int] = []
+        self.threads: list[int] = []
         self.running = 0
         self.max_running = 0
         self.fail_rows: int | None = None
@@ -72,6 +75,7 @@ class GatedSlot:
             if batch_size == owner.fail_rows:
                 raise RuntimeError("simulated engine failure")
             owner.batches.append(batch_size)
+            owner.threads.append(threading.get_ident())
             return self.slot.run(batch_size)
         finally:
             with owner._lock:
@@ -234,4 +238,29 @@ async def test_drain_refuses_new_requests_and_answers_queued_ones(gated) -> None
     assert await drain is True
     results = await asyncio.gather(running, *queued)
     assert all(r["logits"].shape == (1, 10) for r in results)
+    await batcher.close()
+
+
+async def test_a_lone_fast_request_runs_on_the_event_loop(gated, reference) -> None:
+    # "Fast" is generous here: a busy test machine must not make the tiny model slow.
+    batcher = Batcher(gated, BatchingPolicy(execution_slots=1), inline_below_seconds=1.0)
+    await batcher.start()
+    first = await batcher.infer({"input": rows(1, 0)}, 1)  # unknown speed: a worker thread
+    second = await batcher.infer({"input": rows(2, 1)}, 2)  # known fast, server idle: inline
+    assert gated.threads[0] != threading.get_ident()
+    assert gated.threads[1] == threading.get_ident()
+    np.testing.assert_allclose(first["logits"], reference(rows(1, 0)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(second["logits"], reference(rows(2, 1)), rtol=1e-5, atol=1e-6)
+    gated.fail_rows = 1
+    with pytest.raises(EngineFailed):  # an inline engine error is the request's 500
+        await batcher.infer({"input": rows(1, 2)}, 1)
+    await batcher.close()
+
+
+async def test_slow_batches_always_run_in_worker_threads(gated) -> None:
+    batcher = Batcher(gated, BatchingPolicy(execution_slots=1), inline_below_seconds=0.0)
+    await batcher.start()
+    for seed in range(3):
+        await batcher.infer({"input": rows(1, seed)}, 1)
+    assert threading.get_ident() not in gated.threads
     await batcher.close()
