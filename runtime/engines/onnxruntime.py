@@ -129,8 +129,10 @@ def _probe_output_specs(
     outputs: tuple[TensorSpec, ...],
     unresolved: list[str],
 ) -> tuple[TensorSpec, ...]:
-    """Output shapes the model leaves symbolic, read from one run on a batch of zeros."""
-    feed = {s.name: np.zeros((1, *s.item_shape), s.dtype) for s in inputs}
+    """Output shapes the model leaves symbolic, read from one run on a batch of two rows
+    of zeros (two, so that an output whose first dimension does not follow the batch is
+    caught)."""
+    feed = {s.name: np.zeros((2, *s.item_shape), s.dtype) for s in inputs}
     try:
         results = session.run([s.name for s in outputs], feed)
     except Exception as error:  # ONNX Runtime raises its own exception types
@@ -139,10 +141,10 @@ def _probe_output_specs(
         ) from error
     probed = []
     for spec, result in zip(outputs, results, strict=True):
-        if result.ndim == 0 or result.shape[0] != 1:
+        if result.ndim == 0 or result.shape[0] != 2:
             raise UnsupportedModel(
                 f"output {spec.name!r} does not follow the batch (shape {result.shape} "
-                "for a batch of 1); every output needs the batch dimension first"
+                "for a batch of 2); every output needs the batch dimension first"
             )
         probed.append(TensorSpec(spec.name, spec.datatype, (-1, *result.shape[1:])))
     return tuple(probed)

@@ -268,6 +268,17 @@ def test_symbolic_output_dims_are_resolved_by_a_probe_run(tmp_path: Path) -> Non
     np.testing.assert_array_equal(slot.run(2)["y"], [[0, 2, 0], [4, 0, 6]])
 
 
+def test_an_output_that_does_not_follow_the_batch_is_refused(tmp_path: Path) -> None:
+    path = write_model(
+        tmp_path / "reduced.onnx",
+        [("x", TensorProto.FLOAT, ["b", 3])],
+        [("total", TensorProto.FLOAT, ["one", "width"])],
+        [helper.make_node("ReduceMax", ["x"], ["total"], axes=[0], keepdims=1)],
+    )
+    with pytest.raises(UnsupportedModel, match="'total' does not follow the batch"):
+        OnnxRuntimeEngine(path, max_batch_size=4)
+
+
 @pytest.mark.parametrize(
     ("dtype", "shape", "message"),
     [
