@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import shutil
 import tempfile
 import urllib.error
 import urllib.request
@@ -165,11 +164,3 @@ def fetch(uri: str, scratch_dir: Path, expected_sha256: str | None = None) -> Fe
         fetched.cleanup()
         raise
     return fetched
-
-
-def copy_into(fetched: FetchedFile, target: Path) -> None:
-    """Copies (or moves, for a temporary download) the fetched file to `target`."""
-    if fetched.temporary:
-        shutil.move(fetched.path, target)
-    else:
-        shutil.copyfile(fetched.path, target)

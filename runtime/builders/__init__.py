@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from kubeinfer.runtime.engine_manifest import BatchProfile
+
+if TYPE_CHECKING:
+    from kubeinfer.runtime.engines.base import Engine
 
 Samples = dict[str, np.ndarray]
 Progress = Callable[[str], None]
@@ -63,7 +66,7 @@ def get_builder(backend: str) -> Builder:
     raise ValueError(f"unknown backend {backend!r}; use onnxruntime or tensorrt")
 
 
-def run_through_engine(engine, samples: Samples) -> Samples:  # type: ignore[no-untyped-def]
+def run_through_engine(engine: Engine, samples: Samples) -> Samples:
     """Runs `samples` through a loaded serving `Engine` (engines/base.py) the way the
     batcher does: copy rows into a slot's input views, run, copy the outputs out."""
     count = next(iter(samples.values())).shape[0]
