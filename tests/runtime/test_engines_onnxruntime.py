@@ -277,7 +277,7 @@ def test_an_output_that_does_not_follow_the_batch_is_refused(tmp_path: Path) -> 
     )
     # ONNX Runtime infers [1, 3] here (a fixed first dimension); where it cannot infer
     # the shape, the probe run with two rows sees that the output does not follow.
-    with pytest.raises(UnsupportedModel, match="'total' (has a fixed first|does not follow)"):
+    with pytest.raises(UnsupportedModel, match=r"'total' (has a fixed first|does not follow)"):
         OnnxRuntimeEngine(path, max_batch_size=4)
 
 
