@@ -103,7 +103,9 @@ def test_a_slot_allocates_nothing_per_batch(context: cuda_streams.CudaContext) -
             tracemalloc.stop()
         with context.active():
             free_after, _ = cuda.mem_get_info()
-        assert free_after == free_before, "device memory changed during 400 batches"
+        # 400 leaked batches would be ~100 MiB; 2 MiB is the driver's allocation granule,
+        # slack for another process on the same GPU.
+        assert abs(free_after - free_before) < 2 * 2**20, "device memory moved in 400 batches"
         assert traced_growth < WIDTH * 4, f"host side allocated {traced_growth} B"
         assert (slot.input_pointers, slot.output_pointers) == pointers
         assert {
