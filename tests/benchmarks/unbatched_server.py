@@ -4,7 +4,9 @@ Same web framework as kubeinfer's server (aiohttp), same wire formats (v2 JSON a
 binary tensor extension), no batching: each request is decoded, run through ONNX Runtime
 at batch 1 right in the handler (no thread hop, which is the fastest way to do one run at
 a time), and encoded. That is the strongest unbatched baseline on latency; it is the
-throughput kubeinfer's batcher must beat.
+throughput kubeinfer's batcher must beat. JSON goes through orjson when it is installed in
+the environment (as a user would pick the fastest codec at hand; kubeinfer's server gets
+the same choice), else the standard library.
 
     python unbatched_server.py --model PATH --name NAME --port PORT [--intra-op-threads N]
 """
@@ -13,10 +15,35 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 from aiohttp import web
+
+try:
+    import orjson
+
+    def _loads(data: bytes) -> Any:
+        return orjson.loads(data)
+
+    def _dumps(obj: Any) -> bytes:
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    def _to_json_data(array: np.ndarray) -> Any:
+        return np.ascontiguousarray(array.ravel())
+
+except ImportError:  # the standard library
+
+    def _loads(data: bytes) -> Any:
+        return json.loads(data)
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    def _to_json_data(array: np.ndarray) -> Any:
+        return array.ravel().tolist()
+
 
 _DTYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32}
 _V2 = {np.dtype(v): k for k, v in _DTYPES.items()}
@@ -55,9 +82,9 @@ def create_app(model_path: str, name: str, intra_op_threads: int) -> web.Applica
         try:
             if header_length is not None:
                 split = int(header_length)
-                header, binary = json.loads(body[:split]), memoryview(body)[split:]
+                header, binary = _loads(body[:split]), memoryview(body)[split:]
             else:
-                header, binary = json.loads(body), memoryview(b"")
+                header, binary = _loads(body), memoryview(b"")
             feeds, offset = {}, 0
             for tensor in header["inputs"]:
                 dtype = _DTYPES[tensor["datatype"]]
@@ -87,9 +114,9 @@ def create_app(model_path: str, name: str, intra_op_threads: int) -> web.Applica
                 entry["parameters"] = {"binary_data_size": len(data)}
                 chunks.append(data)
             else:
-                entry["data"] = array.ravel().tolist()
+                entry["data"] = _to_json_data(array)
             outputs.append(entry)
-        response_header = json.dumps({"model_name": name, "outputs": outputs}).encode()
+        response_header = _dumps({"model_name": name, "outputs": outputs})
         if not chunks:
             return web.Response(body=response_header, content_type="application/json")
         return web.Response(
