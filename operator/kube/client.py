@@ -8,63 +8,48 @@ servers all work the same way.
 
 Every call is one HTTP request; errors carry their HTTP status (`ApiError.status`), and
 `retryable` says whether trying again later can help. Every kind the operator touches is
-listed once in `RESOURCES`; `kubeinfer.operator.rbac` derives the RBAC rules from the
-same table.
+listed once in `kube.resources`, which `kubeinfer.operator.rbac` also reads.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import kopf
+from kubeinfer.operator.kube.resources import (
+    CONFIGMAP,
+    DEPLOYMENT,
+    EVENT,
+    INFERENCE_DEPLOYMENT,
+    JOB,
+    POD,
+    PVC,
+    RESOURCES,
+    SERVICE,
+    ResourceType,
+)
+
+__all__ = [
+    "CONFIGMAP",
+    "DEPLOYMENT",
+    "EVENT",
+    "INFERENCE_DEPLOYMENT",
+    "JOB",
+    "POD",
+    "PVC",
+    "RESOURCES",
+    "SERVICE",
+    "ApiError",
+    "KubeClient",
+    "ResourceType",
+]
 
 KubeObject = dict[str, Any]
 
 FIELD_MANAGER = "kubeinfer"
 BACKGROUND = "Background"
-
-
-@dataclass(frozen=True)
-class ResourceType:
-    """Where a kind lives in the REST API."""
-
-    group: str
-    version: str
-    plural: str
-    kind: str
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
-        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        path = f"{root}/namespaces/{namespace}/{self.plural}"
-        if name is not None:
-            path += f"/{name}"
-            if subresource is not None:
-                path += f"/{subresource}"
-        return path
-
-
-INFERENCE_DEPLOYMENT = ResourceType(
-    "kubeinfer.io", "v1alpha1", "inferencedeployments", "InferenceDeployment"
-)
-PVC = ResourceType("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
-CONFIGMAP = ResourceType("", "v1", "configmaps", "ConfigMap")
-SERVICE = ResourceType("", "v1", "services", "Service")
-POD = ResourceType("", "v1", "pods", "Pod")
-EVENT = ResourceType("", "v1", "events", "Event")
-DEPLOYMENT = ResourceType("apps", "v1", "deployments", "Deployment")
-JOB = ResourceType("batch", "v1", "jobs", "Job")
-
-RESOURCES: dict[str, ResourceType] = {
-    r.kind: r for r in (INFERENCE_DEPLOYMENT, PVC, CONFIGMAP, SERVICE, POD, EVENT, DEPLOYMENT, JOB)
-}
-"""Every kind the operator reads or writes, by kind."""
 
 
 class ApiError(Exception):

@@ -6,17 +6,15 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-import kmock
 import pytest
-from emulator import ApiServerEmulator
-from operator_harness import RECORDED_CALLS, World
+from operator_harness import RECORDED_CALLS, World, emulated_world
 
 
 @pytest.fixture
-async def world() -> AsyncIterator[World]:
-    async with ApiServerEmulator() as api, kmock.Server(api) as server:
-        yield World(api, str(server.url).rstrip("/"))
-        RECORDED_CALLS.update(api.calls)
+async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
+    async with emulated_world() as world:
+        yield world
+        RECORDED_CALLS[request.node.name] = set(world.api.calls)
 
 
 @pytest.fixture(autouse=True)

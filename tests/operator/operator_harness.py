@@ -8,8 +8,8 @@ holds the test's hands: it plays the parts of the Job controller, the kubelet an
 Deployment controller that the emulator does not have (a build finishing with a digest
 in its pod's termination message, a Deployment becoming ready).
 
-Every API call any scenario's operator made is added to `RECORDED_CALLS`, which
-`test_operator_rbac` compares with `kubeinfer.operator.rbac`.
+Every API call any scenario's operator made is added to `RECORDED_CALLS`, which the
+RBAC test compares with `kubeinfer.operator.rbac`.
 """
 
 from __future__ import annotations
@@ -22,14 +22,17 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import kmock
 import kopf
 from emulator import ApiCall, ApiServerEmulator
-from kubeinfer.operator.handlers import OperatorContext, configure_kopf, register
+from kubeinfer.operator.handlers import configure_kopf
+from kubeinfer.operator.operator_command import run_operator
 from kubeinfer.operator.settings import OperatorSettings
 
 NAMESPACE = "ml"
 IDS = ("kubeinfer.io/v1alpha1", "inferencedeployments")
-RECORDED_CALLS: set[ApiCall] = set()
+RECORDED_CALLS: dict[str, set[ApiCall]] = {}
+"""Every call the operator made, by scenario (test name)."""
 
 FAST = OperatorSettings(
     resync_interval_seconds=0.5,
@@ -233,6 +236,13 @@ class World:
         )
 
 
+@contextlib.asynccontextmanager
+async def emulated_world() -> AsyncIterator[World]:
+    """An emulated API server listening on a loopback port."""
+    async with ApiServerEmulator() as api, kmock.Server(api) as server:
+        yield World(api, str(server.url).rstrip("/"))
+
+
 def kopf_settings() -> kopf.OperatorSettings:
     """The operator's kopf settings, tuned for tests: quick retries and exits."""
     settings = configure_kopf(kopf.OperatorSettings())
@@ -246,30 +256,28 @@ def kopf_settings() -> kopf.OperatorSettings:
 
 
 @contextlib.asynccontextmanager
-async def start_operator(
-    world: World, settings: OperatorSettings = FAST
-) -> AsyncIterator[OperatorContext]:
-    """Runs the operator (kopf + our handlers) until the block ends."""
-    registry = kopf.OperatorRegistry()
+async def start_operator(world: World, settings: OperatorSettings = FAST) -> AsyncIterator[None]:
+    """Runs the operator as `kubeinfer operator` does (`run_operator`) until the block
+    ends, logged in to the emulator."""
 
     def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(server=world.url, default_namespace=NAMESPACE)
 
-    context = register(registry, settings, login=login)
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(
-        kopf.operator(
-            registry=registry,
-            settings=kopf_settings(),
+        run_operator(
+            settings,
+            clusterwide=False,
             namespaces=[NAMESPACE],
-            standalone=True,
+            login=login,
+            kopf_settings=kopf_settings(),
             stop_flag=stop,
             ready_flag=ready,
         )
     )
     try:
         await asyncio.wait_for(ready.wait(), timeout=10)
-        yield context
+        yield
     finally:
         stop.set()
         await asyncio.wait_for(task, timeout=10)

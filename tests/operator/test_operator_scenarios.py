@@ -14,7 +14,9 @@ objects and status (never the sequence of calls):
 - a spec the CRD schema accepts but the model refuses → Degraded with the message, not
   retried in a loop, and recovery once the spec is fixed;
 - a reconcile of an unchanged object writes nothing; and the time from create to all
-  children existing.
+  children existing;
+- last, the RBAC rules of `kubeinfer.operator.rbac` grant exactly the (verb, resource)
+  pairs the operator used across all these scenarios: no more, no less.
 """
 
 from __future__ import annotations
@@ -22,14 +24,20 @@ from __future__ import annotations
 import asyncio
 import time
 
+import kopf
+from kubeinfer.operator import rbac
+from kubeinfer.operator.kube.client import KubeClient
 from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.reconciler import Reconciler
 from operator_harness import (
     FAST,
     IDS,
     NAMESPACE,
+    RECORDED_CALLS,
     World,
     condition,
     digest_of,
+    emulated_world,
     eventually,
     manifest,
     start_operator,
@@ -251,7 +259,7 @@ async def test_spec_refused_by_the_model_is_degraded_and_not_retried(world: Worl
 
 
 async def test_reconcile_of_an_unchanged_object_writes_nothing(world: World) -> None:
-    async with start_operator(world) as context:
+    async with start_operator(world):
         world.api.create("inferencedeployments", manifest())
         await reach_ready(world, digest_of("steady"))
         # Let the events of the last writes settle, then count over resync passes.
@@ -260,8 +268,12 @@ async def test_reconcile_of_an_unchanged_object_writes_nothing(world: World) -> 
         gets = sum(c.verb == "get" for c in world.api.calls)
         await eventually(lambda: sum(c.verb == "get" for c in world.api.calls) >= gets + 3)
         writes = world.api.writes()[settled:]
-        outcome = await context.reconciler.reconcile(NAMESPACE, "resnet")
-    assert outcome.writes == 0
+        # And one more pass, run directly, next to the operator's.
+        connection = kopf.ConnectionInfo(server=world.url)
+        async with KubeClient(connection) as client:
+            outcome = await Reconciler(client, FAST).reconcile(NAMESPACE, "resnet")
+        assert world.api.writes()[settled:] == []
+    assert outcome.writes == 0 and outcome.decision is not None
     assert writes == [], writes
     print(f"\nWrites by reconciles of an unchanged object: {len(writes)}")
 
@@ -275,3 +287,31 @@ async def test_all_children_exist_within_a_second_of_create(world: World) -> Non
         elapsed = time.monotonic() - started
     print(f"\nCreate to all children existing: {elapsed * 1000:.0f} ms")
     assert elapsed < 1.0
+
+
+SCENARIOS = [
+    test_create_builds_the_engine_then_deploys_and_reports_ready,
+    test_failed_build_reports_the_reason_and_retries_after_backoff,
+    test_pinned_engine_needs_no_job,
+    test_version_change_builds_first_then_rolls_out,
+    test_input_change_mid_build_deletes_the_stale_job,
+    test_deleted_children_are_recreated,
+    test_restart_in_the_middle_of_a_build_adopts_the_running_job,
+    test_spec_refused_by_the_model_is_degraded_and_not_retried,
+    test_reconcile_of_an_unchanged_object_writes_nothing,
+    test_all_children_exist_within_a_second_of_create,
+]
+
+
+async def test_rbac_rules_grant_exactly_the_calls_the_operator_made() -> None:
+    # Runs after the scenarios above (pytest keeps a module's order); a scenario that
+    # did not run in this session (e.g. under -k) is run here.
+    for scenario in SCENARIOS:
+        if scenario.__name__ not in RECORDED_CALLS:
+            async with emulated_world() as world:
+                await scenario(world)
+            RECORDED_CALLS[scenario.__name__] = set(world.api.calls)
+    used = {(c.verb, c.group, c.resource) for calls in RECORDED_CALLS.values() for c in calls}
+    granted = rbac.granted()
+    assert used - granted == set(), "the operator used verbs its Role does not grant"
+    assert granted - used == set(), "the Role grants verbs the operator never used"

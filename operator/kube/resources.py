@@ -1,0 +1,46 @@
+"""Every kind the operator reads or writes, and where it lives in the REST API. Pure data:
+the client builds its paths from it and `kubeinfer.operator.rbac` its rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    """Where a kind lives in the REST API."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+        root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        path = f"{root}/namespaces/{namespace}/{self.plural}"
+        if name is not None:
+            path += f"/{name}"
+            if subresource is not None:
+                path += f"/{subresource}"
+        return path
+
+
+INFERENCE_DEPLOYMENT = ResourceType(
+    "kubeinfer.io", "v1alpha1", "inferencedeployments", "InferenceDeployment"
+)
+PVC = ResourceType("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+CONFIGMAP = ResourceType("", "v1", "configmaps", "ConfigMap")
+SERVICE = ResourceType("", "v1", "services", "Service")
+POD = ResourceType("", "v1", "pods", "Pod")
+EVENT = ResourceType("", "v1", "events", "Event")
+DEPLOYMENT = ResourceType("apps", "v1", "deployments", "Deployment")
+JOB = ResourceType("batch", "v1", "jobs", "Job")
+
+RESOURCES: dict[str, ResourceType] = {
+    r.kind: r for r in (INFERENCE_DEPLOYMENT, PVC, CONFIGMAP, SERVICE, POD, EVENT, DEPLOYMENT, JOB)
+}
+"""Every kind the operator reads or writes, by kind."""
