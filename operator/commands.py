@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from kubeinfer.operator import crds_command, render_command, validate_command
+from kubeinfer.operator import (
+    crds_command,
+    operator_command,
+    rbac,
+    render_command,
+    validate_command,
+)
 from kubeinfer.operator.demo import command as demo_command
 
 
@@ -16,5 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         validate_command.register,
         render_command.register,
         demo_command.register,
+        operator_command.register,
+        rbac.register,
     ):
         register_command(subparsers)
