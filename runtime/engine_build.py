@@ -199,6 +199,13 @@ def _gather_samples(
     """Checks the model, loads and checks the calibration and validation samples, and
     picks the validation set (see the module docstring)."""
     inputs, outputs = cal.describe_model(_load_model(model_file))
+    fixed = [f"{i.name} {i.shape}" for i in [*inputs, *outputs] if not i.shape or i.shape[0] != -1]
+    if fixed:
+        raise InvalidModelError(
+            f"{model_file.uri}: the first dimension of every input and output must be a "
+            f"dynamic batch dimension, but {', '.join(fixed)} is fixed; export the model "
+            "with a dynamic batch axis (torch.onnx.export's dynamic_axes / dynamic_shapes)"
+        )
     calib_samples = calib_sha = None
     if calibration is not None:
         calib_file = fetch(calibration, cache.scratch_dir, calibration_sha256)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from kubeinfer.operator.cli import main
 from kubeinfer.runtime.calibration import write_samples
@@ -115,11 +116,18 @@ def _bad_inputs(models: dict[str, Path], tmp_path: Path) -> dict[str, tuple[list
     wrong_name = write_samples(tmp_path / "wrong_name.npz", {"x": np.zeros((8, 16), np.float32)})
     not_npz = tmp_path / "calibration.npz"
     not_npz.write_text("a,b,c\n")
+    static = onnx.load(str(models["tiny"]))
+    static.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
+    onnx.save(static, str(tmp_path / "static.onnx"))
     tiny = str(models["tiny"])
     int8 = ["--precision", "int8"]
     return {
         "missing file": (["--model", str(tmp_path / "nope.onnx")], "no such file"),
         "not onnx": (["--model", str(not_onnx)], "is not a valid ONNX model"),
+        "fixed batch": (
+            ["--model", str(tmp_path / "static.onnx")],
+            "input [1, 16] is fixed; export the model with a dynamic batch axis",
+        ),
         "wrong calibration shape": (
             ["--model", tiny, *int8, "--calibration", str(wrong_shape)],
             "array 'input' has shape [8, 15]; expected [samples, 16]",
@@ -143,9 +151,9 @@ def _bad_inputs(models: dict[str, Path], tmp_path: Path) -> dict[str, tuple[list
 @pytest.mark.parametrize(
     "case",
     [
-        "missing file", "not onnx", "wrong calibration shape", "wrong calibration inputs",
-        "calibration not npz", "unknown scheme", "int8 without calibration",
-        "checksum mismatch", "unknown digest", "bad batch size",
+        "missing file", "not onnx", "fixed batch", "wrong calibration shape",
+        "wrong calibration inputs", "calibration not npz", "unknown scheme",
+        "int8 without calibration", "checksum mismatch", "unknown digest", "bad batch size",
     ],
 )  # fmt: skip
 def test_bad_input_is_one_clear_line_and_leaves_the_cache_unchanged(
