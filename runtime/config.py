@@ -186,4 +186,5 @@ class RuntimeConfig(ApiModel):
     before the process exits anyway."""
 
     intra_op_threads: int | None = Field(default=None, ge=1, le=256)
-    """ONNX Runtime intra-op threads per execution slot; its default when unset."""
+    """ONNX Runtime intra-op threads of the one thread pool the execution slots share
+    (slots share one session); ONNX Runtime's default when unset."""
