@@ -19,7 +19,7 @@ from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, Conditio
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Phase
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY
-from kubeinfer.operator.reconcile.engine_state import build_key
+from kubeinfer.operator.reconcile.engine_state import build_key, parse_termination_message
 
 READY, ENGINE = ConditionType.READY, ConditionType.ENGINE_READY
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
@@ -317,3 +317,22 @@ def test_a_build_under_way_and_the_cache_claim_are_not_rewritten_when_other_fiel
     assert decision.apply == ()
     assert cluster.jobs() == [job]
     assert cluster.condition(ENGINE).reason == Reason.ENGINE_BUILDING
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (
+            json.dumps({"digest": DIGEST_A, "target": "sm_90", "cacheHit": True}),
+            (DIGEST_A, "sm_90"),
+        ),
+        (DIGEST_B, (DIGEST_B, None)),
+        (f"built engine {DIGEST_B}\n", (DIGEST_B, None)),
+        ("error: the build failed: out of memory", (None, None)),
+        (json.dumps({"digest": "sha256:short"}), (None, None)),
+        ("", (None, None)),
+    ],
+    ids=["json", "bare digest", "digest in text", "error line", "malformed digest", "empty"],
+)
+def test_the_termination_message_yields_the_digest_and_target(message, expected):
+    assert parse_termination_message(message) == expected
