@@ -263,6 +263,12 @@ def transition_events(before: list[Condition], after: list[Condition]) -> tuple[
         previous = old.get(condition.type)
         if previous and (previous.status, previous.reason) == (condition.status, condition.reason):
             continue
+        if (
+            previous is None
+            and condition.type == ConditionType.DEGRADED
+            and condition.status == FALSE
+        ):
+            continue  # "not degraded" on creation is no news
         text = f"{condition.type} is {condition.status}"
         if condition.message:
             text += f": {condition.message}"
