@@ -149,3 +149,14 @@ def test_the_schema_check_is_strict_so_an_unknown_field_fails():
     service["spec"]["selectr"] = service["spec"].pop("selector")
     with pytest.raises(kubernetes_validate.ValidationError, match="selectr"):
         validate_kubernetes(service)
+
+
+def test_every_document_of_a_multi_document_file_is_rendered(tmp_path):
+    texts = [(EXAMPLES / name).read_text() for name in ("pinned.yaml", "cpu-minimal.yaml")]
+    path = tmp_path / "both.yaml"
+    path.write_text("---\n".join(texts))
+    text = render_file(path, DIGEST)
+    assert "default/detector-pinned (both.yaml[0])" in text
+    assert "default/resnet-cpu (both.yaml[1])" in text
+    owners = {d["metadata"]["ownerReferences"][0]["name"] for d in yaml.safe_load_all(text) if d}
+    assert owners == {"detector-pinned", "resnet-cpu"}
