@@ -94,7 +94,7 @@ class Batcher:
         *,
         clock: Callable[[], float] = time.monotonic,
         observer: BatchObserver | None = None,
-        inline_below_seconds: float = 0.001,
+        inline_below_seconds: float = 0.0025,
     ) -> None:
         if policy.max_batch_size > engine.max_batch_size:
             raise ValueError(
