@@ -1,0 +1,74 @@
+"""`kubeinfer serve` configuration: a RuntimeConfig file (YAML or JSON, camelCase), flags
+overriding it field by field, an engine flag replacing the file's engine section, and
+every problem reported by field path (the process test of exit code 2 is in
+test_serve_e2e)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+from kubeinfer.operator.cli import build_parser
+from kubeinfer.runtime.serve_command import config_from_args
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_flags_override_the_file_field_by_field(tmp_path: Path) -> None:
+    file = tmp_path / "runtime.yaml"
+    file.write_text(
+        "modelName: resnet\n"
+        "modelVersion: '7'\n"
+        "engine: {onnxPath: /models/a.onnx}\n"
+        "batching: {maxBatchSize: 16, maxQueueDelayMicroseconds: 500, executionSlots: 3}\n"
+        "httpPort: 9000\n"
+    )
+    config = config_from_args(
+        parse("--config", str(file), "--max-batch-size", "8", "--preferred-batch-sizes", "4,8",
+              "--port", "8001", "--onnx", "/models/b.onnx")
+    )  # fmt: skip
+    assert config.model_name == "resnet" and config.model_version == "7"
+    assert config.engine.onnx_path == "/models/b.onnx"
+    assert config.http_port == 8001
+    batching = config.batching
+    assert (batching.max_batch_size, batching.max_queue_delay_microseconds) == (8, 500)
+    assert batching.preferred_batch_sizes == [4, 8] and batching.execution_slots == 3
+
+
+def test_a_json_file_alone_is_enough(tmp_path: Path) -> None:
+    file = tmp_path / "runtime.json"
+    file.write_text(json.dumps({"modelName": "m", "engine": {"onnxPath": "/m.onnx"}}))
+    config = config_from_args(parse("--config", str(file)))
+    assert config.batching.max_batch_size == 32  # the policy's defaults apply
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--onnx", "/m.onnx"), "modelName"),
+        (("--model-name", "m", "--onnx", "/m.onnx", "--max-batch-size", "4",
+          "--preferred-batch-sizes", "8"), "preferredBatchSizes"),
+        (("--model-name", "m", "--onnx", "/m.onnx", "--execution-slots", "0"),
+         "batching.executionSlots"),
+        (("--model-name", "m"), "engine"),
+    ],
+)  # fmt: skip
+def test_problems_name_the_field(argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        config_from_args(parse(*argv))
+
+
+def test_an_unreadable_or_invalid_file_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read"):
+        config_from_args(parse("--config", str(tmp_path / "missing.yaml")))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("modelName: [unclosed\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        config_from_args(parse("--config", str(bad)))
+    bad.write_text("- a list\n")
+    with pytest.raises(ValueError, match="mapping"):
+        config_from_args(parse("--config", str(bad)))
