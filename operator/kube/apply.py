@@ -9,6 +9,7 @@ wrote in between, and the pass is retried.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -17,12 +18,15 @@ from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.kube.client import (
     INFERENCE_DEPLOYMENT,
     RESOURCES,
+    ApiError,
     KubeClient,
     KubeObject,
 )
 from kubeinfer.operator.reconcile.snapshot import Event, ObservedState, OwnerRef
 
 REPORTING_COMPONENT = "kubeinfer-operator"
+
+logger = logging.getLogger(__name__)
 
 
 def observed_children(observed: ObservedState) -> set[tuple[str, str]]:
@@ -67,14 +71,20 @@ def status_document(status: InferenceDeploymentStatus) -> dict[str, Any]:
 async def patch_status(
     client: KubeClient, owner: OwnerRef, status: InferenceDeploymentStatus, resource_version: str
 ) -> KubeObject:
-    """Replaces the status, if the object is still at `resource_version` (else 409/422)."""
+    """Replaces the status if the object is still at `resource_version`. A failed test
+    (422) or a conflict (409) is raised as a 409, which the handlers retry soon."""
     operations = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
         {"op": "add", "path": "/status", "value": status_document(status)},
     ]
-    return await client.json_patch(
-        INFERENCE_DEPLOYMENT, owner.namespace, owner.name, operations, subresource="status"
-    )
+    try:
+        return await client.json_patch(
+            INFERENCE_DEPLOYMENT, owner.namespace, owner.name, operations, subresource="status"
+        )
+    except ApiError as error:
+        if error.status in (409, 422):
+            raise ApiError(409, "Conflict", f"status not written: {error.message}") from None
+        raise
 
 
 def event_object(owner: OwnerRef, event: Event, now: datetime) -> KubeObject:
@@ -105,5 +115,16 @@ def event_object(owner: OwnerRef, event: Event, now: datetime) -> KubeObject:
 async def post_events(
     client: KubeClient, owner: OwnerRef, events: Iterable[Event], now: datetime
 ) -> None:
+    """Posts the events; they are helpful but auxiliary, so a refusal is logged, not
+    raised (the status, already written, is the record)."""
     for event in events:
-        await client.create(event_object(owner, event, now))
+        try:
+            await client.create(event_object(owner, event, now))
+        except ApiError as error:
+            logger.warning(
+                "Event not posted: InferenceDeployment=%s/%s reason=%s error=%s",
+                owner.namespace,
+                owner.name,
+                event.reason,
+                error,
+            )
