@@ -1,8 +1,10 @@
 """Fixtures of the runtime server tests: the tiny demo MLP (built once per session, real
-ONNX) and the ONNX Runtime engine on it."""
+ONNX), the ONNX Runtime engine on it, and that engine behind a gate (`gated`) so a test can
+hold an execution slot busy and decide what queues."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,3 +23,61 @@ def tiny_engine(tiny_model: Path) -> Iterator[OnnxRuntimeEngine]:
     engine = OnnxRuntimeEngine(tiny_model, max_batch_size=32, intra_op_threads=1)
     yield engine
     engine.close()
+
+
+class GatedEngine:
+    """The real engine, with every slot's `run` waiting for `gate` and recording the
+    batch sizes it executed; a batch of `fail_rows` rows raises."""
+
+    def __init__(self, engine: OnnxRuntimeEngine) -> None:
+        self.engine = engine
+        self.gate = threading.Event()
+        self.gate.set()
+        self.batches: list[int] = []
+        self.threads: list[int] = []
+        self.running = 0
+        self.max_running = 0
+        self.fail_rows: int | None = None
+        self._lock = threading.Lock()
+
+    inputs = property(lambda self: self.engine.inputs)
+    outputs = property(lambda self: self.engine.outputs)
+    max_batch_size = property(lambda self: self.engine.max_batch_size)
+
+    def create_slot(self) -> GatedSlot:
+        return GatedSlot(self, self.engine.create_slot())
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class GatedSlot:
+    def __init__(self, owner: GatedEngine, slot) -> None:
+        self.owner, self.slot = owner, slot
+
+    def input_views(self, batch_size: int):
+        return self.slot.input_views(batch_size)
+
+    def run(self, batch_size: int):
+        owner = self.owner
+        with owner._lock:
+            owner.running += 1
+            owner.max_running = max(owner.max_running, owner.running)
+        try:
+            assert owner.gate.wait(10)
+            if batch_size == owner.fail_rows:
+                raise RuntimeError("simulated engine failure")
+            owner.batches.append(batch_size)
+            owner.threads.append(threading.get_ident())
+            return self.slot.run(batch_size)
+        finally:
+            with owner._lock:
+                owner.running -= 1
+
+    def close(self) -> None:
+        self.slot.close()
+
+
+@pytest.fixture
+def gated(tiny_engine: OnnxRuntimeEngine) -> GatedEngine:
+    return GatedEngine(tiny_engine)

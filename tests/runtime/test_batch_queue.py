@@ -23,71 +23,12 @@ import onnxruntime as ort
 import pytest
 from kubeinfer.runtime.batching.queue import Batcher
 from kubeinfer.runtime.config import BatchingPolicy
-from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from kubeinfer.runtime.protocol.errors import (
     DeadlineExceeded,
     EngineFailed,
     NotReady,
     Overloaded,
 )
-
-
-class GatedEngine:
-    """The real engine, with every slot's `run` waiting for `gate` and recording the
-    batch sizes it executed; a batch of `fail_rows` rows raises."""
-
-    def __init__(self, engine: OnnxRuntimeEngine) -> None:
-        self.engine = engine
-        self.gate = threading.Event()
-        self.gate.set()
-        self.batches: list[int] = []
-        self.threads: list[int] = []
-        self.running = 0
-        self.max_running = 0
-        self.fail_rows: int | None = None
-        self._lock = threading.Lock()
-
-    inputs = property(lambda self: self.engine.inputs)
-    outputs = property(lambda self: self.engine.outputs)
-    max_batch_size = property(lambda self: self.engine.max_batch_size)
-
-    def create_slot(self) -> GatedSlot:
-        return GatedSlot(self, self.engine.create_slot())
-
-    def close(self) -> None:
-        self.engine.close()
-
-
-class GatedSlot:
-    def __init__(self, owner: GatedEngine, slot) -> None:
-        self.owner, self.slot = owner, slot
-
-    def input_views(self, batch_size: int):
-        return self.slot.input_views(batch_size)
-
-    def run(self, batch_size: int):
-        owner = self.owner
-        with owner._lock:
-            owner.running += 1
-            owner.max_running = max(owner.max_running, owner.running)
-        try:
-            assert owner.gate.wait(10)
-            if batch_size == owner.fail_rows:
-                raise RuntimeError("simulated engine failure")
-            owner.batches.append(batch_size)
-            owner.threads.append(threading.get_ident())
-            return self.slot.run(batch_size)
-        finally:
-            with owner._lock:
-                owner.running -= 1
-
-    def close(self) -> None:
-        self.slot.close()
-
-
-@pytest.fixture
-def gated(tiny_engine: OnnxRuntimeEngine) -> GatedEngine:
-    return GatedEngine(tiny_engine)
 
 
 @pytest.fixture
@@ -100,7 +41,7 @@ def rows(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, 16)).astype(np.float32)
 
 
-async def started(batcher_engine: GatedEngine, running: int = 1) -> None:
+async def started(batcher_engine, running: int = 1) -> None:
     for _ in range(500):
         if batcher_engine.running >= running:
             return
@@ -108,7 +49,7 @@ async def started(batcher_engine: GatedEngine, running: int = 1) -> None:
     raise AssertionError("the slot never started running")
 
 
-async def make_batcher(engine: GatedEngine, **policy) -> Batcher:
+async def make_batcher(engine, **policy) -> Batcher:
     batcher = Batcher(engine, BatchingPolicy(**{"execution_slots": 1, **policy}))
     await batcher.start()
     return batcher

@@ -1,0 +1,91 @@
+"""Overload and deadlines over HTTP, on the app from `create_app` with the real engine
+behind a gate (an execution slot held busy):
+
+- a full queue answers 503 with Retry-After and a JSON error, at once;
+- a request whose `timeout` parameter (microseconds, as tritonclient sends it) passes in
+  the queue gets 504 and never runs;
+- both are counted in kubeinfer_requests_total by code;
+- readiness is false once draining starts and new requests get 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from kubeinfer.runtime.config import BatchingPolicy, EngineSource, RuntimeConfig
+from kubeinfer.runtime.http.app import DATAPLANE, create_app
+from prometheus_client import generate_latest
+
+
+def body(timeout_us: int | None = None) -> dict:
+    request: dict = {
+        "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16], "data": [0.1] * 16}]
+    }
+    if timeout_us is not None:
+        request["parameters"] = {"timeout": timeout_us}
+    return request
+
+
+@pytest.fixture
+async def client(gated, tiny_model):
+    config = RuntimeConfig(
+        model_name="tiny",
+        engine=EngineSource(onnx_path=str(tiny_model)),
+        batching=BatchingPolicy(execution_slots=1, max_queue_size=2),
+    )
+    app = create_app(config, gated)
+    async with TestClient(TestServer(app)) as test_client:
+        yield test_client
+
+
+async def hold_the_slot(client: TestClient, gated) -> asyncio.Task:
+    gated.gate.clear()
+    task = asyncio.create_task(client.post("/v2/models/tiny/infer", json=body()))
+    for _ in range(500):
+        if gated.running:
+            return task
+        await asyncio.sleep(0.002)
+    raise AssertionError("the first request never reached the engine")
+
+
+async def test_a_full_queue_is_a_503_with_retry_after(client, gated) -> None:
+    running = await hold_the_slot(client, gated)
+    queued = [
+        asyncio.create_task(client.post("/v2/models/tiny/infer", json=body())) for _ in range(2)
+    ]
+    await asyncio.sleep(0.05)
+    refused = await client.post("/v2/models/tiny/infer", json=body())
+    assert refused.status == 503
+    assert refused.headers["Retry-After"] == "1"
+    assert "queue is full" in (await refused.json())["error"]
+    gated.gate.set()
+    for response in await asyncio.gather(running, *queued):
+        assert response.status == 200
+    metrics = generate_latest(client.app[DATAPLANE].metrics.registry).decode()
+    assert 'kubeinfer_requests_total{code="503",model="tiny",version="1"} 1.0' in metrics
+    assert 'kubeinfer_requests_total{code="200",model="tiny",version="1"} 3.0' in metrics
+
+
+async def test_a_request_past_its_timeout_is_a_504_and_never_runs(client, gated) -> None:
+    running = await hold_the_slot(client, gated)
+    late = await client.post("/v2/models/tiny/infer", json=body(timeout_us=30_000))
+    assert late.status == 504
+    assert "deadline" in (await late.json())["error"]
+    gated.gate.set()
+    assert (await running).status == 200
+    assert gated.batches == [1]  # only the first request ran
+
+
+async def test_draining_turns_readiness_off_and_refuses_new_requests(client, gated) -> None:
+    running = await hold_the_slot(client, gated)
+    drain = asyncio.create_task(client.app[DATAPLANE].batcher.drain(10))
+    await asyncio.sleep(0.01)
+    assert (await client.get("/v2/health/ready")).status == 503
+    assert (await client.get("/v2/models/tiny/ready")).status == 503
+    refused = await client.post("/v2/models/tiny/infer", json=body())
+    assert refused.status == 503 and "Retry-After" in refused.headers
+    gated.gate.set()
+    assert await drain
+    assert (await running).status == 200
