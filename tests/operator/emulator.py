@@ -62,6 +62,15 @@ Key = tuple[tuple[str, str, str], str | None, str]
 
 CRD_PATH = Path(__file__).parents[2] / "crds" / "inferencedeployments.kubeinfer.io.yaml"
 KUBERNETES_VERSION = "1.33"
+PREWARMED = (
+    ("v1", "ConfigMap"),
+    ("v1", "Service"),
+    ("v1", "PersistentVolumeClaim"),
+    ("v1", "Pod"),
+    ("v1", "Event"),
+    ("apps/v1", "Deployment"),
+    ("batch/v1", "Job"),
+)
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 IMMUTABLE = {
     ("batch", "jobs"): (("spec", "template"), ("spec", "selector")),
@@ -220,6 +229,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        for api_version, kind in PREWARMED:  # compiled once per process, outside timings
+            builtin_validator(api_version, kind)
         self.resources.load_bundled()
         crd = yaml.safe_load(CRD_PATH.read_text())
         version = crd["spec"]["versions"][0]

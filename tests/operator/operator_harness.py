@@ -34,6 +34,16 @@ IDS = ("kubeinfer.io/v1alpha1", "inferencedeployments")
 RECORDED_CALLS: dict[str, set[ApiCall]] = {}
 """Every call the operator made, by scenario (test name)."""
 
+WATCHED = {
+    "inferencedeployments",
+    "jobs",
+    "pods",
+    "deployments",
+    "configmaps",
+    "services",
+    "persistentvolumeclaims",
+}
+
 FAST = OperatorSettings(
     resync_interval_seconds=0.5,
     build_poll_seconds=0.5,
@@ -100,6 +110,10 @@ class World:
 
     def children(self, kind_plural: tuple[str, str]) -> list[dict[str, Any]]:
         return self.api.list(*kind_plural, NAMESPACE)
+
+    def watched(self, since: int = 0) -> set[str]:
+        """Resources watched by the calls from the `since`-th on."""
+        return {call.resource for call in self.api.calls[since:] if call.verb == "watch"}
 
     def jobs(self) -> list[dict[str, Any]]:
         return self.children(("batch/v1", "jobs"))
@@ -264,6 +278,7 @@ async def start_operator(world: World, settings: OperatorSettings = FAST) -> Asy
         return kopf.ConnectionInfo(server=world.url, default_namespace=NAMESPACE)
 
     stop, ready = asyncio.Event(), asyncio.Event()
+    since = len(world.api.calls)
     task = asyncio.create_task(
         run_operator(
             settings,
@@ -277,6 +292,9 @@ async def start_operator(world: World, settings: OperatorSettings = FAST) -> Asy
     )
     try:
         await asyncio.wait_for(ready.wait(), timeout=10)
+        # kopf is ready before its watches are: wait for them, so that what a scenario
+        # does next is seen through them, and timings do not include kopf's start.
+        await eventually(lambda: WATCHED <= world.watched(since), what="kopf's watches")
         yield
     finally:
         stop.set()
