@@ -11,13 +11,14 @@ engine blocks; the event loop must not), so `executionSlots` batches run concurr
 engine exception is given to every request of its batch. Time comes from an injected
 monotonic clock.
 
-One shortcut: a request that finds the server idle (nothing queued, no batch running)
-while the model's small batches are known to take less than `inline_below_seconds` runs
-right on the event loop, as a hand-written unbatched server would. Handing a sub-
-millisecond batch to a worker thread and back costs more than the batch itself (two
-thread wake-ups: ~50 us on an idle machine, 0.5 ms on a busy one), and nothing else could
-use the loop meanwhile anyway. Any batch that is slower, or any request that finds work
-in progress, goes through the queue and the worker threads.
+One shortcut: a batch of at most 4 rows, when no other batch is running and the model's
+small batches are known to take less than `inline_below_seconds`, runs right on the event
+loop, as a hand-written unbatched server would. Handing a sub-millisecond batch to a
+worker thread and back costs more than the batch itself (two thread wake-ups: ~50 us on an
+idle machine, 0.5 ms on a busy one). It is still the scheduler that runs it, after the
+handlers whose requests arrived together have queued theirs, so requests arriving while
+it runs wait in their sockets and form the next batch: batching is not lost. Larger or
+slower batches go to the worker threads.
 """
 
 from __future__ import annotations
@@ -148,14 +149,6 @@ class Batcher:
             raise Overloaded(
                 f"the queue is full ({self._policy.max_queue_size} requests); retry later"
             )
-        if (
-            not self._queue
-            and self._busy == 0
-            and rows <= _SMALL_BATCH_ROWS
-            and self._small_batch_seconds is not None
-            and self._small_batch_seconds < self._inline_below
-        ):
-            return self._run_inline(inputs, rows)
         now = self._clock()
         if timeout_seconds is None:
             timeout_seconds = self._policy.default_timeout_milliseconds / 1000
@@ -171,20 +164,24 @@ class Batcher:
             self._wakeup.set()
         return await request.future
 
-    def _run_inline(self, inputs: Mapping[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
-        """Runs a lone small request on the event loop (see the module docstring)."""
-        slot = self._free.pop()
-        self._busy += 1
-        self._observer.batch_started(rows, (0.0,))
+    def _run_inline(self, slot: ExecutionSlot, batch: list[_Request], rows: int) -> None:
+        """Runs a small batch on the event loop (see the module docstring)."""
         seconds = 0.0
         try:
-            results, seconds = _execute(slot, [inputs], rows)
+            results, seconds = _execute(slot, [r.inputs for r in batch], rows)
         except Exception as error:
             log.exception("Engine failed on a batch of %d rows", rows)
-            raise EngineFailed(f"the engine failed on this request's batch: {error}") from None
+            failure = EngineFailed(f"the engine failed on this request's batch: {error}")
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(failure)
+        else:
+            for request, result in zip(batch, results, strict=True):
+                if not request.future.done():
+                    request.future.set_result(result)
         finally:
             self._batch_done(slot, rows, seconds)
-        return results[0]
+            self._observer.inflight_batches(self._busy)
 
     def _batch_done(self, slot: ExecutionSlot, rows: int, seconds: float) -> None:
         self._observer.batch_finished(seconds)
@@ -244,11 +241,17 @@ class Batcher:
             if wait_until is False:
                 continue  # flushed a batch: decide again at once
             self._next_wake = wait_until
-            timeout = None if wait_until is None else max(0.0, wait_until - self._clock())
+            if wait_until is None:
+                await self._wakeup.wait()
+                continue
+            # A timer that sets the same event: cheaper than wait_for's task per wait.
+            timer = asyncio.get_running_loop().call_later(
+                max(0.0, wait_until - self._clock()), self._wakeup.set
+            )
             try:
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
-            except TimeoutError:
-                pass
+                await self._wakeup.wait()
+            finally:
+                timer.cancel()
 
     def _step(self) -> float | bool | None:
         """One policy decision, applied. Returns False after starting a batch, else the
@@ -256,7 +259,6 @@ class Batcher:
         queue = self._queue
         if any(r.future.done() for r in queue):  # callers that went away
             self._queue = queue = deque(r for r in queue if not r.future.done())
-        self._observer.queue_depth(len(queue))
         now = self._clock()
         decision = next_decision(
             self._policy,
@@ -281,9 +283,9 @@ class Batcher:
                 else:
                     kept.append(request)
             self._queue = queue = kept
-            self._observer.queue_depth(len(queue))
         action = decision.action
         if not isinstance(action, Flush):
+            self._observer.queue_depth(len(queue))
             return action.at
         batch = [queue.popleft() for _ in range(action.count)]
         self._observer.queue_depth(len(queue))
@@ -291,6 +293,14 @@ class Batcher:
         self._busy += 1
         self._observer.inflight_batches(self._busy)
         self._observer.batch_started(action.rows, [now - r.view.arrived_at for r in batch])
+        if (
+            self._busy == 1  # this batch alone: nothing runs in a worker thread
+            and action.rows <= _SMALL_BATCH_ROWS
+            and self._small_batch_seconds is not None
+            and self._small_batch_seconds < self._inline_below
+        ):
+            self._run_inline(slot, batch, action.rows)
+            return False
         task = asyncio.create_task(self._run_batch(slot, batch, action.rows))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
