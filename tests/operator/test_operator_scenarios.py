@@ -8,6 +8,7 @@ objects and status (never the sequence of calls):
 - a failed build → EngineReady=False with the Job's reason, then a retry after backoff;
 - a pinned engine → no Job, straight to the runtime children;
 - a version change → a new build while the old engine keeps serving, then the rollout;
+- a failed build of a new version → EngineReady=False, the old version still serving;
 - a change of engine inputs in the middle of a build → the stale Job is deleted;
 - a deleted child is recreated;
 - an operator restarted in the middle of a build adopts the running Job (no duplicate);
@@ -191,6 +192,30 @@ async def test_version_change_builds_first_then_rolls_out(world: World) -> None:
     assert condition(infd, "Ready")["observedGeneration"] == infd["metadata"]["generation"] == 2
 
 
+async def test_failed_build_of_a_new_version_keeps_the_old_one_serving(world: World) -> None:
+    old = digest_of("v1")
+    no_retry = FAST.model_copy(
+        update={"build_backoff_seconds": 60, "build_backoff_max_seconds": 60}
+    )
+    async with start_operator(world, no_retry):
+        world.api.create("inferencedeployments", manifest())
+        await reach_ready(world, old)
+        spec = manifest(version="2")["spec"]
+        world.api.patch(*IDS, NAMESPACE, "resnet", {"spec": {"model": spec["model"]}})
+        await eventually(lambda: len(world.jobs()) == 2, what="the new version's build Job")
+        newest = next(j for j in world.jobs() if "status" not in j)
+        world.finish_build(newest, digest=None, exit_code=1, message="out of memory")
+        await eventually(lambda: status_of(world, "Degraded") == "True", what="Degraded")
+        infd = world.infd()
+    engine = condition(infd, "EngineReady")
+    assert (engine["status"], engine["reason"]) == ("False", "EngineBuildFailed")
+    assert "out of memory" in engine["message"]
+    assert deployed_digest(world) == old
+    assert infd["status"]["serving"] == {"version": "1", "engineDigest": old}
+    assert condition(infd, "Available")["status"] == "True"
+    assert len(world.jobs()) == 2, "no retry before the backoff"
+
+
 async def test_input_change_mid_build_deletes_the_stale_job(world: World) -> None:
     async with start_operator(world):
         world.api.create("inferencedeployments", manifest())
@@ -294,6 +319,7 @@ SCENARIOS = [
     test_failed_build_reports_the_reason_and_retries_after_backoff,
     test_pinned_engine_needs_no_job,
     test_version_change_builds_first_then_rolls_out,
+    test_failed_build_of_a_new_version_keeps_the_old_one_serving,
     test_input_change_mid_build_deletes_the_stale_job,
     test_deleted_children_are_recreated,
     test_restart_in_the_middle_of_a_build_adopts_the_running_job,
