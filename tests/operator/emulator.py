@@ -53,6 +53,14 @@ import attrs
 import jsonschema
 import kmock
 import yaml
+from api_semantics import (
+    ApiRejection,
+    deep_merge,
+    json_patch,
+    matches_selector,
+    merge_patch,
+    prune,
+)
 from kmock._internal import apps, rendering
 from kubernetes_validate import utils
 from referencing import Registry, Resource
@@ -88,12 +96,6 @@ class ApiCall:
     """The plural, with `/subresource` when there is one."""
 
 
-class ApiRejection(Exception):
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
-        self.status, self.reason, self.message = status, reason, message
-
-
 @functools.cache
 def builtin_validator(api_version: str, kind: str) -> jsonschema.Draft202012Validator:
     """kubernetes-validate's strict schema of one kind, compiled once: its own `validate`
@@ -113,103 +115,6 @@ def builtin_validator(api_version: str, kind: str) -> jsonschema.Draft202012Vali
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
-
-
-def _pointer(path: str) -> list[str]:
-    return [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
-
-
-def json_patch(target: dict[str, Any], operations: list[dict[str, Any]]) -> dict[str, Any]:
-    """RFC 6902 (add, replace, remove, test)."""
-    result = copy.deepcopy(target)
-    for op in operations:
-        *parents, last = _pointer(op["path"])
-        node: Any = result
-        for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node.get(part)
-            if node is None:
-                raise ApiRejection(422, "Invalid", f"path {op['path']} does not exist")
-        if op["op"] == "test":
-            current = node[int(last)] if isinstance(node, list) else node.get(last)
-            if current != op["value"]:
-                raise ApiRejection(422, "Invalid", f"test at {op['path']} failed")
-        elif op["op"] in ("add", "replace"):
-            if isinstance(node, list):
-                node.insert(len(node) if last == "-" else int(last), op["value"])
-            else:
-                node[last] = copy.deepcopy(op["value"])
-        elif op["op"] == "remove":
-            del node[int(last) if isinstance(node, list) else last]
-        else:
-            raise ApiRejection(422, "Invalid", f"unsupported op {op['op']}")
-    return result
-
-
-def _prune(live: Any, previous: Any, current: Any) -> Any:
-    """Removes from `live` what the manager applied before (`previous`) but not now."""
-    if not isinstance(live, dict) or not isinstance(previous, dict):
-        return live
-    result = dict(live)
-    for key, value in previous.items():
-        if not isinstance(current, dict) or key not in current:
-            result.pop(key, None)
-        elif key in result:
-            result[key] = _prune(result[key], value, current[key])
-    return result
-
-
-def _deep_merge(live: Any, applied: Any) -> Any:
-    if isinstance(live, dict) and isinstance(applied, dict):
-        result = dict(live)
-        for key, value in applied.items():
-            result[key] = _deep_merge(live.get(key), value)
-        return result
-    return copy.deepcopy(applied)
-
-
-def _requirements(selector: str) -> list[tuple[str, str, set[str]]]:
-    """Parses a label selector into (key, operator, values)."""
-    result = []
-    for part in re.findall(r"[^,(]+(?:\([^)]*\))?", selector or ""):
-        part = part.strip()
-        if not part:
-            continue
-        if m := re.fullmatch(r"(\S+)\s+(in|notin)\s+\(([^)]*)\)", part):
-            values = {v.strip() for v in m.group(3).split(",") if v.strip()}
-            result.append((m.group(1), m.group(2), values))
-        elif m := re.fullmatch(r"(\S+?)\s*(==|!=|=)\s*(\S*)", part):
-            result.append((m.group(1), "!=" if m.group(2) == "!=" else "=", {m.group(3)}))
-        elif part.startswith("!"):
-            result.append((part[1:].strip(), "!exists", set()))
-        else:
-            result.append((part, "exists", set()))
-    return result
-
-
-def matches_selector(obj: dict[str, Any], selector: str | None) -> bool:
-    labels = obj.get("metadata", {}).get("labels") or {}
-    for key, op, values in _requirements(selector or ""):
-        present, value = key in labels, labels.get(key)
-        if op in ("=", "in") and (not present or value not in values):
-            return False
-        if op in ("!=", "notin") and present and value in values:
-            return False
-        if (op == "exists") != present and op in ("exists", "!exists"):
-            return False
-    return True
 
 
 @attrs.define(kw_only=True)
@@ -382,8 +287,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             if meta.get("name") != name or body.get("kind") is None or "apiVersion" not in body:
                 raise ApiRejection(400, "BadRequest", "apply needs apiVersion, kind and name")
             previous = self._applied.get((key, manager, subresource or ""), {})
-            base = _prune(copy.deepcopy(old or {}), previous, body)
-            new = _deep_merge(base, body)
+            base = prune(copy.deepcopy(old or {}), previous, body)
+            new = deep_merge(base, body)
             new.setdefault("metadata", {})["namespace"] = namespace
             result = self._commit(key, old, new, subresource)
             self._applied[(key, manager, subresource or "")] = copy.deepcopy(body)

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import kopf
 import pytest
+from api_semantics import matches_selector
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus, Phase
 from kubeinfer.operator.kube import apply
 from kubeinfer.operator.kube.client import CONFIGMAP, INFERENCE_DEPLOYMENT, ApiError, KubeClient
@@ -132,3 +133,19 @@ async def test_a_server_side_apply_needs_a_field_manager(world) -> None:
         headers={"Content-Type": "application/apply-patch+yaml"},
     ) as response:
         assert response.status == 400
+
+
+@pytest.mark.parametrize(
+    ("selector", "labels", "matches"),
+    [
+        ("a=1", {"a": "1"}, True),
+        ("a==1,b", {"a": "1"}, False),
+        ("a!=1", {}, True),
+        ("a in (1, 2),!c", {"a": "2"}, True),
+        ("a notin (1,2)", {"a": "2"}, False),
+        ("job-name in (x-0,x-1)", {"job-name": "x-1"}, True),
+        ("", {}, True),
+    ],
+)
+def test_emulated_label_selectors(selector, labels, matches) -> None:
+    assert matches_selector({"metadata": {"labels": labels}}, selector) is matches
