@@ -22,14 +22,18 @@ write path and the reads with what a kube-apiserver does, in the small:
   its dependents by ownerReference uid (background propagation);
 - LIST and WATCH honour `labelSelector` (=, ==, !=, in, notin, exists, !exists) and WATCH
   honours `resourceVersion` (replays later events only);
-- objects of built-in kinds that are created or applied are validated with
-  `kubernetes-validate` (strict, Kubernetes 1.33) and refused with 422 when invalid, and
-  InferenceDeployments against the CRD's own openAPIV3Schema.
+- every object written is validated, built-in kinds with `kubernetes-validate` (strict,
+  Kubernetes 1.33), InferenceDeployments (status included) against the CRD's own
+  openAPIV3Schema, and refused with 422 when invalid (`rejections` lists them).
+
+Not modelled: defaulting, admission (CEL included: so a spec the model refuses reaches
+the operator, as on a cluster without CEL), managedFields, strategic merge by list keys,
+bookmarks, watch expiry (410), rate limits and authorization.
 
 Every request is logged as an `ApiCall` (RBAC verb, group, resource[/subresource]). The
 tests change the world (a Job succeeding, a Deployment becoming ready) through the
-`create` / `patch_status` / `delete` helpers, which go through the same code without
-HTTP, so the log holds the operator's requests only.
+`create` / `patch` / `delete` helpers, which go through the same code without HTTP, so
+the log holds the operator's requests only.
 """
 
 from __future__ import annotations
