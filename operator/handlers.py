@@ -135,9 +135,10 @@ def register(
             message = f"API unreachable: {error!r}"
             raise kopf.TemporaryError(message, delay=RETRY_SOON_SECONDS) from None
 
-    @kopf.on.resume(*owner, registry=registry)
-    @kopf.on.create(*owner, registry=registry)
-    @kopf.on.update(*owner, registry=registry)
+    # One id for the three causes: kopf's progress annotation reads kubeinfer.io/reconcile.
+    @kopf.on.resume(*owner, registry=registry, id="reconcile")
+    @kopf.on.create(*owner, registry=registry, id="reconcile")
+    @kopf.on.update(*owner, registry=registry, id="reconcile")
     async def reconcile_on_change(namespace: str, name: str, **_: Any) -> None:
         await reconcile(namespace, name)
 

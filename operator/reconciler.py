@@ -64,11 +64,35 @@ class Reconciler:
         self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
         self._requeues: dict[tuple[str, str], asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Outcome]] = set()
+        self._queued: dict[tuple[str, str], asyncio.Future[Outcome]] = {}
+        self._passes: set[asyncio.Future[Outcome]] = set()
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
         """One pass. Raises InvalidManifest (after recording it in the status) for a spec
-        the model refuses, ApiError for a request the API server refused."""
-        async with self._locks[namespace, name]:
+        the model refuses, ApiError for a request the API server refused.
+
+        A trigger that arrives while a pass for the same object is still waiting for the
+        lock joins that pass instead of queueing another: the waiting pass has not read
+        anything yet, so it sees whatever the new trigger was about. A burst of child
+        events thus costs two passes, not one per event."""
+        key = (namespace, name)
+        queued = self._queued.get(key)
+        if queued is None:
+            queued = asyncio.ensure_future(self._serialised(key))
+            self._queued[key] = queued
+            self._passes.add(queued)
+            queued.add_done_callback(self._pass_done)
+        return await asyncio.shield(queued)
+
+    def _pass_done(self, task: asyncio.Future[Outcome]) -> None:
+        self._passes.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved here too: every waiter may have gone
+
+    async def _serialised(self, key: tuple[str, str]) -> Outcome:
+        namespace, name = key
+        async with self._locks[key]:
+            self._queued.pop(key, None)  # from now on, a new trigger queues a new pass
             try:
                 outcome = await self._pass(namespace, name)
             except InvalidManifest:
@@ -137,10 +161,11 @@ class Reconciler:
             logger.warning("Resync failed and is retried: %s", error)
 
     async def close(self) -> None:
-        """Cancels pending requeues and the passes they started."""
+        """Cancels pending requeues and the passes in flight."""
         for handle in self._requeues.values():
             handle.cancel()
         self._requeues.clear()
-        for task in list(self._tasks):
+        pending = [*self._tasks, *self._passes]
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*pending, return_exceptions=True)

@@ -1,11 +1,12 @@
 """The I/O layer on its own, against the emulated API server over HTTP: the client's
-404-as-absence, server-side apply creating and then leaving an unchanged object alone,
-the status patch guarded by resourceVersion, background deletion with garbage
+404-as-absence, concurrent triggers sharing one reconcile pass, server-side apply
+creating and then leaving an unchanged object alone, the status patch guarded by resourceVersion, background deletion with garbage
 collection, label-selected gathering, and events that never fail a pass. Also pins the
 emulator's own API-server semantics that the scenarios rely on."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from datetime import UTC, datetime
 
@@ -18,6 +19,8 @@ from kubeinfer.operator.kube.client import CONFIGMAP, INFERENCE_DEPLOYMENT, ApiE
 from kubeinfer.operator.kube.gather import children_selector, gather, owner_ref_from_body
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.snapshot import Event
+from kubeinfer.operator.reconciler import Reconciler
+from kubeinfer.operator.settings import OperatorSettings
 from operator_harness import NAMESPACE, World, manifest
 
 
@@ -149,3 +152,17 @@ async def test_a_server_side_apply_needs_a_field_manager(world) -> None:
 )
 def test_emulated_label_selectors(selector, labels, matches) -> None:
     assert matches_selector({"metadata": {"labels": labels}}, selector) is matches
+
+
+async def test_triggers_arriving_together_share_one_pass(world, client) -> None:
+    world.api.create("inferencedeployments", manifest(engine={"pin": "sha256:" + "a" * 64}))
+    reconciler = Reconciler(client, OperatorSettings())
+    try:
+        outcomes = await asyncio.gather(
+            *(reconciler.reconcile(NAMESPACE, "resnet") for _ in range(10))
+        )
+    finally:
+        await reconciler.close()
+    assert sum(c.verb == "get" for c in world.api.calls) == 1, "one pass for ten triggers"
+    assert all(outcome is outcomes[0] for outcome in outcomes)
+    assert outcomes[0].writes > 0 and world.children(("apps/v1", "deployments"))
