@@ -1,8 +1,9 @@
 """The I/O layer on its own, against the emulated API server over HTTP: the client's
 404-as-absence, concurrent triggers sharing one reconcile pass, server-side apply
-creating and then leaving an unchanged object alone, the status patch guarded by resourceVersion, background deletion with garbage
-collection, label-selected gathering, and events that never fail a pass. Also pins the
-emulator's own API-server semantics that the scenarios rely on."""
+creating and then leaving an unchanged object alone, the status patch guarded by
+resourceVersion, background deletion with garbage collection, label-selected gathering,
+and events that never fail a pass. Also pins the emulator's own API-server semantics
+that the scenarios rely on."""
 
 from __future__ import annotations
 
