@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
-from operator_harness import RECORDED_CALLS, World, emulated_world
+from operator_harness import RECORDED_CALLS, SPEC_WRITES, World, emulated_world
 
 
 @pytest.fixture
@@ -15,6 +15,7 @@ async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
     async with emulated_world() as world:
         yield world
         RECORDED_CALLS[request.node.name] = set(world.api.calls)
+        SPEC_WRITES[request.node.name] = list(world.api.spec_writes)
 
 
 @pytest.fixture(autouse=True)

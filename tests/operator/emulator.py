@@ -124,6 +124,9 @@ def _now() -> str:
 @attrs.define(kw_only=True)
 class ApiServerEmulator(kmock.KubernetesEmulator):
     calls: list[ApiCall] = attrs.field(factory=list, init=False)
+    spec_writes: list[str] = attrs.field(factory=list, init=False)
+    """Requests over HTTP that changed an InferenceDeployment's spec (the operator never
+    should; the tests change specs without HTTP)."""
     rejections: list[str] = attrs.field(factory=list, init=False)
     store: dict[Key, dict[str, Any]] = attrs.field(factory=dict, init=False)
     _applied: dict[tuple[Key, str, str], dict[str, Any]] = attrs.field(factory=dict, init=False)
@@ -327,9 +330,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             content_type = request.headers.get("Content-Type", "application/json")
             body = json.loads(request.text) if request.text else {}
             key = (gvp, request.namespace, request.name or "")
+            before = copy.deepcopy(self.store.get(key, {}).get("spec"))
             result = self.write(
                 method, key, body, dict(request.params), content_type, request.subresource
             )
+            if gvp[0] == "kubeinfer.io" and key in self.store and result.get("spec") != before:
+                self.spec_writes.append(f"{method} {request.url.path}")
         except ApiRejection as rejection:
             return self._status_response(rejection.status, rejection.reason, rejection.message)
         return aiohttp.web.json_response(result, status=201 if method == "POST" else 200)

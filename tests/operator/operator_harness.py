@@ -33,6 +33,8 @@ NAMESPACE = "ml"
 IDS = ("kubeinfer.io/v1alpha1", "inferencedeployments")
 RECORDED_CALLS: dict[str, set[ApiCall]] = {}
 """Every call the operator made, by scenario (test name)."""
+SPEC_WRITES: dict[str, list[str]] = {}
+"""The operator's requests that changed a spec, by scenario (there must be none)."""
 
 WATCHED = {
     "inferencedeployments",

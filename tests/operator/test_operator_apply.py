@@ -167,3 +167,17 @@ async def test_triggers_arriving_together_share_one_pass(world, client) -> None:
     assert sum(c.verb == "get" for c in world.api.calls) == 1, "one pass for ten triggers"
     assert all(outcome is outcomes[0] for outcome in outcomes)
     assert outcomes[0].writes > 0 and world.children(("apps/v1", "deployments"))
+
+
+async def test_the_emulator_notices_a_spec_written_over_http(world, client) -> None:
+    world.api.create("inferencedeployments", manifest())
+    await client.json_patch(
+        INFERENCE_DEPLOYMENT,
+        NAMESPACE,
+        "resnet",
+        [{"op": "replace", "path": "/spec/runtime/replicas", "value": 3}],
+    )
+    assert world.api.spec_writes == [
+        "PATCH /apis/kubeinfer.io/v1alpha1/namespaces/ml/inferencedeployments/resnet"
+    ]
+    assert world.infd()["metadata"]["generation"] == 2

@@ -17,7 +17,8 @@ objects and status (never the sequence of calls):
 - a reconcile of an unchanged object writes nothing; and the time from create to all
   children existing;
 - last, the RBAC rules of `kubeinfer.operator.rbac` grant exactly the (verb, resource)
-  pairs the operator used across all these scenarios: no more, no less.
+  pairs the operator used across all these scenarios, no more, no less; and none of its
+  requests changed a spec.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from operator_harness import (
     IDS,
     NAMESPACE,
     RECORDED_CALLS,
+    SPEC_WRITES,
     World,
     condition,
     digest_of,
@@ -337,6 +339,8 @@ async def test_rbac_rules_grant_exactly_the_calls_the_operator_made() -> None:
             async with emulated_world() as world:
                 await scenario(world)
             RECORDED_CALLS[scenario.__name__] = set(world.api.calls)
+            SPEC_WRITES[scenario.__name__] = list(world.api.spec_writes)
+    assert [w for s in SCENARIOS for w in SPEC_WRITES[s.__name__]] == [], "spec written"
     used = {
         (call.verb, call.group, call.resource)
         for scenario in SCENARIOS
