@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 from kubeinfer.runtime.config import RuntimeConfig
-from kubeinfer.runtime.http.app import DATAPLANE
+from kubeinfer.runtime.http.app import DATAPLANE, RUNNER_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ async def serve(
     """Serves `app` on config.host:config.http_port until SIGTERM/SIGINT (or `stop` is
     set), drains, and returns the exit code (0). `on_started` gets the bound port."""
     grace = config.drain_grace_period_seconds
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=grace)
+    runner = web.AppRunner(app, **RUNNER_OPTIONS, handle_signals=False, shutdown_timeout=grace)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.http_port, reuse_address=True)
     await site.start()

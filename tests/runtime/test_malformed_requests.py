@@ -2,10 +2,10 @@
 
 The app from `create_app` (real ONNX Runtime engine, tiny MLP) runs on a loopback port
 in a background thread; hypothesis sends random bytes, random JSON, valid requests with
-one field mutated, binary-extension bodies with lying sizes and header lengths, odd
-model paths. Every answer must be a JSON `{"error": ...}` with a 4xx status (or a 200
-when a mutation happens to be valid), never a 5xx; afterwards a valid request must still
-succeed with the right output.
+one field mutated, binary-extension bodies with lying sizes and header lengths, bodies
+that claim a Content-Encoding they do not have, odd model paths. Every answer must be a
+JSON `{"error": ...}` with a 4xx status (or a 200 when a mutation happens to be valid),
+never a 5xx; afterwards a valid request must still succeed with the right output.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubeinfer.runtime.config import EngineSource, RuntimeConfig
-from kubeinfer.runtime.http.app import create_app
+from kubeinfer.runtime.http.app import RUNNER_OPTIONS, create_app
 
 
 class InProcessServer:
@@ -38,7 +38,7 @@ class InProcessServer:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._runner = web.AppRunner(self._app, access_log=None)
+        self._runner = web.AppRunner(self._app, **RUNNER_OPTIONS)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         self._loop.run_until_complete(site.start())
@@ -141,6 +141,9 @@ def binary_requests(draw: st.DrawFn) -> tuple[bytes, dict[str, str]]:
 
 
 random_bodies = st.binary(max_size=300).map(lambda b: (b, {}))
+encoded_bodies = st.tuples(
+    st.binary(max_size=100), st.sampled_from(["gzip", "deflate", "br", "x-unknown"])
+).map(lambda pair: (pair[0], {"Content-Encoding": pair[1]}))
 random_json = json_values.map(lambda v: (json.dumps(v).encode(), {}))
 oversized = st.integers(33 * 1024, 40 * 1024).map(lambda n: (b"{" * n, {}))
 paths = st.one_of(
@@ -180,7 +183,9 @@ def _variants(body: bytes, rng: random.Random, count: int = 8) -> Iterator[bytes
 )
 @given(
     path=paths,
-    request=st.one_of(random_bodies, random_json, mutated_requests(), binary_requests()),
+    request=st.one_of(
+        random_bodies, random_json, mutated_requests(), binary_requests(), encoded_bodies
+    ),
     rng=st.randoms(use_true_random=False),
 )
 def test_malformed_requests_get_a_json_4xx(server, path, request, rng) -> None:
