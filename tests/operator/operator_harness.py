@@ -80,7 +80,7 @@ def manifest(name: str = "resnet", version: str = "1", **spec: Any) -> dict[str,
     }
 
 
-async def eventually(check: Callable[[], Any], within: float = 5.0, what: str = "") -> Any:
+async def eventually(check: Callable[[], Any], within: float = 10.0, what: str = "") -> Any:
     """Polls `check` (every 10 ms) until it returns something truthy; fails after
     `within` seconds saying what was awaited."""
     deadline = time.monotonic() + within

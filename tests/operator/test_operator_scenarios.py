@@ -133,9 +133,9 @@ async def test_create_builds_the_engine_then_deploys_and_reports_ready(world: Wo
 
 
 async def test_failed_build_reports_the_reason_and_retries_after_backoff(world: World) -> None:
-    # Failure times have whole seconds: a 2 s backoff leaves the failure visible for >= 1 s.
+    # Failure times have whole seconds: a 3 s backoff leaves the failure visible for >= 2 s.
     slow_retry = FAST.model_copy(
-        update={"build_backoff_seconds": 2, "build_backoff_max_seconds": 2}
+        update={"build_backoff_seconds": 3, "build_backoff_max_seconds": 3}
     )
     async with start_operator(world, slow_retry):
         world.api.create("inferencedeployments", manifest())
@@ -150,7 +150,7 @@ async def test_failed_build_reports_the_reason_and_retries_after_backoff(world: 
         assert not world.children(DEPLOYMENTS)
         await eventually(lambda: any(e["type"] == "Warning" for e in events(world)))
 
-        retried = await eventually(lambda: len(world.jobs()) == 2 and world.jobs(), within=4)
+        retried = await eventually(lambda: len(world.jobs()) == 2 and world.jobs(), within=10)
         labels = [j["metadata"]["labels"][names.LABEL_BUILD_ATTEMPT] for j in retried]
         assert sorted(labels) == ["0", "1"]
         newest = max(retried, key=lambda j: j["metadata"]["labels"][names.LABEL_BUILD_ATTEMPT])
