@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         action="append",
         default=[],
         metavar="NS",
-        help="watch this namespace (repeatable); default: KUBEINFER_NAMESPACES or all",
+        help="watch this namespace (repeatable, exact names); default: KUBEINFER_NAMESPACES or all",
     )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
     peering = parser.add_mutually_exclusive_group()
