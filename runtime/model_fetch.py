@@ -3,7 +3,9 @@
 Schemes: a plain path or `file://` (read in place), `http://` and `https://` (streamed to
 a temporary file beside the cache while hashing), `s3://BUCKET/KEY` through boto3 (the
 optional extra `kubeinfer[s3]`; credentials from the usual AWS environment variables,
-which the operator fills from the InferenceDeployment's secretRef). Any other scheme is
+which the operator fills from the InferenceDeployment's secretRef), `gs://BUCKET/OBJECT`
+through google-cloud-storage (the optional extra `kubeinfer[gcs]`; credentials from
+GOOGLE_APPLICATION_CREDENTIALS or the node's workload identity). Any other scheme is
 refused with the list of supported ones. When an expected sha256 is given (a flag, or a
 `#sha256=<hex>` fragment as pip writes it) a mismatch is refused before the bytes are
 used, so a tampered or truncated download never reaches the cache.
@@ -23,7 +25,7 @@ from urllib.parse import unquote, urlsplit
 
 CHUNK_BYTES = 1 << 20
 HTTP_TIMEOUT_SECONDS = 60
-SUPPORTED = "a path, file://, http://, https:// or s3://"
+SUPPORTED = "a path, file://, http://, https://, s3:// or gs://"
 
 
 class FetchError(ValueError):
@@ -130,6 +132,27 @@ def _fetch_s3(uri: str, scratch_dir: Path) -> tuple[Path, str]:
         raise FetchError(f"{uri}: cannot download from S3: {error}") from error
 
 
+def _fetch_gs(uri: str, scratch_dir: Path) -> tuple[Path, str]:
+    try:
+        from google.cloud import storage  # type: ignore[import-not-found, import-untyped]
+    except ImportError as error:
+        raise FetchError(
+            f"{uri}: gs:// needs google-cloud-storage, which is the optional extra: "
+            "pip install 'kubeinfer[gcs]'"
+        ) from error
+    parts = urlsplit(uri)
+    bucket, name = parts.netloc, parts.path.lstrip("/")
+    if not bucket or not name:
+        raise FetchError(f"{uri}: expected gs://BUCKET/OBJECT")
+    try:
+        blob = storage.Client().bucket(bucket).blob(name)
+        return _download(uri, scratch_dir, lambda: blob.open("rb"))
+    except FetchError:
+        raise
+    except Exception as error:  # google-api-core's errors, without importing it up front
+        raise FetchError(f"{uri}: cannot download from Google Cloud Storage: {error}") from error
+
+
 def _local_path(uri: str) -> Path:
     if uri.startswith("file://"):
         parts = urlsplit(uri)
@@ -155,6 +178,8 @@ def fetch(uri: str, scratch_dir: Path, expected_sha256: str | None = None) -> Fe
         path, actual = _fetch_http(base, scratch_dir)
     elif scheme == "s3":
         path, actual = _fetch_s3(base, scratch_dir)
+    elif scheme == "gs":
+        path, actual = _fetch_gs(base, scratch_dir)
     else:
         raise FetchError(f"{uri}: unsupported scheme {scheme!r}; use {SUPPORTED}")
     fetched = FetchedFile(uri, path, actual, temporary=True)

@@ -184,6 +184,16 @@ def test_s3_without_its_extra_says_how_to_install_it(tmp_path: Path) -> None:
         pytest.skip("boto3 is installed here")
 
 
+def test_gs_without_its_extra_says_how_to_install_it(tmp_path: Path) -> None:
+    try:
+        from google.cloud import storage  # noqa: F401
+    except ImportError:
+        with pytest.raises(FetchError, match=r"pip install 'kubeinfer\[gcs\]'"):
+            fetch("gs://bucket/model.onnx", tmp_path)
+    else:
+        pytest.skip("google-cloud-storage is installed here")
+
+
 def test_a_failed_build_leaves_its_reason_in_the_termination_message(
     models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
