@@ -20,6 +20,7 @@ write path and the reads with what a kube-apiserver does, in the small:
   `spec.selector` (422, as the real validation does);
 - DELETE removes the object (or marks it while finalizers remain) and garbage-collects
   its dependents by ownerReference uid (background propagation);
+- LIST items of built-in kinds carry no `kind`/`apiVersion` (typed lists);
 - LIST and WATCH honour `labelSelector` (=, ==, !=, in, notin, exists, !exists) and WATCH
   honours `resourceVersion` (replays later events only);
 - every object written is validated, built-in kinds with `kubernetes-validate` (strict,
@@ -375,11 +376,16 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
 
     async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
         rv = self._log[-1][0] if self._log else 0
+        items = self._select(request)
+        res = request.resource
+        if res is not None and res.group != "kubeinfer.io":
+            # Built-in kinds are listed as typed lists, whose items carry no kind.
+            items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in items]
         return {
             "kind": "List",
             "apiVersion": "v1",
             "metadata": {"resourceVersion": str(rv)},
-            "items": self._select(request),
+            "items": items,
         }
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
