@@ -111,8 +111,12 @@ def register(
 
     @kopf.on.login(registry=registry)
     async def authenticate(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        result = (login or kopf.login_via_client)(**kwargs)
-        connection = await result if isinstance(result, Awaitable) else result
+        try:
+            result = (login or kopf.login_via_client)(**kwargs)
+            connection = await result if isinstance(result, Awaitable) else result
+        except kopf.LoginError as error:
+            # No credentials at all will not appear by retrying: stop with the reason.
+            raise kopf.PermanentError(f"No Kubernetes credentials: {error}") from None
         if connection is not None:
             context.connect(connection)
         return connection

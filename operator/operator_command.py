@@ -104,9 +104,16 @@ def _run(args: argparse.Namespace) -> int:
     except InvalidSettings as error:
         print(f"kubeinfer operator: {error}", file=sys.stderr)
         return 2
+    import logging
+
     import kopf
 
     kopf.configure(verbose=args.verbose, log_prefix=True)
+    try:  # the check kopf's login makes, once, so that a missing kubeconfig is one line
+        kopf.login_via_client(logger=logging.getLogger(__name__), settings=kopf.OperatorSettings())
+    except kopf.LoginError as error:
+        print(f"kubeinfer operator: no Kubernetes credentials: {error}", file=sys.stderr)
+        return 1
     clusterwide, namespaces = scope_of(args, settings)
     asyncio.run(
         run_operator(

@@ -1,7 +1,7 @@
 """`kubeinfer operator` as a real process: started from the console script with a
 kubeconfig that points at the emulated API server, it reconciles an InferenceDeployment
 into its children, and exits cleanly on SIGTERM. Also: bad flags and bad settings are
-refused with a message, not a traceback."""
+refused with a message, not a traceback, and so are missing credentials."""
 
 from __future__ import annotations
 
@@ -85,3 +85,12 @@ def test_a_bad_setting_is_reported_by_its_variable(monkeypatch, capsys) -> None:
     monkeypatch.setenv("KUBEINFER_RESYNC_INTERVAL_SECONDS", "soon")
     assert main(["operator", "--namespace", "a"]) == 2
     assert "KUBEINFER_RESYNC_INTERVAL_SECONDS" in capsys.readouterr().err
+
+
+def test_missing_credentials_are_one_line_not_a_hang(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["operator", "--namespace", "a"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kubeinfer operator: no Kubernetes credentials")
+    assert "Traceback" not in err
