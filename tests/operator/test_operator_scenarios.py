@@ -10,7 +10,9 @@ objects and status (never the sequence of calls):
 - a version change → a new build while the old engine keeps serving, then the rollout;
 - a failed build of a new version → EngineReady=False, the old version still serving;
 - a change of engine inputs in the middle of a build → the stale Job is deleted;
-- a deleted child is recreated;
+- a deleted child is recreated; deleting the InferenceDeployment is not blocked by a
+  finalizer and garbage-collects its children; scaling it scales the Deployment and
+  keeps replicas, readyReplicas and the selector current;
 - an operator restarted in the middle of a build adopts the running Job (no duplicate);
 - a spec the CRD schema accepts but the model refuses → Degraded with the message, not
   retried in a loop, and recovery once the spec is fixed;
@@ -73,6 +75,16 @@ async def passes(world: World, count: int) -> None:
     """Waits for `count` more reconcile passes (each starts with a GET of the object)."""
     gets = sum(c.verb == "get" for c in world.api.calls)
     await eventually(lambda: sum(c.verb == "get" for c in world.api.calls) >= gets + count)
+
+
+async def passes_settle(world: World) -> None:
+    """Waits until no request has arrived for two resync intervals."""
+    quiet_for = 2 * FAST.resync_interval_seconds
+    while True:
+        calls = len(world.api.calls)
+        await asyncio.sleep(quiet_for)
+        if len(world.api.calls) == calls:
+            return
 
 
 def events(world: World) -> list[dict]:
@@ -247,6 +259,36 @@ async def test_deleted_children_are_recreated(world: World) -> None:
     assert world.one(*DEPLOYMENTS)["metadata"]["uid"] != deployment["metadata"]["uid"]
 
 
+async def test_deleting_the_owner_is_not_blocked_and_takes_the_children(world: World) -> None:
+    async with start_operator(world):
+        world.api.create("inferencedeployments", manifest(engine={"pin": digest_of("d")}))
+        await eventually(lambda: runtime_children_exist(world))
+        assert not world.infd()["metadata"].get("finalizers"), "no finalizer to block deletes"
+        world.api.delete(*IDS, NAMESPACE, "resnet")
+        assert world.infd() is None
+        await passes_settle(world)
+    assert not any(world.children(kind) for kind in (CONFIGMAPS, DEPLOYMENTS, SERVICES, PVCS))
+
+
+async def test_scaling_the_owner_scales_the_deployment(world: World) -> None:
+    async with start_operator(world):
+        world.api.create("inferencedeployments", manifest(engine={"pin": digest_of("s")}))
+        await eventually(lambda: runtime_children_exist(world))
+        world.make_deployment_ready()
+        await eventually(lambda: status_of(world, "Ready") == "True")
+        # What `kubectl scale infd/resnet --replicas=3` writes through the scale subresource.
+        world.api.patch(*IDS, NAMESPACE, "resnet", {"spec": {"runtime": {"replicas": 3}}})
+        await eventually(lambda: world.one(*DEPLOYMENTS)["spec"]["replicas"] == 3)
+        await eventually(lambda: world.infd()["status"]["replicas"] == 3)
+        assert status_of(world, "Ready") == "False", "not ready until the third pod is"
+        world.make_deployment_ready()
+        await eventually(lambda: status_of(world, "Ready") == "True")
+    status = world.infd()["status"]
+    assert (status["replicas"], status["readyReplicas"], status["ready"]) == (3, 3, "3/3")
+    selector = dict(part.split("=") for part in status["selector"].split(","))
+    assert world.one(*DEPLOYMENTS)["spec"]["selector"]["matchLabels"] == selector
+
+
 async def test_restart_in_the_middle_of_a_build_adopts_the_running_job(world: World) -> None:
     async with start_operator(world):
         world.api.create("inferencedeployments", manifest())
@@ -324,6 +366,8 @@ SCENARIOS = [
     test_failed_build_of_a_new_version_keeps_the_old_one_serving,
     test_input_change_mid_build_deletes_the_stale_job,
     test_deleted_children_are_recreated,
+    test_deleting_the_owner_is_not_blocked_and_takes_the_children,
+    test_scaling_the_owner_scales_the_deployment,
     test_restart_in_the_middle_of_a_build_adopts_the_running_job,
     test_spec_refused_by_the_model_is_degraded_and_not_retried,
     test_reconcile_of_an_unchanged_object_writes_nothing,
