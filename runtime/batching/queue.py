@@ -166,22 +166,36 @@ class Batcher:
 
     def _run_inline(self, slot: ExecutionSlot, batch: list[_Request], rows: int) -> None:
         """Runs a small batch on the event loop (see the module docstring)."""
-        seconds = 0.0
+        outcome: _Outcome
         try:
-            results, seconds = _execute(slot, [r.inputs for r in batch], rows)
+            outcome = _execute(slot, [r.inputs for r in batch], rows)
         except Exception as error:
-            log.exception("Engine failed on a batch of %d rows", rows)
-            failure = EngineFailed(f"the engine failed on this request's batch: {error}")
+            outcome = error
+        self._complete(slot, batch, rows, outcome)
+
+    def _complete(
+        self,
+        slot: ExecutionSlot,
+        batch: list[_Request],
+        rows: int,
+        outcome: _Outcome,
+    ) -> None:
+        """Answers every request of a finished batch (one engine error fans out to all of
+        them) and gives the slot back."""
+        seconds = 0.0
+        if isinstance(outcome, Exception):
+            log.error("Engine failed on a batch of %d rows", rows, exc_info=outcome)
+            failure = EngineFailed(f"the engine failed on this request's batch: {outcome}")
             for request in batch:
                 if not request.future.done():
                     request.future.set_exception(failure)
         else:
+            results, seconds = outcome
             for request, result in zip(batch, results, strict=True):
                 if not request.future.done():
                     request.future.set_result(result)
-        finally:
-            self._batch_done(slot, rows, seconds)
-            self._observer.inflight_batches(self._busy)
+        self._batch_done(slot, rows, seconds)
+        self._observer.inflight_batches(self._busy)
 
     def _batch_done(self, slot: ExecutionSlot, rows: int, seconds: float) -> None:
         self._observer.batch_finished(seconds)
@@ -308,29 +322,23 @@ class Batcher:
 
     async def _run_batch(self, slot: ExecutionSlot, batch: list[_Request], rows: int) -> None:
         loop = asyncio.get_running_loop()
-        seconds = 0.0
+        outcome: _Outcome = EngineFailed("the batch was cancelled before it finished")
         try:
-            results, seconds = await loop.run_in_executor(
+            outcome = await loop.run_in_executor(
                 self._executor, _execute, slot, [r.inputs for r in batch], rows
             )
         except Exception as error:
-            log.exception("Engine failed on a batch of %d rows", rows)
-            failure = EngineFailed(f"the engine failed on this request's batch: {error}")
-            for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(failure)
-        else:
-            for request, result in zip(batch, results, strict=True):
-                if not request.future.done():
-                    request.future.set_result(result)
+            outcome = error
         finally:
-            self._batch_done(slot, rows, seconds)
-            self._observer.inflight_batches(self._busy)
+            self._complete(slot, batch, rows, outcome)
             assert self._wakeup is not None
             self._wakeup.set()
 
 
 _SMALL_BATCH_ROWS = 4
+
+# What a batch ends with: each request's outputs and the compute seconds, or the error.
+_Outcome = tuple[list[dict[str, np.ndarray]], float] | Exception
 
 
 def _execute(
