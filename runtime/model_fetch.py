@@ -112,6 +112,14 @@ def _fetch_http(uri: str, scratch_dir: Path) -> tuple[Path, str]:
         raise FetchError(f"{uri}: cannot download: {reason}") from error
 
 
+def _bucket_and_name(uri: str, form: str) -> tuple[str, str]:
+    parts = urlsplit(uri)
+    bucket, name = parts.netloc, parts.path.lstrip("/")
+    if not bucket or not name:
+        raise FetchError(f"{uri}: expected {form}")
+    return bucket, name
+
+
 def _fetch_s3(uri: str, scratch_dir: Path) -> tuple[Path, str]:
     try:
         import boto3  # type: ignore[import-not-found, import-untyped]
@@ -119,10 +127,7 @@ def _fetch_s3(uri: str, scratch_dir: Path) -> tuple[Path, str]:
         raise FetchError(
             f"{uri}: s3:// needs boto3, which is the optional extra: pip install 'kubeinfer[s3]'"
         ) from error
-    parts = urlsplit(uri)
-    bucket, key = parts.netloc, parts.path.lstrip("/")
-    if not bucket or not key:
-        raise FetchError(f"{uri}: expected s3://BUCKET/KEY")
+    bucket, key = _bucket_and_name(uri, "s3://BUCKET/KEY")
     try:
         body = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"]
         return _download(uri, scratch_dir, lambda: body)
@@ -140,10 +145,7 @@ def _fetch_gs(uri: str, scratch_dir: Path) -> tuple[Path, str]:
             f"{uri}: gs:// needs google-cloud-storage, which is the optional extra: "
             "pip install 'kubeinfer[gcs]'"
         ) from error
-    parts = urlsplit(uri)
-    bucket, name = parts.netloc, parts.path.lstrip("/")
-    if not bucket or not name:
-        raise FetchError(f"{uri}: expected gs://BUCKET/OBJECT")
+    bucket, name = _bucket_and_name(uri, "gs://BUCKET/OBJECT")
     try:
         blob = storage.Client().bucket(bucket).blob(name)
         return _download(uri, scratch_dir, lambda: blob.open("rb"))
