@@ -31,9 +31,14 @@ class CeilingPoint:
 
 
 def open_session(model_path: Path, threads: int) -> ort.InferenceSession:
+    """The session settings every server in the benchmark gets (kubeinfer's engine's):
+    `threads` intra-op threads, one inter-op thread, no spin-waiting (spinning threads
+    would take the core the HTTP event loop and the load generator need)."""
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
 
 

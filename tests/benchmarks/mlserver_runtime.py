@@ -28,9 +28,11 @@ class OnnxRuntimeModel(MLModel):
     async def load(self) -> bool:
         uri = self.settings.parameters.uri
         extra = self.settings.parameters.extra or {}
-        options = ort.SessionOptions()
+        options = ort.SessionOptions()  # the same settings as kubeinfer's engine
         if extra.get("intra_op_threads"):
             options.intra_op_num_threads = int(extra["intra_op_threads"])
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._session = ort.InferenceSession(uri, options, providers=["CPUExecutionProvider"])
         self._output_names = [o.name for o in self._session.get_outputs()]
         mlserver.register("bench_batch_size", "Items per predict call (one adaptive batch)")

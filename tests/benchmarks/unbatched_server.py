@@ -54,9 +54,11 @@ def _error(status: int, message: str) -> web.Response:
 
 
 def create_app(model_path: str, name: str, intra_op_threads: int) -> web.Application:
-    options = ort.SessionOptions()
+    options = ort.SessionOptions()  # the same settings as kubeinfer's engine
     if intra_op_threads:
         options.intra_op_num_threads = intra_op_threads
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
     inputs = {i.name: i for i in session.get_inputs()}
     output_names = [o.name for o in session.get_outputs()]
