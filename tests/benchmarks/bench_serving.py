@@ -309,7 +309,13 @@ def int8_comparison(
         points = measure_ceiling(engine_path, args.threads, args.ceiling_seconds, (1, 32))
         ceilings[precision] = {p.batch_size: p.items_per_second for p in points}
         expected = reference_outputs(engine_path, items)
-        spec = kubeinfer_spec(engine_path, MEMORY, args.threads, engine=(digest, work))
+        spec = kubeinfer_spec(
+            engine_path,
+            MEMORY,
+            args.threads,
+            extra_args=tuple(args.kubeinfer_args.split()),
+            engine=(digest, work),
+        )
         plan = [("json", 32), ("binary", 32)]
         rows = serve_and_load(spec, MEMORY, items, expected, plan, args,
                               label=f"kubeinfer-{precision}")  # fmt: skip
