@@ -114,9 +114,12 @@ class BatchingPolicy(ApiModel):
     """Batch sizes the engine runs best at (e.g. its optimisation profile's sizes); the
     batcher flushes as soon as one is reached. Each must be at most maxBatchSize."""
 
-    execution_slots: int = Field(default=2, ge=1, le=16)
+    execution_slots: int | None = Field(default=None, ge=1, le=16)
     """Batches run concurrently. Each slot owns buffers preallocated for maxBatchSize (and a
-    CUDA stream on GPU), so a second slot overlaps copies with the first slot's compute."""
+    CUDA stream on GPU), so a second slot overlaps copies with the first slot's compute.
+    When unset, the engine's own choice: 2 for TensorRT, 1 for ONNX Runtime on CPU, whose
+    threads already use every core (a second slot there halves the batches and costs more
+    CPU per request)."""
 
     max_queue_size: int = Field(default=1024, ge=1, le=1_000_000)
     """Most requests waiting in the queue; beyond it requests are refused at once with 503

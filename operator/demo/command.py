@@ -143,7 +143,7 @@ def serve_and_load(digest: str, cache: str, seconds: float) -> bool:
         "--engine", digest, "--cache", cache, "--model-name", MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(port),
         "--max-batch-size", "32", "--max-queue-delay-microseconds", "2000",
-        "--execution-slots", "2", "--drain-grace-period-seconds", "10",
+        "--drain-grace-period-seconds", "10",
     ]  # fmt: skip
     print(f"  $ kubeinfer serve --engine {digest[:23]}... --cache {cache} --port {port}")
     server = subprocess.Popen(command)

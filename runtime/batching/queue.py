@@ -130,7 +130,8 @@ class Batcher:
 
     async def start(self) -> None:
         """Creates the slots (their buffers are allocated here, once) and the scheduler."""
-        self._slots = [self._engine.create_slot() for _ in range(self._policy.execution_slots)]
+        slots = self._policy.execution_slots or self._engine.default_execution_slots
+        self._slots = [self._engine.create_slot() for _ in range(slots)]
         self._free = list(self._slots)
         self._executor = ThreadPoolExecutor(
             max_workers=len(self._slots), thread_name_prefix="kubeinfer-slot"

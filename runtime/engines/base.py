@@ -108,6 +108,12 @@ class Engine(Protocol):
     @property
     def max_batch_size(self) -> int: ...
 
+    @property
+    def default_execution_slots(self) -> int:
+        """How many slots serve best when the policy sets none: 2 where a slot's copies
+        can overlap another's compute (GPU), 1 where compute already fills every core."""
+        ...
+
     def create_slot(self) -> ExecutionSlot:
         """A new slot with buffers for `max_batch_size` rows."""
         ...

@@ -271,6 +271,12 @@ class OnnxRuntimeEngine:
     def max_batch_size(self) -> int:
         return self._max_batch_size
 
+    @property
+    def default_execution_slots(self) -> int:
+        # One session's intra-op threads already use every core; a second concurrent batch
+        # would only split the queue into smaller batches.
+        return 1
+
     def create_slot(self) -> OnnxRuntimeSlot:
         if self._session_per_slot:
             return OnnxRuntimeSlot(

@@ -122,6 +122,11 @@ class TensorRTEngine:
     def max_batch_size(self) -> int:
         return self._max_batch_size
 
+    @property
+    def default_execution_slots(self) -> int:
+        # Two CUDA streams: one slot's copies overlap the other's compute.
+        return 2
+
     def create_slot(self) -> CudaSlot:
         with self._context.active():
             execution = self._engine.create_execution_context()

@@ -43,6 +43,7 @@ class GatedEngine:
     inputs = property(lambda self: self.engine.inputs)
     outputs = property(lambda self: self.engine.outputs)
     max_batch_size = property(lambda self: self.engine.max_batch_size)
+    default_execution_slots = property(lambda self: self.engine.default_execution_slots)
 
     def create_slot(self) -> GatedSlot:
         return GatedSlot(self, self.engine.create_slot())
