@@ -205,3 +205,68 @@ async def test_slow_batches_always_run_in_worker_threads(gated) -> None:
         await batcher.infer({"input": rows(1, seed)}, 1)
     assert threading.get_ident() not in gated.threads
     await batcher.close()
+
+
+class StartedBatches:
+    """Records the batches the batcher starts, in order."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+    def inflight_batches(self, count: int) -> None:
+        pass
+
+    def batch_started(self, rows: int, queue_seconds) -> None:
+        self.rows.append(rows)
+
+    def batch_finished(self, compute_seconds: float) -> None:
+        pass
+
+
+async def test_a_freed_slot_starts_the_queued_batch_before_the_finished_one_is_answered(
+    gated,
+) -> None:
+    # Answering wakes every handler of the finished batch; if the next batch waited for
+    # them, the engine would idle while their responses are encoded.
+    observer = StartedBatches()
+    batcher = Batcher(
+        gated, BatchingPolicy(execution_slots=1), observer=observer, inline_below_seconds=0.0
+    )
+    await batcher.start()
+    gated.gate.clear()
+
+    async def first_request() -> int:
+        await batcher.infer({"input": rows(1, 0)}, 1)
+        return len(observer.rows)  # batches started when this request got its answer
+
+    first = asyncio.create_task(first_request())
+    await started(gated)
+    queued = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in (1, 2)]
+    await asyncio.sleep(0.01)
+    gated.gate.set()
+    assert await first == 2
+    await asyncio.gather(*queued)
+    assert observer.rows == [1, 2]
+    await batcher.close()
+
+
+async def test_unset_execution_slots_take_the_engines_choice(gated) -> None:
+    # ONNX Runtime's threads already fill the cores: one slot, so requests arriving while
+    # it runs queue into the next batch instead of running beside it.
+    assert BatchingPolicy().execution_slots is None
+    assert gated.default_execution_slots == 1
+    batcher = Batcher(gated, BatchingPolicy(max_queue_delay_microseconds=0))
+    await batcher.start()
+    gated.gate.clear()
+    first = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
+    await started(gated)
+    second = asyncio.create_task(batcher.infer({"input": rows(1, 1)}, 1))
+    await asyncio.sleep(0.05)
+    assert gated.running == 1
+    gated.gate.set()
+    await asyncio.gather(first, second)
+    assert gated.max_running == 1
+    await batcher.close()
