@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 BatchSize = Annotated[int, Field(ge=1, le=1024)]
@@ -113,6 +113,12 @@ class BatchingPolicy(ApiModel):
     )
     """Batch sizes the engine runs best at (e.g. its optimisation profile's sizes); the
     batcher flushes as soon as one is reached. Each must be at most maxBatchSize."""
+
+    @field_validator("preferred_batch_sizes")
+    @classmethod
+    def _sorted_sizes(cls, sizes: list[int]) -> list[int]:
+        # Sorted once here, so the batcher's per-decision lookup needs no sort.
+        return sorted(set(sizes))
 
     execution_slots: int | None = Field(default=None, ge=1, le=16)
     """Batches run concurrently. Each slot owns buffers preallocated for maxBatchSize (and a

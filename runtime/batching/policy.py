@@ -105,7 +105,7 @@ def next_decision(
     # Waiting can help only while another batch is in flight (requests are arriving and
     # would otherwise go in a small batch competing with it) and a better size is ahead:
     # the next preferred size, or maxBatchSize when none is configured.
-    preferred = sorted(policy.preferred_batch_sizes)
+    preferred = policy.preferred_batch_sizes  # sorted and unique (BatchingPolicy)
     if busy_slots == 0 or rows in preferred:
         return Decision(expired, Flush(count, rows))
     if preferred and bisect.bisect_right(preferred, rows) == len(preferred):

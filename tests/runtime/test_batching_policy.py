@@ -159,3 +159,7 @@ def test_invariants(pending, free, busy, now, preferred, draining) -> None:
         if live:
             assert action.at is not None
             assert action.at <= min(q.deadline for q in live)
+
+
+def test_preferred_sizes_are_kept_sorted_and_unique_so_decisions_need_no_sort() -> None:
+    assert BatchingPolicy(preferred_batch_sizes=[16, 4, 8, 4]).preferred_batch_sizes == [4, 8, 16]
