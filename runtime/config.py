@@ -197,3 +197,65 @@ class RuntimeConfig(ApiModel):
     intra_op_threads: int | None = Field(default=None, ge=1, le=256)
     """ONNX Runtime intra-op threads of the one thread pool the execution slots share
     (slots share one session); ONNX Runtime's default when unset."""
+
+    mirror_target_file: str | None = None
+    """A file holding a `MirrorFile` (YAML or JSON) that the runtime re-reads every
+    mirrorPollIntervalMilliseconds: a shadow candidate to mirror live requests to. A
+    missing or empty file means no mirroring; an invalid one is logged and leaves the
+    previous target in place."""
+
+    mirror_poll_interval_milliseconds: int = Field(default=1000, ge=10, le=600_000)
+    """How often the mirror target file is re-read."""
+
+
+class MirrorPolicy(ApiModel):
+    """How a serving runtime mirrors live requests to a shadow candidate. The mirror sits
+    beside the request path, never in it: a request is answered first, then offered to the
+    mirror's bounded queue; what does not fit is dropped and counted, so a dead, slow or
+    erroring candidate changes nothing for the caller."""
+
+    max_concurrency: int = Field(default=4, ge=1, le=256)
+    """Mirrored requests in flight to the candidate at once."""
+
+    max_queue_size: int = Field(default=64, ge=1, le=100_000)
+    """Mirrored requests waiting for a free slot; beyond it they are dropped."""
+
+    max_queued_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=16 * 1024**3)
+    """Bytes of input and output tensors held by waiting mirrored requests; beyond it they
+    are dropped, so a mirror never holds more memory than this."""
+
+    timeout_milliseconds: int = Field(default=2000, ge=1, le=600_000)
+    """Longest the primary waits for the candidate's answer to one mirrored request."""
+
+
+class MirrorTarget(ApiModel):
+    """The candidate a serving runtime mirrors to, and which share of its requests."""
+
+    url: str = Field(pattern=r"^https?://[^/\s]+$", max_length=2048)
+    """The candidate's base URL (scheme, host and port; e.g. its Service)."""
+
+    model_name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    """The model name the candidate serves (requests go to /v2/models/{name}/infer)."""
+
+    candidate_version: str = Field(max_length=63)
+    """The candidate's model version (a metric label)."""
+
+    candidate_digest: str = Field(default="", max_length=71)
+    """The candidate's engine digest (a metric label), so the aggregates of one candidate
+    are never mixed with another's."""
+
+    traffic_percent: int = Field(default=10, ge=1, le=100)
+    """Share of answered requests mirrored, in percent (deterministic: exactly this share
+    of every hundred)."""
+
+    policy: MirrorPolicy = Field(default_factory=MirrorPolicy)
+    """Queue, concurrency and timeout of the mirror."""
+
+
+class MirrorFile(ApiModel):
+    """The content of the mirror target file a serving runtime re-reads while it runs (the
+    operator renders it into a ConfigMap of its own, mounted as a directory, so a shadow
+    starts and ends without restarting the serving pods)."""
+
+    target: MirrorTarget | None = None
+    """The candidate to mirror to; none: mirroring is off."""
