@@ -74,6 +74,18 @@ class OperatorSettings(BaseModel):
     """How long a terminating runtime pod may answer queued and in-flight requests (the
     runtime's drainGracePeriodSeconds); the pod's termination grace period is longer."""
 
+    prometheus_url: str | None = Field(default=None, pattern=r"^https?://.+$", max_length=2048)
+    """The Prometheus that shadow verdicts (and the autoscaler) read, when an
+    InferenceDeployment names none (spec.monitoring.prometheus.url). Unset: the operator
+    reads the runtime pods' /metrics itself."""
+
+    metrics_timeout_seconds: float = Field(default=5, gt=0, le=120)
+    """Longest one read of the metrics source may take (a Prometheus query, or one pod's
+    /metrics); a slower source counts as unavailable for that pass."""
+
+    shadow_poll_seconds: float = Field(default=15, gt=0, le=3600)
+    """How often a running shadow test's aggregates are read and judged."""
+
     @field_validator("namespaces", mode="before")
     @classmethod
     def _split_namespaces(cls, value: Any) -> Any:
