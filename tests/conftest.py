@@ -1,40 +1,79 @@
-"""Suite-wide set-up: the `gpu` and `cluster` markers skip unless their hardware exists.
+"""Suite-wide set-up: the `gpu` and `cluster` markers skip unless what they need exists.
 
-- `gpu`: needs a CUDA device (checked through NVML or pycuda, both optional).
+- `gpu`: needs a CUDA device, found through the driver library itself (libcuda, by ctypes,
+  so no Python package is needed to tell). Its arguments name the modules the test also
+  needs importable: `@pytest.mark.gpu("pycuda.driver")` for the CUDA slots,
+  `@pytest.mark.gpu("tensorrt", "pycuda.driver")` for TensorRT, `("pynvml",)` for NVML.
+  A GPU machine without TensorRT (ours) then skips the TensorRT tests, naming what is
+  missing, instead of failing them.
 - `cluster`: runs against the real cluster that KUBECONFIG points at.
 """
 
 from __future__ import annotations
 
+import ctypes
+import importlib
 import os
+from collections.abc import Callable, Iterable
 from functools import cache
 
 import pytest
 
+CUDA_SUCCESS = 0
+
 
 @cache
-def cuda_available() -> bool:
+def cuda_problem() -> str | None:
+    """None where the CUDA driver sees a device, else why not (asked of libcuda directly:
+    the same answer pycuda, CuPy and TensorRT would get)."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError as error:
+        return f"no NVIDIA driver ({error})"
+    status = driver.cuInit(0)
+    if status != CUDA_SUCCESS:
+        return f"cuInit failed with CUDA error {status}"
+    count = ctypes.c_int(0)
+    status = driver.cuDeviceGetCount(ctypes.byref(count))
+    if status != CUDA_SUCCESS or count.value == 0:
+        return "the driver sees no CUDA device"
+    return None
 
-        pynvml.nvmlInit()
-        return bool(pynvml.nvmlDeviceGetCount())
-    except Exception:
-        pass
+
+@cache
+def import_problem(module: str) -> str | None:
+    """None if `module` imports, else the error (a module built for another CUDA raises
+    more than ImportError, hence the broad catch)."""
     try:
-        import pycuda.driver as cuda  # type: ignore[import-not-found]
+        importlib.import_module(module)
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    return None
 
-        cuda.init()
-        return bool(cuda.Device.count())
-    except Exception:
-        return False
+
+def gpu_skip_reason(
+    needs: Iterable[str],
+    cuda: Callable[[], str | None] = cuda_problem,
+    importable: Callable[[str], str | None] = import_problem,
+) -> str | None:
+    """Why a `gpu` test cannot run here, or None: the device first, then each module."""
+    problem = cuda()
+    if problem is not None:
+        return f"needs a CUDA GPU: {problem}"
+    for module in needs:
+        problem = importable(module)
+        if problem is not None:
+            return f"needs {module} ({problem})"
+    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     no_cluster = pytest.mark.skip(reason="needs a real cluster: set KUBECONFIG")
     for item in items:
-        if "gpu" in item.keywords and not cuda_available():
-            item.add_marker(no_gpu)
+        markers = list(item.iter_markers("gpu"))
+        if markers:
+            reason = gpu_skip_reason(module for marker in markers for module in marker.args)
+            if reason is not None:
+                item.add_marker(pytest.mark.skip(reason=reason))
         if "cluster" in item.keywords and not os.environ.get("KUBECONFIG"):
             item.add_marker(no_cluster)

@@ -19,12 +19,25 @@ Why blocking-sync events by default: a spinning wait burns a CPU core per slot i
 the cores the HTTP loop and the request codec need; a blocking wait costs some
 microseconds of wake-up latency per batch instead.
 
+Why non-blocking streams: a stream created with default flags synchronises with the legacy
+default stream, so any work a library queues there (a CuPy or PyTorch call outside a stream
+block, a synchronous `cudaMemcpy`) would wait for every slot's batch and make every slot wait
+for it, serialising the slots. `CU_STREAM_NON_BLOCKING` opts out of that.
+
+Why a failed batch synchronises before it raises: the host-to-device copies read the pinned
+input buffers asynchronously. If the compute raises after they were queued, the slot goes
+back to the batcher, which writes the next batch into those buffers while the copy may
+still be reading them; waiting for the stream first hands the slot back idle.
+
 pycuda is imported lazily and guarded: importing this module never needs it; creating a
 context without it (or without a device) raises `BackendUnavailable`.
 
-Unverified here: TensorRT cannot be installed on our machines and the machines that built
-this had no GPU; `tests/runtime/test_engines_cuda.py` (marked `gpu`) and
-`tests/benchmarks/gpu_slots.py` exercise this module on a CUDA machine.
+Unverified: no line of this module has run on a GPU (the machines that wrote it had none).
+What did run, on a CPU, against a stand-in for `pycuda.driver` (the library boundary) in
+`tests/runtime/test_gpu_fixes.py`: the calls `CudaSlot.__init__`, `run` and `close` make
+(the stream's flags, the synchronise before a failed batch re-raises), not what the driver
+does with them. `tests/runtime/test_engines_cuda.py` (marked `gpu`) and
+`tests/benchmarks/gpu_slots.py` exercise it on a CUDA machine (`make gpu-check`).
 """
 
 from __future__ import annotations
@@ -41,6 +54,10 @@ from kubeinfer.runtime.engines.base import (
     TensorSpec,
     check_batch_size,
 )
+
+# cuda.h's CUstream_flags: the stream does not synchronise with the legacy default stream.
+# pycuda's `Stream(flags)` passes the flags to cuStreamCreate and defines no constant.
+CU_STREAM_NON_BLOCKING = 0x1
 
 
 def import_pycuda() -> ModuleType:
@@ -139,7 +156,7 @@ class CudaSlot:
             self.device_outputs = {
                 k: cuda.mem_alloc(max(v.nbytes, 1)) for k, v in self.host_outputs.items()
             }
-            self.stream = cuda.Stream()
+            self.stream = cuda.Stream(CU_STREAM_NON_BLOCKING)
             flags = cuda.event_flags.DISABLE_TIMING
             if blocking_sync:
                 flags |= cuda.event_flags.BLOCKING_SYNC
@@ -176,6 +193,14 @@ class CudaSlot:
                 cuda.memcpy_dtoh_async(view, self.device_outputs[name], self.stream)
             self.done.record(self.stream)
             self.done.synchronize()
+        except BaseException as error:
+            # The queued copies may still read the pinned inputs: finish them before the
+            # slot is handed back for the next batch to be written there.
+            try:
+                self.stream.synchronize()
+            except Exception as sync_error:  # a sticky CUDA error: the context is lost
+                error.add_note(f"Synchronising the slot's stream failed too: {sync_error}")
+            raise
         finally:
             self.context.pop()
         return outputs

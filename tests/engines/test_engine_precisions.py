@@ -134,7 +134,7 @@ def test_an_engine_failing_a_gate_is_not_published(
     assert not engines.exists() or not any(engines.iterdir())
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu("tensorrt", "pycuda.driver")
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_tensorrt_builds_serve_outputs_close_to_fp32(
     models: dict[str, Path], tmp_path: Path, precision: str

@@ -2,12 +2,14 @@
 
 Everywhere: importing `cuda_streams` and `tensorrt` needs neither pycuda nor TensorRT,
 and using them without those raises `BackendUnavailable` with an instruction (also through
-`load_engine`). On a CUDA machine (marker `gpu`; needs pycuda, CuPy optional): a
+`load_engine`). On a CUDA machine with pycuda (marker `gpu("pycuda.driver")`; the CuPy
+test also needs CuPy; `make gpu-check` builds pycuda and runs them): a
 `CudaSlot` whose compute is a device-to-device copy returns each batch's rows for every
 size 1..max; its pinned and device buffers never move and device memory does not change
 across hundreds of batches; two slots in threads keep their results apart; a CuPy matmul
 launched on the slot's stream equals numpy's; batch sizes outside 1..max are refused.
 TensorRT itself cannot be installed on our machines: the TensorRT engine is untested.
+None of the `gpu` tests here has run yet: no machine that worked on them had a GPU.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ def context() -> cuda_streams.CudaContext:
     return cuda_streams.CudaContext(0)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu("pycuda.driver")
 def test_a_slot_returns_each_batch_for_every_size(context: cuda_streams.CudaContext) -> None:
     slot = cuda_streams.CudaSlot(context, (X,), (Y,), 16, copy_rows)
     rng = np.random.default_rng(0)
@@ -79,7 +81,7 @@ def test_a_slot_returns_each_batch_for_every_size(context: cuda_streams.CudaCont
         slot.close()
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu("pycuda.driver")
 def test_a_slot_allocates_nothing_per_batch(context: cuda_streams.CudaContext) -> None:
     slot = cuda_streams.CudaSlot(context, (X,), (Y,), 16, copy_rows)
     cuda = context.cuda
@@ -115,7 +117,7 @@ def test_a_slot_allocates_nothing_per_batch(context: cuda_streams.CudaContext) -
         slot.close()
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu("pycuda.driver")
 def test_two_slots_in_threads_keep_their_results_apart(context: cuda_streams.CudaContext) -> None:
     slots = [cuda_streams.CudaSlot(context, (X,), (Y,), 8, copy_rows) for _ in range(2)]
     batches = [np.full((8, WIDTH), i + 1, np.float32) for i in range(2)]
@@ -141,7 +143,7 @@ def test_two_slots_in_threads_keep_their_results_apart(context: cuda_streams.Cud
     assert not errors, errors
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu("pycuda.driver", "cupy")
 def test_a_cupy_matmul_on_the_slot_stream_equals_numpy(
     context: cuda_streams.CudaContext, tmp_path: Path
 ) -> None:
@@ -165,7 +167,7 @@ def test_a_cupy_matmul_on_the_slot_stream_equals_numpy(
     slot = cuda_streams.CudaSlot(context, narrow[:1], narrow[1:], 8, matmul)
     try:
         for n in (1, 5, 8):
-            batch = rng.standard_normal((n, WIDTH)).astype(np.float32)
+            batch = rng.standard_normal((n, 256)).astype(np.float32)
             slot.input_views(n)["x"][...] = batch
             np.testing.assert_allclose(slot.run(n)["y"], batch @ weight, rtol=1e-3, atol=1e-3)
     finally:
