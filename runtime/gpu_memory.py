@@ -9,6 +9,16 @@ failure is remembered so a machine without a GPU pays for the attempt once.
 Why NVML rather than the CUDA runtime: NVML reads the device's memory as the driver
 accounts it (every process, TensorRT's activation memory and the CUDA context included)
 without creating a CUDA context in the scraping thread.
+
+Why the v2 memory query (`nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2)`): the v1
+answer counts the memory the driver reserves for itself (hundreds of MiB on an H100) as
+used, so the gauge would disagree with `nvidia-smi`, which reports v2's `used` (reserved
+is a separate field there). A driver older than R510 has no v2 query; the first read finds
+that out and the reader keeps to v1 from then on.
+
+Unverified: never run against a real NVML (the machines that wrote it had no GPU); the
+version choice is tested with a stand-in for `pynvml` in `tests/runtime/test_gpu_memory.py`,
+whose `gpu` test compares the gauge with `nvidia-smi` on a CUDA machine.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ class GpuMemoryReader:
         self._nvml = nvml
         self._handles: list[tuple[int, str, Any]] | None = None
         self._unavailable = False
+        self._memory_version: int | None = None  # nvmlMemory_v2, until it fails once
         self._lock = threading.Lock()
 
     def _initialise(self) -> list[tuple[int, str, Any]] | None:
@@ -61,8 +72,20 @@ class GpuMemoryReader:
         if not handles:
             self._unavailable = True
             return None
+        self._memory_version = getattr(nvml, "nvmlMemory_v2", None)
+        if self._memory_version is not None:
+            try:
+                nvml.nvmlDeviceGetMemoryInfo(handles[0][2], version=self._memory_version)
+            except Exception:  # NVMLError_FunctionNotFound: a driver older than R510
+                self._memory_version = None
         self._handles = handles
         return handles
+
+    def _memory_info(self, handle: Any) -> Any:
+        assert self._nvml is not None
+        if self._memory_version is None:
+            return self._nvml.nvmlDeviceGetMemoryInfo(handle)
+        return self._nvml.nvmlDeviceGetMemoryInfo(handle, version=self._memory_version)
 
     def read(self) -> list[GpuMemory] | None:
         """Each device's used and total bytes, or None without NVML or a GPU (or if a
@@ -75,7 +98,7 @@ class GpuMemoryReader:
             try:
                 readings = []
                 for index, name, handle in handles:
-                    info = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+                    info = self._memory_info(handle)
                     readings.append(GpuMemory(index, name, int(info.used), int(info.total)))
             except Exception:  # a device lost (Xid) or the driver reloaded
                 return None
