@@ -3,12 +3,14 @@ beside it.
 
 `EngineKey` holds every input that changes the engine's bytes or where it can run: the
 model's sha256, the backend and its version, the precision, the batch profile, the
-calibration data's sha256 and the target (`cpu`, or a GPU compute capability such as
-`sm_90`, since a TensorRT plan only runs on the GPU architecture and TensorRT version it
-was built with). Its digest is the sha256 of the key's canonical JSON (sorted keys, no
-whitespace, ASCII), so the same inputs give the same digest on every machine and at any
-cache path. `layout` versions our own build recipe: a change to how we build bumps it and
-with it every digest, instead of serving an engine built by the old recipe.
+calibration data's sha256 and the target (`cpu`, or the GPU's compute capability and model
+such as `sm_90-h100-80gb-hbm3`: a TensorRT plan only runs on the architecture and TensorRT
+version that built it, and its kernels are chosen by timing them on that GPU model, so an
+H100 and an H200, both sm_90, get different engines; see `gpu_target`). Its digest is the
+sha256 of the key's canonical JSON (sorted keys, no whitespace, ASCII), so the same inputs
+give the same digest on every machine and at any cache path. `layout` versions our own
+build recipe: a change to how we build bumps it and with it every digest, instead of
+serving an engine built by the old recipe.
 
 `EngineManifest` is `manifest.json` beside the engine: the key, the engine file's own
 sha256 (checked before serving), its I/O, creation time, builder versions and the
@@ -37,8 +39,25 @@ BACKENDS: tuple[str, ...] = ("onnxruntime", "tensorrt")
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
 
 
+TARGET_MAX_LENGTH = 64  # the InferenceDeployment status' engine target holds as much
+
+
 def is_digest(value: str) -> bool:
     return re.fullmatch(DIGEST_PATTERN, value) is not None
+
+
+def gpu_target(major: int, minor: int, device_name: str) -> str:
+    """The target of an engine built on a GPU: `sm_<major><minor>-<model>`, the model being
+    the CUDA device's name in lower case with the vendor prefix dropped and anything but
+    letters and digits made a dash (`NVIDIA H200` -> `sm_90-h200`). A name too long for
+    the field keeps its start and a hash of the whole name, so it stays unique."""
+    model = re.sub(r"^nvidia\s+", "", device_name.strip().lower())
+    model = re.sub(r"[^a-z0-9]+", "-", model).strip("-") or "unknown"
+    target = f"sm_{major}{minor}-{model}"
+    if len(target) > TARGET_MAX_LENGTH:
+        digest = hashlib.sha256(device_name.encode()).hexdigest()[:8]
+        target = f"{target[: TARGET_MAX_LENGTH - 9].rstrip('-')}-{digest}"
+    return target
 
 
 class BatchProfile(ApiModel):
@@ -74,8 +93,8 @@ class EngineKey(ApiModel):
     calibration_sha256: str | None = Field(default=None, pattern=SHA256_HEX_PATTERN)
     """sha256 of the calibration .npz (int8 only)."""
 
-    target: str = Field(min_length=1, max_length=32)
-    """`cpu`, or the GPU's compute capability (`sm_90`)."""
+    target: str = Field(min_length=1, max_length=TARGET_MAX_LENGTH)
+    """`cpu`, or the GPU's compute capability and model (`sm_90-h100-80gb-hbm3`)."""
 
     def canonical_json(self) -> str:
         return json.dumps(

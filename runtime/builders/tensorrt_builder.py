@@ -1,13 +1,21 @@
 """The TensorRT builder: the ONNX parser, a builder config, one optimisation profile, and
 the serialized plan as the engine.
 
-unverified: TensorRT cannot be installed on our machines (no GPU). Written against the
-TensorRT 10 Python API (`create_network(0)`: explicit batch is the only mode;
+Unverified: no line of this module has run with TensorRT or on a GPU (TensorRT cannot be
+installed on our machines, and the GPU machine lent to some sessions has none). Written
+against the TensorRT 10 Python API (`create_network(0)`: explicit batch is the only mode;
 `parse_from_file`; `set_memory_pool_limit`; `build_serialized_network`), checked against
-NVIDIA's API documentation but never run here.
+NVIDIA's API documentation but never run. What did run, on a CPU, against stand-ins for the
+`tensorrt` and `pycuda.driver` modules (`tests/runtime/test_gpu_fixes.py`): the TensorRT
+version check and `target()`. The `gpu` test that builds and serves real plans is
+`tests/engines/test_engine_precisions.py::test_tensorrt_builds_serve_outputs_close_to_fp32`;
+it needs TensorRT, so `make gpu-check` skips it on a machine without it.
 
+- TensorRT 10 only (`tensorrt>=10,<11` in the `gpu` extra, and checked on import): 11
+  removes `BuilderFlag.FP16` and builds every network strongly typed, which changes what
+  fp16 means below.
 - fp32: no precision flags.
-- fp16: `BuilderFlag.FP16` on a weakly typed network (TensorRT 10; 11 removes the flag).
+- fp16: `BuilderFlag.FP16` on a weakly typed network.
 - int8: explicit quantisation. The same calibration drives ONNX Runtime's
   `quantize_static` (symmetric int8 activations and weights, as TensorRT requires) into a
   QDQ model, which is parsed into a STRONGLY_TYPED network: NVIDIA's documentation says
@@ -16,19 +24,29 @@ NVIDIA's API documentation but never run here.
 - One optimisation profile per input: batch min 1, opt and max `maxBatchSize`, the other
   dimensions as the model declares them (a dynamic non-batch dimension is refused).
 
-The target is the GPU's compute capability from NVML (`sm_90`), because a plan only runs
-on the architecture and TensorRT version that built it; both are in the cache key. The
-accuracy report runs the plan through the serving engine (`engines.loader.load_engine`).
+The target is read from the CUDA device the plan is built on (`device_index`, a CUDA
+ordinal, so it honours CUDA_VISIBLE_DEVICES as TensorRT does, where NVML's indices do
+not), and the build runs with that device's primary context current, so TensorRT builds
+on the device named in the target. The target holds the compute capability and the GPU
+model (`sm_90-h100-80gb-hbm3`, see `engine_manifest.gpu_target`): a plan only runs on the
+architecture and TensorRT version that built it, and TensorRT picks its kernels by timing
+them on the GPU model at hand, so an H200's plan is not an H100's. The accuracy report
+runs the plan through the serving engine (`engines.loader.load_engine`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from kubeinfer.runtime.builders import BuildError, Progress, Samples, run_through_engine
-from kubeinfer.runtime.engine_manifest import BatchProfile
+from kubeinfer.runtime.engine_manifest import BatchProfile, gpu_target
+from kubeinfer.runtime.engines.base import BackendUnavailable
+from kubeinfer.runtime.engines.cuda_streams import CudaContext
 
 WORKSPACE_BYTES = 4 << 30
+TENSORRT_MAJOR = 10
 
 
 def _tensorrt():  # type: ignore[no-untyped-def]
@@ -39,6 +57,13 @@ def _tensorrt():  # type: ignore[no-untyped-def]
             "the tensorrt backend needs TensorRT 10 and a CUDA GPU: install the extra "
             "'kubeinfer[gpu]' on a GPU node, or build with --backend onnxruntime"
         ) from error
+    major = str(trt.__version__).split(".")[0]
+    if major != str(TENSORRT_MAJOR):
+        raise BuildError(
+            f"TensorRT {trt.__version__} is installed, but kubeinfer builds with TensorRT "
+            f"{TENSORRT_MAJOR} (11 drops BuilderFlag.FP16 and builds every network strongly "
+            "typed): pip install 'tensorrt>=10,<11'"
+        )
     return trt
 
 
@@ -46,25 +71,28 @@ class TensorRTBuilder:
     backend = "tensorrt"
     engine_file = "model.plan"
 
+    def __init__(self, device_index: int = 0) -> None:
+        self.device_index = device_index
+        self._cuda: CudaContext | None = None
+
+    def _device(self) -> CudaContext:
+        """The CUDA device the plan is built on (its primary context, retained once)."""
+        if self._cuda is None:
+            try:
+                self._cuda = CudaContext(self.device_index)
+            except BackendUnavailable as error:
+                raise BuildError(
+                    f"cannot open CUDA device {self.device_index} to build on: {error}"
+                ) from error
+        return self._cuda
+
     def backend_version(self) -> str:
         return str(_tensorrt().__version__)
 
     def target(self) -> str:
-        try:
-            import pynvml  # type: ignore[import-not-found]
-
-            pynvml.nvmlInit()
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-            finally:
-                pynvml.nvmlShutdown()
-        except Exception as error:  # ImportError, or NVMLError without a GPU
-            raise BuildError(
-                f"cannot read the GPU's compute capability through NVML ({error}); TensorRT "
-                "engines are built on the GPU model they will run on"
-            ) from error
-        return f"sm_{major}{minor}"
+        device = self._device().device
+        major, minor = device.compute_capability()
+        return gpu_target(major, minor, device.name())
 
     def library_versions(self) -> dict[str, str]:
         import onnx
@@ -98,6 +126,21 @@ class TensorRTBuilder:
             source = work_dir / "qdq.onnx"
             make_qdq_model(model_path, source, calibration, work_dir, symmetric_activations=True)
             flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+        with self._device().active():  # TensorRT builds on the current context's device
+            plan = self._build_plan(trt, source, flags, precision, profile, progress)
+        with engine_path.open("wb") as handle:
+            handle.write(plan)
+
+    def _build_plan(
+        self,
+        trt: ModuleType,
+        source: Path,
+        flags: int,
+        precision: str,
+        profile: BatchProfile,
+        progress: Progress,
+    ) -> Any:
+        """The serialized plan (TensorRT's IHostMemory), built with the device current."""
         logger = trt.Logger(trt.Logger.WARNING)
         builder = trt.Builder(logger)
         network = builder.create_network(flags)
@@ -129,13 +172,12 @@ class TensorRTBuilder:
         plan = builder.build_serialized_network(network, config)
         if plan is None:
             raise BuildError("TensorRT failed to build the engine (see its log above)")
-        with engine_path.open("wb") as handle:
-            handle.write(plan)
+        return plan
 
     def run(self, engine_path: Path, samples: Samples, max_batch_size: int) -> Samples:
-        from kubeinfer.runtime.engines.loader import load_engine  # type: ignore[import-not-found]
+        from kubeinfer.runtime.engines.tensorrt import TensorRTEngine
 
-        engine = load_engine(engine_path, "tensorrt", max_batch_size)
+        engine = TensorRTEngine(engine_path, max_batch_size, self.device_index)
         try:
             return run_through_engine(engine, samples)
         finally:

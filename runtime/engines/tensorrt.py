@@ -12,12 +12,16 @@ wait on the slot's event (see `cuda_streams`).
 The plan's optimisation profile 0 must admit batch sizes 1..max_batch_size on every input
 (the engine builder makes it so); other dimensions must be fixed.
 
-Unverified: TensorRT cannot be installed on our machines, so this module was written
-against the TensorRT 10 Python API documentation (the name-based tensor API:
-`num_io_tensors`, `get_tensor_name`, `get_tensor_mode`, `get_tensor_dtype`,
-`get_tensor_shape`, `get_tensor_profile_shape`, `set_input_shape`,
-`set_tensor_address`, `execute_async_v3`) and has never run. Importing it needs neither
-TensorRT nor pycuda; loading a plan without them raises `BackendUnavailable`.
+Unverified: TensorRT cannot be installed on our machines, and the GPU machine lent to some
+sessions has none, so this module was written against the TensorRT 10 Python API
+documentation (the name-based tensor API: `num_io_tensors`, `get_tensor_name`,
+`get_tensor_mode`, `get_tensor_dtype`, `get_tensor_shape`, `get_tensor_profile_shape`,
+`set_input_shape`, `set_tensor_address`, `execute_async_v3`) and no line past
+`import_tensorrt`'s failure path has ever run. What has run, on a CPU: importing the module
+(it needs neither TensorRT nor pycuda) and loading a plan without TensorRT, which raises
+`BackendUnavailable` (`tests/runtime/test_engines_cuda.py`). The `gpu` test that would run
+it, `tests/engines/test_engine_precisions.py::test_tensorrt_builds_serve_outputs_close_to_fp32`,
+needs TensorRT and is skipped where it is missing.
 """
 
 from __future__ import annotations
