@@ -5,17 +5,22 @@ samples (numpy arrays by output name) and returns an `AccuracyReport` that goes 
 engine's manifest; `gate_violations` turns the build's gates into messages. Nothing here
 runs a model, so the numbers are tested on arrays whose answer is known.
 
-Definitions, per output (all samples along dimension 0):
+The statistics themselves are `kubeinfer.runtime.output_statistics`, the one definition
+the shadow comparison of a rollout uses too. Per output (samples along dimension 0):
 
 - `maxAbsDiff`, `meanAbsDiff`: over every element, in the output's units.
 - `cosineSimilarity`: the mean over samples of the cosine between the candidate's and the
   reference's flattened sample; `minCosineSimilarity` the worst sample. Cosine is scale
   free, so one threshold fits models whose outputs have different magnitudes.
-- `top1Agreement`: for classification-shaped outputs only (`[samples, classes]` with more
-  than one class), the fraction of samples whose argmax is the reference's. There are no
-  labels at build time, so "top-1 drop" is `1 - top1Agreement`: the share of samples
+- `top1Agreement`: for outputs whose last axis has 2 or more classes, the fraction of rows
+  (every position of the leading dimensions: a sample of `[samples, classes]`, a token of
+  `[samples, tokens, vocab]`) whose argmax over the last axis is the reference's. There
+  are no labels at build time, so "top-1 drop" is `1 - top1Agreement`: the share of rows
   whose predicted class the lower precision changed. It bounds the fall in top-1
   accuracy against any labels.
+
+A candidate producing NaN or an infinity where the reference does not is an error, not a
+difference to report.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Mapping
 
 import numpy as np
 from kubeinfer.runtime.config import ApiModel
+from kubeinfer.runtime.output_statistics import compare_arrays
 from pydantic import Field
 
 
@@ -46,7 +52,8 @@ class OutputAccuracy(ApiModel):
     """The worst sample's cosine similarity."""
 
     top1_agreement: float | None = None
-    """Share of samples whose argmax matches the reference (classification-shaped only)."""
+    """Share of rows whose argmax over the last axis matches the reference (outputs whose
+    last axis has 2 or more classes only)."""
 
 
 class AccuracyReport(ApiModel):
@@ -76,22 +83,6 @@ class AccuracyReport(ApiModel):
         return max(drops) if drops else None
 
 
-def _is_classification_shaped(array: np.ndarray) -> bool:
-    return array.ndim == 2 and array.shape[1] > 1
-
-
-def _per_sample_cosine(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
-    ref = reference.reshape(reference.shape[0], -1).astype(np.float64)
-    cand = candidate.reshape(candidate.shape[0], -1).astype(np.float64)
-    dot = np.sum(ref * cand, axis=1)
-    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
-    # Two all-zero samples are identical; one zero against a non-zero one shares nothing.
-    both_zero = norms == 0
-    same = np.all(ref == cand, axis=1)
-    safe = np.where(both_zero, 1.0, norms)
-    return np.where(both_zero, np.where(same, 1.0, 0.0), dot / safe)
-
-
 def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray) -> OutputAccuracy:
     """Compares one output; both arrays are `[samples, ...]` of the same shape."""
     if reference.shape != candidate.shape:
@@ -99,19 +90,21 @@ def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray) -> O
             f"output {name!r}: the candidate's shape {candidate.shape} differs from the "
             f"reference's {reference.shape}"
         )
-    if reference.shape[0] == 0:
+    if reference.ndim == 0 or reference.shape[0] == 0:
         raise ValueError(f"output {name!r}: no validation samples")
-    diff = np.abs(reference.astype(np.float64) - candidate.astype(np.float64))
-    cosine = _per_sample_cosine(reference, candidate)
-    top1 = None
-    if _is_classification_shaped(reference):
-        top1 = float(np.mean(reference.argmax(axis=1) == candidate.argmax(axis=1)))
+    statistics = compare_arrays(reference, candidate)
+    if not statistics.finite:
+        raise ValueError(
+            f"output {name!r}: the candidate has NaN or infinite values where the reference "
+            "has not"
+        )
+    top1 = None if statistics.top1 is None else float(np.mean(statistics.top1))
     return OutputAccuracy(
         name=name,
-        max_abs_diff=float(diff.max()),
-        mean_abs_diff=float(diff.mean()),
-        cosine_similarity=float(cosine.mean()),
-        min_cosine_similarity=float(cosine.min()),
+        max_abs_diff=statistics.max_abs_difference,
+        mean_abs_diff=statistics.mean_abs_difference,
+        cosine_similarity=float(statistics.cosines.mean()),
+        min_cosine_similarity=float(statistics.cosines.min()),
         top1_agreement=top1,
     )
 
@@ -136,7 +129,7 @@ def gate_violations(
     min_cosine: float | None = None,
 ) -> list[str]:
     """Messages for each gate the report fails (empty when it passes). A top-1 gate on a
-    model without classification-shaped outputs is a violation too: the gate cannot be
+    model without an output that has classes is a violation too: the gate cannot be
     checked, and passing it silently would publish an engine nobody verified."""
     violations = []
     if min_cosine is not None:
@@ -150,8 +143,8 @@ def gate_violations(
         checked = [o for o in report.outputs if o.top1_agreement is not None]
         if not checked:
             violations.append(
-                "--max-top1-drop was given but no output is classification-shaped "
-                "([samples, classes]), so top-1 agreement cannot be measured"
+                "--max-top1-drop was given but no output has a last axis of 2 or more "
+                "classes ([samples, ..., classes]), so top-1 agreement cannot be measured"
             )
         for output in checked:
             assert output.top1_agreement is not None

@@ -1,5 +1,7 @@
-"""The accuracy report's arithmetic (pure): max/mean absolute difference, per-sample
-cosine similarity, top-1 agreement for classification-shaped outputs only, and the gates
+"""The accuracy report's arithmetic (pure, through `kubeinfer.runtime.output_statistics`):
+max/mean absolute difference, per-sample cosine similarity, top-1 agreement wherever the
+last axis has 2 or more classes (rows = every leading position, so a rank-3 output counts
+per token), a NaN the reference did not produce as an error, and the gates
 `--max-top1-drop` / `--min-cosine`, on arrays whose answers are known by construction."""
 
 from __future__ import annotations
@@ -42,11 +44,31 @@ def test_a_changed_argmax_lowers_top1_agreement() -> None:
     assert compare_output("p", reference, candidate).top1_agreement == pytest.approx(0.75)
 
 
-def test_top1_is_left_out_for_outputs_not_shaped_like_classes() -> None:
+def test_top1_is_left_out_without_a_last_axis_of_two_or_more_classes() -> None:
     regression = np.ones((4, 1), np.float32)
-    image = np.ones((2, 3, 4, 4), np.float32)
+    flat = np.arange(5, dtype=np.float32)  # one value per sample: no class axis
     assert compare_output("r", regression, regression).top1_agreement is None
-    assert compare_output("i", image, image).top1_agreement is None
+    assert compare_output("f", flat, flat + 1).top1_agreement is None
+
+
+def test_top1_of_a_rank3_output_counts_every_leading_position() -> None:
+    reference = np.zeros((2, 3, 4), np.float32)  # [samples, tokens, vocab]
+    reference[..., 1] = 1.0
+    candidate = reference.copy()
+    candidate[1, 2] = [0, 0, 0, 1]  # one token of six changes its argmax
+    result = compare_output("tokens", reference, candidate)
+    assert result.top1_agreement == pytest.approx(5 / 6)
+
+
+def test_a_nan_the_reference_did_not_produce_is_an_error() -> None:
+    reference = np.ones((2, 3), np.float32)
+    candidate = reference.copy()
+    candidate[1, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        compare_output("y", reference, candidate)
+    both = reference.copy()
+    both[0, 0] = np.nan  # the same NaN on both sides is no difference
+    assert compare_output("y", both, both.copy()).max_abs_diff == 0
 
 
 def test_all_zero_samples_compare_as_equal_and_zero_against_nonzero_as_unrelated() -> None:

@@ -1,0 +1,122 @@
+"""How far one model's outputs are from another's, on the same inputs: the one definition of
+the statistics both the build's accuracy report (`kubeinfer.runtime.accuracy`, int8 against
+fp32) and the shadow comparison (`kubeinfer.runtime.shadow.comparison`, a candidate against
+the serving engine on live requests) report, so that "max abs difference 0.03" or "top-1
+agreement 0.98" means the same thing at build time and in a rollout.
+
+Pure numpy, no I/O. Definitions, for a reference and a candidate array of the same shape
+whose dimension 0 is the batch ("rows"):
+
+- absolute difference: `|reference - candidate|` per element, in float64. Where both hold
+  the same value (the same infinity) or both hold NaN the difference is 0; where only one
+  is non-finite it is infinite, and `ArrayStatistics.finite` says so (a NaN the reference
+  did not produce is a disagreement, not a number to average).
+- cosine similarity per row along dimension 0, each row flattened. Cosine is scale free,
+  so one threshold fits models whose outputs have different magnitudes. Two all-zero rows
+  are identical (1); a zero row against a non-zero one shares nothing (0); a row whose
+  cosine is undefined because of non-finite values is 1 when the two rows are equal and 0
+  otherwise.
+- top-1 agreement: where the last axis has 2 or more classes (and there is a batch
+  dimension before it), the argmax over the last axis per row, rows being every position
+  of the leading dimensions (`[batch, classes]`: one per sample; `[batch, tokens, vocab]`:
+  one per token). Other shapes (a single score per row, a flat vector) have no top-1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def has_classes(shape: tuple[int, ...]) -> bool:
+    """True when an output of this shape gets a top-1 agreement: a batch dimension and a
+    last axis of 2 or more classes."""
+    return len(shape) >= 2 and shape[-1] >= 2
+
+
+def absolute_differences(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """`|reference - candidate|` per element as float64 (see the module's rule for
+    non-finite values: equal or both-NaN positions are 0, others infinite)."""
+    ref = reference.astype(np.float64, copy=False)
+    cand = candidate.astype(np.float64, copy=False)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(ref - cand)
+    if np.isfinite(diff).all():
+        return diff
+    same = (ref == cand) | (np.isnan(ref) & np.isnan(cand))
+    return np.where(same, 0.0, np.where(np.isfinite(diff), diff, np.inf))
+
+
+def row_cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each row (dimension 0, the rest flattened), in float64;
+    exactly 1 for identical rows."""
+    rows = reference.shape[0]
+    ref = reference.reshape(rows, -1).astype(np.float64, copy=False)
+    cand = candidate.reshape(rows, -1).astype(np.float64, copy=False)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        dot = np.einsum("ij,ij->i", ref, cand)
+        norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
+        cosine = dot / np.where(norms == 0, 1.0, norms)
+    # Rounding can leave |cos| a hair off 1 for (anti-)parallel rows; identical rows
+    # (two all-zero ones included) are 1 exactly.
+    cosine = np.where(np.all(ref == cand, axis=1), 1.0, np.clip(cosine, -1.0, 1.0))
+    undefined = (norms == 0) | ~np.isfinite(cosine)
+    if undefined.any():  # a zero row against another, or non-finite values
+        equal = np.all((ref == cand) | (np.isnan(ref) & np.isnan(cand)), axis=1)
+        cosine = np.where(undefined, np.where(equal, 1.0, 0.0), cosine)
+    return cosine
+
+
+def top1_matches(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray | None:
+    """Per row (every leading position), whether the argmax over the last axis agrees;
+    None when the shape has no classes (`has_classes`)."""
+    if not has_classes(reference.shape):
+        return None
+    return (reference.argmax(axis=-1) == candidate.argmax(axis=-1)).ravel()
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayStatistics:
+    """One output compared: the candidate against the reference."""
+
+    elements: int
+    """Elements compared."""
+
+    max_abs_difference: float
+    """Largest absolute difference of one element (infinite when `finite` is false)."""
+
+    sum_abs_difference: float
+    """Sum of the absolute differences (the mean is this over `elements`)."""
+
+    cosines: np.ndarray
+    """Cosine similarity per row along dimension 0."""
+
+    top1: np.ndarray | None
+    """Per row of the leading dimensions, whether the argmax agrees; None without classes."""
+
+    @property
+    def finite(self) -> bool:
+        """False when one array holds NaN or an infinity where the other does not."""
+        return bool(np.isfinite(self.max_abs_difference))
+
+    @property
+    def mean_abs_difference(self) -> float:
+        return self.sum_abs_difference / self.elements if self.elements else 0.0
+
+
+def compare_arrays(reference: np.ndarray, candidate: np.ndarray) -> ArrayStatistics:
+    """Every statistic of one output; both arrays have the same shape, with at least one row
+    (callers check: the accuracy report raises, the shadow counts a mismatch)."""
+    if reference.shape != candidate.shape:
+        raise ValueError(f"shapes differ: {reference.shape} and {candidate.shape}")
+    if reference.ndim == 0 or reference.shape[0] == 0:
+        raise ValueError(f"nothing to compare: shape {reference.shape}")
+    diff = absolute_differences(reference, candidate)
+    return ArrayStatistics(
+        elements=int(diff.size),
+        max_abs_difference=float(diff.max()) if diff.size else 0.0,
+        sum_abs_difference=float(diff.sum()),
+        cosines=row_cosines(reference, candidate),
+        top1=top1_matches(reference, candidate),
+    )
