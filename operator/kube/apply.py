@@ -34,8 +34,12 @@ def observed_children(observed: ObservedState) -> set[tuple[str, str]]:
     slots = [
         ("PersistentVolumeClaim", observed.pvc),
         ("ConfigMap", observed.configmap),
+        ("ConfigMap", observed.candidate_configmap),
+        ("ConfigMap", observed.mirror_configmap),
         ("Deployment", observed.deployment),
+        ("Deployment", observed.candidate_deployment),
         ("Service", observed.service),
+        ("Service", observed.candidate_service),
         *(("Job", job) for job in observed.jobs),
     ]
     # Items of a LIST carry no kind of their own, so the slot names it.

@@ -22,6 +22,7 @@ from kubeinfer.operator.kube.client import (
     KubeClient,
     KubeObject,
 )
+from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
 from kubeinfer.operator.reconcile.snapshot import ObservedState, OwnerRef
 from pydantic import ValidationError
@@ -58,9 +59,10 @@ def _owned_by(obj: KubeObject, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in refs)
 
 
-def _single(objects: list[KubeObject]) -> KubeObject | None:
-    """The owned object of a kind that has one per InferenceDeployment (first by name)."""
-    return min(objects, key=lambda o: o["metadata"]["name"]) if objects else None
+def _named(objects: list[KubeObject], name: str) -> KubeObject | None:
+    """The owned object of that name: children are told apart by their deterministic
+    names (a kind may have several: the serving and the candidate Deployment)."""
+    return next((o for o in objects if o["metadata"]["name"] == name), None)
 
 
 async def gather(
@@ -77,17 +79,23 @@ async def gather(
     jobs.sort(key=lambda o: o["metadata"]["name"])
     pods: list[KubeObject] = []
     if jobs:
-        names = ",".join(job["metadata"]["name"] for job in jobs)
-        pods = await client.list(POD, owner.namespace, f"{JOB_NAME_LABEL} in ({names})")
+        job_names = ",".join(job["metadata"]["name"] for job in jobs)
+        pods = await client.list(POD, owner.namespace, f"{JOB_NAME_LABEL} in ({job_names})")
         pods.sort(key=lambda o: o["metadata"]["name"])
+    runtime, candidate = names.runtime_name(owner.name), names.candidate_name(owner.name)
     return ObservedState(
         owner=owner,
         spec=spec,
         status=stored_status(body),
-        pvc=_single(pvcs),
-        configmap=_single(configmaps),
-        deployment=_single(deployments),
-        service=_single(services),
+        pvc=_named(pvcs, names.cache_claim_name(owner.name)),
+        configmap=_named(configmaps, runtime),
+        deployment=_named(deployments, runtime),
+        service=_named(services, names.service_name(owner.name)),
         jobs=tuple(jobs),
         job_pods=tuple(pods),
+        candidate_configmap=_named(configmaps, candidate),
+        candidate_deployment=_named(deployments, candidate),
+        candidate_service=_named(services, candidate),
+        mirror_configmap=_named(configmaps, names.mirror_name(owner.name)),
+        annotations=dict(body["metadata"].get("annotations") or {}),
     )

@@ -7,8 +7,9 @@ the resync timer and child events all lead to the same answer.
 Rollout order: a change of any engine input builds the new engine first; until the
 build reports its digest, the runtime ConfigMap keeps the old engine and the batching
 policy that went with it (a new policy may not fit the old engine), and only then does
-the new config roll the Deployment. `promotion_gate` is the seam where the shadow test
-of a later issue decides whether a built engine may replace the serving one.
+the new config roll the Deployment, at once with the Rolling strategy, or after the
+candidate passes its shadow test with the Shadow strategy (`kubeinfer.operator.rollout`
+decides which engine serves and which runs as the candidate; this module only composes).
 
 Writes: `Decision.apply` lists only the children that are missing or whose input hash
 differs from the observed one, so a pass over an unchanged object writes nothing;
@@ -22,6 +23,7 @@ from datetime import datetime
 import yaml
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.reconcile import desired as build
+from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.engine_state import (
     EnginePhase,
     EngineState,
@@ -41,31 +43,16 @@ from kubeinfer.operator.reconcile.status import (
     rollout_progress,
     transition_events,
 )
+from kubeinfer.operator.rollout.report import report
+from kubeinfer.operator.rollout.shadow import (
+    RolloutPlan,
+    plan_rollout,
+    promotion_complete,
+    shadow_replaced_event,
+)
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.runtime.config import RuntimeConfig
 from pydantic import ValidationError
-
-
-def promotion_gate(
-    observed: ObservedState, candidate: ServingEngine, serving: ServingEngine | None
-) -> bool:
-    """May the built `candidate` replace what serves now? The Rolling strategy promotes at
-    once. The shadow gate of a later issue goes here: with strategy Shadow it will run
-    the candidate beside `serving`, compare them, and answer True only once the
-    thresholds pass (status.candidate carries its progress)."""
-    return True
-
-
-def choose_serving(
-    observed: ObservedState, engine: EngineState, current: ServingEngine | None
-) -> ServingEngine | None:
-    """The engine the runtime should run after this pass."""
-    if not engine.ready or engine.digest is None:
-        return current
-    candidate = ServingEngine(observed.spec.model.version, engine.digest, engine.build_key)
-    if current is None or current == candidate or promotion_gate(observed, candidate, current):
-        return candidate
-    return current
 
 
 def _serving_config(
@@ -88,9 +75,13 @@ def _observed_child(observed: ObservedState, kind: str, name: str) -> KubeObject
     candidates: tuple[KubeObject | None, ...]
     candidates = {
         "PersistentVolumeClaim": (observed.pvc,),
-        "ConfigMap": (observed.configmap,),
-        "Deployment": (observed.deployment,),
-        "Service": (observed.service,),
+        "ConfigMap": (
+            observed.configmap,
+            observed.candidate_configmap,
+            observed.mirror_configmap,
+        ),
+        "Deployment": (observed.deployment, observed.candidate_deployment),
+        "Service": (observed.service, observed.candidate_service),
         "Job": observed.jobs,
     }.get(kind, ())
     for child in candidates:
@@ -117,8 +108,66 @@ def needs_write(child: KubeObject, observed: ObservedState) -> bool:
     )
 
 
+def _available(deployment: KubeObject | None) -> bool:
+    """Has the Deployment at least one available pod?"""
+    return int(((deployment or {}).get("status") or {}).get("availableReplicas") or 0) > 0
+
+
+def _runtime_children(
+    observed: ObservedState,
+    settings: OperatorSettings,
+    plan: RolloutPlan,
+    engine: EngineState,
+    replicas: int,
+) -> tuple[list[KubeObject], KubeObject | None]:
+    """The serving runtime's children (and its Deployment), the mirror target, and the
+    shadow candidate's children when the plan runs one."""
+    spec, owner, serving = observed.spec, observed.owner, plan.serving
+    if serving is None:
+        return [], None
+    is_current = serving.build_key == engine.build_key and serving.digest == engine.digest
+    config = _serving_config(observed, settings, serving, is_current)
+    configmap = build.build_runtime_configmap(owner, config, serving.build_key)
+    deployment = build.build_runtime_deployment(owner, spec, settings, configmap, replicas)
+    target = plan.candidate if plan.mirror else None
+    children = [
+        configmap,
+        build.build_mirror_configmap(
+            owner, spec, serving.version, target and (target.version, target.digest)
+        ),
+        deployment,
+        build.build_service(owner, serving.version),
+    ]
+    if plan.candidate is not None:
+        candidate, role = plan.candidate, names.ROLE_CANDIDATE
+        config = build.runtime_config(spec, settings, candidate.version, candidate.digest, role)
+        configmap = build.build_runtime_configmap(owner, config, candidate.build_key, role)
+        replicas = spec.rollout.shadow.replicas
+        children += [
+            configmap,
+            build.build_runtime_deployment(owner, spec, settings, configmap, replicas, role),
+            build.build_service(owner, candidate.version, role),
+        ]
+    return children, deployment
+
+
+def _candidate_leftovers(observed: ObservedState, plan: RolloutPlan) -> tuple[tuple[str, str], ...]:
+    """The candidate's children when the plan runs no candidate (Failed, Aborted,
+    Promoted, replaced)."""
+    if plan.candidate is not None:
+        return ()
+    found = (
+        ("Deployment", observed.candidate_deployment),
+        ("Service", observed.candidate_service),
+        ("ConfigMap", observed.candidate_configmap),
+    )
+    return tuple((kind, child["metadata"]["name"]) for kind, child in found if child)
+
+
 def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -> Decision:
-    """The children that should exist, the status and the events for one pass."""
+    """The children that should exist, the status and the events for one pass: the
+    engine's state, then the rollout plan (which engine serves, which runs as a shadow
+    candidate), then the children and the status they lead to."""
     now = now.replace(microsecond=0)  # metav1.Time has whole seconds
     spec, owner = observed.spec, observed.owner
     engine = engine_state(observed, settings, now)
@@ -132,30 +181,45 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
             build.build_engine_job(owner, spec, settings, engine.build_key, engine.job_attempt)
         )
 
-    serving = choose_serving(observed, engine, observed_serving(observed))
+    plan = plan_rollout(
+        spec,
+        engine,
+        observed_serving(observed),
+        observed.status.candidate,
+        observed.annotations,
+        observed.shadow,
+        _available(observed.candidate_deployment),
+        now,
+    )
     replicas = build.desired_replicas(spec, observed.deployment)
-    deployment = None
-    if serving is not None:
-        is_current = serving.build_key == engine.build_key and serving.digest == engine.digest
-        config = _serving_config(observed, settings, serving, is_current)
-        configmap = build.build_runtime_configmap(owner, config, serving.build_key)
-        deployment = build.build_runtime_deployment(owner, spec, settings, configmap, replicas)
-        children += [configmap, deployment, build.build_service(owner, serving.version)]
-
+    runtime, deployment = _runtime_children(observed, settings, plan, engine, replicas)
     rollout = rollout_progress(observed.deployment, deployment, replicas)
-    status = compute_status(observed, engine, serving, rollout, replicas, now)
+    finished = promotion_complete(plan, rollout.complete)
+    if finished is not plan:  # the roll to the promoted engine is done: the candidate goes
+        plan = finished
+        runtime, deployment = _runtime_children(observed, settings, plan, engine, replicas)
+    children += runtime
+    status = compute_status(observed, engine, plan, report(spec, plan), rollout, replicas, now)
 
     requeue: float | None = None
     if engine.phase == EnginePhase.BUILDING:
         requeue = settings.build_poll_seconds
     elif engine.phase == EnginePhase.FAILED and engine.retry_at is not None:
         requeue = max(1.0, (engine.retry_at - now).total_seconds())
+    if plan.shadowing or plan.promoting:
+        requeue = min(requeue or settings.shadow_poll_seconds, settings.shadow_poll_seconds)
 
+    events = transition_events(observed.status.conditions, status.conditions)
+    if plan.replaced is not None:
+        events += (shadow_replaced_event(plan.replaced, plan.record),)
     return Decision(
         apply=tuple(child for child in children if needs_write(child, observed)),
-        delete=tuple(("Job", name) for name in engine.delete_jobs),
+        delete=(
+            *(("Job", name) for name in engine.delete_jobs),
+            *_candidate_leftovers(observed, plan),
+        ),
         status=status,
-        events=transition_events(observed.status.conditions, status.conditions),
+        events=events,
         requeue_after_seconds=requeue,
         desired=tuple(children),
     )

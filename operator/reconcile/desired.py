@@ -11,7 +11,6 @@ Spec fields never reach a shell: containers run the `kubeinfer` CLI with an argv
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import yaml
@@ -21,11 +20,14 @@ from kubeinfer.operator.api.v1alpha1.resource import API_VERSION, KIND
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.snapshot import KubeObject, OwnerRef
 from kubeinfer.operator.settings import OperatorSettings
-from kubeinfer.runtime.config import EngineSource, RuntimeConfig
+from kubeinfer.runtime.config import EngineSource, MirrorFile, MirrorTarget, RuntimeConfig
 
 CACHE_MOUNT = "/cache"
 CONFIG_MOUNT = "/etc/kubeinfer"
 CONFIG_KEY = "runtime.yaml"
+MIRROR_MOUNT = "/etc/kubeinfer-mirror"
+"""Not below CONFIG_MOUNT: a mount point inside a ConfigMap volume cannot be created."""
+MIRROR_KEY = "mirror.yaml"
 SOURCES_MOUNT = "/sources"
 TERMINATION_LOG = "/dev/termination-log"
 HTTP_PORT = 8000
@@ -256,9 +258,15 @@ def build_engine_job(
 
 
 def runtime_config(
-    spec: InferenceDeploymentSpec, settings: OperatorSettings, version: str, digest: str
+    spec: InferenceDeploymentSpec,
+    settings: OperatorSettings,
+    version: str,
+    digest: str,
+    role: str = names.ROLE_SERVING,
 ) -> RuntimeConfig:
-    """What `kubeinfer serve` runs: the given engine from the mounted cache."""
+    """What `kubeinfer serve` runs: the given engine from the mounted cache. Serving pods
+    also watch the mirror target file (always mounted, so a shadow starts without a
+    restart); a candidate mirrors nothing."""
     return RuntimeConfig(
         model_name=spec.model.name,
         model_version=version,
@@ -266,11 +274,19 @@ def runtime_config(
         batching=spec.runtime.batching,
         http_port=HTTP_PORT,
         drain_grace_period_seconds=settings.drain_grace_period_seconds,
+        mirror_target_file=f"{MIRROR_MOUNT}/{MIRROR_KEY}" if role == names.ROLE_SERVING else None,
     )
 
 
+def _role_names(owner: str, role: str) -> tuple[str, str]:
+    """(children's name, component label) of the serving runtime or the candidate."""
+    if role == names.ROLE_CANDIDATE:
+        return names.candidate_name(owner), names.COMPONENT_CANDIDATE
+    return names.runtime_name(owner), names.COMPONENT_RUNTIME
+
+
 def build_runtime_configmap(
-    owner: OwnerRef, config: RuntimeConfig, build_key: str | None
+    owner: OwnerRef, config: RuntimeConfig, build_key: str | None, role: str = names.ROLE_SERVING
 ) -> KubeObject:
     """The runtime's config as YAML; its annotations record which engine inputs the
     digest was built from."""
@@ -278,11 +294,37 @@ def build_runtime_configmap(
     annotations = {names.ANNOTATION_ENGINE_DIGEST: config.engine.digest or ""}
     if build_key:
         annotations[names.ANNOTATION_BUILD_KEY] = build_key
-    labels = names.common_labels(owner.name, config.model_version, names.COMPONENT_RUNTIME)
+    name, component = _role_names(owner.name, role)
+    labels = names.common_labels(owner.name, config.model_version, component)
     body = {"data": {CONFIG_KEY: text}}
-    return _finish(
-        "v1", "ConfigMap", names.runtime_name(owner.name), owner, labels, body, annotations
-    )
+    return _finish("v1", "ConfigMap", name, owner, labels, body, annotations)
+
+
+def build_mirror_configmap(
+    owner: OwnerRef,
+    spec: InferenceDeploymentSpec,
+    serving_version: str,
+    candidate: tuple[str, str] | None,
+) -> KubeObject:
+    """The serving pods' mirror target: the candidate (version, digest) behind its Service,
+    or none. A ConfigMap of its own, mounted as a directory and re-read by the runtime:
+    the kubelet refreshes it in place (within its sync period, about a minute), so a
+    shadow starts and ends without a roll of the serving pods."""
+    target = None
+    if candidate is not None:
+        version, digest = candidate
+        target = MirrorTarget(
+            url=f"http://{names.candidate_name(owner.name)}.{owner.namespace}.svc:{HTTP_PORT}",
+            model_name=spec.model.name,
+            candidate_version=version,
+            candidate_digest=digest,
+            traffic_percent=spec.rollout.shadow.traffic_percent,
+            policy=spec.rollout.shadow.mirror,
+        )
+    text = yaml.safe_dump(MirrorFile(target=target).to_wire(), sort_keys=True)
+    labels = names.common_labels(owner.name, serving_version, names.COMPONENT_RUNTIME)
+    body = {"data": {MIRROR_KEY: text}}
+    return _finish("v1", "ConfigMap", names.mirror_name(owner.name), owner, labels, body)
 
 
 def desired_replicas(spec: InferenceDeploymentSpec, deployment: KubeObject | None) -> int:
@@ -310,12 +352,19 @@ def build_runtime_deployment(
     settings: OperatorSettings,
     configmap: KubeObject,
     replicas: int,
+    role: str = names.ROLE_SERVING,
 ) -> KubeObject:
-    """The runtime pods. The pod template carries the ConfigMap's hash, so a new engine or
-    policy rolls the pods; maxUnavailable 0 keeps serving capacity during the roll."""
+    """The runtime pods, serving or the shadow candidate. The pod template carries the
+    ConfigMap's hash, so a new engine or policy rolls the pods; maxUnavailable 0 keeps
+    serving capacity during the roll. The mirror target is mounted but not hashed:
+    changing it must not roll anything."""
     meta = configmap["metadata"]
     version = meta["labels"][names.LABEL_VERSION]
-    selector = names.runtime_selector(owner.name)
+    serving = role == names.ROLE_SERVING
+    name, component = _role_names(owner.name, role)
+    selector = (
+        names.runtime_selector(owner.name) if serving else names.candidate_selector(owner.name)
+    )
     template_annotations = {
         names.ANNOTATION_CONFIG_HASH: names.stable_hash(configmap["data"]),
         names.ANNOTATION_ENGINE_DIGEST: meta["annotations"][names.ANNOTATION_ENGINE_DIGEST],
@@ -356,6 +405,10 @@ def build_runtime_deployment(
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
+    if serving:
+        container["volumeMounts"].append(
+            {"name": "mirror", "mountPath": MIRROR_MOUNT, "readOnly": True}
+        )
     if _runtime_resources(spec):
         container["resources"] = _runtime_resources(spec)
     volumes = [
@@ -366,7 +419,12 @@ def build_runtime_deployment(
         },
         {"name": "tmp", "emptyDir": {}},
     ]
-    labels = names.common_labels(owner.name, version, names.COMPONENT_RUNTIME)
+    if serving:
+        # Optional: a pod must start even if the mirror ConfigMap were deleted meanwhile.
+        mirror = {"name": names.mirror_name(owner.name), "optional": True}
+        volumes.append({"name": "mirror", "configMap": mirror})
+    labels = names.common_labels(owner.name, version, component)
+    template_labels = {**labels, names.LABEL_ROLE: role}
     body = {
         "spec": {
             "replicas": replicas,
@@ -377,7 +435,7 @@ def build_runtime_deployment(
                 "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
             },
             "template": {
-                "metadata": {"labels": copy.deepcopy(labels), "annotations": template_annotations},
+                "metadata": {"labels": template_labels, "annotations": template_annotations},
                 "spec": {
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
@@ -390,16 +448,21 @@ def build_runtime_deployment(
             },
         }
     }
-    return _finish("apps/v1", "Deployment", names.runtime_name(owner.name), owner, labels, body)
+    return _finish("apps/v1", "Deployment", name, owner, labels, body)
 
 
-def build_service(owner: OwnerRef, version: str) -> KubeObject:
+def build_service(owner: OwnerRef, version: str, role: str = names.ROLE_SERVING) -> KubeObject:
     """The runtime's Service: `http` for inference, `metrics` for scrapers selecting a
-    named port (the runtime serves /metrics on its http port)."""
+    named port (the runtime serves /metrics on its http port). The serving Service selects
+    the serving role only; the candidate's Service (the mirror's target) its own pods."""
+    serving = role == names.ROLE_SERVING
+    selector = (
+        names.serving_selector(owner.name) if serving else names.candidate_selector(owner.name)
+    )
     body = {
         "spec": {
             "type": "ClusterIP",
-            "selector": names.runtime_selector(owner.name),
+            "selector": selector,
             "ports": [
                 {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
                 {
@@ -411,5 +474,8 @@ def build_service(owner: OwnerRef, version: str) -> KubeObject:
             ],
         }
     }
-    labels = names.common_labels(owner.name, version, names.COMPONENT_RUNTIME)
-    return _finish("v1", "Service", names.service_name(owner.name), owner, labels, body)
+    name = names.service_name(owner.name) if serving else names.candidate_name(owner.name)
+    labels = names.common_labels(
+        owner.name, version, names.COMPONENT_RUNTIME if serving else names.COMPONENT_CANDIDATE
+    )
+    return _finish("v1", "Service", name, owner, labels, body)

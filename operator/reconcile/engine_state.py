@@ -6,10 +6,11 @@ engine is published at all). It names the build Job, so an operator restarted
 in the middle of a build finds the running Job instead of starting a second one, and a
 change of any input starts a new build while the old engine keeps serving.
 
-Where a built digest comes from, in order: the pin; the runtime ConfigMap, whose
-annotations record the build key its digest was built from (so a finished Job may be
-garbage-collected without a rebuild); the termination message of a succeeded build
-Job's pod.
+Where a built digest comes from, in order: the pin; the serving or the shadow
+candidate's ConfigMap, whose annotations record the build key its digest was built from,
+or the status' engine, which records it too (so a finished Job may be garbage-collected
+without a rebuild, also after a failed shadow removed the candidate); the termination
+message of a succeeded build Job's pod.
 
 Retries: each attempt is its own Job, `<owner>-build-<hash>-<attempt>`. A failed attempt
 is kept (its reason and message stay visible in `kubectl describe job`, and Kubernetes
@@ -135,18 +136,28 @@ def observed_serving(observed: ObservedState) -> ServingEngine | None:
     """The served engine: from the ConfigMap's annotations, else the Deployment's pod
     template (the ConfigMap was deleted), else the last status (both were deleted)."""
     for child in (observed.configmap, _pod_template(observed.deployment)):
-        if not child:
-            continue
-        meta = child.get("metadata") or {}
-        annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
-        digest = annotations.get(names.ANNOTATION_ENGINE_DIGEST)
-        if digest and labels.get(names.LABEL_VERSION):
-            return ServingEngine(
-                labels[names.LABEL_VERSION], digest, annotations.get(names.ANNOTATION_BUILD_KEY)
-            )
+        engine = _engine_of(child)
+        if engine is not None:
+            return engine
     serving = observed.status.serving
     if serving and serving.version and serving.engine_digest:
         return ServingEngine(serving.version, serving.engine_digest, None)
+    return None
+
+
+def observed_candidate(observed: ObservedState) -> ServingEngine | None:
+    """The shadow candidate's engine, from its ConfigMap's annotations."""
+    return _engine_of(observed.candidate_configmap)
+
+
+def _engine_of(child: KubeObject | None) -> ServingEngine | None:
+    meta = (child or {}).get("metadata") or {}
+    annotations, labels = meta.get("annotations") or {}, meta.get("labels") or {}
+    digest = annotations.get(names.ANNOTATION_ENGINE_DIGEST)
+    if digest and labels.get(names.LABEL_VERSION):
+        return ServingEngine(
+            labels[names.LABEL_VERSION], digest, annotations.get(names.ANNOTATION_BUILD_KEY)
+        )
     return None
 
 
@@ -241,18 +252,21 @@ def engine_state(observed: ObservedState, settings: OperatorSettings, now: datet
             delete_jobs=stale,
         )
 
-    serving = observed_serving(observed)
-    if serving and serving.build_key == key:
-        return EngineState(
-            EnginePhase.BUILT,
-            key,
-            digest=serving.digest,
-            target=previous.target
-            if previous and previous.digest == serving.digest
-            else cpu_target,
-            message=f"Engine {serving.digest} was built for these inputs.",
-            delete_jobs=stale,
-        )
+    known = [observed_serving(observed), observed_candidate(observed)]
+    if previous and previous.digest and previous.build_key:
+        known.append(ServingEngine("", previous.digest, previous.build_key))
+    for engine in known:
+        if engine and engine.build_key == key:
+            return EngineState(
+                EnginePhase.BUILT,
+                key,
+                digest=engine.digest,
+                target=previous.target
+                if previous and previous.digest == engine.digest
+                else cpu_target,
+                message=f"Engine {engine.digest} was built for these inputs.",
+                delete_jobs=stale,
+            )
 
     if not mine:
         return _building(owner, key, 0, stale)

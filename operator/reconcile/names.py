@@ -23,6 +23,10 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_VERSION = "kubeinfer.io/version"
 LABEL_BUILD_KEY = "kubeinfer.io/build-key"
 LABEL_BUILD_ATTEMPT = "kubeinfer.io/build-attempt"
+LABEL_ROLE = "kubeinfer.io/role"
+"""On runtime pods: `serving` or `candidate`. The serving Service selects `serving` only, so
+a shadow candidate never takes live traffic through it (Argo Rollouts' experiment pods
+once did, through a stable selector that matched them)."""
 
 ANNOTATION_INPUT_HASH = "kubeinfer.io/input-hash"
 """Hash of everything the operator sets on a child; equal hashes mean nothing to write."""
@@ -36,6 +40,12 @@ from, so a finished build is remembered after its Job is garbage-collected."""
 COMPONENT_RUNTIME = "runtime"
 COMPONENT_BUILD = "engine-build"
 COMPONENT_CACHE = "engine-cache"
+COMPONENT_CANDIDATE = "candidate"
+"""The shadow candidate's pods: a component of their own, so the serving Deployment's
+selector (immutable, and without the role label) never matches them."""
+
+ROLE_SERVING = "serving"
+ROLE_CANDIDATE = "candidate"
 
 BUILD_KEY_LABEL_LENGTH = 40
 """Hex digits of the build key kept in labels (a label value holds at most 63)."""
@@ -54,6 +64,16 @@ def cache_claim_name(owner: str) -> str:
 def runtime_name(owner: str) -> str:
     """The runtime Deployment's and ConfigMap's name."""
     return f"{owner}-runtime"
+
+
+def candidate_name(owner: str) -> str:
+    """The shadow candidate's Deployment, ConfigMap and Service."""
+    return f"{owner}-candidate"
+
+
+def mirror_name(owner: str) -> str:
+    """The ConfigMap holding the serving pods' mirror target."""
+    return f"{owner}-mirror"
 
 
 def service_name(owner: str) -> str:
@@ -80,8 +100,24 @@ def common_labels(owner: str, version: str, component: str) -> dict[str, str]:
 
 
 def runtime_selector(owner: str) -> dict[str, str]:
-    """The runtime pods' selector. Immutable on a Deployment, so it holds no version."""
+    """The serving Deployment's selector. Immutable on a Deployment, so it holds no version
+    (and, from before shadow rollouts, no role)."""
     return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: owner, LABEL_COMPONENT: COMPONENT_RUNTIME}
+
+
+def serving_selector(owner: str) -> dict[str, str]:
+    """The serving pods: what the Service, the scale subresource and metrics select."""
+    return {**runtime_selector(owner), LABEL_ROLE: ROLE_SERVING}
+
+
+def candidate_selector(owner: str) -> dict[str, str]:
+    """The shadow candidate's pods (its Deployment's and its Service's selector)."""
+    return {
+        LABEL_NAME: APP_NAME,
+        LABEL_INSTANCE: owner,
+        LABEL_COMPONENT: COMPONENT_CANDIDATE,
+        LABEL_ROLE: ROLE_CANDIDATE,
+    }
 
 
 def selector_string(selector: dict[str, str]) -> str:

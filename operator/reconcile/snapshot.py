@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
+from kubeinfer.operator.rollout.aggregates import ShadowReading
 
 KubeObject = dict[str, Any]
 
@@ -41,6 +42,18 @@ class ObservedState:
     job_pods: tuple[KubeObject, ...] = ()
     """Pods of the build Jobs, where the build's digest is read from the termination
     message."""
+    candidate_configmap: KubeObject | None = None
+    candidate_deployment: KubeObject | None = None
+    candidate_service: KubeObject | None = None
+    """The shadow candidate's children, when one runs."""
+    mirror_configmap: KubeObject | None = None
+    """The serving pods' mirror target (a ConfigMap of its own, so changing it rolls
+    nothing)."""
+    annotations: dict[str, str] = field(default_factory=dict)
+    """The InferenceDeployment's annotations (the shadow's manual gate is one)."""
+    shadow: ShadowReading | None = None
+    """The running candidate's aggregates, read by the gather step when the stored status
+    says a shadow is Pending; None when nothing was read."""
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,21 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import (
 )
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.desired import input_hash
-from kubeinfer.operator.reconcile.engine_state import EnginePhase, EngineState, ServingEngine
+from kubeinfer.operator.reconcile.engine_state import EnginePhase, EngineState
 from kubeinfer.operator.reconcile.snapshot import Event, KubeObject, ObservedState
+from kubeinfer.operator.rollout.report import ShadowReport
+from kubeinfer.operator.rollout.shadow import RolloutPlan
 
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 
 WARNING_REASONS = frozenset(
-    {Reason.INVALID_SPEC, Reason.ENGINE_BUILD_FAILED, Reason.ROLLOUT_STALLED}
+    {
+        Reason.INVALID_SPEC,
+        Reason.ENGINE_BUILD_FAILED,
+        Reason.ROLLOUT_STALLED,
+        Reason.SHADOW_FAILED,
+        Reason.SHADOW_ABORTED,
+    }
 )
 EVENT_MESSAGE_LIMIT = 1024
 MIRRORED = frozenset({ConditionType.RECONCILING, ConditionType.STALLED})
@@ -100,13 +108,16 @@ def rollout_progress(
 def compute_status(
     observed: ObservedState,
     engine: EngineState,
-    serving: ServingEngine | None,
+    plan: RolloutPlan,
+    shadow: ShadowReport,
     rollout: RolloutProgress,
     replicas: int,
     now: datetime,
 ) -> InferenceDeploymentStatus:
-    """The whole status for this pass; `serving` is the engine the desired runtime runs."""
+    """The whole status for this pass; `plan.serving` is the engine the desired runtime
+    runs, `shadow` what a shadow rollout adds."""
     spec, generation = observed.spec, observed.owner.generation
+    serving = plan.serving
     previous = observed.status
     current = (
         engine.ready
@@ -147,6 +158,9 @@ def compute_status(
     elif rollout.stalled:
         progressing = (FALSE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
         degraded = (TRUE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
+    elif shadow.progress is not None:
+        progressing = shadow.progress
+        degraded = shadow.degraded or degraded
     elif ready:
         progressing = (FALSE, Reason.ROLLOUT_COMPLETE, f"{rollout.message}.")
     else:
@@ -164,6 +178,8 @@ def compute_status(
         summary = (FALSE, engine_condition[1], engine_condition[2])
     elif rollout.stalled:
         summary = (FALSE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
+    elif shadow.progress is not None:
+        summary = (FALSE, shadow.progress[1], shadow.progress[2])
     else:
         summary = (FALSE, Reason.ROLLING_OUT, f"{rollout.message}.{keeps}")
 
@@ -180,7 +196,7 @@ def compute_status(
         )
 
     conditions = list(previous.conditions)
-    for type_, (status, reason, message) in (
+    values = [
         (ConditionType.READY, summary),
         (ConditionType.ENGINE_READY, engine_condition),
         (ConditionType.AVAILABLE, available),
@@ -188,7 +204,12 @@ def compute_status(
         (ConditionType.DEGRADED, degraded),
         (ConditionType.RECONCILING, reconciling),
         (ConditionType.STALLED, stalled),
-    ):
+    ]
+    if shadow.shadow_passed is not None:
+        values.append((ConditionType.SHADOW_PASSED, shadow.shadow_passed))
+    else:
+        conditions = [c for c in conditions if c.type != ConditionType.SHADOW_PASSED]
+    for type_, (status, reason, message) in values:
         conditions = set_condition(conditions, type_, status, reason, message, generation, now)
 
     if ready:
@@ -200,7 +221,7 @@ def compute_status(
     elif rollout.stalled:
         phase = Phase.DEGRADED
     else:
-        phase = Phase.DEPLOYING
+        phase = shadow.phase or Phase.DEPLOYING
 
     engine_status = EngineStatus(
         digest=engine.digest,
@@ -208,6 +229,7 @@ def compute_status(
         precision=spec.engine.precision,
         target=engine.target,
         max_batch_size=spec.engine.max_batch_size,
+        build_key=engine.build_key if engine.digest else None,
     )
     if serving is not None and rollout.complete:
         serving_status: VersionStatus | None = VersionStatus(
@@ -225,7 +247,8 @@ def compute_status(
             "replicas": replicas,
             "ready_replicas": rollout.ready_replicas,
             "ready": f"{rollout.ready_replicas}/{replicas}",
-            "selector": names.selector_string(names.runtime_selector(observed.owner.name)),
+            "selector": names.selector_string(names.serving_selector(observed.owner.name)),
+            "candidate": plan.record,
         }
     )
 

@@ -52,3 +52,12 @@ class ShadowAggregates:
     def top1_agreement(self) -> float | None:
         """Share of compared rows whose top-1 class agreed; None without any such row."""
         return self.top1_agreements / self.top1_rows if self.top1_rows else None
+
+
+@dataclass(frozen=True)
+class ShadowReading:
+    """What the metrics source said of the running candidate in one pass: its aggregates,
+    or why they could not be read (`aggregates` None, `error` the reason)."""
+
+    aggregates: ShadowAggregates | None
+    error: str = ""

@@ -17,6 +17,7 @@ from typing import Any
 import kubernetes_validate
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionType
+from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.decide import decide
 from kubeinfer.operator.reconcile.snapshot import Decision, KubeObject, ObservedState, OwnerRef
 from kubeinfer.operator.settings import OperatorSettings
@@ -26,12 +27,20 @@ SETTINGS = OperatorSettings(build_backoff_seconds=30, build_backoff_max_seconds=
 KUBERNETES_VERSION = "1.33"
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64
-SINGLETONS = {
-    "PersistentVolumeClaim": "pvc",
-    "ConfigMap": "configmap",
-    "Deployment": "deployment",
-    "Service": "service",
-}
+
+
+def singletons(owner: str) -> dict[tuple[str, str], str]:
+    """(kind, name) of each child of which there is one, and its ObservedState field."""
+    return {
+        ("PersistentVolumeClaim", names.cache_claim_name(owner)): "pvc",
+        ("ConfigMap", names.runtime_name(owner)): "configmap",
+        ("Deployment", names.runtime_name(owner)): "deployment",
+        ("Service", names.service_name(owner)): "service",
+        ("ConfigMap", names.candidate_name(owner)): "candidate_configmap",
+        ("Deployment", names.candidate_name(owner)): "candidate_deployment",
+        ("Service", names.candidate_name(owner)): "candidate_service",
+        ("ConfigMap", names.mirror_name(owner)): "mirror_configmap",
+    }
 
 
 def k8s_time(when: datetime) -> str:
@@ -84,10 +93,11 @@ class Cluster:
 
     # -- one pass -------------------------------------------------------------------------
     def observe(self) -> ObservedState:
-        singles: dict[str, KubeObject | None] = {field: None for field in SINGLETONS.values()}
-        for (kind, _), obj in self.objects.items():
-            if kind in SINGLETONS:
-                singles[SINGLETONS[kind]] = copy.deepcopy(obj)
+        slots = singletons(self.name)
+        singles: dict[str, KubeObject | None] = {field: None for field in slots.values()}
+        for key, obj in self.objects.items():
+            if key in slots:
+                singles[slots[key]] = copy.deepcopy(obj)
         return ObservedState(
             owner=OwnerRef(self.name, self.namespace, self.uid, self.generation),
             spec=self.spec,
@@ -130,9 +140,22 @@ class Cluster:
 
     # -- playing the controllers ----------------------------------------------------------
     def get(self, kind: str, name: str | None = None) -> KubeObject:
-        matches = [o for (k, n), o in self.objects.items() if k == kind and name in (None, n)]
-        assert len(matches) == 1, f"expected one {kind} {name or ''}, found {len(matches)}"
+        """The child of that kind and name; without a name, the serving runtime's (the
+        claim, the runtime ConfigMap and Deployment, the serving Service)."""
+        if name is None:
+            name = next(
+                (
+                    n
+                    for (k, n), f in singletons(self.name).items()
+                    if k == kind and f in ("pvc", "configmap", "deployment", "service")
+                )
+            )
+        matches = [o for (k, n), o in self.objects.items() if k == kind and n == name]
+        assert len(matches) == 1, f"expected one {kind} {name}, found {len(matches)}"
         return matches[0]
+
+    def has(self, kind: str, name: str) -> bool:
+        return (kind, name) in self.objects
 
     def jobs(self) -> list[KubeObject]:
         return [o for (k, _), o in sorted(self.objects.items()) if k == "Job"]
@@ -181,9 +204,10 @@ class Cluster:
         }
         self._pod(job, {"exitCode": 1, "reason": "Error", "message": log})
 
-    def roll_out(self, ready: int | None = None) -> None:
-        """The Deployment controller finished: every desired pod updated and ready."""
-        deployment = self.get("Deployment")
+    def roll_out(self, ready: int | None = None, name: str | None = None) -> None:
+        """The Deployment controller finished: every desired pod updated and ready (the
+        serving Deployment's, or the one named)."""
+        deployment = self.get("Deployment", name)
         replicas = deployment["spec"]["replicas"]
         ready = replicas if ready is None else ready
         deployment["status"] = {

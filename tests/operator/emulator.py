@@ -19,7 +19,8 @@ write path and the reads with what a kube-apiserver does, in the small:
 - immutable fields: a Job's `spec.template` and `spec.selector`, a Deployment's
   `spec.selector` (422, as the real validation does);
 - DELETE removes the object (or marks it while finalizers remain) and garbage-collects
-  its dependents by ownerReference uid (background propagation);
+  its dependents by ownerReference uid (background propagation); an object created with
+  owners that no longer exist (a write that raced the owner's deletion) is collected too;
 - LIST items of built-in kinds carry no `kind`/`apiVersion` (typed lists);
 - LIST and WATCH honour `labelSelector` (=, ==, !=, in, notin, exists, !exists) and WATCH
   honours `resourceVersion` (replays later events only);
@@ -232,7 +233,16 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         else:
             self.store[key] = new
             self._emit(gvp, "ADDED" if old is None else "MODIFIED", new)
+            if old is None and self._dangling(new):
+                self._remove(key)  # what the garbage collector does a moment later
         return new
+
+    def _dangling(self, obj: dict[str, Any]) -> bool:
+        """Created with ownerReferences of which none exists any more (the owner was deleted
+        while a write was in flight): the real garbage collector deletes such objects."""
+        refs = obj["metadata"].get("ownerReferences") or []
+        live = {o["metadata"].get("uid") for o in self.store.values()}
+        return bool(refs) and not any(ref.get("uid") in live for ref in refs)
 
     def _collect_garbage(self, uid: str) -> None:
         for key, obj in list(self.store.items()):

@@ -29,3 +29,11 @@ class Phase(StrEnum):
     READY = "Ready"
     DEGRADED = "Degraded"
     FAILED = "Failed"
+
+
+class ShadowVerdict(StrEnum):
+    PENDING = "Pending"
+    PASSED = "Passed"
+    FAILED = "Failed"
+    ABORTED = "Aborted"
+    PROMOTED = "Promoted"

@@ -18,7 +18,7 @@ from kubeinfer.operator.api.v1alpha1.status import (
     MetricsStatus,
     VersionStatus,
 )
-from kubeinfer.runtime.config import ApiModel, BatchingPolicy, CrossFieldRule
+from kubeinfer.runtime.config import ApiModel, BatchingPolicy, CrossFieldRule, MirrorPolicy
 from pydantic import Field
 
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -235,51 +235,82 @@ class RuntimeSpec(ApiModel):
 
 
 class ShadowThresholds(ApiModel):
-    """When a shadowed candidate is good enough to promote."""
+    """When a shadowed candidate is good enough to promote. Each is checked on the
+    aggregates of every mirrored request compared so far, over all serving pods."""
 
     max_absolute_output_difference: float = Field(default=0.01, ge=0)
-    """Largest acceptable absolute difference between candidate and serving outputs."""
+    """Largest acceptable absolute difference between one element of the candidate's output
+    and the serving engine's, over every compared request. A request whose outputs differ
+    in name, shape or datatype breaks it whatever its value. Broken at any time, the
+    candidate fails at once (the largest difference can only grow)."""
 
     min_top1_agreement: float = Field(default=0.99, ge=0, le=1)
-    """Smallest acceptable fraction of requests whose top-1 class agrees (0..1)."""
+    """Smallest acceptable share of compared rows whose top-1 class (argmax over the last
+    axis of outputs with at least 2 classes) agrees with the serving engine's (0..1).
+    Checked once minSamples requests are compared; not applicable to models without such
+    outputs."""
 
     max_p99_latency_regression_percent: float = Field(default=10, ge=0, le=1000)
-    """Largest acceptable p99 latency increase of the candidate over serving, in percent."""
+    """Largest acceptable increase of the candidate's p99 latency over the serving
+    engine's on the same mirrored requests, in percent. Both are the servers' own time
+    for a request; the candidate receives only the mirrored share of the traffic, so its
+    batches are smaller than serving's. Checked once minSamples requests are compared."""
 
 
 class ShadowSpec(ApiModel):
-    """Shadow testing: mirrored live traffic to the candidate, compared with serving."""
+    """Shadow testing: the serving pods mirror a share of their live requests to the
+    candidate, compare its answers with their own, and the operator promotes it or rolls it
+    back on the thresholds."""
 
     traffic_percent: int = Field(default=10, ge=1, le=100)
     """Share of live requests mirrored to the candidate, in percent."""
 
+    replicas: int = Field(default=1, ge=1, le=100)
+    """Candidate pods; fixed for the shadow's duration (autoscaling never changes it)."""
+
     min_samples: int = Field(default=1000, ge=1, le=10_000_000)
-    """Mirrored requests needed before a verdict."""
+    """Mirrored requests compared before a verdict."""
 
     max_duration_seconds: int = Field(default=3600, ge=1, le=604_800)
-    """Longest a shadow test runs; a candidate without enough samples by then is rolled
-    back."""
+    """Longest a shadow test runs, from the candidate's start; a candidate without
+    minSamples compared requests by then fails (and is rolled back)."""
 
     thresholds: ShadowThresholds = Field(default_factory=ShadowThresholds)
     """Promotion thresholds."""
+
+    mirror: MirrorPolicy = Field(default_factory=MirrorPolicy)
+    """How the serving pods mirror: queue, concurrency and timeout. Mirrored work never
+    delays or fails a live request; what does not fit is dropped and counted."""
 
 
 class RolloutSpec(ApiModel):
     """How a new model version or engine replaces the serving one."""
 
     strategy: RolloutStrategy = RolloutStrategy.ROLLING
-    """Rolling (replace pods as soon as the new engine is ready) or Shadow (mirror traffic
-    to the candidate, then promote or roll back on the thresholds)."""
+    """Rolling (replace pods as soon as the new engine is ready) or Shadow (run the new
+    engine as a candidate beside the serving one, mirror live traffic to it, compare the
+    answers request by request, then promote or roll back on the thresholds). The first
+    engine of an InferenceDeployment has nothing to be compared with and is deployed
+    directly."""
 
     shadow: ShadowSpec = Field(default_factory=ShadowSpec)
     """Shadow test settings, used with strategy Shadow."""
 
 
 class PrometheusSpec(ApiModel):
-    """The Prometheus the autoscaler queries."""
+    """A Prometheus server that scrapes the runtime pods."""
 
     url: str | None = Field(default=None, pattern=r"^https?://.+$", max_length=2048)
-    """Prometheus base URL; the operator's default when unset."""
+    """Prometheus base URL; the operator's default (Helm value prometheus.url) when unset."""
+
+
+class MonitoringSpec(ApiModel):
+    """Where the operator reads the runtime pods' metrics: shadow verdicts (and, later,
+    the autoscaler) read them. From Prometheus when a URL is set here or in the operator's
+    settings; otherwise the operator reads each runtime pod's /metrics itself."""
+
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
+    """The Prometheus to query."""
 
 
 class AutoscalingSpec(ApiModel):
@@ -314,9 +345,6 @@ class AutoscalingSpec(ApiModel):
 
     scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600)
     """How long a lower recommendation must hold before scaling down."""
-
-    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
-    """Where metrics are read."""
 
 
 class SloSpec(ApiModel):
@@ -358,6 +386,9 @@ class InferenceDeploymentSpec(ApiModel):
 
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
     """Autoscaling on queue depth and GPU memory pressure."""
+
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+    """Where the operator reads the runtime pods' metrics."""
 
     slo: SloSpec = Field(default_factory=SloSpec)
     """Latency objective reported in status."""

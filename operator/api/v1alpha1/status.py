@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from datetime import datetime
 
 from kubeinfer.operator.api.v1alpha1.conditions import Condition
-from kubeinfer.operator.api.v1alpha1.enums import Backend, Phase, Precision
+from kubeinfer.operator.api.v1alpha1.enums import Backend, Phase, Precision, ShadowVerdict
 from kubeinfer.runtime.config import ApiModel
 from pydantic import Field
 
@@ -28,6 +28,10 @@ class EngineStatus(ApiModel):
     max_batch_size: int | None = Field(default=None, ge=1)
     """Largest batch the engine's profile accepts."""
 
+    build_key: str | None = Field(default=None, max_length=64)
+    """Hash of the engine inputs the digest was built from: a digest is reused (never
+    rebuilt) while the inputs hash the same, even after its build Job is gone."""
+
 
 class VersionStatus(ApiModel):
     """A model version and the engine it runs."""
@@ -40,13 +44,51 @@ class VersionStatus(ApiModel):
 
 
 class CandidateStatus(VersionStatus):
-    """The version under shadow test."""
+    """The version under shadow test, or the last one tested. A Failed or Aborted candidate
+    stays here, so the same engine is not tried again until the spec changes."""
+
+    verdict: ShadowVerdict = ShadowVerdict.PENDING
+    """Pending (mirroring and comparing), Passed (promotion under way), Failed (a threshold
+    broke, or maxDurationSeconds passed without minSamples: rolled back), Aborted (by
+    `kubeinfer abort`, or replaced by a newer spec) or Promoted (it serves now)."""
+
+    reason: str = Field(default="", max_length=128)
+    """Why the verdict is what it is, as one CamelCase word."""
+
+    message: str = Field(default="", max_length=4096)
+    """The verdict's figures against the thresholds, for humans."""
+
+    start_time: datetime | None = None
+    """When the candidate's shadow started (maxDurationSeconds counts from here)."""
+
+    trial: str = Field(default="", max_length=64)
+    """Hash of what was tested: the candidate's version and engine and the shadow
+    settings. A Failed or Aborted candidate is tried again only when this changes."""
 
     samples: int = Field(default=0, ge=0)
-    """Mirrored requests compared so far."""
+    """Mirrored requests compared so far, over all serving pods."""
 
-    verdict: Literal["Pending", "Passed", "Failed"] = "Pending"
-    """Outcome of the shadow test."""
+    mismatches: int = Field(default=0, ge=0)
+    """Compared requests whose outputs differed in name, shape or datatype."""
+
+    dropped: int = Field(default=0, ge=0)
+    """Requests the mirror could not take (its queue was full)."""
+
+    candidate_errors: int = Field(default=0, ge=0)
+    """Mirrored requests the candidate answered with an error, or not within the mirror's
+    timeout."""
+
+    top1_agreement: float | None = Field(default=None, ge=0, le=1)
+    """Share of compared rows whose top-1 class agreed (0..1)."""
+
+    max_absolute_difference: float | None = Field(default=None, ge=0)
+    """Largest absolute difference of one output element, candidate against serving."""
+
+    serving_p99_milliseconds: float | None = Field(default=None, ge=0)
+    """p99 latency of the serving pods on the mirrored requests."""
+
+    candidate_p99_milliseconds: float | None = Field(default=None, ge=0)
+    """p99 latency of the candidate on the same requests, measured the same way."""
 
 
 class MetricsStatus(ApiModel):

@@ -1,0 +1,263 @@
+"""The shadow rollout: which engine serves, which one runs as the candidate, and the
+candidate's record in the status. Pure.
+
+With strategy Shadow, a new engine (a changed spec built, or a new pin) does not replace
+the serving one directly. It runs as a *candidate* beside it: its own Deployment and
+Service, to which the serving pods mirror `trafficPercent` of their live requests,
+comparing the answers with their own. Each pass judges the aggregates
+(`verdict.judge`):
+
+- Pending: the candidate runs; the serving pods mirror to it once it is available.
+- Passed: the serving Deployment rolls to the candidate's engine (maxUnavailable 0, as
+  every roll); the mirror stops; once the roll is complete the candidate is Promoted and
+  its children are removed.
+- Failed, or Aborted by `kubeinfer abort`: the candidate's children are removed at once,
+  serving is untouched, and the record stays in `status.candidate`, so the same trial
+  (same version, engine and shadow settings) is not run again until the spec changes.
+- A spec change during a shadow replaces the candidate.
+
+The first engine of an object has nothing to be compared with and serves directly, and
+an engine equal to the serving one (same digest) needs no test either.
+
+The manual gate is the annotation `kubeinfer.io/shadow-gate: "<promote|abort> <digest>"`
+(written by `kubeinfer promote|abort`): it acts only on the candidate whose engine digest
+it names, so a command that raced a newer candidate does nothing to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from kubeinfer.operator.api.v1alpha1.conditions import Reason
+from kubeinfer.operator.api.v1alpha1.enums import RolloutStrategy, ShadowVerdict
+from kubeinfer.operator.api.v1alpha1.inference_deployment import InferenceDeploymentSpec
+from kubeinfer.operator.api.v1alpha1.status import CandidateStatus
+from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.reconcile.engine_state import EngineState, ServingEngine
+from kubeinfer.operator.reconcile.snapshot import Event
+from kubeinfer.operator.rollout.aggregates import ShadowReading
+from kubeinfer.operator.rollout.verdict import Verdict, judge
+
+GATE_ANNOTATION = "kubeinfer.io/shadow-gate"
+"""`promote <digest>` or `abort <digest>`: the manual gate on the candidate with that
+engine digest."""
+
+GATE_ACTIONS = ("promote", "abort")
+CLOSED = frozenset({ShadowVerdict.FAILED, ShadowVerdict.ABORTED})
+"""Verdicts after which the same trial is not run again."""
+
+
+@dataclass(frozen=True)
+class ShadowQuery:
+    """What the gather step should read: the aggregates of this candidate since `started`."""
+
+    candidate_digest: str
+    candidate_version: str
+    started: datetime
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """What this pass runs: `serving` (the serving Deployment's engine), `candidate` (a
+    candidate Deployment's engine, None: no candidate children), whether the serving pods
+    mirror to it, and the candidate's record for the status."""
+
+    serving: ServingEngine | None
+    candidate: ServingEngine | None = None
+    mirror: bool = False
+    record: CandidateStatus | None = None
+    replaced: CandidateStatus | None = None
+    """A Pending candidate this pass replaced (for its Event)."""
+    blocked: bool = False
+    """The spec's engine failed (or was aborted in) its shadow test: it will not serve
+    until the spec changes."""
+
+    @property
+    def shadowing(self) -> bool:
+        return self.record is not None and self.record.verdict == ShadowVerdict.PENDING
+
+    @property
+    def promoting(self) -> bool:
+        return self.record is not None and self.record.verdict == ShadowVerdict.PASSED
+
+
+def parse_gate(annotations: dict[str, str]) -> tuple[str, str] | None:
+    """(action, digest) from the gate annotation; None when absent or malformed (a
+    malformed gate is ignored, never half-applied)."""
+    parts = (annotations.get(GATE_ANNOTATION) or "").split()
+    if len(parts) == 2 and parts[0] in GATE_ACTIONS and parts[1].startswith("sha256:"):
+        return parts[0], parts[1]
+    return None
+
+
+def trial_key(spec: InferenceDeploymentSpec, candidate: ServingEngine) -> str:
+    """What one shadow test tests: the candidate's version and engine, and the settings it
+    is judged by. A failed trial is retried only when this changes."""
+    shadow = spec.rollout.shadow.to_wire()
+    return names.stable_hash([candidate.version, candidate.digest, shadow], 32)
+
+
+def metrics_query(status: CandidateStatus | None) -> ShadowQuery | None:
+    """The aggregates the next decision needs: those of a candidate the stored status
+    says is Pending (no read otherwise, so an object without a shadow costs nothing)."""
+    if status is None or status.verdict != ShadowVerdict.PENDING:
+        return None
+    if not status.engine_digest or status.start_time is None:
+        return None
+    return ShadowQuery(status.engine_digest, status.version or "", status.start_time)
+
+
+def _record(
+    previous: CandidateStatus, verdict: Verdict, reading: ShadowReading | None
+) -> CandidateStatus:
+    """The candidate's record with this pass's verdict and figures (figures are kept from
+    the last good read when the metrics cannot be read)."""
+    update: dict[str, object] = {
+        "verdict": verdict.outcome,
+        "reason": verdict.reason,
+        "message": verdict.message,
+    }
+    aggregates = reading.aggregates if reading else None
+    if aggregates is not None:
+        update.update(
+            samples=aggregates.compared,
+            mismatches=aggregates.mismatches,
+            dropped=aggregates.dropped,
+            candidate_errors=aggregates.candidate_errors + aggregates.timeouts,
+            top1_agreement=aggregates.top1_agreement,
+            max_absolute_difference=aggregates.max_abs_difference,
+            serving_p99_milliseconds=_milliseconds(aggregates.primary_p99_seconds),
+            candidate_p99_milliseconds=_milliseconds(aggregates.candidate_p99_seconds),
+        )
+    return previous.model_copy(update=update)
+
+
+def _milliseconds(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 3)
+
+
+def _manual(previous: CandidateStatus, gate: tuple[str, str] | None) -> Verdict | None:
+    """The manual gate's verdict, when it names this candidate's engine."""
+    if gate is None or gate[1] != previous.engine_digest:
+        return None
+    if gate[0] == "promote":
+        return Verdict(
+            ShadowVerdict.PASSED, "ManualPromotion", "Promoted by `kubeinfer promote`."
+        )
+    return Verdict(ShadowVerdict.ABORTED, "ManualAbort", "Aborted by `kubeinfer abort`.")
+
+
+def plan_rollout(
+    spec: InferenceDeploymentSpec,
+    engine: EngineState,
+    current: ServingEngine | None,
+    previous: CandidateStatus | None,
+    annotations: dict[str, str],
+    reading: ShadowReading | None,
+    candidate_available: bool,
+    now: datetime,
+) -> RolloutPlan:
+    """Which engine serves and which runs as the candidate after this pass.
+
+    `current` is what the serving children run now, `previous` the stored candidate
+    record, `reading` this pass's aggregates (None when none were read), and
+    `candidate_available` whether the candidate Deployment has an available pod (the
+    mirror is switched on only then, so requests are not mirrored into nothing)."""
+    if not engine.ready or engine.digest is None:
+        # The spec's engine is not built yet: serving stays; a Pending candidate of an
+        # older spec is no longer what the spec asks for.
+        return RolloutPlan(current, record=_superseded(previous), replaced=None)
+    new = ServingEngine(spec.model.version, engine.digest, engine.build_key)
+    if current is None or current.digest == new.digest:
+        # Nothing to compare with, or nothing that could answer differently.
+        record = previous
+        if previous is not None and previous.verdict == ShadowVerdict.PASSED:
+            record = previous.model_copy(update={"verdict": ShadowVerdict.PROMOTED})
+        return RolloutPlan(new, record=record)
+    if spec.rollout.strategy != RolloutStrategy.SHADOW:
+        return RolloutPlan(new, record=_superseded(previous))
+
+    trial = trial_key(spec, new)
+    if previous is None or previous.trial != trial:
+        record = CandidateStatus(
+            version=new.version,
+            engine_digest=new.digest,
+            verdict=ShadowVerdict.PENDING,
+            reason=Reason.SHADOW_RUNNING,
+            message="The candidate is starting; the serving pods mirror to it once it is "
+            "available.",
+            start_time=now,
+            trial=trial,
+        )
+        replaced = previous if previous and previous.verdict == ShadowVerdict.PENDING else None
+        return RolloutPlan(current, candidate=new, record=record, replaced=replaced)
+
+    if previous.verdict in CLOSED:
+        return RolloutPlan(current, record=previous, blocked=True)
+    if previous.verdict == ShadowVerdict.PROMOTED:
+        return RolloutPlan(new, record=previous)
+    if previous.verdict == ShadowVerdict.PASSED:
+        # Promotion under way: serving rolls to the candidate's engine; the candidate keeps
+        # running (not mirrored to) until the roll is complete.
+        return RolloutPlan(new, candidate=new, record=previous)
+
+    started = previous.start_time or now
+    verdict = _manual(previous, parse_gate(annotations)) or judge(
+        spec.rollout.shadow, reading.aggregates if reading else None, started, now
+    )
+    if reading is not None and reading.error and verdict.outcome == ShadowVerdict.PENDING:
+        verdict = Verdict(verdict.outcome, verdict.reason, f"{verdict.message} {reading.error}")
+    record = _record(previous, verdict, reading)
+    if verdict.outcome == ShadowVerdict.PASSED:
+        return RolloutPlan(new, candidate=new, record=record)
+    if verdict.outcome in CLOSED:
+        return RolloutPlan(current, record=record, blocked=True)
+    return RolloutPlan(current, candidate=new, mirror=candidate_available, record=record)
+
+
+def _superseded(previous: CandidateStatus | None) -> CandidateStatus | None:
+    """A Pending or Passed record whose candidate the spec no longer asks for."""
+    if previous is None or previous.verdict not in (ShadowVerdict.PENDING, ShadowVerdict.PASSED):
+        return previous
+    return previous.model_copy(
+        update={
+            "verdict": ShadowVerdict.ABORTED,
+            "reason": "Superseded",
+            "message": "The spec changed during the shadow; this candidate was replaced.",
+        }
+    )
+
+
+def promotion_complete(plan: RolloutPlan, serving_rolled_out: bool) -> RolloutPlan:
+    """Once the serving Deployment runs the passed candidate's engine on every pod, the
+    candidate is Promoted and its children go."""
+    record = plan.record
+    if (
+        record is None
+        or record.verdict != ShadowVerdict.PASSED
+        or plan.serving is None
+        or plan.serving.digest != record.engine_digest
+        or not serving_rolled_out
+    ):
+        return plan
+    promoted = record.model_copy(
+        update={
+            "verdict": ShadowVerdict.PROMOTED,
+            "reason": Reason.SHADOW_PROMOTED,
+            "message": f"{record.message} Serving runs it on every pod now.".strip(),
+        }
+    )
+    return RolloutPlan(plan.serving, record=promoted)
+
+
+def shadow_replaced_event(replaced: CandidateStatus, record: CandidateStatus | None) -> Event:
+    """The Event of a Pending candidate replaced by a newer one (its condition stays
+    ShadowRunning, so no transition announces it)."""
+    new = f"version {record.version} (engine {record.engine_digest})" if record else "none"
+    return Event(
+        "Normal",
+        "ShadowReplaced",
+        f"The spec changed during the shadow of version {replaced.version} (engine "
+        f"{replaced.engine_digest}); the candidate is now {new}.",
+    )
