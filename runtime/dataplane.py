@@ -4,13 +4,17 @@ The HTTP routes (and a gRPC service, should one come) are thin wrappers over thi
 they pass the raw body and the binary-extension header length in and get bytes back, and
 every failure comes out as an `InferenceServerError` carrying its status. Readiness is the
 batcher's admission: false before start and from the moment draining begins.
+
+A request answered 200 is offered, after its answer is ready, to the shadow mirror
+(`kubeinfer.runtime.shadow`) with its decoded inputs, its outputs and its server time:
+an offer never awaits and never raises, so mirroring adds no wait and no failure here.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubeinfer.runtime.batching.assembler import check_inputs
 from kubeinfer.runtime.batching.queue import Batcher
@@ -25,6 +29,7 @@ from kubeinfer.runtime.protocol.errors import (
 )
 from kubeinfer.runtime.protocol.tensor_codec import decode_infer_request, encode_infer_response
 from kubeinfer.runtime.protocol.v2_types import InferOutput, InferResponse
+from kubeinfer.runtime.shadow.controller import ShadowController
 
 SERVER_NAME = "kubeinfer"
 SERVER_VERSION = "0.1.0"
@@ -33,6 +38,17 @@ EXTENSIONS = ("binary_tensor_data",)
 
 def _tensor_metadata(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
     return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+
+
+class InferResult(NamedTuple):
+    """An answered infer request, as the transport sends it."""
+
+    body: bytes
+    header_length: int | None
+    """The binary extension's Inference-Header-Content-Length, or None (all JSON)."""
+    seconds: float
+    """The server's time for the request, the span `kubeinfer_request_duration_seconds`
+    observes (the transport reports it in Server-Timing)."""
 
 
 class DataPlane:
@@ -45,11 +61,13 @@ class DataPlane:
         batcher: Batcher,
         metrics: RuntimeMetrics,
         clock: Callable[[], float] = time.monotonic,
+        shadow: ShadowController | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.batcher = batcher
         self.metrics = metrics
+        self.shadow = shadow
         self._clock = clock
         self._output_names = {spec.name for spec in engine.outputs}
         self._output_datatypes = {spec.name: spec.datatype for spec in engine.outputs}
@@ -88,20 +106,29 @@ class DataPlane:
 
     async def infer(
         self, name: str, version: str | None, body: bytes, header_length: int | None
-    ) -> tuple[bytes, int | None]:
-        """Runs one v2 infer request; returns (response body, binary header length)."""
+    ) -> InferResult:
+        """Runs one v2 infer request; returns the response body, the binary header length
+        and the server time."""
         started = self._clock()
         try:
-            result = await self._infer(name, version, body, header_length)
+            (payload, response_header_length), inputs, results = await self._infer(
+                name, version, body, header_length
+            )
         except InferenceServerError as error:
             self.metrics.request_answered(error.status, self._clock() - started)
             raise
-        self.metrics.request_answered(200, self._clock() - started)
-        return result
+        seconds = self._clock() - started
+        self.metrics.request_answered(200, seconds)
+        shadow = self.shadow
+        if shadow is not None and shadow.active:
+            outputs = {n: (self._output_datatypes[n], array) for n, array in results.items()}
+            shadow.offer(inputs, outputs, seconds)
+        return InferResult(payload, response_header_length, seconds)
 
     async def _infer(
         self, name: str, version: str | None, body: bytes, header_length: int | None
-    ) -> tuple[bytes, int | None]:
+    ) -> tuple[tuple[bytes, int | None], dict[str, tuple[str, Any]], dict[str, Any]]:
+        """(encoded response, decoded inputs as (datatype, array), every output's array)."""
         self._check_model(name, version)
         if not self.batcher.accepting:
             raise NotReady("the model is not ready (starting or shutting down)")
@@ -139,4 +166,4 @@ class DataPlane:
                     request.binary_data_output if binary is None else binary,
                 )
             )
-        return encode_infer_response(response)
+        return encode_infer_response(response), inputs, results

@@ -18,10 +18,39 @@ dashboards read these names, so they are a public interface:
 | kubeinfer_gpu_memory_total_bytes | gauge (only where a GPU exists) | device, name |
 
 The GPU gauges come from `kubeinfer.runtime.gpu_memory` (NVML), read at scrape time.
+
+While this runtime mirrors requests to a shadow candidate (`kubeinfer.runtime.shadow`),
+it also exports what it compared. Every series is labelled `model`, `serving_version`,
+`candidate_version`, `candidate_digest`, and exists from the moment the candidate's target
+is read until the target changes or goes (the operator reads these names):
+
+| name | type | meaning |
+|---|---|---|
+| kubeinfer_shadow_requests_total | counter | sampled requests by `outcome` (below) |
+| kubeinfer_shadow_mismatches_total | counter | compared requests whose outputs disagree in kind |
+| kubeinfer_shadow_max_abs_difference | gauge | largest element difference so far |
+| kubeinfer_shadow_abs_difference | histogram | per request, max abs difference over outputs |
+| kubeinfer_shadow_cosine_similarity | histogram | per request, the worst row's cosine |
+| kubeinfer_shadow_top1_rows_total | counter | rows of outputs with classes compared |
+| kubeinfer_shadow_top1_agreements_total | counter | of those, rows whose argmax agreed |
+| kubeinfer_shadow_primary_duration_seconds | histogram | this runtime's server time |
+| kubeinfer_shadow_candidate_duration_seconds | histogram | the candidate's server time |
+
+`outcome` is `compared`, `dropped` (no room in the mirror's queue), `candidate_error` (a
+refused connection, an error status, an unreadable answer) or `timeout`. Outputs disagree
+in kind when one is missing, or differs in shape or datatype, or holds NaN or an infinity
+where the other holds a number. Both duration histograms cover the same compared
+requests, each side's own server time (`Server-Timing`), in `SHADOW_LATENCY_BUCKETS`.
+
+Mismatched requests are counted as compared and as mismatches only: they are observed in
+neither the difference nor the cosine histograms, nor in top-1. `histogram_quantile` is
+Prometheus' estimator, for the runtime's `/v2/shadow` and for the operator reading
+scraped buckets, so every reader of these histograms gets the same p99.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Sequence
 
 from kubeinfer.runtime.gpu_memory import GpuMemory
@@ -33,6 +62,70 @@ LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
 )  # fmt: skip
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+# Geometric buckets, ratio 2^(1/6) (12 %), from 2^-12 s (0.24 ms) to 2^4 s (16 s): the
+# operator gates a candidate on a 10 % p99 regression, and `histogram_quantile` can only
+# interpolate linearly inside a bucket, so a bucket must be about as fine as the gate.
+SHADOW_LATENCY_BUCKETS: tuple[float, ...] = tuple(2.0 ** (k / 6) for k in range(-72, 25))
+# Per-request largest element difference, in the output's units: 1-2-5 steps over the range
+# from float rounding (1e-6) to a different model (100).
+SHADOW_DIFFERENCE_BUCKETS = (
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 0.001, 0.002, 0.005, 0.01, 0.02,
+    0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0,
+)  # fmt: skip
+# Per-request worst-row cosine: what matters is how close to 1 it stays. No negative bound:
+# prometheus_client leaves `_sum` out of a histogram with one, and the mean needs it (a
+# negative cosine lands in the 0 bucket).
+SHADOW_COSINE_BUCKETS = (
+    0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.998, 0.999, 0.9995, 0.9999, 0.99999,
+    1.0,
+)  # fmt: skip
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """Prometheus' `histogram_quantile(q, ...)` over classic buckets: `buckets` are (upper
+    bound, cumulative count) pairs, in any order, the last bound +Inf (as scraped, or
+    summed bucket by bucket over several series). The same linear interpolation inside
+    the bucket holding rank q*count, the lowest bucket starting at 0, and a rank in the
+    +Inf bucket answered with the highest finite bound. None where Prometheus answers
+    NaN: no observations, no +Inf bucket, fewer than two buckets. Counts that decrease
+    with the bound (a scrape caught mid-update) are made monotonic, as Prometheus does.
+    """
+    if q != q:  # NaN
+        return None
+    if q < 0:
+        return float("-inf")
+    if q > 1:
+        return float("inf")
+    ordered = sorted(buckets)
+    if len(ordered) < 2 or ordered[-1][0] != float("inf"):
+        return None
+    bounds, counts = [], []
+    for bound, count in ordered:  # coalesce equal bounds, then force monotonic
+        if bounds and bound == bounds[-1]:
+            counts[-1] += count
+            continue
+        bounds.append(bound)
+        counts.append(float(count))
+    for i in range(1, len(counts)):
+        counts[i] = max(counts[i], counts[i - 1])
+    if len(bounds) < 2:
+        return None
+    observations = counts[-1]
+    if observations == 0:
+        return None
+    rank = q * observations
+    b = bisect.bisect_left(counts, rank, 0, len(counts) - 1)
+    if b == len(counts) - 1:
+        return bounds[-2]
+    if b == 0 and bounds[0] <= 0:
+        return bounds[0]
+    start, end, count = 0.0, bounds[b], counts[b]
+    if b > 0:
+        start = bounds[b - 1]
+        count -= counts[b - 1]
+        rank -= counts[b - 1]
+    return start + (end - start) * (rank / count)
 
 
 # `GpuMemoryReader.read` from kubeinfer.runtime.gpu_memory: None where there is no GPU.

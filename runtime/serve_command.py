@@ -53,6 +53,11 @@ _FIELD_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--drain-grace-period-seconds", "drainGracePeriodSeconds", float,
      "time to answer queued requests after SIGTERM"),
     ("--intra-op-threads", "intraOpThreads", int, "ONNX Runtime intra-op threads"),
+    ("--mirror-target-file", "mirrorTargetFile", str,
+     "a MirrorFile (YAML/JSON) naming a shadow candidate to mirror answered requests to; "
+     "re-read while serving (missing or empty: no mirroring)"),
+    ("--mirror-poll-interval-milliseconds", "mirrorPollIntervalMilliseconds", int,
+     "how often the mirror target file is re-read"),
 )  # fmt: skip
 
 
@@ -94,7 +99,7 @@ def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
         if args.cache is not None:
             data["engine"]["cacheDirectory"] = str(args.cache)
     try:
-        return RuntimeConfig.model_validate(data)
+        config = RuntimeConfig.model_validate(data)
     except ValidationError as error:
         problems = [
             f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in error.errors()
@@ -102,6 +107,23 @@ def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
         raise ValueError("\n".join(problems)) from None
     except ValueError as error:  # a CrossFieldRuleViolation raised outside pydantic
         raise ValueError(str(error)) from None
+    _check_mirror_target_file(config.mirror_target_file)
+    return config
+
+
+def _check_mirror_target_file(path: str | None) -> None:
+    """The mirror target file may be missing (no shadow yet: the operator writes it when
+    one starts), but an empty path or a directory is a mistake in the configuration,
+    reported at start rather than as a shadow that never mirrors."""
+    if path is None:
+        return
+    if not path.strip():
+        raise ValueError("mirrorTargetFile: must be a file path, not empty")
+    if Path(path).is_dir():
+        raise ValueError(
+            f"mirrorTargetFile: {path} is a directory; name the file in it "
+            "(the ConfigMap's key)"
+        )
 
 
 def load_engine_for(config: RuntimeConfig) -> Engine:

@@ -8,13 +8,20 @@ codec checks the body itself and every error goes through `error_response_parts`
 
 Routes (also under `/v2/models/{name}/versions/{version}/...`):
 `GET /v2/health/live`, `GET /v2/health/ready`, `GET /v2`, `GET /v2/models/{name}`,
-`GET /v2/models/{name}/ready`, `POST /v2/models/{name}/infer`, and `GET /metrics`.
+`GET /v2/models/{name}/ready`, `POST /v2/models/{name}/infer`, `GET /metrics`, and
+`GET /v2/shadow` (the running aggregates of the shadow candidate this runtime mirrors to,
+see `kubeinfer.runtime.shadow`).
+
+Every infer response carries `Server-Timing: infer;dur=<ms>`, the server's own time for
+the request (the span of `kubeinfer_request_duration_seconds`): a shadow mirror reads a
+candidate's latency from it, measured the same way as its own.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 import zlib
 from typing import Any
 
@@ -31,7 +38,12 @@ from kubeinfer.runtime.protocol.errors import (
     RequestTooLarge,
     error_response_parts,
 )
-from kubeinfer.runtime.protocol.v2_types import HEADER_LENGTH_HEADER
+from kubeinfer.runtime.protocol.v2_types import (
+    HEADER_LENGTH_HEADER,
+    SERVER_TIMING_HEADER,
+    format_server_timing,
+)
+from kubeinfer.runtime.shadow.controller import ShadowController
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger(__name__)
@@ -45,8 +57,10 @@ def _json(obj: Any, status: int = 200) -> web.Response:
     )
 
 
-def _error(error: InferenceServerError) -> web.Response:
+def _error(error: InferenceServerError, seconds: float | None = None) -> web.Response:
     status, body, headers = error_response_parts(error)
+    if seconds is not None:
+        headers[SERVER_TIMING_HEADER] = format_server_timing(seconds)
     return web.Response(body=body, status=status, headers=headers)
 
 
@@ -138,22 +152,34 @@ async def infer(request: web.Request) -> web.Response:
         body, header_length = await _read_body(request, dataplane.config.max_request_bytes)
     except InferenceServerError as error:
         dataplane.metrics.request_answered(error.status, 0.0)
-        return _error(error)
+        return _error(error, 0.0)
+    started = time.monotonic()
     try:
-        payload, response_header_length = await dataplane.infer(
+        result = await dataplane.infer(
             request.match_info["name"], _version(request), body, header_length
         )
     except InferenceServerError as error:
-        return _error(error)
-    if response_header_length is None:
-        return web.Response(body=payload, content_type="application/json")
+        return _error(error, time.monotonic() - started)
+    timing = format_server_timing(result.seconds)
+    if result.header_length is None:
+        return web.Response(
+            body=result.body,
+            headers={"Content-Type": "application/json", SERVER_TIMING_HEADER: timing},
+        )
     return web.Response(
-        body=payload,
+        body=result.body,
         headers={
-            HEADER_LENGTH_HEADER: str(response_header_length),
+            HEADER_LENGTH_HEADER: str(result.header_length),
             "Content-Type": "application/octet-stream",
+            SERVER_TIMING_HEADER: timing,
         },
     )
+
+
+async def shadow(request: web.Request) -> web.Response:
+    controller = request.app[DATAPLANE].shadow
+    assert controller is not None  # create_app always makes one
+    return _json(controller.status())
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -191,17 +217,21 @@ def create_app(
     *,
     gpu_memory: GpuMemoryReader | None = None,
 ) -> web.Application:
-    """The server for one model: routes, metrics registry, batcher (started on app startup,
-    closed on cleanup). The engine is the caller's: it is not closed here."""
+    """The server for one model: routes, metrics registry, batcher and shadow mirror (both
+    started on app startup, stopped on cleanup). The engine is the caller's: it is not
+    closed here."""
     metrics_ = RuntimeMetrics(config.model_name, config.model_version, gpu_memory)
     batcher = Batcher(engine, config.batching, observer=metrics_)
+    shadow_ = ShadowController(config, metrics_.registry)
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=[_json_http_errors])
-    app[DATAPLANE] = DataPlane(config, engine, batcher, metrics_)
+    app[DATAPLANE] = DataPlane(config, engine, batcher, metrics_, shadow=shadow_)
 
     async def start_batcher(_: web.Application) -> None:
         await batcher.start()
+        await shadow_.start()
 
     async def close_batcher(_: web.Application) -> None:
+        await shadow_.stop()
         await batcher.close()
 
     app.on_startup.append(start_batcher)
@@ -213,5 +243,6 @@ def create_app(
         app.router.add_get(prefix, model_metadata)
         app.router.add_get(prefix + "/ready", model_ready)
         app.router.add_post(prefix + "/infer", infer)
+    app.router.add_get("/v2/shadow", shadow)
     app.router.add_get("/metrics", metrics)
     return app

@@ -5,6 +5,8 @@ the listener stays open so that clients get that answer rather than a refused co
 every queued and running request is answered; then the listener closes, aiohttp waits for
 the responses still being written, and `serve` returns 0. All of it within
 `drainGracePeriodSeconds`; a request that was accepted is never dropped before that.
+Mirroring to a shadow candidate stops first, its work in flight cancelled: it is
+best-effort and must not hold up the drain.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ async def serve(
         await stop.wait()
         started = time.monotonic()
         dataplane = app[DATAPLANE]
+        if dataplane.shadow is not None:
+            await dataplane.shadow.stop()
         queued = dataplane.batcher.queued
         log.info("Started draining queued=%d grace_period_seconds=%s", queued, grace)
         drained = await dataplane.batcher.drain(grace)

@@ -1,4 +1,6 @@
-"""Wire format <-> numpy: `decode_infer_request` and `encode_infer_response`.
+"""Wire format <-> numpy: `decode_infer_request` and `encode_infer_response` for the
+server, and `encode_infer_request` and `decode_infer_response` for the shadow mirror,
+which calls another v2 server (a candidate engine) with the inputs it decoded.
 
 Both the JSON tensor form (`"data": [...]`) and Triton's binary tensor data extension are
 handled, for requests and responses: with the extension the body is a JSON header of
@@ -8,7 +10,8 @@ its requested `binary_data` parameter is true, or else when the request-level
 `binary_data_output` parameter is.
 
 Everything a client can get wrong raises `InvalidRequest` with a message naming the field,
-never anything else, so malformed input always ends as a 400.
+never anything else, so malformed input always ends as a 400. A response this side cannot
+read raises `InvalidResponse` (a ValueError: the peer, not our client, is at fault).
 
 JSON goes through orjson: on a 512-float request it parses 4x faster than the standard
 library and writes numpy outputs directly (no `tolist()`), 15x faster; JSON tensors are
@@ -33,6 +36,7 @@ from kubeinfer.runtime.protocol.v2_types import (
     BINARY_DATA_SIZE_PARAMETER,
     TIMEOUT_PARAMETER,
     InferInput,
+    InferOutput,
     InferRequest,
     InferResponse,
     RequestedOutput,
@@ -55,9 +59,12 @@ def _shape(value: Any, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _decode_input(obj: Any, index: int, binary: memoryview, offset: int) -> tuple[InferInput, int]:
-    """One input; returns it and the offset just past its binary data (if any)."""
-    where = f"inputs[{index}]"
+def _decode_input(
+    obj: Any, index: int, binary: memoryview, offset: int, kind: str = "input"
+) -> tuple[InferInput, int]:
+    """One input (or, with kind "output", one output of a response: the same fields);
+    returns it and the offset just past its binary data (if any)."""
+    where = f"{kind}s[{index}]"
     if not isinstance(obj, dict):
         raise InvalidRequest(f"{where} must be an object")
     name = obj.get("name")
@@ -67,39 +74,39 @@ def _decode_input(obj: Any, index: int, binary: memoryview, offset: int) -> tupl
     dtype = V2_TO_NUMPY.get(datatype) if isinstance(datatype, str) else None
     if dtype is None:
         raise InvalidRequest(
-            f"input {name!r}: datatype {datatype!r} is not supported "
+            f"{kind} {name!r}: datatype {datatype!r} is not supported "
             f"(one of {', '.join(V2_TO_NUMPY)})"
         )
-    shape = _shape(obj.get("shape"), f"input {name!r}")
+    shape = _shape(obj.get("shape"), f"{kind} {name!r}")
     count = math.prod(shape)
-    size = _parameters(obj, f"input {name!r}").get(BINARY_DATA_SIZE_PARAMETER)
+    size = _parameters(obj, f"{kind} {name!r}").get(BINARY_DATA_SIZE_PARAMETER)
     if size is not None:
         if type(size) is not int or size < 0:
-            raise InvalidRequest(f"input {name!r}: binary_data_size must be an integer >= 0")
+            raise InvalidRequest(f"{kind} {name!r}: binary_data_size must be an integer >= 0")
         if offset + size > len(binary):
             raise InvalidRequest(
-                f"input {name!r}: binary_data_size {size} runs past the end of the body "
+                f"{kind} {name!r}: binary_data_size {size} runs past the end of the body "
                 f"({len(binary) - offset} binary bytes left)"
             )
         if size != count * dtype.itemsize:
             raise InvalidRequest(
-                f"input {name!r}: binary_data_size {size} does not match shape "
+                f"{kind} {name!r}: binary_data_size {size} does not match shape "
                 f"{list(shape)} of {datatype} ({count * dtype.itemsize} bytes)"
             )
         array = np.frombuffer(binary[offset : offset + size], dtype=dtype.newbyteorder("<"))
         return InferInput(name, datatype, array.reshape(shape)), offset + size
     data = obj.get("data")
     if not isinstance(data, list):
-        raise InvalidRequest(f"input {name!r}: 'data' must be a list (or use binary_data_size)")
+        raise InvalidRequest(f"{kind} {name!r}: 'data' must be a list (or use binary_data_size)")
     try:
         array = np.asarray(data, dtype=dtype)
     except (ValueError, TypeError, OverflowError) as error:
         raise InvalidRequest(
-            f"input {name!r}: data is not a valid {datatype} tensor: {error}"
+            f"{kind} {name!r}: data is not a valid {datatype} tensor: {error}"
         ) from None
     if array.size != count:
         raise InvalidRequest(
-            f"input {name!r}: data has {array.size} elements, shape {list(shape)} needs {count}"
+            f"{kind} {name!r}: data has {array.size} elements, shape {list(shape)} needs {count}"
         )
     return InferInput(name, datatype, array.reshape(shape)), offset
 
@@ -120,9 +127,8 @@ def _decode_outputs(value: Any) -> list[RequestedOutput] | None:
     return outputs
 
 
-def decode_infer_request(body: bytes, header_length: int | None = None) -> InferRequest:
-    """Parses an infer request body; `header_length` is the value of the
-    Inference-Header-Content-Length header (None when the body is all JSON)."""
+def _split_body(body: bytes, header_length: int | None, what: str) -> tuple[Any, memoryview]:
+    """The parsed JSON header and the binary part after it."""
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
@@ -135,9 +141,16 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
     try:
         obj = orjson.loads(header)
     except orjson.JSONDecodeError as error:  # also invalid UTF-8, too deep, int past 64 bits
-        raise InvalidRequest(f"malformed JSON request: {error}") from None
+        raise InvalidRequest(f"malformed JSON {what}: {error}") from None
     if not isinstance(obj, dict):
-        raise InvalidRequest("the request must be a JSON object")
+        raise InvalidRequest(f"the {what} must be a JSON object")
+    return obj, binary
+
+
+def decode_infer_request(body: bytes, header_length: int | None = None) -> InferRequest:
+    """Parses an infer request body; `header_length` is the value of the
+    Inference-Header-Content-Length header (None when the body is all JSON)."""
+    obj, binary = _split_body(body, header_length, "request")
     request_id = obj.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidRequest("id must be a string")
@@ -168,6 +181,10 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
     )
 
 
+def _little_endian_bytes(data: np.ndarray) -> bytes:
+    return np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<")).tobytes()
+
+
 def encode_infer_response(response: InferResponse) -> tuple[bytes, int | None]:
     """(body, header length): the header length is None when no output is binary, and
     otherwise goes into the Inference-Header-Content-Length response header."""
@@ -179,9 +196,9 @@ def encode_infer_response(response: InferResponse) -> tuple[bytes, int | None]:
             "shape": list(output.data.shape),
         }
         if output.binary:
-            raw = np.ascontiguousarray(output.data, dtype=output.data.dtype.newbyteorder("<"))
-            entry["parameters"] = {BINARY_DATA_SIZE_PARAMETER: raw.nbytes}
-            chunks.append(raw.tobytes())
+            raw = _little_endian_bytes(output.data)
+            entry["parameters"] = {BINARY_DATA_SIZE_PARAMETER: len(raw)}
+            chunks.append(raw)
         else:
             entry["data"] = np.ascontiguousarray(output.data).ravel()
         outputs.append(entry)
@@ -196,3 +213,70 @@ def encode_infer_response(response: InferResponse) -> tuple[bytes, int | None]:
     if not chunks:
         return header, None
     return b"".join([header, *chunks]), len(header)
+
+
+class InvalidResponse(ValueError):
+    """A v2 infer response that cannot be read (from a server this runtime called)."""
+
+
+def encode_infer_request(
+    inputs: list[InferInput],
+    *,
+    request_id: str | None = None,
+    timeout_microseconds: int | None = None,
+) -> tuple[bytes, int]:
+    """(body, header length) of an infer request with every input binary and every output
+    asked for binary (`binary_data_output`): the answer's floats come back bit-exact and
+    neither side spends time on JSON numbers. `timeout_microseconds` becomes the request's
+    `timeout` parameter, so the server gives up on it when the caller no longer waits."""
+    entries, chunks = [], []
+    for tensor in inputs:
+        raw = _little_endian_bytes(tensor.data)
+        entries.append(
+            {
+                "name": tensor.name,
+                "datatype": tensor.datatype,
+                "shape": list(tensor.data.shape),
+                "parameters": {BINARY_DATA_SIZE_PARAMETER: len(raw)},
+            }
+        )
+        chunks.append(raw)
+    parameters: dict[str, Any] = {BINARY_DATA_OUTPUT_PARAMETER: True}
+    if timeout_microseconds is not None:
+        parameters[TIMEOUT_PARAMETER] = timeout_microseconds
+    obj: dict[str, Any] = {"inputs": entries, "parameters": parameters}
+    if request_id is not None:
+        obj["id"] = request_id
+    header = orjson.dumps(obj)
+    return b"".join([header, *chunks]), len(header)
+
+
+def decode_infer_response(body: bytes, header_length: int | None = None) -> InferResponse:
+    """Parses an infer response body (JSON or binary outputs, as `encode_infer_response`
+    writes them); raises `InvalidResponse` naming what is wrong."""
+    try:
+        obj, binary = _split_body(body, header_length, "response")
+        raw_outputs = obj.get("outputs")
+        if not isinstance(raw_outputs, list):
+            raise InvalidRequest("outputs must be a list")
+        request_id = obj.get("id")
+        response = InferResponse(
+            str(obj.get("model_name", "")),
+            str(obj.get("model_version", "")),
+            request_id if isinstance(request_id, str) else None,
+        )
+        offset = 0
+        for index, raw in enumerate(raw_outputs):
+            decoded, end = _decode_input(raw, index, binary, offset, kind="output")
+            response.outputs.append(
+                InferOutput(decoded.name, decoded.datatype, decoded.data, end > offset)
+            )
+            offset = end
+        if offset != len(binary):
+            raise InvalidRequest(
+                f"{len(binary) - offset} bytes of binary data follow the header that no "
+                "output claims"
+            )
+    except InvalidRequest as error:
+        raise InvalidResponse(error.message) from None
+    return response

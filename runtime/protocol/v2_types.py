@@ -19,6 +19,41 @@ BINARY_DATA_PARAMETER = "binary_data"
 BINARY_DATA_SIZE_PARAMETER = "binary_data_size"
 HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
 
+# Every infer response carries the server's own time for the request (W3C Server-Timing,
+# metric "infer", in milliseconds): the span `kubeinfer_request_duration_seconds`
+# observes. A shadow mirror compares a candidate's latency with its own through it, both
+# measured the same way, free of the network between them.
+SERVER_TIMING_HEADER = "Server-Timing"
+SERVER_TIMING_METRIC = "infer"
+
+
+def format_server_timing(seconds: float) -> str:
+    """The Server-Timing header value for a request that took `seconds` in the server."""
+    return f"{SERVER_TIMING_METRIC};dur={seconds * 1000:.3f}"
+
+
+def parse_server_timing(value: str | None) -> float | None:
+    """Seconds of the "infer" metric's `dur` in a Server-Timing header value; None when it
+    is absent or unreadable (other metrics and parameters are skipped)."""
+    if not value:
+        return None
+    for metric in value.split(","):
+        name, *parameters = (part.strip() for part in metric.split(";"))
+        if name != SERVER_TIMING_METRIC:
+            continue
+        for parameter in parameters:
+            key, _, raw = parameter.partition("=")
+            if key.strip().lower() != "dur":
+                continue
+            try:
+                milliseconds = float(raw.strip().strip('"'))
+            except ValueError:
+                return None
+            if not 0 <= milliseconds < float("inf"):  # NaN fails too
+                return None
+            return milliseconds / 1000
+    return None
+
 
 @dataclass(slots=True)
 class InferInput:

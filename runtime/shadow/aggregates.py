@@ -1,0 +1,262 @@
+"""The running aggregates of one shadow candidate, and the shadow metrics that export them.
+
+`ShadowMetrics` holds the metric families (names and meanings: the table in
+`kubeinfer.runtime.metrics`), registered once in the app's registry. `RunningAggregates`
+is one candidate's tally: every outcome, comparison and latency is recorded in it and, at
+the same time, in that candidate's series of the families, so `GET /v2/shadow` (its
+`status()`) and `/metrics` say the same thing. When the candidate goes (another target,
+or none), `close()` removes its series: a new candidate starts from zero and never
+inherits another's figures.
+
+The /v2/shadow figures are defined over what the metrics carry: `meanAbsDifference` and
+`meanCosineSimilarity` are the means of the per-request values the two histograms observe
+(their `_sum / _count`), `maxAbsDifference` is the gauge, and the p99s come from the
+duration histograms' buckets through `histogram_quantile`, as Prometheus would compute
+them. `minCosineSimilarity` (the worst row seen) is the one figure kept here only.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from kubeinfer.runtime.config import MirrorTarget
+from kubeinfer.runtime.metrics import (
+    SHADOW_COSINE_BUCKETS,
+    SHADOW_DIFFERENCE_BUCKETS,
+    SHADOW_LATENCY_BUCKETS,
+    histogram_quantile,
+)
+from kubeinfer.runtime.shadow.comparison import RequestComparison
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+OUTCOMES = ("compared", "dropped", "candidate_error", "timeout")
+_OUTCOME_KEYS = {
+    "compared": "compared",
+    "dropped": "dropped",
+    "candidate_error": "candidateError",
+    "timeout": "timeout",
+}
+LABELS = ("model", "serving_version", "candidate_version", "candidate_digest")
+
+
+class ShadowMetrics:
+    """The shadow metric families of one app; series are added per candidate."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels, r = list(LABELS), registry
+        self.requests = Counter(
+            "kubeinfer_shadow_requests",
+            "Requests sampled for the shadow candidate, by outcome.",
+            [*labels, "outcome"], registry=r,
+        )  # fmt: skip
+        self.mismatches = Counter(
+            "kubeinfer_shadow_mismatches",
+            "Compared requests whose outputs differ in name, shape or datatype.",
+            labels, registry=r,
+        )  # fmt: skip
+        self.max_abs_difference = Gauge(
+            "kubeinfer_shadow_max_abs_difference",
+            "Largest element difference, candidate against serving, since the mirror started.",
+            labels, registry=r,
+        )  # fmt: skip
+        self.abs_difference = Histogram(
+            "kubeinfer_shadow_abs_difference",
+            "Per compared request, the largest element difference over its outputs.",
+            labels, buckets=SHADOW_DIFFERENCE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.cosine_similarity = Histogram(
+            "kubeinfer_shadow_cosine_similarity",
+            "Per compared request, the cosine similarity of its worst row.",
+            labels, buckets=SHADOW_COSINE_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.top1_rows = Counter(
+            "kubeinfer_shadow_top1_rows",
+            "Rows of outputs with classes compared (argmax over the last axis).",
+            labels, registry=r,
+        )  # fmt: skip
+        self.top1_agreements = Counter(
+            "kubeinfer_shadow_top1_agreements",
+            "Compared rows whose argmax agreed.",
+            labels, registry=r,
+        )  # fmt: skip
+        self.primary_duration = Histogram(
+            "kubeinfer_shadow_primary_duration_seconds",
+            "This runtime's own server time of each compared request.",
+            labels, buckets=SHADOW_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.candidate_duration = Histogram(
+            "kubeinfer_shadow_candidate_duration_seconds",
+            "The candidate's own server time (its Server-Timing) of each compared request.",
+            labels, buckets=SHADOW_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+
+    def remove(self, values: tuple[str, ...]) -> None:
+        """Removes every series of one candidate (`values` in `LABELS` order)."""
+        for outcome in OUTCOMES:
+            _remove(self.requests, (*values, outcome))
+        for family in (
+            self.mismatches, self.max_abs_difference, self.abs_difference,
+            self.cosine_similarity, self.top1_rows, self.top1_agreements,
+            self.primary_duration, self.candidate_duration,
+        ):  # fmt: skip
+            _remove(family, values)
+
+
+def _remove(family: Counter | Gauge | Histogram, values: tuple[str, ...]) -> None:
+    try:
+        family.remove(*values)
+    except KeyError:  # never created (the gauge before the first comparison)
+        pass
+
+
+class _LatencyBuckets:
+    """Counts per `SHADOW_LATENCY_BUCKETS` bucket (the histogram's, kept here too so the
+    p99 needs no scrape), with Prometheus' `le` rule: a value lands in the first bucket
+    whose bound is at least the value."""
+
+    def __init__(self) -> None:
+        self._counts = [0] * (len(SHADOW_LATENCY_BUCKETS) + 1)
+
+    def observe(self, seconds: float) -> None:
+        self._counts[bisect.bisect_left(SHADOW_LATENCY_BUCKETS, seconds)] += 1
+
+    def quantile(self, q: float) -> float | None:
+        cumulative, total = [], 0
+        for bound, count in zip((*SHADOW_LATENCY_BUCKETS, float("inf")), self._counts, strict=True):
+            total += count
+            cumulative.append((bound, float(total)))
+        return histogram_quantile(q, cumulative)
+
+
+class RunningAggregates:
+    """One candidate's shadow figures since its target was read (see the module)."""
+
+    def __init__(
+        self, target: MirrorTarget, model: str, serving_version: str, metrics: ShadowMetrics
+    ) -> None:
+        self.target = target
+        self.serving_version = serving_version
+        self._metrics = metrics
+        self._values = (model, serving_version, target.candidate_version, target.candidate_digest)
+        v = self._values
+        self._outcome_series = {o: metrics.requests.labels(*v, o) for o in OUTCOMES}
+        self._mismatch_series = metrics.mismatches.labels(*v)
+        self._difference_series = metrics.abs_difference.labels(*v)
+        self._cosine_series = metrics.cosine_similarity.labels(*v)
+        self._rows_series = metrics.top1_rows.labels(*v)
+        self._agreements_series = metrics.top1_agreements.labels(*v)
+        self._primary_series = metrics.primary_duration.labels(*v)
+        self._candidate_series = metrics.candidate_duration.labels(*v)
+        self._closed = False
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.mismatches = 0
+        self.max_abs_difference: float | None = None
+        self._sum_difference = 0.0
+        self._min_cosine: float | None = None
+        self._sum_cosine = 0.0
+        self._valued = 0  # compared requests that were not mismatches
+        self.top1_rows = 0
+        self.top1_agreements = 0
+        self._primary = _LatencyBuckets()
+        self._candidate = _LatencyBuckets()
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return self._values
+
+    def record_outcome(self, outcome: str) -> None:
+        """A sampled request that was not compared: `dropped`, `candidate_error`, `timeout`."""
+        if self._closed:
+            return
+        self.outcomes[outcome] += 1
+        self._outcome_series[outcome].inc()
+
+    def record_comparison(
+        self, comparison: RequestComparison, primary_seconds: float, candidate_seconds: float
+    ) -> None:
+        """A compared request: its comparison and both sides' server times."""
+        if self._closed:
+            return
+        self.outcomes["compared"] += 1
+        self._outcome_series["compared"].inc()
+        self._primary.observe(primary_seconds)
+        self._primary_series.observe(primary_seconds)
+        self._candidate.observe(candidate_seconds)
+        self._candidate_series.observe(candidate_seconds)
+        if comparison.mismatch is not None:
+            self.mismatches += 1
+            self._mismatch_series.inc()
+            return
+        self._valued += 1
+        difference = comparison.max_abs_difference
+        self._sum_difference += difference
+        self._difference_series.observe(difference)
+        if self.max_abs_difference is None or difference > self.max_abs_difference:
+            self.max_abs_difference = difference
+            self._metrics.max_abs_difference.labels(*self._values).set(difference)
+        cosine = comparison.min_cosine
+        self._sum_cosine += cosine
+        self._cosine_series.observe(cosine)
+        if self._min_cosine is None or cosine < self._min_cosine:
+            self._min_cosine = cosine
+        if comparison.top1_rows:
+            self.top1_rows += comparison.top1_rows
+            self.top1_agreements += comparison.top1_agreements
+            self._rows_series.inc(comparison.top1_rows)
+            self._agreements_series.inc(comparison.top1_agreements)
+
+    def close(self) -> None:
+        """Removes this candidate's series; later records are ignored."""
+        if not self._closed:
+            self._closed = True
+            self._metrics.remove(self._values)
+
+    def status(self) -> dict[str, Any]:
+        """The `GET /v2/shadow` body for this candidate (null where there is no data)."""
+        valued = self._valued
+        target = self.target
+        return {
+            "active": True,
+            "servingVersion": self.serving_version,
+            "candidate": {
+                "url": target.url,
+                "modelName": target.model_name,
+                "version": target.candidate_version,
+                "digest": target.candidate_digest,
+            },
+            "trafficPercent": target.traffic_percent,
+            "requests": {_OUTCOME_KEYS[o]: n for o, n in self.outcomes.items()},
+            "mismatches": self.mismatches,
+            "maxAbsDifference": self.max_abs_difference,
+            "meanAbsDifference": self._sum_difference / valued if valued else None,
+            "minCosineSimilarity": self._min_cosine,
+            "meanCosineSimilarity": self._sum_cosine / valued if valued else None,
+            "top1": {
+                "rows": self.top1_rows,
+                "agreements": self.top1_agreements,
+                "agreement": self.top1_agreements / self.top1_rows if self.top1_rows else None,
+            },
+            "latency": {
+                "primaryP99Seconds": self._primary.quantile(0.99),
+                "candidateP99Seconds": self._candidate.quantile(0.99),
+            },
+        }
+
+
+def inactive_status(serving_version: str) -> dict[str, Any]:
+    """The `GET /v2/shadow` body while nothing is mirrored."""
+    return {
+        "active": False,
+        "servingVersion": serving_version,
+        "candidate": None,
+        "trafficPercent": None,
+        "requests": dict.fromkeys(_OUTCOME_KEYS.values(), 0),
+        "mismatches": 0,
+        "maxAbsDifference": None,
+        "meanAbsDifference": None,
+        "minCosineSimilarity": None,
+        "meanCosineSimilarity": None,
+        "top1": {"rows": 0, "agreements": 0, "agreement": None},
+        "latency": {"primaryP99Seconds": None, "candidateP99Seconds": None},
+    }

@@ -1,0 +1,228 @@
+"""The mirror of one candidate: a bounded queue, its own workers and HTTP client.
+
+Beside the request path, never in it (Envoy's request mirroring: fire and forget): the
+data plane answers its caller first, then `offer`s the request's decoded inputs and its
+own outputs here. `offer` never awaits and never raises; it samples (`Sampler`), and
+admits the request only while the queue holds fewer than `maxQueueSize` requests and
+`maxQueuedBytes` of tensors, else counts it `dropped`. `maxConcurrency` workers send the
+queued requests to the candidate, each bounded by `timeoutMilliseconds`, so a dead, slow
+or erroring candidate costs at most a full queue and a few idle tasks, and changes nothing
+for the callers.
+
+The request to the candidate is built from the decoded inputs with Triton's binary tensor
+extension both ways (`encode_infer_request`), so the comparison sees the candidate's exact
+floats and neither side formats JSON numbers. The candidate's latency is its own server
+time from its `Server-Timing` header, the same span this runtime reports for itself;
+when a candidate sends none, the round trip measured here stands in (it includes the
+network, so it flatters the serving side: a reason to keep candidates on kubeinfer).
+
+Failures are counted by outcome (`candidate_error`, `timeout`) and logged per request at
+DEBUG only; a WARNING summarises them at most once per `log_interval_seconds`, so a
+broken candidate never floods the log with a traceback per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from kubeinfer.runtime.config import MirrorTarget
+from kubeinfer.runtime.protocol.tensor_codec import decode_infer_response, encode_infer_request
+from kubeinfer.runtime.protocol.v2_types import (
+    HEADER_LENGTH_HEADER,
+    SERVER_TIMING_HEADER,
+    InferInput,
+    parse_server_timing,
+)
+from kubeinfer.runtime.shadow.aggregates import RunningAggregates
+from kubeinfer.runtime.shadow.comparison import Outputs, compare_request
+from kubeinfer.runtime.shadow.sampling import Sampler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class MirroredRequest:
+    """A request answered 200 by this runtime, waiting to be sent to the candidate."""
+
+    inputs: Outputs
+    """Its decoded inputs by name, as (datatype, array)."""
+
+    primary: Outputs
+    """This runtime's outputs by name, as (datatype, array)."""
+
+    primary_seconds: float
+    """This runtime's server time for it."""
+
+    nbytes: int
+    """Bytes of tensors it holds (inputs and outputs)."""
+
+
+def tensor_bytes(*groups: Outputs) -> int:
+    return sum(array.nbytes for group in groups for _, array in group.values())
+
+
+class _FailureLog:
+    """At most one WARNING per interval summarising the failures since the last one."""
+
+    def __init__(self, target: MirrorTarget, interval: float, clock: Callable[[], float]):
+        self._target, self._interval, self._clock = target, interval, clock
+        self._last: float | None = None
+        self._counts: dict[str, int] = {}
+
+    def failed(self, outcome: str, reason: str) -> None:
+        log.debug("Mirrored request failed outcome=%s url=%s reason=%s",
+                  outcome, self._target.url, reason)  # fmt: skip
+        self._counts[outcome] = self._counts.get(outcome, 0) + 1
+        now = self._clock()
+        if self._last is None or now - self._last >= self._interval:
+            counts = " ".join(f"{k}={v}" for k, v in sorted(self._counts.items()))
+            log.warning(
+                "Mirrored requests failed candidate_version=%s url=%s %s last_reason=%s",
+                self._target.candidate_version, self._target.url, counts, reason,
+            )  # fmt: skip
+            self._last, self._counts = now, {}
+
+
+class Mirror:
+    """Mirrors sampled requests to one target; `start()` before `offer`, `close()` after.
+
+    After `close()` nothing more is recorded: work in flight is cancelled and queued work
+    discarded, as the candidate's figures no longer matter."""
+
+    def __init__(
+        self,
+        target: MirrorTarget,
+        aggregates: RunningAggregates,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        log_interval_seconds: float = 60.0,
+    ) -> None:
+        policy = target.policy
+        self.target = target
+        self._aggregates = aggregates
+        self._sampler = Sampler(target.traffic_percent)
+        self._url = f"{target.url}/v2/models/{target.model_name}/infer"
+        self._timeout = policy.timeout_milliseconds / 1000
+        self._max_queue = policy.max_queue_size
+        self._max_bytes = policy.max_queued_bytes
+        self._queue: asyncio.Queue[MirroredRequest] = asyncio.Queue()
+        self._queued_bytes = 0
+        self._workers: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._clock = clock
+        self._failures = _FailureLog(target, log_interval_seconds, clock)
+        self._closed = False
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    async def start(self) -> None:
+        concurrency = self.target.policy.max_concurrency
+        # One session per target: its connections are reused from request to request.
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=concurrency),
+            timeout=aiohttp.ClientTimeout(total=self._timeout),
+        )
+        self._workers = [
+            asyncio.create_task(self._work(), name=f"kubeinfer-mirror-{i}")
+            for i in range(concurrency)
+        ]
+
+    def offer(self, inputs: Outputs, primary: Outputs, primary_seconds: float) -> None:
+        """Samples one answered request and queues it if there is room (else `dropped`).
+        Never blocks; the arrays are kept as they are (the caller does not reuse them)."""
+        if self._closed or not self._sampler.take():
+            return
+        nbytes = tensor_bytes(inputs, primary)
+        if self._queue.qsize() >= self._max_queue or self._queued_bytes + nbytes > self._max_bytes:
+            self._aggregates.record_outcome("dropped")
+            return
+        self._queued_bytes += nbytes
+        self._queue.put_nowait(MirroredRequest(inputs, primary, primary_seconds, nbytes))
+
+    async def close(self) -> None:
+        """Cancels the work in flight, discards the queue, closes the connections."""
+        self._closed = True
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._queued_bytes = 0
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _work(self) -> None:
+        while True:
+            request = await self._queue.get()
+            self._queued_bytes -= request.nbytes
+            try:
+                await self._mirror(request)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # a bug of ours must not kill the worker
+                self._failed("candidate_error", f"{type(error).__name__}: {error}")
+
+    def _failed(self, outcome: str, reason: str) -> None:
+        if self._closed:
+            return
+        self._aggregates.record_outcome(outcome)
+        self._failures.failed(outcome, reason)
+
+    async def _mirror(self, request: MirroredRequest) -> None:
+        assert self._session is not None
+        inputs = [InferInput(name, datatype, data) for name, (datatype, data) in
+                  request.inputs.items()]  # fmt: skip
+        body, header_length = encode_infer_request(
+            inputs, timeout_microseconds=int(self._timeout * 1e6)
+        )
+        headers = {
+            HEADER_LENGTH_HEADER: str(header_length),
+            "Content-Type": "application/octet-stream",
+        }
+        started = self._clock()
+        try:
+            async with self._session.post(self._url, data=body, headers=headers) as response:
+                payload = await response.read()
+                status = response.status
+                answer_header = response.headers.get(HEADER_LENGTH_HEADER)
+                timing = response.headers.get(SERVER_TIMING_HEADER)
+        except TimeoutError:
+            self._failed("timeout", f"no answer within {self._timeout:g}s")
+            return
+        except (aiohttp.ClientError, OSError) as error:
+            self._failed("candidate_error", f"{type(error).__name__}: {error}")
+            return
+        round_trip = self._clock() - started
+        if status != 200:
+            self._failed("candidate_error", f"HTTP {status}: {payload[:200]!r}")
+            return
+        try:
+            length = int(answer_header) if answer_header is not None else None
+            answer = decode_infer_response(payload, length)
+        except ValueError as error:  # InvalidResponse, or a bad header length
+            self._failed("candidate_error", f"unreadable answer: {error}")
+            return
+        candidate = {o.name: (o.datatype, o.data) for o in answer.outputs}
+        comparison = compare_request(request.primary, candidate)
+        if self._closed:
+            return
+        candidate_seconds = parse_server_timing(timing)
+        self._aggregates.record_comparison(
+            comparison,
+            request.primary_seconds,
+            round_trip if candidate_seconds is None else candidate_seconds,
+        )
+
