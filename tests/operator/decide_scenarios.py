@@ -20,6 +20,8 @@ from kubeinfer.operator.api.v1alpha1.conditions import ConditionType
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.decide import decide
 from kubeinfer.operator.reconcile.snapshot import Decision, KubeObject, ObservedState, OwnerRef
+from kubeinfer.operator.rollout.aggregates import ShadowReading
+from kubeinfer.operator.rollout.shadow import metrics_query
 from kubeinfer.operator.settings import OperatorSettings
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -83,6 +85,9 @@ class Cluster:
         self.objects: dict[tuple[str, str], KubeObject] = {}
         self.pods: list[KubeObject] = []
         self.writes = 0
+        self.annotations: dict[str, str] = {}
+        self.reading: ShadowReading | None = None
+        """What the metrics source answers in the next passes (None: nothing read)."""
 
     # -- the object itself --------------------------------------------------------------
     def update_spec(self, spec: InferenceDeploymentSpec) -> None:
@@ -106,6 +111,8 @@ class Cluster:
                 copy.deepcopy(o) for (k, _), o in sorted(self.objects.items()) if k == "Job"
             ),
             job_pods=tuple(copy.deepcopy(self.pods)),
+            annotations=dict(self.annotations),
+            shadow=self.reading if metrics_query(self.status.candidate) else None,
             **singles,
         )
 

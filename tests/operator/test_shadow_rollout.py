@@ -1,0 +1,287 @@
+"""The shadow rollout through the pure decision, pass by pass (`decide_scenarios.Cluster`
+plays the API server and the controllers; the aggregates are what a metrics source would
+answer): a new engine runs as a candidate beside the serving one and is promoted or rolled
+back on its verdict, never touching serving before; failures are remembered; a spec change
+replaces the candidate; the manual gate acts only on the digest it names; the serving
+Service never selects a candidate pod."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import yaml
+from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
+from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
+from kubeinfer.operator.api.v1alpha1.enums import Phase, ShadowVerdict
+from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.reconcile.desired import CONFIG_KEY, MIRROR_KEY
+from kubeinfer.operator.rollout.aggregates import ShadowAggregates, ShadowReading
+from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
+from kubeinfer.operator.rollout.verdict import Reasons
+
+DIGEST_C = "sha256:" + "c" * 64
+SHADOW = {
+    "strategy": "Shadow",
+    "shadow": {"trafficPercent": 25, "minSamples": 50, "maxDurationSeconds": 600},
+}
+CANDIDATE = names.candidate_name("demo")
+GOOD = ShadowAggregates(
+    compared=60,
+    max_abs_difference=0.001,
+    top1_rows=60,
+    top1_agreements=60,
+    primary_p99_seconds=0.01,
+    candidate_p99_seconds=0.01,
+)
+BAD = ShadowAggregates(compared=5, max_abs_difference=3.0)
+
+
+def spec(version: str = "1", **sections):
+    uri = f"https://models.example.com/mlp-{version}.onnx"
+    return make_spec(model={"version": version, "source": {"uri": uri}}, rollout=SHADOW, **sections)
+
+
+def mirror_target(cluster: Cluster) -> dict | None:
+    text = cluster.get("ConfigMap", names.mirror_name("demo"))["data"][MIRROR_KEY]
+    return (yaml.safe_load(text) or {}).get("target")
+
+
+def served(cluster: Cluster, name: str | None = None) -> str:
+    config = yaml.safe_load(cluster.get("ConfigMap", name)["data"][CONFIG_KEY])
+    return config["engine"]["digest"]
+
+
+def build_new_version(cluster: Cluster, version: str, digest: str, at) -> None:
+    """The spec moves to `version`; its engine is built as `digest`."""
+    cluster.update_spec(spec(version))
+    cluster.reconcile(at)
+    (job,) = [j for j in cluster.jobs() if "status" not in j]
+    cluster.succeed_job(job["metadata"]["name"], digest, at=at + timedelta(seconds=30))
+    cluster.reconcile(at + timedelta(seconds=31))
+
+
+def shadowing_cluster() -> Cluster:
+    """Version 1 (engine A) serves; version 2 (engine B) is the available candidate."""
+    cluster = Cluster(spec("1"))
+    cluster.build_to_ready(DIGEST_A)
+    build_new_version(cluster, "2", DIGEST_B, T0 + timedelta(minutes=10))
+    cluster.roll_out(name=CANDIDATE)
+    cluster.reconcile(T0 + timedelta(minutes=11))
+    return cluster
+
+
+def test_the_first_engine_serves_directly_with_nothing_to_compare():
+    cluster = Cluster(spec("1"))
+    cluster.build_to_ready(DIGEST_A)
+    assert served(cluster) == DIGEST_A
+    assert not cluster.has("Deployment", CANDIDATE)
+    assert cluster.condition(ConditionType.READY).status == ConditionStatus.TRUE
+    shadow = cluster.condition(ConditionType.SHADOW_PASSED)
+    assert (shadow.status, shadow.reason) == (ConditionStatus.UNKNOWN, Reason.NO_CANDIDATE)
+    assert mirror_target(cluster) is None
+
+
+def test_a_new_engine_runs_as_a_candidate_and_serving_is_untouched():
+    cluster = Cluster(spec("1"))
+    cluster.build_to_ready(DIGEST_A)
+    serving_before = cluster.get("Deployment")
+    build_new_version(cluster, "2", DIGEST_B, T0 + timedelta(minutes=10))
+    assert cluster.get("Deployment") == serving_before, "serving is not rolled"
+    assert served(cluster) == DIGEST_A
+    assert served(cluster, CANDIDATE) == DIGEST_B
+    candidate = cluster.get("Deployment", CANDIDATE)
+    assert candidate["spec"]["replicas"] == 1
+    assert cluster.status.phase == Phase.SHADOWING
+    record = cluster.status.candidate
+    assert (record.version, record.engine_digest, record.verdict) == (
+        "2", DIGEST_B, ShadowVerdict.PENDING,
+    )  # fmt: skip
+    assert record.start_time == T0 + timedelta(minutes=10, seconds=31)
+    # Not mirrored to before a candidate pod is available (requests would go nowhere).
+    assert mirror_target(cluster) is None
+    cluster.reconcile(T0 + timedelta(minutes=10, seconds=45))
+    assert mirror_target(cluster) is None
+    cluster.roll_out(name=CANDIDATE)
+    decision = cluster.reconcile(T0 + timedelta(minutes=11))
+    target = mirror_target(cluster)
+    assert target["url"] == f"http://{CANDIDATE}.ns.svc:8000"
+    assert (target["candidateVersion"], target["candidateDigest"]) == ("2", DIGEST_B)
+    assert target["trafficPercent"] == 25
+    assert cluster.get("Deployment") == serving_before, "the mirror target rolls nothing"
+    assert decision.requeue_after_seconds is not None
+    progressing = cluster.condition(ConditionType.PROGRESSING)
+    assert (progressing.status, progressing.reason) == (ConditionStatus.TRUE, Reason.SHADOW_RUNNING)
+
+
+def test_the_serving_service_never_selects_a_candidate_pod():
+    cluster = shadowing_cluster()
+    service = cluster.get("Service")["spec"]["selector"]
+    candidate_pods = cluster.get("Deployment", CANDIDATE)["spec"]["template"]["metadata"]["labels"]
+    serving_pods = cluster.get("Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service.items() <= serving_pods.items()
+    assert not service.items() <= candidate_pods.items()
+    # Nor does the serving Deployment's selector: it would adopt the candidate's pods.
+    serving_selector = cluster.get("Deployment")["spec"]["selector"]["matchLabels"]
+    assert not serving_selector.items() <= candidate_pods.items()
+    candidate_service = cluster.get("Service", CANDIDATE)["spec"]["selector"]
+    assert candidate_service.items() <= candidate_pods.items()
+    assert not candidate_service.items() <= serving_pods.items()
+
+
+def test_a_passed_candidate_is_promoted_then_removed():
+    cluster = shadowing_cluster()
+    cluster.reading = ShadowReading(GOOD)
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    assert cluster.status.candidate.verdict == ShadowVerdict.PASSED
+    assert served(cluster) == DIGEST_B, "serving rolls to the candidate's engine"
+    assert cluster.get("Deployment")["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert cluster.has("Deployment", CANDIDATE), "the candidate stays until the roll is done"
+    assert mirror_target(cluster) is None, "the mirror stops at the verdict"
+    assert cluster.condition(ConditionType.SHADOW_PASSED).status == ConditionStatus.TRUE
+    assert cluster.condition(ConditionType.PROGRESSING).reason == Reason.PROMOTING
+
+    cluster.roll_out()
+    cluster.reconcile(T0 + timedelta(minutes=13))
+    assert cluster.status.candidate.verdict == ShadowVerdict.PROMOTED
+    assert not cluster.has("Deployment", CANDIDATE)
+    assert not cluster.has("Service", CANDIDATE)
+    assert not cluster.has("ConfigMap", CANDIDATE)
+    assert cluster.condition(ConditionType.READY).status == ConditionStatus.TRUE
+    assert cluster.status.serving.engine_digest == DIGEST_B
+    assert cluster.status.candidate.samples == 60
+    writes = cluster.writes
+    cluster.reconcile(T0 + timedelta(minutes=14))
+    assert cluster.writes == writes, "a promoted object settles"
+
+
+def test_a_failed_candidate_is_rolled_back_and_not_tried_again():
+    cluster = shadowing_cluster()
+    serving_before = cluster.get("Deployment")
+    cluster.reading = ShadowReading(BAD)
+    decision = cluster.reconcile(T0 + timedelta(minutes=12))
+    record = cluster.status.candidate
+    assert (record.verdict, record.reason) == (ShadowVerdict.FAILED, Reasons.DIFFERENCE_TOO_LARGE)
+    assert record.max_absolute_difference == 3.0
+    assert not cluster.has("Deployment", CANDIDATE)
+    assert cluster.get("Deployment") == serving_before and served(cluster) == DIGEST_A
+    assert mirror_target(cluster) is None
+    assert cluster.status.phase == Phase.DEGRADED
+    degraded = cluster.condition(ConditionType.DEGRADED)
+    assert (degraded.status, degraded.reason) == (ConditionStatus.TRUE, Reason.SHADOW_FAILED)
+    assert cluster.condition(ConditionType.STALLED).status == ConditionStatus.TRUE
+    assert any(e.reason == Reason.SHADOW_FAILED and e.type == "Warning" for e in decision.events)
+    # Later passes (the build Job long gone) neither rebuild nor retry the same engine.
+    for job in cluster.jobs():
+        cluster.delete("Job", job["metadata"]["name"])
+    for minutes in (20, 60, 600):
+        decision = cluster.reconcile(T0 + timedelta(minutes=minutes))
+        assert not cluster.jobs() and not cluster.has("Deployment", CANDIDATE)
+    assert cluster.status.candidate.verdict == ShadowVerdict.FAILED
+    # A new spec is a new trial.
+    build_new_version(cluster, "3", DIGEST_C, T0 + timedelta(hours=11))
+    assert cluster.status.candidate.verdict == ShadowVerdict.PENDING
+    assert served(cluster, CANDIDATE) == DIGEST_C
+
+
+def test_too_few_samples_by_the_deadline_is_a_rollback():
+    cluster = shadowing_cluster()
+    cluster.reading = ShadowReading(ShadowAggregates(compared=3, max_abs_difference=0.0))
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    assert cluster.status.candidate.verdict == ShadowVerdict.PENDING
+    assert cluster.status.candidate.samples == 3
+    cluster.reconcile(T0 + timedelta(minutes=25))  # started at 10:31, 600 s max
+    assert cluster.status.candidate.reason == Reasons.INSUFFICIENT_SAMPLES
+    assert not cluster.has("Deployment", CANDIDATE)
+
+
+def test_unreadable_metrics_keep_the_candidate_pending_and_say_why():
+    cluster = shadowing_cluster()
+    cluster.reading = ShadowReading(None, "Prometheus at http://p:9090 did not answer.")
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    record = cluster.status.candidate
+    assert record.verdict == ShadowVerdict.PENDING
+    assert record.reason == Reasons.METRICS_UNAVAILABLE
+    assert "did not answer" in record.message
+    assert cluster.has("Deployment", CANDIDATE) and served(cluster) == DIGEST_A
+
+
+def test_a_spec_change_during_the_shadow_replaces_the_candidate():
+    cluster = shadowing_cluster()
+    cluster.reading = ShadowReading(ShadowAggregates(compared=10, max_abs_difference=0.0))
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    cluster.update_spec(spec("3"))
+    cluster.reconcile(T0 + timedelta(minutes=13))
+    # While version 3 builds, version 2's candidate is no longer what the spec asks for.
+    assert cluster.status.candidate.verdict == ShadowVerdict.ABORTED
+    assert not cluster.has("Deployment", CANDIDATE)
+    assert served(cluster) == DIGEST_A
+    (job,) = [j for j in cluster.jobs() if "status" not in j]
+    cluster.succeed_job(job["metadata"]["name"], DIGEST_C, at=T0 + timedelta(minutes=14))
+    cluster.reconcile(T0 + timedelta(minutes=15))
+    record = cluster.status.candidate
+    assert (record.version, record.engine_digest, record.verdict) == (
+        "3", DIGEST_C, ShadowVerdict.PENDING,
+    )  # fmt: skip
+    assert record.samples == 0 and record.start_time == T0 + timedelta(minutes=15)
+    assert served(cluster, CANDIDATE) == DIGEST_C
+
+
+def test_a_new_pin_is_shadowed_and_replacing_it_mid_shadow_is_announced():
+    cluster = Cluster(spec("1", engine={"pin": DIGEST_A}))
+    cluster.reconcile(T0)
+    cluster.roll_out()
+    cluster.reconcile(T0 + timedelta(seconds=5))
+    cluster.update_spec(spec("1", engine={"pin": DIGEST_B}))
+    cluster.reconcile(T0 + timedelta(seconds=10))
+    assert served(cluster, CANDIDATE) == DIGEST_B and served(cluster) == DIGEST_A
+    cluster.update_spec(spec("1", engine={"pin": DIGEST_C}))
+    decision = cluster.reconcile(T0 + timedelta(seconds=20))
+    assert served(cluster, CANDIDATE) == DIGEST_C
+    assert any(e.reason == "ShadowReplaced" and DIGEST_C in e.message for e in decision.events)
+
+
+def test_the_manual_gate_acts_only_on_the_digest_it_names():
+    cluster = shadowing_cluster()
+    cluster.reading = ShadowReading(ShadowAggregates(compared=1, max_abs_difference=0.0))
+    cluster.annotations[GATE_ANNOTATION] = f"promote {DIGEST_C}"  # a stale command
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    assert cluster.status.candidate.verdict == ShadowVerdict.PENDING
+    assert served(cluster) == DIGEST_A
+    cluster.annotations[GATE_ANNOTATION] = f"promote {DIGEST_B}"
+    cluster.reconcile(T0 + timedelta(minutes=13))
+    assert cluster.status.candidate.verdict == ShadowVerdict.PASSED
+    assert cluster.status.candidate.reason == "ManualPromotion"
+    assert served(cluster) == DIGEST_B
+
+
+def test_abort_removes_the_candidate_and_leaves_serving():
+    cluster = shadowing_cluster()
+    cluster.annotations[GATE_ANNOTATION] = f"abort {DIGEST_B}"
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    record = cluster.status.candidate
+    assert (record.verdict, record.reason) == (ShadowVerdict.ABORTED, "ManualAbort")
+    assert not cluster.has("Deployment", CANDIDATE) and served(cluster) == DIGEST_A
+    degraded = cluster.condition(ConditionType.DEGRADED)
+    assert degraded.reason == Reason.SHADOW_ABORTED
+
+
+def test_a_malformed_gate_is_ignored():
+    cluster = shadowing_cluster()
+    cluster.annotations[GATE_ANNOTATION] = f"promote-now {DIGEST_B}"
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    assert cluster.status.candidate.verdict == ShadowVerdict.PENDING
+
+
+def test_the_rolling_strategy_never_runs_a_candidate():
+    cluster = Cluster(make_spec())
+    cluster.build_to_ready(DIGEST_A)
+    uri = "https://models.example.com/mlp-2.onnx"
+    cluster.update_spec(make_spec(model={"version": "2", "source": {"uri": uri}}))
+    cluster.reconcile(T0 + timedelta(minutes=10))
+    (job,) = [j for j in cluster.jobs() if "status" not in j]
+    cluster.succeed_job(job["metadata"]["name"], DIGEST_B, at=T0 + timedelta(minutes=11))
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    assert served(cluster) == DIGEST_B
+    assert not cluster.has("Deployment", CANDIDATE)
+    assert cluster.status.candidate is None
+    assert all(c.type != ConditionType.SHADOW_PASSED for c in cluster.status.conditions)
