@@ -46,3 +46,10 @@ crds: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .bench .demo build *.egg-info
+
+# The GPU code's check, on a CUDA machine (no venv: the machine's own Python, with PyTorch
+# and CuPy on GPU images): builds pycuda where missing, runs the gpu tests and the slot
+# benchmark, prints one table. Offline: make gpu-check GPU_WHEELS=.whl (see the script).
+.PHONY: gpu-check
+gpu-check:
+	$(PYTHON) tests/benchmarks/gpu_check.py

@@ -20,20 +20,25 @@ It prints, as Markdown:
 4. throughput with 1, 2, 4 slots, each driven by its own thread as the batcher does:
    batches/s, rows/s, and the speed-up over 1 slot.
 
-On the GPU machine (an H100 with PyTorch and CuPy, no TensorRT; pycuda builds from its
-sdist there, against the CUDA toolkit):
+`--json FILE` also writes those numbers as JSON (`tests/benchmarks/gpu_check.py` reads it
+for its summary table).
 
-    pip install pycuda            # needs nvcc/cuda.h: export CUDA_ROOT=/usr/local/cuda
+On a GPU machine, `make gpu-check` builds pycuda if needed and runs this with the `gpu`
+tests (see gpu_check.py for the GPU machine without network). By hand, where pycuda is
+installed (`pip install 'pycuda>=2025.1.2'` builds it: nvcc and cuda.h must be found, e.g.
+`export CUDA_ROOT=/usr/local/cuda PATH=/usr/local/cuda/bin:$PATH`):
+
     python tests/benchmarks/gpu_slots.py                      # CuPy compute
     python tests/benchmarks/gpu_slots.py --compute torch
     python tests/benchmarks/gpu_slots.py --features 1024 --layers 1   # copy-bound
 
-Not run yet: the machine that wrote it had no GPU.
+Not run yet: no machine that worked on it had a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import threading
 import time
@@ -286,13 +291,22 @@ def main() -> None:
     parser.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--spin", action="store_true", help="spin-wait events (default: blocking)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args()
     n, features = args.batch, args.features
+    results: dict[str, Any] = {
+        "compute": args.compute,
+        "batch": n,
+        "features": features,
+        "layers": args.layers,
+        "events": "spin" if args.spin else "blocking-sync",
+    }
 
     context = CudaContext(0)
     cuda = import_pycuda()
     model = MODELS[args.compute](context, features, args.layers, n)
     with context.active():
+        results["device"] = context.device.name()
         print(
             f"device: {context.device.name()}, compute: {args.compute}, "
             f"batch {n} x {features} fp32, {args.layers} layer(s), "
@@ -305,6 +319,7 @@ def main() -> None:
     got = slot.run(n)["y"]
     expected = model.reference(batch)
     error = float(np.max(np.abs(got - expected)) / (np.max(np.abs(expected)) or 1))
+    results["correctness"] = {"max_relative_error": error, "ok": error < 1e-3}
     print(
         f"1. correctness: max |gpu - numpy| / max |numpy| = {error:.2e} "
         f"({'ok' if error < 1e-3 else 'MISMATCH'})\n"
@@ -312,6 +327,7 @@ def main() -> None:
 
     phases = phase_times_ms(context, slot, enqueue, n)
     total = sum(phases.values())
+    results["phases_ms"] = {**phases, "ideal_overlap": total / max(phases.values())}
     print("2. phases on one slot (ms, median of 20):\n")
     print("| H2D | compute | D2H | sum | ideal overlap speed-up (sum / max) |")
     print("|---:|---:|---:|---:|---:|")
@@ -337,6 +353,13 @@ def main() -> None:
     device_calls = model.count_device_allocations() - device_before
     with context.active():
         free_after, _ = cuda.mem_get_info()
+    results["allocations"] = {
+        "batches": batches,
+        "pycuda_per_batch": counter.calls / batches,
+        "device_per_batch": device_calls / batches,
+        "driver_free_change_bytes": free_after - free_before,
+        "traced_host_peak_bytes": traced_peak,
+    }
     print(f"3. allocations over {batches} batches after warm-up:\n")
     print(
         "| pycuda allocations / batch | compute-library device allocations / batch "
@@ -353,6 +376,7 @@ def main() -> None:
     print("|---:|---:|---:|---:|")
     base = None
     slot.close()
+    results["throughput"] = []
     for count in args.slots:
         slots = [make_slot(context, model, features, n, not args.spin)[0] for _ in range(count)]
         for s in slots:
@@ -360,8 +384,14 @@ def main() -> None:
         rate = throughput(slots, n, args.seconds)
         base = base or rate
         print(f"| {count} | {rate:.1f} | {rate * n:.0f} | {rate / base:.2f} |")
+        results["throughput"].append(
+            {"slots": count, "batches_per_s": rate, "rows_per_s": rate * n, "speedup": rate / base}
+        )
         for s in slots:
             s.close()
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=2)
 
 
 if __name__ == "__main__":
