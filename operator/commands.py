@@ -1,5 +1,6 @@
 """The control plane's subcommands of the `kubeinfer` CLI (`crds`, `validate`, `render`,
-`operator`). Each lives in its own module and exposes `register(subparsers)`."""
+`operator`, `promote`, `abort`, `rbac`, `demo`). Each lives in its own module and exposes
+`register(subparsers)`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 
 from kubeinfer.operator import (
     crds_command,
+    gate_command,
     operator_command,
     rbac,
     render_command,
@@ -23,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         render_command.register,
         demo_command.register,
         operator_command.register,
+        gate_command.register,
         rbac.register,
     ):
         register_command(subparsers)

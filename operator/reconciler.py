@@ -1,6 +1,8 @@
 """One reconcile pass: gather (I/O) → decide (pure) → apply (I/O) → status, if changed.
 
-This is the only module that joins the pure core with the API. Every trigger (create,
+This is the only module that joins the pure core with the API (and with the metrics
+source: a running shadow's aggregates are read in the gather step, so the verdict stays
+a pure function of what was read). Every trigger (create,
 update, resume, an event on a child, the periodic resync) ends in
 `Reconciler.reconcile(namespace, name)`, which re-reads the InferenceDeployment, so a
 pass never acts on a stale copy of it. Passes over one object are serialised by a lock:
@@ -20,7 +22,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,8 +31,14 @@ from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_sp
 from kubeinfer.operator.kube import apply
 from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, KubeClient
 from kubeinfer.operator.kube.gather import gather, owner_ref_from_body, stored_status
+from kubeinfer.operator.metrics.factory import metrics_source, pods_lister
+from kubeinfer.operator.metrics.queries import Scope
+from kubeinfer.operator.metrics.shadow import read_shadow_aggregates
+from kubeinfer.operator.metrics.source import MetricsUnavailable
 from kubeinfer.operator.reconcile.decide import decide, decide_invalid
-from kubeinfer.operator.reconcile.snapshot import Decision
+from kubeinfer.operator.reconcile.snapshot import Decision, ObservedState
+from kubeinfer.operator.rollout.aggregates import ShadowReading
+from kubeinfer.operator.rollout.shadow import ShadowQuery, metrics_query
 from kubeinfer.operator.settings import OperatorSettings
 
 logger = logging.getLogger(__name__)
@@ -121,11 +129,35 @@ class Reconciler:
             await self._carry_out(body, decision, current)
             raise
         observed = await gather(self.client, body, spec)
-        decision = decide(observed, self.settings, self.clock())
+        now = self.clock()
+        query = metrics_query(observed.status.candidate)
+        if query is not None:
+            observed = replace(observed, shadow=await self._read_shadow(observed, query, now))
+        decision = decide(observed, self.settings, now)
         writes = await apply.apply_children(self.client, decision.apply)
         writes += await apply.delete_children(self.client, decision.delete, observed)
         writes += await self._carry_out(body, decision, observed.status)
         return Outcome(decision, writes)
+
+    async def _read_shadow(
+        self, observed: ObservedState, query: ShadowQuery, now: datetime
+    ) -> ShadowReading:
+        """The running candidate's aggregates from the object's metrics source; a source
+        that cannot answer is a reading with the reason, which the verdict waits on."""
+        prometheus = observed.spec.monitoring.prometheus.url
+        source = metrics_source(prometheus, self.settings, pods_lister(self.client))
+        scope = Scope(observed.owner.namespace, observed.owner.name)
+        try:
+            aggregates = await read_shadow_aggregates(
+                source, scope, query.candidate_digest, query.started, now
+            )
+        except MetricsUnavailable as error:
+            logger.info(
+                "Shadow metrics unavailable: InferenceDeployment=%s/%s error=%s",
+                observed.owner.namespace, observed.owner.name, error,
+            )  # fmt: skip
+            return ShadowReading(None, f"{source.description}: {error}")
+        return ShadowReading(aggregates)
 
     async def _carry_out(
         self, body: dict[str, Any], decision: Decision, current: InferenceDeploymentStatus
