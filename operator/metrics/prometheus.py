@@ -1,0 +1,109 @@
+"""`PrometheusSource`: named queries evaluated by a Prometheus server, through
+`prometheus-api-client`.
+
+`PrometheusConnect` is synchronous (requests), so each query runs in a worker thread,
+bounded by the operator's metrics timeout twice over: requests' own connect/read timeout,
+and an asyncio timeout around the thread (a server trickling bytes defeats a read timeout).
+No retries inside a read: the next pass reads again, and a retrying read would outlast
+its timeout. Every failure becomes one `MetricsUnavailable` whose message names the
+server, the query and the cause in a few words, never a traceback from inside requests.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import math
+import re
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import requests
+from kubeinfer.operator.metrics.queries import Query
+from kubeinfer.operator.metrics.source import MetricsUnavailable
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
+
+MAX_CONCURRENT_QUERIES = 4
+"""Queries of one read in flight at once (below requests' connection pool of 10)."""
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
+_STATUS = re.compile(r"HTTP Status Code (\d+) \((.*)\)$", re.DOTALL)
+
+
+class PrometheusSource:
+    """Evaluates queries with Prometheus' instant query API at `now`."""
+
+    def __init__(self, url: str, timeout_seconds: float) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_seconds = timeout_seconds
+        self._client = PrometheusConnect(
+            url=self.url, retry=Retry(total=0, read=False), timeout=timeout_seconds
+        )
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT_QUERIES)
+
+    @property
+    def description(self) -> str:
+        return f"Prometheus at {self.url}"
+
+    async def evaluate(self, queries: Sequence[Query], now: datetime) -> tuple[float | None, ...]:
+        return tuple(await asyncio.gather(*(self._one(query, now) for query in queries)))
+
+    async def _one(self, query: Query, now: datetime) -> float | None:
+        async with self._slots:
+            try:
+                async with asyncio.timeout(self.timeout_seconds):
+                    result = await asyncio.to_thread(
+                        self._client.custom_query, query.promql, {"time": now.timestamp()}
+                    )
+            except (TimeoutError, requests.Timeout):
+                reason = f"no answer within {self.timeout_seconds:g} s"
+                raise self._unavailable(query, reason) from None
+            except requests.RequestException as error:
+                raise self._unavailable(query, _connection_reason(error)) from None
+            except PrometheusApiClientException as error:
+                raise self._unavailable(query, _refusal_reason(str(error))) from None
+            except (ValueError, KeyError, TypeError):
+                reason = "the answer is not a Prometheus query result"
+                raise self._unavailable(query, reason) from None
+        return self._value(query, result)
+
+    def _value(self, query: Query, result: Any) -> float | None:
+        """The single sample of an aggregated query; None for an empty result or NaN."""
+        try:
+            if not result:
+                return None
+            if len(result) != 1:
+                raise self._unavailable(query, f"{len(result)} series came back, expected one")
+            value = float(result[0]["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise self._unavailable(query, "the answer is not a Prometheus vector") from None
+        return None if math.isnan(value) else value
+
+    def _unavailable(self, query: Query, reason: str) -> MetricsUnavailable:
+        return MetricsUnavailable(f"query {query.name} failed: {reason}")
+
+
+def _connection_reason(error: requests.RequestException) -> str:
+    """A connection failure in a few words (requests nests the OS error in long reprs)."""
+    match = _ERRNO.search(str(error))
+    if match:
+        return f"cannot connect ({match.group(1).strip()})"
+    return f"cannot connect ({type(error).__name__})"
+
+
+def _refusal_reason(message: str) -> str:
+    """Prometheus' own error text when the body carries it (a bad query, an overloaded
+    server), else the status: `PrometheusApiClientException` holds "HTTP Status Code
+    <status> (<repr of the body>)"."""
+    status = _STATUS.match(message)
+    if status is None:
+        return message[:200]
+    try:
+        body = ast.literal_eval(status.group(2))
+        detail = json.loads(body)["error"]
+    except (ValueError, SyntaxError, TypeError, KeyError):
+        return f"HTTP {status.group(1)}"
+    return f"HTTP {status.group(1)}: {str(detail)[:300]}"

@@ -1,0 +1,263 @@
+"""The named queries: every figure the operator reads from the runtime pods' metrics, in
+one table, each in two forms that answer the same question. Pure.
+
+A `NamedQuery` row gives the name, what it means, the series it reads, and its
+`Aggregation`, which holds both forms: the PromQL template Prometheus evaluates, and the
+reduction the direct read applies to the pods' current samples (`samples.py`). Binding a
+row to a `Scope` (the serving pods of one InferenceDeployment) and its arguments gives a
+`Query`, which either source evaluates.
+
+Series are selected in Prometheus by the `namespace` and `pod` labels that Kubernetes
+service discovery, PodMonitors and the `kubernetes-pods` job attach; the pod name regex
+matches the pods of `<owner>-runtime` only (`promql.deployment_pod_regex`), the same
+pods the direct read lists by label selector. Prometheus must scrape each pod in one job
+only, or its series count twice.
+
+"So far" figures (the shadow's) take `max_over_time(series[window])` per series, then
+sum or max across series: a counter only grows, so its maximum is its latest value; a
+pod restarted inside the window is a new series whose old one still counts (which
+`increase()` would not: it loses a new series' first sample). The window is the shadow's
+age plus a margin of scrape intervals (`shadow.py`). The direct read sees the live pods
+only: what a replaced pod counted is gone from it.
+
+The aggregations (S the series, w the window; the direct read's form after the colon):
+
+- SUM_SO_FAR `sum(max_over_time(S[w]))`: sum of the pods' current samples.
+- MAX_SO_FAR `max(max_over_time(S[w]))`: largest current sample.
+- P99_SO_FAR `histogram_quantile(0.99, sum by (le) (max_over_time(S_bucket[w])))`: the
+  buckets summed over pods, then the same interpolation.
+- P99_RECENT `histogram_quantile(0.99, sum by (le) (rate(S_bucket[w])))`: one scrape has
+  no rate, so the p99 of the cumulative buckets, since each pod started.
+- SUM_NOW `sum(S)`: sum of the current samples.
+- MAX_RATIO_NOW `max(S / (D > 0))`: largest ratio of one pod's samples with equal labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kubeinfer.operator.metrics import samples
+from kubeinfer.operator.metrics.promql import deployment_pod_regex, promql_string
+from kubeinfer.operator.metrics.samples import PodSamples
+from kubeinfer.operator.reconcile import names
+
+Reduce = Callable[[Sequence[PodSamples]], float | None]
+Labels = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The serving pods of one InferenceDeployment: its runtime Deployment's pods."""
+
+    namespace: str
+    owner: str
+
+    @property
+    def label_selector(self) -> str:
+        """The serving pods' labels, as the direct read lists them (the Service's selector)."""
+        return names.selector_string(names.serving_selector(self.owner))
+
+    @property
+    def pod_regex(self) -> str:
+        """The same pods by name, as Prometheus selects their series."""
+        return deployment_pod_regex(names.runtime_name(self.owner))
+
+    def promql_labels(self, matchers: dict[str, str]) -> str:
+        """`namespace=..., pod=~..., k="v"...`: the inside of a series selector."""
+        parts = [
+            f"namespace={promql_string(self.namespace)}",
+            f"pod=~{promql_string(self.pod_regex)}",
+            *(f"{key}={promql_string(value)}" for key, value in matchers.items()),
+        ]
+        return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How a named query aggregates its series, in both forms. The template's fields:
+    `{series}` the metric with its label selector, `{bucket}` the same for a histogram's
+    `_bucket` series, `{denominator}` a second metric with the same selector,
+    `{window}` seconds."""
+
+    name: str
+    promql: str
+    direct: str
+    reduce: Callable[[Sequence[PodSamples], str, str, Labels], float | None]
+    """(pods, metric, denominator, label matchers) -> value: the direct read's form."""
+
+    @property
+    def windowed(self) -> bool:
+        return "{window}" in self.promql
+
+
+def _sum(pods: Sequence[PodSamples], metric: str, _: str, matchers: Labels) -> float | None:
+    return samples.sum_of(pods, metric, matchers)
+
+
+def _max(pods: Sequence[PodSamples], metric: str, _: str, matchers: Labels) -> float | None:
+    return samples.max_of(pods, metric, matchers)
+
+
+def _p99(pods: Sequence[PodSamples], metric: str, _: str, matchers: Labels) -> float | None:
+    return samples.quantile_of(pods, 0.99, metric, matchers)
+
+
+def _ratio(pods: Sequence[PodSamples], metric: str, den: str, matchers: Labels) -> float | None:
+    return samples.max_ratio_of(pods, metric, den, matchers)
+
+
+SUM_SO_FAR = Aggregation(
+    "SUM_SO_FAR", "sum(max_over_time({series}[{window}s]))",
+    "sum of the pods' current samples", _sum,
+)  # fmt: skip
+MAX_SO_FAR = Aggregation(
+    "MAX_SO_FAR", "max(max_over_time({series}[{window}s]))",
+    "largest of the pods' current samples", _max,
+)  # fmt: skip
+P99_SO_FAR = Aggregation(
+    "P99_SO_FAR", "histogram_quantile(0.99, sum by (le) (max_over_time({bucket}[{window}s])))",
+    "buckets summed over pods and series, then Prometheus' interpolation", _p99,
+)  # fmt: skip
+P99_RECENT = Aggregation(
+    "P99_RECENT", "histogram_quantile(0.99, sum by (le) (rate({bucket}[{window}s])))",
+    "a single scrape has no rate: the p99 of the cumulative buckets summed over pods, "
+    "i.e. since each pod started (equal to the PromQL form when every observation falls "
+    "inside the window)", _p99,
+)  # fmt: skip
+SUM_NOW = Aggregation(
+    "SUM_NOW", "sum({series})", "sum of the pods' current samples", _sum,
+)  # fmt: skip
+MAX_RATIO_NOW = Aggregation(
+    "MAX_RATIO_NOW", "max({series} / ({denominator} > 0))",
+    "largest ratio of one pod's samples with equal labels (a zero denominator is skipped)",
+    _ratio,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Query:
+    """A named query bound to a scope and its arguments: ready for either source."""
+
+    name: str
+    scope: Scope
+    promql: str
+    reduce: Reduce = field(compare=False)
+    """The direct read's form, over the scope's pods' samples."""
+
+
+@dataclass(frozen=True)
+class NamedQuery:
+    """One row of the table."""
+
+    name: str
+    meaning: str
+    metric: str
+    aggregation: Aggregation
+    matchers: tuple[tuple[str, str], ...] = ()
+    """Fixed label matchers (e.g. outcome="compared")."""
+    per_candidate: bool = False
+    """Selects the series of one shadow candidate (label `candidate_digest`)."""
+    denominator: str = ""
+
+    def bind(
+        self, scope: Scope, *, window_seconds: int = 0, candidate_digest: str | None = None
+    ) -> Query:
+        """This query over `scope`; `window_seconds` for the windowed aggregations (whole
+        seconds, at least 1), `candidate_digest` for the per-candidate ones."""
+        if self.aggregation.windowed and window_seconds < 1:
+            raise ValueError(f"query {self.name} needs a window of at least 1 second")
+        matchers = dict(self.matchers)
+        if self.per_candidate:
+            if candidate_digest is None:
+                raise ValueError(f"query {self.name} needs a candidate_digest")
+            matchers["candidate_digest"] = candidate_digest
+        labels = scope.promql_labels(matchers)
+        promql = self.aggregation.promql.format(
+            series=f"{self.metric}{{{labels}}}",
+            bucket=f"{self.metric}_bucket{{{labels}}}",
+            denominator=f"{self.denominator}{{{labels}}}",
+            window=int(window_seconds),
+        )
+        aggregation, metric, denominator = self.aggregation, self.metric, self.denominator
+
+        def reduce(pods: Sequence[PodSamples]) -> float | None:
+            return aggregation.reduce(pods, metric, denominator, matchers)
+
+        return Query(self.name, scope, promql, reduce)
+
+
+# The table. Shadow rows: the serving pods' view of one candidate (its engine digest) since
+# its shadow started; every shadow series also carries model, serving_version and
+# candidate_version, which the digest makes redundant here.
+SHADOW_COMPARED = NamedQuery(
+    "shadow_compared", "Mirrored requests whose answers were compared (mismatches included).",
+    "kubeinfer_shadow_requests_total", SUM_SO_FAR, (("outcome", "compared"),), per_candidate=True,
+)  # fmt: skip
+SHADOW_MISMATCHES = NamedQuery(
+    "shadow_mismatches", "Compared requests whose outputs differed in name, shape or datatype.",
+    "kubeinfer_shadow_mismatches_total", SUM_SO_FAR, per_candidate=True,
+)  # fmt: skip
+SHADOW_DROPPED = NamedQuery(
+    "shadow_dropped", "Requests the mirror could not take (its queue was full).",
+    "kubeinfer_shadow_requests_total", SUM_SO_FAR, (("outcome", "dropped"),), per_candidate=True,
+)  # fmt: skip
+SHADOW_CANDIDATE_ERRORS = NamedQuery(
+    "shadow_candidate_errors", "Mirrored requests the candidate answered with an error.",
+    "kubeinfer_shadow_requests_total", SUM_SO_FAR, (("outcome", "candidate_error"),),
+    per_candidate=True,
+)  # fmt: skip
+SHADOW_TIMEOUTS = NamedQuery(
+    "shadow_timeouts", "Mirrored requests the candidate did not answer within the timeout.",
+    "kubeinfer_shadow_requests_total", SUM_SO_FAR, (("outcome", "timeout"),), per_candidate=True,
+)  # fmt: skip
+SHADOW_MAX_ABS_DIFFERENCE = NamedQuery(
+    "shadow_max_abs_difference", "Largest absolute difference of one output element.",
+    "kubeinfer_shadow_max_abs_difference", MAX_SO_FAR, per_candidate=True,
+)  # fmt: skip
+SHADOW_TOP1_ROWS = NamedQuery(
+    "shadow_top1_rows", "Rows of classification-shaped outputs compared.",
+    "kubeinfer_shadow_top1_rows_total", SUM_SO_FAR, per_candidate=True,
+)  # fmt: skip
+SHADOW_TOP1_AGREEMENTS = NamedQuery(
+    "shadow_top1_agreements", "Of those rows, the ones whose argmax agreed.",
+    "kubeinfer_shadow_top1_agreements_total", SUM_SO_FAR, per_candidate=True,
+)  # fmt: skip
+SHADOW_PRIMARY_P99 = NamedQuery(
+    "shadow_primary_p99_seconds", "p99 of the serving runtime's time on mirrored requests.",
+    "kubeinfer_shadow_primary_duration_seconds", P99_SO_FAR, per_candidate=True,
+)  # fmt: skip
+SHADOW_CANDIDATE_P99 = NamedQuery(
+    "shadow_candidate_p99_seconds", "p99 of the candidate's own time on the same requests.",
+    "kubeinfer_shadow_candidate_duration_seconds", P99_SO_FAR, per_candidate=True,
+)  # fmt: skip
+
+# General rows, for the status and the autoscaler.
+REQUEST_P99 = NamedQuery(
+    "request_p99_seconds",
+    "p99 of the serving pods' inference request time, arrival to response, over the "
+    "window (PromQL) or since each pod started (direct read).",
+    "kubeinfer_request_duration_seconds", P99_RECENT,
+)  # fmt: skip
+QUEUE_DEPTH = NamedQuery(
+    "queue_depth", "Requests waiting in the batch queues of all serving pods, now.",
+    "kubeinfer_queue_depth", SUM_NOW,
+)  # fmt: skip
+GPU_MEMORY_USED_RATIO = NamedQuery(
+    "gpu_memory_used_ratio",
+    "Fullest GPU's memory in use, as a share of its total, over every serving pod and "
+    "device (none without a GPU).",
+    "kubeinfer_gpu_memory_used_bytes", MAX_RATIO_NOW,
+    denominator="kubeinfer_gpu_memory_total_bytes",
+)  # fmt: skip
+
+SHADOW_QUERIES: tuple[NamedQuery, ...] = (
+    SHADOW_COMPARED, SHADOW_MISMATCHES, SHADOW_DROPPED, SHADOW_CANDIDATE_ERRORS,
+    SHADOW_TIMEOUTS, SHADOW_MAX_ABS_DIFFERENCE, SHADOW_TOP1_ROWS, SHADOW_TOP1_AGREEMENTS,
+    SHADOW_PRIMARY_P99, SHADOW_CANDIDATE_P99,
+)  # fmt: skip
+NAMED_QUERIES: dict[str, NamedQuery] = {
+    query.name: query
+    for query in (*SHADOW_QUERIES, REQUEST_P99, QUEUE_DEPTH, GPU_MEMORY_USED_RATIO)
+}
+"""Every named query, by name."""

@@ -1,0 +1,40 @@
+"""`MetricsSource`: where the operator reads the runtime pods' metrics, behind one
+protocol, so shadow verdicts, the autoscaler and the status never care which.
+
+Two implementations: `PrometheusSource` (a Prometheus that scrapes the pods) and
+`DirectRead` (the pods' own /metrics, scraped by the operator); `factory.metrics_source`
+chooses. Both evaluate the same `Query` values (`queries.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Protocol
+
+from kubeinfer.operator.metrics.queries import Query
+
+
+class MetricsUnavailable(Exception):
+    """The source could not answer (unreachable, too slow, an error, a pod that could not
+    be read). Never a partial answer: a missing pod's counts would look like a drop in
+    traffic. Temporary by nature: the next pass reads again. The message says what failed,
+    in one line; the source's `description` says where (callers join the two)."""
+
+    retryable = True
+
+
+class MetricsSource(Protocol):
+    """Evaluates named queries (bound to their scopes) at one instant."""
+
+    @property
+    def description(self) -> str:
+        """Where the figures come from, for status messages and logs (e.g. "Prometheus at
+        http://prometheus:9090"); it heads MetricsUnavailable's message there."""
+        ...
+
+    async def evaluate(self, queries: Sequence[Query], now: datetime) -> tuple[float | None, ...]:
+        """Each query's value at `now`, in order; None where no series matched (or the
+        figure is undefined, e.g. a quantile of no observations). Raises
+        MetricsUnavailable, never a partial answer."""
+        ...
