@@ -2,8 +2,9 @@
 CUDA device and exits 2 without a traceback or installing anything; pytest's junit file is
 read into passed / failed (errors included) / skipped-with-reason per test, from a real
 pytest run; the verdict passes only when a test passed, none failed, and the benchmark ran
-and matched numpy; the table is Markdown with `|` escaped in cells. The GPU path itself
-(building pycuda, the gpu tests, the benchmark) runs only on a CUDA machine.
+and matched numpy; the table is Markdown with `|` escaped in cells; where the CUDA toolkit
+has no `libcuda.so` stub the pycuda link is pointed at the driver's library. The GPU path
+itself (building pycuda, the gpu tests, the benchmark) runs only on a CUDA machine.
 """
 
 from __future__ import annotations
@@ -151,3 +152,18 @@ def test_the_table_names_each_test_problem_and_each_benchmark_row() -> None:
     assert "| skipped | t::trt: needs tensorrt (No module named 'tensorrt') |" in lines
     assert "| 2 slot(s), one thread each | 1400.0 batches/s, 716800 rows/s, 1.75x |" in lines
     assert gpu_check.markdown([("a|b", "c")]).endswith("| a\\|b | c |")
+
+
+def test_the_linker_finds_the_driver_where_the_toolkit_has_no_stub(tmp_path: Path) -> None:
+    driver = tmp_path / "driver" / "libcuda.so.1"
+    driver.parent.mkdir()
+    driver.write_bytes(b"")
+    bare, stubbed = tmp_path / "bare", tmp_path / "stubbed"
+    (bare / "lib").mkdir(parents=True)
+    (stubbed / "lib64" / "stubs").mkdir(parents=True)
+    (stubbed / "lib64" / "stubs" / "libcuda.so").write_bytes(b"")
+
+    link = gpu_check.link_folder(bare, tmp_path, driver)
+    assert link is not None and (link / "libcuda.so").resolve() == driver
+    assert gpu_check.link_folder(stubbed, tmp_path, driver) is None
+    assert gpu_check.link_folder(bare, tmp_path / "other", None) is None
