@@ -22,7 +22,11 @@ microseconds of wake-up latency per batch instead.
 Why non-blocking streams: a stream created with default flags synchronises with the legacy
 default stream, so any work a library queues there (a CuPy or PyTorch call outside a stream
 block, a synchronous `cudaMemcpy`) would wait for every slot's batch and make every slot wait
-for it, serialising the slots. `CU_STREAM_NON_BLOCKING` opts out of that.
+for it, serialising the slots. `CU_STREAM_NON_BLOCKING` opts out of that. The price: work
+queued on the default stream is not ordered before a slot's batch either, so whoever
+uploads what a compute reads (weights through CuPy or PyTorch) synchronises before the
+first batch (`CudaContext.synchronize`, which the TensorRT engine calls after loading the
+plan and creating each execution context).
 
 Why a failed batch synchronises before it raises: the host-to-device copies read the pinned
 input buffers asynchronously. If the compute raises after they were queued, the slot goes
@@ -96,6 +100,11 @@ class CudaContext:
 
     def pop(self) -> None:
         self.cuda.Context.pop()
+
+    def synchronize(self) -> None:
+        """Waits for all work queued in the context (call with it current): the slots'
+        non-blocking streams are not ordered after set-up work on other streams."""
+        self.cuda.Context.synchronize()
 
     @contextmanager
     def active(self) -> Iterator[None]:

@@ -106,6 +106,7 @@ class TensorRTEngine:
             self._logger = trt.Logger(trt.Logger.WARNING)
             self._runtime = trt.Runtime(self._logger)
             self._engine = self._runtime.deserialize_cuda_engine(plan)
+            self._context.synchronize()  # weights uploaded before any slot's stream reads them
         if self._engine is None:
             raise UnsupportedModel(
                 f"TensorRT could not deserialize {path} (built by another TensorRT version "
@@ -134,6 +135,7 @@ class TensorRTEngine:
     def create_slot(self) -> CudaSlot:
         with self._context.active():
             execution = self._engine.create_execution_context()
+            self._context.synchronize()
         if execution is None:
             raise EngineError("TensorRT could not create an execution context (GPU memory?)")
         launcher = _Launcher(execution, self._inputs)

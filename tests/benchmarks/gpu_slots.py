@@ -97,6 +97,7 @@ def cupy_model(context: CudaContext, features: int, layers: int, max_batch: int)
     weights = host_weights(features, layers)
     with context.active():
         device_weights = [cupy.asarray(w) for w in weights]
+        cupy.cuda.runtime.deviceSynchronize()  # the slots' streams do not wait for uploads
 
     def wrap(pointer: int, owner: object) -> Any:
         memory = cupy.cuda.UnownedMemory(pointer, max_batch * features * 4, owner)
@@ -131,6 +132,7 @@ def torch_model(context: CudaContext, features: int, layers: int, max_batch: int
     weights = host_weights(features, layers)
     with context.active():
         device_weights = [torch.from_numpy(w).cuda() for w in weights]
+        torch.cuda.synchronize()  # the slots' streams do not wait for uploads
 
     class _Cai:  # a device buffer as __cuda_array_interface__, for torch.as_tensor
         def __init__(self, pointer: int) -> None:

@@ -152,6 +152,9 @@ def test_a_cupy_matmul_on_the_slot_stream_equals_numpy(
     weight = (rng.standard_normal((256, 256)) / 16).astype(np.float32)
     with context.active():
         device_weight = cupy.asarray(weight)
+        # The upload ran on CuPy's stream; the slot's non-blocking stream is not ordered
+        # after it, so it must be finished before a batch reads the weight.
+        cupy.cuda.runtime.deviceSynchronize()
 
     def device_array(pointer: int, rows: int, owner: object) -> object:
         memory = cupy.cuda.UnownedMemory(pointer, rows * 256 * 4, owner)
