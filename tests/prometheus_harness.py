@@ -21,7 +21,8 @@ stand for several pods. Prometheus scrapes every `SCRAPE_INTERVAL` (the shortest
 comfortable with), keeps its TSDB in the given directory, and is stopped (SIGTERM, then
 SIGKILL) when the block exits. `PrometheusServer.wait_for_scrape_after(t)` waits until
 every target has been scraped after wall time t (e.g. when the load stopped), so a query
-then sees everything the processes counted.
+then sees everything the processes counted; `reload(targets)` replaces the targets while
+it runs (a pod replaced by another).
 """
 
 from __future__ import annotations
@@ -112,9 +113,9 @@ def _wait_until(
     raise AssertionError(f"{what} was not ready within {timeout:g} s")
 
 
-@dataclass
+@dataclass(eq=False)
 class RuntimeProcess:
-    """A `kubeinfer serve` subprocess on a loopback port."""
+    """A `kubeinfer serve` subprocess on a loopback port (hashable: one per process)."""
 
     process: subprocess.Popen[bytes]
     port: int
@@ -197,6 +198,16 @@ class PrometheusServer:
     process: subprocess.Popen[bytes]
     port: int
     targets: tuple[ScrapeTarget, ...]
+    config: Path
+    interval: str = SCRAPE_INTERVAL
+
+    def reload(self, targets: Sequence[ScrapeTarget]) -> None:
+        """Scrapes `targets` from now on (pods come and go): the config is rewritten and
+        Prometheus told by SIGHUP. A dropped target's series go stale; follow with
+        `wait_for_scrape_after` to know the new set is scraped."""
+        self.config.write_text(prometheus_config(targets, self.interval))
+        self.targets = tuple(targets)
+        self.process.send_signal(signal.SIGHUP)
 
     @property
     def url(self) -> str:
@@ -271,7 +282,7 @@ def running_prometheus(
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
             stdout=output, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    server = PrometheusServer(process, port, tuple(targets))
+    server = PrometheusServer(process, port, tuple(targets), config, interval)
     try:
         ready = lambda: http_get(port, "/-/ready", 2)[0] == 200  # noqa: E731
         _wait_until(ready, process, "prometheus", 30, log)

@@ -7,7 +7,10 @@ same aggregates as the direct read of the same processes (the p99s included: buc
 summed over pods, then one interpolation), and both equal what the runtimes' own
 `/v2/shadow` counted, summed over the pods (compared, candidate errors from requests
 larger than the candidate's maxBatchSize, top-1 rows and agreements, the largest
-difference); a digest with no series is all zeros and None from both sources.
+difference); a digest with no series is all zeros and None from both sources; a serving
+pod replaced mid-shadow (a new process, fresh counters, a new pod name) still counts in
+Prometheus (`max_over_time` per series keeps the old pod's figures) and no longer in the
+direct read, which sees the live pods only.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from kubeinfer.operator.metrics.direct import DirectRead
@@ -41,6 +45,7 @@ pytestmark = pytest.mark.slow
 
 SCOPE = Scope("shadow", "classifier")
 PODS = ("classifier-runtime-6b7c8d9f5-b4b2c", "classifier-runtime-6b7c8d9f5-d7f4f")
+REPLACEMENT = "classifier-runtime-6b7c8d9f5-x9z2q"
 DIGEST = "sha256:" + "c" * 64
 CANDIDATE_MAX_BATCH = 2
 REQUESTS = (40, 25)  # per serving pod; every 4th has 3 rows: too many for the candidate
@@ -51,46 +56,67 @@ def rows(i: int) -> int:
     return 3 if i % 4 == 3 else 1 + i % 2
 
 
+@dataclass
+class Shadow:
+    """The serving processes (by pod name), the candidate, and how to start another."""
+
+    model: Path
+    flags: tuple[str, ...]
+    started: datetime
+    serving: dict[str, RuntimeProcess] = field(default_factory=dict)
+    everything: list[RuntimeProcess] = field(default_factory=list)
+
+    def start(self, pod: str) -> RuntimeProcess:
+        process = start_runtime(self.model, "tiny", *self.flags)
+        self.everything.append(process)
+        self.serving[pod] = process
+        return process
+
+    def targets(self) -> list[ScrapeTarget]:
+        return [ScrapeTarget(p.address, SCOPE.namespace, pod) for pod, p in self.serving.items()]
+
+    def direct_read(self) -> DirectRead:
+        pods = [pod_object(name, p.port) for name, p in self.serving.items()]
+
+        async def list_pods(namespace: str, selector: str) -> list[dict]:
+            assert (namespace, selector) == (SCOPE.namespace, SCOPE.label_selector)
+            return pods
+
+        return DirectRead(list_pods, TIMEOUT)
+
+
 @pytest.fixture(scope="module")
-def shadow(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[list[RuntimeProcess], datetime]]:
+def shadow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shadow]:
     directory = tmp_path_factory.mktemp("shadow")
     serving_model = build_tiny_mlp(directory / "serving.onnx", seed=0)
     candidate_model = build_tiny_mlp(directory / "candidate.onnx", seed=1)
-    started = datetime.now(UTC)
-    processes: list[RuntimeProcess] = []
+    target = directory / "mirror.json"
+    flags = ("--intra-op-threads", "1", "--mirror-target-file", str(target),
+             "--mirror-poll-interval-milliseconds", "100")  # fmt: skip
+    shadow = Shadow(serving_model, flags, datetime.now(UTC))
     try:
         candidate = start_runtime(
             candidate_model, "tiny", "--model-version", "2",
             "--max-batch-size", str(CANDIDATE_MAX_BATCH), "--intra-op-threads", "1",
         )  # fmt: skip
-        processes.append(candidate)
-        target = directory / "mirror.json"
+        shadow.everything.append(candidate)
         target.write_text(json.dumps({"target": {
             "url": f"http://{candidate.address}", "modelName": "tiny", "candidateVersion": "2",
             "candidateDigest": DIGEST, "trafficPercent": 100,
         }}))  # fmt: skip
-        flags = ("--intra-op-threads", "1", "--mirror-target-file", str(target),
-                 "--mirror-poll-interval-milliseconds", "100")  # fmt: skip
-        serving = [start_runtime(serving_model, "tiny", *flags) for _ in PODS]
-        processes.extend(serving)
-        yield serving, started
+        for pod in PODS:
+            shadow.start(pod)
+        yield shadow
     finally:
-        for process in processes:
+        for process in shadow.everything:
             process.stop()
 
 
 @pytest.fixture(scope="module")
 def prometheus(
-    tmp_path_factory: pytest.TempPathFactory, shadow: tuple[list[RuntimeProcess], datetime]
+    tmp_path_factory: pytest.TempPathFactory, shadow: Shadow
 ) -> Iterator[PrometheusServer]:
-    serving, _ = shadow
-    targets = [
-        ScrapeTarget(process.address, SCOPE.namespace, pod)
-        for process, pod in zip(serving, PODS, strict=True)
-    ]
-    with running_prometheus(targets, tmp_path_factory.mktemp("prometheus")) as server:
+    with running_prometheus(shadow.targets(), tmp_path_factory.mktemp("prometheus")) as server:
         yield server
 
 
@@ -100,14 +126,10 @@ def shadow_status(process: RuntimeProcess) -> dict:
     return json.loads(body)
 
 
-@pytest.fixture(scope="module")
-def mirrored(
-    prometheus: PrometheusServer, shadow: tuple[list[RuntimeProcess], datetime]
-) -> list[dict]:
-    """Real load on both serving pods, until every request's mirror is settled and
-    Prometheus has scraped after it; returns each pod's /v2/shadow."""
-    serving, _ = shadow
-    jobs = [(p, i) for p, n in zip(serving, REQUESTS, strict=True) for i in range(n)]
+def drive(prometheus: PrometheusServer, load: dict[RuntimeProcess, int]) -> list[dict]:
+    """Real load, until every request's mirror is settled and Prometheus has scraped
+    after it; returns each loaded process's /v2/shadow."""
+    jobs = [(p, i) for p, n in load.items() for i in range(n)]
     with ThreadPoolExecutor(4) as pool:
         statuses = list(
             pool.map(lambda job: infer(job[0].port, "tiny", rows(job[1]), job[1]), jobs)
@@ -115,8 +137,8 @@ def mirrored(
     assert statuses == [200] * len(jobs)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        figures = [shadow_status(p) for p in serving]
-        if [sum(f["requests"].values()) for f in figures] == list(REQUESTS):
+        figures = [shadow_status(p) for p in load]
+        if [sum(f["requests"].values()) for f in figures] == list(load.values()):
             break
         time.sleep(0.05)
     else:
@@ -125,28 +147,26 @@ def mirrored(
     return figures
 
 
-def direct_read(serving: list[RuntimeProcess]) -> DirectRead:
-    pods = [pod_object(name, p.port) for name, p in zip(PODS, serving, strict=True)]
+@pytest.fixture(scope="module")
+def mirrored(prometheus: PrometheusServer, shadow: Shadow) -> list[dict]:
+    load = dict(zip(shadow.serving.values(), REQUESTS, strict=True))
+    return drive(prometheus, load)
 
-    async def list_pods(namespace: str, selector: str) -> list[dict]:
-        assert (namespace, selector) == (SCOPE.namespace, SCOPE.label_selector)
-        return pods
 
-    return DirectRead(list_pods, TIMEOUT)
+async def read_both(prometheus: PrometheusServer, shadow: Shadow, digest: str = DIGEST):
+    now = datetime.now(UTC)
+    return (
+        await read_shadow_aggregates(
+            PrometheusSource(prometheus.url, TIMEOUT), SCOPE, digest, shadow.started, now
+        ),
+        await read_shadow_aggregates(shadow.direct_read(), SCOPE, digest, shadow.started, now),
+    )
 
 
 async def test_both_sources_read_what_the_runtimes_counted(
-    prometheus: PrometheusServer,
-    shadow: tuple[list[RuntimeProcess], datetime],
-    mirrored: list[dict],
+    prometheus: PrometheusServer, shadow: Shadow, mirrored: list[dict]
 ) -> None:
-    serving, started = shadow
-    now = datetime.now(UTC)
-    from_prometheus = await read_shadow_aggregates(
-        PrometheusSource(prometheus.url, TIMEOUT), SCOPE, DIGEST, started, now
-    )
-    direct = await read_shadow_aggregates(direct_read(serving), SCOPE, DIGEST, started, now)
-
+    from_prometheus, direct = await read_both(prometheus, shadow)
     too_large = sum(1 for n in REQUESTS for i in range(n) if rows(i) > CANDIDATE_MAX_BATCH)
     expected = ShadowAggregates(
         compared=sum(f["requests"]["compared"] for f in mirrored),
@@ -169,14 +189,24 @@ async def test_both_sources_read_what_the_runtimes_counted(
 
 
 async def test_a_candidate_without_series_reads_as_nothing_yet(
-    prometheus: PrometheusServer,
-    shadow: tuple[list[RuntimeProcess], datetime],
-    mirrored: list[dict],
+    prometheus: PrometheusServer, shadow: Shadow, mirrored: list[dict]
 ) -> None:
-    serving, started = shadow
-    now = datetime.now(UTC)
-    other = "sha256:" + "d" * 64
-    for source in (PrometheusSource(prometheus.url, TIMEOUT), direct_read(serving)):
-        assert (
-            await read_shadow_aggregates(source, SCOPE, other, started, now) == ShadowAggregates()
-        )
+    nothing = await read_both(prometheus, shadow, "sha256:" + "d" * 64)
+    assert nothing == (ShadowAggregates(), ShadowAggregates())
+
+
+async def test_a_replaced_pod_still_counts_in_prometheus_only(
+    prometheus: PrometheusServer, shadow: Shadow, mirrored: list[dict]
+) -> None:
+    """Runs last: it replaces the second serving pod."""
+    before, _ = await read_both(prometheus, shadow)
+    shadow.serving.pop(PODS[1]).stop()
+    replacement = shadow.start(REPLACEMENT)
+    prometheus.reload(shadow.targets())
+    (fresh,) = drive(prometheus, {replacement: 12})
+    from_prometheus, direct = await read_both(prometheus, shadow)
+    assert fresh["requests"]["compared"] > 0
+    assert from_prometheus.compared == before.compared + fresh["requests"]["compared"]
+    kept = mirrored[0]["requests"]["compared"]
+    assert direct.compared == kept + fresh["requests"]["compared"]
+    assert from_prometheus.top1_rows == before.top1_rows + fresh["top1"]["rows"]
