@@ -1,5 +1,6 @@
 """`make demo` keeps working: the whole main job (validate, render, build through the cache,
-serve, load, metrics, drain) runs as a real process and ends with exit code 0."""
+serve, load, metrics, drain, a shadow that passes and one that fails) runs as a real
+process and ends with exit code 0."""
 
 from __future__ import annotations
 
@@ -21,4 +22,6 @@ def test_the_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "int8 against fp32" in out and "top-1 agreement" in out
     assert "matches ONNX Runtime in-process" in out
     assert "| 32 |" in out and "exited with code 0" in out
+    assert "| int8, same model |" in out and "**Passed** ThresholdsMet" in out
+    assert "| fp32, another model |" in out and "**Failed** DifferenceTooLarge" in out
     assert out.rstrip().endswith("Demo finished.")

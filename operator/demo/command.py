@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -59,7 +58,9 @@ def show_children(path: Path) -> None:
     print(f"\n  (the full YAML: kubeinfer render {path})")
 
 
-def build_engines(workdir: Path) -> tuple[str, str]:
+def build_engines(workdir: Path) -> tuple[dict[str, str], str]:
+    """The demo model's fp32 and int8 engines, and (for the shadow step) an fp32 engine of
+    another model with the same tensor names; returns the digests and the cache."""
     from kubeinfer.runtime.calibration import write_demo_samples
     from kubeinfer.runtime.demo_models import build_small_mlp
     from kubeinfer.runtime.engine_build import build_engine
@@ -94,24 +95,12 @@ def build_engines(workdir: Path) -> tuple[str, str]:
                     f"mean |diff| {output.mean_abs_diff:.4f}, "
                     f"cosine {output.cosine_similarity:.5f}, top-1 agreement {top1}"
                 )
-    print("\n  (run `make demo` again: both builds are cache hits)")
-    return digests["fp32"], str(cache)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-    except OSError:
-        return 0, b""
+    other = build_small_mlp(workdir / "models" / "small-mlp-other.onnx", seed=1)
+    result = build_engine(str(other), "onnxruntime", "fp32", cache, max_batch_size=32)
+    digests["other"] = result.digest
+    print(f"\n  another model (seed 1, same tensor names), fp32: {result.digest[:23]}...")
+    print("\n  (run `make demo` again: every build is a cache hit)")
+    return digests, str(cache)
 
 
 def _histogram(metrics_text: str, name: str) -> dict[str, float]:
@@ -134,9 +123,9 @@ def _histogram(metrics_text: str, name: str) -> dict[str, float]:
 def serve_and_load(digest: str, cache: str, seconds: float) -> bool:
     import numpy as np
     import onnxruntime
-    from kubeinfer.operator.demo.load import drive
+    from kubeinfer.operator.demo.load import drive, free_port, http_get
 
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     command = [
         sys.executable, "-m", "kubeinfer.operator", "serve",
@@ -149,7 +138,7 @@ def serve_and_load(digest: str, cache: str, seconds: float) -> bool:
     server = subprocess.Popen(command)
     try:
         deadline = time.monotonic() + 60
-        while _get(f"{base}/v2/health/ready")[0] != 200:
+        while http_get(f"{base}/v2/health/ready")[0] != 200:
             if server.poll() is not None or time.monotonic() > deadline:
                 print("  the server did not become ready", file=sys.stderr)
                 return False
@@ -177,9 +166,9 @@ def serve_and_load(digest: str, cache: str, seconds: float) -> bool:
         print("  |---:|---:|---:|---:|---:|---|")
         ok = True
         for clients in (1, 8, 32):
-            before = _histogram(_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
+            before = _histogram(http_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
             result = asyncio.run(drive(infer_url, single, clients, seconds))
-            after = _histogram(_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
+            after = _histogram(http_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
             batches = after.get("count", 0) - before.get("count", 0)
             rows_run = after.get("sum", 0) - before.get("sum", 0)
             codes = ", ".join(f"{code}: {n}" for code, n in sorted(result.codes.items()))
@@ -192,7 +181,7 @@ def serve_and_load(digest: str, cache: str, seconds: float) -> bool:
             ok = ok and set(result.codes) == {200}
 
         print("\n  batch sizes the batcher ran, from /metrics (kubeinfer_batch_size):")
-        buckets = _histogram(_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
+        buckets = _histogram(http_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
         edges = [(k, v) for k, v in buckets.items() if k not in ("sum", "count")]
         edges.sort(key=lambda kv: float(kv[0]))
         previous, total, lower = 0.0, max(buckets.get("count", 1), 1), 1
@@ -230,9 +219,13 @@ def run(args: argparse.Namespace) -> int:
     _step("2. What the operator creates for examples/cpu-minimal.yaml (kubeinfer render)")
     show_children(EXAMPLES / "cpu-minimal.yaml")
     _step("3. Engines for the demo model, through the content-addressed cache (kubeinfer build)")
-    digest, cache = build_engines(workdir)
+    digests, cache = build_engines(workdir)
     _step("4. Serving the fp32 engine with dynamic batching (kubeinfer serve), under load")
-    ok = serve_and_load(digest, cache, args.seconds) and ok
+    ok = serve_and_load(digests["fp32"], cache, args.seconds) and ok
+    _step("5. Shadow tests on live traffic: mirrored, compared request by request, judged")
+    from kubeinfer.operator.demo.shadow import run_shadow_step
+
+    ok = run_shadow_step(workdir, cache, digests, args.seconds) and ok
     print("\nDemo finished." if ok else "\nDemo finished with problems (see above).")
     return 0 if ok else 1
 

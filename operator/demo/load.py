@@ -1,6 +1,9 @@
 """A small closed-loop load generator for the demo: N clients, each sending one request
 after another over a kept-alive connection for a fixed time.
 
+Also the two small helpers every demo step uses to reach its servers: a free loopback
+port, and a GET that never raises.
+
 It is a demonstration, not a benchmark (`make bench` measures, with a cheaper client and
 baselines side by side); it reports what an SRE would look at first: throughput, p50,
 p99, and the status codes seen.
@@ -9,8 +12,12 @@ p99, and the status codes seen.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -35,21 +42,28 @@ class LoadResult:
 async def _client(
     session: aiohttp.ClientSession,
     url: str,
-    body: bytes,
+    bodies: Sequence[bytes],
     until: float,
     out: list[float],
     codes: Counter[int],
 ) -> None:
     headers = {"Content-Type": "application/json"}
+    sent = 0
     while (start := time.perf_counter()) < until:
+        body = bodies[sent % len(bodies)]
+        sent += 1
         async with session.post(url, data=body, headers=headers) as response:
             await response.read()
             codes[response.status] += 1
         out.append(time.perf_counter() - start)
 
 
-async def drive(url: str, body: bytes, clients: int, seconds: float) -> LoadResult:
-    """Runs `clients` closed-loop clients against `url` for `seconds`."""
+async def drive(
+    url: str, body: bytes | Sequence[bytes], clients: int, seconds: float
+) -> LoadResult:
+    """Runs `clients` closed-loop clients against `url` for `seconds`; each client sends
+    the `body` (or cycles through the bodies) again and again."""
+    bodies = [body] if isinstance(body, bytes) else list(body)
     latencies: list[float] = []
     codes: Counter[int] = Counter()
     connector = aiohttp.TCPConnector(limit=clients, force_close=False)
@@ -57,7 +71,25 @@ async def drive(url: str, body: bytes, clients: int, seconds: float) -> LoadResu
         started = time.perf_counter()
         until = started + seconds
         await asyncio.gather(
-            *(_client(session, url, body, until, latencies, codes) for _ in range(clients))
+            *(_client(session, url, bodies, until, latencies, codes) for _ in range(clients))
         )
         elapsed = time.perf_counter() - started
     return LoadResult(clients, elapsed, np.asarray(latencies), codes)
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get(url: str) -> tuple[int, bytes]:
+    """(status, body); status 0 when nothing answered."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except OSError:
+        return 0, b""
