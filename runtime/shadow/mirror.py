@@ -18,7 +18,13 @@ network, so it flatters the serving side: a reason to keep candidates on kubeinf
 
 Failures are counted by outcome (`candidate_error`, `timeout`) and logged per request at
 DEBUG only; a WARNING summarises them at most once per `log_interval_seconds`, so a
-broken candidate never floods the log with a traceback per request.
+broken candidate never floods the log with a traceback per request. A candidate that
+refuses connections (stopped, not yet started, gone) is not asked again for a while:
+sampled requests are counted `candidate_error` at once, without a connection attempt, for
+0.25 s after the refusal, doubling with each refusal in a row up to 4 s. A dead candidate
+then costs a few attempts a second, where trying each request cost the primary measurable
+latency (p99 +26 % at 100 % mirroring on a 2-core machine, against +9 % for a candidate
+slower than the timeout, whose requests wait in the bounded queue instead).
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ from kubeinfer.runtime.shadow.comparison import Outputs, compare_request
 from kubeinfer.runtime.shadow.sampling import Sampler
 
 log = logging.getLogger(__name__)
+
+_CLOSE_WAIT_SECONDS = 1.0
+_BACKOFF_SECONDS = (0.25, 4.0)  # after a refused connection: first, and most
 
 
 @dataclass(slots=True)
@@ -117,6 +126,8 @@ class Mirror:
         self._clock = clock
         self._failures = _FailureLog(target, log_interval_seconds, clock)
         self._closed = False
+        self._unreachable_until: float | None = None
+        self._backoff = _BACKOFF_SECONDS[0]
 
     @property
     def queued(self) -> int:
@@ -143,6 +154,9 @@ class Mirror:
         Never blocks; the arrays are kept as they are (the caller does not reuse them)."""
         if self._closed or not self._sampler.take():
             return
+        if self._unreachable():
+            self._aggregates.record_outcome("candidate_error")  # not tried: see the module
+            return
         nbytes = tensor_bytes(inputs, primary)
         if self._queue.qsize() >= self._max_queue or self._queued_bytes + nbytes > self._max_bytes:
             self._aggregates.record_outcome("dropped")
@@ -155,7 +169,11 @@ class Mirror:
         self._closed = True
         for worker in self._workers:
             worker.cancel()
-        await asyncio.gather(*self._workers, return_exceptions=True)
+        if self._workers:
+            # A cancellation that lands as aiohttp's own timeout fires is turned into a
+            # TimeoutError there; such a worker then sees `_closed` and ends on its own.
+            # Bounded all the same: a stuck worker must not hold up a drain.
+            await asyncio.wait(self._workers, timeout=_CLOSE_WAIT_SECONDS)
         self._workers = []
         while not self._queue.empty():
             self._queue.get_nowait()
@@ -165,7 +183,7 @@ class Mirror:
             self._session = None
 
     async def _work(self) -> None:
-        while True:
+        while not self._closed:
             request = await self._queue.get()
             self._queued_bytes -= request.nbytes
             try:
@@ -181,8 +199,21 @@ class Mirror:
         self._aggregates.record_outcome(outcome)
         self._failures.failed(outcome, reason)
 
+    def _unreachable(self) -> bool:
+        """Whether a connection was refused so recently that no new attempt is made."""
+        until = self._unreachable_until
+        if until is None:
+            return False
+        if self._clock() < until:
+            return True
+        self._unreachable_until = None
+        return False
+
     async def _mirror(self, request: MirroredRequest) -> None:
         assert self._session is not None
+        if self._unreachable():  # queued before the refusal
+            self._aggregates.record_outcome("candidate_error")
+            return
         inputs = [InferInput(name, datatype, data) for name, (datatype, data) in
                   request.inputs.items()]  # fmt: skip
         body, header_length = encode_infer_request(
@@ -202,9 +233,17 @@ class Mirror:
         except TimeoutError:
             self._failed("timeout", f"no answer within {self._timeout:g}s")
             return
+        except aiohttp.ClientConnectorError as error:  # refused, unresolvable, unreachable
+            now = self._clock()
+            if self._unreachable_until is None or now >= self._unreachable_until:
+                self._unreachable_until = now + self._backoff  # several refused at once:
+                self._backoff = min(self._backoff * 2, _BACKOFF_SECONDS[1])  # one window
+            self._failed("candidate_error", f"{type(error).__name__}: {error}")
+            return
         except (aiohttp.ClientError, OSError) as error:
             self._failed("candidate_error", f"{type(error).__name__}: {error}")
             return
+        self._backoff = _BACKOFF_SECONDS[0]  # it answered: the next refusal starts over
         round_trip = self._clock() - started
         if status != 200:
             self._failed("candidate_error", f"HTTP {status}: {payload[:200]!r}")

@@ -10,7 +10,8 @@ or answer wrongly):
 - bounds: a slow candidate times out, the queue holds at most maxQueueSize requests and
   maxQueuedBytes of tensors, the rest is dropped, and `offer` never waits;
 - a candidate that refuses connections, answers 500 or garbage is counted
-  `candidate_error`, logged as one WARNING (no traceback), never raised;
+  `candidate_error`, logged as one WARNING (no traceback), never raised; one that
+  refuses is not tried again until its backoff (0.25 s, doubling) has passed;
 - an answer of another shape is a mismatch;
 - `close()` cancels work in flight at once and records nothing after;
 - `ShadowController.apply`: a new share keeps the aggregates, another candidate restarts
@@ -309,7 +310,48 @@ async def test_a_failing_candidate_is_counted_and_logged_once_without_traceback(
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "candidate_error=1" in warnings[0].getMessage()
     assert all(r.exc_info is None for r in caplog.records)
-    assert len([r for r in caplog.records if r.levelno == logging.DEBUG]) == 20
+    attempts = len([r for r in caplog.records if r.levelno == logging.DEBUG])
+    # a refused connection is not retried at once: the rest are counted without a try
+    assert 1 <= attempts < 20 if failure == "refused" else attempts == 20
+
+
+async def test_a_refusing_candidate_is_not_retried_until_its_backoff_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [100.0]
+    to = target(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    aggregates = aggregates_for(to)
+    mirror = Mirror(to, aggregates, clock=lambda: now[0])
+    caplog.set_level(logging.DEBUG, logger="kubeinfer.runtime.shadow.mirror")
+
+    def attempts() -> int:
+        return len([r for r in caplog.records if r.levelno == logging.DEBUG])
+
+    async def offer_and_settle() -> None:
+        mirror.offer(INPUTS, PRIMARY, 0.001)
+        await until(lambda: mirror.queued == 0)
+        await asyncio.sleep(0.05)
+
+    await mirror.start()
+    try:
+        await offer_and_settle()
+        assert attempts() == 1  # refused at t=100: no new try before 100.25
+        for at in (100.1, 100.2):
+            now[0] = at
+            await offer_and_settle()
+        assert attempts() == 1 and aggregates.outcomes["candidate_error"] == 3
+        now[0] = 100.3
+        await offer_and_settle()
+        assert attempts() == 2  # tried again; refused again: 0.5 s this time
+        now[0] = 100.7
+        await offer_and_settle()
+        assert attempts() == 2
+        now[0] = 100.81
+        await offer_and_settle()
+        assert attempts() == 3
+    finally:
+        await mirror.close()
+    assert aggregates.outcomes["candidate_error"] == 6
 
 
 async def test_an_answer_of_another_shape_is_a_mismatch(scripted) -> None:

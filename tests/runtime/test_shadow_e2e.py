@@ -1,0 +1,472 @@
+"""Shadow mirroring between real `kubeinfer serve` processes on loopback.
+
+A primary serves the tiny demo model's fp32 engine (built into a cache with
+`build_engine`) with `--mirror-target-file`; its candidates are the int8 engine of the
+same model, the same architecture built with another seed (same tensor names, other
+weights), a candidate stopped mid-run, and a scripted server that answers too late.
+Load comes from `tritonclient.http` and from the demo's async load generator. Covers:
+
+- an int8 candidate agrees closely (no mismatch, top-1 agreement high, small difference)
+  and every compared request reached it (its own request counter says so); another model
+  disagrees (agreement low, difference large);
+- /v2/shadow and /metrics agree; every infer response carries Server-Timing;
+- the target file switched A -> B -> empty changes what is mirrored within a few poll
+  intervals (1 s is allowed for a 100 ms interval on a busy 2-core box), restarting the
+  aggregates and removing the old candidate's series; an invalid file keeps the target
+  and is logged once, the process serving on;
+- a candidate stopped mid-run and one slower than the mirror's timeout: every primary
+  answer is 200, errors, timeouts and drops are counted, and the primary's p99 (at the
+  client) with mirroring (100 % of requests) to either is within 10 % + 1 ms of its p99
+  without in the median of 8 interleaved rounds of one run, each round's blocks compared
+  with each other (the 1 ms absolute slack, and the median round, keep a shared 2-core
+  machine from flaking on latencies of a few milliseconds);
+- SIGTERM is not held up by mirrored work in flight;
+- a bad mirrorTargetFile in the configuration exits 2 with a message naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from kubeinfer.operator.demo.load import drive
+from kubeinfer.runtime.calibration import write_demo_samples
+from kubeinfer.runtime.demo_models import build_tiny_mlp
+from kubeinfer.runtime.engine_build import build_engine
+from kubeinfer.runtime.metrics import histogram_quantile
+from kubeinfer.runtime.protocol.v2_types import parse_server_timing
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.slow
+
+HOST = "127.0.0.1"
+POLL_MS = 100
+SLOW_CANDIDATE = """
+import asyncio, sys
+from aiohttp import web
+
+async def infer(request):
+    await request.read()
+    await asyncio.sleep(float(sys.argv[2]))
+    return web.json_response({"error": "answered too late"}, status=503)
+
+app = web.Application()
+app.router.add_post("/v2/models/{name}/infer", infer)
+app.router.add_get("/v2/health/ready", lambda request: web.json_response({"ready": True}))
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, shutdown_timeout=0.1)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Process:
+    process: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def request(self, method: str, path: str, body: bytes | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        connection = http.client.HTTPConnection(HOST, self.port, timeout=30)
+        try:
+            connection.request(method, path, body, headers or {})
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            connection.close()  # fmt: skip
+
+    def shadow(self) -> dict:
+        status, _, body = self.request("GET", "/v2/shadow")
+        assert status == 200
+        return json.loads(body)
+
+    def metrics(self) -> list:
+        _, _, body = self.request("GET", "/metrics")
+        return [s for f in text_string_to_metric_families(body.decode()) for s in f.samples]
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=30)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+
+
+def launch(command: list[str], port: int, log: Path) -> Process:
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=log.parent)
+    return Process(process, port, log)
+
+
+def serve(log_dir: Path, name: str, *source: str) -> Process:
+    port = free_port()
+    command = [sys.executable, "-m", "kubeinfer.operator.cli", "serve", *source,
+               "--model-name", "tiny", "--host", HOST, "--port", str(port),
+               "--intra-op-threads", "1"]  # fmt: skip
+    return launch(command, port, log_dir / f"{name}.log")
+
+
+def wait_ready(*processes: Process) -> None:
+    deadline = time.monotonic() + 60
+    for process in processes:
+        while True:
+            if process.process.poll() is not None:
+                raise AssertionError(f"exited at start:\n{process.log.read_text()}")
+            try:
+                if process.request("GET", "/v2/health/ready")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"not ready:\n{process.log.read_text()}"
+            time.sleep(0.05)
+
+
+@dataclass
+class Shadows:
+    primary: Process
+    int8: Process
+    other: Process
+    slow: Process
+    mirror_file: Path
+    digests: dict[str, str]
+    model: Path
+
+
+@pytest.fixture(scope="module")
+def shadows(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shadows]:
+    root = tmp_path_factory.mktemp("shadow")
+    model = build_tiny_mlp(root / "tiny.onnx")
+    other_model = build_tiny_mlp(root / "tiny-seed1.onnx", seed=1)
+    calibration = write_demo_samples(model, root / "calibration.npz", count=64)
+    cache = root / "cache"
+    digests = {
+        precision: build_engine(str(model), "onnxruntime", precision, cache,
+                                calibration=str(calibration) if precision == "int8" else None,
+                                max_batch_size=32).digest
+        for precision in ("fp32", "int8")
+    }  # fmt: skip
+    mirror_file = root / "mirror" / "target.yaml"
+    mirror_file.parent.mkdir()
+    slow_port = free_port()
+    processes = [
+        serve(root, "primary", "--engine", digests["fp32"], "--cache", str(cache),
+              "--mirror-target-file", str(mirror_file),
+              "--mirror-poll-interval-milliseconds", str(POLL_MS)),
+        serve(root, "int8", "--engine", digests["int8"], "--cache", str(cache)),
+        serve(root, "other", "--onnx", str(other_model)),
+        launch([sys.executable, "-c", SLOW_CANDIDATE, str(slow_port), "1.0"], slow_port,
+               root / "slow.log"),
+    ]  # fmt: skip
+    try:
+        wait_ready(*processes)
+        yield Shadows(*processes, mirror_file, {**digests, "other": "sha256:" + "0" * 64}, model)
+    finally:
+        codes = [p.stop() for p in processes]
+    assert codes[:3] == [0, 0, 0]
+
+
+def write_target(shadows: Shadows, to: Process | None, digest: str = "", percent: int = 100,
+                 **policy: int) -> None:
+    """Replaces the mirror file at once (as kubelet does), never half-written."""
+    if to is None:
+        content = ""
+    else:
+        content = json.dumps({"target": {
+            "url": to.url, "modelName": "tiny", "candidateVersion": "2",
+            "candidateDigest": digest, "trafficPercent": percent, "policy": policy,
+        }})  # fmt: skip
+    staging = shadows.mirror_file.with_suffix(".tmp")
+    staging.write_text(content)
+    os.replace(staging, shadows.mirror_file)
+
+
+def switch(shadows: Shadows, to: Process | None, digest: str = "", **kwargs: int) -> float:
+    """Points the primary at `to` (from zero: a candidate already mirrored to is switched
+    off first) and returns how long until /v2/shadow showed it."""
+    current = shadows.primary.shadow()["candidate"]
+    if to is not None and current and (current["url"], current["digest"]) == (to.url, digest):
+        switch(shadows, None)
+    written = time.monotonic()
+    write_target(shadows, to, digest, **kwargs)
+    while True:
+        status = shadows.primary.shadow()
+        if (to is None and not status["active"]) or (
+            to is not None and status["candidate"] and status["candidate"]["url"] == to.url
+            and status["candidate"]["digest"] == digest
+            and status["trafficPercent"] == kwargs.get("percent", 100)
+        ):
+            return time.monotonic() - written
+        assert time.monotonic() - written < 10, status
+        time.sleep(0.01)
+
+
+def infer_many(shadows: Shadows, count: int, seed: int) -> list[np.ndarray]:
+    """`count` requests of 1-4 rows from 4 tritonclient threads, JSON and binary inputs;
+    every answer must be 200."""
+
+    def one(i: int) -> np.ndarray:
+        client = triton.InferenceServerClient(f"{HOST}:{shadows.primary.port}")
+        x = np.random.default_rng(seed * 1000 + i).standard_normal((1 + i % 4, 16))
+        tensor = triton.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x.astype(np.float32), binary_data=bool(i % 2))
+        return client.infer("tiny", [tensor]).as_numpy("logits")
+
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(one, range(count)))
+
+
+def wait_compared(shadows: Shadows, count: int) -> dict:
+    deadline = time.monotonic() + 20
+    while (status := shadows.primary.shadow())["requests"]["compared"] < count:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.02)
+    return status
+
+
+def candidate_requests(candidate: Process) -> float:
+    return sum(s.value for s in candidate.metrics()
+               if s.name == "kubeinfer_requests_total" and s.labels["code"] == "200")  # fmt: skip
+
+
+def shadow_samples(primary: Process) -> dict[tuple, float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for s in primary.metrics()
+        if s.name.startswith("kubeinfer_shadow") and not s.name.endswith("_created")
+    }
+
+
+def test_an_int8_candidate_agrees_closely_and_metrics_agree_with_v2_shadow(shadows) -> None:
+    switch(shadows, shadows.int8, shadows.digests["int8"])
+    before = candidate_requests(shadows.int8)
+    infer_many(shadows, 40, seed=1)
+    status = wait_compared(shadows, 40)
+    assert candidate_requests(shadows.int8) - before == 40  # each one reached the candidate
+    assert status["requests"] == {"compared": 40, "dropped": 0, "candidateError": 0,
+                                  "timeout": 0}  # fmt: skip
+    assert status["mismatches"] == 0
+    # int8 is close but not identical: on these inputs (not the calibration's) the mean
+    # request's largest difference is a few hundredths of logits of magnitude ~1, with
+    # the odd outlier near 0.3
+    assert 0 < status["meanAbsDifference"] < 0.1 and status["maxAbsDifference"] < 0.5
+    assert status["minCosineSimilarity"] > 0.99
+    assert status["top1"]["rows"] == sum(1 + i % 4 for i in range(40))
+    assert status["top1"]["agreement"] >= 0.9
+    assert status["latency"]["primaryP99Seconds"] > 0
+    assert status["latency"]["candidateP99Seconds"] > 0
+
+    samples = shadow_samples(shadows.primary)
+    labels = {"model": "tiny", "serving_version": "1", "candidate_version": "2",
+              "candidate_digest": shadows.digests["int8"]}  # fmt: skip
+
+    def value(name: str, **extra: str) -> float:
+        return samples[(name, tuple(sorted({**labels, **extra}.items())))]
+
+    for outcome, key in (("compared", "compared"), ("dropped", "dropped"),
+                         ("candidate_error", "candidateError"), ("timeout", "timeout")):
+        assert value("kubeinfer_shadow_requests_total", outcome=outcome) == \
+            status["requests"][key]  # fmt: skip
+    assert value("kubeinfer_shadow_mismatches_total") == status["mismatches"]
+    assert value("kubeinfer_shadow_max_abs_difference") == status["maxAbsDifference"]
+    assert value("kubeinfer_shadow_top1_rows_total") == status["top1"]["rows"]
+    assert value("kubeinfer_shadow_top1_agreements_total") == status["top1"]["agreements"]
+    for histogram, key in (("abs_difference", "meanAbsDifference"),
+                           ("cosine_similarity", "meanCosineSimilarity")):
+        name = f"kubeinfer_shadow_{histogram}"
+        mean = value(name + "_sum") / value(name + "_count")
+        assert mean == pytest.approx(status[key])  # fmt: skip
+    for side in ("primary", "candidate"):
+        name = f"kubeinfer_shadow_{side}_duration_seconds_bucket"
+        buckets = [(float(dict(k[1])["le"]), v) for k, v in samples.items() if k[0] == name]
+        assert histogram_quantile(0.99, buckets) == status["latency"][f"{side}P99Seconds"]
+
+
+def test_a_different_model_disagrees(shadows) -> None:
+    switch(shadows, shadows.other, shadows.digests["other"])
+    assert shadows.primary.shadow()["requests"]["compared"] == 0  # another candidate: reset
+    infer_many(shadows, 30, seed=2)
+    status = wait_compared(shadows, 30)
+    assert status["mismatches"] == 0  # same names, shapes and datatypes: values differ
+    assert status["top1"]["agreement"] < 0.5
+    assert status["maxAbsDifference"] > 0.5
+    assert status["meanCosineSimilarity"] < 0.8
+
+
+def test_every_infer_response_carries_server_timing(shadows) -> None:
+    body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
+                                   "data": [0.5] * 16}]}).encode()  # fmt: skip
+    status, headers, _ = shadows.primary.request("POST", "/v2/models/tiny/infer", body)
+    assert status == 200 and 0 < parse_server_timing(headers["Server-Timing"]) < 1
+    status, headers, _ = shadows.primary.request("POST", "/v2/models/tiny/infer", b"{")
+    assert status == 400 and parse_server_timing(headers["Server-Timing"]) is not None
+
+
+def test_switching_the_target_file_a_to_b_to_empty(shadows) -> None:
+    a, b = shadows.int8, shadows.other
+    assert switch(shadows, a, shadows.digests["int8"]) < 1.0
+    infer_many(shadows, 10, seed=3)
+    wait_compared(shadows, 10)
+    assert switch(shadows, b, shadows.digests["other"]) < 1.0
+    digests = {dict(k[1]).get("candidate_digest") for k in shadow_samples(shadows.primary)}
+    assert digests == {shadows.digests["other"]}  # A's series went with it
+    before = {p.port: candidate_requests(p) for p in (a, b)}
+    infer_many(shadows, 10, seed=4)
+    assert wait_compared(shadows, 10)["requests"]["compared"] == 10
+    assert candidate_requests(a) == before[a.port]  # only B is mirrored to now
+    assert candidate_requests(b) == before[b.port] + 10
+
+    assert switch(shadows, None) < 1.0
+    infer_many(shadows, 10, seed=5)
+    time.sleep(0.2)
+    assert candidate_requests(b) == before[b.port] + 10  # nothing mirrored any more
+    assert shadows.primary.shadow()["candidate"] is None
+    assert shadow_samples(shadows.primary) == {}
+
+
+def test_an_invalid_file_keeps_the_target_and_is_logged_once(shadows) -> None:
+    switch(shadows, shadows.int8, shadows.digests["int8"])
+    staging = shadows.mirror_file.with_suffix(".tmp")
+    staging.write_text("target: {url: 'not a url', trafficPercent: 500}\n")
+    os.replace(staging, shadows.mirror_file)
+    time.sleep(POLL_MS / 1000 * 6)  # several polls of the same bad content
+    infer_many(shadows, 10, seed=6)
+    status = wait_compared(shadows, 10)
+    assert status["candidate"]["digest"] == shadows.digests["int8"]  # still mirrored
+    log = shadows.primary.log.read_text()
+    reports = [line for line in log.splitlines() if "Ignored the mirror target file" in line]
+    assert len(reports) == 1, reports
+    assert "target.url" in reports[0] and "target.trafficPercent" in reports[0]
+    assert shadows.primary.process.poll() is None
+
+
+def rounds(shadows: Shadows, conditions: dict[str, Process | None], count: int,
+           seconds: float):
+    """`count` rounds of one block per condition (in a rotating order), each block 4
+    closed-loop clients for `seconds`. Returns each condition's p99 per round, the
+    shadow's outcome counts summed per condition, and the status codes seen."""
+    url = f"{shadows.primary.url}/v2/models/tiny/infer"
+    body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
+                                   "data": [0.25] * 16}]}).encode()  # fmt: skip
+    p99s: dict[str, list[float]] = {c: [] for c in conditions}
+    outcomes: dict[str, dict[str, int]] = {}
+    codes: set[int] = set()
+    names = list(conditions)
+    for index in range(count):
+        for condition in names[index % len(names):] + names[: index % len(names)]:
+            to = conditions[condition]
+            if to is None:
+                switch(shadows, None)
+            else:  # a short timeout: a slow candidate fills the mirror's slots at once
+                switch(shadows, to, "sha256:" + condition, timeout_milliseconds=200)
+            result = asyncio.run(drive(url, body, 4, seconds))
+            p99s[condition].append(result.percentile_milliseconds(99) / 1000)
+            codes |= set(result.codes)
+            if to is not None:
+                counts = shadows.primary.shadow()["requests"]
+                total = outcomes.setdefault(condition, dict.fromkeys(counts, 0))
+                for key, count_ in counts.items():
+                    total[key] += count_
+    switch(shadows, None)
+    return p99s, outcomes, codes
+
+
+def test_broken_candidates_cost_the_primary_nothing(shadows, tmp_path: Path) -> None:
+    doomed = serve(tmp_path, "doomed", "--onnx", str(shadows.model))
+    wait_ready(doomed)
+    switch(shadows, doomed, "sha256:doomed")
+    stop = threading.Event()
+    answered: list[int] = []
+
+    def load() -> None:  # tritonclient raises on any answer but 200
+        while not stop.is_set():
+            answered.append(len(infer_many(shadows, 8, seed=len(answered))))
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    time.sleep(0.3)
+    assert doomed.stop() == 0  # stopped mid-run
+    time.sleep(0.3)
+    stop.set()
+    loader.join(60)
+    assert not loader.is_alive() and sum(answered) >= 16
+    status = shadows.primary.shadow()
+    assert status["requests"]["compared"] > 0 and status["requests"]["candidateError"] > 0
+
+    conditions = {"off": None, "slow": shadows.slow, "dead": doomed}
+    p99, outcomes, codes = rounds(shadows, conditions, count=8, seconds=0.3)
+    assert codes == {200}
+    assert outcomes["slow"]["timeout"] > 0 and outcomes["slow"]["dropped"] > 0
+    assert outcomes["dead"]["candidateError"] > 0
+    for broken in ("slow", "dead"):  # each round against itself, then the median round
+        excess = [on / (off * 1.10 + 0.001) for on, off in zip(p99[broken], p99["off"],
+                                                                strict=True)]  # fmt: skip
+        assert np.median(excess) <= 1.0, (broken, p99)
+    log = shadows.primary.log.read_text()
+    assert "Traceback" not in log
+
+
+def test_sigterm_is_not_held_up_by_mirrored_work(shadows, tmp_path: Path) -> None:
+    mirror_file = tmp_path / "target.json"
+    mirror_file.write_text(json.dumps({"target": {
+        "url": shadows.slow.url, "modelName": "tiny", "candidateVersion": "2",
+        "trafficPercent": 100, "policy": {"timeoutMilliseconds": 30_000},
+    }}))  # fmt: skip
+    primary = serve(tmp_path, "primary", "--onnx", str(shadows.model),
+                    "--mirror-target-file", str(mirror_file))  # fmt: skip
+    wait_ready(primary)
+    body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
+                                   "data": [0.5] * 16}]}).encode()  # fmt: skip
+    for _ in range(8):
+        assert primary.request("POST", "/v2/models/tiny/infer", body)[0] == 200
+    assert primary.shadow()["requests"] == {"compared": 0, "dropped": 0, "candidateError": 0,
+                                            "timeout": 0}  # 8 in the slow candidate's hands
+    signalled = time.monotonic()
+    assert primary.stop() == 0
+    assert time.monotonic() - signalled < 5  # not the 30 s the mirror would have waited
+    assert "Traceback" not in primary.log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("config", "flags", "message"),
+    [
+        ("mirrorTargetFile: [a, b]\n", (), "mirrorTargetFile: Input should be a valid string"),
+        ("mirrorPollIntervalMilliseconds: 1\n", (), "mirrorPollIntervalMilliseconds"),
+        ("", ("--mirror-target-file", " "), "mirrorTargetFile: must be a file path"),
+        ("", ("--mirror-target-file", "{dir}"), "is a directory"),
+    ],
+)
+def test_a_bad_mirror_configuration_exits_2(tmp_path: Path, config, flags, message) -> None:
+    file = tmp_path / "runtime.yaml"
+    file.write_text("modelName: tiny\nengine: {onnxPath: /nope.onnx}\n" + config)
+    flags = tuple(f.format(dir=tmp_path) for f in flags)
+    done = subprocess.run(
+        [sys.executable, "-m", "kubeinfer.operator.cli", "serve", "--config", str(file), *flags],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
