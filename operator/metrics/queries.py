@@ -27,7 +27,8 @@ The aggregations (S the series, w the window; the direct read's form after the c
 - P99_SO_FAR `histogram_quantile(0.99, sum by (le) (max_over_time(S_bucket[w])))`: the
   buckets summed over pods, then the same interpolation.
 - P99_RECENT `histogram_quantile(0.99, sum by (le) (rate(S_bucket[w])))`: one scrape has
-  no rate, so the p99 of the cumulative buckets, since each pod started.
+  no rate, so the p99 of the cumulative buckets, since each pod started (the autoscaler
+  wanting a recent p99 without Prometheus must difference two reads itself).
 - SUM_NOW `sum(S)`: sum of the current samples.
 - MAX_RATIO_NOW `max(S / (D > 0))`: largest ratio of one pod's samples with equal labels.
 """
@@ -122,8 +123,9 @@ P99_SO_FAR = Aggregation(
 P99_RECENT = Aggregation(
     "P99_RECENT", "histogram_quantile(0.99, sum by (le) (rate({bucket}[{window}s])))",
     "a single scrape has no rate: the p99 of the cumulative buckets summed over pods, "
-    "i.e. since each pod started (equal to the PromQL form when every observation falls "
-    "inside the window)", _p99,
+    "i.e. since each pod started. The same figure as PromQL's for one pod whose every "
+    "observation is inside the window; over several pods rate() extrapolates each pod's "
+    "series by its own scrape phase, so the two differ by a few percent", _p99,
 )  # fmt: skip
 SUM_NOW = Aggregation(
     "SUM_NOW", "sum({series})", "sum of the pods' current samples", _sum,
