@@ -23,6 +23,8 @@ class ConditionType(StrEnum):
     DEGRADED = "Degraded"
     RECONCILING = "Reconciling"
     STALLED = "Stalled"
+    SCALING_ACTIVE = "ScalingActive"
+    SCALING_LIMITED = "ScalingLimited"
 
 
 class ConditionStatus(StrEnum):
@@ -54,6 +56,20 @@ class Reason(StrEnum):
     PROMOTING = "Promoting"
     NO_CANDIDATE = "NoCandidate"
     METRICS_UNAVAILABLE = "MetricsUnavailable"
+    # Autoscaling (the names Kubernetes' HorizontalPodAutoscaler uses, where it has one)
+    VALID_METRIC_FOUND = "ValidMetricFound"
+    REPLICAS_IGNORED = "ReplicasIgnored"
+    DESIRED_WITHIN_RANGE = "DesiredWithinRange"
+    TOO_FEW_REPLICAS = "TooFewReplicas"
+    TOO_MANY_REPLICAS = "TooManyReplicas"
+    SCALE_UP_LIMIT = "ScaleUpLimit"
+    SCALE_DOWN_LIMIT = "ScaleDownLimit"
+    SCALE_UP_STABILIZED = "ScaleUpStabilized"
+    SCALE_DOWN_STABILIZED = "ScaleDownStabilized"
+    PODS_STARTING = "PodsStarting"
+    GPU_MEMORY_HIGH = "GpuMemoryHigh"
+    SCALED_UP = "ScaledUp"
+    SCALED_DOWN = "ScaledDown"
     AS_EXPECTED = "AsExpected"
     READY = "Ready"
     NOT_READY = "NotReady"
@@ -64,8 +80,9 @@ class Condition(ApiModel):
 
     type: ConditionType
     """Which aspect: Ready (the summary, for `kubectl wait --for=condition=Ready`), EngineReady,
-    Available, Progressing, ShadowPassed, Degraded, or Reconciling and Stalled (the
-    abnormal-true pair kstatus, and so Flux, reads)."""
+    Available, Progressing, ShadowPassed, Degraded, Reconciling and Stalled (the
+    abnormal-true pair kstatus, and so Flux, reads), ScalingActive and ScalingLimited (the
+    autoscaler's, as an HPA reports them)."""
 
     status: ConditionStatus
     """True, False or Unknown."""

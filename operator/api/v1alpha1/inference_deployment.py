@@ -314,7 +314,9 @@ class MonitoringSpec(ApiModel):
 
 
 class AutoscalingSpec(ApiModel):
-    """Scaling on queue depth and GPU memory pressure, read from Prometheus."""
+    """Scaling on queue depth and GPU memory pressure, with the semantics of Kubernetes'
+    HorizontalPodAutoscaler (tolerance, stabilization windows, rate limits per direction),
+    and aware that runtime pods take time to load their engine."""
 
     cross_field_rules = (
         CrossFieldRule(
@@ -326,7 +328,8 @@ class AutoscalingSpec(ApiModel):
     )
 
     enabled: bool = False
-    """Scale automatically; runtime.replicas is then ignored."""
+    """Scale automatically; runtime.replicas (and `kubectl scale`) is then ignored, and a
+    condition says so."""
 
     min_replicas: int = Field(default=1, ge=1, le=1000)
     """Fewest pods."""
@@ -335,16 +338,45 @@ class AutoscalingSpec(ApiModel):
     """Most pods."""
 
     target_queue_depth_per_replica: float = Field(default=8, gt=0, le=100_000)
-    """Queued requests per pod the autoscaler aims for."""
+    """Requests queued or running per ready pod that the autoscaler aims for (the mean over
+    the serving pods)."""
 
     gpu_memory_high_watermark: float = Field(default=0.9, ge=0, le=1)
-    """GPU memory used ratio (0..1) above which the autoscaler adds a pod."""
+    """GPU memory used ratio (0..1, the highest over the pods' GPUs) above which the
+    autoscaler adds pods and never removes one."""
+
+    tolerance: float = Field(default=0.1, ge=0, le=1)
+    """A signal within this relative distance of its target changes nothing (0.1: 10 %),
+    so noise does not move the count."""
 
     scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600)
-    """How long a higher recommendation must hold before scaling up."""
+    """Scale up only to the lowest count recommended over this window."""
 
     scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600)
-    """How long a lower recommendation must hold before scaling down."""
+    """Scale down only to the highest count recommended over this window."""
+
+    scale_up_max_percent: int = Field(default=100, ge=1, le=10_000)
+    """At most this many percent more pods per scaleUpPeriodSeconds (or
+    scaleUpMaxPods, whichever allows more)."""
+
+    scale_up_max_pods: int = Field(default=4, ge=1, le=1000)
+    """At most this many more pods per scaleUpPeriodSeconds (or scaleUpMaxPercent,
+    whichever allows more)."""
+
+    scale_up_period_seconds: int = Field(default=15, ge=1, le=1800)
+    """The period of the scale-up limits."""
+
+    scale_down_max_percent: int = Field(default=50, ge=1, le=100)
+    """At most this many percent fewer pods per scaleDownPeriodSeconds."""
+
+    scale_down_period_seconds: int = Field(default=60, ge=1, le=1800)
+    """The period of the scale-down limit."""
+
+    count_starting_pods: bool = True
+    """Count pods that are starting (not ready yet, within the startup time measured from
+    this object's pods) as capacity on its way: the queue that builds while they load
+    their engine is not taken for new demand, so a burst does not trigger a second
+    scale-up before the first one's pods are ready."""
 
 
 class SloSpec(ApiModel):

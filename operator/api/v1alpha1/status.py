@@ -92,16 +92,33 @@ class CandidateStatus(VersionStatus):
 
 
 class MetricsStatus(ApiModel):
-    """Load figures last read from Prometheus."""
+    """The load figures the operator last read from the serving pods' metrics."""
 
-    queue_depth: float | None = Field(default=None, ge=0)
-    """Requests queued across all pods."""
-
-    p99_milliseconds: float | None = Field(default=None, ge=0)
-    """p99 request latency in milliseconds."""
+    queue_depth_per_replica: float | None = Field(default=None, ge=0)
+    """Requests queued or running per ready serving pod (the mean over the pods)."""
 
     gpu_memory_used_ratio: float | None = Field(default=None, ge=0, le=1)
-    """Highest GPU memory used ratio among the pods (0..1)."""
+    """Highest GPU memory used ratio among the serving pods' GPUs (0..1)."""
+
+    p99_milliseconds: float | None = Field(default=None, ge=0)
+    """p99 request latency of the serving pods in milliseconds."""
+
+    read_time: datetime | None = None
+    """When these figures were read."""
+
+
+class AutoscalingStatus(ApiModel):
+    """What the autoscaler decided last, and what it knows of the pods."""
+
+    desired_replicas: int | None = Field(default=None, ge=0)
+    """The count the autoscaler wants now (before the rate limits), for `kubectl describe`."""
+
+    last_scale_time: datetime | None = None
+    """When the autoscaler last changed the runtime Deployment's replicas."""
+
+    pod_startup_seconds: float | None = Field(default=None, ge=0)
+    """How long the serving pods took from creation to ready (the median of the recent
+    ones), measured from the pods: how long capacity takes to arrive."""
 
 
 class InferenceDeploymentStatus(ApiModel):
@@ -119,7 +136,7 @@ class InferenceDeploymentStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """Ready (the summary), EngineReady, Available, Progressing, ShadowPassed, Degraded,
-    Reconciling and Stalled (for kstatus)."""
+    Reconciling and Stalled (for kstatus), ScalingActive and ScalingLimited."""
 
     engine: EngineStatus | None = None
     """The current generation's engine."""
@@ -143,4 +160,8 @@ class InferenceDeploymentStatus(ApiModel):
     """Label selector of the runtime pods, for the scale subresource and HPAs."""
 
     metrics: MetricsStatus | None = None
-    """Load figures from Prometheus."""
+    """The load figures last read from the serving pods' metrics (Prometheus, or the pods'
+    own /metrics)."""
+
+    autoscaling: AutoscalingStatus | None = None
+    """The autoscaler's view, while autoscaling is enabled."""

@@ -1,0 +1,1 @@
+"""Autoscaling decisions: the replica count the load calls for. Pure."""

@@ -1,0 +1,107 @@
+"""What the autoscaler decides from, and what it returns: plain frozen values.
+
+The reconciler's gather step fills `ScalingSignals` (from the metrics source) and
+`ServingPods` (from the API); the reconciler keeps one `ScalingHistory` per object in
+memory (as the HorizontalPodAutoscaler controller does: a restarted operator starts with an
+empty history, which only makes it more careful: the down-stabilization window starts
+over). `recommend` is a pure function of these and `now`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus
+
+ConditionValue = tuple[ConditionStatus, str, str]
+"""(status, reason, message) of one condition."""
+
+
+@dataclass(frozen=True)
+class ScalingSignals:
+    """The load, read from the serving pods' metrics in one pass."""
+
+    queue_depth_per_replica: float | None = None
+    """Requests queued or running per ready serving pod (the mean over the ready pods);
+    None when it could not be read."""
+
+    gpu_memory_used_ratio: float | None = None
+    """The highest used/total ratio over the serving pods' GPUs; None where the pods have no
+    GPU (not an error) or when it could not be read."""
+
+    p99_seconds: float | None = None
+    """The serving pods' recent p99 request latency (for the status; no scaling signal)."""
+
+    error: str = ""
+    """Why the signals could not be read (the metrics source's message); empty when they
+    were. With an error, the autoscaler holds the count and never scales down."""
+
+
+@dataclass(frozen=True)
+class ServingPods:
+    """The serving Deployment's pods as the API shows them."""
+
+    desired: int
+    """The Deployment's spec.replicas: the count last set."""
+
+    ready: int
+    """Pods ready to serve."""
+
+    starting: int
+    """Pods that exist and are not ready yet (and not terminating): capacity on its way."""
+
+    oldest_starting_age_seconds: float | None = None
+    """Age of the longest-starting pod, None without starting pods (a pod starting far
+    longer than pods usually take is not counted on)."""
+
+    startup_seconds: float | None = None
+    """How long recent pods took from creation to ready (median); None before any was
+    measured."""
+
+
+@dataclass(frozen=True)
+class ScaleEvent:
+    """A change of the Deployment's replicas the autoscaler made."""
+
+    time: datetime
+    before: int
+    after: int
+
+
+@dataclass(frozen=True)
+class ScalingHistory:
+    """What the stabilization windows and the rate limits look back on."""
+
+    recommendations: tuple[tuple[datetime, int], ...] = ()
+    """(when, count) of each raw recommendation, within the longest window."""
+
+    events: tuple[ScaleEvent, ...] = ()
+    """The scale changes, within the longest rate-limit period."""
+
+    committed: int | None = None
+    """With startup awareness: the count a scale-up in progress is heading for (its pods
+    are still starting); the queue that builds meanwhile is not new demand."""
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The count to set, why, and the history to keep for the next pass."""
+
+    replicas: int
+    """What the serving Deployment's replicas should be after this pass."""
+
+    desired: int
+    """What the signals call for, before stabilization, rate limits and bounds."""
+
+    signal: str
+    """Which signal decided: `queueDepthPerReplica`, `gpuMemoryUsedRatio`, or `none`."""
+
+    active: ConditionValue
+    """The ScalingActive condition."""
+
+    limited: ConditionValue
+    """The ScalingLimited condition."""
+
+    history: ScalingHistory = field(default_factory=ScalingHistory)
+    """The history to pass to the next call."""
