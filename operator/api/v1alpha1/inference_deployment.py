@@ -304,13 +304,30 @@ class PrometheusSpec(ApiModel):
     """Prometheus base URL; the operator's default (Helm value prometheus.url) when unset."""
 
 
+class QueryOverrides(ApiModel):
+    """PromQL that replaces one of the operator's named queries for this object, when the
+    figures come from Prometheus (e.g. where a recording rule or other labels serve
+    better). `$namespace` and `$pods` stand for the object's namespace and a regex of its
+    serving pods' names. Without Prometheus (the pods' own /metrics), the built-in
+    definitions apply."""
+
+    queue_depth_per_replica: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Replaces `queue_depth_per_replica`: requests queued or running per ready pod."""
+
+    gpu_memory_used_ratio: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Replaces `gpu_memory_used_ratio`: the highest used/total ratio over the pods' GPUs."""
+
+
 class MonitoringSpec(ApiModel):
-    """Where the operator reads the runtime pods' metrics: shadow verdicts (and, later,
-    the autoscaler) read them. From Prometheus when a URL is set here or in the operator's
+    """Where the operator reads the runtime pods' metrics: shadow verdicts and the
+    autoscaler read them. From Prometheus when a URL is set here or in the operator's
     settings; otherwise the operator reads each runtime pod's /metrics itself."""
 
     prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
     """The Prometheus to query."""
+
+    queries: QueryOverrides = Field(default_factory=QueryOverrides)
+    """PromQL overrides of the named queries, for this object."""
 
 
 class AutoscalingSpec(ApiModel):
