@@ -10,9 +10,11 @@ Why each verb: kopf lists and watches the InferenceDeployments and every kind of
 (child events trigger a reconcile), and merge-patches its progress annotations on the
 InferenceDeployments; a pass GETs the InferenceDeployment fresh, LISTs its children by
 label, server-side applies them (a `patch`, which also creates), patches the status
-subresource, posts Events, and deletes build Jobs whose inputs no longer apply. Nothing
-is ever created with POST except Events, and nothing else is deleted (ownerReferences
-let the garbage collector remove children). Discovery (`/api`, `/apis`) needs no rule.
+subresource, posts Events, deletes build Jobs whose inputs no longer apply, and deletes a
+shadow candidate's Deployment, ConfigMap and Service once it is promoted, failed or
+aborted. Nothing is ever created with POST except Events, and nothing else is deleted
+(ownerReferences let the garbage collector remove children). Pods are listed also to
+read the serving pods' /metrics directly when no Prometheus is configured. Discovery (`/api`, `/apis`) needs no rule.
 """
 
 from __future__ import annotations
@@ -62,10 +64,11 @@ def _rule(resources: tuple[ResourceType, ...], verbs: tuple[str, ...], sub: str 
 RULES: tuple[Rule, ...] = (
     _rule((INFERENCE_DEPLOYMENT,), ("get", "list", "watch", "patch")),
     _rule((INFERENCE_DEPLOYMENT,), ("patch",), sub="status"),
-    _rule((PVC, CONFIGMAP, SERVICE), ("list", "watch", "patch")),
+    _rule((PVC,), ("list", "watch", "patch")),
+    _rule((CONFIGMAP, SERVICE), ("list", "watch", "patch", "delete")),
     _rule((POD,), ("list", "watch")),
     _rule((EVENT,), ("create",)),
-    _rule((DEPLOYMENT,), ("list", "watch", "patch")),
+    _rule((DEPLOYMENT,), ("list", "watch", "patch", "delete")),
     _rule((JOB,), ("list", "watch", "patch", "delete")),
 )
 
