@@ -9,6 +9,7 @@ dashboards read these names, so they are a public interface:
 |---|---|---|
 | kubeinfer_queue_depth | gauge | model, version |
 | kubeinfer_inflight_batches | gauge | model, version |
+| kubeinfer_inflight_requests | gauge (requests in the running batches) | model, version |
 | kubeinfer_request_duration_seconds | histogram | model, version |
 | kubeinfer_queue_duration_seconds | histogram | model, version |
 | kubeinfer_compute_duration_seconds | histogram | model, version |
@@ -170,6 +171,11 @@ class RuntimeMetrics:
             "kubeinfer_inflight_batches", "Batches running on execution slots.", labels,
             registry=r,
         ).labels(*values)  # fmt: skip
+        self._inflight_requests = Gauge(
+            "kubeinfer_inflight_requests",
+            "Requests in the batches running on execution slots (queued ones not included).",
+            labels, registry=r,
+        ).labels(*values)  # fmt: skip
         self._request = Histogram(
             "kubeinfer_request_duration_seconds",
             "Time from a request's arrival to its response, inference requests only.",
@@ -204,6 +210,9 @@ class RuntimeMetrics:
 
     def inflight_batches(self, count: int) -> None:
         self._inflight.set(count)
+
+    def inflight_requests(self, count: int) -> None:
+        self._inflight_requests.set(count)
 
     def batch_started(self, rows: int, queue_seconds: Sequence[float]) -> None:
         self._batch_size.observe(rows)

@@ -55,6 +55,8 @@ class BatchObserver(Protocol):
 
     def inflight_batches(self, count: int) -> None: ...
 
+    def inflight_requests(self, count: int) -> None: ...
+
     def batch_started(self, rows: int, queue_seconds: Sequence[float]) -> None: ...
 
     def batch_finished(self, compute_seconds: float) -> None: ...
@@ -65,6 +67,9 @@ class _NoObserver:
         pass
 
     def inflight_batches(self, count: int) -> None:
+        pass
+
+    def inflight_requests(self, count: int) -> None:
         pass
 
     def batch_started(self, rows: int, queue_seconds: Sequence[float]) -> None:
@@ -109,6 +114,7 @@ class Batcher:
         self._slots: list[ExecutionSlot] = []
         self._free: list[ExecutionSlot] = []
         self._busy = 0
+        self._running_requests = 0  # requests in the batches on the slots (the autoscaler's)
         self._stepping = False  # inside _step: a batch finishing inline must not recurse
         self._accepting = False
         self._draining = False
@@ -195,7 +201,9 @@ class Batcher:
             results, seconds = outcome
             answers = [(r.future, result) for r, result in zip(batch, results, strict=True)]
         self._batch_done(slot, rows, seconds)
+        self._running_requests -= len(batch)
         self._observer.inflight_batches(self._busy)
+        self._observer.inflight_requests(self._running_requests)
         # The freed slot takes what queued meanwhile *before* this batch is answered:
         # answering wakes every handler, and the loop would encode all their responses
         # while the engine sat idle (it measured ~80% busy that way, ~96% this way).
@@ -331,7 +339,9 @@ class Batcher:
         self._observer.queue_depth(len(queue))
         slot = self._free.pop()
         self._busy += 1
+        self._running_requests += len(batch)
         self._observer.inflight_batches(self._busy)
+        self._observer.inflight_requests(self._running_requests)
         self._observer.batch_started(action.rows, [now - r.view.arrived_at for r in batch])
         if (
             self._busy == 1  # this batch alone: nothing runs in a worker thread

@@ -219,6 +219,9 @@ class StartedBatches:
     def inflight_batches(self, count: int) -> None:
         pass
 
+    def inflight_requests(self, count: int) -> None:
+        pass
+
     def batch_started(self, rows: int, queue_seconds) -> None:
         self.rows.append(rows)
 
