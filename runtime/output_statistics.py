@@ -35,39 +35,6 @@ def has_classes(shape: tuple[int, ...]) -> bool:
     return len(shape) >= 2 and shape[-1] >= 2
 
 
-def absolute_differences(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
-    """`|reference - candidate|` per element as float64 (see the module's rule for
-    non-finite values: equal or both-NaN positions are 0, others infinite)."""
-    ref = reference.astype(np.float64, copy=False)
-    cand = candidate.astype(np.float64, copy=False)
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(ref - cand)
-    if np.isfinite(diff).all():
-        return diff
-    same = (ref == cand) | (np.isnan(ref) & np.isnan(cand))
-    return np.where(same, 0.0, np.where(np.isfinite(diff), diff, np.inf))
-
-
-def row_cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
-    """Cosine similarity of each row (dimension 0, the rest flattened), in float64;
-    exactly 1 for identical rows."""
-    rows = reference.shape[0]
-    ref = reference.reshape(rows, -1).astype(np.float64, copy=False)
-    cand = candidate.reshape(rows, -1).astype(np.float64, copy=False)
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        dot = np.einsum("ij,ij->i", ref, cand)
-        norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
-        cosine = dot / np.where(norms == 0, 1.0, norms)
-    # Rounding can leave |cos| a hair off 1 for (anti-)parallel rows; identical rows
-    # (two all-zero ones included) are 1 exactly.
-    cosine = np.where(np.all(ref == cand, axis=1), 1.0, np.clip(cosine, -1.0, 1.0))
-    undefined = (norms == 0) | ~np.isfinite(cosine)
-    if undefined.any():  # a zero row against another, or non-finite values
-        equal = np.all((ref == cand) | (np.isnan(ref) & np.isnan(cand)), axis=1)
-        cosine = np.where(undefined, np.where(equal, 1.0, 0.0), cosine)
-    return cosine
-
-
 def top1_matches(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray | None:
     """Per row (every leading position), whether the argmax over the last axis agrees;
     None when the shape has no classes (`has_classes`)."""
@@ -105,18 +72,50 @@ class ArrayStatistics:
         return self.sum_abs_difference / self.elements if self.elements else 0.0
 
 
+def _non_finite_differences(ref: np.ndarray, cand: np.ndarray, diff: np.ndarray) -> np.ndarray:
+    """The module's rule where the plain difference is not finite: equal values (the same
+    infinity) and NaN against NaN differ by 0, anything else by infinity."""
+    same = (ref == cand) | (np.isnan(ref) & np.isnan(cand))
+    return np.where(same, 0.0, np.where(np.isfinite(diff), diff, np.inf))
+
+
 def compare_arrays(reference: np.ndarray, candidate: np.ndarray) -> ArrayStatistics:
     """Every statistic of one output; both arrays have the same shape, with at least one row
-    (callers check: the accuracy report raises, the shadow counts a mismatch)."""
+    (callers check: the accuracy report raises, the shadow counts a mismatch).
+
+    One pass of float64 temporaries shared by all statistics: the shadow calls this once
+    per mirrored request, on the serving runtime's CPU."""
     if reference.shape != candidate.shape:
         raise ValueError(f"shapes differ: {reference.shape} and {candidate.shape}")
     if reference.ndim == 0 or reference.shape[0] == 0:
         raise ValueError(f"nothing to compare: shape {reference.shape}")
-    diff = absolute_differences(reference, candidate)
+    rows = reference.shape[0]
+    ref = reference.reshape(rows, -1).astype(np.float64)
+    cand = candidate.reshape(rows, -1).astype(np.float64)
+    with np.errstate(all="ignore"):
+        diff = np.abs(ref - cand)
+        if diff.size == 0:
+            largest, row_equal = 0.0, np.ones(rows, dtype=bool)
+        else:
+            largest = float(diff.max())  # NaN or inf here when any element is not finite
+            if not np.isfinite(largest):
+                diff = _non_finite_differences(ref, cand, diff)
+                largest = float(diff.max())
+            row_equal = diff.max(axis=1) == 0
+        norms = np.sqrt(np.einsum("ij,ij->i", ref, ref)) * np.sqrt(
+            np.einsum("ij,ij->i", cand, cand)
+        )
+        cosines = np.einsum("ij,ij->i", ref, cand) / np.where(norms == 0, 1.0, norms)
+    # Rounding can leave |cos| a hair off 1 for (anti-)parallel rows; identical rows (two
+    # all-zero ones included) are 1 exactly; a zero row against another, or a row whose
+    # cosine is undefined for non-finite values, shares nothing.
+    cosines = np.clip(cosines, -1.0, 1.0)
+    cosines[(norms == 0) | ~np.isfinite(cosines)] = 0.0
+    cosines[row_equal] = 1.0
     return ArrayStatistics(
         elements=int(diff.size),
-        max_abs_difference=float(diff.max()) if diff.size else 0.0,
+        max_abs_difference=largest,
         sum_abs_difference=float(diff.sum()),
-        cosines=row_cosines(reference, candidate),
+        cosines=cosines,
         top1=top1_matches(reference, candidate),
     )

@@ -6,6 +6,7 @@ same model, the same architecture built with another seed (same tensor names, ot
 weights), a candidate stopped mid-run, and a scripted server that answers too late.
 Load comes from `tritonclient.http` and from the demo's async load generator. Covers:
 
+- exactly trafficPercent of the requests answered 200 are mirrored, none of the others;
 - an int8 candidate agrees closely (no mismatch, top-1 agreement high, small difference)
   and every compared request reached it (its own request counter says so); another model
   disagrees (agreement low, difference large);
@@ -317,11 +318,30 @@ def test_a_different_model_disagrees(shadows) -> None:
     assert status["meanCosineSimilarity"] < 0.8
 
 
-def test_every_infer_response_carries_server_timing(shadows) -> None:
-    body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
+def test_exactly_the_share_of_requests_answered_200_is_mirrored(shadows) -> None:
+    switch(shadows, shadows.int8, shadows.digests["int8"], percent=25)
+    good = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
                                    "data": [0.5] * 16}]}).encode()  # fmt: skip
-    status, headers, _ = shadows.primary.request("POST", "/v2/models/tiny/infer", body)
-    assert status == 200 and 0 < parse_server_timing(headers["Server-Timing"]) < 1
+    bad = good.replace(b'"shape": [1, 16]', b'"shape": [1, 15]')
+    before = candidate_requests(shadows.int8)
+    for i in range(40):
+        assert shadows.primary.request("POST", "/v2/models/tiny/infer", good)[0] == 200
+        if i % 3 == 0:  # refused requests are neither counted nor mirrored
+            assert shadows.primary.request("POST", "/v2/models/tiny/infer", bad)[0] == 400
+    wait_compared(shadows, 10)
+    time.sleep(0.1)
+    assert shadows.primary.shadow()["requests"]["compared"] == 10  # 25 % of 40, exactly
+    assert candidate_requests(shadows.int8) - before == 10
+
+
+def test_every_infer_response_carries_server_timing(shadows) -> None:
+    for binary_output in (False, True):
+        body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
+                                       "data": [0.5] * 16}],
+                           "parameters": {"binary_data_output": binary_output}}).encode()
+        status, headers, _ = shadows.primary.request("POST", "/v2/models/tiny/infer", body)
+        assert status == 200 and 0 < parse_server_timing(headers["Server-Timing"]) < 1
+        assert ("Inference-Header-Content-Length" in headers) == binary_output  # fmt: skip
     status, headers, _ = shadows.primary.request("POST", "/v2/models/tiny/infer", b"{")
     assert status == 400 and parse_server_timing(headers["Server-Timing"]) is not None
 
@@ -431,14 +451,17 @@ def test_broken_candidates_cost_the_primary_nothing(shadows, tmp_path: Path) -> 
 
 
 def test_sigterm_is_not_held_up_by_mirrored_work(shadows, tmp_path: Path) -> None:
+    port = free_port()  # a candidate that would answer in a minute
+    stuck = launch([sys.executable, "-c", SLOW_CANDIDATE, str(port), "60"], port,
+                   tmp_path / "stuck.log")  # fmt: skip
     mirror_file = tmp_path / "target.json"
     mirror_file.write_text(json.dumps({"target": {
-        "url": shadows.slow.url, "modelName": "tiny", "candidateVersion": "2",
+        "url": stuck.url, "modelName": "tiny", "candidateVersion": "2",
         "trafficPercent": 100, "policy": {"timeoutMilliseconds": 30_000},
     }}))  # fmt: skip
     primary = serve(tmp_path, "primary", "--onnx", str(shadows.model),
                     "--mirror-target-file", str(mirror_file))  # fmt: skip
-    wait_ready(primary)
+    wait_ready(primary, stuck)
     body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
                                    "data": [0.5] * 16}]}).encode()  # fmt: skip
     for _ in range(8):
@@ -449,6 +472,8 @@ def test_sigterm_is_not_held_up_by_mirrored_work(shadows, tmp_path: Path) -> Non
     assert primary.stop() == 0
     assert time.monotonic() - signalled < 5  # not the 30 s the mirror would have waited
     assert "Traceback" not in primary.log.read_text()
+    stuck.process.kill()
+    stuck.process.wait()
 
 
 @pytest.mark.parametrize(

@@ -230,6 +230,27 @@ async def test_a_kubeinfer_candidate_is_compared_and_timed_by_its_server_timing(
     assert 0 < status["latency"]["candidateP99Seconds"] < 0.05
 
 
+async def test_the_candidates_latency_is_its_own_server_timing(scripted) -> None:
+    candidate, url = scripted
+
+    def timed(body: bytes, length: int | None) -> tuple[int, bytes, dict[str, str]]:
+        status, payload, headers = echo(body, length)
+        return status, payload, {**headers, "Server-Timing": "infer;dur=123.0"}
+
+    candidate.answer = timed  # answers at once, but says its server took 123 ms
+    to = target(url)
+    aggregates = aggregates_for(to)
+    mirror = Mirror(to, aggregates)
+    await mirror.start()
+    for _ in range(3):
+        mirror.offer(INPUTS, PRIMARY, 0.002)
+    await until(lambda: aggregates.outcomes["compared"] == 3)
+    await mirror.close()
+    latency = aggregates.status()["latency"]
+    assert 0.123 / 2 ** (1 / 6) < latency["candidateP99Seconds"] <= 0.123 * 2 ** (1 / 6)
+    assert latency["primaryP99Seconds"] <= 0.002 * 2 ** (1 / 6)
+
+
 async def test_without_server_timing_the_round_trip_stands_in(scripted) -> None:
     candidate, url = scripted
     candidate.delay = 0.06
