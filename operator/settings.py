@@ -86,6 +86,15 @@ class OperatorSettings(BaseModel):
     shadow_poll_seconds: float = Field(default=15, gt=0, le=3600)
     """How often a running shadow test's aggregates are read and judged."""
 
+    autoscale_poll_seconds: float = Field(default=15, gt=0, le=3600)
+    """How often an autoscaled object's signals are read and its count recommended (the
+    HorizontalPodAutoscaler's default sync period)."""
+
+    pod_monitors: Literal["auto", "off"] = "auto"
+    """`auto`: create a PodMonitor (monitoring.coreos.com/v1) per InferenceDeployment where
+    the prometheus-operator's API exists; `off`: never (the pods' prometheus.io annotations
+    remain for annotation-based scrape jobs)."""
+
     @field_validator("namespaces", mode="before")
     @classmethod
     def _split_namespaces(cls, value: Any) -> Any:

@@ -25,6 +25,7 @@ from kubeinfer.operator.kube.resources import (
     INFERENCE_DEPLOYMENT,
     JOB,
     POD,
+    POD_MONITOR,
     PVC,
     RESOURCES,
     SERVICE,
@@ -38,6 +39,7 @@ __all__ = [
     "INFERENCE_DEPLOYMENT",
     "JOB",
     "POD",
+    "POD_MONITOR",
     "PVC",
     "RESOURCES",
     "SERVICE",
@@ -123,6 +125,18 @@ class KubeClient:
             if error.status == 404:
                 return None
             raise
+
+    async def serves(self, resource: ResourceType) -> bool:
+        """Whether the API server serves this resource (discovery of its group version; a
+        group that is not installed answers 404). Other errors are raised."""
+        root = f"/apis/{resource.group}/{resource.version}" if resource.group else "/api/v1"
+        try:
+            found = await self._request("GET", root)
+        except ApiError as error:
+            if error.status == 404:
+                return False
+            raise
+        return any(r.get("name") == resource.plural for r in found.get("resources") or [])
 
     async def list(
         self, resource: ResourceType, namespace: str, label_selector: str

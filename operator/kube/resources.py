@@ -39,8 +39,21 @@ POD = ResourceType("", "v1", "pods", "Pod")
 EVENT = ResourceType("", "v1", "events", "Event")
 DEPLOYMENT = ResourceType("apps", "v1", "deployments", "Deployment")
 JOB = ResourceType("batch", "v1", "jobs", "Job")
+POD_MONITOR = ResourceType("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
+"""The prometheus-operator's; only where the cluster serves it."""
 
 RESOURCES: dict[str, ResourceType] = {
-    r.kind: r for r in (INFERENCE_DEPLOYMENT, PVC, CONFIGMAP, SERVICE, POD, EVENT, DEPLOYMENT, JOB)
+    r.kind: r
+    for r in (
+        INFERENCE_DEPLOYMENT,
+        PVC,
+        CONFIGMAP,
+        SERVICE,
+        POD,
+        EVENT,
+        DEPLOYMENT,
+        JOB,
+        POD_MONITOR,
+    )
 }
 """Every kind the operator reads or writes, by kind."""

@@ -24,6 +24,7 @@ import yaml
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.reconcile import desired as build
 from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.reconcile.child_meta import input_hash
 from kubeinfer.operator.reconcile.engine_state import (
     EnginePhase,
     EngineState,
@@ -103,9 +104,7 @@ def needs_write(child: KubeObject, observed: ObservedState) -> bool:
     existing = _observed_child(observed, child["kind"], child["metadata"]["name"])
     if existing is None:
         return True
-    return child["kind"] not in CREATE_ONLY and build.input_hash(existing) != build.input_hash(
-        child
-    )
+    return child["kind"] not in CREATE_ONLY and input_hash(existing) != input_hash(child)
 
 
 def _available(deployment: KubeObject | None) -> bool:

@@ -16,8 +16,9 @@ from typing import Any
 import yaml
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Backend
-from kubeinfer.operator.api.v1alpha1.resource import API_VERSION, KIND
 from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.reconcile.child_meta import finish_child
+from kubeinfer.operator.reconcile.desired_monitoring import scrape_annotations
 from kubeinfer.operator.reconcile.snapshot import KubeObject, OwnerRef
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.runtime.config import EngineSource, MirrorFile, MirrorTarget, RuntimeConfig
@@ -37,48 +38,6 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 NON_ROOT_ID = 65532
 
 
-def owner_reference(owner: OwnerRef) -> dict[str, Any]:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "name": owner.name,
-        "uid": owner.uid,
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def input_hash(obj: KubeObject) -> str | None:
-    """The input-hash annotation of an object (desired or observed), if any."""
-    return ((obj.get("metadata") or {}).get("annotations") or {}).get(names.ANNOTATION_INPUT_HASH)
-
-
-def _finish(
-    api_version: str,
-    kind: str,
-    name: str,
-    owner: OwnerRef,
-    labels: dict[str, str],
-    body: dict[str, Any],
-    annotations: dict[str, str] | None = None,
-) -> KubeObject:
-    """Wraps a body with metadata and stamps the input hash over all of it."""
-    obj: KubeObject = {
-        "apiVersion": api_version,
-        "kind": kind,
-        "metadata": {
-            "name": name,
-            "namespace": owner.namespace,
-            "labels": labels,
-            "annotations": dict(annotations or {}),
-            "ownerReferences": [owner_reference(owner)],
-        },
-        **body,
-    }
-    obj["metadata"]["annotations"][names.ANNOTATION_INPUT_HASH] = names.stable_hash(obj)
-    return obj
-
-
 def cache_claim(spec: InferenceDeploymentSpec, owner: str) -> str:
     """The claim both the build Job and the runtime mount."""
     return spec.engine.cache.existing_claim or names.cache_claim_name(owner)
@@ -96,7 +55,7 @@ def build_cache_pvc(owner: OwnerRef, spec: InferenceDeploymentSpec) -> KubeObjec
     if cache.storage_class_name:
         body["storageClassName"] = cache.storage_class_name
     labels = names.common_labels(owner.name, spec.model.version, names.COMPONENT_CACHE)
-    return _finish(
+    return finish_child(
         "v1",
         "PersistentVolumeClaim",
         names.cache_claim_name(owner.name),
@@ -254,7 +213,7 @@ def build_engine_job(
     }
     name = names.build_job_name(owner.name, build_key, attempt)
     annotations = {names.ANNOTATION_BUILD_KEY: build_key}
-    return _finish("batch/v1", "Job", name, owner, labels, body, annotations)
+    return finish_child("batch/v1", "Job", name, owner, labels, body, annotations)
 
 
 def runtime_config(
@@ -297,7 +256,7 @@ def build_runtime_configmap(
     name, component = _role_names(owner.name, role)
     labels = names.common_labels(owner.name, config.model_version, component)
     body = {"data": {CONFIG_KEY: text}}
-    return _finish("v1", "ConfigMap", name, owner, labels, body, annotations)
+    return finish_child("v1", "ConfigMap", name, owner, labels, body, annotations)
 
 
 def build_mirror_configmap(
@@ -324,7 +283,7 @@ def build_mirror_configmap(
     text = yaml.safe_dump(MirrorFile(target=target).to_wire(), sort_keys=True)
     labels = names.common_labels(owner.name, serving_version, names.COMPONENT_RUNTIME)
     body = {"data": {MIRROR_KEY: text}}
-    return _finish("v1", "ConfigMap", names.mirror_name(owner.name), owner, labels, body)
+    return finish_child("v1", "ConfigMap", names.mirror_name(owner.name), owner, labels, body)
 
 
 def desired_replicas(spec: InferenceDeploymentSpec, deployment: KubeObject | None) -> int:
@@ -353,6 +312,7 @@ def build_runtime_deployment(
     configmap: KubeObject,
     replicas: int,
     role: str = names.ROLE_SERVING,
+    pod_monitors: bool = False,
 ) -> KubeObject:
     """The runtime pods, serving or the shadow candidate. The pod template carries the
     ConfigMap's hash, so a new engine or policy rolls the pods; maxUnavailable 0 keeps
@@ -368,9 +328,7 @@ def build_runtime_deployment(
     template_annotations = {
         names.ANNOTATION_CONFIG_HASH: names.stable_hash(configmap["data"]),
         names.ANNOTATION_ENGINE_DIGEST: meta["annotations"][names.ANNOTATION_ENGINE_DIGEST],
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(HTTP_PORT),
-        "prometheus.io/path": "/metrics",
+        **scrape_annotations(pod_monitors),
     }
     if names.ANNOTATION_BUILD_KEY in meta["annotations"]:
         template_annotations[names.ANNOTATION_BUILD_KEY] = meta["annotations"][
@@ -448,7 +406,7 @@ def build_runtime_deployment(
             },
         }
     }
-    return _finish("apps/v1", "Deployment", name, owner, labels, body)
+    return finish_child("apps/v1", "Deployment", name, owner, labels, body)
 
 
 def build_service(owner: OwnerRef, version: str, role: str = names.ROLE_SERVING) -> KubeObject:
@@ -478,4 +436,4 @@ def build_service(owner: OwnerRef, version: str, role: str = names.ROLE_SERVING)
     labels = names.common_labels(
         owner.name, version, names.COMPONENT_RUNTIME if serving else names.COMPONENT_CANDIDATE
     )
-    return _finish("v1", "Service", name, owner, labels, body)
+    return finish_child("v1", "Service", name, owner, labels, body)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.rollout.aggregates import ShadowReading
+from kubeinfer.operator.scaling.inputs import ScalingHistory, ScalingSignals, ServingPods
 
 KubeObject = dict[str, Any]
 
@@ -54,6 +55,17 @@ class ObservedState:
     shadow: ShadowReading | None = None
     """The running candidate's aggregates, read by the gather step when the stored status
     says a shadow is Pending; None when nothing was read."""
+    scaling_signals: ScalingSignals | None = None
+    """The load, read when autoscaling is enabled and the serving Deployment exists."""
+    serving_pods: ServingPods | None = None
+    """The serving Deployment's pods, counted when autoscaling is enabled."""
+    scaling_history: ScalingHistory = field(default_factory=ScalingHistory)
+    """The autoscaler's memory of this object (kept by the reconciler between passes)."""
+    pod_monitor: KubeObject | None = None
+    """The PodMonitor the operator created, if any."""
+    pod_monitors_available: bool = False
+    """Whether the cluster serves monitoring.coreos.com/v1 PodMonitors (and the operator's
+    settings allow creating them)."""
 
 
 @dataclass(frozen=True)
@@ -80,3 +92,5 @@ class Decision:
     desired: tuple[KubeObject, ...] = ()
     """Every child that should exist, written or not (`apply` is the subset that is
     missing or whose input-hash annotation differs from the observed one)."""
+    scaling_history: ScalingHistory | None = None
+    """The autoscaler's memory to keep for the next pass (None: autoscaling is off)."""

@@ -33,7 +33,7 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     VersionStatus,
 )
 from kubeinfer.operator.reconcile import names
-from kubeinfer.operator.reconcile.desired import input_hash
+from kubeinfer.operator.reconcile.child_meta import input_hash
 from kubeinfer.operator.reconcile.engine_state import EnginePhase, EngineState
 from kubeinfer.operator.reconcile.snapshot import Event, KubeObject, ObservedState
 from kubeinfer.operator.rollout.report import ShadowReport
