@@ -22,7 +22,8 @@ comfortable with), keeps its TSDB in the given directory, and is stopped (SIGTER
 SIGKILL) when the block exits. `PrometheusServer.wait_for_scrape_after(t)` waits until
 every target has been scraped after wall time t (e.g. when the load stopped), so a query
 then sees everything the processes counted; `reload(targets)` replaces the targets while
-it runs (a pod replaced by another).
+it runs (a pod replaced by another); `running_prometheus(..., port=)` with the directory of
+a stopped one starts it again at the same URL (Prometheus back after an outage).
 """
 
 from __future__ import annotations
@@ -267,15 +268,19 @@ def prometheus_config(targets: Sequence[ScrapeTarget], interval: str = SCRAPE_IN
 
 @contextmanager
 def running_prometheus(
-    targets: Sequence[ScrapeTarget], directory: Path, interval: str = SCRAPE_INTERVAL
+    targets: Sequence[ScrapeTarget],
+    directory: Path,
+    interval: str = SCRAPE_INTERVAL,
+    port: int | None = None,
 ) -> Iterator[PrometheusServer]:
     """A Prometheus scraping `targets`, ready (`/-/ready`) when the block starts, stopped
-    when it ends; its config and TSDB live in `directory`."""
+    when it ends; its config and TSDB live in `directory`. `port` (default: a free one)
+    and the same `directory` again start a stopped server back where it was."""
     binary = require_prometheus()
     config = directory / "prometheus.yml"
     config.write_text(prometheus_config(targets, interval))
     log = directory / "prometheus.log"
-    port = free_port()
+    port = port or free_port()
     with log.open("wb") as output:  # a file, not a pipe nobody reads while tests run
         process = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={directory / 'data'}",

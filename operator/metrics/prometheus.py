@@ -6,7 +6,8 @@ bounded by the operator's metrics timeout twice over: requests' own connect/read
 and an asyncio timeout around the thread (a server trickling bytes defeats a read timeout).
 No retries inside a read: the next pass reads again, and a retrying read would outlast
 its timeout. Every failure becomes one `MetricsUnavailable` whose message names the
-server, the query and the cause in a few words, never a traceback from inside requests.
+server, the query (and the object's field, for an override's PromQL) and the cause in a
+few words, never a traceback from inside requests.
 """
 
 from __future__ import annotations
@@ -71,10 +72,15 @@ class PrometheusSource:
         return self._value(query, result)
 
     def _value(self, query: Query, result: Any) -> float | None:
-        """The single sample of an aggregated query; None for an empty result or NaN."""
+        """The single sample of an aggregated query; None for an empty result or NaN. A
+        scalar result (an override such as `scalar(...)`) is its value: `custom_query`
+        gives it as one [time, "value"] pair where a vector is a list of samples."""
         try:
             if not result:
                 return None
+            if len(result) == 2 and isinstance(result[1], str):
+                value = float(result[1])
+                return None if math.isnan(value) else value
             if len(result) != 1:
                 raise self._unavailable(query, f"{len(result)} series came back, expected one")
             value = float(result[0]["value"][1])
@@ -83,7 +89,7 @@ class PrometheusSource:
         return None if math.isnan(value) else value
 
     def _unavailable(self, query: Query, reason: str) -> MetricsUnavailable:
-        return MetricsUnavailable(f"query {query.name} failed: {reason}")
+        return MetricsUnavailable(f"query {query.label} failed: {reason}")
 
 
 def _connection_reason(error: requests.RequestException) -> str:

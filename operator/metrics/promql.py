@@ -8,6 +8,8 @@ copies our pod labels by default, so the pod name is the one handle every setup 
 
 from __future__ import annotations
 
+from string import Template
+
 RE2_SPECIAL = frozenset("\\.+*?()|[]{}^$")
 
 MAX_GENERATED_NAME_BASE = 58
@@ -26,6 +28,22 @@ def promql_string(value: str) -> str:
     """A double-quoted PromQL string literal holding exactly `value`."""
     escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     return f'"{escaped}"'
+
+
+def string_contents(value: str) -> str:
+    """`value` escaped as the inside of a double-quoted PromQL string literal."""
+    return promql_string(value)[1:-1]
+
+
+def substitute_placeholders(template: str, *, namespace: str, pods: str) -> str:
+    """A user's PromQL with `$namespace` and `$pods` (or `${namespace}`, `${pods}`)
+    replaced by `namespace` and the regex `pods`, each escaped as the contents of a
+    double-quoted string, where the placeholders belong: `{namespace="$namespace",
+    pod=~"$pods"}`. Other `$` words are left as written and `$$` is one `$`
+    (`string.Template`), so the text cannot reach outside its quotes whatever the values."""
+    return Template(template).safe_substitute(
+        namespace=string_contents(namespace), pods=string_contents(pods)
+    )
 
 
 def re2_escape(text: str) -> str:

@@ -31,15 +31,27 @@ The aggregations (S the series, w the window; the direct read's form after the c
   wanting a recent p99 without Prometheus must difference two reads itself).
 - SUM_NOW `sum(S)`: sum of the current samples.
 - MAX_RATIO_NOW `max(S / (D > 0))`: largest ratio of one pod's samples with equal labels.
+- MEAN_PER_POD_NOW `avg(sum by (namespace, pod) (S) + sum by (namespace, pod) (A))`: per
+  pod, the sum of both metrics' current samples; the mean over the pods that export both.
+  Prometheus averages over the pods it scrapes, the direct read over the ready ones: a
+  pod still loading its engine or draining counts in Prometheus (its queue is empty
+  while loading), and not in the direct read.
+
+Per object, `spec.monitoring.queries` may replace a row's PromQL (`Query.overridden`);
+the direct read always applies the row's own form.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from kubeinfer.operator.metrics import samples
-from kubeinfer.operator.metrics.promql import deployment_pod_regex, promql_string
+from kubeinfer.operator.metrics.promql import (
+    deployment_pod_regex,
+    promql_string,
+    substitute_placeholders,
+)
 from kubeinfer.operator.metrics.samples import PodSamples
 from kubeinfer.operator.reconcile import names
 
@@ -78,14 +90,15 @@ class Scope:
 class Aggregation:
     """How a named query aggregates its series, in both forms. The template's fields:
     `{series}` the metric with its label selector, `{bucket}` the same for a histogram's
-    `_bucket` series, `{denominator}` a second metric with the same selector,
-    `{window}` seconds."""
+    `_bucket` series, `{denominator}` and `{addend}` a second metric with the same
+    selector, `{window}` seconds."""
 
     name: str
     promql: str
     direct: str
     reduce: Callable[[Sequence[PodSamples], str, str, Labels], float | None]
-    """(pods, metric, denominator, label matchers) -> value: the direct read's form."""
+    """(pods, metric, the row's second metric (denominator or addend), label matchers) ->
+    value: the direct read's form."""
 
     @property
     def windowed(self) -> bool:
@@ -106,6 +119,10 @@ def _p99(pods: Sequence[PodSamples], metric: str, _: str, matchers: Labels) -> f
 
 def _ratio(pods: Sequence[PodSamples], metric: str, den: str, matchers: Labels) -> float | None:
     return samples.max_ratio_of(pods, metric, den, matchers)
+
+
+def _mean(pods: Sequence[PodSamples], metric: str, add: str, matchers: Labels) -> float | None:
+    return samples.mean_per_pod_of(pods, (metric, add), matchers)
 
 
 SUM_SO_FAR = Aggregation(
@@ -135,6 +152,12 @@ MAX_RATIO_NOW = Aggregation(
     "largest ratio of one pod's samples with equal labels (a zero denominator is skipped)",
     _ratio,
 )  # fmt: skip
+MEAN_PER_POD_NOW = Aggregation(
+    "MEAN_PER_POD_NOW",
+    "avg(sum by (namespace, pod) ({series}) + sum by (namespace, pod) ({addend}))",
+    "per pod, the sum of both metrics' current samples; the mean over the pods that "
+    "export both", _mean,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -146,6 +169,24 @@ class Query:
     promql: str
     reduce: Reduce = field(compare=False)
     """The direct read's form, over the scope's pods' samples."""
+    overridden_by: str = ""
+    """The object's field whose PromQL replaced the row's (`overridden`); empty for the
+    row's own. Errors name it: a broken override is the object's to fix."""
+
+    @property
+    def label(self) -> str:
+        """How messages name this query: `queue_depth_per_replica`, or with an override
+        `queue_depth_per_replica (PromQL of spec.monitoring.queries.queueDepthPerReplica)`."""
+        return f"{self.name} (PromQL of {self.overridden_by})" if self.overridden_by else self.name
+
+    def overridden(self, template: str, field_path: str) -> Query:
+        """This query with PromQL `template` from the object's field `field_path`, its
+        `$namespace` and `$pods` replaced by the scope's namespace and pod regex
+        (`promql.substitute_placeholders`); the direct read's form is kept."""
+        promql = substitute_placeholders(
+            template, namespace=self.scope.namespace, pods=self.scope.pod_regex
+        )
+        return replace(self, promql=promql, overridden_by=field_path)
 
 
 @dataclass(frozen=True)
@@ -161,6 +202,7 @@ class NamedQuery:
     per_candidate: bool = False
     """Selects the series of one shadow candidate (label `candidate_digest`)."""
     denominator: str = ""
+    addend: str = ""
 
     def bind(
         self, scope: Scope, *, window_seconds: int = 0, candidate_digest: str | None = None
@@ -179,12 +221,14 @@ class NamedQuery:
             series=f"{self.metric}{{{labels}}}",
             bucket=f"{self.metric}_bucket{{{labels}}}",
             denominator=f"{self.denominator}{{{labels}}}",
+            addend=f"{self.addend}{{{labels}}}",
             window=int(window_seconds),
         )
-        aggregation, metric, denominator = self.aggregation, self.metric, self.denominator
+        aggregation, metric = self.aggregation, self.metric
+        second = self.denominator or self.addend
 
         def reduce(pods: Sequence[PodSamples]) -> float | None:
-            return aggregation.reduce(pods, metric, denominator, matchers)
+            return aggregation.reduce(pods, metric, second, matchers)
 
         return Query(self.name, scope, promql, reduce)
 
@@ -245,10 +289,17 @@ QUEUE_DEPTH = NamedQuery(
     "queue_depth", "Requests waiting in the batch queues of all serving pods, now.",
     "kubeinfer_queue_depth", SUM_NOW,
 )  # fmt: skip
+QUEUE_DEPTH_PER_REPLICA = NamedQuery(
+    "queue_depth_per_replica",
+    "Requests queued or in running batches per serving pod, now: the autoscaler's load "
+    "signal (override: spec.monitoring.queries.queueDepthPerReplica).",
+    "kubeinfer_queue_depth", MEAN_PER_POD_NOW, addend="kubeinfer_inflight_requests",
+)  # fmt: skip
 GPU_MEMORY_USED_RATIO = NamedQuery(
     "gpu_memory_used_ratio",
     "Fullest GPU's memory in use, as a share of its total, over every serving pod and "
-    "device (none without a GPU).",
+    "device (none without a GPU): the autoscaler's memory pressure signal (override: "
+    "spec.monitoring.queries.gpuMemoryUsedRatio).",
     "kubeinfer_gpu_memory_used_bytes", MAX_RATIO_NOW,
     denominator="kubeinfer_gpu_memory_total_bytes",
 )  # fmt: skip
@@ -258,8 +309,10 @@ SHADOW_QUERIES: tuple[NamedQuery, ...] = (
     SHADOW_TIMEOUTS, SHADOW_MAX_ABS_DIFFERENCE, SHADOW_TOP1_ROWS, SHADOW_TOP1_AGREEMENTS,
     SHADOW_PRIMARY_P99, SHADOW_CANDIDATE_P99,
 )  # fmt: skip
+GENERAL_QUERIES: tuple[NamedQuery, ...] = (
+    REQUEST_P99, QUEUE_DEPTH, QUEUE_DEPTH_PER_REPLICA, GPU_MEMORY_USED_RATIO,
+)  # fmt: skip
 NAMED_QUERIES: dict[str, NamedQuery] = {
-    query.name: query
-    for query in (*SHADOW_QUERIES, REQUEST_P99, QUEUE_DEPTH, GPU_MEMORY_USED_RATIO)
+    query.name: query for query in (*SHADOW_QUERIES, *GENERAL_QUERIES)
 }
 """Every named query, by name."""

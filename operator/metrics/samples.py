@@ -88,3 +88,17 @@ def max_ratio_of(
             if total:
                 ratios.append(sample.value / total)
     return max(ratios) if ratios else None
+
+
+def mean_per_pod_of(
+    pods: Sequence[PodSamples], names: Sequence[str], matchers: Matchers
+) -> float | None:
+    """PromQL `avg(sum by (namespace, pod) (<a>{...}) + sum by (namespace, pod) (<b>{...}))`
+    for `names` (a, b, ...): per pod, the sum of every named series' samples; the mean over
+    the pods that have a series of each name (the `+` drops a pod missing one side)."""
+    totals = []
+    for pod in pods:
+        found = [matching([pod], name, matchers) for name in names]
+        if all(found):
+            totals.append(sum(sample.value for series in found for sample in series))
+    return sum(totals) / len(totals) if totals else None

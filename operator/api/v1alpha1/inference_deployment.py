@@ -308,14 +308,24 @@ class QueryOverrides(ApiModel):
     """PromQL that replaces one of the operator's named queries for this object, when the
     figures come from Prometheus (e.g. where a recording rule or other labels serve
     better). `$namespace` and `$pods` stand for the object's namespace and a regex of its
-    serving pods' names. Without Prometheus (the pods' own /metrics), the built-in
-    definitions apply."""
+    serving pods' names, escaped as the inside of a double-quoted string, so write them
+    in double quotes: `{namespace="$namespace", pod=~"$pods"}` (`$$` is a literal `$`).
+    Each query must answer one series or a scalar (aggregate with `avg`, `max`...); no
+    series reads as no figure. A query Prometheus refuses, or one answering several
+    series, makes the autoscaler hold the count, with the field named in the status.
+    Without Prometheus (the pods' own /metrics), the built-in definitions apply."""
 
     queue_depth_per_replica: str | None = Field(default=None, min_length=1, max_length=4096)
-    """Replaces `queue_depth_per_replica`: requests queued or running per ready pod."""
+    """Replaces `queue_depth_per_replica`: requests queued or running per ready pod. The
+    built-in is `avg(sum by (namespace, pod) (kubeinfer_queue_depth{...}) + sum by
+    (namespace, pod) (kubeinfer_inflight_requests{...}))`, over every pod Prometheus
+    scrapes; with kube-state-metrics, `avg((<the same sum>) and on (namespace, pod)
+    (kube_pod_status_ready{condition="true"} == 1))` averages over the ready ones only."""
 
     gpu_memory_used_ratio: str | None = Field(default=None, min_length=1, max_length=4096)
-    """Replaces `gpu_memory_used_ratio`: the highest used/total ratio over the pods' GPUs."""
+    """Replaces `gpu_memory_used_ratio`: the highest used/total ratio over the pods' GPUs
+    (built-in: `max(kubeinfer_gpu_memory_used_bytes{...} /
+    (kubeinfer_gpu_memory_total_bytes{...} > 0))`)."""
 
 
 class MonitoringSpec(ApiModel):

@@ -1,0 +1,73 @@
+"""`read_scaling_signals`: the autoscaler's figures for one InferenceDeployment, from
+either metrics source, in one read.
+
+Three named queries: `queue_depth_per_replica` (the load signal), `gpu_memory_used_ratio`
+(memory pressure) and `request_p99_seconds` (for the status only). The object's
+`spec.monitoring.queries` may replace the first two's PromQL; the direct read ignores
+that (an override is PromQL, which only Prometheus evaluates) and applies the built-in
+form.
+
+A source that cannot answer gives signals with `error` set and no figures, never an
+exception: the recommender then holds the count, as the HorizontalPodAutoscaler does when
+its metrics are missing. A figure with no series is None without an error: pods without a
+GPU export no GPU memory, and that is normal.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from kubeinfer.operator.api.v1alpha1.inference_deployment import MonitoringSpec, QueryOverrides
+from kubeinfer.operator.metrics import queries as q
+from kubeinfer.operator.metrics.queries import Query, Scope
+from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
+from kubeinfer.operator.scaling.inputs import ScalingSignals
+
+P99_WINDOW_SECONDS = 120
+"""The request p99's rate window: four scrape intervals of the common 30 s, so rate()
+has samples to work with whatever the scrape phase."""
+
+OVERRIDES_PATH = "spec.monitoring." + MonitoringSpec.model_fields["queries"].alias
+"""Where the overrides live in the object, for messages."""
+
+_OVERRIDABLE = (
+    (q.QUEUE_DEPTH_PER_REPLICA, "queue_depth_per_replica"),
+    (q.GPU_MEMORY_USED_RATIO, "gpu_memory_used_ratio"),
+)
+"""Each overridable row and its `QueryOverrides` field."""
+
+
+def scaling_queries(
+    scope: Scope, overrides: QueryOverrides, p99_window_seconds: int = P99_WINDOW_SECONDS
+) -> list[Query]:
+    """(queue depth per replica, GPU memory used ratio, request p99) over `scope`, with
+    the object's PromQL where it sets one. Pure."""
+    bound = []
+    for row, attribute in _OVERRIDABLE:
+        query = row.bind(scope)
+        template = getattr(overrides, attribute)
+        if template:
+            alias = QueryOverrides.model_fields[attribute].alias or attribute
+            query = query.overridden(template, f"{OVERRIDES_PATH}.{alias}")
+        bound.append(query)
+    bound.append(q.REQUEST_P99.bind(scope, window_seconds=p99_window_seconds))
+    return bound
+
+
+async def read_scaling_signals(
+    source: MetricsSource,
+    scope: Scope,
+    overrides: QueryOverrides,
+    now: datetime,
+    p99_window_seconds: int = P99_WINDOW_SECONDS,
+) -> ScalingSignals:
+    """The serving pods' scaling signals at `now`; `error` (the source's description and
+    its message) instead of figures when the source cannot answer."""
+    queries = scaling_queries(scope, overrides, p99_window_seconds)
+    try:
+        depth, gpu_ratio, p99 = await source.evaluate(queries, now)
+    except MetricsUnavailable as error:
+        return ScalingSignals(error=f"{source.description}: {error}")
+    return ScalingSignals(
+        queue_depth_per_replica=depth, gpu_memory_used_ratio=gpu_ratio, p99_seconds=p99
+    )
