@@ -23,7 +23,8 @@ The GPU gauges come from `kubeinfer.runtime.gpu_memory` (NVML), read at scrape t
 While this runtime mirrors requests to a shadow candidate (`kubeinfer.runtime.shadow`),
 it also exports what it compared. Every series is labelled `model`, `serving_version`,
 `candidate_version`, `candidate_digest`, and exists from the moment the candidate's target
-is read until the target changes or goes (the operator reads these names):
+is read (the max gauge from the first comparison) until the target changes or goes; the
+operator reads these names:
 
 | name | type | meaning |
 |---|---|---|
