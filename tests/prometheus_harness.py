@@ -22,8 +22,8 @@ comfortable with), keeps its TSDB in the given directory, and is stopped (SIGTER
 SIGKILL) when the block exits. `PrometheusServer.wait_for_scrape_after(t)` waits until
 every target has been scraped after wall time t (e.g. when the load stopped), so a query
 then sees everything the processes counted; `reload(targets)` replaces the targets while
-it runs (a pod replaced by another); `running_prometheus(..., port=)` with the directory of
-a stopped one starts it again at the same URL (Prometheus back after an outage).
+it runs (a pod replaced by another); `stop()` then `start()` is an outage of Prometheus,
+which comes back at the same URL with what it had stored.
 """
 
 from __future__ import annotations
@@ -243,6 +243,14 @@ class PrometheusServer:
     def stop(self) -> int:
         return _stop(self.process)
 
+    def start(self) -> None:
+        """Starts it again after `stop()`, on the same port with the same TSDB (an outage
+        ends): what it stored is there at once; its first new scrapes take a few seconds
+        (Prometheus applies targets on a 5 s tick)."""
+        if self.process.poll() is None:
+            raise AssertionError("Prometheus is still running")
+        self.process = _launch(self.config, self.port)
+
 
 def prometheus_config(targets: Sequence[ScrapeTarget], interval: str = SCRAPE_INTERVAL) -> str:
     """The scrape configuration: one static group per target, labelled as its pod."""
@@ -266,31 +274,34 @@ def prometheus_config(targets: Sequence[ScrapeTarget], interval: str = SCRAPE_IN
     )
 
 
-@contextmanager
-def running_prometheus(
-    targets: Sequence[ScrapeTarget],
-    directory: Path,
-    interval: str = SCRAPE_INTERVAL,
-    port: int | None = None,
-) -> Iterator[PrometheusServer]:
-    """A Prometheus scraping `targets`, ready (`/-/ready`) when the block starts, stopped
-    when it ends; its config and TSDB live in `directory`. `port` (default: a free one)
-    and the same `directory` again start a stopped server back where it was."""
+def _launch(config: Path, port: int) -> subprocess.Popen[bytes]:
+    """Prometheus with `config`, its TSDB and log beside it, on `port`, once ready."""
     binary = require_prometheus()
-    config = directory / "prometheus.yml"
-    config.write_text(prometheus_config(targets, interval))
+    directory = config.parent
     log = directory / "prometheus.log"
-    port = port or free_port()
-    with log.open("wb") as output:  # a file, not a pipe nobody reads while tests run
+    with log.open("ab") as output:  # a file, not a pipe nobody reads while tests run
         process = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={directory / 'data'}",
              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
             stdout=output, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    server = PrometheusServer(process, port, tuple(targets), config, interval)
+    ready = lambda: http_get(port, "/-/ready", 2)[0] == 200  # noqa: E731
+    _wait_until(ready, process, "prometheus", 30, log)
+    return process
+
+
+@contextmanager
+def running_prometheus(
+    targets: Sequence[ScrapeTarget], directory: Path, interval: str = SCRAPE_INTERVAL
+) -> Iterator[PrometheusServer]:
+    """A Prometheus scraping `targets`, ready (`/-/ready`) when the block starts, stopped
+    when it ends; its config and TSDB live in `directory`."""
+    require_prometheus()
+    config = directory / "prometheus.yml"
+    config.write_text(prometheus_config(targets, interval))
+    port = free_port()
+    server = PrometheusServer(_launch(config, port), port, tuple(targets), config, interval)
     try:
-        ready = lambda: http_get(port, "/-/ready", 2)[0] == 200  # noqa: E731
-        _wait_until(ready, process, "prometheus", 30, log)
         yield server
     finally:
         server.stop()

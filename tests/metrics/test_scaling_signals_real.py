@@ -1,0 +1,424 @@
+"""`read_scaling_signals` against a real Prometheus scraping real runtimes, and the direct
+read of the same runtimes.
+
+Three kinds of pod, each in its own scope:
+- `load`: two `kubeinfer serve` processes under real closed-loop load (a model with
+  enough compute per row that batches take milliseconds, so requests queue behind the
+  running batch): each pod holds at most `CLIENTS` requests, so both sources read a
+  figure in (0, CLIENTS] while the load runs, and Prometheus saw requests both queued
+  and in flight at some scrape. Under load the sources read different instants (the last
+  scrape, now); they are compared exactly at a quiet moment, after a scrape that
+  followed the load: 0 from both.
+- `held`: a fixed load, for exact agreement on figures other than 0: the runtime's own
+  batcher and `RuntimeMetrics` over the real ONNX Runtime engine, in this process, with
+  its slot held at a gate and real requests queued behind it, served on a loopback port.
+  Nothing moves while it is held, so Prometheus' last scrape and the direct read's
+  scrape see the same state: pods of 1+3 and 1+0 requests, 2.5 from both.
+- `gpu`: the runtime's metrics with its NVML reader replaced by fixed device readings
+  (no GPU here): the ratio from both; the CPU pods' GPU figure is None, without error.
+
+Also: overrides (a doubled queue depth, a minimum instead of a maximum GPU ratio) are
+what Prometheus answers and change nothing in the direct read; their placeholders reach
+Prometheus as the values (a namespace with quotes and backslashes, the pod regex); a
+broken override, and one answering several series, are `MetricsUnavailable` naming the
+query and the field (and `ScalingSignals.error` through `read_scaling_signals`); a
+stopped Prometheus gives signals with `error` and no figures, and the same Prometheus
+back on its port (its TSDB kept) gives figures again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from kubeinfer.operator.api.v1alpha1.inference_deployment import QueryOverrides
+from kubeinfer.operator.metrics.direct import DirectRead
+from kubeinfer.operator.metrics.prometheus import PrometheusSource
+from kubeinfer.operator.metrics.queries import Scope
+from kubeinfer.operator.metrics.scaling import read_scaling_signals, scaling_queries
+from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
+from kubeinfer.operator.scaling.inputs import ScalingSignals
+from kubeinfer.runtime.batching.queue import Batcher
+from kubeinfer.runtime.config import BatchingPolicy
+from kubeinfer.runtime.demo_models import build_mlp, build_tiny_mlp
+from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
+from kubeinfer.runtime.gpu_memory import GpuMemory
+from kubeinfer.runtime.metrics import RuntimeMetrics
+from prometheus_client import start_http_server
+from prometheus_harness import (
+    PrometheusServer,
+    RuntimeProcess,
+    ScrapeTarget,
+    free_port,
+    infer,
+    pod_object,
+    running_prometheus,
+    start_runtime,
+)
+
+pytestmark = pytest.mark.slow
+
+LOAD = Scope("load", "busy")
+LOAD_PODS = ("busy-runtime-7d9f8c6b5-x2x4z", "busy-runtime-7d9f8c6b5-q8w7z")
+CLIENTS = 3  # per load pod, each sending its next request when the last is answered
+ROWS = 64  # per request: a few milliseconds of compute on one core
+HELD = Scope("held", "steady")
+HELD_PODS = ("steady-runtime-5c4b2d29f-bcdfg", "steady-runtime-5c4b2d29f-hjklm")
+HELD_QUEUED = (3, 0)  # behind one running request each: 4 and 1 requests, 2.5 per pod
+GPU = Scope("gpu", "big")
+GPU_POD = "big-runtime-6f5d4c7b2-bcdfg"
+GPU_READINGS = (GpuMemory(0, "NVIDIA H100", 30 * 2**30, 80 * 2**30),
+                GpuMemory(1, "NVIDIA H100", 52 * 2**30, 80 * 2**30))  # fmt: skip
+NO_OVERRIDES = QueryOverrides()
+TIMEOUT = 2.0
+
+
+class HeldEngine:
+    """The real engine, every slot's `run` waiting for `gate` first."""
+
+    def __init__(self, engine: OnnxRuntimeEngine) -> None:
+        self.engine = engine
+        self.gate = threading.Event()
+        self.running = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def create_slot(self) -> HeldSlot:
+        return HeldSlot(self, self.engine.create_slot())
+
+
+class HeldSlot:
+    def __init__(self, owner: HeldEngine, slot: Any) -> None:
+        self.owner, self.slot = owner, slot
+
+    def input_views(self, rows: int) -> Any:
+        return self.slot.input_views(rows)
+
+    def run(self, rows: int) -> Any:
+        self.owner.running += 1
+        assert self.owner.gate.wait(120), "the held batch was never released"
+        return self.slot.run(rows)
+
+    def close(self) -> None:
+        self.slot.close()
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(2500):
+        if condition():
+            return
+        await asyncio.sleep(0.002)
+    raise AssertionError(f"{what} never happened")
+
+
+@contextmanager
+def held_runtimes(model: Path, queued: Sequence[int]) -> Iterator[list[int]]:
+    """Per entry, the runtime's batcher with one 4-row request running (held at the gate)
+    and `queued` 1-row requests behind it, its `RuntimeMetrics` on a loopback port; yields
+    the ports. The batchers live on an event loop in a thread of their own."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="held-runtimes", daemon=True)
+    thread.start()
+    engines: list[HeldEngine] = []
+    batchers: list[Batcher] = []
+    requests: list[asyncio.Future[Any]] = []
+    servers: list[Any] = []
+
+    async def hold(count: int) -> int:
+        engine = HeldEngine(OnnxRuntimeEngine(model, max_batch_size=32, intra_op_threads=1))
+        metrics = RuntimeMetrics("tiny", "1")
+        batcher = Batcher(engine, BatchingPolicy(execution_slots=1), observer=metrics)
+        engines.append(engine)
+        await batcher.start()
+        batchers.append(batcher)
+        rows = np.ones((4, 16), np.float32)
+        requests.append(asyncio.ensure_future(batcher.infer({"input": rows}, 4, 600)))
+        await until(lambda: engine.running == 1, "the held batch running")
+        for _ in range(count):
+            requests.append(asyncio.ensure_future(batcher.infer({"input": rows[:1]}, 1, 600)))
+        await until(lambda: batcher.queued == count, f"{count} requests queued")
+        port = free_port()
+        servers.append(start_http_server(port, "127.0.0.1", registry=metrics.registry))
+        return port
+
+    async def release() -> None:
+        for engine in engines:
+            engine.gate.set()
+        await asyncio.gather(*requests)
+        for batcher in batchers:
+            await batcher.close()
+
+    try:
+        yield [asyncio.run_coroutine_threadsafe(hold(n), loop).result(30) for n in queued]
+    finally:
+        asyncio.run_coroutine_threadsafe(release(), loop).result(30)
+        for engine in engines:
+            engine.engine.close()
+        for server, server_thread in servers:
+            server.shutdown()
+            server.server_close()
+            server_thread.join(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    directory = tmp_path_factory.mktemp("scaling-models")
+    return {
+        # 16 inputs, three 1024-wide layers: ~4 MFLOP a row, small JSON requests.
+        "heavy": build_mlp(directory / "heavy.onnx", 16, (1024, 1024, 1024), 10),
+        "tiny": build_tiny_mlp(directory / "tiny.onnx"),
+    }
+
+
+@pytest.fixture(scope="module")
+def runtimes(models: dict[str, Path]) -> Iterator[list[RuntimeProcess]]:
+    started: list[RuntimeProcess] = []
+    try:
+        for _ in LOAD_PODS:
+            started.append(
+                start_runtime(models["heavy"], "heavy", "--intra-op-threads", "1",
+                              "--max-batch-size", str(ROWS * CLIENTS))
+            )  # fmt: skip
+        yield started
+    finally:
+        for runtime in started:
+            runtime.stop()
+
+
+@pytest.fixture(scope="module")
+def held(models: dict[str, Path]) -> Iterator[list[int]]:
+    with held_runtimes(models["tiny"], HELD_QUEUED) as ports:
+        yield ports
+
+
+@pytest.fixture(scope="module")
+def gpu_exporter() -> Iterator[int]:
+    """The runtime's metrics, its NVML reader replaced by fixed readings, on a port."""
+    metrics = RuntimeMetrics("big", "1", gpu_memory=lambda: GPU_READINGS)
+    port = free_port()
+    server, thread = start_http_server(port, "127.0.0.1", registry=metrics.registry)
+    yield port
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+def all_targets(
+    runtimes: list[RuntimeProcess], held: list[int], gpu_port: int
+) -> list[ScrapeTarget]:
+    addresses = [r.address for r in runtimes] + [f"127.0.0.1:{port}" for port in held]
+    pods = [(LOAD, pod) for pod in LOAD_PODS] + [(HELD, pod) for pod in HELD_PODS]
+    return [
+        *(ScrapeTarget(address, scope.namespace, pod)
+          for address, (scope, pod) in zip(addresses, pods, strict=True)),
+        ScrapeTarget(f"127.0.0.1:{gpu_port}", GPU.namespace, GPU_POD),
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    tmp_path_factory: pytest.TempPathFactory,
+    runtimes: list[RuntimeProcess],
+    held: list[int],
+    gpu_exporter: int,
+) -> Iterator[PrometheusServer]:
+    targets = all_targets(runtimes, held, gpu_exporter)
+    with running_prometheus(targets, tmp_path_factory.mktemp("prometheus")) as server:
+        server.wait_for_scrape_after(time.time())
+        yield server
+
+
+@pytest.fixture(scope="module")
+def direct(runtimes: list[RuntimeProcess], held: list[int], gpu_exporter: int) -> DirectRead:
+    """The direct read; the API it lists pods from answers by label selector."""
+    pods = {
+        LOAD.label_selector: [
+            pod_object(pod, r.port) for pod, r in zip(LOAD_PODS, runtimes, strict=True)
+        ],
+        HELD.label_selector: [
+            pod_object(pod, port) for pod, port in zip(HELD_PODS, held, strict=True)
+        ],
+        GPU.label_selector: [pod_object(GPU_POD, gpu_exporter)],
+    }
+
+    async def list_pods(namespace: str, selector: str) -> list[dict]:
+        return pods.get(selector, [])
+
+    return DirectRead(list_pods, TIMEOUT)
+
+
+async def signals(
+    source: MetricsSource, scope: Scope, overrides: QueryOverrides = NO_OVERRIDES
+) -> ScalingSignals:
+    return await read_scaling_signals(source, scope, overrides, datetime.now(UTC), 60)
+
+
+async def test_under_load_both_sources_read_queued_and_running_requests(
+    prometheus: PrometheusServer, direct: DirectRead, runtimes: list[RuntimeProcess]
+) -> None:
+    source = PrometheusSource(prometheus.url, TIMEOUT)
+    stop = threading.Event()
+
+    def client(port: int, seed: int) -> int:
+        sent = 0
+        while not stop.is_set():
+            assert infer(port, "heavy", ROWS, seed + sent) == 200
+            sent += 1
+        return sent
+
+    began = time.time()
+    jobs = [(r.port, 1000 * i) for i, r in enumerate(runtimes * CLIENTS)]
+    both_now = (
+        f"kubeinfer_queue_depth{{{LOAD.promql_labels({})}}} > 0 "
+        f"and kubeinfer_inflight_requests{{{LOAD.promql_labels({})}}} > 0"
+    )
+    readings: list[tuple[ScalingSignals, ScalingSignals]] = []
+    seen_both = False
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        clients = [pool.submit(client, port, seed) for port, seed in jobs]
+        try:
+            deadline = time.monotonic() + 15
+            while True:
+                await asyncio.to_thread(prometheus.wait_for_scrape_after, time.time())
+                reading = (await signals(source, LOAD), await signals(direct, LOAD))
+                readings.append(reading)
+                seen_both = seen_both or bool(prometheus.query(both_now))
+                if seen_both and all(s.queue_depth_per_replica and s.p99_seconds for s in reading):
+                    break
+                assert time.monotonic() < deadline, f"no reading under load: {readings}"
+        finally:
+            stop.set()
+        sent = [c.result() for c in clients]
+    assert min(sent) > 0
+    for reading in readings:
+        for s in reading:
+            assert s.error == "" and s.gpu_memory_used_ratio is None  # CPU pods: no GPU
+            assert s.queue_depth_per_replica is not None
+            assert 0 <= s.queue_depth_per_replica <= CLIENTS
+    from_prometheus, from_pods = readings[-1]
+    assert from_prometheus.queue_depth_per_replica and from_pods.queue_depth_per_replica
+    assert from_prometheus.p99_seconds and from_pods.p99_seconds
+    # A quiet moment: every request answered, then a scrape; both read the same 0.
+    await asyncio.to_thread(prometheus.wait_for_scrape_after, time.time())
+    quiet = (await signals(source, LOAD), await signals(direct, LOAD))
+    assert [s.queue_depth_per_replica for s in quiet] == [0, 0]
+    assert time.time() - began < 30
+
+
+async def test_a_fixed_load_reads_the_same_from_both_sources(
+    prometheus: PrometheusServer, direct: DirectRead
+) -> None:
+    from_prometheus = await signals(PrometheusSource(prometheus.url, TIMEOUT), HELD)
+    from_pods = await signals(direct, HELD)
+    expected = ScalingSignals(queue_depth_per_replica=2.5)  # (1 + 3 + 1 + 0) / 2
+    assert from_prometheus == from_pods == expected
+
+
+async def test_gpu_memory_comes_from_the_runtimes_exporter(
+    prometheus: PrometheusServer, direct: DirectRead
+) -> None:
+    from_prometheus = await signals(PrometheusSource(prometheus.url, TIMEOUT), GPU)
+    from_pods = await signals(direct, GPU)
+    assert from_prometheus == from_pods
+    assert from_prometheus.gpu_memory_used_ratio == pytest.approx(52 / 80)
+    assert from_prometheus.queue_depth_per_replica == 0 and from_prometheus.error == ""
+
+
+async def test_overrides_are_prometheus_only(
+    prometheus: PrometheusServer, direct: DirectRead
+) -> None:
+    doubled = QueryOverrides(
+        queue_depth_per_replica=(
+            '2 * avg(sum by (pod) (kubeinfer_queue_depth{namespace="$namespace",pod=~"$pods"})'
+            ' + sum by (pod) (kubeinfer_inflight_requests{namespace="$namespace",'
+            'pod=~"${pods}"}))'
+        ),
+        gpu_memory_used_ratio=(
+            'min(kubeinfer_gpu_memory_used_bytes{namespace="$namespace",pod=~"$pods"}'
+            ' / kubeinfer_gpu_memory_total_bytes{namespace="$namespace",pod=~"$pods"})'
+        ),
+    )
+    source = PrometheusSource(prometheus.url, TIMEOUT)
+    held_from_prometheus = await signals(source, HELD, doubled)
+    assert held_from_prometheus.queue_depth_per_replica == 5.0
+    assert (await signals(direct, HELD, doubled)).queue_depth_per_replica == 2.5
+    gpu_from_prometheus = await signals(source, GPU, doubled)
+    assert gpu_from_prometheus.gpu_memory_used_ratio == pytest.approx(30 / 80)
+    assert (await signals(direct, GPU, doubled)).gpu_memory_used_ratio == pytest.approx(52 / 80)
+
+
+async def test_placeholders_reach_prometheus_as_the_values(prometheus: PrometheusServer) -> None:
+    odd = Scope('it"s\\odd', "steady")
+    (query, *_) = scaling_queries(
+        odd, QueryOverrides(queue_depth_per_replica='label_replace(vector(1), "v", '
+                                                    '"$namespace $pods", "", "")'),
+    )  # fmt: skip
+    (series,) = prometheus.query(query.promql)
+    assert series["metric"]["v"] == f"{odd.namespace} {odd.pod_regex}"
+    (query, *_) = scaling_queries(
+        HELD, QueryOverrides(queue_depth_per_replica='count(up{namespace="$namespace",'
+                                                     'pod=~"$pods"})'),
+    )  # fmt: skip
+    assert prometheus.query(query.promql)[0]["value"][1] == str(len(HELD_PODS))
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [
+        ("avg(kubeinfer_queue_depth{", r"HTTP 400: .*unexpected end of input"),
+        ('kubeinfer_queue_depth{namespace="$namespace"}', r"2 series came back, expected one"),
+    ],
+)
+async def test_a_broken_override_is_unavailable_naming_its_field(
+    prometheus: PrometheusServer, direct: DirectRead, override: str, reason: str
+) -> None:
+    overrides = QueryOverrides(queue_depth_per_replica=override)
+    source = PrometheusSource(prometheus.url, TIMEOUT)
+    named = (
+        r"query queue_depth_per_replica \(PromQL of "
+        r"spec\.monitoring\.queries\.queueDepthPerReplica\) failed: "
+    )
+    with pytest.raises(MetricsUnavailable, match=f"^{named}{reason}"):
+        await source.evaluate(scaling_queries(HELD, overrides), datetime.now(UTC))
+    read = await signals(source, HELD, overrides)
+    assert (read.queue_depth_per_replica, read.gpu_memory_used_ratio, read.p99_seconds) == (
+        None, None, None,
+    )  # fmt: skip
+    assert read.error.startswith(f"Prometheus at {prometheus.url}: ")
+    assert "spec.monitoring.queries.queueDepthPerReplica" in read.error
+    assert (await signals(direct, HELD, overrides)).queue_depth_per_replica == 2.5
+
+
+async def test_a_stopped_prometheus_is_an_error_and_back_gives_figures_again(
+    prometheus: PrometheusServer,
+) -> None:
+    source = PrometheusSource(prometheus.url, TIMEOUT)
+    assert await signals(source, HELD) == ScalingSignals(queue_depth_per_replica=2.5)
+    prometheus.stop()
+    try:
+        down = await signals(source, HELD)
+    finally:
+        prometheus.start()  # its TSDB kept the held pods' last scrapes: figures at once
+    figures = (down.queue_depth_per_replica, down.gpu_memory_used_ratio, down.p99_seconds)
+    assert figures == (None, None, None)
+    # Whichever of the three queries failed first.
+    assert re.fullmatch(
+        rf"Prometheus at {re.escape(prometheus.url)}: query \w+ failed: "
+        r"cannot connect \(Connection refused\)",
+        down.error,
+    ), down.error
+    assert await signals(source, HELD) == ScalingSignals(queue_depth_per_replica=2.5)
