@@ -1,9 +1,10 @@
 """PromQL text built from values: string literals, RE2 escapes, and the regex that selects
 the serving pods of one InferenceDeployment by name. Pure.
 
-Why select by pod name: Kubernetes service discovery, PodMonitors and the common
-`kubernetes-pods` scrape job all attach `namespace` and `pod` labels, but none of them
-copies our pod labels by default, so the pod name is the one handle every setup has.
+Why select by pod name: PodMonitors and the prometheus-community chart's `kubernetes-pods`
+scrape job both attach `namespace` and `pod` labels (from Kubernetes service discovery's
+`__meta_kubernetes_namespace` and `__meta_kubernetes_pod_name`), but a PodMonitor copies
+none of our pod labels by default, so the pod name is the one handle every setup has.
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ reduction the direct read applies to the pods' current samples (`samples.py`). B
 row to a `Scope` (the serving pods of one InferenceDeployment) and its arguments gives a
 `Query`, which either source evaluates.
 
-Series are selected in Prometheus by the `namespace` and `pod` labels that Kubernetes
-service discovery, PodMonitors and the `kubernetes-pods` job attach; the pod name regex
-matches the pods of `<owner>-runtime` only (`promql.deployment_pod_regex`), the same
-pods the direct read lists by label selector. Prometheus must scrape each pod in one job
-only, or its series count twice.
+Series are selected in Prometheus by the `namespace` and `pod` labels that PodMonitors
+(prometheus-operator) and the prometheus-community chart's `kubernetes-pods` job attach
+(Prometheus' own example job names them `kubernetes_namespace` and `kubernetes_pod_name`,
+which these queries do not see); the pod name regex matches the pods of `<owner>-runtime`
+only (`promql.deployment_pod_regex`), the same pods the direct read lists by label
+selector. Prometheus must scrape each pod in one job only, or its series count twice.
 
 "So far" figures (the shadow's) take `max_over_time(series[window])` per series, then
 sum or max across series: a counter only grows, so its maximum is its latest value; a
