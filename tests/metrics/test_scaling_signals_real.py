@@ -280,7 +280,6 @@ async def test_under_load_both_sources_read_queued_and_running_requests(
             sent += 1
         return sent
 
-    began = time.time()
     jobs = [(r.port, 1000 * i) for i, r in enumerate(runtimes * CLIENTS)]
     both_now = (
         f"kubeinfer_queue_depth{{{LOAD.promql_labels({})}}} > 0 "
@@ -316,7 +315,6 @@ async def test_under_load_both_sources_read_queued_and_running_requests(
     await asyncio.to_thread(prometheus.wait_for_scrape_after, time.time())
     quiet = (await signals(source, LOAD), await signals(direct, LOAD))
     assert [s.queue_depth_per_replica for s in quiet] == [0, 0]
-    assert time.time() - began < 30
 
 
 async def test_a_fixed_load_reads_the_same_from_both_sources(
