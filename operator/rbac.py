@@ -14,7 +14,8 @@ subresource, posts Events, deletes build Jobs whose inputs no longer apply, and 
 shadow candidate's Deployment, ConfigMap and Service once it is promoted, failed or
 aborted. Nothing is ever created with POST except Events, and nothing else is deleted
 (ownerReferences let the garbage collector remove children). Pods are listed also to
-read the serving pods' /metrics directly when no Prometheus is configured. Discovery (`/api`, `/apis`) needs no rule.
+read the serving pods' /metrics directly when no Prometheus is configured. Discovery
+(`/api`, `/apis`) needs no rule.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from kubeinfer.operator.kube.resources import (
     INFERENCE_DEPLOYMENT,
     JOB,
     POD,
+    POD_MONITOR,
     PVC,
     SERVICE,
     ResourceType,
@@ -70,6 +72,7 @@ RULES: tuple[Rule, ...] = (
     _rule((EVENT,), ("create",)),
     _rule((DEPLOYMENT,), ("list", "watch", "patch", "delete")),
     _rule((JOB,), ("list", "watch", "patch", "delete")),
+    _rule((POD_MONITOR,), ("list", "patch")),
 )
 
 NAMESPACED_PEERING = Rule("kopf.dev", ("kopfpeerings",), ("get", "list", "watch", "patch"))

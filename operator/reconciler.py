@@ -1,8 +1,10 @@
 """One reconcile pass: gather (I/O) → decide (pure) → apply (I/O) → status, if changed.
 
 This is the only module that joins the pure core with the API (and with the metrics
-source: a running shadow's aggregates are read in the gather step, so the verdict stays
-a pure function of what was read). Every trigger (create,
+source: a running shadow's aggregates and an autoscaled object's load are read in the
+gather step, so the verdict and the recommendation stay pure functions of what was read).
+It also keeps what must outlive a pass: the autoscaler's history per object, and whether
+the cluster serves PodMonitors. Every trigger (create,
 update, resume, an event on a child, the periodic resync) ends in
 `Reconciler.reconcile(namespace, name)`, which re-reads the InferenceDeployment, so a
 pass never acts on a stale copy of it. Passes over one object are serialised by a lock:
@@ -22,26 +24,26 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import aiohttp
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_spec
 from kubeinfer.operator.kube import apply
-from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, KubeClient
+from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, POD_MONITOR, ApiError, KubeClient
 from kubeinfer.operator.kube.gather import gather, owner_ref_from_body, stored_status
-from kubeinfer.operator.metrics.factory import metrics_source, pods_lister
-from kubeinfer.operator.metrics.queries import Scope
-from kubeinfer.operator.metrics.shadow import read_shadow_aggregates
-from kubeinfer.operator.metrics.source import MetricsUnavailable
+from kubeinfer.operator.kube.gather_load import gather_load
 from kubeinfer.operator.reconcile.decide import decide, decide_invalid
-from kubeinfer.operator.reconcile.snapshot import Decision, ObservedState
-from kubeinfer.operator.rollout.aggregates import ShadowReading
-from kubeinfer.operator.rollout.shadow import ShadowQuery, metrics_query
+from kubeinfer.operator.reconcile.snapshot import Decision
+from kubeinfer.operator.scaling.inputs import ScalingHistory
 from kubeinfer.operator.settings import OperatorSettings
 
 logger = logging.getLogger(__name__)
+
+DISCOVERY_SECONDS = 300
+"""How long a discovery of the PodMonitor API is trusted."""
 
 
 def utc_now() -> datetime:
@@ -74,6 +76,10 @@ class Reconciler:
         self._tasks: set[asyncio.Task[Outcome]] = set()
         self._queued: dict[tuple[str, str], asyncio.Future[Outcome]] = {}
         self._passes: set[asyncio.Future[Outcome]] = set()
+        self._histories: dict[tuple[str, str], ScalingHistory] = {}
+        """The autoscaler's memory per object (as the HPA controller keeps it: in memory)."""
+        self._pod_monitors: tuple[float, bool] | None = None
+        """(when, whether) the cluster serves PodMonitors, rediscovered every few minutes."""
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
         """One pass. Raises InvalidManifest (after recording it in the status) for a spec
@@ -130,34 +136,24 @@ class Reconciler:
             raise
         observed = await gather(self.client, body, spec)
         now = self.clock()
-        query = metrics_query(observed.status.candidate)
-        if query is not None:
-            observed = replace(observed, shadow=await self._read_shadow(observed, query, now))
+        key = (namespace, name)
+        observed = await gather_load(
+            self.client,
+            self.settings,
+            observed,
+            self._histories.get(key, ScalingHistory()),
+            await self._serves_pod_monitors(),
+            now,
+        )
         decision = decide(observed, self.settings, now)
+        if decision.scaling_history is not None:
+            self._histories[key] = decision.scaling_history
+        else:
+            self._histories.pop(key, None)
         writes = await apply.apply_children(self.client, decision.apply)
         writes += await apply.delete_children(self.client, decision.delete, observed)
         writes += await self._carry_out(body, decision, observed.status)
         return Outcome(decision, writes)
-
-    async def _read_shadow(
-        self, observed: ObservedState, query: ShadowQuery, now: datetime
-    ) -> ShadowReading:
-        """The running candidate's aggregates from the object's metrics source; a source
-        that cannot answer is a reading with the reason, which the verdict waits on."""
-        prometheus = observed.spec.monitoring.prometheus.url
-        source = metrics_source(prometheus, self.settings, pods_lister(self.client))
-        scope = Scope(observed.owner.namespace, observed.owner.name)
-        try:
-            aggregates = await read_shadow_aggregates(
-                source, scope, query.candidate_digest, query.started, now
-            )
-        except MetricsUnavailable as error:
-            logger.info(
-                "Shadow metrics unavailable: InferenceDeployment=%s/%s error=%s",
-                observed.owner.namespace, observed.owner.name, error,
-            )  # fmt: skip
-            return ShadowReading(None, f"{source.description}: {error}")
-        return ShadowReading(aggregates)
 
     async def _carry_out(
         self, body: dict[str, Any], decision: Decision, current: InferenceDeploymentStatus
@@ -171,6 +167,23 @@ class Reconciler:
             writes += 1
         await apply.post_events(self.client, owner, decision.events, self.clock())
         return writes + len(decision.events)
+
+    async def _serves_pod_monitors(self) -> bool:
+        """Whether to create PodMonitors: the settings allow it and the cluster serves the
+        API (discovery is cached for DISCOVERY_SECONDS; a failed discovery keeps the last
+        answer, so a hiccup never rolls the pods' scrape annotations back and forth)."""
+        if self.settings.pod_monitors == "off":
+            return False
+        clock = asyncio.get_running_loop().time()
+        if self._pod_monitors is not None and clock - self._pod_monitors[0] < DISCOVERY_SECONDS:
+            return self._pod_monitors[1]
+        try:
+            serves = await self.client.serves(POD_MONITOR)
+        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
+            logger.warning("PodMonitor discovery failed, keeping the last answer: %s", error)
+            return self._pod_monitors[1] if self._pod_monitors else False
+        self._pod_monitors = (clock, serves)
+        return serves
 
     def _schedule(self, namespace: str, name: str, delay: float | None) -> None:
         """Arranges one more pass after `delay` seconds (replacing an earlier request)."""

@@ -40,6 +40,7 @@ def observed_children(observed: ObservedState) -> set[tuple[str, str]]:
         ("Deployment", observed.candidate_deployment),
         ("Service", observed.service),
         ("Service", observed.candidate_service),
+        ("PodMonitor", observed.pod_monitor),
         *(("Job", job) for job in observed.jobs),
     ]
     # Items of a LIST carry no kind of their own, so the slot names it.

@@ -25,6 +25,7 @@ from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.reconcile import desired as build
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.child_meta import input_hash
+from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
 from kubeinfer.operator.reconcile.engine_state import (
     EnginePhase,
     EngineState,
@@ -32,6 +33,7 @@ from kubeinfer.operator.reconcile.engine_state import (
     engine_state,
     observed_serving,
 )
+from kubeinfer.operator.reconcile.scaling_status import scaling_report
 from kubeinfer.operator.reconcile.snapshot import (
     Decision,
     KubeObject,
@@ -51,6 +53,8 @@ from kubeinfer.operator.rollout.shadow import (
     promotion_complete,
     shadow_replaced_event,
 )
+from kubeinfer.operator.scaling.inputs import Recommendation, ScalingSignals, ServingPods
+from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.runtime.config import RuntimeConfig
 from pydantic import ValidationError
@@ -83,6 +87,7 @@ def _observed_child(observed: ObservedState, kind: str, name: str) -> KubeObject
         ),
         "Deployment": (observed.deployment, observed.candidate_deployment),
         "Service": (observed.service, observed.candidate_service),
+        "PodMonitor": (observed.pod_monitor,),
         "Job": observed.jobs,
     }.get(kind, ())
     for child in candidates:
@@ -119,15 +124,19 @@ def _runtime_children(
     engine: EngineState,
     replicas: int,
 ) -> tuple[list[KubeObject], KubeObject | None]:
-    """The serving runtime's children (and its Deployment), the mirror target, and the
-    shadow candidate's children when the plan runs one."""
+    """The serving runtime's children (and its Deployment), the mirror target, the
+    PodMonitor where the cluster has them, and the shadow candidate's children when the
+    plan runs one."""
     spec, owner, serving = observed.spec, observed.owner, plan.serving
     if serving is None:
         return [], None
     is_current = serving.build_key == engine.build_key and serving.digest == engine.digest
     config = _serving_config(observed, settings, serving, is_current)
     configmap = build.build_runtime_configmap(owner, config, serving.build_key)
-    deployment = build.build_runtime_deployment(owner, spec, settings, configmap, replicas)
+    monitors = observed.pod_monitors_available
+    deployment = build.build_runtime_deployment(
+        owner, spec, settings, configmap, replicas, pod_monitors=monitors
+    )
     target = plan.candidate if plan.mirror else None
     children = [
         configmap,
@@ -137,6 +146,8 @@ def _runtime_children(
         deployment,
         build.build_service(owner, serving.version),
     ]
+    if monitors:
+        children.append(build_pod_monitor(owner, serving.version))
     if plan.candidate is not None:
         candidate, role = plan.candidate, names.ROLE_CANDIDATE
         config = build.runtime_config(spec, settings, candidate.version, candidate.digest, role)
@@ -161,6 +172,26 @@ def _candidate_leftovers(observed: ObservedState, plan: RolloutPlan) -> tuple[tu
         ("ConfigMap", observed.candidate_configmap),
     )
     return tuple((kind, child["metadata"]["name"]) for kind, child in found if child)
+
+
+def _no_pods(observed: ObservedState) -> ServingPods:
+    """What is known of the pods when none were counted (the Deployment is new)."""
+    current = ((observed.deployment or {}).get("spec") or {}).get("replicas")
+    minimum = observed.spec.autoscaling.min_replicas
+    return ServingPods(
+        desired=current if isinstance(current, int) else minimum, ready=0, starting=0
+    )
+
+
+def _recommendation(observed: ObservedState, now: datetime) -> Recommendation | None:
+    """The autoscaler's count, once the serving Deployment exists (a new one starts at
+    minReplicas); None with autoscaling off."""
+    scaling = observed.spec.autoscaling
+    if not scaling.enabled or observed.deployment is None:
+        return None
+    signals = observed.scaling_signals or ScalingSignals(error="The signals were not read.")
+    pods = observed.serving_pods or _no_pods(observed)
+    return recommend(scaling, observed.scaling_history, signals, pods, now)
 
 
 def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -> Decision:
@@ -190,7 +221,11 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         _available(observed.candidate_deployment),
         now,
     )
-    replicas = build.desired_replicas(spec, observed.deployment)
+    recommendation = _recommendation(observed, now)
+    if recommendation is not None:
+        replicas = recommendation.replicas
+    else:
+        replicas = build.desired_replicas(spec, observed.deployment)
     runtime, deployment = _runtime_children(observed, settings, plan, engine, replicas)
     rollout = rollout_progress(observed.deployment, deployment, replicas)
     finished = promotion_complete(plan, rollout.complete)
@@ -198,7 +233,20 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         plan = finished
         runtime, deployment = _runtime_children(observed, settings, plan, engine, replicas)
     children += runtime
-    status = compute_status(observed, engine, plan, report(spec, plan), rollout, replicas, now)
+    scaling = None
+    if recommendation is not None:
+        scaling = scaling_report(
+            spec,
+            recommendation,
+            observed.scaling_signals,
+            observed.serving_pods or _no_pods(observed),
+            observed.status.autoscaling,
+            observed.status.metrics,
+            now,
+        )
+    status = compute_status(
+        observed, engine, plan, report(spec, plan), rollout, replicas, now, scaling
+    )
 
     requeue: float | None = None
     if engine.phase == EnginePhase.BUILDING:
@@ -207,10 +255,14 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         requeue = max(1.0, (engine.retry_at - now).total_seconds())
     if plan.shadowing or plan.promoting:
         requeue = min(requeue or settings.shadow_poll_seconds, settings.shadow_poll_seconds)
+    if spec.autoscaling.enabled:
+        requeue = min(requeue or settings.autoscale_poll_seconds, settings.autoscale_poll_seconds)
 
     events = transition_events(observed.status.conditions, status.conditions)
     if plan.replaced is not None:
         events += (shadow_replaced_event(plan.replaced, plan.record),)
+    if scaling is not None:
+        events += scaling.events
     return Decision(
         apply=tuple(child for child in children if needs_write(child, observed)),
         delete=(
@@ -221,6 +273,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         events=events,
         requeue_after_seconds=requeue,
         desired=tuple(children),
+        scaling_history=recommendation.history if recommendation else None,
     )
 
 

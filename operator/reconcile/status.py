@@ -35,6 +35,7 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import (
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.child_meta import input_hash
 from kubeinfer.operator.reconcile.engine_state import EnginePhase, EngineState
+from kubeinfer.operator.reconcile.scaling_status import ScalingReport
 from kubeinfer.operator.reconcile.snapshot import Event, KubeObject, ObservedState
 from kubeinfer.operator.rollout.report import ShadowReport
 from kubeinfer.operator.rollout.shadow import RolloutPlan
@@ -113,9 +114,11 @@ def compute_status(
     rollout: RolloutProgress,
     replicas: int,
     now: datetime,
+    scaling: ScalingReport | None = None,
 ) -> InferenceDeploymentStatus:
     """The whole status for this pass; `plan.serving` is the engine the desired runtime
-    runs, `shadow` what a shadow rollout adds."""
+    runs, `shadow` what a shadow rollout adds, `scaling` what the autoscaler adds (None:
+    autoscaling is off)."""
     spec, generation = observed.spec, observed.owner.generation
     serving = plan.serving
     previous = observed.status
@@ -209,6 +212,12 @@ def compute_status(
         values.append((ConditionType.SHADOW_PASSED, shadow.shadow_passed))
     else:
         conditions = [c for c in conditions if c.type != ConditionType.SHADOW_PASSED]
+    if scaling is not None:
+        values.append((ConditionType.SCALING_ACTIVE, scaling.active))
+        values.append((ConditionType.SCALING_LIMITED, scaling.limited))
+    else:
+        scaling_types = (ConditionType.SCALING_ACTIVE, ConditionType.SCALING_LIMITED)
+        conditions = [c for c in conditions if c.type not in scaling_types]
     for type_, (status, reason, message) in values:
         conditions = set_condition(conditions, type_, status, reason, message, generation, now)
 
@@ -249,6 +258,8 @@ def compute_status(
             "ready": f"{rollout.ready_replicas}/{replicas}",
             "selector": names.selector_string(names.serving_selector(observed.owner.name)),
             "candidate": plan.record,
+            "autoscaling": scaling.autoscaling if scaling else None,
+            "metrics": scaling.metrics if scaling else previous.metrics,
         }
     )
 

@@ -7,12 +7,13 @@ import logging
 from collections.abc import AsyncIterator
 
 import pytest
-from operator_harness import RECORDED_CALLS, SPEC_WRITES, World, emulated_world
+from operator_harness import RECORDED_CALLS, SPEC_WRITES, World, emulated_world, pod_monitor_api
 
 
 @pytest.fixture
 async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
-    async with emulated_world() as world:
+    extra = pod_monitor_api() if request.node.get_closest_marker("serves_pod_monitors") else None
+    async with emulated_world(extra) as world:
         yield world
         RECORDED_CALLS[request.node.name] = set(world.api.calls)
         SPEC_WRITES[request.node.name] = list(world.api.spec_writes)

@@ -48,7 +48,7 @@ import json
 import re
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -140,6 +140,10 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     )
     _counter: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _crd_schema: dict[str, Any] = attrs.field(factory=dict, init=False)
+    validate_extra: dict[str, Callable[[dict[str, Any]], None]] = attrs.field(factory=dict)
+    """Extra API groups this cluster serves, each with the validator of its objects (which
+    raises AssertionError with the problems): e.g. the prometheus-operator's
+    monitoring.coreos.com/v1 PodMonitors, validated against that project's schema."""
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -159,6 +163,14 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             shortnames=set(crd["spec"]["names"].get("shortNames", [])),
             subresources=set(version.get("subresources", {})),
         )
+        for resource in self.validate_extra:  # "group/version/plural:Kind"
+            path, kind = resource.split(":")
+            self.resources[path] = kmock.ResourceInfo(
+                kind=kind,
+                singular=kind.lower(),
+                namespaced=True,
+                verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+            )
 
     # -- bookkeeping -----------------------------------------------------------------------
 
@@ -176,9 +188,20 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             queue.put_nowait(event)
 
     def _validate(self, gvp: tuple[str, str, str], obj: dict[str, Any]) -> None:
+        extra = next(
+            (check for key, check in self.validate_extra.items()
+             if key.startswith(f"{gvp[0]}/{gvp[1]}/{gvp[2]}:")),
+            None,
+        )  # fmt: skip
         if gvp[0] == "kubeinfer.io":
             errors = jsonschema.Draft7Validator(self._crd_schema).iter_errors(obj)
             problems = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors]
+        elif extra is not None:
+            try:
+                extra(obj)
+                problems = []
+            except AssertionError as invalid:
+                problems = [str(invalid)]
         else:
             errors = builtin_validator(obj["apiVersion"], obj["kind"]).iter_errors(obj)
             problems = [f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors]

@@ -24,6 +24,7 @@ from typing import Any
 
 import kmock
 import kopf
+import pytest
 from emulator import ApiCall, ApiServerEmulator
 from kubeinfer.operator.handlers import configure_kopf
 from kubeinfer.operator.operator_command import run_operator
@@ -52,6 +53,24 @@ FAST = OperatorSettings(
     build_backoff_seconds=0.5,
     build_backoff_max_seconds=1,
 )
+
+
+POD_MONITOR_API = "monitoring.coreos.com/v1/podmonitors:PodMonitor"
+
+
+def pod_monitor_api() -> dict[str, Callable[[dict[str, Any]], None]]:
+    """The prometheus-operator's PodMonitor API for the emulator, with its official schema
+    (skips, or fails under CI=true, where the schema cannot be had)."""
+    from podmonitor_schema import validate_podmonitor
+
+    return {POD_MONITOR_API: validate_podmonitor}
+
+
+def serves_pod_monitors(test: Any) -> Any:
+    """Marks a scenario whose emulated cluster serves PodMonitors (the `world` fixture and
+    the RBAC replay read the mark)."""
+    test.serves_pod_monitors = True
+    return pytest.mark.serves_pod_monitors(test)
 
 
 def digest_of(text: str) -> str:
@@ -253,9 +272,14 @@ class World:
 
 
 @contextlib.asynccontextmanager
-async def emulated_world() -> AsyncIterator[World]:
-    """An emulated API server listening on a loopback port."""
-    async with ApiServerEmulator() as api, kmock.Server(api) as server:
+async def emulated_world(
+    validate_extra: dict[str, Callable[[dict[str, Any]], None]] | None = None,
+) -> AsyncIterator[World]:
+    """An emulated API server listening on a loopback port; `validate_extra` adds API
+    groups it serves (see `ApiServerEmulator.validate_extra`)."""
+    async with ApiServerEmulator(validate_extra=validate_extra or {}) as api, kmock.Server(
+        api
+    ) as server:
         yield World(api, str(server.url).rstrip("/"))
 
 

@@ -48,6 +48,8 @@ from operator_harness import (
     emulated_world,
     eventually,
     manifest,
+    pod_monitor_api,
+    serves_pod_monitors,
     start_operator,
 )
 from test_operator_shadow_rollout import (
@@ -355,6 +357,28 @@ async def test_reconcile_of_an_unchanged_object_writes_nothing(world: World) -> 
     print(f"\nWrites by reconciles of an unchanged object: {len(writes)}")
 
 
+@serves_pod_monitors
+async def test_where_the_cluster_serves_pod_monitors_one_scrapes_the_serving_pods(
+    world: World,
+) -> None:
+    async with start_operator(world):
+        world.api.create("inferencedeployments", manifest(engine={"pin": digest_of("pm")}))
+        monitor = await eventually(
+            lambda: world.one("monitoring.coreos.com/v1", "podmonitors"), what="a PodMonitor"
+        )
+        await eventually(lambda: runtime_children_exist(world))
+    # Written through the emulator, which validated it against prometheus-operator's schema.
+    deployment, service = world.one(*DEPLOYMENTS), world.one(*SERVICES)
+    template = deployment["spec"]["template"]["metadata"]
+    assert not [k for k in template.get("annotations") or {} if k.startswith("prometheus.io/")]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector == service["spec"]["selector"], "exactly the pods the Service sends to"
+    assert selector.items() <= template["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    assert monitor["metadata"]["ownerReferences"][0]["uid"] == world.infd()["metadata"]["uid"]
+
+
 async def test_all_children_exist_within_a_second_of_create(world: World) -> None:
     # A slow resync: only the create handler and child events can make it fast.
     async with start_operator(world, FAST.model_copy(update={"resync_interval_seconds": 60})):
@@ -382,6 +406,7 @@ SCENARIOS = [
     test_spec_refused_by_the_model_is_degraded_and_not_retried,
     test_reconcile_of_an_unchanged_object_writes_nothing,
     test_all_children_exist_within_a_second_of_create,
+    test_where_the_cluster_serves_pod_monitors_one_scrapes_the_serving_pods,
 ]
 
 
@@ -390,7 +415,8 @@ async def test_rbac_rules_grant_exactly_the_calls_the_operator_made() -> None:
     # did not run in this session (e.g. under -k) is run here.
     for scenario in SCENARIOS:
         if scenario.__name__ not in RECORDED_CALLS:
-            async with emulated_world() as world:
+            extra = pod_monitor_api() if getattr(scenario, "serves_pod_monitors", False) else None
+            async with emulated_world(extra) as world:
                 if "tmp_path" in inspect.signature(scenario).parameters:
                     with tempfile.TemporaryDirectory() as directory:
                         await scenario(world, Path(directory))

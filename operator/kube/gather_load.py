@@ -1,0 +1,88 @@
+"""The gather step's second half: what the pure decisions need beyond the objects
+themselves. A running shadow's aggregates and an autoscaled object's load come from the
+metrics source (Prometheus, or the pods' own /metrics); the serving pods are counted from
+the API; the PodMonitor is read where the cluster serves PodMonitors.
+
+Nothing is read that the decision will not use: an object without a shadow, without
+autoscaling and without PodMonitors costs no extra request.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import datetime
+
+from kubeinfer.operator.kube.client import POD, POD_MONITOR, KubeClient
+from kubeinfer.operator.kube.gather import children_selector
+from kubeinfer.operator.metrics.factory import metrics_source, pods_lister
+from kubeinfer.operator.metrics.queries import Scope
+from kubeinfer.operator.metrics.scaling import read_scaling_signals
+from kubeinfer.operator.metrics.shadow import read_shadow_aggregates
+from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
+from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.reconcile.serving_pods import serving_pods
+from kubeinfer.operator.reconcile.snapshot import ObservedState
+from kubeinfer.operator.rollout.aggregates import ShadowReading
+from kubeinfer.operator.rollout.shadow import ShadowQuery, metrics_query
+from kubeinfer.operator.scaling.inputs import ScalingHistory
+from kubeinfer.operator.settings import OperatorSettings
+
+logger = logging.getLogger(__name__)
+
+
+async def gather_load(
+    client: KubeClient,
+    settings: OperatorSettings,
+    observed: ObservedState,
+    history: ScalingHistory,
+    pod_monitors: bool,
+    now: datetime,
+) -> ObservedState:
+    """`observed` with the shadow's aggregates, the load and the pods, the autoscaler's
+    `history`, and the PodMonitor (when `pod_monitors`: the cluster serves them and the
+    settings allow them)."""
+    owner = observed.owner
+    source = metrics_source(observed.spec.monitoring.prometheus.url, settings, pods_lister(client))
+    scope = Scope(owner.namespace, owner.name)
+    update: dict[str, object] = {"pod_monitors_available": pod_monitors}
+    query = metrics_query(observed.status.candidate)
+    if query is not None:
+        update["shadow"] = await _read_shadow(source, scope, query, now)
+    if observed.spec.autoscaling.enabled and observed.deployment is not None:
+        selector = names.selector_string(names.runtime_selector(owner.name))
+        pods = await client.list(POD, owner.namespace, selector)
+        update["serving_pods"] = serving_pods(pods, observed.deployment, now)
+        update["scaling_signals"] = await read_scaling_signals(
+            source, scope, observed.spec.monitoring.queries, now
+        )
+        update["scaling_history"] = history
+    if pod_monitors:
+        found = await client.list(POD_MONITOR, owner.namespace, children_selector(owner.name))
+        name = names.runtime_name(owner.name)
+        update["pod_monitor"] = next(
+            (m for m in found if m["metadata"]["name"] == name and _owned(m, owner.uid)), None
+        )
+    return replace(observed, **update)  # type: ignore[arg-type]
+
+
+def _owned(obj: dict, uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+async def _read_shadow(
+    source: MetricsSource, scope: Scope, query: ShadowQuery, now: datetime
+) -> ShadowReading:
+    """The running candidate's aggregates; a source that cannot answer is a reading with
+    the reason, which the verdict waits on."""
+    try:
+        aggregates = await read_shadow_aggregates(
+            source, scope, query.candidate_digest, query.started, now
+        )
+    except MetricsUnavailable as error:
+        logger.info(
+            "Shadow metrics unavailable: InferenceDeployment=%s/%s error=%s",
+            scope.namespace, scope.owner, error,
+        )  # fmt: skip
+        return ShadowReading(None, f"{source.description}: {error}")
+    return ShadowReading(aggregates)
