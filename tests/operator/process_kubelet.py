@@ -51,6 +51,9 @@ from kubeinfer.operator.reconcile.desired import (
 from operator_harness import NAMESPACE, World
 
 CLI = [sys.executable, "-m", "kubeinfer.operator.cli"]
+ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+"""Kubernetes' alphabet for generated names (no vowels): pod names look like a
+ReplicaSet's, which the named queries' pod regex relies on."""
 SERVICE_HOST = re.compile(r"^http://([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?::\d+)?$")
 
 
@@ -157,9 +160,8 @@ class ProcessKubelet:
     async def _sync_deployment(self, deployment: dict[str, Any]) -> None:
         name = deployment["metadata"]["name"]
         template = deployment["spec"]["template"]
-        template_hash = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[
-            :10
-        ]
+        digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).digest()
+        template_hash = "".join(ALPHABET[b % len(ALPHABET)] for b in digest[:10])
         replicas = int(deployment["spec"].get("replicas", 1))
         mine = [p for p in self.pods.values() if p.deployment == name]
         new = [p for p in mine if p.template_hash == template_hash]
@@ -185,7 +187,8 @@ class ProcessKubelet:
         )
         if configmap is None:
             return  # the kubelet waits for the volume's ConfigMap
-        name = f"{deployment['metadata']['name']}-{template_hash}-{secrets.token_hex(3)[:5]}"
+        suffix = "".join(secrets.choice(ALPHABET) for _ in range(5))
+        name = f"{deployment['metadata']['name']}-{template_hash}-{suffix}"
         directory = self.workdir / name
         directory.mkdir(parents=True)
         config = yaml.safe_load(configmap["data"][CONFIG_KEY])
@@ -336,8 +339,12 @@ class ProcessKubelet:
         return [p for p in self.pods.values() if p.deployment == deployment]
 
     def serving_url(self, deployment: str) -> str | None:
-        ready = [p for p in self.pods_of(deployment) if p.ready]
-        return ready[0].url if ready else None
+        ready = self.ready_urls(deployment)
+        return ready[0] if ready else None
+
+    def ready_urls(self, deployment: str) -> list[str]:
+        """The ready pods' URLs, as a Service's endpoints list them."""
+        return sorted(p.url for p in self.pods_of(deployment) if p.ready)
 
 
 @contextlib.asynccontextmanager
