@@ -83,6 +83,12 @@ class ScalingHistory:
     """With startup awareness: the count a scale-up in progress is heading for (its pods
     are still starting); the queue that builds meanwhile is not new demand."""
 
+    backlog: tuple[datetime, float] | None = None
+    """With startup awareness, once a committed scale-up's pods are ready: when, and how
+    many requests were queued or running over the ready pods (queue depth per replica x
+    ready) at the previous pass, to tell the backlog built during the startup draining
+    from demand that grows."""
+
 
 @dataclass(frozen=True)
 class Recommendation:
