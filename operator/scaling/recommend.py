@@ -111,11 +111,15 @@ def _unmeasured(
     events = history.events
     if replicas != current:
         events = (*events, ScaleEvent(now, current, replicas))
+    kept = (
+        f"the count is held at {pods_word(current)}"
+        if replicas == current
+        else "the count is only brought within its bounds"
+    )
     active = (
         FALSE,
         Reason.METRICS_UNAVAILABLE,
-        f"{why.message}; the count is held at {pods_word(current)}, never scaled down on "
-        "missing data.",
+        f"{why.message}; {kept}, never scaled down on missing data.",
     )
     return Recommendation(
         replicas=replicas,
@@ -194,7 +198,7 @@ def recommend(
     events = history.events
     if replicas != current:
         events = (*events, ScaleEvent(now, current, replicas))
-    commitment = startup.commit(spec, held, current, replicas, target)
+    committed, backlog = startup.commit(spec, held, current, replicas, target)
     return Recommendation(
         replicas=replicas,
         desired=raw,
@@ -204,8 +208,8 @@ def recommend(
         history=ScalingHistory(
             recommendations=stabilization.record(spec, recorded, now, held.recommended),
             events=rate_limits.record(spec, events, now),
-            committed=commitment.committed,
-            backlog=commitment.backlog,
+            committed=committed,
+            backlog=backlog,
         ),
     )
 

@@ -66,6 +66,9 @@ STARTUP_MARGIN = 2.0
 startup leaves half the pods slower, and an engine load varies with the node's disk and
 network, so the margin is generous; past it the pod is taken for broken."""
 
+Backlog = tuple[datetime, float]
+"""(when, requests queued or running over the ready pods) of one reading."""
+
 UNMEASURED_STARTUP_SECONDS = 300.0
 """The startup time assumed before any pod of the object was measured (before the
 margin): long enough for a large engine to load, so a first burst does not cascade."""
@@ -81,7 +84,7 @@ class Hold:
     committed: int | None = None
     """The commitment still in progress (None: none)."""
 
-    backlog: tuple[datetime, float] | None = None
+    backlog: Backlog | None = None
     """This pass' backlog reading, in the draining phase."""
 
     message: str = ""
@@ -124,8 +127,8 @@ def _drain(
     signals: ScalingSignals,
     pods: ServingPods,
     now: datetime,
-) -> tuple[tuple[datetime, float] | None, str]:
-    """In the draining phase: this pass' backlog reading and what it shows, or None when
+) -> tuple[Backlog | None, str]:
+    """In the draining phase: this pass' backlog reading and why it holds, or None when
     the commitment is over (the backlog is gone, or it does not drain fast enough)."""
     depth = signals.queue_depth_per_replica
     if depth is None or pods.ready <= 0:
@@ -135,10 +138,14 @@ def _drain(
     if total <= at_target:
         return None, ""
     reading = (now, total)
+    startup = _startup_words(pods)
     depth_words = f"queue depth per replica {figure(depth)}"
     previous = history.backlog
     if previous is None:
-        return reading, f"{depth_words}, first reading since they are ready"
+        return reading, (
+            f"the queue that built while they started is read once more now that they are "
+            f"ready ({depth_words}; {startup})"
+        )
     seconds = (now - previous[0]).total_seconds()
     fallen = previous[1] - total
     if seconds <= 0 or fallen <= 0:
@@ -146,7 +153,11 @@ def _drain(
     if (total - at_target) * seconds / fallen > expected_startup_seconds(pods):
         return None, ""
     was = previous[1] / pods.ready
-    return reading, f"{depth_words}, down from {figure(was)} at the last pass"
+    return reading, (
+        f"the queue that built while they started drains fast enough to be gone before "
+        f"another pod could start ({depth_words}, down from {figure(was)} at the last pass; "
+        f"{startup})"
+    )
 
 
 def hold(
@@ -171,27 +182,25 @@ def hold(
         )
         backlog = None
     else:
-        backlog, reading = _drain(spec, history, signals, pods, now)
+        backlog, why = _drain(spec, history, signals, pods, now)
         if backlog is None:
             return Hold(recommended)
-        why = (
-            f"the queue that built while they started drains fast enough to be gone "
-            f"before another pod could start ({reading}; {_startup_words(pods)})"
-        )
     if recommended <= ceiling:
         return Hold(recommended, committed, backlog)
     return Hold(ceiling, committed, backlog, f"held at {pods_word(ceiling)} while {why}")
 
 
-def commit(spec: AutoscalingSpec, held: Hold, current: int, replicas: int, target: int) -> Hold:
-    """The commitment to remember after this pass (`recommended` unused). A scale-up
-    (`replicas` above `current`) without one in progress commits to `target`, the
-    stabilized count within the bounds, which the rate limit may defer; a scale-down ends
-    any."""
+def commit(
+    spec: AutoscalingSpec, held: Hold, current: int, replicas: int, target: int
+) -> tuple[int | None, Backlog | None]:
+    """The commitment and backlog reading to remember after this pass. A scale-up
+    (`replicas` above `current`) without a commitment in progress commits to `target`,
+    the stabilized count within the bounds, which the rate limit may defer; a scale-down
+    ends any."""
     if not spec.count_starting_pods or replicas < current:
-        return Hold(replicas)
+        return None, None
     if held.committed is not None:
-        return held
+        return held.committed, held.backlog
     if replicas > current:
-        return Hold(replicas, max(target, replicas))
-    return Hold(replicas)
+        return max(target, replicas), None
+    return None, None
