@@ -158,12 +158,27 @@ class Reconciler:
     async def _carry_out(
         self, body: dict[str, Any], decision: Decision, current: InferenceDeploymentStatus
     ) -> int:
-        """Writes the status if it changed, then the events; returns the writes made."""
+        """Writes the status if it changed, then the events; returns the writes made.
+
+        The status write is guarded by the resourceVersion the pass read. When something
+        else wrote the object meanwhile without changing its spec (kopf's progress
+        annotations, `kubeinfer promote`), the status this pass computed still describes
+        it, so it is written once more at the new version rather than the whole pass
+        being retried: the children are already written, and a retried pass would find
+        nothing to do and lose the Events of what this one did (a scale change)."""
         owner = owner_ref_from_body(body)
         writes = 0
         if decision.status != current:
             version = body["metadata"]["resourceVersion"]
-            await apply.patch_status(self.client, owner, decision.status, version)
+            try:
+                await apply.patch_status(self.client, owner, decision.status, version)
+            except ApiError as error:
+                fresh = await self.client.get(INFERENCE_DEPLOYMENT, owner.namespace, owner.name)
+                same_spec = fresh is not None and owner_ref_from_body(fresh) == owner
+                if error.status != 409 or not same_spec:
+                    raise
+                version = fresh["metadata"]["resourceVersion"]
+                await apply.patch_status(self.client, owner, decision.status, version)
             writes += 1
         await apply.post_events(self.client, owner, decision.events, self.clock())
         return writes + len(decision.events)

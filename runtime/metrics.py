@@ -10,6 +10,7 @@ dashboards read these names, so they are a public interface:
 | kubeinfer_queue_depth | gauge | model, version |
 | kubeinfer_inflight_batches | gauge | model, version |
 | kubeinfer_inflight_requests | gauge (requests in the running batches) | model, version |
+| kubeinfer_requests_in_progress | gauge (received, not yet answered) | model, version |
 | kubeinfer_request_duration_seconds | histogram | model, version |
 | kubeinfer_queue_duration_seconds | histogram | model, version |
 | kubeinfer_compute_duration_seconds | histogram | model, version |
@@ -177,6 +178,12 @@ class RuntimeMetrics:
             "Requests in the batches running on execution slots (queued ones not included).",
             labels, registry=r,
         ).labels(*values)  # fmt: skip
+        self._in_progress = Gauge(
+            "kubeinfer_requests_in_progress",
+            "Inference requests received and not yet answered: queued, running, or waiting "
+            "to be decoded or answered (the autoscaler's load signal).",
+            labels, registry=r,
+        ).labels(*values)  # fmt: skip
         self._request = Histogram(
             "kubeinfer_request_duration_seconds",
             "Time from a request's arrival to its response, inference requests only.",
@@ -224,6 +231,12 @@ class RuntimeMetrics:
         self._compute.observe(compute_seconds)
 
     # Data plane
+    def request_started(self) -> None:
+        self._in_progress.inc()
+
+    def request_finished(self) -> None:
+        self._in_progress.dec()
+
     def request_answered(self, code: int, seconds: float) -> None:
         counter = self._by_code.get(code)
         if counter is None:

@@ -32,8 +32,8 @@ The aggregations (S the series, w the window; the direct read's form after the c
   wanting a recent p99 without Prometheus must difference two reads itself).
 - SUM_NOW `sum(S)`: sum of the current samples.
 - MAX_RATIO_NOW `max(S / (D > 0))`: largest ratio of one pod's samples with equal labels.
-- MEAN_PER_POD_NOW `avg(sum by (namespace, pod) (S) + sum by (namespace, pod) (A))`: per
-  pod, the sum of both metrics' current samples; the mean over the pods that export both.
+- MEAN_PER_POD_NOW `avg(sum by (namespace, pod) (S))`: per pod, the sum of the current
+  samples; the mean over the pods.
   Prometheus averages over the pods it scrapes, the direct read over the ready ones: a
   pod still loading its engine or draining counts in Prometheus (its queue is empty
   while loading), and not in the direct read.
@@ -123,7 +123,7 @@ def _ratio(pods: Sequence[PodSamples], metric: str, den: str, matchers: Labels) 
 
 
 def _mean(pods: Sequence[PodSamples], metric: str, add: str, matchers: Labels) -> float | None:
-    return samples.mean_per_pod_of(pods, (metric, add), matchers)
+    return samples.mean_per_pod_of(pods, (metric, add) if add else (metric,), matchers)
 
 
 SUM_SO_FAR = Aggregation(
@@ -155,9 +155,8 @@ MAX_RATIO_NOW = Aggregation(
 )  # fmt: skip
 MEAN_PER_POD_NOW = Aggregation(
     "MEAN_PER_POD_NOW",
-    "avg(sum by (namespace, pod) ({series}) + sum by (namespace, pod) ({addend}))",
-    "per pod, the sum of both metrics' current samples; the mean over the pods that "
-    "export both", _mean,
+    "avg(sum by (namespace, pod) ({series}))",
+    "per pod, the sum of the metric's current samples; the mean over the pods", _mean,
 )  # fmt: skip
 
 
@@ -292,9 +291,10 @@ QUEUE_DEPTH = NamedQuery(
 )  # fmt: skip
 QUEUE_DEPTH_PER_REPLICA = NamedQuery(
     "queue_depth_per_replica",
-    "Requests queued or in running batches per serving pod, now: the autoscaler's load "
-    "signal (override: spec.monitoring.queries.queueDepthPerReplica).",
-    "kubeinfer_queue_depth", MEAN_PER_POD_NOW, addend="kubeinfer_inflight_requests",
+    "Requests received and not yet answered (queued, running, or waiting on the runtime's "
+    "event loop) per serving pod, now: the autoscaler's load signal (override: "
+    "spec.monitoring.queries.queueDepthPerReplica).",
+    "kubeinfer_requests_in_progress", MEAN_PER_POD_NOW,
 )  # fmt: skip
 GPU_MEMORY_USED_RATIO = NamedQuery(
     "gpu_memory_used_ratio",

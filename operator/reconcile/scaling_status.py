@@ -78,8 +78,9 @@ def scaling_report(
             read_time=now,
         )
     startup = pods.startup_seconds
+    bounds = spec.autoscaling
     autoscaling = AutoscalingStatus(
-        desired_replicas=recommendation.desired,
+        desired_replicas=max(bounds.min_replicas, min(bounds.max_replicas, recommendation.desired)),
         last_scale_time=last_scale,
         pod_startup_seconds=round(startup, 1) if startup is not None else None,
     )

@@ -22,6 +22,7 @@ from kubeinfer.operator.reconcile.decide import decide
 from kubeinfer.operator.reconcile.snapshot import Decision, KubeObject, ObservedState, OwnerRef
 from kubeinfer.operator.rollout.aggregates import ShadowReading
 from kubeinfer.operator.rollout.shadow import metrics_query
+from kubeinfer.operator.scaling.inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.settings import OperatorSettings
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -42,6 +43,7 @@ def singletons(owner: str) -> dict[tuple[str, str], str]:
         ("Deployment", names.candidate_name(owner)): "candidate_deployment",
         ("Service", names.candidate_name(owner)): "candidate_service",
         ("ConfigMap", names.mirror_name(owner)): "mirror_configmap",
+        ("PodMonitor", names.runtime_name(owner)): "pod_monitor",
     }
 
 
@@ -88,6 +90,12 @@ class Cluster:
         self.annotations: dict[str, str] = {}
         self.reading: ShadowReading | None = None
         """What the metrics source answers in the next passes (None: nothing read)."""
+        self.signals: ScalingSignals | None = None
+        self.serving_pods: ServingPods | None = None
+        """The load and the pods the gather step reads for an autoscaled object."""
+        self.history = ScalingHistory()
+        """The autoscaler's memory, kept between passes as the reconciler keeps it."""
+        self.pod_monitors = False
 
     # -- the object itself --------------------------------------------------------------
     def update_spec(self, spec: InferenceDeploymentSpec) -> None:
@@ -113,13 +121,23 @@ class Cluster:
             job_pods=tuple(copy.deepcopy(self.pods)),
             annotations=dict(self.annotations),
             shadow=self.reading if metrics_query(self.status.candidate) else None,
+            scaling_signals=self.signals,
+            serving_pods=self.serving_pods,
+            scaling_history=self.history,
+            pod_monitors_available=self.pod_monitors,
             **singles,
         )
 
     def reconcile(self, now: datetime = T0, settings: OperatorSettings = SETTINGS) -> Decision:
         decision = decide(self.observe(), settings, now)
+        self.history = decision.scaling_history or ScalingHistory()
         for child in decision.apply:
-            validate_kubernetes(child)
+            if child["kind"] == "PodMonitor":
+                from podmonitor_schema import validate_podmonitor  # node, only where needed
+
+                validate_podmonitor(child)
+            else:
+                validate_kubernetes(child)
             self._store(child)
         for kind, name in decision.delete:
             self.objects.pop((kind, name), None)

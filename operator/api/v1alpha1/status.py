@@ -111,7 +111,8 @@ class AutoscalingStatus(ApiModel):
     """What the autoscaler decided last, and what it knows of the pods."""
 
     desired_replicas: int | None = Field(default=None, ge=0)
-    """The count the autoscaler wants now (before the rate limits), for `kubectl describe`."""
+    """The count the signals call for now, within [minReplicas, maxReplicas], before the
+    stabilization windows and the rate limits smooth it (what `replicas` heads for)."""
 
     last_scale_time: datetime | None = None
     """When the autoscaler last changed the runtime Deployment's replicas."""
