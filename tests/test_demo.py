@@ -1,6 +1,6 @@
 """`make demo` keeps working: the whole main job (validate, render, build through the cache,
-serve, load, metrics, drain, a shadow that passes and one that fails) runs as a real
-process and ends with exit code 0."""
+serve, load, metrics, drain, a shadow that passes and one that fails, autoscaling through
+a burst) runs as a real process and ends with exit code 0."""
 
 from __future__ import annotations
 
@@ -24,4 +24,6 @@ def test_the_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "| 32 |" in out and "exited with code 0" in out
     assert "| int8, same model |" in out and "**Passed** ThresholdsMet" in out
     assert "| fp32, another model |" in out and "**Failed** DifferenceTooLarge" in out
+    assert "**1 → " in out and " → 1** (TooFewReplicas)" in out, "up under the burst, down after"
+    assert "1 after it; 0 requests answered other than 200" in out
     assert out.rstrip().endswith("Demo finished.")

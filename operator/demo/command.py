@@ -62,7 +62,7 @@ def build_engines(workdir: Path) -> tuple[dict[str, str], str]:
     """The demo model's fp32 and int8 engines, and (for the shadow step) an fp32 engine of
     another model with the same tensor names; returns the digests and the cache."""
     from kubeinfer.runtime.calibration import write_demo_samples
-    from kubeinfer.runtime.demo_models import build_small_mlp
+    from kubeinfer.runtime.demo_models import build_mlp, build_small_mlp
     from kubeinfer.runtime.engine_build import build_engine
 
     model = build_small_mlp(workdir / "models" / "small-mlp.onnx")
@@ -99,6 +99,12 @@ def build_engines(workdir: Path) -> tuple[dict[str, str], str]:
     result = build_engine(str(other), "onnxruntime", "fp32", cache, max_batch_size=32)
     digests["other"] = result.digest
     print(f"\n  another model (seed 1, same tensor names), fp32: {result.digest[:23]}...")
+    # For the autoscaling step: 67 MB of weights, several ms a request on a CPU, so the
+    # requests of a burst wait in the runtimes (where the autoscaler sees them).
+    heavy = build_mlp(workdir / "models" / "burst-mlp.onnx", 16, (4096, 4096), 10)
+    result = build_engine(str(heavy), "onnxruntime", "fp32", cache, max_batch_size=32)
+    digests["burst"] = result.digest
+    print(f"  a heavier model for the autoscaling step, fp32: {result.digest[:23]}...")
     print("\n  (run `make demo` again: every build is a cache hit)")
     return digests, str(cache)
 
@@ -226,6 +232,10 @@ def run(args: argparse.Namespace) -> int:
     from kubeinfer.operator.demo.shadow import run_shadow_step
 
     ok = run_shadow_step(workdir, cache, digests, args.seconds) and ok
+    _step("6. Autoscaling through a burst: up on queue depth, down after the window")
+    from kubeinfer.operator.demo.autoscale import run_autoscale_step
+
+    ok = run_autoscale_step(workdir, digests["burst"], cache) and ok
     print("\nDemo finished." if ok else "\nDemo finished with problems (see above).")
     return 0 if ok else 1
 
