@@ -95,6 +95,20 @@ class OperatorSettings(BaseModel):
     the prometheus-operator's API exists; `off`: never (the pods' prometheus.io annotations
     remain for annotation-based scrape jobs)."""
 
+    pod_monitor_labels: dict[str, str] = Field(default_factory=dict)
+    """Labels added to every PodMonitor (`k=v,k=v` in the environment), for a Prometheus
+    whose podMonitorSelector asks for them (e.g. `release=kube-prometheus-stack`)."""
+
+    @field_validator("pod_monitor_labels", mode="before")
+    @classmethod
+    def _split_labels(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            pairs = [part.strip() for part in value.split(",") if part.strip()]
+            if not all("=" in pair for pair in pairs):
+                raise ValueError("expected key=value pairs separated by commas")
+            return dict(pair.split("=", 1) for pair in pairs)
+        return value
+
     @field_validator("namespaces", mode="before")
     @classmethod
     def _split_namespaces(cls, value: Any) -> Any:

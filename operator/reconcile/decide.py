@@ -147,7 +147,7 @@ def _runtime_children(
         build.build_service(owner, serving.version),
     ]
     if monitors:
-        children.append(build_pod_monitor(owner, serving.version))
+        children.append(build_pod_monitor(owner, serving.version, settings.pod_monitor_labels))
     if plan.candidate is not None:
         candidate, role = plan.candidate, names.ROLE_CANDIDATE
         config = build.runtime_config(spec, settings, candidate.version, candidate.digest, role)

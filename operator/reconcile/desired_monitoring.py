@@ -30,9 +30,15 @@ def scrape_annotations(pod_monitors: bool) -> dict[str, str]:
     }
 
 
-def build_pod_monitor(owner: OwnerRef, version: str) -> KubeObject:
-    """The PodMonitor of the serving pods (the serving Service's selector)."""
-    labels = names.common_labels(owner.name, version, names.COMPONENT_RUNTIME)
+def build_pod_monitor(
+    owner: OwnerRef, version: str, extra_labels: dict[str, str] | None = None
+) -> KubeObject:
+    """The PodMonitor of the serving pods (the serving Service's selector), with the
+    operator's `podMonitorLabels` for a Prometheus that selects PodMonitors by label."""
+    labels = {
+        **(extra_labels or {}),
+        **names.common_labels(owner.name, version, names.COMPONENT_RUNTIME),
+    }
     body = {
         "spec": {
             "selector": {"matchLabels": names.serving_selector(owner.name)},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from decide_scenarios import T0, Cluster, make_spec
+from decide_scenarios import DIGEST_A, SETTINGS, T0, Cluster, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.scaling.inputs import ScalingSignals, ServingPods
 
@@ -103,3 +103,15 @@ def test_a_pod_monitor_replaces_the_scrape_annotations_where_the_cluster_serves_
     template = cluster.get("Deployment")["spec"]["template"]["metadata"]
     assert not [k for k in template["annotations"] if k.startswith("prometheus.io/")]
     assert monitor["spec"]["selector"]["matchLabels"] == cluster.get("Service")["spec"]["selector"]
+
+
+def test_the_pod_monitor_carries_the_labels_a_prometheus_selects_on():
+    settings = SETTINGS.model_copy(update={"pod_monitor_labels": {"release": "kps"}})
+    cluster = Cluster(make_spec())
+    cluster.pod_monitors = True
+    cluster.reconcile(T0, settings)
+    (job,) = cluster.jobs()
+    cluster.succeed_job(job["metadata"]["name"], DIGEST_A)
+    cluster.reconcile(T0 + timedelta(seconds=1), settings)
+    labels = cluster.get("PodMonitor", "demo-runtime")["metadata"]["labels"]
+    assert labels["release"] == "kps" and labels["app.kubernetes.io/instance"] == "demo"
