@@ -33,10 +33,10 @@ The aggregations (S the series, w the window; the direct read's form after the c
 - SUM_NOW `sum(S)`: sum of the current samples.
 - MAX_RATIO_NOW `max(S / (D > 0))`: largest ratio of one pod's samples with equal labels.
 - MEAN_PER_POD_NOW `avg(sum by (namespace, pod) (S))`: per pod, the sum of the current
-  samples; the mean over the pods.
+  samples; the mean over the pods that export S.
   Prometheus averages over the pods it scrapes, the direct read over the ready ones: a
-  pod still loading its engine or draining counts in Prometheus (its queue is empty
-  while loading), and not in the direct read.
+  pod still loading its engine or draining counts in Prometheus (nothing is in progress
+  while it loads), and not in the direct read.
 
 Per object, `spec.monitoring.queries` may replace a row's PromQL (`Query.overridden`);
 the direct read always applies the row's own form.
@@ -91,14 +91,14 @@ class Scope:
 class Aggregation:
     """How a named query aggregates its series, in both forms. The template's fields:
     `{series}` the metric with its label selector, `{bucket}` the same for a histogram's
-    `_bucket` series, `{denominator}` and `{addend}` a second metric with the same
-    selector, `{window}` seconds."""
+    `_bucket` series, `{denominator}` a second metric with the same selector, `{window}`
+    seconds."""
 
     name: str
     promql: str
     direct: str
     reduce: Callable[[Sequence[PodSamples], str, str, Labels], float | None]
-    """(pods, metric, the row's second metric (denominator or addend), label matchers) ->
+    """(pods, metric, the row's denominator (empty when it has none), label matchers) ->
     value: the direct read's form."""
 
     @property
@@ -122,8 +122,8 @@ def _ratio(pods: Sequence[PodSamples], metric: str, den: str, matchers: Labels) 
     return samples.max_ratio_of(pods, metric, den, matchers)
 
 
-def _mean(pods: Sequence[PodSamples], metric: str, add: str, matchers: Labels) -> float | None:
-    return samples.mean_per_pod_of(pods, (metric, add) if add else (metric,), matchers)
+def _mean(pods: Sequence[PodSamples], metric: str, _: str, matchers: Labels) -> float | None:
+    return samples.mean_per_pod_of(pods, metric, matchers)
 
 
 SUM_SO_FAR = Aggregation(
@@ -156,7 +156,8 @@ MAX_RATIO_NOW = Aggregation(
 MEAN_PER_POD_NOW = Aggregation(
     "MEAN_PER_POD_NOW",
     "avg(sum by (namespace, pod) ({series}))",
-    "per pod, the sum of the metric's current samples; the mean over the pods", _mean,
+    "per pod, the sum of the metric's current samples; the mean over the pods that export "
+    "it", _mean,
 )  # fmt: skip
 
 
@@ -202,7 +203,7 @@ class NamedQuery:
     per_candidate: bool = False
     """Selects the series of one shadow candidate (label `candidate_digest`)."""
     denominator: str = ""
-    addend: str = ""
+    """The second metric of a ratio (MAX_RATIO_NOW)."""
 
     def bind(
         self, scope: Scope, *, window_seconds: int = 0, candidate_digest: str | None = None
@@ -221,14 +222,12 @@ class NamedQuery:
             series=f"{self.metric}{{{labels}}}",
             bucket=f"{self.metric}_bucket{{{labels}}}",
             denominator=f"{self.denominator}{{{labels}}}",
-            addend=f"{self.addend}{{{labels}}}",
             window=int(window_seconds),
         )
-        aggregation, metric = self.aggregation, self.metric
-        second = self.denominator or self.addend
+        aggregation, metric, denominator = self.aggregation, self.metric, self.denominator
 
         def reduce(pods: Sequence[PodSamples]) -> float | None:
-            return aggregation.reduce(pods, metric, second, matchers)
+            return aggregation.reduce(pods, metric, denominator, matchers)
 
         return Query(self.name, scope, promql, reduce)
 

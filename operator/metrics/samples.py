@@ -90,15 +90,14 @@ def max_ratio_of(
     return max(ratios) if ratios else None
 
 
-def mean_per_pod_of(
-    pods: Sequence[PodSamples], names: Sequence[str], matchers: Matchers
-) -> float | None:
-    """PromQL `avg(sum by (namespace, pod) (<a>{...}) + sum by (namespace, pod) (<b>{...}))`
-    for `names` (a, b, ...): per pod, the sum of every named series' samples; the mean over
-    the pods that have a series of each name (the `+` drops a pod missing one side)."""
-    totals = []
-    for pod in pods:
-        found = [matching([pod], name, matchers) for name in names]
-        if all(found):
-            totals.append(sum(sample.value for series in found for sample in series))
+def mean_per_pod_of(pods: Sequence[PodSamples], name: str, matchers: Matchers) -> float | None:
+    """PromQL `avg(sum by (namespace, pod) (<name>{...}))`: per pod, the sum of its samples
+    of series `name` (whatever other labels they carry); the mean over the pods that have
+    one (a pod without the series is not in the `sum by` result, so not in the mean); None
+    when none has."""
+    totals = [
+        sum(sample.value for sample in found)
+        for pod in pods
+        if (found := matching([pod], name, matchers))
+    ]
     return sum(totals) / len(totals) if totals else None

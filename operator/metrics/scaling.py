@@ -1,11 +1,12 @@
 """`read_scaling_signals`: the autoscaler's figures for one InferenceDeployment, from
 either metrics source, in one read.
 
-Three named queries: `queue_depth_per_replica` (the load signal), `gpu_memory_used_ratio`
-(memory pressure) and `request_p99_seconds` (for the status only). The object's
-`spec.monitoring.queries` may replace the first two's PromQL; the direct read ignores
-that (an override is PromQL, which only Prometheus evaluates) and applies the built-in
-form.
+Three named queries: `queue_depth_per_replica` (the load signal: the mean over the pods of
+`kubeinfer_requests_in_progress`, requests received and not yet answered, whatever they
+wait on), `gpu_memory_used_ratio` (memory pressure) and `request_p99_seconds` (for the
+status only). The object's `spec.monitoring.queries` may replace the first two's PromQL;
+the direct read ignores that (an override is PromQL, which only Prometheus evaluates) and
+applies the built-in form.
 
 A source that cannot answer gives signals with `error` set and no figures, never an
 exception: the recommender then holds the count, as the HorizontalPodAutoscaler does when

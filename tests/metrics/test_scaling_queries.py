@@ -1,13 +1,16 @@
 """The autoscaler's queries, pure: `queue_depth_per_replica` in both forms, the placeholders
 of `spec.monitoring.queries` overrides, and which PromQL `scaling_queries` binds.
 
-Covers: the PromQL form sums each pod's queued and in-flight series before averaging
-over pods (so the `+` matches per pod, whatever other labels the series carry); the
-direct form over real expositions of the runtime's registry is the mean over the pods
-that export both metrics; `$namespace`/`${pods}` become the escaped contents of a
-double-quoted string, other `$` words stay, `$$` is one `$`; an override replaces the
-PromQL and names its field, never the direct read's form; without overrides the built-in
-PromQL is bound and the p99 gets its window.
+Covers: the PromQL form sums each pod's `kubeinfer_requests_in_progress` series before
+averaging over pods (so a pod counts once, whatever other labels its series carry); the
+direct form over real expositions of the runtime's registry (the gauge moved by
+`request_started`/`request_finished`, as `DataPlane.infer` moves it) is the same mean
+over the pods, and reads neither of the batcher's gauges; a pod without the series (a
+runtime from before it) is left out of the mean as PromQL's `avg` leaves it out;
+`$namespace`/`${pods}` become the escaped contents of a double-quoted string, other `$`
+words stay, `$$` is one `$`; an override replaces the PromQL and names its field, never
+the direct read's form; without overrides the built-in PromQL is bound and the p99 gets
+its window.
 """
 
 from __future__ import annotations
@@ -25,34 +28,54 @@ from prometheus_client import generate_latest
 SCOPE = Scope("serving", "demo")
 
 
-def pod(name: str, queued: int, running: int, *, model: str = "m") -> PodSamples:
-    """One pod's scrape of the runtime's own registry, with its batcher's gauges set."""
+def exposition(
+    in_progress: int, *, answered: int = 0, queued: int = 0, running: int = 0, model: str = "m"
+) -> str:
+    """A scrape of the runtime's own registry after `in_progress + answered` requests
+    started and `answered` of them finished; the batcher's gauges at `queued`/`running`."""
     metrics = RuntimeMetrics(model, "1")
+    for _ in range(in_progress + answered):
+        metrics.request_started()
+    for _ in range(answered):
+        metrics.request_finished()
     metrics.queue_depth(queued)
     metrics.inflight_requests(running)
-    return parse_exposition(name, generate_latest(metrics.registry).decode())
+    return generate_latest(metrics.registry).decode()
+
+
+def pod(name: str, in_progress: int, **batcher: int) -> PodSamples:
+    return parse_exposition(name, exposition(in_progress, **batcher))
 
 
 def test_queue_depth_per_replica_sums_each_pod_then_averages() -> None:
     selector = SCOPE.promql_labels({})
     assert q.QUEUE_DEPTH_PER_REPLICA.bind(SCOPE).promql == (
-        f"avg(sum by (namespace, pod) (kubeinfer_queue_depth{{{selector}}}) + "
-        f"sum by (namespace, pod) (kubeinfer_inflight_requests{{{selector}}}))"
+        f"avg(sum by (namespace, pod) (kubeinfer_requests_in_progress{{{selector}}}))"
     )
     reduce = q.QUEUE_DEPTH_PER_REPLICA.bind(SCOPE).reduce
-    assert reduce([pod("a", 3, 1), pod("b", 0, 1), pod("c", 0, 0)]) == pytest.approx(5 / 3)
+    # The batcher's gauges see only part of what is in progress (none of what runs inline
+    # or waits on the event loop); the signal reads the in-progress gauge alone.
+    busy = pod("a", 4, answered=2, queued=1, running=1)
+    assert reduce([busy, pod("b", 1), pod("c", 0, answered=5)]) == pytest.approx(5 / 3)
     assert reduce([]) is None
 
 
-def test_a_pod_missing_one_series_is_left_out_as_promqls_plus_leaves_it() -> None:
-    without_inflight = "\n".join(
-        line
-        for line in generate_latest(RuntimeMetrics("m", "1").registry).decode().splitlines()
-        if "kubeinfer_inflight_requests" not in line
-    )
-    old = parse_exposition("old", without_inflight + "\n")
+def test_a_pods_series_are_summed_before_the_mean_over_pods() -> None:
+    """Two series in one pod (other label values) are one pod of their sum, not two."""
+    two = PodSamples("two", pod("two", 2).samples + pod("two", 1, model="n").samples)
     reduce = q.QUEUE_DEPTH_PER_REPLICA.bind(SCOPE).reduce
-    assert reduce([pod("a", 2, 2), old]) == 4
+    assert reduce([two, pod("one", 1)]) == 2  # (2 + 1 + 1) / 2 pods
+
+
+def test_a_pod_without_the_series_is_left_out_as_promqls_avg_leaves_it() -> None:
+    """A runtime from before `kubeinfer_requests_in_progress` (a rollout in progress)."""
+    without = "\n".join(
+        line for line in exposition(0).splitlines() if "kubeinfer_requests_in_progress" not in line
+    )
+    old = parse_exposition("old", without + "\n")
+    assert old.samples  # its other series are there
+    reduce = q.QUEUE_DEPTH_PER_REPLICA.bind(SCOPE).reduce
+    assert reduce([pod("a", 4), old]) == 4
     assert reduce([old]) is None
 
 
@@ -70,11 +93,11 @@ def test_placeholders_become_escaped_string_contents(template: str, expected: st
 
 def test_overrides_replace_the_promql_and_name_their_field() -> None:
     overrides = QueryOverrides(
-        queue_depth_per_replica='2 * avg(kubeinfer_queue_depth{pod=~"$pods"})',
+        queue_depth_per_replica='2 * avg(kubeinfer_requests_in_progress{pod=~"$pods"})',
         gpu_memory_used_ratio='max(my_ratio{namespace="$namespace"})',
     )
     depth, gpu, p99 = scaling_queries(SCOPE, overrides)
-    assert depth.promql == f'2 * avg(kubeinfer_queue_depth{{pod=~"{SCOPE.pod_regex}"}})'
+    assert depth.promql == f'2 * avg(kubeinfer_requests_in_progress{{pod=~"{SCOPE.pod_regex}"}})'
     assert depth.overridden_by == "spec.monitoring.queries.queueDepthPerReplica"
     assert depth.label == (
         "queue_depth_per_replica (PromQL of spec.monitoring.queries.queueDepthPerReplica)"
@@ -83,7 +106,7 @@ def test_overrides_replace_the_promql_and_name_their_field() -> None:
     assert gpu.overridden_by == "spec.monitoring.queries.gpuMemoryUsedRatio"
     assert (p99.name, p99.overridden_by) == ("request_p99_seconds", "")
     # The direct read's form is the built-in one.
-    pods = [pod("a", 3, 1), pod("b", 0, 1)]
+    pods = [pod("a", 4), pod("b", 1)]
     assert depth.reduce(pods) == q.QUEUE_DEPTH_PER_REPLICA.bind(SCOPE).reduce(pods) == 2.5
 
 

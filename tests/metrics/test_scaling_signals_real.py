@@ -4,20 +4,21 @@ read of the same runtimes.
 Three kinds of pod, each in its own scope:
 - `load`: two `kubeinfer serve` processes under real closed-loop load (a model with
   enough compute per row that batches take milliseconds, so requests queue behind the
-  running batch): each pod holds at most `CLIENTS` requests, so both sources read a
-  figure in (0, CLIENTS] while the load runs, and Prometheus saw requests both queued
-  and in flight at some scrape. Under load the sources read different instants (the last
-  scrape, now); they are compared exactly at a quiet moment, after a scrape that
-  followed the load: 0 from both.
+  running batch): each pod has at most `CLIENTS` requests in progress, so both sources
+  read a figure in (0, CLIENTS] while the load runs, and Prometheus saw
+  `kubeinfer_requests_in_progress` above 0 on each pod at some scrape. Under load the
+  sources read different instants (the last scrape, now); they are compared exactly at a
+  quiet moment, after a scrape that followed the load: 0 from both.
 - `held`: a fixed load, for exact agreement on figures other than 0: the runtime's own
-  batcher and `RuntimeMetrics` over the real ONNX Runtime engine, in this process, with
-  its slot held at a gate and real requests queued behind it, served on a loopback port.
-  Nothing moves while it is held, so Prometheus' last scrape and the direct read's
-  scrape see the same state: pods of 1+3 and 1+0 requests, 2.5 from both.
+  HTTP app (`create_app`: data plane, batcher, metrics) over the real ONNX Runtime
+  engine, in this process, on a loopback port, its slot held at a gate and real HTTP
+  requests queued behind it, so `DataPlane.infer` counts them in progress. Nothing moves
+  while it is held, so Prometheus' last scrape and the direct read's scrape (both of the
+  app's own /metrics) see the same state: pods of 1+3 and 1+0 requests, 2.5 from both.
 - `gpu`: the runtime's metrics with its NVML reader replaced by fixed device readings
   (no GPU here): the ratio from both; the CPU pods' GPU figure is None, without error.
 
-Also: overrides (a doubled queue depth, a minimum instead of a maximum GPU ratio) are
+Also: overrides (a doubled load signal, a minimum instead of a maximum GPU ratio) are
 what Prometheus answers and change nothing in the direct read; their placeholders reach
 Prometheus as the values (a namespace with quotes and backslashes, the pod regex); a
 broken override, and one answering several series, are `MetricsUnavailable` naming the
@@ -39,8 +40,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import aiohttp
 import pytest
+from aiohttp import web
 from kubeinfer.operator.api.v1alpha1.inference_deployment import QueryOverrides
 from kubeinfer.operator.metrics.direct import DirectRead
 from kubeinfer.operator.metrics.prometheus import PrometheusSource
@@ -48,11 +50,11 @@ from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.scaling import read_scaling_signals, scaling_queries
 from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
 from kubeinfer.operator.scaling.inputs import ScalingSignals
-from kubeinfer.runtime.batching.queue import Batcher
-from kubeinfer.runtime.config import BatchingPolicy
+from kubeinfer.runtime.config import BatchingPolicy, EngineSource, RuntimeConfig
 from kubeinfer.runtime.demo_models import build_mlp, build_tiny_mlp
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from kubeinfer.runtime.gpu_memory import GpuMemory
+from kubeinfer.runtime.http.app import DATAPLANE, RUNNER_OPTIONS, create_app
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from prometheus_client import start_http_server
 from prometheus_harness import (
@@ -122,42 +124,70 @@ async def until(condition: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"{what} never happened")
 
 
+def infer_body(rows: int) -> dict[str, Any]:
+    return {"inputs": [{"name": "input", "datatype": "FP32", "shape": [rows, 16],
+                        "data": [0.5] * (rows * 16)}]}  # fmt: skip
+
+
 @contextmanager
 def held_runtimes(model: Path, queued: Sequence[int]) -> Iterator[list[int]]:
-    """Per entry, the runtime's batcher with one 4-row request running (held at the gate)
-    and `queued` 1-row requests behind it, its `RuntimeMetrics` on a loopback port; yields
-    the ports. The batchers live on an event loop in a thread of their own."""
+    """Per entry, the runtime's HTTP app on a loopback port, its engine held at the gate,
+    with one 4-row request running and `queued` 1-row requests behind it, all sent over
+    HTTP; yields the ports. The apps and their client live on an event loop in a thread of
+    their own; requests wait up to 10 minutes in the queue (no deadline passes while the
+    module's tests run)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="held-runtimes", daemon=True)
     thread.start()
     engines: list[HeldEngine] = []
-    batchers: list[Batcher] = []
-    requests: list[asyncio.Future[Any]] = []
-    servers: list[Any] = []
+    runners: list[web.AppRunner] = []
+    requests: list[asyncio.Future[int]] = []
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def post(url: str, rows: int) -> int:
+        async with sessions[0].post(url, json=infer_body(rows)) as response:
+            await response.read()
+            return response.status
 
     async def hold(count: int) -> int:
+        if not sessions:
+            sessions.append(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)))
         engine = HeldEngine(OnnxRuntimeEngine(model, max_batch_size=32, intra_op_threads=1))
-        metrics = RuntimeMetrics("tiny", "1")
-        batcher = Batcher(engine, BatchingPolicy(execution_slots=1), observer=metrics)
         engines.append(engine)
-        await batcher.start()
-        batchers.append(batcher)
-        rows = np.ones((4, 16), np.float32)
-        requests.append(asyncio.ensure_future(batcher.infer({"input": rows}, 4, 600)))
-        await until(lambda: engine.running == 1, "the held batch running")
-        for _ in range(count):
-            requests.append(asyncio.ensure_future(batcher.infer({"input": rows[:1]}, 1, 600)))
-        await until(lambda: batcher.queued == count, f"{count} requests queued")
+        config = RuntimeConfig(
+            model_name="tiny",
+            engine=EngineSource(onnx_path=str(model)),
+            batching=BatchingPolicy(execution_slots=1, default_timeout_milliseconds=600_000),
+        )
+        app = create_app(config, engine)
+        runner = web.AppRunner(app, **RUNNER_OPTIONS)
+        await runner.setup()
+        runners.append(runner)
         port = free_port()
-        servers.append(start_http_server(port, "127.0.0.1", registry=metrics.registry))
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        dataplane = app[DATAPLANE]
+        url = f"http://127.0.0.1:{port}/v2/models/tiny/infer"
+        requests.append(asyncio.ensure_future(post(url, 4)))
+        await until(lambda: engine.running == 1, "the held batch running")
+        requests.extend(asyncio.ensure_future(post(url, 1)) for _ in range(count))
+        await until(lambda: dataplane.batcher.queued == count, f"{count} requests queued")
+        in_progress = dataplane.metrics.registry.get_sample_value(
+            "kubeinfer_requests_in_progress", {"model": "tiny", "version": "1"}
+        )
+        assert in_progress == count + 1, "the held requests are not all counted in progress"
         return port
 
     async def release() -> None:
         for engine in engines:
             engine.gate.set()
-        await asyncio.gather(*requests)
-        for batcher in batchers:
-            await batcher.close()
+        try:
+            statuses = await asyncio.gather(*requests, return_exceptions=True)
+            assert statuses == [200] * len(requests), statuses
+        finally:
+            for session in sessions:
+                await session.close()
+            for runner in runners:
+                await runner.cleanup()  # stops the batcher
 
     try:
         yield [asyncio.run_coroutine_threadsafe(hold(n), loop).result(30) for n in queued]
@@ -165,10 +195,6 @@ def held_runtimes(model: Path, queued: Sequence[int]) -> Iterator[list[int]]:
         asyncio.run_coroutine_threadsafe(release(), loop).result(30)
         for engine in engines:
             engine.engine.close()
-        for server, server_thread in servers:
-            server.shutdown()
-            server.server_close()
-            server_thread.join(5)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
@@ -267,7 +293,7 @@ async def signals(
     return await read_scaling_signals(source, scope, overrides, datetime.now(UTC), 60)
 
 
-async def test_under_load_both_sources_read_queued_and_running_requests(
+async def test_under_load_both_sources_read_requests_in_progress(
     prometheus: PrometheusServer, direct: DirectRead, runtimes: list[RuntimeProcess]
 ) -> None:
     source = PrometheusSource(prometheus.url, TIMEOUT)
@@ -281,12 +307,9 @@ async def test_under_load_both_sources_read_queued_and_running_requests(
         return sent
 
     jobs = [(r.port, 1000 * i) for i, r in enumerate(runtimes * CLIENTS)]
-    both_now = (
-        f"kubeinfer_queue_depth{{{LOAD.promql_labels({})}}} > 0 "
-        f"and kubeinfer_inflight_requests{{{LOAD.promql_labels({})}}} > 0"
-    )
+    in_progress_now = f"kubeinfer_requests_in_progress{{{LOAD.promql_labels({})}}} > 0"
     readings: list[tuple[ScalingSignals, ScalingSignals]] = []
-    seen_both = False
+    seen_in_progress: set[str] = set()  # pods Prometheus saw with requests in progress
     with ThreadPoolExecutor(len(jobs)) as pool:
         clients = [pool.submit(client, port, seed) for port, seed in jobs]
         try:
@@ -295,8 +318,12 @@ async def test_under_load_both_sources_read_queued_and_running_requests(
                 await asyncio.to_thread(prometheus.wait_for_scrape_after, time.time())
                 reading = (await signals(source, LOAD), await signals(direct, LOAD))
                 readings.append(reading)
-                seen_both = seen_both or bool(prometheus.query(both_now))
-                if seen_both and all(s.queue_depth_per_replica and s.p99_seconds for s in reading):
+                seen_in_progress |= {
+                    series["metric"]["pod"] for series in prometheus.query(in_progress_now)
+                }
+                if seen_in_progress == set(LOAD_PODS) and all(
+                    s.queue_depth_per_replica and s.p99_seconds for s in reading
+                ):
                     break
                 assert time.monotonic() < deadline, f"no reading under load: {readings}"
         finally:
@@ -341,8 +368,7 @@ async def test_overrides_are_prometheus_only(
 ) -> None:
     doubled = QueryOverrides(
         queue_depth_per_replica=(
-            '2 * avg(sum by (pod) (kubeinfer_queue_depth{namespace="$namespace",pod=~"$pods"})'
-            ' + sum by (pod) (kubeinfer_inflight_requests{namespace="$namespace",'
+            '2 * avg(sum by (pod) (kubeinfer_requests_in_progress{namespace="$namespace",'
             'pod=~"${pods}"}))'
         ),
         gpu_memory_used_ratio=(
@@ -377,8 +403,11 @@ async def test_placeholders_reach_prometheus_as_the_values(prometheus: Prometheu
 @pytest.mark.parametrize(
     ("override", "reason"),
     [
-        ("avg(kubeinfer_queue_depth{", r"HTTP 400: .*unexpected end of input"),
-        ('kubeinfer_queue_depth{namespace="$namespace"}', r"2 series came back, expected one"),
+        ("avg(kubeinfer_requests_in_progress{", r"HTTP 400: .*unexpected end of input"),
+        (
+            'kubeinfer_requests_in_progress{namespace="$namespace"}',
+            r"2 series came back, expected one",
+        ),
     ],
 )
 async def test_a_broken_override_is_unavailable_naming_its_field(
