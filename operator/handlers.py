@@ -6,8 +6,14 @@ InferenceDeployment concerned, and the reconciler schedules the periodic resync 
 (see its docstring for why not a kopf timer); the handlers never branch on what
 happened. Errors map to kopf's retry classes here and only here: a spec the
 model refuses has been written into the status and is a `PermanentError` (kopf does not
-retry it until the spec changes); anything else is a `TemporaryError`, retried after a
-delay that is short for conflicts and throttling and longer otherwise.
+retry it until the spec changes); anything else is a `TemporaryError`, retried after the
+delay the API server asked for (`Retry-After`), else one that is short for conflicts,
+throttling and unanswered requests and longer otherwise.
+
+Credentials: kopf's login handler here returns what `login` finds (default
+`kopf.login_via_client`: the in-cluster service account, else KUBECONFIG), and kopf keeps
+it in its credentials vault, which the operator's own API client shares (see
+`kube.client`): a 401 on either side makes kopf log in again.
 
 `register` adds the handlers to a registry instead of decorating at import time, so the
 operator command and each test build their own registry, settings and credentials.
@@ -20,7 +26,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import kopf
 from kubeinfer.operator.api.v1alpha1.resource import GROUP, PLURAL, VERSION
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest
@@ -34,9 +39,10 @@ from kubeinfer.operator.kube.client import (
     ApiError,
     KubeClient,
     ResourceType,
+    Vault,
 )
 from kubeinfer.operator.reconcile.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
-from kubeinfer.operator.reconciler import Reconciler
+from kubeinfer.operator.reconciler import Reconciler, ReconcilerClosed
 from kubeinfer.operator.settings import OperatorSettings
 
 ANNOTATION_PREFIX = "kubeinfer.io"
@@ -53,27 +59,35 @@ Login = Callable[..., Awaitable[kopf.ConnectionInfo | None] | kopf.ConnectionInf
 
 @dataclass
 class OperatorContext:
-    """What the handlers share: the settings and, once logged in, the reconciler."""
+    """What the handlers share: the settings, the API client over kopf's credentials
+    vault, and the reconciler."""
 
     settings: OperatorSettings
-    reconciler: Reconciler | None = None
-    clients: list[KubeClient] = field(default_factory=list)
+    vault: Vault
+    client: KubeClient = field(init=False)
+    reconciler: Reconciler = field(init=False)
 
-    def connect(self, connection: kopf.ConnectionInfo) -> None:
-        """(Re)builds the API client from fresh credentials; passes keep their locks."""
-        client = KubeClient(connection, field_manager=self.settings.field_manager)
-        self.clients.append(client)
-        if self.reconciler is None:
-            self.reconciler = Reconciler(client, self.settings)
-        else:
-            self.reconciler.client = client
+    def __post_init__(self) -> None:
+        self.client = KubeClient(
+            self.vault,
+            field_manager=self.settings.field_manager,
+            timeout_seconds=self.settings.api_timeout_seconds,
+            page_size=self.settings.api_page_size,
+        )
+        self.reconciler = Reconciler(self.client, self.settings)
 
     async def close(self) -> None:
-        if self.reconciler is not None:
-            await self.reconciler.close()
-        for client in self.clients:
-            await client.close()
-        self.clients.clear()
+        """Stops the reconciler (its requeues included); the vault, which holds the
+        sessions, is kopf's to close."""
+        await self.reconciler.close()
+
+
+def retry_delay(error: ApiError) -> float:
+    """How long kopf waits before retrying after `error`: what the server asked for
+    (`Retry-After`), else soon for what passes by itself, else later."""
+    if error.retry_after_seconds is not None:
+        return error.retry_after_seconds
+    return RETRY_SOON_SECONDS if error.retryable else RETRY_LATER_SECONDS
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings) -> kopf.OperatorSettings:
@@ -103,22 +117,24 @@ def register(
     registry: kopf.OperatorRegistry,
     settings: OperatorSettings,
     login: Login | None = None,
+    vault: Vault | None = None,
 ) -> OperatorContext:
     """Adds every handler to `registry`. `login` returns the API credentials (default:
-    kubeconfig or the in-cluster service account, as kopf finds them)."""
-    context = OperatorContext(settings)
+    kubeconfig or the in-cluster service account, as kopf finds them); `vault` is the
+    credentials vault given to `kopf.operator` (a new one by default)."""
+    context = OperatorContext(settings, vault if vault is not None else Vault())
     owner = (GROUP, VERSION, PLURAL)
 
     @kopf.on.login(registry=registry)
-    async def authenticate(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    async def authenticate(**kwargs: Any) -> kopf.ConnectionInfo:
         try:
             result = (login or kopf.login_via_client)(**kwargs)
             connection = await result if isinstance(result, Awaitable) else result
         except kopf.LoginError as error:
             # No credentials at all will not appear by retrying: stop with the reason.
             raise kopf.PermanentError(f"No Kubernetes credentials: {error}") from None
-        if connection is not None:
-            context.connect(connection)
+        if connection is None:  # kopf.login_via_client without the `kubernetes` package
+            raise kopf.PermanentError("No Kubernetes credentials: the login found none.")
         return connection
 
     @kopf.on.cleanup(registry=registry)
@@ -126,18 +142,16 @@ def register(
         await context.close()
 
     async def reconcile(namespace: str, name: str) -> None:
-        if context.reconciler is None:
-            raise kopf.TemporaryError("Not logged in to the API server yet.", delay=1)
         try:
             await context.reconciler.reconcile(namespace, name)
         except InvalidManifest as invalid:
             raise kopf.PermanentError(f"Invalid spec: {invalid}") from None
         except ApiError as error:
-            delay = RETRY_SOON_SECONDS if error.retryable else RETRY_LATER_SECONDS
-            raise kopf.TemporaryError(f"API request refused: {error}", delay=delay) from None
-        except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            message = f"API unreachable: {error!r}"
-            raise kopf.TemporaryError(message, delay=RETRY_SOON_SECONDS) from None
+            message = f"API request failed: {error}"
+            raise kopf.TemporaryError(message, delay=retry_delay(error)) from None
+        except ReconcilerClosed as closed:
+            message = f"Operator stopping: {closed}"
+            raise kopf.TemporaryError(message, delay=RETRY_LATER_SECONDS) from None
 
     # One id for the three causes: kopf's progress annotation reads kubeinfer.io/reconcile.
     @kopf.on.resume(*owner, registry=registry, id="reconcile")

@@ -1,11 +1,16 @@
 """`kubeinfer operator`: runs the kopf operator.
 
-    kubeinfer operator [--namespace NS ...] [--all-namespaces] [--standalone | --peering NAME]
+    kubeinfer operator [--namespace NS ...] [--all-namespaces]
+                       [--standalone | --leader-election [--lease-name N] [--lease-namespace NS]]
 
 Namespaced (`--namespace`, repeatable, or `KUBEINFER_NAMESPACES`) or cluster-wide
-(`--all-namespaces`, also the default when no namespace is named). `--standalone` runs
-one replica without kopf's peering; `--peering NAME` lets several replicas share the
-work, one active at a time (needs kopf's peering CRDs and `kubeinfer rbac --peering`).
+(`--all-namespaces`, also the default when no namespace is named). `--standalone` (the
+default) runs one replica. `--leader-election` lets several replicas run, one reconciling
+at a time: the holder of a coordination.k8s.io/v1 Lease (`kube.leader_election`), in the
+operator's own namespace (`--lease-namespace`, else `POD_NAMESPACE`, else the service
+account's namespace). A replica that loses the Lease exits with status 1, to restart as
+a standby. kopf's own peering is not offered: it pauses kopf's handlers but not the
+reconciler's own requeues, so a paused replica would still write.
 Credentials are found the way kopf finds them: the in-cluster service account, else
 KUBECONFIG.
 """
@@ -14,8 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import signal
+import socket
 import sys
+import uuid
 from collections.abc import Collection
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubeinfer.operator.settings import InvalidSettings, OperatorSettings
@@ -23,9 +33,10 @@ from kubeinfer.operator.settings import InvalidSettings, OperatorSettings
 if TYPE_CHECKING:
     import kopf
     from kubeinfer.operator.handlers import Login
+    from kubeinfer.operator.kube.leader_election import Election
 
-if TYPE_CHECKING:
-    pass
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+DEFAULT_LEASE_NAME = "kubeinfer-operator"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -45,12 +56,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="watch this namespace (repeatable, exact names); default: KUBEINFER_NAMESPACES or all",
     )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
-    peering = parser.add_mutually_exclusive_group()
-    peering.add_argument(
-        "--standalone", action="store_true", help="one replica, no peering (the default)"
+    replicas = parser.add_mutually_exclusive_group()
+    replicas.add_argument(
+        "--standalone", action="store_true", help="one replica, no election (the default)"
     )
-    peering.add_argument(
-        "--peering", metavar="NAME", help="coordinate replicas through kopf peering NAME"
+    replicas.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="several replicas: only the holder of a Lease reconciles",
+    )
+    parser.add_argument(
+        "--lease-name", default=DEFAULT_LEASE_NAME, help=f"the Lease (default {DEFAULT_LEASE_NAME})"
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        metavar="NS",
+        help="the Lease's namespace (default: POD_NAMESPACE, else the service account's)",
     )
     parser.add_argument(
         "--liveness", metavar="URL", help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz"
@@ -72,29 +93,106 @@ async def run_operator(
     *,
     clusterwide: bool,
     namespaces: Collection[str],
-    peering_name: str | None = None,
+    election: Election | None = None,
     liveness_endpoint: str | None = None,
     login: Login | None = None,
     kopf_settings: kopf.OperatorSettings | None = None,
+    stop_flag: asyncio.Event | None = None,
     **kopf_options: Any,
 ) -> None:
-    """Runs kopf with the operator's handlers until it is stopped (`stop_flag` and the
-    other `kopf.operator` options pass through). `login` and `kopf_settings` replace
-    kopf's credential discovery and default settings (the tests use both)."""
+    """Runs kopf with the operator's handlers until `stop_flag` is set or kopf stops (the
+    other `kopf.operator` options pass through). With `election`, kopf runs only while
+    this replica holds the Lease (LeadershipLost is raised when it loses it). `login` and
+    `kopf_settings` replace kopf's credential discovery and default settings (the tests
+    use both)."""
     import kopf
     from kubeinfer.operator.handlers import configure_kopf, register
+    from kubeinfer.operator.kube.client import Vault
+    from kubeinfer.operator.kube.leader_election import run_as_leader
 
-    registry = kopf.OperatorRegistry()
-    register(registry, settings, login=login)
-    await kopf.operator(
-        registry=registry,
-        settings=configure_kopf(kopf_settings or kopf.OperatorSettings()),
+    login_fn = login or kopf.login_via_client
+    configured = configure_kopf(kopf_settings or kopf.OperatorSettings())
+
+    async def run_kopf(stop: asyncio.Event | None) -> None:
+        vault = Vault()  # kopf logs in into it; the operator's client reads it
+        registry = kopf.OperatorRegistry()
+        context = register(registry, settings, login=login_fn, vault=vault)
+        try:
+            await kopf.operator(
+                registry=registry,
+                settings=configured,
+                clusterwide=clusterwide,
+                namespaces=list(namespaces),
+                standalone=True,
+                liveness_endpoint=liveness_endpoint,
+                vault=vault,
+                stop_flag=stop,
+                **kopf_options,
+            )
+        finally:  # also when cancelled: no requeue of the reconciler's outlives kopf
+            await context.close()
+            await vault.close()
+
+    if election is None:
+        await run_kopf(stop_flag)
+        return
+
+    async def login_once() -> kopf.ConnectionInfo | None:
+        import logging
+
+        result = login_fn(logger=logging.getLogger("kopf.activities.authentication"),
+                          settings=configured)  # fmt: skip
+        return await result if asyncio.iscoroutine(result) else result  # type: ignore[return-value]
+
+    await run_as_leader(run_kopf, election, login_once, stop_flag or asyncio.Event())
+
+
+def election_of(args: argparse.Namespace, settings: OperatorSettings) -> Election | None:
+    """The Lease and this replica's identity (`POD_NAME` or the host name, plus a random
+    suffix as client-go adds), or None without `--leader-election`. Raises InvalidSettings
+    when the Lease's namespace cannot be found."""
+    from kubeinfer.operator.kube.leader_election import Election
+
+    if not args.leader_election:
+        return None
+    namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE")
+    if not namespace and SERVICE_ACCOUNT_NAMESPACE.exists():
+        namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    if not namespace:
+        raise InvalidSettings(
+            "--leader-election: name the Lease's namespace with --lease-namespace or POD_NAMESPACE"
+        )
+    host = os.environ.get("POD_NAME") or socket.gethostname()
+    return Election(
+        namespace=namespace,
+        name=args.lease_name,
+        identity=f"{host}_{uuid.uuid4().hex[:8]}",
+        lease_duration_seconds=settings.leader_election_lease_duration_seconds,
+        renew_deadline_seconds=settings.leader_election_renew_deadline_seconds,
+        retry_period_seconds=settings.leader_election_retry_period_seconds,
+    )
+
+
+async def _serve(
+    settings: OperatorSettings,
+    election: Election | None,
+    clusterwide: bool,
+    namespaces: list[str],
+    liveness: str | None,
+) -> None:
+    """`run_operator` with SIGTERM and SIGINT stopping it, also while a standby (kopf,
+    once running, installs its own handlers for both)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await run_operator(
+        settings,
         clusterwide=clusterwide,
-        namespaces=list(namespaces),
-        standalone=peering_name is None,
-        peering_name=peering_name,
-        liveness_endpoint=liveness_endpoint,
-        **kopf_options,
+        namespaces=namespaces,
+        election=election,
+        liveness_endpoint=liveness,
+        stop_flag=stop if election is not None else None,
     )
 
 
@@ -115,13 +213,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"kubeinfer operator: no Kubernetes credentials: {error}", file=sys.stderr)
         return 1
     clusterwide, namespaces = scope_of(args, settings)
-    asyncio.run(
-        run_operator(
-            settings,
-            clusterwide=clusterwide,
-            namespaces=namespaces,
-            peering_name=args.peering,
-            liveness_endpoint=args.liveness,
-        )
-    )
+    try:
+        election = election_of(args, settings)
+    except InvalidSettings as error:
+        print(f"kubeinfer operator: {error}", file=sys.stderr)
+        return 2
+    from kubeinfer.operator.kube.leader_election import LeadershipLost
+
+    try:
+        asyncio.run(_serve(settings, election, clusterwide, namespaces, args.liveness))
+    except LeadershipLost as lost:
+        print(f"kubeinfer operator: {lost}; exiting to restart as a standby", file=sys.stderr)
+        return 1
+    except kopf.LoginError as error:
+        print(f"kubeinfer operator: no Kubernetes credentials: {error}", file=sys.stderr)
+        return 1
     return 0

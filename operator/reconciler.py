@@ -15,7 +15,14 @@ for it (a running build is polled, a failed one retried after its backoff), else
 `resync_interval_seconds`. A kopf timer would do the same, but kopf puts a finalizer on
 every object with a timer, which blocks `kubectl delete` whenever the operator is down;
 children need no finalizer, since their ownerReferences let the garbage collector
-remove them. On a restart, kopf's resume handler starts the cycle again.
+remove them. On a restart, kopf's resume handler starts the cycle again. Since these
+requeues are the reconciler's own, kopf cannot pause them: the reconciler lives only as
+long as the kopf run it serves, and `close()` (called when that run ends, and when a
+leader loses its lease) cancels them and refuses further passes.
+
+What is kept per object (its lock, its pending requeue, the autoscaler's history) is
+dropped once a pass finds the object gone, so the maps do not grow with every object
+ever seen.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_spec
 from kubeinfer.operator.kube import apply
@@ -44,6 +50,11 @@ logger = logging.getLogger(__name__)
 
 DISCOVERY_SECONDS = 300
 """How long a discovery of the PodMonitor API is trusted."""
+
+
+class ReconcilerClosed(Exception):
+    """A pass was asked of a reconciler whose kopf run has ended (or whose leader lost
+    its lease): nothing is read or written."""
 
 
 def utc_now() -> datetime:
@@ -80,6 +91,11 @@ class Reconciler:
         """The autoscaler's memory per object (as the HPA controller keeps it: in memory)."""
         self._pod_monitors: tuple[float, bool] | None = None
         """(when, whether) the cluster serves PodMonitors, rediscovered every few minutes."""
+        self._closed = False
+
+    def tracked(self) -> set[tuple[str, str]]:
+        """The (namespace, name) of every object the reconciler keeps something for."""
+        return {*self._locks, *self._requeues, *self._queued, *self._histories}
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
         """One pass. Raises InvalidManifest (after recording it in the status) for a spec
@@ -89,6 +105,8 @@ class Reconciler:
         lock joins that pass instead of queueing another: the waiting pass has not read
         anything yet, so it sees whatever the new trigger was about. A burst of child
         events thus costs two passes, not one per event."""
+        if self._closed:
+            raise ReconcilerClosed(f"InferenceDeployment {namespace}/{name} not reconciled")
         key = (namespace, name)
         queued = self._queued.get(key)
         if queued is None:
@@ -116,11 +134,21 @@ class Reconciler:
                 self._schedule(namespace, name, self.settings.resync_interval_seconds)
                 raise
             if outcome.decision is None:
-                self._schedule(namespace, name, None)
+                self._forget(key)
             else:
                 delay = outcome.decision.requeue_after_seconds
                 self._schedule(namespace, name, delay or self.settings.resync_interval_seconds)
             return outcome
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        """Drops what is kept for an object that is gone. Called by the pass holding the
+        object's lock, with no await before the lock is released: the lock itself is
+        dropped only when no other pass is queued for it (a queued pass has not taken the
+        lock yet, and would otherwise take a new one while this pass still holds the old)."""
+        self._schedule(*key, None)
+        self._histories.pop(key, None)
+        if key not in self._queued:
+            self._locks.pop(key, None)
 
     async def _pass(self, namespace: str, name: str) -> Outcome:
         body = await self.client.get(INFERENCE_DEPLOYMENT, namespace, name)
@@ -194,7 +222,7 @@ class Reconciler:
             return self._pod_monitors[1]
         try:
             serves = await self.client.serves(POD_MONITOR)
-        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as error:
+        except ApiError as error:
             logger.warning("PodMonitor discovery failed, keeping the last answer: %s", error)
             return self._pod_monitors[1] if self._pod_monitors else False
         self._pod_monitors = (clock, serves)
@@ -205,7 +233,7 @@ class Reconciler:
         key = (namespace, name)
         if (previous := self._requeues.pop(key, None)) is not None:
             previous.cancel()
-        if delay is not None:
+        if delay is not None and not self._closed:
             loop = asyncio.get_running_loop()
             self._requeues[key] = loop.call_later(max(delay, 0.0), self._requeue, key)
 
@@ -221,7 +249,8 @@ class Reconciler:
             logger.warning("Resync failed and is retried: %s", error)
 
     async def close(self) -> None:
-        """Cancels pending requeues and the passes in flight."""
+        """Cancels pending requeues and the passes in flight, and refuses new passes."""
+        self._closed = True
         for handle in self._requeues.values():
             handle.cancel()
         self._requeues.clear()

@@ -13,7 +13,14 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "KUBEINFER_"
 
@@ -99,6 +106,46 @@ class OperatorSettings(BaseModel):
     """Labels added to every PodMonitor (`k=v,k=v` in the environment), for a Prometheus
     whose podMonitorSelector asks for them (e.g. `release=kube-prometheus-stack`)."""
 
+    api_timeout_seconds: float = Field(default=30, gt=0, le=600)
+    """Longest one request to the API server may take (connecting, sending, reading the
+    answer); a request past it fails and is retried like any unanswered one, so a hung
+    call never holds an object's reconcile for long."""
+
+    api_page_size: int = Field(default=500, ge=1, le=10_000)
+    """Objects per page when the operator lists (`limit`, then `continue`)."""
+
+    leader_election_lease_duration_seconds: float = Field(default=15, ge=1, le=3600)
+    """With `--leader-election`: how long a standby waits, after it last saw the Lease
+    renewed, before it takes over (client-go's LeaseDuration)."""
+
+    leader_election_renew_deadline_seconds: float = Field(default=10, ge=1, le=3600)
+    """How long the leader keeps trying to renew before it stops reconciling and exits
+    (client-go's RenewDeadline)."""
+
+    leader_election_retry_period_seconds: float = Field(default=2, ge=1, le=600)
+    """How often candidates try to acquire, and the leader to renew (client-go's
+    RetryPeriod). Each Lease request may take at most half of it."""
+
+    @model_validator(mode="after")
+    def _lease_outlives_a_failed_renewal(self) -> OperatorSettings:
+        """The leader must have stopped before a standby may take over: it gives up at most
+        a retry period plus the renew deadline plus one more attempt (two requests of half a
+        retry period each) after its last renewal, so the lease must last longer than that."""
+        duration = self.leader_election_lease_duration_seconds
+        deadline = self.leader_election_renew_deadline_seconds
+        retry = self.leader_election_retry_period_seconds
+        if deadline <= 1.2 * retry:
+            raise ValueError(
+                f"{ENV_PREFIX}LEADER_ELECTION_RENEW_DEADLINE_SECONDS: must exceed 1.2 "
+                f"times {ENV_PREFIX}LEADER_ELECTION_RETRY_PERIOD_SECONDS"
+            )
+        if duration <= deadline + 2 * retry:
+            raise ValueError(
+                f"{ENV_PREFIX}LEADER_ELECTION_LEASE_DURATION_SECONDS: must exceed the renew "
+                "deadline plus two retry periods"
+            )
+        return self
+
     @field_validator("pod_monitor_labels", mode="before")
     @classmethod
     def _split_labels(cls, value: Any) -> Any:
@@ -136,6 +183,8 @@ class OperatorSettings(BaseModel):
         except ValidationError as error:
             problems = "; ".join(
                 f"{ENV_PREFIX}{str(detail['loc'][0]).upper()}: {detail['msg']}"
+                if detail["loc"]
+                else detail["msg"].removeprefix("Value error, ")  # a rule across fields
                 for detail in error.errors(include_url=False)
             )
             raise InvalidSettings(problems) from None

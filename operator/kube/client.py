@@ -1,29 +1,44 @@
-"""A small async Kubernetes REST client: the operator's only door to the API server.
+"""The operator's door to the API server: a thin facade over the official async client.
 
-Why not kopf's internal client: it is private API. Why not the generated `kubernetes`
-client: it is synchronous and turns objects into models, while the operator works with
-plain dicts and server-side apply. The credentials come from kopf's public login
-functions (`kopf.ConnectionInfo`), so kubeconfig, in-cluster service accounts and test
-servers all work the same way.
+The transport is `kubernetes.aio` (the official `kubernetes` package, 37+): its `ApiClient`
+holds the connection pool and the credentials, and its dynamic client's `request` builds
+every call (query parameters, content types, JSON bodies), with paths from
+`kube.resources`. The facade keeps the call sites small and the objects plain dicts, and
+adds what the operator relies on:
 
-Every call is one HTTP request; errors carry their HTTP status (`ApiError.status`), and
-`retryable` says whether trying again later can help. Every kind the operator touches is
-listed once in `kube.resources`, which `kubeinfer.operator.rbac` also reads.
+- every request is bounded (`timeout_seconds`, `KUBEINFER_API_TIMEOUT_SECONDS`): a hung
+  call would otherwise hold an object's reconcile lock for aiohttp's 300 s default;
+- lists are paginated (`limit` + `continue`), as client-go's pager does;
+- errors are `ApiError` with the HTTP status, whether retrying can help, and the
+  server's `Retry-After` (read with the official client's own helper), so the handlers
+  hand kopf the delay the server asked for;
+- credentials come from a kopf credentials vault: one `ApiClient` per credential, cached
+  in the vault beside kopf's own session, and closed by the vault when the credential is
+  dropped. A 401 invalidates the credential in the vault, which sends kopf back to its
+  login handlers (exactly what kopf's own API client does); the call is then retried
+  with the new credential. A client built from one `kopf.ConnectionInfo` has nothing to
+  log in again with, so there a 401 is raised.
+
+kopf exports no name for its `Vault` (`kopf.operator(vault=...)` takes one): it is
+imported from its module here, and the re-login scenario tests pin the behaviour.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import kopf
+from kopf._cogs.structs.credentials import Vault
 from kubeinfer.operator.kube.resources import (
     CONFIGMAP,
     DEPLOYMENT,
     EVENT,
     INFERENCE_DEPLOYMENT,
     JOB,
+    LEASE,
     POD,
     POD_MONITOR,
     PVC,
@@ -31,6 +46,10 @@ from kubeinfer.operator.kube.resources import (
     SERVICE,
     ResourceType,
 )
+from kubernetes.aio.client import ApiClient, Configuration
+from kubernetes.aio.dynamic import DynamicClient
+from kubernetes.aio.dynamic.exceptions import DynamicApiError
+from kubernetes.aio.utils.retry import retry_after_seconds
 
 __all__ = [
     "CONFIGMAP",
@@ -38,6 +57,7 @@ __all__ = [
     "EVENT",
     "INFERENCE_DEPLOYMENT",
     "JOB",
+    "LEASE",
     "POD",
     "POD_MONITOR",
     "PVC",
@@ -46,39 +66,79 @@ __all__ = [
     "ApiError",
     "KubeClient",
     "ResourceType",
+    "Vault",
 ]
 
 KubeObject = dict[str, Any]
 
 FIELD_MANAGER = "kubeinfer"
+USER_AGENT = "kubeinfer-operator"
 BACKGROUND = "Background"
+DEFAULT_TIMEOUT_SECONDS = 30.0
+DEFAULT_PAGE_SIZE = 500
+"""client-go's pager default."""
+VAULT_PURPOSE = "kubeinfer.operator.kube.client"
+"""The key of our `ApiClient` among the objects the vault caches per credential."""
 
 
 class ApiError(Exception):
-    """A request the API server refused; `status` is its HTTP status."""
+    """A request the API server refused (`status` is its HTTP status), or one that got no
+    answer (status 0: unreachable or timed out)."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
+    def __init__(
+        self, status: int, reason: str, message: str, retry_after_seconds: float | None = None
+    ) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else f"{reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.retry_after_seconds = retry_after_seconds
+        """The server's `Retry-After` (429, 5xx), when it sent one."""
 
     @property
     def retryable(self) -> bool:
-        """Conflicts, throttling and server errors pass; 4xx validation errors do not."""
-        return self.status in (409, 429) or self.status >= 500
+        """No answer, conflicts, throttling and server errors pass; 4xx refusals do not."""
+        return self.status in (0, 409, 429) or self.status >= 500
+
+
+def api_client_for(connection: kopf.ConnectionInfo) -> ApiClient:
+    """The official client's `ApiClient` for kopf's connection info. The Authorization
+    header is taken whole from kopf (bearer token, other schemes, basic auth), and so is
+    the TLS context (CA, client certificate, insecure), which kopf builds from paths or
+    inline data alike."""
+    headers = connection.as_http_headers()
+    configuration = Configuration(
+        host=connection.server.rstrip("/"),
+        api_key={"authorization": headers["Authorization"]} if headers else None,
+        proxy=connection.proxy_url,
+        client_session_kwargs={"trust_env": connection.trust_env},
+    )
+    api = ApiClient(configuration)
+    api.user_agent = USER_AGENT
+    # The REST client builds its connector from this context on the first request.
+    api.rest_client.ssl_context = connection.as_ssl_context()
+    return api
 
 
 class KubeClient:
-    """One aiohttp session to one API server. Use `async with` or call `close()`."""
+    """Plain-dict reads and writes through the official client. `credentials` is either
+    kopf's vault (shared with the running operator, which logs in again on a 401) or one
+    fixed `kopf.ConnectionInfo`. Use `async with`, or call `close()`."""
 
-    def __init__(self, connection: kopf.ConnectionInfo, field_manager: str = FIELD_MANAGER) -> None:
+    def __init__(
+        self,
+        credentials: kopf.ConnectionInfo | Vault,
+        field_manager: str = FIELD_MANAGER,
+        *,
+        timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
+        page_size: int = DEFAULT_PAGE_SIZE,
+    ) -> None:
         self.field_manager = field_manager
-        self.server = connection.server.rstrip("/")
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=connection.as_ssl_context()),
-            headers={"User-Agent": "kubeinfer-operator", **connection.as_http_headers()},
-            trust_env=connection.trust_env,
+        self.timeout_seconds = timeout_seconds
+        self.page_size = page_size
+        self._owns_vault = not isinstance(credentials, Vault)
+        self._vault = (
+            credentials if isinstance(credentials, Vault) else Vault({"fixed": credentials})
         )
 
     async def __aenter__(self) -> KubeClient:
@@ -88,34 +148,66 @@ class KubeClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._session.close()
+        """Closes the sessions of a client built from one connection; a shared vault's
+        are closed by whoever runs it (kopf, at its cleanup, and the operator command)."""
+        if self._owns_vault:
+            await self._vault.close()
+
+    # -- transport ---------------------------------------------------------------------------
 
     async def _request(
         self,
         method: str,
         path: str,
         *,
-        params: dict[str, str] | None = None,
         body: Any = None,
-        content_type: str = "application/json",
+        content_type: str | None = None,
+        **params: Any,
     ) -> KubeObject:
-        data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
-        async with self._session.request(
-            method, self.server + path, params=params, data=data, headers=headers
-        ) as response:
-            text = await response.text()
+        async for key, info, api in self._vault.extended(_api_client_of, VAULT_PURPOSE):
             try:
-                payload = json.loads(text) if text else {}
-            except ValueError:
-                payload = {"message": text[:500]}
-            if response.status >= 400:
-                raise ApiError(
-                    response.status,
-                    str(payload.get("reason") or response.reason or "Error"),
-                    str(payload.get("message") or text[:500]),
-                )
-            return payload if isinstance(payload, dict) else {}
+                return await self._send(api, method, path, body, content_type, params)
+            except ApiError as error:
+                if error.status != 401 or self._owns_vault:
+                    raise
+                try:  # as kopf's own client does: drop the credential, wait for a new one
+                    await self._vault.invalidate(key, info, exc=error)
+                except kopf.LoginError as failed:
+                    raise ApiError(401, "Unauthorized", f"login again failed: {failed}") from None
+        raise ApiError(401, "Unauthorized", "no credentials left")  # pragma: no cover
+
+    async def _send(
+        self,
+        api: ApiClient,
+        method: str,
+        path: str,
+        body: Any,
+        content_type: str | None,
+        params: Mapping[str, Any],
+    ) -> KubeObject:
+        try:
+            response = await DynamicClient(api).request(
+                method,
+                path,
+                body=body,
+                content_type=content_type,
+                serialize=False,
+                _request_timeout=self.timeout_seconds,
+                **params,
+            )
+            raw = await response.read()
+        except DynamicApiError as error:
+            raise _from_refusal(error) from None
+        except TimeoutError:
+            raise ApiError(
+                0, "Timeout", f"{method} {path}: no answer in {self.timeout_seconds:g} s"
+            ) from None
+        except (aiohttp.ClientError, OSError) as error:
+            raise ApiError(0, "Unreachable", f"{method} {path}: {error!r}") from None
+        payload = json.loads(raw) if raw else {}
+        return payload if isinstance(payload, dict) else {}
+
+    # -- calls -------------------------------------------------------------------------------
 
     async def get(self, resource: ResourceType, namespace: str, name: str) -> KubeObject | None:
         """The object, or None when it does not exist (404 is absence, not an error)."""
@@ -128,7 +220,7 @@ class KubeClient:
 
     async def serves(self, resource: ResourceType) -> bool:
         """Whether the API server serves this resource (discovery of its group version; a
-        group that is not installed answers 404). Other errors are raised."""
+        group that is not installed answers 404)."""
         root = f"/apis/{resource.group}/{resource.version}" if resource.group else "/api/v1"
         try:
             found = await self._request("GET", root)
@@ -141,11 +233,22 @@ class KubeClient:
     async def list(
         self, resource: ResourceType, namespace: str, label_selector: str
     ) -> list[KubeObject]:
-        """Objects of one kind in one namespace matching a label selector."""
-        result = await self._request(
-            "GET", resource.path(namespace), params={"labelSelector": label_selector}
-        )
-        return list(result.get("items") or [])
+        """Objects of one kind in one namespace matching a label selector, read in pages of
+        `page_size` (a large namespace never arrives as one response)."""
+        items: list[KubeObject] = []
+        token: str | None = None
+        while True:
+            page = await self._request(
+                "GET",
+                resource.path(namespace),
+                label_selector=label_selector,
+                limit=self.page_size,
+                _continue=token,
+            )
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
 
     async def apply(self, obj: KubeObject, *, subresource: str | None = None) -> KubeObject:
         """Server-side apply as our field manager (`kubeinfer`), forcing ownership of conflicts:
@@ -155,9 +258,10 @@ class KubeClient:
         return await self._request(
             "PATCH",
             resource.path(meta["namespace"], meta["name"], subresource),
-            params={"fieldManager": self.field_manager, "force": "true"},
             body=obj,
             content_type="application/apply-patch+yaml",
+            field_manager=self.field_manager,
+            force_conflicts=True,
         )
 
     async def json_patch(
@@ -173,9 +277,9 @@ class KubeClient:
         return await self._request(
             "PATCH",
             resource.path(namespace, name, subresource),
-            params={"fieldManager": self.field_manager},
             body=operations,
             content_type="application/json-patch+json",
+            field_manager=self.field_manager,
         )
 
     async def create(self, obj: KubeObject) -> KubeObject:
@@ -183,20 +287,53 @@ class KubeClient:
         return await self._request(
             "POST",
             resource.path(obj["metadata"]["namespace"]),
-            params={"fieldManager": self.field_manager},
             body=obj,
+            field_manager=self.field_manager,
+        )
+
+    async def replace(self, obj: KubeObject) -> KubeObject:
+        """PUT: replaces the object if it is still at its `metadata.resourceVersion` (a
+        409 Conflict otherwise)."""
+        resource = RESOURCES[obj["kind"]]
+        meta = obj["metadata"]
+        return await self._request(
+            "PUT",
+            resource.path(meta["namespace"], meta["name"]),
+            body=obj,
+            field_manager=self.field_manager,
         )
 
     async def delete(self, resource: ResourceType, namespace: str, name: str) -> bool:
         """Deletes in the background (dependents are garbage-collected); False if absent."""
         try:
             await self._request(
-                "DELETE",
-                resource.path(namespace, name),
-                body={"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": BACKGROUND},
+                "DELETE", resource.path(namespace, name), propagation_policy=BACKGROUND
             )
         except ApiError as error:
             if error.status == 404:
                 return False
             raise
         return True
+
+
+def _api_client_of(info: object) -> ApiClient:
+    if not isinstance(info, kopf.ConnectionInfo):
+        raise TypeError(f"Unsupported credentials for the API client: {type(info).__name__}")
+    return api_client_for(info)
+
+
+def _from_refusal(error: DynamicApiError) -> ApiError:
+    """The API server's Status (reason, message) and Retry-After, as an ApiError."""
+    text = error.body.decode() if isinstance(error.body, bytes) else (error.body or "")
+    try:
+        payload = json.loads(text) if text else {}
+    except ValueError:
+        payload = {}
+    if not isinstance(payload, dict):
+        payload = {}
+    return ApiError(
+        int(error.status or 0),
+        str(payload.get("reason") or error.reason or "Error"),
+        str(payload.get("message") or text[:500]),
+        retry_after_seconds(error),
+    )

@@ -41,6 +41,8 @@ DEPLOYMENT = ResourceType("apps", "v1", "deployments", "Deployment")
 JOB = ResourceType("batch", "v1", "jobs", "Job")
 POD_MONITOR = ResourceType("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
 """The prometheus-operator's; only where the cluster serves it."""
+LEASE = ResourceType("coordination.k8s.io", "v1", "leases", "Lease")
+"""Leader election's lock, in the operator's own namespace (`kube.leader_election`)."""
 
 RESOURCES: dict[str, ResourceType] = {
     r.kind: r
@@ -54,6 +56,7 @@ RESOURCES: dict[str, ResourceType] = {
         DEPLOYMENT,
         JOB,
         POD_MONITOR,
+        LEASE,
     )
 }
 """Every kind the operator reads or writes, by kind."""

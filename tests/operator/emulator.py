@@ -28,11 +28,17 @@ write path and the reads with what a kube-apiserver does, in the small:
   Kubernetes 1.33), InferenceDeployments (status included) against the CRD's own
   openAPIV3Schema, and refused with 422 when invalid (`rejections` lists them).
 
+- LIST honours `limit` and `continue` (pages in name order; `list_pages` records the
+  size of every page served);
+- a token in `revoked` is refused with 401 on every request, and `interceptors` may answer
+  a request instead of the server (a 429 with Retry-After, a request that hangs).
+
 Not modelled: defaulting, admission (CEL included: so a spec the model refuses reaches
 the operator, as on a cluster without CEL), managedFields, strategic merge by list keys,
 bookmarks, watch expiry (410), rate limits and authorization.
 
-Every request is logged as an `ApiCall` (RBAC verb, group, resource[/subresource]). The
+Every request is logged as an `ApiCall` (RBAC verb, group, resource[/subresource], and
+the bearer token that made it, which tells two operator processes apart). The
 tests change the world (a Job succeeding, a Deployment becoming ready) through the
 `create` / `patch` / `delete` helpers, which go through the same code without HTTP, so
 the log holds the operator's requests only.
@@ -46,9 +52,10 @@ import functools
 import itertools
 import json
 import re
+import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -100,6 +107,17 @@ class ApiCall:
     group: str
     resource: str
     """The plural, with `/subresource` when there is one."""
+    user: str = ""
+    """The bearer token the request carried."""
+    at: float = 0.0
+    """When it arrived (time.monotonic())."""
+    name: str = ""
+    """The object's name, for requests about one object."""
+
+
+Interceptor = Callable[
+    [rendering.Request, ApiCall], Awaitable[aiohttp.web.StreamResponse | None]
+]
 
 
 @functools.cache
@@ -140,6 +158,13 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     )
     _counter: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1), init=False)
     _crd_schema: dict[str, Any] = attrs.field(factory=dict, init=False)
+    list_pages: list[int] = attrs.field(factory=list, init=False)
+    """The number of items in each LIST response served, in order."""
+    revoked: set[str] = attrs.field(factory=set, init=False)
+    """Bearer tokens refused with 401 Unauthorized."""
+    interceptors: list[Interceptor] = attrs.field(factory=list, init=False)
+    """Called with each API request and its logged call; the first to return a response
+    answers it (the request is still logged)."""
     validate_extra: dict[str, Callable[[dict[str, Any]], None]] = attrs.field(factory=dict)
     """Extra API groups this cluster serves, each with the validator of its objects (which
     raises AssertionError with the problems): e.g. the prometheus-operator's
@@ -343,7 +368,12 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     # -- HTTP ------------------------------------------------------------------------------
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        authorization = request.headers.get("Authorization") or ""
+        token = authorization.removeprefix("Bearer ")
+        unauthorized = self._status_response(401, "Unauthorized", "Unauthorized")
         if request.resource is None or request.resource.plural is None:
+            if token and token in self.revoked:
+                return unauthorized
             return await apps.RawHandler._handle(self, request)
         res = request.resource
         gvp = (res.group or "", res.version or "", res.plural)
@@ -357,7 +387,13 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if verb == "delete" and not request.name:
             verb = "deletecollection"
         plural = f"{res.plural}/{request.subresource}" if request.subresource else res.plural
-        self.calls.append(ApiCall(verb, gvp[0], plural))
+        call = ApiCall(verb, gvp[0], plural, token, time.monotonic(), request.name or "")
+        self.calls.append(call)
+        if token and token in self.revoked:
+            return unauthorized
+        for intercept in self.interceptors:
+            if (answer := await intercept(request, call)) is not None:
+                return answer
         if verb in ("get", "list", "watch"):
             return await apps.RawHandler._handle(self, request)
         try:
@@ -414,12 +450,16 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if res is not None and res.group != "kubeinfer.io":
             # Built-in kinds are listed as typed lists, whose items carry no kind.
             items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in items]
-        return {
-            "kind": "List",
-            "apiVersion": "v1",
-            "metadata": {"resourceVersion": str(rv)},
-            "items": items,
-        }
+        metadata: dict[str, Any] = {"resourceVersion": str(rv)}
+        after = request.params.get("continue")
+        if after:  # the token is the last name served (opaque to clients)
+            items = [o for o in items if o["metadata"]["name"] > after]
+        limit = request.params.get("limit")
+        if limit and limit.isdigit() and 0 < int(limit) < len(items):
+            items = items[: int(limit)]
+            metadata["continue"] = items[-1]["metadata"]["name"]
+        self.list_pages.append(len(items))
+        return {"kind": "List", "apiVersion": "v1", "metadata": metadata, "items": items}
 
     async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[rendering.Payload]:
         yield b""

@@ -1,0 +1,268 @@
+"""Two replicas, one writer: the operator runs only while it holds a coordination.k8s.io/v1
+Lease in its own namespace.
+
+The election is the official client's (`kubernetes.aio.leaderelection.LeaderElection`:
+acquire, renew every retry period, give up after the renew deadline, take over a lease
+not renewed for the lease duration). Its lock, `LeaseLock`, is ours: the official one is
+bound to one `ApiClient` for life and turns every refusal into a silent False, while this
+one goes through `KubeClient` (bounded requests, a 401 that logs in again) and writes the
+Lease with a resourceVersion-guarded PUT, so two candidates cannot both win a race.
+
+What runs while leading is the whole kopf operator (`run_as_leader(run, ...)`). A standby
+runs nothing but the election: no watch, no handler, no requeue of the reconciler's own.
+Taking over starts kopf afresh, which lists every object and resumes each (its resume
+handler), so the new leader converges from what exists; a build Job in flight is found
+by its deterministic name and adopted, never duplicated. Losing the lease stops kopf at
+once (cancelled, not drained: nothing more may be written) and raises `LeadershipLost`;
+the command exits, and the pod restarts as a standby. A graceful stop (SIGTERM) releases
+the Lease, so a standby takes over within a retry period instead of a lease duration.
+
+The standby's credentials: kopf is not running to log in, so `keep_logged_in` fills the
+election's own vault from the same login function, again whenever a 401 empties it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from kubeinfer.operator.kube.client import LEASE, ApiError, KubeClient, Vault
+from kubernetes.aio.client.exceptions import ApiException
+from kubernetes.aio.leaderelection.electionconfig import Config
+from kubernetes.aio.leaderelection.leaderelection import LeaderElection
+from kubernetes.aio.leaderelection.leaderelectionrecord import LeaderElectionRecord
+from kubernetes.aio.leaderelection.resourcelock.baselock import BaseLock
+
+logger = logging.getLogger(__name__)
+
+LOGIN_KEY = "leader-election"
+
+
+class LeadershipLost(Exception):
+    """This replica stopped renewing its Lease (another took it, or the API server could
+    not be reached within the renew deadline): it has stopped reconciling."""
+
+
+@dataclass(frozen=True)
+class Election:
+    """Where the Lease lives, who this replica is, and the timings (seconds)."""
+
+    namespace: str
+    name: str
+    identity: str
+    lease_duration_seconds: float
+    renew_deadline_seconds: float
+    retry_period_seconds: float
+
+
+def _micro_time(value: str | None) -> str | None:
+    """The election's time strings (`str(datetime)`, naive local time, or what a Lease
+    held) as a Lease's MicroTime (RFC 3339 in UTC, microseconds)."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaseLock(BaseLock):
+    """The election's record in a Lease, read and written as a dict through `KubeClient`."""
+
+    def __init__(self, name: str, namespace: str, identity: str, client: KubeClient) -> None:
+        super().__init__(name, namespace, identity)
+        self.client = client
+        self._lease: dict[str, Any] | None = None
+        """The Lease as last read: an update replaces exactly that version."""
+
+    async def get(
+        self, name: str, namespace: str
+    ) -> tuple[bool, LeaderElectionRecord] | tuple[bool, Exception] | tuple[bool, None]:
+        try:
+            lease = await self.client.get(LEASE, namespace, name)
+        except (ApiError, kopf.LoginError) as error:
+            logger.warning("Lease not read: Lease=%s/%s error=%s", namespace, name, error)
+            return False, ApiException(status=getattr(error, "status", 0), reason=str(error))
+        if lease is None:  # the election creates the Lease only on a 404 with this body
+            return False, ApiException(status=404, reason="NotFound", body='{"code": 404}')
+        self._lease = lease
+        spec = lease.get("spec") or {}
+        duration = spec.get("leaseDurationSeconds")
+        return True, LeaderElectionRecord(
+            spec.get("holderIdentity") or None,
+            str(duration) if duration else None,
+            spec.get("acquireTime"),
+            spec.get("renewTime"),
+        )
+
+    def _spec(self, record: LeaderElectionRecord, transitions: int) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "holderIdentity": record.holder_identity,
+            "leaseDurationSeconds": max(1, round(float(record.lease_duration or 1))),
+            "leaseTransitions": transitions,
+        }
+        times = {"acquireTime": record.acquire_time, "renewTime": record.renew_time}
+        for field, value in times.items():
+            if (moment := _micro_time(value)) is not None:
+                spec[field] = moment
+        return spec
+
+    async def create(
+        self, name: str, namespace: str, election_record: LeaderElectionRecord
+    ) -> bool:
+        lease = {
+            "apiVersion": LEASE.api_version,
+            "kind": LEASE.kind,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": self._spec(election_record, 0),
+        }
+        try:
+            self._lease = await self.client.create(lease)
+        except (ApiError, kopf.LoginError) as error:
+            logger.info("Lease not created: Lease=%s/%s error=%s", namespace, name, error)
+            return False
+        return True
+
+    async def update(
+        self, name: str, namespace: str, updated_record: LeaderElectionRecord
+    ) -> bool:
+        if self._lease is None:
+            return False
+        spec = self._lease.get("spec") or {}
+        transitions = int(spec.get("leaseTransitions") or 0)
+        if spec.get("holderIdentity") != updated_record.holder_identity:
+            transitions += 1
+        lease = {**self._lease, "spec": self._spec(updated_record, transitions)}
+        try:
+            self._lease = await self.client.replace(lease)
+        except (ApiError, kopf.LoginError) as error:
+            logger.info("Lease not updated: Lease=%s/%s error=%s", namespace, name, error)
+            return False
+        return True
+
+    async def release(self) -> None:
+        """Gives the Lease up if this replica holds it (client-go's ReleaseOnCancel): an
+        empty holder lets a standby acquire at its next try."""
+        found, _ = await self.get(self.name, self.namespace)
+        if not found or self._lease is None:
+            return
+        spec = self._lease.get("spec") or {}
+        if spec.get("holderIdentity") != self.identity:
+            return
+        released = {key: value for key, value in spec.items() if key != "holderIdentity"}
+        lease = {**self._lease, "spec": {**released, "leaseDurationSeconds": 1}}
+        try:
+            await self.client.replace(lease)
+        except (ApiError, kopf.LoginError) as error:
+            logger.warning(
+                "Lease not released: Lease=%s/%s error=%s", self.namespace, self.name, error
+            )
+            return
+        logger.info("Released the Lease: Lease=%s/%s", self.namespace, self.name)
+
+
+Login = Callable[[], Awaitable[kopf.ConnectionInfo | None]]
+
+
+async def keep_logged_in(vault: Vault, login: Login) -> None:
+    """Fills `vault` with what `login` finds, now and whenever it runs empty (a 401
+    invalidated the credential). A login that finds nothing is raised: without
+    credentials the election cannot go on, and the command exits with the reason."""
+    while True:
+        await vault.wait_for_emptiness()
+        try:
+            connection = await login()
+        except kopf.LoginError:
+            await vault.populate({})  # wakes the waiting requests, which then fail too
+            raise
+        if connection is None:
+            await vault.populate({})
+            raise kopf.LoginError("The login found no credentials.")
+        await vault.populate({LOGIN_KEY: connection})
+
+
+async def run_as_leader(
+    run: Callable[[asyncio.Event], Awaitable[None]],
+    election: Election,
+    login: Login,
+    stop: asyncio.Event,
+) -> None:
+    """Runs `run(stopping)` only while this replica holds the Lease, until `stop` is set or
+    `run` ends by itself (kopf stops on SIGTERM); then gives the Lease up. `run` must stop
+    when `stopping` is set, and must be safe to cancel. Raises LeadershipLost when the
+    Lease is lost while leading (after cancelling `run`)."""
+    vault = Vault()
+    timeout = election.retry_period_seconds / 2  # see the settings' lease duration check
+    client = KubeClient(vault, timeout_seconds=timeout)
+    lock = LeaseLock(election.name, election.namespace, election.identity, client)
+    stopping = asyncio.Event()
+    operator: asyncio.Task[None] | None = None
+    operator_done = asyncio.Event()
+
+    async def leading() -> None:
+        nonlocal operator
+        logger.info(
+            "Acquired the Lease, reconciling: Lease=%s/%s identity=%s",
+            election.namespace, election.name, election.identity,
+        )  # fmt: skip
+        operator = asyncio.create_task(run(stopping), name="operator (leading)")
+        operator.add_done_callback(lambda _: operator_done.set())
+        await asyncio.shield(operator)  # the election cancels this wait, never the operator
+
+    async def stopped_leading() -> None:
+        logger.warning(
+            "Lost the Lease, stopping: Lease=%s/%s identity=%s",
+            election.namespace, election.name, election.identity,
+        )  # fmt: skip
+
+    config = Config(
+        lock=lock,
+        lease_duration=election.lease_duration_seconds,
+        renew_deadline=election.renew_deadline_seconds,
+        retry_period=election.retry_period_seconds,
+        onstarted_leading=leading,
+        onstopped_leading=stopped_leading,
+    )
+    logger.info(
+        "Waiting for the Lease: Lease=%s/%s identity=%s",
+        election.namespace, election.name, election.identity,
+    )  # fmt: skip
+    tasks = {
+        "election": asyncio.create_task(LeaderElection(config).run(), name="leader election"),
+        "login": asyncio.create_task(keep_logged_in(vault, login), name="election login"),
+        "stop": asyncio.create_task(stop.wait(), name="stop flag"),
+        "operator": asyncio.create_task(operator_done.wait(), name="operator ended"),
+    }
+    try:
+        done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
+        if tasks["election"] in done or tasks["login"] in done:
+            # The election returns only once the Lease is lost; the login only on failure.
+            stopping.set()  # tells kopf this is a stop, not a crash, before cancelling it
+            if operator is not None and not operator.done():
+                operator.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await operator
+            if tasks["login"] in done:
+                tasks["login"].result()  # raises the login's error
+            raise LeadershipLost(f"Lease {election.namespace}/{election.name} lost")
+        stopping.set()
+        if operator is not None:
+            await operator  # a graceful stop: kopf drains its handlers
+        tasks["election"].cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await tasks["election"]
+        if operator is not None:
+            await lock.release()
+    finally:
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        await vault.close()
+
