@@ -39,8 +39,8 @@ def render_manifest(
 
     manifest = parse_inference_deployment(document)
     meta = manifest.metadata
-    uid = (meta.model_extra or {}).get("uid") or PLACEHOLDER_UID
-    owner = OwnerRef(meta.name, meta.namespace or "default", str(uid), 1)
+    uid = meta.uid or PLACEHOLDER_UID
+    owner = OwnerRef(meta.name, meta.namespace or "default", uid, 1)
     settings = OperatorSettings.from_env()
     empty = ObservedState(owner=owner, spec=manifest.spec, status=InferenceDeploymentStatus())
     first = decide(empty, settings, RENDER_TIME)
@@ -113,17 +113,19 @@ def _literal_blocks() -> type:
 
 
 def render_file(path: Path, engine_digest: str | None = None) -> str:
-    """The YAML stream for every InferenceDeployment in `path`; raises RenderError."""
+    """The YAML stream for every InferenceDeployment in `path`, read as the API server
+    reads it (`api.manifest_loader`); raises RenderError."""
     import yaml
+    from kubeinfer.operator.api.manifest_loader import ManifestSyntaxError, load_documents
     from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest
 
     _Dumper = _literal_blocks()
     try:
-        documents = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        documents = load_documents(path.read_bytes())
     except OSError as error:
         raise RenderError(f"{path}: cannot read: {error.strerror or error}") from None
-    except yaml.YAMLError as error:
-        raise RenderError(f"{path}: YAML syntax error: {error}") from None
+    except ManifestSyntaxError as error:
+        raise RenderError(f"{path}: {error}") from None
     if not documents:
         raise RenderError(f"{path}: no YAML document in the file")
     out, problems = [], []
@@ -134,7 +136,7 @@ def render_file(path: Path, engine_digest: str | None = None) -> str:
         except InvalidManifest as invalid:
             problems += [f"{path}{suffix}: {error}" for error in invalid.errors]
             continue
-        meta = document["metadata"]
+        meta = document["metadata"]  # validated: a mapping with a name
         out.append(
             f"# Children of InferenceDeployment {meta.get('namespace') or 'default'}/"
             f"{meta['name']} ({path.name}{suffix}), as the operator decides them.\n"

@@ -1,7 +1,11 @@
 """`kubeinfer validate FILE...`: offline validation of InferenceDeployment manifests.
 
 Prints every problem as `file: field.path: message` and exits 1 if there is any; a YAML
-syntax error, a missing file or a document of another kind is reported the same way.
+syntax error, a missing or unreadable file, a file that is not UTF-8 or a document of
+another kind is reported the same way, and every file is checked whatever the others
+hold. Files are read as the API server will read them (`api.manifest_loader`: YAML 1.2,
+no duplicate keys, bounded aliases and nesting), so what passes here is what the cluster
+receives.
 """
 
 from __future__ import annotations
@@ -11,23 +15,21 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-import yaml
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_inference_deployment
 
 
 def validate_file(path: Path) -> tuple[list[str], list[str]]:
     """Returns (problems, summaries of valid documents) for one file."""
+    from kubeinfer.operator.api.manifest_loader import ManifestSyntaxError, load_documents
+
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as error:
         return [f"{path}: cannot read: {error.strerror or error}"], []
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(error, "problem", None) or str(error)
-        return [f"{path}: {where}YAML syntax error: {problem}"], []
+        documents = load_documents(data)
+    except ManifestSyntaxError as error:
+        return [f"{path}: {error}"], []
     if not documents:
         return [f"{path}: no YAML document in the file"], []
     problems, valid = [], []

@@ -16,8 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
+from pydantic_core import CoreSchema
 
 BatchSize = Annotated[int, Field(ge=1, le=1024)]
 
@@ -48,9 +56,32 @@ class CrossFieldRule:
         return {"rule": self.cel, "message": self.message, "fieldPath": f".{self.field}"}
 
 
+STRICT_SCALARS = frozenset({"int", "float", "bool"})
+"""Core-schema types validated strictly: as the API server's structural schema does, an
+integer field refuses `"2"`, `true` and `2.5`, a number refuses `"0.5"` (an integer is a
+number), and a boolean refuses `"yes"` and `1`. Strings already refuse numbers; enums,
+dates and nested models keep reading their JSON forms."""
+
+
+def _strict_scalars(schema: Any) -> None:
+    """Marks every int, float and bool node of a pydantic core schema strict, in place."""
+    pending = [schema]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("type"), str) and node["type"] in STRICT_SCALARS:
+                node["strict"] = True
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+
+
 class ApiModel(BaseModel):
     """Base of every API and config model: camelCase on the wire, unknown fields refused,
-    immutable once validated, and field docstrings used as descriptions."""
+    immutable once validated, field docstrings used as descriptions, and integers,
+    numbers and booleans of the JSON type only (see STRICT_SCALARS): pydantic's lax mode
+    would take `replicas: "2"` or `true` that the CRD refuses, so `kubeinfer validate`
+    would pass what `kubectl apply` fails."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -62,6 +93,14 @@ class ApiModel(BaseModel):
     )
 
     cross_field_rules: ClassVar[tuple[CrossFieldRule, ...]] = ()
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: type[BaseModel], handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        schema = handler(source)
+        _strict_scalars(schema)
+        return schema
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -12,6 +12,7 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     InferenceDeploymentSpec,
     InferenceDeploymentStatus,
 )
+from kubeinfer.operator.api.v1alpha1.metadata import ROOT_RULES
 from kubeinfer.operator.crdgen.structural import to_structural
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
@@ -70,13 +71,7 @@ def build_crd() -> dict[str, Any]:
             "spec": spec_schema,
             "status": status_schema,
         },
-        "x-kubernetes-validations": [
-            {
-                "rule": "size(self.metadata.name) <= 52",
-                "message": "metadata.name must be at most 52 characters, so that the names "
-                "of its children stay valid",
-            }
-        ],
+        "x-kubernetes-validations": [dict(rule) for rule in ROOT_RULES],
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

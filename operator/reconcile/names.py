@@ -3,8 +3,10 @@ InferenceDeployment.
 
 The same owner and inputs always yield the same names, so a second reconcile (or a
 restarted operator) addresses the objects the first one created instead of adding new
-ones. Names stay valid however long the owner's name is: the API caps it at 52
-characters, and the longest suffix here keeps every child within 63.
+ones. Every child name is a DNS-1123 label of at most 63 characters (MAX_NAME_LENGTH),
+however long the owner's name (the API caps it at 52, a DNS-1035 label, so the Services
+that take it start with a letter): a suffix that would pass 63 cuts the owner's name and
+adds a hash of it, so two owners never share a child (`child_name`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ selector (immutable, and without the role label) never matches them."""
 ROLE_SERVING = "serving"
 ROLE_CANDIDATE = "candidate"
 
+MAX_NAME_LENGTH = 63
+"""A label value's limit, and a Service's; Jobs label their pods with their name."""
+
 BUILD_KEY_LABEL_LENGTH = 40
 """Hex digits of the build key kept in labels (a label value holds at most 63)."""
 
@@ -57,23 +62,38 @@ def stable_hash(value: Any, length: int = 16) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
+def child_name(owner: str, suffix: str) -> str:
+    """`<owner>-<suffix>`, or where that passes MAX_NAME_LENGTH, `<owner cut>-<hash of
+    owner>-<suffix>`: names that fit are the ones earlier versions gave, so upgrading
+    renames nothing that was valid."""
+    name = f"{owner}-{suffix}"
+    if len(name) <= MAX_NAME_LENGTH:
+        return name
+    digest = stable_hash(owner, 8)
+    keep = MAX_NAME_LENGTH - len(suffix) - len(digest) - 2
+    return f"{owner[:keep].rstrip('-')}-{digest}-{suffix}"
+
+
 def cache_claim_name(owner: str) -> str:
-    return f"{owner}-engine-cache"
+    """The engine cache claim the operator creates. `<owner>-engine-cache` passes 63
+    characters for owners of 51 or 52: those get a cut name (and, from before this limit,
+    a 64- or 65-character claim that is left to the owner's garbage collection)."""
+    return child_name(owner, "engine-cache")
 
 
 def runtime_name(owner: str) -> str:
     """The runtime Deployment's and ConfigMap's name."""
-    return f"{owner}-runtime"
+    return child_name(owner, "runtime")
 
 
 def candidate_name(owner: str) -> str:
     """The shadow candidate's Deployment, ConfigMap and Service."""
-    return f"{owner}-candidate"
+    return child_name(owner, "candidate")
 
 
 def mirror_name(owner: str) -> str:
     """The ConfigMap holding the serving pods' mirror target."""
-    return f"{owner}-mirror"
+    return child_name(owner, "mirror")
 
 
 def service_name(owner: str) -> str:
@@ -84,9 +104,10 @@ def service_name(owner: str) -> str:
 def build_job_name(owner: str, build_key: str, attempt: int) -> str:
     """`<owner>-build-<hash>-<attempt>`: the hash covers the owner and the build key, so a
     truncated owner name cannot collide with another owner's Job; at most 63 characters
-    (Jobs label their pods with their name)."""
-    digest = stable_hash([owner, build_key], 10)
-    return f"{owner[:42]}-build-{digest}-{attempt}"
+    (Jobs label their pods with their name), the owner's part shorter still from the
+    1000th attempt on."""
+    tail = f"-build-{stable_hash([owner, build_key], 10)}-{attempt}"
+    return f"{owner[: min(42, MAX_NAME_LENGTH - len(tail))]}{tail}"
 
 
 def common_labels(owner: str, version: str, component: str) -> dict[str, str]:

@@ -11,6 +11,19 @@ import re
 from typing import Annotated, Literal
 
 from kubeinfer.operator.api.v1alpha1.enums import Backend, Phase, Precision, RolloutStrategy
+from kubeinfer.operator.api.v1alpha1.metadata import ObjectMeta
+from kubeinfer.operator.api.v1alpha1.patterns import (
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    ENGINE_DIGEST,
+    LABEL_VALUE,
+    MODEL_URI,
+    PVC_URI_CEL,
+    PVC_URI_MESSAGE,
+    QUANTITY,
+    SHA256_HEX,
+    valid_pvc_uri,
+)
 from kubeinfer.operator.api.v1alpha1.status import (
     CandidateStatus,
     EngineStatus,
@@ -21,21 +34,15 @@ from kubeinfer.operator.api.v1alpha1.status import (
 from kubeinfer.runtime.config import ApiModel, BatchingPolicy, CrossFieldRule, MirrorPolicy
 from pydantic import Field
 
-DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-LABEL_VALUE = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-SHA256_HEX = r"^[0-9a-f]{64}$"
-ENGINE_DIGEST = r"^sha256:[0-9a-f]{64}$"
-QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$"
-MODEL_URI = r"^(file|https|s3|gs|pvc)://.+$"
-
-# The enums and status models live in their own modules; they are re-exported here, the
-# module that describes a whole InferenceDeployment.
+# The enums, metadata and status models live in their own modules; they are re-exported
+# here, the module that describes a whole InferenceDeployment.
 __all__ = [
     "Backend",
     "CandidateStatus",
     "EngineStatus",
     "InferenceDeploymentStatus",
     "MetricsStatus",
+    "ObjectMeta",
     "Phase",
     "Precision",
     "RolloutStrategy",
@@ -43,6 +50,13 @@ __all__ = [
 ]
 
 Quantity = Annotated[str, Field(pattern=QUANTITY, max_length=64)]
+
+PVC_URI_RULE = CrossFieldRule(
+    cel=PVC_URI_CEL, message=PVC_URI_MESSAGE, field="uri", holds=lambda s: valid_pvc_uri(s.uri)
+)
+"""A pvc:// source names a claim and a file inside it, nothing outside (ModelSource and
+CalibrationSpec): `pvc://../../etc/passwd` or an upper-case claim would become an invalid
+claim name and mount path in the build Job."""
 
 
 class SecretReference(ApiModel):
@@ -56,8 +70,12 @@ class SecretReference(ApiModel):
 class ModelSource(ApiModel):
     """Where the ONNX model is fetched from."""
 
+    cross_field_rules = (PVC_URI_RULE,)
+
     uri: str = Field(pattern=MODEL_URI, max_length=2048)
-    """The model's location: file://, https://, s3://, gs:// or pvc://CLAIM/PATH."""
+    """The model's location: file://, https://, s3://, gs:// or pvc://CLAIM/PATH (CLAIM a
+    PersistentVolumeClaim in the same namespace, mounted read-only by the build Job; PATH
+    the file inside it, relative, without '.' or '..' segments)."""
 
     sha256: str | None = Field(default=None, pattern=SHA256_HEX)
     """The model file's expected sha256 (64 lowercase hex digits); a download that does not
@@ -85,6 +103,8 @@ class CalibrationSpec(ApiModel):
     """INT8 calibration data: an .npz file with one array per model input, each of shape
     [samples, ...input shape without batch]."""
 
+    cross_field_rules = (PVC_URI_RULE,)
+
     uri: str = Field(pattern=MODEL_URI, max_length=2048)
     """Location of the .npz calibration file (same schemes as the model source)."""
 
@@ -107,7 +127,7 @@ class CacheSpec(ApiModel):
         ),
     )
 
-    existing_claim: str | None = Field(default=None, pattern=DNS1123_LABEL, max_length=253)
+    existing_claim: str | None = Field(default=None, pattern=DNS1123_SUBDOMAIN, max_length=253)
     """An existing PersistentVolumeClaim to use as the cache; the operator creates none."""
 
     size: Quantity = "10Gi"
@@ -459,19 +479,6 @@ class InferenceDeploymentSpec(ApiModel):
 
     slo: SloSpec = Field(default_factory=SloSpec)
     """Latency objective reported in status."""
-
-
-class ObjectMeta(ApiModel):
-    """The parts of metadata that `kubeinfer validate` checks; the rest is kept as is."""
-
-    model_config = {**ApiModel.model_config, "extra": "allow"}
-
-    name: str = Field(pattern=DNS1123_LABEL, max_length=52)
-    """The object's name (a DNS-1123 label of at most 52 characters, so that child names
-    with suffixes stay valid)."""
-
-    namespace: str | None = Field(default=None, pattern=DNS1123_LABEL, max_length=63)
-    """The object's namespace."""
 
 
 class InferenceDeployment(ApiModel):
