@@ -95,9 +95,21 @@ def check_samples(arrays: Mapping[str, np.ndarray], inputs: list[TensorInfo], wh
 
 
 def load_samples(path: Path, inputs: list[TensorInfo], what: str) -> Samples:
-    """Reads and checks an `.npz` file of samples."""
+    """Reads and checks an `.npz` file of samples. A `.npy` file (`numpy.save`: one bare
+    array, no input names) is refused with the call that writes the right format."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
+        raise CalibrationDataError(f"{what} {path} is not a readable .npz file: {error}") from error
+    if not isinstance(loaded, np.lib.npyio.NpzFile):
+        names = ", ".join(f"{i.name}=samples" for i in inputs)
+        raise CalibrationDataError(
+            f"{what} {path} is a .npy file (one array of shape {list(loaded.shape)}, without "
+            f"input names); write an .npz archive with one array per model input instead: "
+            f"numpy.savez(path, {names})"
+        )
+    try:
+        with loaded as archive:
             arrays = {name: archive[name] for name in archive.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as error:
         raise CalibrationDataError(f"{what} {path} is not a readable .npz file: {error}") from error

@@ -1,9 +1,9 @@
 """`kubeinfer build`'s inputs and outputs as a user meets them: the digest on stdout (the
 manifest with --json), progress on stderr, the termination-message file, --pin; models
 over http(s) with a sha256 check against a real loopback server; and bad input (missing
-file, not ONNX, calibration of the wrong shape or inputs, unknown scheme, int8 without
-calibration, a checksum mismatch, an unknown digest) gives one clear line, exit code 2,
-no traceback, and leaves the cache exactly as it was."""
+file, not ONNX, calibration of the wrong shape or inputs or a .npy file, unknown scheme,
+int8 without calibration, a checksum mismatch, an unknown digest) gives one clear line,
+exit code 2, no traceback, and leaves the cache exactly as it was."""
 
 from __future__ import annotations
 
@@ -116,6 +116,8 @@ def _bad_inputs(models: dict[str, Path], tmp_path: Path) -> dict[str, tuple[list
     wrong_name = write_samples(tmp_path / "wrong_name.npz", {"x": np.zeros((8, 16), np.float32)})
     not_npz = tmp_path / "calibration.npz"
     not_npz.write_text("a,b,c\n")
+    npy = tmp_path / "calibration.npy"
+    np.save(npy, np.zeros((8, 16), np.float32))
     static = onnx.load(str(models["tiny"]))
     static.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1
     onnx.save(static, str(tmp_path / "static.onnx"))
@@ -140,6 +142,11 @@ def _bad_inputs(models: dict[str, Path], tmp_path: Path) -> dict[str, tuple[list
             ["--model", tiny, *int8, "--calibration", str(not_npz)],
             "is not a readable .npz file",
         ),
+        "calibration npy": (
+            ["--model", tiny, *int8, "--calibration", str(npy)],
+            "is a .npy file (one array of shape [8, 16], without input names); write an .npz "
+            "archive with one array per model input instead: numpy.savez(path, input=samples)",
+        ),
         "unknown scheme": (["--model", "ftp://example.com/m.onnx"], "unsupported scheme 'ftp'"),
         "int8 without calibration": (["--model", tiny, *int8], "int8 needs calibration data"),
         "checksum mismatch": (["--model", tiny, "--model-sha256", "1" * 64], "sha256 mismatch"),
@@ -152,7 +159,7 @@ def _bad_inputs(models: dict[str, Path], tmp_path: Path) -> dict[str, tuple[list
     "case",
     [
         "missing file", "not onnx", "fixed batch", "wrong calibration shape",
-        "wrong calibration inputs", "calibration not npz", "unknown scheme",
+        "wrong calibration inputs", "calibration not npz", "calibration npy", "unknown scheme",
         "int8 without calibration", "checksum mismatch", "unknown digest", "bad batch size",
     ],
 )  # fmt: skip
