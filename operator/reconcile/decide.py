@@ -11,9 +11,11 @@ the new config roll the Deployment, at once with the Rolling strategy, or after 
 candidate passes its shadow test with the Shadow strategy (`kubeinfer.operator.rollout`
 decides which engine serves and which runs as the candidate; this module only composes).
 
-Writes: `Decision.apply` lists only the children that are missing or whose input hash
-differs from the observed one, so a pass over an unchanged object writes nothing;
-`Decision.desired` lists them all (for `kubeinfer render` and for drift checks).
+Writes: `Decision.apply` lists only the children that are missing or that no longer
+carry every field the operator owns on them (`drift.carries`: a changed spec changes
+their input-hash annotation, a hand edit changes the field itself), so a pass over an
+unchanged object writes nothing and a hand-edited child is re-applied; `Decision.desired`
+lists them all (for `kubeinfer render`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import yaml
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.reconcile import desired as build
 from kubeinfer.operator.reconcile import names
-from kubeinfer.operator.reconcile.child_meta import input_hash
 from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
+from kubeinfer.operator.reconcile.drift import carries
 from kubeinfer.operator.reconcile.engine_state import (
     EnginePhase,
     EngineState,
@@ -105,11 +107,15 @@ be refused on every pass: the claim is created once and resized on the claim its
 
 
 def needs_write(child: KubeObject, observed: ObservedState) -> bool:
-    """A desired child must be applied when it is missing or its input hash changed."""
+    """A desired child must be applied when it is missing, or (unless created only) when
+    the observed one lacks or changed a field the operator owns on it. apiVersion and
+    kind are not compared: the child was found by them, and the items of a list the API
+    server answers carry neither."""
     existing = _observed_child(observed, child["kind"], child["metadata"]["name"])
     if existing is None:
         return True
-    return child["kind"] not in CREATE_ONLY and input_hash(existing) != input_hash(child)
+    owned = {key: value for key, value in child.items() if key not in ("apiVersion", "kind")}
+    return child["kind"] not in CREATE_ONLY and not carries(existing, owned)
 
 
 def _available(deployment: KubeObject | None) -> bool:
