@@ -27,6 +27,7 @@ import kopf
 import pytest
 from emulator import ApiCall, ApiServerEmulator
 from kubeinfer.operator.handlers import configure_kopf
+from kubeinfer.operator.kube.leader_election import Election
 from kubeinfer.operator.operator_command import run_operator
 from kubeinfer.operator.settings import OperatorSettings
 
@@ -296,12 +297,20 @@ def kopf_settings() -> kopf.OperatorSettings:
 
 
 @contextlib.asynccontextmanager
-async def start_operator(world: World, settings: OperatorSettings = FAST) -> AsyncIterator[None]:
+async def start_operator(
+    world: World,
+    settings: OperatorSettings = FAST,
+    *,
+    election: Election | None = None,
+    tokens: Callable[[], str | None] = lambda: None,
+) -> AsyncIterator[asyncio.Task[None]]:
     """Runs the operator as `kubeinfer operator` does (`run_operator`) until the block
-    ends, logged in to the emulator."""
+    ends, logged in to the emulator with the bearer token `tokens()` returns at each
+    login; with `election`, as a replica that must win the Lease first. Yields the
+    operator's task (done early when, say, the Lease was lost)."""
 
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=world.url, default_namespace=NAMESPACE)
+        return kopf.ConnectionInfo(server=world.url, default_namespace=NAMESPACE, token=tokens())
 
     stop, ready = asyncio.Event(), asyncio.Event()
     since = len(world.api.calls)
@@ -310,6 +319,7 @@ async def start_operator(world: World, settings: OperatorSettings = FAST) -> Asy
             settings,
             clusterwide=False,
             namespaces=[NAMESPACE],
+            election=election,
             login=login,
             kopf_settings=kopf_settings(),
             stop_flag=stop,
@@ -321,7 +331,8 @@ async def start_operator(world: World, settings: OperatorSettings = FAST) -> Asy
         # kopf is ready before its watches are: wait for them, so that what a scenario
         # does next is seen through them, and timings do not include kopf's start.
         await eventually(lambda: WATCHED <= world.watched(since), what="kopf's watches")
-        yield
+        yield task
     finally:
         stop.set()
-        await asyncio.wait_for(task, timeout=10)
+        if not task.done():
+            await asyncio.wait_for(task, timeout=10)

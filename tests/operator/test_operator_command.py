@@ -17,12 +17,12 @@ from kubeinfer.operator.cli import main
 from operator_harness import NAMESPACE, World, digest_of, eventually, manifest
 
 
-def kubeconfig(path: Path, server: str) -> Path:
+def kubeconfig(path: Path, server: str, token: str = "not-checked") -> Path:
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "emulator", "cluster": {"server": server}}],
-        "users": [{"name": "operator", "user": {"token": "not-checked"}}],
+        "users": [{"name": "operator", "user": {"token": token}}],
         "contexts": [
             {
                 "name": "emulator",
