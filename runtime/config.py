@@ -29,6 +29,23 @@ from pydantic_core import CoreSchema
 
 BatchSize = Annotated[int, Field(ge=1, le=1024)]
 
+DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+JSON_BYTES_PER_TENSOR_BYTE = 8
+"""Headroom for JSON in `request_bytes_limit`: the most text a tensor byte becomes (an
+INT8 `-128, ` or a BOOL `false, ` is 6-7 characters per byte, an FP32 as Python writes it
+`0.12345678901234568, ` about 5 per byte)."""
+REQUEST_HEADER_BYTES = 64 * 1024
+"""Room for the rest of a request besides its tensors: names, shapes, parameters."""
+
+
+def request_bytes_limit(input_bytes_per_row: int, max_batch_size: int) -> int:
+    """The body limit for a model whose inputs take `input_bytes_per_row` bytes per row in
+    binary: a full batch of them as JSON, plus room for the request's other fields."""
+    return max(
+        1024, input_bytes_per_row * max_batch_size * JSON_BYTES_PER_TENSOR_BYTE
+        + REQUEST_HEADER_BYTES
+    )
+
 
 class CrossFieldRuleViolation(ValueError):
     """A cross-field rule did not hold; `field` is the camelCase path below the model."""
@@ -226,8 +243,26 @@ class RuntimeConfig(ApiModel):
     http_port: int = Field(default=8000, ge=1, le=65535)
     """Port of the v2 inference API and /metrics."""
 
-    max_request_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
-    """Largest request body accepted; larger ones are refused with 413."""
+    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024)
+    """Largest request body accepted, after inflation when compressed; larger ones are
+    refused with 413 before their body is read (or as soon as it passes the limit). The
+    operator sets it from the model's input sizes and maxBatchSize
+    (`request_bytes_limit`); the default holds a full batch of each example model in
+    binary tensors (resnet50 at 16 rows: 9.6 MB)."""
+
+    header_read_timeout_seconds: float = Field(default=10, gt=0, le=3600)
+    """A connection that has not delivered a complete request head this long after it
+    opened, or after the first byte of its next request, is closed (idle keep-alive
+    connections are not affected)."""
+
+    body_read_timeout_seconds: float = Field(default=10, gt=0, le=3600)
+    """Longest pause between two parts of a request body; a stalled upload is answered
+    408 and its connection closed. The request's deadline bounds the whole body too."""
+
+    engine_stuck_liveness_seconds: float = Field(default=30, gt=0, le=86400)
+    """A batch still running past the deadlines of all its requests makes the runtime
+    unready at once; if it has not returned this long after that, liveness fails too, so
+    Kubernetes restarts the pod."""
 
     drain_grace_period_seconds: float = Field(default=30, ge=0, le=3600)
     """After SIGTERM, how long queued and in-flight requests may take to be answered

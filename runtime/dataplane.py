@@ -1,9 +1,20 @@
 """The data plane: live / ready / metadata / infer, independent of any transport.
 
 The HTTP routes (and a gRPC service, should one come) are thin wrappers over this class:
-they pass the raw body and the binary-extension header length in and get bytes back, and
-every failure comes out as an `InferenceServerError` carrying its status. Readiness is the
-batcher's admission: false before start and from the moment draining begins.
+a request is first `admitted` (on its arrival, before its body is read: an unknown model
+is a 404 and a server that cannot take it a 503, without reading a byte of the body),
+then the transport reads the body and passes it to `infer` with the binary-extension
+header length, and gets bytes back; every failure comes out as an `InferenceServerError`
+carrying its status. The request's deadline counts from its admission, through reading,
+decoding (a large body on a worker thread, `CodecPool`), queueing and running.
+
+Readiness is the batcher's admission: false before start, from the moment draining
+begins, and while a batch is stuck on the engine; liveness is false once a stuck batch
+has not returned within `engineStuckLivenessSeconds` (`batching.watchdog`).
+
+`kubeinfer_requests_in_progress` counts a request from its admission to its end, whatever
+that is (an answer, an error, or its client leaving), exactly once; a request refused at
+admission is never counted.
 
 A request answered 200 is offered, after its answer is ready, to the shadow mirror
 (`kubeinfer.runtime.shadow`) with its decoded inputs, its outputs and its server time:
@@ -12,22 +23,32 @@ an offer never awaits and never raises, so mirroring adds no wait and no failure
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from kubeinfer.runtime.batching.assembler import check_inputs
-from kubeinfer.runtime.batching.queue import Batcher
+from kubeinfer.runtime.batching.queue import Admission, Batcher
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.engines.base import Engine, TensorSpec
 from kubeinfer.runtime.metrics import RuntimeMetrics
+from kubeinfer.runtime.protocol.codec_pool import OFFLOAD_BYTES, CodecPool
 from kubeinfer.runtime.protocol.errors import (
+    ClientGone,
+    DeadlineExceeded,
     InferenceServerError,
     InvalidRequest,
     ModelNotFound,
-    NotReady,
 )
-from kubeinfer.runtime.protocol.tensor_codec import decode_infer_request, encode_infer_response
+from kubeinfer.runtime.protocol.json_tensors import model_json_value_limit
+from kubeinfer.runtime.protocol.tensor_codec import (
+    DecodeLimits,
+    decode_infer_request,
+    encode_infer_response,
+)
 from kubeinfer.runtime.protocol.v2_types import InferOutput, InferResponse
 from kubeinfer.runtime.shadow.controller import ShadowController
 
@@ -38,6 +59,19 @@ EXTENSIONS = ("binary_tensor_data",)
 
 def _tensor_metadata(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
     return [{"name": s.name, "datatype": s.datatype, "shape": list(s.shape)} for s in specs]
+
+
+def decode_limits(specs: tuple[TensorSpec, ...], max_rows: int) -> DecodeLimits:
+    """What a request to a model with these inputs may make the decoder build: its
+    largest input at `max_rows` rows, and the JSON values all its inputs can hold (None
+    where an item dimension is dynamic)."""
+    items = [spec.item_shape for spec in specs]
+    if any(d < 0 for item in items for d in item):
+        return DecodeLimits()
+    return DecodeLimits(
+        max_elements=max_rows * max((math.prod(item) for item in items), default=0),
+        max_json_values=model_json_value_limit(items, max_rows),
+    )
 
 
 class InferResult(NamedTuple):
@@ -62,21 +96,28 @@ class DataPlane:
         metrics: RuntimeMetrics,
         clock: Callable[[], float] = time.monotonic,
         shadow: ShadowController | None = None,
+        codec: CodecPool | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.batcher = batcher
         self.metrics = metrics
         self.shadow = shadow
+        self.codec = codec or CodecPool()
         self._clock = clock
         self._output_names = {spec.name for spec in engine.outputs}
         self._output_datatypes = {spec.name: spec.datatype for spec in engine.outputs}
+        self._limits = decode_limits(engine.inputs, config.batching.max_batch_size)
 
     def live(self) -> bool:
-        return True
+        return self.batcher.watchdog.live(self._clock())
 
     def ready(self) -> bool:
-        return self.batcher.accepting
+        return self.batcher.accepting and not self.batcher.watchdog.stuck
+
+    @property
+    def draining(self) -> bool:
+        return self.batcher.draining
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
@@ -104,26 +145,53 @@ class DataPlane:
             "parameters": {"max_batch_size": self.config.batching.max_batch_size},
         }
 
+    @contextmanager
+    def admitted(self, name: str, version: str | None) -> Iterator[Admission]:
+        """Admits an infer request on its arrival, before its body is read (raises 404,
+        or 503 when the server cannot take it), and accounts for it until it ends: its
+        error's status, or its client leaving (`ClientGone`, or the handler cancelled)."""
+        arrived = self._clock()
+        try:
+            self._check_model(name, version)
+            admission = self.batcher.admit(arrived)
+        except InferenceServerError as error:
+            self.metrics.request_answered(error.status, self._clock() - arrived)
+            raise
+        self.metrics.request_started()
+        try:
+            yield admission
+        except InferenceServerError as error:
+            self.metrics.request_answered(error.status, self._clock() - arrived)
+            raise
+        except ClientGone as gone:
+            self.metrics.request_cancelled(gone.stage)
+            raise
+        except asyncio.CancelledError:
+            self.metrics.request_cancelled(admission.stage)
+            raise
+        finally:
+            self.batcher.release(admission)
+            self.metrics.request_finished()
+
     async def infer(
         self, name: str, version: str | None, body: bytes, header_length: int | None
     ) -> InferResult:
-        """Runs one v2 infer request; returns the response body, the binary header length
-        and the server time."""
-        started = self._clock()
-        # Counted from here to the answer, whatever it waits on (the queue, a slot, the
-        # event loop on a busy machine): the batcher's queue gauge misses what runs inline
-        # and what waits for the loop, so it reads 0 on a saturated runtime of a fast model.
-        self.metrics.request_started()
-        try:
-            (payload, response_header_length), inputs, results = await self._infer(
-                name, version, body, header_length
-            )
-        except InferenceServerError as error:
-            self.metrics.request_answered(error.status, self._clock() - started)
-            raise
-        finally:
-            self.metrics.request_finished()
-        seconds = self._clock() - started
+        """Runs one v2 infer request whose body is already read: `admitted`, then
+        `infer_admitted` (a transport that can answer before reading the body calls
+        those two itself)."""
+        with self.admitted(name, version) as admission:
+            return await self.infer_admitted(admission, body, header_length)
+
+    async def infer_admitted(
+        self, admission: Admission, body: bytes, header_length: int | None
+    ) -> InferResult:
+        """Runs one admitted v2 infer request; returns the response body, the binary
+        header length and the server time (from its arrival)."""
+        admission.stage = "waiting"
+        (payload, response_header_length), inputs, results = await self._infer(
+            admission, body, header_length
+        )
+        seconds = self._clock() - admission.arrived_at
         self.metrics.request_answered(200, seconds)
         shadow = self.shadow
         if shadow is not None and shadow.active:
@@ -132,13 +200,15 @@ class DataPlane:
         return InferResult(payload, response_header_length, seconds)
 
     async def _infer(
-        self, name: str, version: str | None, body: bytes, header_length: int | None
+        self, admission: Admission, body: bytes, header_length: int | None
     ) -> tuple[tuple[bytes, int | None], dict[str, tuple[str, Any]], dict[str, Any]]:
         """(encoded response, decoded inputs as (datatype, array), every output's array)."""
-        self._check_model(name, version)
-        if not self.batcher.accepting:
-            raise NotReady("the model is not ready (starting or shutting down)")
-        request = decode_infer_request(body, header_length)
+        if len(body) >= OFFLOAD_BYTES:
+            request = await self.codec.run(
+                admission.deadline, decode_infer_request, body, header_length, self._limits
+            )
+        else:
+            request = decode_infer_request(body, header_length, self._limits)
         inputs = {}
         for tensor in request.inputs:
             if tensor.name in inputs:
@@ -157,10 +227,21 @@ class DataPlane:
                     )
                 wanted.append((output.name, output.binary))
         timeout = request.timeout_microseconds
+        timeout_seconds = timeout / 1e6 if timeout else None  # 0 or absent: the default
+        if timeout_seconds is not None:
+            admission.deadline = admission.arrived_at + timeout_seconds
+        now = self._clock()
+        if now >= admission.deadline:
+            raise DeadlineExceeded(
+                f"the request's deadline passed {(now - admission.arrived_at) * 1000:.1f} ms "
+                "after it arrived, before it was queued (reading and decoding it); it was "
+                "not executed"
+            )
         results = await self.batcher.infer(
             {name: data for name, (_, data) in inputs.items()},
             rows,
-            timeout / 1e6 if timeout else None,  # 0 or absent: the default deadline
+            timeout_seconds,
+            admission=admission,
         )
         response = InferResponse(self.config.model_name, self.config.model_version, request.id)
         for output_name, binary in wanted:
@@ -172,4 +253,10 @@ class DataPlane:
                     request.binary_data_output if binary is None else binary,
                 )
             )
-        return encode_infer_response(response), inputs, results
+        if sum(output.data.nbytes for output in response.outputs) >= OFFLOAD_BYTES // 4:
+            # JSON writes about 4 bytes of text per byte of float32 (a quarter of the
+            # threshold's worth of tensors makes a body of about the threshold).
+            encoded = await self.codec.run(math.inf, encode_infer_response, response)
+        else:
+            encoded = encode_infer_response(response)
+        return encoded, inputs, results

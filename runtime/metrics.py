@@ -16,8 +16,15 @@ dashboards read these names, so they are a public interface:
 | kubeinfer_compute_duration_seconds | histogram | model, version |
 | kubeinfer_batch_size | histogram (rows per batch) | model, version |
 | kubeinfer_requests_total | counter | model, version, code |
+| kubeinfer_requests_cancelled_total | counter (client left first) | model, version, stage |
+| kubeinfer_connections_closed_total | counter (stalled heads) | model, version, reason |
+| kubeinfer_engine_stuck_batches | gauge (running past deadlines) | model, version |
 | kubeinfer_gpu_memory_used_bytes | gauge (only where a GPU exists) | device, name |
 | kubeinfer_gpu_memory_total_bytes | gauge (only where a GPU exists) | device, name |
+
+`stage` is where a request was when its client left: `reading` (its body: an abandoned
+upload), `waiting` (decoding or queued: it is not executed) or `running` (its batch was
+on the engine). A request refused at admission (503) is never counted in progress.
 
 The GPU gauges come from `kubeinfer.runtime.gpu_memory` (NVML), read at scrape time.
 
@@ -207,6 +214,21 @@ class RuntimeMetrics:
             "kubeinfer_requests", "Inference requests answered, by HTTP status code.",
             [*labels, "code"], registry=r,
         )  # fmt: skip
+        self._cancelled = Counter(
+            "kubeinfer_requests_cancelled",
+            "Inference requests whose client left before their answer, by stage.",
+            [*labels, "stage"], registry=r,
+        )  # fmt: skip
+        self._connections_closed = Counter(
+            "kubeinfer_connections_closed",
+            "Connections the server closed on its own, by reason (header_timeout).",
+            [*labels, "reason"], registry=r,
+        )  # fmt: skip
+        self._stuck_batches = Gauge(
+            "kubeinfer_engine_stuck_batches",
+            "Batches still running on the engine past the deadlines of all their requests.",
+            labels, registry=r,
+        ).labels(*values)  # fmt: skip
         self._values = values
         self._by_code: dict[int, Counter] = {}
         if gpu_memory is not None:
@@ -230,12 +252,21 @@ class RuntimeMetrics:
     def batch_finished(self, compute_seconds: float) -> None:
         self._compute.observe(compute_seconds)
 
+    def stuck_batches(self, count: int) -> None:
+        self._stuck_batches.set(count)
+
     # Data plane
     def request_started(self) -> None:
         self._in_progress.inc()
 
     def request_finished(self) -> None:
         self._in_progress.dec()
+
+    def request_cancelled(self, stage: str) -> None:
+        self._cancelled.labels(*self._values, stage).inc()
+
+    def connection_closed(self, reason: str) -> None:
+        self._connections_closed.labels(*self._values, reason).inc()
 
     def request_answered(self, code: int, seconds: float) -> None:
         counter = self._by_code.get(code)

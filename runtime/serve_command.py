@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,14 @@ _FIELD_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
     ("--max-queue-size", "batching.maxQueueSize", int, "queued requests before 503"),
     ("--default-timeout-milliseconds", "batching.defaultTimeoutMilliseconds", int,
      "deadline of a request without a timeout parameter"),
-    ("--max-request-bytes", "maxRequestBytes", int, "largest request body (413 beyond)"),
+    ("--max-request-bytes", "maxRequestBytes", int,
+     "largest request body, inflated (413 beyond, before reading it when declared)"),
+    ("--header-read-timeout-seconds", "headerReadTimeoutSeconds", float,
+     "a request head must be complete this long after it started"),
+    ("--body-read-timeout-seconds", "bodyReadTimeoutSeconds", float,
+     "longest pause within a request body (408 beyond)"),
+    ("--engine-stuck-liveness-seconds", "engineStuckLivenessSeconds", float,
+     "liveness fails when a batch stuck past its deadlines has not returned in this long"),
     ("--drain-grace-period-seconds", "drainGracePeriodSeconds", float,
      "time to answer queued requests after SIGTERM"),
     ("--intra-op-threads", "intraOpThreads", int, "ONNX Runtime intra-op threads"),
@@ -179,14 +187,23 @@ def run(args: argparse.Namespace) -> int:
 
     import asyncio
 
-    from kubeinfer.runtime.http.app import create_app
+    from kubeinfer.runtime.http.app import DATAPLANE, create_app
     from kubeinfer.runtime.http.server import serve
 
+    app = create_app(config, engine, gpu_memory=gpu_memory_reader())
     try:
-        app = create_app(config, engine, gpu_memory=gpu_memory_reader())
-        return asyncio.run(serve(app, config))
-    finally:
+        code = asyncio.run(serve(app, config))
+    except BaseException:
         engine.close()
+        raise
+    if app[DATAPLANE].batcher.stuck_threads:
+        # A worker thread is still inside the engine: closing the engine under it could
+        # crash, and the interpreter would wait for the thread at exit forever.
+        log.error("Exiting with a batch still running on the engine")
+        logging.shutdown()
+        os._exit(code)
+    engine.close()
+    return code
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

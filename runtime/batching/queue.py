@@ -2,14 +2,17 @@
 execution slots.
 
 Everything that decides *when* lives in `policy.next_decision` and everything that decides
-*how* to pack lives in `assembler`; this module only applies them: it admits requests into
-a bounded queue (full -> `Overloaded`, a 503 with Retry-After, at once), keeps one future
-per request, runs a scheduler task that asks the policy what to do, answers expired
-requests with `DeadlineExceeded` without running them, skips requests whose caller went
-away (cancelled futures), and runs each batch on a free slot in a worker thread (the
-engine blocks; the event loop must not), so `executionSlots` batches run concurrently. An
-engine exception is given to every request of its batch. Time comes from an injected
-monotonic clock.
+*how* to pack lives in `assembler`; this module only applies them: it admits requests
+(`admit`, at their arrival, before their body is read: `maxQueueSize` bounds the requests
+admitted and not yet running, so a full server refuses with `Overloaded`, a 503 with
+Retry-After, without reading or decoding anything), keeps one future per request, runs a
+scheduler task that asks the policy what to do, answers expired requests with
+`DeadlineExceeded` without running them (deadlines count from arrival), skips requests
+whose caller went away (cancelled futures), and runs each batch on a free slot in a worker
+thread (the engine blocks; the event loop must not), so `executionSlots` batches run
+concurrently. An engine exception is given to every request of its batch. A batch still
+running at the latest deadline of its requests is answered `EngineTimeout` and counted
+stuck by the `watchdog` until it returns. Time comes from an injected monotonic clock.
 
 One shortcut: a batch of at most 4 rows, when no other batch is running and the model's
 small batches are known to take less than `inline_below_seconds`, runs right on the event
@@ -27,19 +30,22 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from kubeinfer.runtime.batching import assembler
+from kubeinfer.runtime.batching.observer import BatchObserver, NoObserver
 from kubeinfer.runtime.batching.policy import Flush, Pending, next_decision
+from kubeinfer.runtime.batching.watchdog import EngineWatchdog, batch_bound
 from kubeinfer.runtime.config import BatchingPolicy
 from kubeinfer.runtime.engines.base import Engine, ExecutionSlot
 from kubeinfer.runtime.protocol.errors import (
     DeadlineExceeded,
     EngineFailed,
+    EngineTimeout,
     InferenceServerError,
     NotReady,
     Overloaded,
@@ -48,35 +54,17 @@ from kubeinfer.runtime.protocol.errors import (
 log = logging.getLogger(__name__)
 
 
-class BatchObserver(Protocol):
-    """Where the batcher reports what it does (the Prometheus metrics implement it)."""
+@dataclass(slots=True, eq=False)
+class Admission:
+    """A request admitted at `arrived_at`: it holds a place (counted against
+    maxQueueSize) until it is queued or `release`d, whichever comes first."""
 
-    def queue_depth(self, depth: int) -> None: ...
-
-    def inflight_batches(self, count: int) -> None: ...
-
-    def inflight_requests(self, count: int) -> None: ...
-
-    def batch_started(self, rows: int, queue_seconds: Sequence[float]) -> None: ...
-
-    def batch_finished(self, compute_seconds: float) -> None: ...
-
-
-class _NoObserver:
-    def queue_depth(self, depth: int) -> None:
-        pass
-
-    def inflight_batches(self, count: int) -> None:
-        pass
-
-    def inflight_requests(self, count: int) -> None:
-        pass
-
-    def batch_started(self, rows: int, queue_seconds: Sequence[float]) -> None:
-        pass
-
-    def batch_finished(self, compute_seconds: float) -> None:
-        pass
+    arrived_at: float
+    deadline: float
+    """By the default timeout; the request's own `timeout` replaces it once decoded."""
+    stage: str = "reading"
+    """reading (its body), waiting (decoding or queued), running (in a batch)."""
+    holds_place: bool = True
 
 
 @dataclass(slots=True, eq=False)
@@ -84,6 +72,7 @@ class _Request:
     inputs: Mapping[str, np.ndarray]
     view: Pending
     future: asyncio.Future[dict[str, np.ndarray]]
+    admission: Admission
 
 
 class Batcher:
@@ -101,6 +90,7 @@ class Batcher:
         clock: Callable[[], float] = time.monotonic,
         observer: BatchObserver | None = None,
         inline_below_seconds: float = 0.0025,
+        stuck_liveness_seconds: float = 60.0,
     ) -> None:
         if policy.max_batch_size > engine.max_batch_size:
             raise ValueError(
@@ -109,15 +99,18 @@ class Batcher:
         self._engine = engine
         self._policy = policy
         self._clock = clock
-        self._observer = observer or _NoObserver()
+        self._observer = observer or NoObserver()
         self._queue: deque[_Request] = deque()
         self._slots: list[ExecutionSlot] = []
         self._free: list[ExecutionSlot] = []
         self._busy = 0
         self._running_requests = 0  # requests in the batches on the slots (the autoscaler's)
         self._stepping = False  # inside _step: a batch finishing inline must not recurse
+        self._reserved = 0  # admitted, not yet queued (reading or decoding their bodies)
         self._accepting = False
         self._draining = False
+        self._closed = False
+        self.watchdog = EngineWatchdog(stuck_liveness_seconds)
         self._next_wake: float | None = None
         self._wakeup: asyncio.Event | None = None
         self._scheduler: asyncio.Task[None] | None = None
@@ -131,8 +124,23 @@ class Batcher:
         return self._accepting
 
     @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
     def queued(self) -> int:
         return len(self._queue)
+
+    @property
+    def admitted(self) -> int:
+        """Requests admitted and not yet running: queued, or still being read or decoded."""
+        return len(self._queue) + self._reserved
+
+    @property
+    def idle(self) -> bool:
+        """Nothing admitted, queued or running (a stuck batch aside: its requests are
+        answered)."""
+        return not self._queue and not self._reserved and self._busy <= self.watchdog.stuck_batches
 
     async def start(self) -> None:
         """Creates the slots (their buffers are allocated here, once) and the scheduler."""
@@ -146,25 +154,61 @@ class Batcher:
         self._accepting = True
         self._scheduler = asyncio.create_task(self._schedule(), name="kubeinfer-batcher")
 
-    async def infer(
-        self, inputs: Mapping[str, np.ndarray], rows: int, timeout_seconds: float | None = None
-    ) -> dict[str, np.ndarray]:
-        """Runs one request (already checked by `assembler.check_inputs`) in some batch and
-        returns its outputs; raises Overloaded, NotReady, DeadlineExceeded or EngineFailed."""
+    def admit(self, now: float | None = None) -> Admission:
+        """Admits one request arriving now, before anything of it is read; raises NotReady
+        (not started, draining, or the engine stuck) or Overloaded (maxQueueSize requests
+        admitted and not yet running). `release` it if it ends before `infer`."""
         if not self._accepting or self._wakeup is None:
             raise NotReady("the server is shutting down" if self._draining else "not started")
-        if len(self._queue) >= self._policy.max_queue_size:
+        if self.watchdog.stuck:
+            raise NotReady(
+                f"the engine has not returned a batch for "
+                f"{self.watchdog.stuck_for(self._clock()):.1f} s; retry later"
+            )
+        if len(self._queue) + self._reserved >= self._policy.max_queue_size:
             raise Overloaded(
                 f"the queue is full ({self._policy.max_queue_size} requests); retry later"
             )
-        now = self._clock()
-        if timeout_seconds is None:
-            timeout_seconds = self._policy.default_timeout_milliseconds / 1000
-        request = _Request(
-            inputs,
-            Pending(rows, now, now + timeout_seconds),
-            asyncio.get_running_loop().create_future(),
-        )
+        now = self._clock() if now is None else now
+        self._reserved += 1
+        return Admission(now, now + self._policy.default_timeout_milliseconds / 1000)
+
+    def release(self, admission: Admission) -> None:
+        """Gives back the place of an admitted request that will not be queued; idempotent."""
+        if admission.holds_place:
+            admission.holds_place = False
+            self._reserved -= 1
+
+    async def infer(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        rows: int,
+        timeout_seconds: float | None = None,
+        *,
+        admission: Admission | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Runs one request (already checked by `assembler.check_inputs`) in some batch and
+        returns its outputs; raises Overloaded, NotReady, DeadlineExceeded, EngineTimeout or
+        EngineFailed. An `admission` from `admit` queues it in the place it holds (also
+        while draining: it was admitted before); its deadline counts from its arrival."""
+        if admission is None:
+            admission = self.admit()
+        try:
+            if self._closed or self._wakeup is None:
+                raise NotReady("the server stopped")
+            if timeout_seconds is not None:
+                admission.deadline = admission.arrived_at + timeout_seconds
+            request = _Request(
+                inputs,
+                # Queued now (the policy's delay and the queue histogram count from here);
+                # the deadline counts from the request's arrival.
+                Pending(rows, self._clock(), admission.deadline),
+                asyncio.get_running_loop().create_future(),
+                admission,
+            )
+        finally:
+            self.release(admission)
+        admission.stage = "waiting"
         self._queue.append(request)
         # Wake the scheduler only when it could act: a slot is free, or this request's
         # deadline comes before the time it already plans to wake at.
@@ -235,33 +279,42 @@ class Batcher:
         self._busy -= 1
 
     async def drain(self, timeout_seconds: float) -> bool:
-        """Stops admission and waits until every queued and running request is answered;
-        False if that took longer than `timeout_seconds`."""
+        """Stops admission and waits until every admitted request is answered (those still
+        being read or decoded are queued and run too); False if that took longer than
+        `timeout_seconds`."""
         self._accepting = False
         self._draining = True
         if self._wakeup is not None:
             self._wakeup.set()
         deadline = time.monotonic() + timeout_seconds
-        while self._queue or self._busy:
+        while not self.idle:
             if time.monotonic() >= deadline:
                 return False
             await asyncio.sleep(0.002)
         return True
 
-    async def close(self) -> None:
-        """Stops the scheduler, fails whatever is left, and releases the slots."""
+    async def close(self, timeout_seconds: float = 5.0) -> None:
+        """Stops the scheduler, fails whatever is left, and releases the slots. A stuck
+        batch is not waited for past `timeout_seconds`, and its slot is left open (its
+        thread is still inside it): see `stuck_threads`."""
         self._accepting = False
+        self._closed = True
         if self._scheduler is not None:
             self._scheduler.cancel()
             await asyncio.gather(self._scheduler, return_exceptions=True)
         self._fail_queued(NotReady("the server stopped"))
         if self._batches:
-            await asyncio.gather(*self._batches, return_exceptions=True)
+            await asyncio.wait(set(self._batches), timeout=timeout_seconds)
         if self._executor is not None:
-            self._executor.shutdown(wait=True)
-        for slot in self._slots:
+            self._executor.shutdown(wait=not self._busy, cancel_futures=True)
+        for slot in self._free:
             slot.close()
         self._slots, self._free = [], []
+
+    @property
+    def stuck_threads(self) -> bool:
+        """A batch's worker thread has not returned (the process cannot join it at exit)."""
+        return self._busy > 0
 
     def _fail_queued(self, error: InferenceServerError) -> None:
         while self._queue:
@@ -321,11 +374,13 @@ class Batcher:
             kept = deque()
             for index, request in enumerate(queue):
                 if index in expired:
-                    waited_ms = (now - request.view.arrived_at) * 1000
+                    since_arrival_ms = (now - request.admission.arrived_at) * 1000
+                    queued_ms = (now - request.view.arrived_at) * 1000
                     request.future.set_exception(
                         DeadlineExceeded(
-                            f"the request's deadline passed after {waited_ms:.1f} ms in the "
-                            "queue; it was not executed"
+                            f"the request's deadline passed {since_arrival_ms:.1f} ms after "
+                            f"it arrived, {queued_ms:.1f} ms of them in the queue; it was "
+                            "not executed"
                         )
                     )
                 else:
@@ -340,6 +395,8 @@ class Batcher:
         slot = self._free.pop()
         self._busy += 1
         self._running_requests += len(batch)
+        for request in batch:
+            request.admission.stage = "running"
         self._observer.inflight_batches(self._busy)
         self._observer.inflight_requests(self._running_requests)
         self._observer.batch_started(action.rows, [now - r.view.arrived_at for r in batch])
@@ -360,15 +417,52 @@ class Batcher:
         loop = asyncio.get_running_loop()
         outcome: _Outcome = EngineFailed("the batch was cancelled before it finished")
         try:
-            outcome = await loop.run_in_executor(
+            running = loop.run_in_executor(
                 self._executor, _execute, slot, [r.inputs for r in batch], rows
             )
+            bound = batch_bound(r.view.deadline for r in batch)
+            done, _ = await asyncio.wait({running}, timeout=max(0.0, bound - self._clock()))
+            if not done:
+                outcome = await self._outlive(running, batch)
+            else:
+                outcome = running.result()
         except Exception as error:
             outcome = error
         finally:
             self._complete(slot, batch, rows, outcome)
             assert self._wakeup is not None
             self._wakeup.set()
+
+    async def _outlive(
+        self, running: asyncio.Future[tuple[list[dict[str, np.ndarray]], float]], batch: list
+    ) -> _Outcome:
+        """A batch past its bound: its requests get EngineTimeout now, and the engine
+        counts as stuck until the batch returns (however long that takes)."""
+        started = min(r.admission.arrived_at for r in batch)
+        now = self._clock()
+        self.watchdog.batch_stuck(now)
+        self._observer.stuck_batches(self.watchdog.stuck_batches)
+        log.error(
+            "Engine has not returned a batch past its requests' deadlines requests=%d "
+            "seconds_since_arrival=%.3f; readiness is off until it returns",
+            len(batch), now - started,
+        )  # fmt: skip
+        error = EngineTimeout(
+            f"the engine did not finish this request's batch by its deadline "
+            f"({(now - started) * 1000:.0f} ms after the oldest request arrived); "
+            "the engine may be stuck"
+        )
+        for request in batch:
+            if not request.future.done():
+                request.future.set_exception(error)
+        try:
+            return await asyncio.shield(running)
+        except Exception as failure:
+            return failure
+        finally:
+            self.watchdog.batch_returned()
+            self._observer.stuck_batches(self.watchdog.stuck_batches)
+            log.warning("Engine returned the stuck batch after %.3f s", self._clock() - now)
 
 
 _SMALL_BATCH_ROWS = 4

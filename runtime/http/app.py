@@ -15,6 +15,14 @@ see `kubeinfer.runtime.shadow`).
 Every infer response carries `Server-Timing: infer;dur=<ms>`, the server's own time for
 the request (the span of `kubeinfer_request_duration_seconds`): a shadow mirror reads a
 candidate's latency from it, measured the same way as its own.
+
+An infer request is admitted before its body is read (`DataPlane.admitted`): a server
+that cannot take it answers 503 at once, and aiohttp reads and drops the unread body
+afterwards, so a keep-alive connection stays in step. Its body is read by `body.py`, and a
+client that leaves (an abandoned upload, or a request it stopped waiting for: the runner
+cancels the handler, `handler_cancellation`) is counted as cancelled, not answered; a
+request it abandoned before it ran is never executed. Once draining has begun, every
+answer closes its connection (`Connection: close`).
 """
 
 from __future__ import annotations
@@ -22,7 +30,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import zlib
 from typing import Any
 
 from aiohttp import web
@@ -30,8 +37,12 @@ from kubeinfer.runtime.batching.queue import Batcher
 from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.engines.base import Engine
+from kubeinfer.runtime.http import connections
+from kubeinfer.runtime.http.body import check_declared_length, content_encoding, inflate, read_body
 from kubeinfer.runtime.metrics import GpuMemoryReader, RuntimeMetrics
+from kubeinfer.runtime.protocol.codec_pool import CodecPool
 from kubeinfer.runtime.protocol.errors import (
+    ClientGone,
     InferenceServerError,
     InvalidRequest,
     ModelNotFound,
@@ -50,6 +61,15 @@ log = logging.getLogger(__name__)
 
 DATAPLANE = web.AppKey("dataplane", DataPlane)
 
+# auto_decompress off: `body.inflate` does it, bounded, with our errors (see body.py).
+# handler_cancellation on: a client that leaves cancels its handler, so a request it
+# abandoned is dropped from the queue, never executed, and counted as cancelled.
+RUNNER_OPTIONS: dict[str, Any] = {
+    "access_log": None,
+    "auto_decompress": False,
+    "handler_cancellation": True,
+}
+
 
 def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(
@@ -61,7 +81,10 @@ def _error(error: InferenceServerError, seconds: float | None = None) -> web.Res
     status, body, headers = error_response_parts(error)
     if seconds is not None:
         headers[SERVER_TIMING_HEADER] = format_server_timing(seconds)
-    return web.Response(body=body, status=status, headers=headers)
+    response = web.Response(body=body, status=status, headers=headers)
+    if error.close_connection:
+        response.force_close()
+    return response
 
 
 def _version(request: web.Request) -> str | None:
@@ -69,7 +92,8 @@ def _version(request: web.Request) -> str | None:
 
 
 async def live(request: web.Request) -> web.Response:
-    return _json({"live": request.app[DATAPLANE].live()})
+    is_live = request.app[DATAPLANE].live()
+    return _json({"live": is_live}, 200 if is_live else 503)
 
 
 async def ready(request: web.Request) -> web.Response:
@@ -99,67 +123,37 @@ async def model_ready(request: web.Request) -> web.Response:
     return _json({"name": request.match_info["name"], "ready": is_ready}, 200 if is_ready else 503)
 
 
-async def _read_body(request: web.Request, limit: int) -> tuple[bytes, int | None]:
-    raw_length = request.headers.get(HEADER_LENGTH_HEADER)
-    header_length = None
-    if raw_length is not None:
-        try:
-            header_length = int(raw_length)
-        except ValueError:
-            raise InvalidRequest(f"{HEADER_LENGTH_HEADER} must be an integer") from None
-    if request.content_length is not None and request.content_length > limit:
-        raise RequestTooLarge(f"the request body is over the limit of {limit} bytes")
+def _header_length(request: web.Request) -> int | None:
+    raw = request.headers.get(HEADER_LENGTH_HEADER)
+    if raw is None:
+        return None
     try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise RequestTooLarge(f"the request body is over the limit of {limit} bytes") from None
-    except web.RequestPayloadError as error:
-        raise InvalidRequest(f"the request body cannot be read: {error}") from None
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding != "identity":
-        body = _decompress(body, encoding, limit)
-    return body, header_length
-
-
-# aiohttp would inflate compressed request bodies in its protocol parser, where a corrupt
-# stream becomes a plain-text 400 or a connection left waiting; `_read_body` does it
-# instead, bounded by maxRequestBytes (a small gzip bomb stays small) and with our errors.
-RUNNER_OPTIONS: dict[str, Any] = {"access_log": None, "auto_decompress": False}
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
-
-
-def _decompress(body: bytes, encoding: str, limit: int) -> bytes:
-    wbits = _WBITS.get(encoding)
-    if wbits is None:
-        raise InvalidRequest(
-            f"Content-Encoding {encoding!r} is not supported (gzip, deflate or identity)"
-        )
-    inflater = zlib.decompressobj(wbits)
-    try:
-        data = inflater.decompress(body, limit + 1)
-    except zlib.error as error:
-        raise InvalidRequest(f"the {encoding} request body is corrupt: {error}") from None
-    if len(data) > limit:
-        raise RequestTooLarge(f"the request body inflates past the limit of {limit} bytes")
-    if not inflater.eof or inflater.unused_data:
-        raise InvalidRequest(f"the {encoding} request body is truncated or has trailing data")
-    return data
+        return int(raw)
+    except ValueError:
+        raise InvalidRequest(f"{HEADER_LENGTH_HEADER} must be an integer") from None
 
 
 async def infer(request: web.Request) -> web.Response:
+    arrived = time.monotonic()
     dataplane = request.app[DATAPLANE]
+    config = dataplane.config
+    limit = config.max_request_bytes
     try:
-        body, header_length = await _read_body(request, dataplane.config.max_request_bytes)
+        with dataplane.admitted(request.match_info["name"], _version(request)) as admission:
+            header_length = _header_length(request)
+            encoding = content_encoding(request)
+            check_declared_length(request, limit)
+            body = await read_body(
+                request, limit, admission.deadline, config.body_read_timeout_seconds, time.monotonic
+            )
+            if encoding is not None:
+                body = await dataplane.codec.run(admission.deadline, inflate, body, encoding, limit)
+            result = await dataplane.infer_admitted(admission, body, header_length)
     except InferenceServerError as error:
-        dataplane.metrics.request_answered(error.status, 0.0)
-        return _error(error, 0.0)
-    started = time.monotonic()
-    try:
-        result = await dataplane.infer(
-            request.match_info["name"], _version(request), body, header_length
-        )
-    except InferenceServerError as error:
-        return _error(error, time.monotonic() - started)
+        return _error(error, time.monotonic() - arrived)
+    except ClientGone as gone:
+        log.debug("Client left before its answer stage=%s reason=%s", gone.stage, gone)
+        return web.Response(status=400)  # nobody reads it: the connection is gone
     timing = format_server_timing(result.seconds)
     if result.header_length is None:
         return web.Response(
@@ -191,7 +185,20 @@ async def metrics(request: web.Request) -> web.Response:
 async def _json_http_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """aiohttp's own errors (no such route, wrong method, body over client_max_size) as
     JSON `{"error": ...}` like ours, and anything unexpected as a logged JSON 500 rather
-    than a traceback page."""
+    than a traceback page. Marks the connection's request for the head timeout and the
+    drain (`connections`), and once draining has begun closes every connection after its
+    answer."""
+    connections.request_started(request)
+    try:
+        response = await _answer(request, handler)
+        if request.app[DATAPLANE].draining:
+            response.force_close()
+        return response
+    finally:
+        connections.request_finished(request)
+
+
+async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPException as http_error:
@@ -221,10 +228,16 @@ def create_app(
     started on app startup, stopped on cleanup). The engine is the caller's: it is not
     closed here."""
     metrics_ = RuntimeMetrics(config.model_name, config.model_version, gpu_memory)
-    batcher = Batcher(engine, config.batching, observer=metrics_)
+    batcher = Batcher(
+        engine,
+        config.batching,
+        observer=metrics_,
+        stuck_liveness_seconds=config.engine_stuck_liveness_seconds,
+    )
     shadow_ = ShadowController(config, metrics_.registry)
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=[_json_http_errors])
-    app[DATAPLANE] = DataPlane(config, engine, batcher, metrics_, shadow=shadow_)
+    codec = CodecPool()
+    app[DATAPLANE] = DataPlane(config, engine, batcher, metrics_, shadow=shadow_, codec=codec)
 
     async def start_batcher(_: web.Application) -> None:
         await batcher.start()
@@ -233,6 +246,7 @@ def create_app(
     async def close_batcher(_: web.Application) -> None:
         await shadow_.stop()
         await batcher.close()
+        codec.close()
 
     app.on_startup.append(start_batcher)
     app.on_cleanup.append(close_batcher)

@@ -13,9 +13,12 @@ import json
 
 
 class InferenceServerError(Exception):
-    """Base: `status` is the HTTP status; `headers` extra response headers."""
+    """Base: `status` is the HTTP status; `headers` extra response headers;
+    `close_connection`: the transport closes the connection after this answer (the rest
+    of the request cannot be read, or is not worth reading)."""
 
     status: int = 500
+    close_connection: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -44,6 +47,14 @@ class RequestTooLarge(InferenceServerError):
     status = 413
 
 
+class RequestTimeout(InferenceServerError):
+    """The request body stalled, or did not arrive by the request's deadline (408); the
+    connection is closed, since the rest of the body may still come."""
+
+    status = 408
+    close_connection = True
+
+
 class _RetryLater(InferenceServerError):
     status = 503
 
@@ -65,9 +76,25 @@ class NotReady(_RetryLater):
 
 
 class DeadlineExceeded(InferenceServerError):
-    """The request's deadline passed while it was queued; it was never executed (504)."""
+    """The request's deadline (counted from its arrival) passed before it ran: while its
+    body was read, while it waited for a decoder or in the queue. Never executed (504)."""
 
     status = 504
+
+
+class EngineTimeout(DeadlineExceeded):
+    """The request's batch was still running on the engine at the latest deadline of its
+    requests: the engine may be stuck (504). The batcher's watchdog answers it."""
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer: an upload it abandoned, or a
+    request it stopped waiting for. Nothing can be answered; it is counted, not logged
+    as an error."""
+
+    def __init__(self, message: str, stage: str) -> None:
+        super().__init__(message)
+        self.stage = stage
 
 
 class EngineFailed(InferenceServerError):

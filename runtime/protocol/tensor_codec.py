@@ -9,9 +9,16 @@ order, each announced by a `binary_data_size` parameter. An output is sent binar
 its requested `binary_data` parameter is true, or else when the request-level
 `binary_data_output` parameter is.
 
-Everything a client can get wrong raises `InvalidRequest` with a message naming the field,
-never anything else, so malformed input always ends as a 400. A response this side cannot
-read raises `InvalidResponse` (a ValueError: the peer, not our client, is at fault).
+Everything a client can get wrong raises `InvalidRequest` with a message naming the field
+(or `RequestTooLarge` for a body holding more than the model can take), never anything
+else, so malformed input always ends as a 4xx. A response this side cannot read raises
+`InvalidResponse` (a ValueError: the peer, not our client, is at fault).
+
+Nothing is materialised before it is bounded (`DecodeLimits`, from the served model): a
+JSON body's value count is compared with what the model's inputs can hold before it is
+parsed, and each tensor's declared shape with the model's largest tensor and with the
+data's length (or `binary_data_size`) before the data is converted; JSON data is read
+strictly (`json_tensors`).
 
 JSON goes through orjson: on a 512-float request it parses 4x faster than the standard
 library and writes numpy outputs directly (no `tolist()`), 15x faster; JSON tensors are
@@ -24,12 +31,14 @@ for such outputs).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import orjson
 from kubeinfer.runtime.engines.base import V2_TO_NUMPY
-from kubeinfer.runtime.protocol.errors import InvalidRequest
+from kubeinfer.runtime.protocol.errors import InvalidRequest, RequestTooLarge
+from kubeinfer.runtime.protocol.json_tensors import MAX_RANK, json_value_count, to_numpy
 from kubeinfer.runtime.protocol.v2_types import (
     BINARY_DATA_OUTPUT_PARAMETER,
     BINARY_DATA_PARAMETER,
@@ -41,6 +50,20 @@ from kubeinfer.runtime.protocol.v2_types import (
     InferResponse,
     RequestedOutput,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    """What one request may make the decoder build (None: unbounded)."""
+
+    max_elements: int | None = None
+    """Elements of any one tensor: the model's largest input at maxBatchSize."""
+
+    max_json_values: int | None = None
+    """Values the JSON part of a body may hold (`json_tensors.json_value_count`)."""
+
+
+NO_LIMITS = DecodeLimits()
 
 
 def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
@@ -56,11 +79,25 @@ def _shape(value: Any, where: str) -> tuple[int, ...]:
         for d in value  # bool is an int subclass: refused
     ):
         raise InvalidRequest(f"{where}.shape must be a list of non-negative integers")
+    if len(value) > MAX_RANK:
+        raise InvalidRequest(f"{where}.shape has {len(value)} dimensions; at most {MAX_RANK}")
     return tuple(value)
 
 
+def _reshape(array: np.ndarray, shape: tuple[int, ...], where: str) -> np.ndarray:
+    try:
+        return array.reshape(shape)
+    except ValueError as error:  # a dimension numpy cannot index, with 0 elements
+        raise InvalidRequest(f"{where}: shape {list(shape)} cannot be used: {error}") from None
+
+
 def _decode_input(
-    obj: Any, index: int, binary: memoryview, offset: int, kind: str = "input"
+    obj: Any,
+    index: int,
+    binary: memoryview,
+    offset: int,
+    kind: str = "input",
+    limits: DecodeLimits = NO_LIMITS,
 ) -> tuple[InferInput, int]:
     """One input (or, with kind "output", one output of a response: the same fields);
     returns it and the offset just past its binary data (if any)."""
@@ -79,6 +116,11 @@ def _decode_input(
         )
     shape = _shape(obj.get("shape"), f"{kind} {name!r}")
     count = math.prod(shape)
+    if limits.max_elements is not None and count > limits.max_elements:
+        raise InvalidRequest(
+            f"{kind} {name!r}: shape {list(shape)} declares {count} elements; this model "
+            f"takes at most {limits.max_elements} per input"
+        )
     size = _parameters(obj, f"{kind} {name!r}").get(BINARY_DATA_SIZE_PARAMETER)
     if size is not None:
         if type(size) is not int or size < 0:
@@ -94,21 +136,14 @@ def _decode_input(
                 f"{list(shape)} of {datatype} ({count * dtype.itemsize} bytes)"
             )
         array = np.frombuffer(binary[offset : offset + size], dtype=dtype.newbyteorder("<"))
-        return InferInput(name, datatype, array.reshape(shape)), offset + size
+        return InferInput(name, datatype, _reshape(array, shape, f"{kind} {name!r}")), offset + size
     data = obj.get("data")
     if not isinstance(data, list):
         raise InvalidRequest(f"{kind} {name!r}: 'data' must be a list (or use binary_data_size)")
-    try:
-        array = np.asarray(data, dtype=dtype)
-    except (ValueError, TypeError, OverflowError) as error:
-        raise InvalidRequest(
-            f"{kind} {name!r}: data is not a valid {datatype} tensor: {error}"
-        ) from None
-    if array.size != count:
-        raise InvalidRequest(
-            f"{kind} {name!r}: data has {array.size} elements, shape {list(shape)} needs {count}"
-        )
-    return InferInput(name, datatype, array.reshape(shape)), offset
+    array = to_numpy(
+        data, shape, count, dtype, datatype, f"{kind} {name!r}", allow_null=kind == "output"
+    )
+    return InferInput(name, datatype, _reshape(array, shape, f"{kind} {name!r}")), offset
 
 
 def _decode_outputs(value: Any) -> list[RequestedOutput] | None:
@@ -127,7 +162,9 @@ def _decode_outputs(value: Any) -> list[RequestedOutput] | None:
     return outputs
 
 
-def _split_body(body: bytes, header_length: int | None, what: str) -> tuple[Any, memoryview]:
+def _split_body(
+    body: bytes, header_length: int | None, what: str, limits: DecodeLimits = NO_LIMITS
+) -> tuple[Any, memoryview]:
     """The parsed JSON header and the binary part after it."""
     if header_length is None:
         header, binary = body, memoryview(b"")
@@ -138,6 +175,14 @@ def _split_body(body: bytes, header_length: int | None, what: str) -> tuple[Any,
                 f"of {len(body)} bytes"
             )
         header, binary = body[:header_length], memoryview(body)[header_length:]
+    if limits.max_json_values is not None:
+        values = json_value_count(header)
+        if values > limits.max_json_values:
+            raise RequestTooLarge(
+                f"the JSON {what} holds up to {values} values (counted by its commas and "
+                f"brackets), more than this model's inputs can take "
+                f"({limits.max_json_values}); it was not parsed"
+            )
     try:
         obj = orjson.loads(header)
     except orjson.JSONDecodeError as error:  # also invalid UTF-8, too deep, int past 64 bits
@@ -147,10 +192,12 @@ def _split_body(body: bytes, header_length: int | None, what: str) -> tuple[Any,
     return obj, binary
 
 
-def decode_infer_request(body: bytes, header_length: int | None = None) -> InferRequest:
+def decode_infer_request(
+    body: bytes, header_length: int | None = None, limits: DecodeLimits = NO_LIMITS
+) -> InferRequest:
     """Parses an infer request body; `header_length` is the value of the
     Inference-Header-Content-Length header (None when the body is all JSON)."""
-    obj, binary = _split_body(body, header_length, "request")
+    obj, binary = _split_body(body, header_length, "request", limits)
     request_id = obj.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidRequest("id must be a string")
@@ -159,7 +206,7 @@ def decode_infer_request(body: bytes, header_length: int | None = None) -> Infer
         raise InvalidRequest("inputs must be a non-empty list")
     inputs, offset = [], 0
     for index, raw in enumerate(raw_inputs):
-        decoded, offset = _decode_input(raw, index, binary, offset)
+        decoded, offset = _decode_input(raw, index, binary, offset, limits=limits)
         inputs.append(decoded)
     if offset != len(binary):
         raise InvalidRequest(

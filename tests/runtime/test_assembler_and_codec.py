@@ -188,7 +188,7 @@ GOOD = {"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}
         (json.dumps({"inputs": [{**GOOD, "shape": [1, -2]}]}).encode(), None, "shape"),
         (json.dumps({"inputs": [{**GOOD, "shape": [True, 2]}]}).encode(), None, "shape"),
         (json.dumps({"inputs": [{**GOOD, "data": [1.0]}]}).encode(), None, "1 elements"),
-        (json.dumps({"inputs": [{**GOOD, "data": [[1.0], [2.0, 3.0]]}]}).encode(), None, "valid"),
+        (json.dumps({"inputs": [{**GOOD, "data": [[1.0], [2.0, 3.0]]}]}).encode(), None, "nested"),
         (json.dumps({"inputs": [{**GOOD, "data": "ab"}]}).encode(), None, "must be a list"),
         (json.dumps({"inputs": [GOOD], "id": 3}).encode(), None, "id"),
         (json.dumps({"inputs": [GOOD], "parameters": {"timeout": -1}}).encode(), None, "timeout"),

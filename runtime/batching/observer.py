@@ -1,0 +1,46 @@
+"""Where the batcher reports what it does: `BatchObserver`, which the Prometheus metrics
+(`kubeinfer.runtime.metrics.RuntimeMetrics`) implement, and a no-op for batchers without
+metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class BatchObserver(Protocol):
+    """Where the batcher reports what it does (the Prometheus metrics implement it)."""
+
+    def queue_depth(self, depth: int) -> None: ...
+
+    def inflight_batches(self, count: int) -> None: ...
+
+    def inflight_requests(self, count: int) -> None: ...
+
+    def batch_started(self, rows: int, queue_seconds: Sequence[float]) -> None: ...
+
+    def batch_finished(self, compute_seconds: float) -> None: ...
+
+    def stuck_batches(self, count: int) -> None: ...
+
+
+class NoObserver:
+    """Reports nowhere (a batcher without metrics, in tests)."""
+
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+    def inflight_batches(self, count: int) -> None:
+        pass
+
+    def inflight_requests(self, count: int) -> None:
+        pass
+
+    def batch_started(self, rows: int, queue_seconds: Sequence[float]) -> None:
+        pass
+
+    def batch_finished(self, compute_seconds: float) -> None:
+        pass
+
+    def stuck_batches(self, count: int) -> None:
+        pass

@@ -1,0 +1,163 @@
+"""JSON tensor data to numpy, strictly, and the bound on what a JSON body may make us build.
+
+Why not `np.asarray(data, dtype)`: it reads `null` as NaN, `"1.5"` and `true` as numbers,
+and truncates `1.7` in an INT32 tensor to 1, so a client's mistake became a silently
+wrong answer. Here a numeric tensor takes numbers only (an integer tensor integers only,
+a BOOL tensor booleans only) and everything else is a 400 naming the first offending
+value. The data may be flat (row-major) or nested to match the shape, as the Open
+Inference Protocol allows; nesting is checked level by level before any conversion.
+
+Bounded work per byte: parsing JSON makes a Python object per value (a list is ~60 bytes,
+a number ~30), so a body of empty lists grows ~20x in memory before anything could compare
+it with the model. `json_value_count` counts the values a body can hold (its commas and
+opening brackets, in C, without parsing) and the data plane refuses a body holding more
+than the model's inputs can take (`model_json_value_limit`) before it is parsed.
+
+Conversions of large tensors go in chunks of `_CHUNK` elements: each numpy call holds the
+GIL for about a millisecond, so the event loop (and a liveness probe) gets its turn
+between them when decoding runs on a worker thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from kubeinfer.runtime.protocol.errors import InvalidRequest
+
+MAX_RANK = 64
+"""numpy's own limit; a model never has more dimensions."""
+
+_CHUNK = 1 << 16
+_FLOAT_KINDS = frozenset((int, float))
+_INT_KINDS = frozenset((int,))
+_BOOL_KINDS = frozenset((bool,))
+_HEADER_VALUES = 4096
+"""Values a request holds besides its tensors' data: shapes, names, parameters, outputs."""
+
+_WHAT = {
+    type(None): "null",
+    bool: "a boolean",
+    str: "a string",
+    float: "a number with a fraction or an exponent",
+    int: "an integer",
+    list: "a list",
+    dict: "an object",
+}
+
+
+def allowed_kinds(dtype: np.dtype) -> frozenset[type]:
+    if dtype.kind == "b":
+        return _BOOL_KINDS
+    if dtype.kind in "iu":
+        return _INT_KINDS
+    return _FLOAT_KINDS
+
+
+def _what_datatype_takes(dtype: np.dtype) -> str:
+    if dtype.kind == "b":
+        return "booleans"
+    if dtype.kind in "iu":
+        return "integers"
+    return "numbers"
+
+
+def leaves(data: list[Any], shape: Sequence[int], count: int, where: str) -> list[Any]:
+    """The values of `data` in row-major order: `data` itself when flat, else its nested
+    lists flattened after checking each level's length against the shape."""
+    nested = len(shape) >= 2 and bool(data) and type(data[0]) is list
+    if not nested:
+        if len(data) != count:
+            raise InvalidRequest(
+                f"{where}: data has {len(data)} elements, shape {list(shape)} needs {count}"
+            )
+        return data
+    level: list[Any] = data
+    if len(level) != shape[0]:
+        raise InvalidRequest(
+            f"{where}: nested data has {len(level)} rows, shape {list(shape)} needs {shape[0]}"
+        )
+    for depth, dim in enumerate(shape[1:], start=1):
+        if not all(type(item) is list and len(item) == dim for item in level):
+            raise InvalidRequest(
+                f"{where}: nested data does not match shape {list(shape)} at depth {depth} "
+                f"(every item there must be a list of {dim})"
+            )
+        level = list(itertools.chain.from_iterable(level))
+    return level
+
+
+def to_numpy(
+    data: list[Any],
+    shape: Sequence[int],
+    count: int,
+    dtype: np.dtype,
+    datatype: str,
+    where: str,
+    *,
+    allow_null: bool = False,
+) -> np.ndarray:
+    """`data` (flat or nested) as an array of `shape` and `dtype`; raises InvalidRequest
+    for a value the datatype does not take. `allow_null` reads null as NaN in a float
+    tensor (for responses: our own encoder writes NaN and infinities as null)."""
+    values = leaves(data, shape, count, where)
+    allowed = allowed_kinds(dtype)
+    if allow_null and dtype.kind == "f":
+        allowed = allowed | {type(None)}
+    for start in range(0, len(values), _CHUNK):
+        chunk = values[start : start + _CHUNK] if len(values) > _CHUNK else values
+        kinds = set(map(type, chunk))
+        if not kinds <= allowed:
+            bad = next(v for v in chunk if type(v) not in allowed)
+            what = _WHAT.get(type(bad), type(bad).__name__)
+            shown = repr(bad) if len(repr(bad)) <= 40 else repr(bad)[:40] + "..."
+            raise InvalidRequest(
+                f"{where}: {datatype} data takes {_what_datatype_takes(dtype)} only; "
+                f"it holds {what} ({shown})"
+            )
+    if type(None) in allowed:
+        values = [math.nan if v is None else v for v in values]
+    try:
+        with np.errstate(over="ignore"):  # out of range reads as inf: refused below
+            array = _convert(values, dtype)
+    except (OverflowError, ValueError, TypeError) as error:
+        raise InvalidRequest(f"{where}: data is not a valid {datatype} tensor: {error}") from None
+    if dtype.kind == "f" and not allow_null and not np.isfinite(array).all():
+        raise InvalidRequest(f"{where}: data holds a value out of {datatype}'s range")
+    return array
+
+
+def _convert(values: list[Any], dtype: np.dtype) -> np.ndarray:
+    if len(values) <= _CHUNK:
+        return np.array(values, dtype=dtype)
+    array = np.empty(len(values), dtype=dtype)
+    for start in range(0, len(values), _CHUNK):
+        array[start : start + _CHUNK] = values[start : start + _CHUNK]
+    return array
+
+
+def json_value_count(document: bytes | bytearray) -> int:
+    """An upper bound on the JSON values (numbers, lists, objects, ...) `document` holds,
+    from its commas and opening brackets: counted in C, nothing parsed. Separators inside
+    strings count too, which only makes the bound larger."""
+    return document.count(b",") + document.count(b"[") + document.count(b"{") + 1
+
+
+def model_json_value_limit(item_shapes: Sequence[Sequence[int]], max_rows: int) -> int | None:
+    """The most JSON values a valid request to a model with these inputs (item shapes, the
+    batch dimension left out) can hold, at `max_rows` rows: every element, every list of
+    the nested form, and room for the rest of the request. None when an item dimension is
+    dynamic (-1): then only the body size limit bounds a body."""
+    total = _HEADER_VALUES
+    for item in item_shapes:
+        if any(d < 0 for d in item):
+            return None
+        lists, rows = 1, max_rows
+        for dim in item:
+            lists += rows
+            rows *= dim
+        total += rows + lists
+    return total

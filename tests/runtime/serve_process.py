@@ -1,0 +1,173 @@
+"""`kubeinfer serve` as a real process on a loopback port, for the tests that treat it as
+a client, an attacker or Kubernetes would: requests over real sockets (`http.client`, or
+raw bytes where a test needs to send half a request), /metrics scraped as text, resident
+memory read from /proc, SIGTERM sent to the process and its output kept for the end.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServeProcess:
+    """One `kubeinfer serve --onnx MODEL --model-name NAME FLAGS...` process."""
+
+    def __init__(self, model: Path, name: str, *flags: str, ready_timeout: float = 60) -> None:
+        self.name = name
+        self.port = free_port()
+        self._log = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "kubeinfer.operator.cli", "serve", "--onnx", str(model),
+             "--model-name", name, "--host", "127.0.0.1", "--port", str(self.port), *flags],
+            stdout=self._log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"serve exited: {self.output()}")
+            try:
+                if self.request("GET", "/v2/health/ready", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.process.kill()
+        raise AssertionError(f"serve did not become ready: {self.output()}")
+
+    @property
+    def infer_path(self) -> str:
+        return f"/v2/models/{self.name}/infer"
+
+    def connect(self, timeout: float = 30) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def socket(self, timeout: float = 30) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30,
+    ) -> tuple[int, dict[str, str], bytes]:
+        connection = self.connect(timeout)
+        try:
+            connection.request(method, path, body, headers or {})
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            connection.close()
+
+    def infer(self, request: dict[str, Any], **kwargs: Any) -> tuple[int, dict[str, Any]]:
+        status, _, payload = self.request(
+            "POST", self.infer_path, json.dumps(request).encode(), **kwargs
+        )
+        return status, json.loads(payload)
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        _, _, body = self.request("GET", "/metrics")
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(body.decode())
+            for sample in family.samples
+        }
+
+    def metric(self, name: str, **labels: str) -> float:
+        key = tuple(sorted({"model": self.name, "version": "1", **labels}.items()))
+        return self.metrics().get((name, key), 0.0)
+
+    def memory_kib(self, field: str = "VmRSS") -> int:
+        """A memory figure of the process from /proc (VmRSS now, VmHWM its peak)."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        raise AssertionError(f"no {field} in /proc/{self.process.pid}/status")
+
+    def reset_peak_memory(self) -> None:
+        """Resets VmHWM to the current RSS (Linux: write 5 to clear_refs)."""
+        Path(f"/proc/{self.process.pid}/clear_refs").write_text("5")
+
+    def terminate(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.terminate()
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+
+    def output(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def __enter__(self) -> ServeProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+        self._log.close()
+
+
+def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response (with Content-Length) read from a raw socket; raises
+    ConnectionError if the server closes or resets the connection first."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a response head ({data[:80]!r})")
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers = {}
+    for line in lines[1:]:
+        key, _, value = line.partition(":")
+        headers[key.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed in the middle of a response body")
+        body += chunk
+    return status, headers, body[:length]
+
+
+def head(path: str, port: int, length: int, extra: str = "") -> bytes:
+    """The head of a POST with a declared body length (the body is the caller's)."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n{extra}\r\n"
+    ).encode()
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
