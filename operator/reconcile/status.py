@@ -30,6 +30,7 @@ from kubeinfer.operator.api.v1alpha1.conditions import (
 from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     EngineStatus,
     Phase,
+    RolloutStrategy,
     VersionStatus,
 )
 from kubeinfer.operator.reconcile import names
@@ -49,8 +50,10 @@ WARNING_REASONS = frozenset(
         Reason.ROLLOUT_STALLED,
         Reason.SHADOW_FAILED,
         Reason.SHADOW_ABORTED,
+        Reason.READ_WRITE_ONCE_ACROSS_NODES,
     }
 )
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 EVENT_MESSAGE_LIMIT = 1024
 MIRRORED = frozenset({ConditionType.RECONCILING, ConditionType.STALLED})
 
@@ -212,6 +215,11 @@ def compute_status(
         values.append((ConditionType.SHADOW_PASSED, shadow.shadow_passed))
     else:
         conditions = [c for c in conditions if c.type != ConditionType.SHADOW_PASSED]
+    risk = cache_attach_risk(observed)
+    if risk is not None:
+        values.append((ConditionType.CACHE_ATTACH_RISK, risk))
+    else:
+        conditions = [c for c in conditions if c.type != ConditionType.CACHE_ATTACH_RISK]
     if scaling is not None:
         values.append((ConditionType.SCALING_ACTIVE, scaling.active))
         values.append((ConditionType.SCALING_LIMITED, scaling.limited))
@@ -282,6 +290,46 @@ def invalid_status(
         )
     return status.model_copy(
         update={"observed_generation": generation, "phase": Phase.FAILED, "conditions": conditions}
+    )
+
+
+def cache_attach_risk(observed: ObservedState) -> tuple[ConditionStatus, Reason, str] | None:
+    """The CacheAttachRisk condition, or None where there is none. The claim the operator
+    creates defaults to ReadWriteOnce, the one access mode every storage class offers, and
+    such a volume attaches to one node at a time: a runtime pod (or a shadow candidate, or
+    a build Job) scheduled on another node waits in ContainerCreating with a Multi-Attach
+    error. The operator does not pin the pods to one node for it (that would stop the
+    spreading of GPU pods, and classes such as NFS mount ReadWriteOnce volumes on several
+    nodes anyway); it warns, with what to change, whenever more than one runtime pod may
+    mount the claim: more than one replica (autoscaling's maximum when autoscaling), or a
+    shadow candidate beside the serving pods. The observed claim's access modes win over
+    the spec's, since a claim's are fixed at creation. No warning for an existing claim
+    (its access modes are the owner's choice) or pods pinned by kubernetes.io/hostname."""
+    spec = observed.spec
+    cache = spec.engine.cache
+    if cache.existing_claim or HOSTNAME_LABEL in spec.runtime.node_selector:
+        return None
+    modes = ((observed.pvc or {}).get("spec") or {}).get("accessModes") or [cache.access_mode]
+    if "ReadWriteMany" in modes:
+        return None
+    scaling = spec.autoscaling
+    pods = scaling.max_replicas if scaling.enabled else spec.runtime.replicas
+    shadow = spec.rollout.strategy == RolloutStrategy.SHADOW
+    if shadow:
+        pods += spec.rollout.shadow.replicas
+    if pods <= 1:
+        return None
+    claim = names.cache_claim_name(observed.owner.name)
+    return (
+        TRUE,
+        Reason.READ_WRITE_ONCE_ACROSS_NODES,
+        f"The engine cache claim {claim} is {'/'.join(modes)} and up to {pods} runtime pods"
+        f"{' (serving and shadow candidate)' if shadow else ''} mount it, plus a build Job "
+        "while an engine builds: the volume attaches to one node, so a pod scheduled on "
+        "another waits in ContainerCreating (Multi-Attach error). Set "
+        "engine.cache.accessMode ReadWriteMany on a storage class that supports it, name a "
+        "shareable engine.cache.existingClaim, or keep the pods on one node "
+        f"(runtime.nodeSelector {HOSTNAME_LABEL}).",
     )
 
 

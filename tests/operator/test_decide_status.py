@@ -82,6 +82,7 @@ def test_every_condition_carries_the_observed_generation():
         DEGRADED,
         ConditionType.RECONCILING,
         ConditionType.STALLED,
+        ConditionType.CACHE_ATTACH_RISK,  # 2 replicas on the default ReadWriteOnce claim
     }
 
 

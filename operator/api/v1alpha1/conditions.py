@@ -25,6 +25,9 @@ class ConditionType(StrEnum):
     STALLED = "Stalled"
     SCALING_ACTIVE = "ScalingActive"
     SCALING_LIMITED = "ScalingLimited"
+    CACHE_ATTACH_RISK = "CacheAttachRisk"
+    """Present (True) only while the engine cache claim is ReadWriteOnce and the pods that
+    mount it may land on more than one node."""
 
 
 class ConditionStatus(StrEnum):
@@ -70,6 +73,7 @@ class Reason(StrEnum):
     GPU_MEMORY_HIGH = "GpuMemoryHigh"
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"
+    READ_WRITE_ONCE_ACROSS_NODES = "ReadWriteOnceAcrossNodes"
     AS_EXPECTED = "AsExpected"
     READY = "Ready"
     NOT_READY = "NotReady"

@@ -137,8 +137,11 @@ class CacheSpec(ApiModel):
     """StorageClass of the claim the operator creates; the cluster default when unset."""
 
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany"] = "ReadWriteOnce"
-    """Access mode of the claim the operator creates. ReadWriteMany lets runtime pods on
-    several nodes share one cache."""
+    """Access mode of the claim the operator creates, fixed when it is created.
+    ReadWriteOnce works on every storage class but attaches to one node: pods on another
+    node wait (Multi-Attach), so with more than one runtime pod the CacheAttachRisk
+    condition warns. ReadWriteMany, where the class supports it, lets pods on several
+    nodes share one cache."""
 
 
 class AccuracyGate(ApiModel):
