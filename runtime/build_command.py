@@ -18,10 +18,13 @@ is wrong; a failed build or gate exits 1. The calibration file's format is docum
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -85,6 +88,31 @@ def _progress() -> Callable[[str], None]:
     return report
 
 
+class _Terminated(BaseException):
+    """SIGTERM during a build (a Job's pod deleted or evicted): raised in the main thread
+    so every `finally` on the way out runs (the staging directory and downloads are
+    removed) before the process exits 143. A BaseException, so no `except Exception`
+    inside a backend takes it for a build error."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """Turns SIGTERM into `_Terminated` for the block (main thread only: elsewhere Python
+    cannot set handlers, and the caller owns the signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def _fail(args: argparse.Namespace, message: str, code: int) -> int:
     """One `error:` line on stderr and, for a Job, in its termination message (where the
     operator reads either a digest or the reason the build failed)."""
@@ -111,20 +139,21 @@ def run(args: argparse.Namespace) -> int:
         if args.model is None:
             return _fail(args, "--model is required (or --pin to use an engine already built)", 2)
         try:
-            result = build_engine(
-                args.model,
-                args.backend,
-                args.precision,
-                args.cache,
-                calibration=args.calibration,
-                max_batch_size=args.max_batch_size,
-                max_top1_drop=args.max_top1_drop,
-                min_cosine=args.min_cosine,
-                model_sha256=args.model_sha256,
-                calibration_sha256=args.calibration_sha256,
-                validation=args.validation,
-                progress=_progress(),
-            )
+            with _sigterm_unwinds():
+                result = build_engine(
+                    args.model,
+                    args.backend,
+                    args.precision,
+                    args.cache,
+                    calibration=args.calibration,
+                    max_batch_size=args.max_batch_size,
+                    max_top1_drop=args.max_top1_drop,
+                    min_cosine=args.min_cosine,
+                    model_sha256=args.model_sha256,
+                    calibration_sha256=args.calibration_sha256,
+                    validation=args.validation,
+                    progress=_progress(),
+                )
         except AccuracyGateError as error:
             print(error.report.model_dump_json(by_alias=True, indent=2), file=sys.stderr)
             return _fail(args, str(error), 1)
@@ -132,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
             return _fail(args, f"the build failed: {error}; nothing was published", 1)
         except BUILD_ERRORS as error:
             return _fail(args, str(error), 2)
+        except _Terminated:
+            return _fail(args, "the build was stopped (SIGTERM); nothing was published", 143)
         digest, manifest, hit = result.digest, result.manifest, result.cache_hit
     if args.termination_message_path:  # compact: Kubernetes keeps at most 4096 bytes
         summary = {

@@ -16,6 +16,13 @@ a concurrent builder of the same key wait and then find the entry, doing no work
 rename keeps the guarantee even where locks are not shared (some network filesystems).
 Lock files are left in place: deleting a lock file someone may be waiting on is racy.
 
+A staging directory is named after its key (`tmp/build-<hex>-<random>`) and exists only
+while its builder holds that key's lock. A builder stopped by SIGTERM removes its own
+(`kubeinfer build` turns the signal into an exception that unwinds the build); one killed
+outright (SIGKILL, a lost node) leaves it, and the next build removes every staging
+directory whose key's lock nobody holds, at once rather than after a day. Other scratch
+entries (downloads, staging directories of older versions) go after STALE_SCRATCH_SECONDS.
+
 `resolve_engine` is what serving and `--pin` use: it re-derives the digest from the
 manifest's key and re-hashes the engine file, and refuses an entry that does not match,
 with a message naming the path and what to do.
@@ -27,6 +34,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -43,6 +51,8 @@ if TYPE_CHECKING:
     from kubeinfer.runtime.engines.base import Engine
 
 STALE_SCRATCH_SECONDS = 24 * 3600
+STAGING_NAME = re.compile(r"build-([0-9a-f]{64})-.+")
+"""A staging directory: its key's hex digest, then mkdtemp's random part."""
 
 
 class EngineCacheError(Exception):
@@ -159,21 +169,55 @@ class EngineCache:
     @contextlib.contextmanager
     def staging(self, digest: str) -> Iterator[Path]:
         """A fresh staging directory on the cache's filesystem, removed on exit unless it
-        was published. Leftovers of builders killed mid-build (SIGKILL, a node lost) that
-        are older than a day are removed first, so they cannot fill the volume."""
+        was published; the caller holds the key's lock (`lock`). Staging directories of
+        builders that died (no one holds their key's lock) are removed first, and other
+        scratch entries older than a day, so leftovers cannot fill the volume."""
         self.scratch_dir.mkdir(parents=True, exist_ok=True)
+        self.remove_orphaned_staging(held=digest)
         self.remove_stale_scratch(time.time() - STALE_SCRATCH_SECONDS)
-        path = Path(tempfile.mkdtemp(prefix=f"build-{_hex(digest)[:12]}-", dir=self.scratch_dir))
+        path = Path(tempfile.mkdtemp(prefix=f"build-{_hex(digest)}-", dir=self.scratch_dir))
         try:
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
 
+    def remove_orphaned_staging(self, held: str | None = None) -> list[Path]:
+        """Removes the staging directories whose builder is gone: their key's lock is free
+        (taken here without waiting, and released), or it is `held`, the key whose lock
+        the caller holds (only its holder builds it, so any directory of that key left is
+        a dead builder's). Returns what was removed."""
+        removed = []
+        for path in sorted(self.scratch_dir.iterdir()) if self.scratch_dir.is_dir() else ():
+            match = STAGING_NAME.fullmatch(path.name)
+            if match is None or not path.is_dir():
+                continue
+            key = f"sha256:{match.group(1)}"
+            if key == held or self._lock_is_free(key):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        return removed
+
+    def _lock_is_free(self, digest: str) -> bool:
+        """Takes and releases the key's lock without waiting; False while a builder has it."""
+        locks = self.root / "locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with (locks / f"{_hex(digest)}.lock").open("a") as handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            return True
+
     def remove_stale_scratch(self, older_than: float) -> list[Path]:
-        """Removes scratch entries (staging directories, downloads) last modified before
-        `older_than` (a Unix time); returns what was removed."""
+        """Removes scratch entries (downloads, staging directories of older versions) last
+        modified before `older_than` (a Unix time); returns what was removed. A staging
+        directory named after its key is left to `remove_orphaned_staging`: a build can
+        take longer than any age bound."""
         removed = []
         for path in self.scratch_dir.iterdir() if self.scratch_dir.is_dir() else ():
+            if STAGING_NAME.fullmatch(path.name):
+                continue
             try:
                 if path.lstat().st_mtime >= older_than:
                     continue

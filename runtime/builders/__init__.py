@@ -7,6 +7,8 @@ is asked for, so the onnxruntime path never imports TensorRT.
 
 from __future__ import annotations
 
+import errno
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -23,6 +25,21 @@ Progress = Callable[[str], None]
 
 class BuildError(RuntimeError):
     """The backend could not build an engine from the model."""
+
+
+def require_space(directory: Path, needed: int, what: str) -> None:
+    """Raises OSError(ENOSPC) when `directory`'s filesystem has fewer than `needed` bytes
+    free. ONNX Runtime reports a model it could not write as `INVALID_PROTOBUF ...
+    serialization failed`, which sends the reader looking at the model; checking before
+    writing (and again after a failed write) names the full disk instead."""
+    free = shutil.disk_usage(directory).free
+    if free < needed:
+        raise OSError(
+            errno.ENOSPC,
+            f"No space left on device: {what} needs about {needed / 1e6:.1f} MB and the "
+            f"filesystem holding it has {free / 1e6:.1f} MB free",
+            str(directory),
+        )
 
 
 class Builder(Protocol):

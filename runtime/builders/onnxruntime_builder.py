@@ -30,21 +30,26 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from kubeinfer.runtime.builders import BuildError, Progress, Samples
+from kubeinfer.runtime.builders import BuildError, Progress, Samples, require_space
 from kubeinfer.runtime.engine_manifest import BatchProfile
 
 CALIBRATION_BATCH = 32
 
 
 def _session(model_path: Path, optimize_to: Path | None = None) -> ort.InferenceSession:
+    """An ONNX Runtime session; with `optimize_to`, the optimised model is written there
+    (with about the source's size free first: see `require_space`)."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if optimize_to is not None:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.optimized_model_filepath = str(optimize_to)
+        require_space(optimize_to.parent, model_path.stat().st_size, "the optimised model")
     try:
         return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     except Exception as error:  # ORT raises its own Fail/InvalidGraph types
+        if optimize_to is not None:  # a disk that filled up meanwhile
+            require_space(optimize_to.parent, model_path.stat().st_size, "the optimised model")
         raise BuildError(f"ONNX Runtime cannot load {model_path.name}: {error}") from error
 
 
@@ -152,6 +157,8 @@ class OnnxRuntimeBuilder:
         progress: Progress,
     ) -> None:
         source = model_path
+        if precision != "fp32":  # a converted or quantised copy is written first
+            require_space(work_dir, model_path.stat().st_size, f"the {precision} model")
         if precision == "fp16":
             from onnxruntime.transformers.float16 import convert_float_to_float16
 
