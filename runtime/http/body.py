@@ -8,10 +8,14 @@ after it fails.
 - **Time**: each part of the body must come within `bodyReadTimeoutSeconds` of the
   previous one, and the whole body by the request's deadline (counted from its arrival);
   otherwise 408, and the connection is closed (the rest of the body may still come).
-- **Memory**: the body grows in one buffer, which is emptied the moment reading fails. An
-  exception raised while reading holds a reference cycle (exception -> traceback -> this
-  frame -> the request -> its payload stream -> the exception) that only a full garbage
-  collection breaks; emptying the buffer returns its memory at once whatever holds it.
+- **Memory**: a body of `MAPPED_BODY_BYTES` or more is written into an anonymous memory
+  map of its declared length (of the limit for a chunked body), which costs address
+  space, not memory, until bytes arrive; it is unmapped the moment reading ends, so its
+  memory goes back to the OS at once. An exception raised while reading holds a
+  reference cycle (exception -> traceback -> this frame -> the request -> its payload
+  stream -> the exception) that only a full garbage collection breaks, and a heap buffer
+  freed in the middle of the heap stays resident anyway (glibc returns only its top): 20
+  abandoned 64 MiB uploads used to keep 3 GB resident.
 - **A client that leaves** (the connection lost mid-body) raises `ClientGone`: counted and
   logged at DEBUG by the caller, never an ERROR with a traceback.
 
@@ -23,6 +27,7 @@ stream becomes a plain-text 400 or a connection left waiting; the runner turns t
 from __future__ import annotations
 
 import asyncio
+import mmap
 import zlib
 from collections.abc import Callable
 
@@ -33,6 +38,10 @@ from kubeinfer.runtime.protocol.errors import (
     RequestTimeout,
     RequestTooLarge,
 )
+
+MAPPED_BODY_BYTES = 256 * 1024
+"""Bodies from this size on go into a memory map; smaller ones (the common case, often
+one chunk that is returned as it is) into a heap buffer, emptied on failure."""
 
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
@@ -68,42 +77,52 @@ async def read_body(
 ) -> bytes:
     """The raw (possibly compressed) body, at most `limit` bytes; see the module."""
     check_declared_length(request, limit)
-    buffer = bytearray()
+    size = request.content_length if request.content_length is not None else limit
+    if size == 0:
+        return b""
+    buffer: mmap.mmap | bytearray
+    buffer = mmap.mmap(-1, size) if size >= MAPPED_BODY_BYTES else bytearray(size)
+    filled = 0
     try:
         while True:
             remaining = deadline - clock()
             if remaining <= 0:
                 raise RequestTimeout(
                     f"the request body did not arrive by the request's deadline "
-                    f"({len(buffer)} bytes had come)"
+                    f"({filled} bytes had come)"
                 )
             try:
                 async with asyncio.timeout(min(idle_timeout_seconds, remaining)):
                     chunk = await request.content.readany()
             except TimeoutError:
                 raise RequestTimeout(
-                    f"the request body stalled ({len(buffer)} bytes had come; a part must "
+                    f"the request body stalled ({filled} bytes had come; a part must "
                     f"come within {idle_timeout_seconds:g} s of the previous one, and the "
                     "whole body by the request's deadline)"
                 ) from None
             if not chunk:
-                return bytes(buffer)
-            if len(buffer) + len(chunk) > limit:
+                return bytes(buffer[:filled])
+            if filled + len(chunk) > size:
                 raise RequestTooLarge(f"the request body is over the limit of {limit} bytes")
-            buffer += chunk
+            if filled == 0 and len(chunk) == size and request.content.at_eof():
+                return chunk  # the whole body in one part: no copy
+            buffer[filled : filled + len(chunk)] = chunk
+            filled += len(chunk)
     except ConnectionError:
         raise ClientGone(
-            f"the client left while sending its body ({len(buffer)} bytes had come)", "reading"
+            f"the client left while sending its body ({filled} bytes had come)", "reading"
         ) from None
     except web.RequestPayloadError as error:
         if request.transport is None or request.transport.is_closing():
             raise ClientGone(
-                f"the client left while sending its body ({len(buffer)} bytes had come)",
-                "reading",
+                f"the client left while sending its body ({filled} bytes had come)", "reading"
             ) from None
         raise InvalidRequest(f"the request body cannot be read: {error}") from None
-    finally:
-        buffer.clear()  # the memory goes back now, whatever still refers to the buffer
+    finally:  # the memory goes back now, whatever still refers to the buffer
+        if isinstance(buffer, mmap.mmap):
+            buffer.close()
+        else:
+            buffer.clear()
 
 
 def inflate(body: bytes, encoding: str, limit: int) -> bytes:

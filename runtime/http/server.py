@@ -63,9 +63,15 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 def make_runner(app: web.Application, config: RuntimeConfig) -> ServingRunner:
+    """The runner with the runtime's options. `lingering_time`: after an answer given
+    before the body was read (a 503 at admission, a 408), aiohttp reads and drops the
+    rest of the body for up to this long, so the connection stays in step; a body that
+    does not come in that time is the stalled body of `bodyReadTimeoutSeconds`, and the
+    connection is closed."""
     return ServingRunner(
         app,
         **RUNNER_OPTIONS,
+        lingering_time=config.body_read_timeout_seconds,
         handle_signals=False,
         shutdown_timeout=max(0.1, config.drain_grace_period_seconds),
     )

@@ -1,0 +1,203 @@
+"""Admission before the body, bounded work and memory per request, and read timeouts,
+against real `kubeinfer serve` processes (the spin model of `hostile_models`, whose
+engine call the request can make last about a second).
+
+Covers:
+- a server whose queue is full answers 503 with Retry-After before the body is sent
+  (the old server waited for the body, then decoded it, then refused it); the unread body
+  is dropped and the same keep-alive connection then serves a valid request; a refused
+  request is never counted in progress;
+- a request's deadline counts from its arrival: one whose body came after its `timeout`
+  gets 504 and is never executed;
+- request heads that stall are closed after `--header-read-timeout-seconds` (and counted),
+  while an idle keep-alive connection stays usable; a body that stalls gets 408 and its
+  connection is closed;
+- a 64 KiB gzip body inflating to 15 MiB of empty JSON lists is refused (413) without being
+  parsed, the server's peak memory growing by less than 50 MB (it used to parse it into
+  millions of lists);
+- uploads abandoned after most of their declared body, round after round, leave resident
+  memory within 100 MB of where it started, are counted as cancelled (stage `reading`)
+  and logged at no level above DEBUG.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from hostile_models import build_spin_model
+from serve_process import ServeProcess, head, read_response
+
+pytestmark = pytest.mark.slow
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def spin_model(tmp_path_factory: pytest.TempPathFactory):
+    return build_spin_model(tmp_path_factory.mktemp("spin") / "spin.onnx")
+
+
+@pytest.fixture(scope="module")
+def small_queue(spin_model) -> Iterator[ServeProcess]:
+    """One slot, one place in the queue."""
+    with ServeProcess(
+        spin_model, "spin", "--execution-slots", "1", "--intra-op-threads", "1",
+        "--max-batch-size", "8", "--max-queue-size", "1",
+    ) as running:  # fmt: skip
+        yield running
+
+
+@pytest.fixture(scope="module")
+def roomy(spin_model) -> Iterator[ServeProcess]:
+    """Default queue and body limit; short read timeouts."""
+    with ServeProcess(
+        spin_model, "spin", "--intra-op-threads", "1", "--header-read-timeout-seconds", "0.5",
+        "--body-read-timeout-seconds", "0.5",
+    ) as running:  # fmt: skip
+        yield running
+        assert running.stop() == 0
+        log = running.output()
+        assert " ERROR " not in log and " WARNING " not in log and "Traceback" not in log, log
+
+
+def body(rows: int = 1, spin: int = 0, **parameters: int) -> bytes:
+    ids = np.zeros((rows, 4), np.int32)
+    ids[0, 0] = spin
+    request: dict = {
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [rows, 4], "data": [1.0] * (rows * 4)},
+            {"name": "ids", "datatype": "INT32", "shape": [rows, 4], "data": ids.ravel().tolist()},
+        ]
+    }
+    if parameters:
+        request["parameters"] = parameters
+    return json.dumps(request).encode()
+
+
+def wait_for(condition, what: str, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(0.005)
+
+
+def test_a_full_server_refuses_before_the_body_and_stays_in_step(small_queue) -> None:
+    server = small_queue
+    holder = server.connect()
+    holder.request("POST", server.infer_path, body(rows=5, spin=1_500_000))
+    wait_for(lambda: server.metric("kubeinfer_inflight_batches") == 1, "the spin")
+    queued = server.connect()
+    queued.request("POST", server.infer_path, body())
+    wait_for(lambda: server.metric("kubeinfer_queue_depth") == 1, "the queued request")
+    assert server.metric("kubeinfer_requests_in_progress") == 2
+    payload = body()
+    with server.socket(timeout=5) as sock:
+        sock.sendall(head(server.infer_path, server.port, len(payload)))  # no body yet
+        status, headers, answer = read_response(sock)
+        assert status == 503 and headers["retry-after"] == "1", answer
+        assert "queue is full" in json.loads(answer)["error"]
+        assert server.metric("kubeinfer_requests_in_progress") == 2  # never counted
+        sock.sendall(payload)  # the body the server no longer needs: read and dropped
+        assert holder.getresponse().status == 200
+        assert queued.getresponse().status == 200
+        sock.sendall(head(server.infer_path, server.port, len(payload)) + payload)
+        status, _, answer = read_response(sock)  # the same connection, still in step
+        assert status == 200, answer
+        assert json.loads(answer)["outputs"][0]["data"] == [1.0] * 4
+    holder.close()
+    queued.close()
+
+
+def test_the_deadline_counts_from_arrival(small_queue) -> None:
+    server = small_queue
+    batches = server.metric("kubeinfer_batch_size_count")
+    payload = body(timeout=200_000)  # 200 ms
+    with server.socket(timeout=5) as sock:
+        sock.sendall(head(server.infer_path, server.port, len(payload)))
+        time.sleep(0.4)
+        sock.sendall(payload)
+        status, _, answer = read_response(sock)
+    assert status == 504, answer
+    assert "after it arrived" in json.loads(answer)["error"]
+    assert server.metric("kubeinfer_batch_size_count") == batches  # never executed
+
+
+def test_stalled_heads_are_closed_and_idle_keep_alive_is_not(roomy) -> None:
+    server = roomy
+    closed_before = server.metric("kubeinfer_connections_closed_total", reason="header_timeout")
+    keep_alive = server.connect()
+    keep_alive.request("POST", server.infer_path, body())
+    assert keep_alive.getresponse().read() and True
+    stalled = []
+    for index in range(40):
+        sock = server.socket(timeout=5)
+        if index % 2:  # half a head; or nothing at all
+            sock.sendall(f"POST {server.infer_path} HTTP/1.1\r\nHost: x\r\n".encode())
+        stalled.append(sock)
+    for sock in stalled:
+        assert sock.recv(1024) == b""  # closed by the server (recv would time out)
+        sock.close()
+    closed = server.metric("kubeinfer_connections_closed_total", reason="header_timeout")
+    assert closed - closed_before == 40
+    keep_alive.request("POST", server.infer_path, body())  # idle for over the timeout
+    assert keep_alive.getresponse().status == 200
+    keep_alive.close()
+
+
+def test_a_stalled_body_is_a_408_and_closes(roomy) -> None:
+    with roomy.socket(timeout=5) as sock:
+        sock.sendall(head(roomy.infer_path, roomy.port, 100) + b'{"inputs": ')
+        status, headers, answer = read_response(sock)
+        assert status == 408 and headers["connection"] == "close", answer
+        assert "stalled" in json.loads(answer)["error"]
+        assert sock.recv(1024) == b""
+
+
+def test_an_amplification_body_is_refused_unparsed(roomy) -> None:
+    lists = b"[]," * (5 * MIB)  # 15 MiB of empty lists
+    document = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [' + (
+        lists + b"[]]}]}"
+    )
+    bomb = gzip.compress(document, 9)
+    assert len(bomb) < 64 * 1024
+    roomy.reset_peak_memory()
+    before = roomy.memory_kib("VmRSS")
+    status, headers, answer = roomy.request(
+        "POST", roomy.infer_path, bomb, {"Content-Encoding": "gzip"}
+    )
+    growth_mb = (roomy.memory_kib("VmHWM") - before) / 1024
+    assert growth_mb < 50, f"peak memory grew by {growth_mb:.0f} MB"
+    assert status == 413, answer
+    assert "was not parsed" in json.loads(answer)["error"]
+
+
+def test_abandoned_uploads_give_their_memory_back(roomy) -> None:
+    server = roomy
+    cancelled = server.metric("kubeinfer_requests_cancelled_total", stage="reading")
+    start_kib = server.memory_kib("VmRSS")
+    declared, sent, clients, rounds = 12 * MIB, 11 * MIB, 16, 2
+    chunk = b"0" * MIB
+    for _ in range(rounds):
+        sockets = [server.socket() for _ in range(clients)]
+        for sock in sockets:
+            sock.sendall(head(server.infer_path, server.port, declared))
+        for _ in range(sent // MIB):
+            for sock in sockets:
+                sock.sendall(chunk)
+        for sock in sockets:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.close()  # a reset, as a client that crashed or timed out
+        wait_for(
+            lambda: server.metric("kubeinfer_requests_in_progress") == 0, "the aborts noticed"
+        )
+    growth_mb = (server.memory_kib("VmRSS") - start_kib) / 1024
+    assert growth_mb < 100, f"resident memory grew by {growth_mb:.0f} MB and stayed"
+    assert server.metric("kubeinfer_requests_cancelled_total", stage="reading") - cancelled == (
+        clients * rounds
+    )
