@@ -8,11 +8,14 @@ alone, so every package under `operator/` and `runtime/` is found here and publi
 from setuptools import find_packages, setup
 
 PACKAGES = {"kubeinfer.operator": "operator", "kubeinfer.runtime": "runtime"}
+DATA_PACKAGES = ["kubeinfer.operator.demo.examples"]
+"""Folders of package data only (`examples/`, mapped in pyproject.toml's package-dir)."""
 
 setup(
     packages=[
         name
         for package, folder in PACKAGES.items()
         for name in (package, *(f"{package}.{sub}" for sub in find_packages(folder)))
-    ],
+    ]
+    + DATA_PACKAGES,
 )

@@ -27,9 +27,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXTRA_OF_MODULE = {
+    "kopf": "operator", "kubernetes": "operator", "ruamel": "operator",
+    "prometheus_api_client": "operator",
+    "numpy": "runtime", "onnx": "runtime", "onnxruntime": "runtime", "orjson": "runtime",
+    "tensorrt": "gpu", "pycuda": "gpu", "pynvml": "gpu",
+}  # fmt: skip
+"""Which extra (pyproject.toml) installs each side's own libraries: the operator image has
+only `operator`, the runtime image only `runtime` (or `gpu`), and a command of the other
+side says which extra it needs instead of failing with a traceback."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.handler(args))
+    try:
+        return int(args.handler(args))
+    except ModuleNotFoundError as error:
+        extra = EXTRA_OF_MODULE.get((error.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"kubeinfer {args.command}: needs {error.name}, which this installation lacks; "
+            f"it comes with the {extra} extra: pip install 'kubeinfer[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

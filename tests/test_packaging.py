@@ -1,13 +1,20 @@
 """Packaging: `operator/` and `runtime/` install as `kubeinfer.operator` and
 `kubeinfer.runtime` (never as top-level `operator`/`runtime`), a built wheel carries every
-module, the installed (non-editable) package runs its console script, and the runtime never
-imports the control plane."""
+module and the example manifests, the installed (non-editable) package runs its console
+script and finds the demo's examples from any directory, the runtime never imports the
+control plane, and each side's imports are declared in its own extra (`operator`,
+`runtime`, `gpu`...) and nothing more: the CLI of each image runs its commands without
+the other side's libraries and names the missing extra for the others."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
+import re
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import venv
 import zipfile
 from pathlib import Path
@@ -83,3 +90,195 @@ def test_the_runtime_never_imports_the_control_plane() -> None:
     )
     result = run(sys.executable, "-c", code)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_wheel_ships_the_example_manifests(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for example in (ROOT / "examples").glob("*.yaml"):
+        assert f"kubeinfer/operator/demo/examples/{example.name}" in names
+
+
+def test_the_installed_demo_finds_its_examples_from_another_directory(
+    wheel: Path, tmp_path: Path
+) -> None:
+    environment = tmp_path / "venv"
+    venv.create(environment, with_pip=False)
+    site = next((environment / "lib").glob("python*/site-packages"))
+    (site / "dependencies.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n")
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = (
+        "from kubeinfer.operator.demo.command import examples_dir, show_children, "
+        "show_manifests; print(examples_dir()); assert show_manifests(); "
+        "show_children(examples_dir() / 'cpu-minimal.yaml')"
+    )
+    result = run(str(environment / "bin" / "python"), "-c", code, cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(str(site / "kubeinfer" / "operator" / "demo" / "examples"))
+    assert result.stdout.count("valid InferenceDeployment") == 3
+    assert "Deployment/resnet-cpu-runtime" in result.stdout
+
+
+# --- extras: each image installs what it runs -----------------------------------------
+
+OPTIONAL_MODULES = {
+    "boto3": "s3", "google.cloud": "gcs", "tensorrt": "gpu", "pycuda": "gpu", "pynvml": "gpu",
+}  # fmt: skip
+"""Imports of an optional extra (each one guarded: a missing one is a clear error)."""
+PART_OF = {"pydantic_core": "pydantic"}
+"""Packages that come pinned with a declared one (pydantic pins its core exactly)."""
+STDLIB = sys.stdlib_module_names
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def extras() -> tuple[set[str], dict[str, set[str]]]:
+    """(base dependencies, extra -> its distributions with self-references resolved)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+    def name(requirement: str) -> str:
+        return normalized(re.match(r"[A-Za-z0-9._-]+", requirement).group(0))
+
+    declared = project["optional-dependencies"]
+    resolved: dict[str, set[str]] = {}
+
+    def resolve(extra: str) -> set[str]:
+        if extra not in resolved:
+            found: set[str] = set()
+            for requirement in declared[extra]:
+                if name(requirement) == "kubeinfer":
+                    for inner in re.search(r"\[(.*)\]", requirement).group(1).split(","):
+                        found |= resolve(inner.strip())
+                else:
+                    found.add(name(requirement))
+            resolved[extra] = found
+        return resolved[extra]
+
+    for extra in declared:
+        resolve(extra)
+    return {name(r) for r in project["dependencies"]}, resolved
+
+
+def imported_modules(folder: str) -> dict[str, set[str]]:
+    """Third-party modules imported anywhere under `folder` (lazily too) -> the files."""
+    found: dict[str, set[str]] = {}
+    for source in (ROOT / folder).rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                if top not in STDLIB and top != "kubeinfer":
+                    found.setdefault(module, set()).add(str(source.relative_to(ROOT)))
+    return found
+
+
+def distribution_of(module: str) -> str:
+    for prefix, extra in OPTIONAL_MODULES.items():
+        if module == prefix or module.startswith(prefix + "."):
+            return f"[{extra}]"
+    top = module.split(".")[0]
+    if module.startswith("google.protobuf"):
+        return "protobuf"
+    top = PART_OF.get(top, top)
+    candidates = importlib.metadata.packages_distributions().get(top)
+    assert candidates, f"{module} is imported but no installed distribution provides it"
+    return normalized(candidates[0])
+
+
+@pytest.mark.parametrize(
+    ("folder", "extra", "also"),
+    [("operator", "operator", ("operator/demo/",)), ("runtime", "runtime", ())],
+)
+def test_each_sides_imports_are_declared_in_its_extra_and_nothing_more(
+    folder: str, extra: str, also: tuple[str, ...]
+) -> None:
+    base, resolved = extras()
+    allowed = base | resolved[extra]
+    used: set[str] = set()
+    for module, files in imported_modules(folder).items():
+        distribution = distribution_of(module)
+        if distribution.startswith("["):
+            continue  # an optional extra's, guarded where imported
+        mine = {f for f in files if not f.startswith(also)}
+        if mine:
+            used.add(distribution)
+            assert distribution in allowed, (
+                f"{module} (from {distribution}) is imported by {sorted(mine)} but is not in "
+                f"the base dependencies or the {extra} extra"
+            )
+    # The demo runs both sides (`make demo` installs dev = operator + runtime).
+    assert resolved["dev"] >= resolved["operator"] | resolved["runtime"]
+    assert not (resolved[extra] | base) - used, "declared but never imported"
+
+
+def run_without(blocked: set[str], *argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """The CLI in a process where `blocked` top-level packages cannot be imported, as in
+    an image that installed only the other extra."""
+    code = f"""
+import importlib.abc, sys
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {sorted(blocked)!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Blocked())
+import kubeinfer.operator.cli as cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+    return run(sys.executable, "-c", code, *argv, cwd=cwd)
+
+
+RUNTIME_ONLY = {"numpy", "onnx", "onnxruntime", "orjson", "google"}
+OPERATOR_ONLY = {"kopf", "kubernetes", "ruamel", "prometheus_api_client", "requests", "urllib3"}
+
+
+def test_the_operator_image_runs_its_commands_without_the_runtime_libraries() -> None:
+    examples = [str(p) for p in sorted((ROOT / "examples").glob("*.yaml"))]
+    for argv in (
+        ["validate", *examples],
+        ["render", examples[0]],
+        ["crds"],
+        ["rbac"],
+        ["operator", "--help"],
+        ["promote", "--help"],
+    ):
+        result = run_without(RUNTIME_ONLY, *argv)
+        assert result.returncode == 0, (argv, result.stderr)
+    refused = run_without(RUNTIME_ONLY, "build", "--model", "m.onnx", "--cache", "/tmp/c")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "pip install 'kubeinfer[runtime]'" in refused.stderr, refused.stderr
+
+
+def test_the_runtime_image_runs_its_commands_without_the_operator_libraries(
+    tmp_path: Path,
+) -> None:
+    from kubeinfer.runtime.demo_models import build_tiny_mlp
+
+    model = build_tiny_mlp(tmp_path / "tiny.onnx")
+    built = run_without(OPERATOR_ONLY, "build", "--model", str(model), "--cache", str(tmp_path))
+    assert built.returncode == 0 and built.stdout.startswith("sha256:"), built.stderr
+    assert run_without(OPERATOR_ONLY, "serve", "--help").returncode == 0
+    refused = run_without(OPERATOR_ONLY, "validate", str(ROOT / "examples" / "pinned.yaml"))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "pip install 'kubeinfer[operator]'" in refused.stderr, refused.stderr
+
+
+def test_the_dockerfile_builds_each_side_with_its_extra_as_non_root() -> None:
+    """Static checks only: no Docker engine here (the images themselves are unverified)."""
+    text = (ROOT / "Dockerfile").read_text()
+    stages = dict(re.findall(r"^FROM \S+ AS (\S+)\n(.*?)(?=^FROM |\Z)", text, re.M | re.S))
+    for target, extra in (("operator", "operator"), ("runtime", "runtime")):
+        assert f"[{extra}]" in stages[f"{target}-install"]
+        assert "USER 65532:65532" in stages[target] and "HOME=/tmp" in stages[target]
+    assert "[gpu]" in stages["runtime-gpu"] and "USER 65532:65532" in stages["runtime-gpu"]
+    base = re.search(r"^ARG TENSORRT_BASE=(\S+)$", text, re.M).group(1)
+    assert re.fullmatch(r"nvcr\.io/nvidia/tensorrt:\d\d\.\d\d-py3", base), base
+    assert "COPY examples" in stages["wheel"]  # the demo's manifests are package data

@@ -16,10 +16,17 @@ import time
 import urllib.request
 from pathlib import Path
 
-import yaml
-
-EXAMPLES = Path("examples")
 MODEL_NAME = "demo"
+
+
+def examples_dir() -> Path:
+    """The example manifests: shipped in the package (`kubeinfer.operator.demo.examples`,
+    package data mapped from the checkout's `examples/`), so the demo runs from any working
+    directory; in an editable install of a checkout, that checkout's `examples/`."""
+    packaged = Path(__file__).resolve().parent / "examples"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "examples"
 
 
 def _step(title: str) -> None:
@@ -30,7 +37,7 @@ def show_manifests() -> bool:
     from kubeinfer.operator.validate_command import validate_file
 
     ok = True
-    for path in sorted(EXAMPLES.glob("*.yaml")):
+    for path in sorted(examples_dir().glob("*.yaml")):
         problems, valid = validate_file(path)
         for line in valid + problems:
             print(f"  {line}")
@@ -39,9 +46,10 @@ def show_manifests() -> bool:
 
 
 def show_children(path: Path) -> None:
+    from kubeinfer.operator.api.manifest_loader import load_documents
     from kubeinfer.operator.render_command import render_manifest
 
-    children, _ = render_manifest(yaml.safe_load(path.read_text()))
+    children, _ = render_manifest(load_documents(path.read_bytes())[0])
     for child in children:
         detail = ""
         if child["kind"] == "Deployment":
@@ -223,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     _step("1. The example manifests (kubeinfer validate examples/*.yaml)")
     ok = show_manifests()
     _step("2. What the operator creates for examples/cpu-minimal.yaml (kubeinfer render)")
-    show_children(EXAMPLES / "cpu-minimal.yaml")
+    show_children(examples_dir() / "cpu-minimal.yaml")
     _step("3. Engines for the demo model, through the content-addressed cache (kubeinfer build)")
     digests, cache = build_engines(workdir)
     _step("4. Serving the fp32 engine with dynamic batching (kubeinfer serve), under load")
