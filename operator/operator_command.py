@@ -28,6 +28,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kubeinfer.operator.rbac import DEFAULT_LEASE_NAME
 from kubeinfer.operator.settings import InvalidSettings, OperatorSettings
 
 if TYPE_CHECKING:
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from kubeinfer.operator.kube.leader_election import Election
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-DEFAULT_LEASE_NAME = "kubeinfer-operator"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

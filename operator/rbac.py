@@ -16,12 +16,17 @@ aborted. Nothing is ever created with POST except Events, and nothing else is de
 (ownerReferences let the garbage collector remove children). Pods are listed also to
 read the serving pods' /metrics directly when no Prometheus is configured. Discovery
 (`/api`, `/apis`) needs no rule.
+
+With `--leader-election`, a second Role in the operator's own namespace lets it create
+its Lease and get and update (renew, release) that one Lease by name (`lease_rules`); the
+leader election scenario's calls are part of the comparison.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +37,7 @@ from kubeinfer.operator.kube.resources import (
     EVENT,
     INFERENCE_DEPLOYMENT,
     JOB,
+    LEASE,
     POD,
     POD_MONITOR,
     PVC,
@@ -42,18 +48,23 @@ from kubeinfer.operator.kube.resources import (
 
 @dataclass(frozen=True)
 class Rule:
-    """One PolicyRule: these verbs on these resources of one API group."""
+    """One PolicyRule: these verbs on these resources of one API group (only the objects
+    named in `names`, when there are any)."""
 
     group: str
     resources: tuple[str, ...]
     verbs: tuple[str, ...]
+    names: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        rule: dict[str, Any] = {
             "apiGroups": [self.group],
             "resources": list(self.resources),
             "verbs": list(self.verbs),
         }
+        if self.names:
+            rule["resourceNames"] = list(self.names)
+        return rule
 
 
 def _rule(resources: tuple[ResourceType, ...], verbs: tuple[str, ...], sub: str = "") -> Rule:
@@ -75,17 +86,16 @@ RULES: tuple[Rule, ...] = (
     _rule((POD_MONITOR,), ("list", "patch")),
 )
 
-NAMESPACED_PEERING = Rule("kopf.dev", ("kopfpeerings",), ("get", "list", "watch", "patch"))
-CLUSTER_PEERING = Rule("kopf.dev", ("clusterkopfpeerings",), ("get", "list", "watch", "patch"))
-"""Only for `kubeinfer operator --peering NAME` (several replicas, one active): kopf's
-peering object, per namespace or cluster-wide (kopf's peering CRDs must be installed).
-Unverified by the tests, which run one standalone replica."""
+DEFAULT_LEASE_NAME = "kubeinfer-operator"
 
 
-def rules(peering: bool = False, clusterwide: bool = True) -> tuple[Rule, ...]:
-    if not peering:
-        return RULES
-    return (*RULES, CLUSTER_PEERING if clusterwide else NAMESPACED_PEERING)
+def lease_rules(lease_name: str = DEFAULT_LEASE_NAME) -> tuple[Rule, ...]:
+    """Leader election's: create the Lease (a create cannot be limited by name), then get
+    and update only that one."""
+    return (
+        Rule(LEASE.group, (LEASE.plural,), ("create",)),
+        Rule(LEASE.group, (LEASE.plural,), ("get", "update"), (lease_name,)),
+    )
 
 
 def granted(rule_set: tuple[Rule, ...] = RULES) -> set[tuple[str, str, str]]:
@@ -93,20 +103,30 @@ def granted(rule_set: tuple[Rule, ...] = RULES) -> set[tuple[str, str, str]]:
     return {(v, r.group, res) for r in rule_set for res in r.resources for v in r.verbs}
 
 
-def role_document(
-    name: str = "kubeinfer-operator",
-    namespace: str | None = None,
-    peering: bool = False,
-) -> dict[str, Any]:
-    """A ClusterRole (no namespace) or a Role in `namespace`."""
+def _metadata(name: str, namespace: str | None) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/name": "kubeinfer"}}
     if namespace:
         metadata["namespace"] = namespace
+    return metadata
+
+
+def role_document(name: str = "kubeinfer-operator", namespace: str | None = None) -> dict[str, Any]:
+    """A ClusterRole (no namespace) or a Role in `namespace`."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role" if namespace else "ClusterRole",
-        "metadata": metadata,
-        "rules": [rule.to_dict() for rule in rules(peering, clusterwide=not namespace)],
+        "metadata": _metadata(name, namespace),
+        "rules": [rule.to_dict() for rule in RULES],
+    }
+
+
+def lease_role_document(name: str, namespace: str, lease_name: str) -> dict[str, Any]:
+    """The Role for leader election's Lease, in the operator's own namespace."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(name, namespace),
+        "rules": [rule.to_dict() for rule in lease_rules(lease_name)],
     }
 
 
@@ -129,9 +149,6 @@ metadata:
 {{{{- include "kubeinfer.rbacLabels" $ }}}}
 rules:
 {rules}
-{{{{- if gt (int $.Values.replicas) 1 }}}}
-{namespaced_peering}
-{{{{- end }}}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -157,9 +174,6 @@ metadata:
 {{{{- include "kubeinfer.rbacLabels" . }}}}
 rules:
 {rules}
-{{{{- if gt (int .Values.replicas) 1 }}}}
-{cluster_peering}
-{{{{- end }}}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -175,7 +189,34 @@ subjects:
     name: {{{{ .Release.Name }}}}-operator
     namespace: {{{{ .Release.Namespace }}}}
 {{{{- end }}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata:
+  name: {{{{ .Release.Name }}}}-operator-leader-election
+  namespace: {{{{ .Release.Namespace }}}}
+{{{{- include "kubeinfer.rbacLabels" . }}}}
+rules:
+{lease_rules}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: {{{{ .Release.Name }}}}-operator-leader-election
+  namespace: {{{{ .Release.Namespace }}}}
+{{{{- include "kubeinfer.rbacLabels" . }}}}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: Role
+  name: {{{{ .Release.Name }}}}-operator-leader-election
+subjects:
+  - kind: ServiceAccount
+    name: {{{{ .Release.Name }}}}-operator
+    namespace: {{{{ .Release.Namespace }}}}
 """
+
+HELM_LEASE_NAME = "{{ .Release.Name }}-operator"
+"""The chart's Lease (the Deployment passes the same name to `--lease-name`)."""
 
 
 def _rule_line(rule: Rule) -> str:
@@ -184,11 +225,11 @@ def _rule_line(rule: Rule) -> str:
 
 def helm_template() -> str:
     """The Helm chart's `templates/rbac.yaml`: a Role and RoleBinding per watched
-    namespace, else a ClusterRole and ClusterRoleBinding; peering rules with replicas > 1."""
+    namespace, else a ClusterRole and ClusterRoleBinding; and the leader election Role
+    and RoleBinding in the release's namespace."""
     return HELM_TEMPLATE.format(
         rules="\n".join(_rule_line(rule) for rule in RULES),
-        namespaced_peering=_rule_line(NAMESPACED_PEERING),
-        cluster_peering=_rule_line(CLUSTER_PEERING),
+        lease_rules="\n".join(_rule_line(rule) for rule in lease_rules(HELM_LEASE_NAME)),
     )
 
 
@@ -201,7 +242,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("--namespace", help="print a Role in this namespace")
     parser.add_argument("--name", default="kubeinfer-operator", help="the role's name")
-    parser.add_argument("--peering", action="store_true", help="add kopf peering rules")
+    parser.add_argument(
+        "--leader-election",
+        action="store_true",
+        help="also print the Role for leader election's Lease (kubeinfer operator "
+        "--leader-election)",
+    )
+    parser.add_argument("--lease-name", default=DEFAULT_LEASE_NAME, help="the Lease's name")
+    parser.add_argument(
+        "--lease-namespace", help="the operator's own namespace (default: --namespace)"
+    )
     parser.add_argument(
         "--helm", action="store_true", help="print the Helm chart's templates/rbac.yaml"
     )
@@ -212,6 +262,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.helm:
         print(helm_template(), end="")
         return 0
-    document = role_document(args.name, args.namespace, args.peering)
-    print(yaml.safe_dump(document, sort_keys=False), end="")
+    documents = [role_document(args.name, args.namespace)]
+    if args.leader_election:
+        namespace = args.lease_namespace or args.namespace
+        if not namespace:
+            print("kubeinfer rbac: --leader-election needs --lease-namespace", file=sys.stderr)
+            return 2
+        name = f"{args.name}-leader-election"
+        documents.append(lease_role_document(name, namespace, args.lease_name))
+    print(yaml.safe_dump_all(documents, sort_keys=False), end="")
     return 0

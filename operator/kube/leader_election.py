@@ -247,8 +247,12 @@ async def run_as_leader(
             stopping.set()  # tells kopf this is a stop, not a crash, before cancelling it
             if operator is not None and not operator.done():
                 operator.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
+                try:
                     await operator
+                except asyncio.CancelledError:
+                    pass
+                except Exception as error:  # the lost Lease is what the caller must hear
+                    logger.warning("The operator stopped with an error: %r", error)
             if tasks["login"] in done:
                 tasks["login"].result()  # raises the login's error
             raise LeadershipLost(f"Lease {election.namespace}/{election.name} lost")

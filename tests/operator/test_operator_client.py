@@ -84,6 +84,13 @@ async def test_lists_are_read_in_pages_and_every_page_is_read(world: World) -> N
     assert world.api.list_pages and max(world.api.list_pages) <= 3
 
 
+async def cached_api_client(vault: Vault) -> Any:
+    """The client's ApiClient as the vault holds it for the current credential."""
+    async for _, _, api in vault.extended(api_client_for, VAULT_PURPOSE):
+        return api
+    raise AssertionError("no credential")
+
+
 async def test_a_401_logs_in_again_and_closes_the_old_session(world: World) -> None:
     vault = Vault()
     logins: list[str] = []
@@ -99,10 +106,10 @@ async def test_a_401_logs_in_again_and_closes_the_old_session(world: World) -> N
     client = KubeClient(vault)
     try:
         assert await client.get(CONFIGMAP, NAMESPACE, "absent") is None
-        first = [api async for _, _, api in vault.extended(api_client_for, VAULT_PURPOSE)][0]
+        first = await cached_api_client(vault)
         world.api.revoked.add("token-1")
         await client.apply(configmap("after-revocation"))
-        second = [api async for _, _, api in vault.extended(api_client_for, VAULT_PURPOSE)][0]
+        second = await cached_api_client(vault)
     finally:
         filling.cancel()
         await vault.close()

@@ -18,9 +18,9 @@ objects and status (never the sequence of calls):
   retried in a loop, and recovery once the spec is fixed;
 - a reconcile of an unchanged object writes nothing; and the time from create to all
   children existing;
-- last, the RBAC rules of `kubeinfer.operator.rbac` grant exactly the (verb, resource)
-  pairs the operator used across all these scenarios, no more, no less; and none of its
-  requests changed a spec.
+- last, the RBAC rules of `kubeinfer.operator.rbac` (with leader election's Lease rules)
+  grant exactly the (verb, resource) pairs the operator used across all these scenarios
+  and the leader election one, no more, no less; and none of its requests changed a spec.
 """
 
 from __future__ import annotations
@@ -51,6 +51,9 @@ from operator_harness import (
     pod_monitor_api,
     serves_pod_monitors,
     start_operator,
+)
+from test_operator_leader_election import (
+    test_a_leader_whose_lease_is_taken_stops_requeues_included as leader_election_scenario,
 )
 from test_operator_shadow_rollout import (
     test_the_manual_gate_acts_only_on_the_digest_it_names as shadow_gate_scenario,
@@ -350,7 +353,11 @@ async def test_reconcile_of_an_unchanged_object_writes_nothing(world: World) -> 
         # And one more pass, run directly, next to the operator's.
         connection = kopf.ConnectionInfo(server=world.url)
         async with KubeClient(connection) as client:
-            outcome = await Reconciler(client, FAST).reconcile(NAMESPACE, "resnet")
+            reconciler = Reconciler(client, FAST)
+            try:
+                outcome = await reconciler.reconcile(NAMESPACE, "resnet")
+            finally:
+                await reconciler.close()  # its resync must not outlive this scenario
         assert world.api.writes()[settled:] == []
     assert outcome.writes == 0 and outcome.decision is not None
     assert writes == [], writes
@@ -407,6 +414,7 @@ SCENARIOS = [
     test_reconcile_of_an_unchanged_object_writes_nothing,
     test_all_children_exist_within_a_second_of_create,
     test_where_the_cluster_serves_pod_monitors_one_scrapes_the_serving_pods,
+    leader_election_scenario,  # the Lease: create, get, renew and release (update)
 ]
 
 
@@ -430,6 +438,6 @@ async def test_rbac_rules_grant_exactly_the_calls_the_operator_made() -> None:
         for scenario in SCENARIOS
         for call in RECORDED_CALLS[scenario.__name__]
     }
-    granted = rbac.granted()
+    granted = rbac.granted((*rbac.RULES, *rbac.lease_rules()))
     assert used - granted == set(), "the operator used verbs its Role does not grant"
     assert granted - used == set(), "the Role grants verbs the operator never used"
