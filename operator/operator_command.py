@@ -202,6 +202,11 @@ def _run(args: argparse.Namespace) -> int:
     except InvalidSettings as error:
         print(f"kubeinfer operator: {error}", file=sys.stderr)
         return 2
+    try:
+        election = election_of(args, settings)
+    except InvalidSettings as error:
+        print(f"kubeinfer operator: {error}", file=sys.stderr)
+        return 2
     import logging
 
     import kopf
@@ -213,11 +218,6 @@ def _run(args: argparse.Namespace) -> int:
         print(f"kubeinfer operator: no Kubernetes credentials: {error}", file=sys.stderr)
         return 1
     clusterwide, namespaces = scope_of(args, settings)
-    try:
-        election = election_of(args, settings)
-    except InvalidSettings as error:
-        print(f"kubeinfer operator: {error}", file=sys.stderr)
-        return 2
     from kubeinfer.operator.kube.leader_election import LeadershipLost
 
     try:

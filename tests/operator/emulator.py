@@ -48,10 +48,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import functools
 import itertools
 import json
-import re
 import time
 import uuid
 from collections import defaultdict
@@ -74,15 +72,13 @@ from api_semantics import (
     merge_patch,
     prune,
 )
+from builtin_schemas import builtin_validator
 from kmock._internal import apps, rendering
-from kubernetes_validate import utils
-from referencing import Registry, Resource
 
 Key = tuple[tuple[str, str, str], str | None, str]
 """((group, version, plural), namespace, name)"""
 
 CRD_PATH = Path(__file__).parents[2] / "crds" / "inferencedeployments.kubeinfer.io.yaml"
-KUBERNETES_VERSION = "1.33"
 PREWARMED = (
     ("v1", "ConfigMap"),
     ("v1", "Service"),
@@ -118,23 +114,6 @@ class ApiCall:
 Interceptor = Callable[
     [rendering.Request, ApiCall], Awaitable[aiohttp.web.StreamResponse | None]
 ]
-
-
-@functools.cache
-def builtin_validator(api_version: str, kind: str) -> jsonschema.Draft202012Validator:
-    """kubernetes-validate's strict schema of one kind, compiled once: its own `validate`
-    reloads and recompiles the schema on every call (about 80 ms, on the event loop)."""
-    version = [
-        v
-        for v in utils.all_versions()
-        if utils.major_minor(v) <= utils.major_minor(KUBERNETES_VERSION)
-    ][-1]
-    folder = f"kubernetes-json-schema/v{version}-local-strict"
-    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
-    schema = utils.schema_contents(f"{folder}/{kind.lower()}-{group_version}.json", version)
-    definitions = utils.schema_contents(f"{folder}/_definitions.json", version)
-    registry = Resource.from_contents(definitions) @ (Resource.from_contents(schema) @ Registry())
-    return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
 def _now() -> str:

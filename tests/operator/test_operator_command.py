@@ -1,7 +1,9 @@
 """`kubeinfer operator` as a real process: started from the console script with a
 kubeconfig that points at the emulated API server, it reconciles an InferenceDeployment
 into its children, and exits cleanly on SIGTERM. Also: bad flags and bad settings are
-refused with a message, not a traceback, and so are missing credentials."""
+refused with a message, not a traceback, and so are missing credentials, leader election
+timings under which two leaders could overlap, and a Lease without a namespace. (Leader
+election between two such processes: `test_operator_leader_election.py`.)"""
 
 from __future__ import annotations
 
@@ -94,3 +96,17 @@ def test_missing_credentials_are_one_line_not_a_hang(monkeypatch, tmp_path, caps
     err = capsys.readouterr().err
     assert err.startswith("kubeinfer operator: no Kubernetes credentials")
     assert "Traceback" not in err
+
+
+def test_leader_election_timings_that_could_overlap_two_leaders_are_refused(
+    monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv("KUBEINFER_LEADER_ELECTION_LEASE_DURATION_SECONDS", "11")
+    assert main(["operator", "--namespace", "a", "--leader-election"]) == 2
+    assert "KUBEINFER_LEADER_ELECTION_LEASE_DURATION_SECONDS" in capsys.readouterr().err
+
+
+def test_leader_election_needs_the_leases_namespace(monkeypatch, capsys) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    assert main(["operator", "--namespace", "a", "--leader-election"]) == 2
+    assert "--lease-namespace" in capsys.readouterr().err
