@@ -138,9 +138,13 @@ async def serve(
 async def _close_listener(
     site: web.SockSite, sock: socket.socket, runner: web.BaseRunner, loop: asyncio.AbstractEventLoop
 ) -> None:
-    """Accepts what the kernel has queued, and closes the listener in the same step (no
-    await in between: no connection can complete in the gap unseen), then hands the
-    accepted connections to the server."""
+    """Stops asyncio accepting (the connections it has just accepted are handed to the
+    server a loop turn later: they are let through first, since once the asyncio server
+    is closed they would fail and be left unanswered), then accepts what the kernel has
+    queued and closes the listener in the same step (no await in between: no connection
+    can complete in the gap unseen), and hands those connections to the server."""
+    loop.remove_reader(sock.fileno())
+    await asyncio.sleep(_POLL_SECONDS)
     accepted = []
     while True:
         try:
@@ -156,18 +160,19 @@ async def _close_listener(
 
 
 async def _close_connections(server: web.Server | None, since: float, deadline: float) -> None:
-    """Closes each connection once it is quiet; returns when none is left or at the
-    deadline."""
+    """Closes each connection once it is quiet; returns when none is left (twice in a
+    row: asyncio hands a connection it accepted to the server a few loop turns later)
+    or at the deadline."""
     if server is None:
         return
-    while True:
+    empty = 0
+    while empty < 2:
+        await asyncio.sleep(_POLL_SECONDS)
         remaining = server.connections
-        if not remaining:
-            return
+        empty = 0 if remaining else empty + 1
         if time.monotonic() >= deadline:
             log.warning("Drain grace period ran out open_connections=%d", len(remaining))
             return
         for connection in remaining:
             if is_quiet(connection, since, _QUIET_SECONDS):
                 connection.force_close()  # idle: nothing to finish
-        await asyncio.sleep(_POLL_SECONDS)

@@ -36,6 +36,7 @@ from serve_process import ServeProcess, head, read_response
 pytestmark = pytest.mark.slow
 
 MIB = 1024 * 1024
+RESET_ON_CLOSE = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # SO_LINGER on, 0 s
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +169,7 @@ def test_an_amplification_body_is_refused_unparsed(roomy) -> None:
     assert len(bomb) < 64 * 1024
     roomy.reset_peak_memory()
     before = roomy.memory_kib("VmRSS")
-    status, headers, answer = roomy.request(
+    status, _, answer = roomy.request(
         "POST", roomy.infer_path, bomb, {"Content-Encoding": "gzip"}
     )
     growth_mb = (roomy.memory_kib("VmHWM") - before) / 1024
@@ -191,7 +192,7 @@ def test_abandoned_uploads_give_their_memory_back(roomy) -> None:
             for sock in sockets:
                 sock.sendall(chunk)
         for sock in sockets:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
             sock.close()  # a reset, as a client that crashed or timed out
         wait_for(
             lambda: server.metric("kubeinfer_requests_in_progress") == 0, "the aborts noticed"

@@ -1,0 +1,181 @@
+"""SIGTERM loses nothing it has read, against real `kubeinfer serve` processes (the spin
+model of `hostile_models`, each request holding the engine ~15 ms so that requests are
+queued and running when the signal comes).
+
+Covers, each with its own process, SIGTERM sent in the middle of the load:
+- 64 keep-alive clients in a closed loop: every request whose bytes were sent gets an
+  answer, its result (200, checked) or 503 with Retry-After; none gets a reset or an EOF
+  (the old server reset 64 of them); the clients behave as HTTP asks (a new connection
+  after `Connection: close`, the next request after Retry-After) and are then refused at
+  connect, which loses nothing; the process exits 0 long before the grace period;
+- 24 clients opening a connection per request: the same (the old server left 25-43 of
+  them hanging for the whole grace period, then closed them);
+- an upload in progress at SIGTERM: its body is read to the end and it gets its result;
+- an idle server with an idle keep-alive connection exits within a second.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hostile_models import build_spin_model
+from serve_process import ServeProcess, head, read_response
+
+pytestmark = pytest.mark.slow
+
+GRACE_SECONDS = 30
+
+
+@pytest.fixture(scope="module")
+def spin_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_spin_model(tmp_path_factory.mktemp("spin") / "spin.onnx")
+
+
+def serve(model: Path) -> ServeProcess:
+    return ServeProcess(
+        model, "spin", "--intra-op-threads", "1", "--execution-slots", "1",
+        "--max-batch-size", "8", "--drain-grace-period-seconds", str(GRACE_SECONDS),
+    )  # fmt: skip
+
+
+def request_body(seed: int) -> tuple[bytes, list[float]]:
+    """A one-row request holding the engine ~15 ms, and its expected output."""
+    x = np.random.default_rng(seed).standard_normal(4).astype(np.float32)
+    ids = [20_000, 1, 2, 3]
+    body = json.dumps({"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [1, 4], "data": x.tolist()},
+        {"name": "ids", "datatype": "INT32", "shape": [1, 4], "data": ids},
+    ]}).encode()  # fmt: skip
+    return body, (x + np.array(ids, np.float32)).tolist()
+
+
+class Outcomes:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.answered: dict[int, int] = {}
+        self.lost: list[str] = []
+        self.refused = 0
+        self.wrong: list[str] = []
+
+    def add_status(self, status: int) -> None:
+        with self.lock:
+            self.answered[status] = self.answered.get(status, 0) + 1
+
+
+def client_loop(server: ServeProcess, outcomes: Outcomes, seed: int, per_request: bool) -> None:
+    """Sends requests until a connection is refused (the listener has closed)."""
+    connection = server.connect(timeout=GRACE_SECONDS + 10)
+    sent = 0
+    while True:
+        body, expected = request_body(seed * 10_000 + sent)
+        headers = {"Connection": "close"} if per_request else {}
+        try:
+            connection.request("POST", server.infer_path, body, headers)
+        except ConnectionRefusedError:
+            outcomes.refused += 1
+            return
+        except OSError as error:
+            outcomes.lost.append(f"send: {error!r}")
+            return
+        sent += 1
+        try:
+            response = connection.getresponse()
+            payload = response.read()
+        except (OSError, http.client.HTTPException) as error:
+            outcomes.lost.append(f"answer: {error!r}")
+            return
+        outcomes.add_status(response.status)
+        if response.status == 200:
+            got = json.loads(payload)["outputs"][0]["data"]
+            if not np.allclose(got, expected, rtol=1e-6):
+                outcomes.wrong.append(f"{got} != {expected}")
+        elif response.status != 503 or response.getheader("Retry-After") != "1":
+            outcomes.wrong.append(f"{response.status} {payload[:200]!r}")
+        else:
+            time.sleep(int(response.getheader("Retry-After")))
+        if per_request:
+            connection.close()
+            connection = server.connect(timeout=GRACE_SECONDS + 10)
+
+
+def run_until_sigterm(server: ServeProcess, clients: int, per_request: bool) -> Outcomes:
+    outcomes = Outcomes()
+    threads = [
+        threading.Thread(target=client_loop, args=(server, outcomes, seed, per_request))
+        for seed in range(clients)
+    ]
+    for thread in threads:
+        thread.start()
+    wait(lambda: sum(outcomes.answered.values()) >= 3 * clients, "the load", 60)
+    wait(lambda: server.metric("kubeinfer_queue_depth") >= 4, "a queue", 30)
+    signalled = time.monotonic()
+    server.terminate()
+    assert server.process.wait(timeout=GRACE_SECONDS + 10) == 0
+    exited = time.monotonic() - signalled
+    for thread in threads:
+        thread.join(timeout=30)
+    assert exited < GRACE_SECONDS / 3, f"exit took {exited:.1f} s"
+    return outcomes
+
+
+def wait(condition: Callable[[], bool], what: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} never came"
+        time.sleep(0.01)
+
+
+def check(outcomes: Outcomes, server: ServeProcess) -> None:
+    assert outcomes.lost == [], (outcomes.lost, outcomes.answered)
+    assert outcomes.wrong == []
+    assert outcomes.answered.get(200, 0) > 0
+    log = server.output()
+    assert "Started draining" in log and "Traceback" not in log and " ERROR " not in log, log
+
+
+def test_keep_alive_clients_lose_nothing(spin_model: Path) -> None:
+    with serve(spin_model) as server:
+        outcomes = run_until_sigterm(server, clients=64, per_request=False)
+        check(outcomes, server)
+
+
+def test_a_connection_per_request_loses_nothing(spin_model: Path) -> None:
+    with serve(spin_model) as server:
+        outcomes = run_until_sigterm(server, clients=24, per_request=True)
+        check(outcomes, server)
+
+
+def test_an_upload_in_progress_gets_its_result(spin_model: Path) -> None:
+    with serve(spin_model) as server:
+        body, expected = request_body(7)
+        with server.socket(timeout=GRACE_SECONDS) as sock:
+            sock.sendall(head(server.infer_path, server.port, len(body)) + body[:40])
+            wait(lambda: server.metric("kubeinfer_requests_in_progress") == 1, "admission", 10)
+            server.terminate()
+            wait(lambda: server.request("GET", "/v2/health/ready")[0] == 503, "unready", 10)
+            time.sleep(0.3)
+            sock.sendall(body[40:])
+            status, headers, answer = read_response(sock)
+            assert status == 200, answer
+            assert headers["connection"] == "close"
+            assert np.allclose(json.loads(answer)["outputs"][0]["data"], expected, rtol=1e-6)
+        assert server.process.wait(timeout=GRACE_SECONDS) == 0
+
+
+def test_an_idle_server_exits_within_a_second(spin_model: Path) -> None:
+    with serve(spin_model) as server:
+        idle = server.connect()
+        idle.request("GET", "/v2/health/ready")
+        assert idle.getresponse().read()
+        signalled = time.monotonic()
+        server.terminate()
+        assert server.process.wait(timeout=GRACE_SECONDS) == 0
+        assert time.monotonic() - signalled < 1.0
+        idle.close()
