@@ -115,6 +115,8 @@ class Batcher:
         self._wakeup: asyncio.Event | None = None
         self._scheduler: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()
+        self._stuck_tasks: set[asyncio.Task[None]] = set()
+        self._abandoned_threads = 0
         self._executor: ThreadPoolExecutor | None = None
         self._inline_below = inline_below_seconds
         self._small_batch_seconds: float | None = None  # moving average, batches <= 4 rows
@@ -303,8 +305,9 @@ class Batcher:
             self._scheduler.cancel()
             await asyncio.gather(self._scheduler, return_exceptions=True)
         self._fail_queued(NotReady("the server stopped"))
-        if self._batches:
-            await asyncio.wait(set(self._batches), timeout=timeout_seconds)
+        running = self._batches - self._stuck_tasks  # a stuck batch's requests are answered
+        if running:
+            await asyncio.wait(running, timeout=timeout_seconds)
         if self._executor is not None:
             self._executor.shutdown(wait=not self._busy, cancel_futures=True)
         for slot in self._free:
@@ -314,7 +317,7 @@ class Batcher:
     @property
     def stuck_threads(self) -> bool:
         """A batch's worker thread has not returned (the process cannot join it at exit)."""
-        return self._busy > 0
+        return self._busy > 0 or self._abandoned_threads > 0
 
     def _fail_queued(self, error: InferenceServerError) -> None:
         while self._queue:
@@ -414,24 +417,29 @@ class Batcher:
         return False
 
     async def _run_batch(self, slot: ExecutionSlot, batch: list[_Request], rows: int) -> None:
-        loop = asyncio.get_running_loop()
-        outcome: _Outcome = EngineFailed("the batch was cancelled before it finished")
+        running = asyncio.get_running_loop().run_in_executor(
+            self._executor, _execute, slot, [r.inputs for r in batch], rows
+        )
+        bound = batch_bound(r.view.deadline for r in batch)
+        outcome: _Outcome
         try:
-            running = loop.run_in_executor(
-                self._executor, _execute, slot, [r.inputs for r in batch], rows
-            )
-            bound = batch_bound(r.view.deadline for r in batch)
             done, _ = await asyncio.wait({running}, timeout=max(0.0, bound - self._clock()))
             if not done:
+                self._stuck_tasks.add(asyncio.current_task())  # type: ignore[arg-type]
                 outcome = await self._outlive(running, batch)
             else:
                 outcome = running.result()
+        except asyncio.CancelledError:
+            if not running.done():  # the loop is ending: the thread stays in the engine,
+                self._abandoned_threads += 1  # and so does the slot
+                raise
+            outcome = EngineFailed("the batch was cancelled before it finished")
         except Exception as error:
             outcome = error
-        finally:
-            self._complete(slot, batch, rows, outcome)
-            assert self._wakeup is not None
-            self._wakeup.set()
+        self._stuck_tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self._complete(slot, batch, rows, outcome)
+        assert self._wakeup is not None
+        self._wakeup.set()
 
     async def _outlive(
         self, running: asyncio.Future[tuple[list[dict[str, np.ndarray]], float]], batch: list
@@ -456,13 +464,15 @@ class Batcher:
             if not request.future.done():
                 request.future.set_exception(error)
         try:
-            return await asyncio.shield(running)
+            outcome: _Outcome = await asyncio.shield(running)
+        except asyncio.CancelledError:
+            raise
         except Exception as failure:
-            return failure
-        finally:
-            self.watchdog.batch_returned()
-            self._observer.stuck_batches(self.watchdog.stuck_batches)
-            log.warning("Engine returned the stuck batch after %.3f s", self._clock() - now)
+            outcome = failure
+        self.watchdog.batch_returned()
+        self._observer.stuck_batches(self.watchdog.stuck_batches)
+        log.warning("Engine returned the stuck batch after %.3f s", self._clock() - now)
+        return outcome
 
 
 _SMALL_BATCH_ROWS = 4

@@ -1,0 +1,102 @@
+"""The engine watchdog, against real `kubeinfer serve` processes whose engine call really
+does not return for a while (the spin model of `hostile_models`: a request picks how many
+times the model's ONNX Loop runs).
+
+Covers: a batch still running at its requests' deadline answers them 504 at that
+deadline, naming the stuck engine, instead of leaving them waiting; readiness turns off
+(503) and new requests are refused with 503 and Retry-After, while liveness stays on; once
+the batch has not returned within `--engine-stuck-liveness-seconds`, liveness turns off
+too (503), so Kubernetes would restart the pod; when the engine returns, both turn on
+again and requests are served; `kubeinfer_engine_stuck_batches` shows it. A server told
+to stop while its engine is stuck exits within its grace period rather than waiting for
+the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hostile_models import build_spin_model
+from serve_process import ServeProcess
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def spin_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_spin_model(tmp_path_factory.mktemp("spin") / "spin.onnx")
+
+
+def serve(model: Path) -> ServeProcess:
+    return ServeProcess(
+        model, "spin", "--intra-op-threads", "1", "--execution-slots", "1",
+        "--max-batch-size", "8", "--engine-stuck-liveness-seconds", "1",
+        "--drain-grace-period-seconds", "2",
+    )  # fmt: skip
+
+
+def spin_request(spins: int, timeout_us: int | None = None) -> dict:
+    ids = np.zeros((5, 4), np.int32)  # 5 rows: a worker thread's batch, not an inline one
+    ids[0, 0] = spins
+    request: dict = {"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [5, 4], "data": [0.0] * 20},
+        {"name": "ids", "datatype": "INT32", "shape": [5, 4], "data": ids.ravel().tolist()},
+    ]}  # fmt: skip
+    if timeout_us is not None:
+        request["parameters"] = {"timeout": timeout_us}
+    return request
+
+
+def status_of(server: ServeProcess, path: str) -> int:
+    return server.request("GET", path, timeout=5)[0]
+
+
+def wait(condition: Callable[[], bool], what: str, seconds: float = 30) -> float:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < seconds, f"{what} never happened"
+        time.sleep(0.01)
+    return time.monotonic() - started
+
+
+def test_a_stuck_engine_fails_its_requests_and_turns_health_off(spin_model: Path) -> None:
+    with serve(spin_model) as server:
+        started = time.monotonic()
+        status, answer = server.infer(spin_request(3_000_000, timeout_us=300_000))
+        answered_after = time.monotonic() - started
+        assert status == 504, answer
+        assert "engine did not finish" in answer["error"] and "stuck" in answer["error"]
+        assert answered_after < 1.5, f"answered after {answered_after:.2f} s"
+        assert status_of(server, "/v2/health/ready") == 503
+        assert status_of(server, f"/v2/models/{server.name}/ready") == 503
+        assert status_of(server, "/v2/health/live") == 200  # not yet: it may come back
+        assert server.metric("kubeinfer_engine_stuck_batches") == 1
+        status, headers, payload = server.request(
+            "POST", server.infer_path, json.dumps(spin_request(0)).encode()
+        )
+        assert status == 503 and headers["Retry-After"] == "1", payload
+        assert "has not returned a batch" in json.loads(payload)["error"]
+        wait(lambda: status_of(server, "/v2/health/live") == 503, "liveness off")
+        wait(lambda: status_of(server, "/v2/health/ready") == 200, "the engine's return")
+        assert status_of(server, "/v2/health/live") == 200
+        assert server.metric("kubeinfer_engine_stuck_batches") == 0
+        status, answer = server.infer(spin_request(10))
+        assert status == 200 and answer["outputs"][0]["data"][0] == 10.0
+        assert server.stop() == 0
+        assert "Engine returned the stuck batch" in server.output()
+
+
+def test_a_server_stops_while_its_engine_is_stuck(spin_model: Path) -> None:
+    with serve(spin_model) as server:
+        status, _ = server.infer(spin_request(200_000_000, timeout_us=100_000))  # minutes
+        assert status == 504
+        signalled = time.monotonic()
+        server.terminate()
+        assert server.process.wait(timeout=30) == 0
+        assert time.monotonic() - signalled < 10
+        assert "Exiting with a batch still running on the engine" in server.output()
