@@ -171,13 +171,13 @@ async def test_scales_up_under_load_holds_without_metrics_and_down_when_idle(
                 )
                 active = condition(world.infd(), "ScalingActive")
                 assert active["status"] == "True" and active["reason"] == "ValidMetricFound"
-                (event,) = await eventually(
+                ups = await eventually(
                     lambda: [
                         e for e in world.children(("v1", "events")) if e["reason"] == "ScaledUp"
                     ],
                     what="the scale-up's Event",
-                )
-                assert "Queue depth per replica" in event["message"], event["message"]
+                )  # one, or two where the pods started in two steps
+                assert all("Queue depth per replica" in e["message"] for e in ups), ups
                 await eventually(
                     lambda: (
                         (status(world).get("metrics") or {}).get("queueDepthPerReplica") is not None
