@@ -18,11 +18,9 @@ from kubeinfer.operator.api.v1alpha1.patterns import (
     ENGINE_DIGEST,
     LABEL_VALUE,
     MODEL_URI,
-    PVC_URI_CEL,
-    PVC_URI_MESSAGE,
+    PVC_URI_RULE,
     QUANTITY,
     SHA256_HEX,
-    valid_pvc_uri,
 )
 from kubeinfer.operator.api.v1alpha1.status import (
     CandidateStatus,
@@ -50,13 +48,6 @@ __all__ = [
 ]
 
 Quantity = Annotated[str, Field(pattern=QUANTITY, max_length=64)]
-
-PVC_URI_RULE = CrossFieldRule(
-    cel=PVC_URI_CEL, message=PVC_URI_MESSAGE, field="uri", holds=lambda s: valid_pvc_uri(s.uri)
-)
-"""A pvc:// source names a claim and a file inside it, nothing outside (ModelSource and
-CalibrationSpec): `pvc://../../etc/passwd` or an upper-case claim would become an invalid
-claim name and mount path in the build Job."""
 
 
 class SecretReference(ApiModel):

@@ -1,4 +1,5 @@
-"""The string patterns of the API, written once for pydantic and the CRD alike. Pure.
+"""The string patterns of the API (and the rule built from them), written once for pydantic
+and the CRD alike. Pure.
 
 Every pattern is RE2-compatible (no lookaround), since the API server evaluates a CRD's
 `pattern` and CEL's `matches()` with RE2; pydantic's default regex engine has the same
@@ -8,6 +9,8 @@ restriction, so a pattern that works here works in the cluster.
 from __future__ import annotations
 
 import re
+
+from kubeinfer.runtime.config import CrossFieldRule
 
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -47,3 +50,11 @@ def valid_pvc_uri(uri: str) -> bool:
         re.fullmatch(PVC_URI.strip("^$"), uri) is not None
         and re.match(PVC_CLAIM_LENGTH, uri) is not None
     )
+
+
+PVC_URI_RULE = CrossFieldRule(
+    cel=PVC_URI_CEL, message=PVC_URI_MESSAGE, field="uri", holds=lambda s: valid_pvc_uri(s.uri)
+)
+"""A pvc:// source names a claim and a file inside it, nothing outside (ModelSource and
+CalibrationSpec): `pvc://../../etc/passwd` or an upper-case claim would become an invalid
+claim name and mount path in the build Job."""
