@@ -10,9 +10,11 @@ stdout carries only the result (the digest, or with `--json` the whole manifest,
 per stage goes to stderr. With `--termination-message-path` (a Kubernetes Job's
 `/dev/termination-log`) a compact JSON object (`digest`, `target`, `backend`,
 `precision`, `cacheHit`) is also written there, or on failure the `error:` line, where
-the operator reads it from the pod's status. Bad input exits 2 with one line saying what
-is wrong; a failed build or gate exits 1. The calibration file's format is documented in
-`kubeinfer.runtime.calibration`.
+the operator reads it from the pod's status; `inputBytesPerRow` (the bytes one row of
+the model's inputs takes as binary tensors, absent when an item dimension is dynamic) is
+in both, and the operator sizes the runtime's request body limit from it. Bad input
+exits 2 with one line saying what is wrong; a failed build or gate exits 1. The
+calibration file's format is documented in `kubeinfer.runtime.calibration`.
 """
 
 from __future__ import annotations
@@ -124,7 +126,12 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from kubeinfer.runtime.builders import BuildError
-    from kubeinfer.runtime.engine_build import BUILD_ERRORS, AccuracyGateError, build_engine
+    from kubeinfer.runtime.engine_build import (
+        BUILD_ERRORS,
+        AccuracyGateError,
+        build_engine,
+        input_bytes_per_row,
+    )
     from kubeinfer.runtime.engine_cache import resolve_engine
 
     if args.pin is not None:
@@ -164,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
         except _Terminated:
             return _fail(args, "the build was stopped (SIGTERM); nothing was published", 143)
         digest, manifest, hit = result.digest, result.manifest, result.cache_hit
+    row_bytes = input_bytes_per_row(manifest.inputs)
+    sizes = {} if row_bytes is None else {"inputBytesPerRow": row_bytes}
     if args.termination_message_path:  # compact: Kubernetes keeps at most 4096 bytes
         summary = {
             "digest": digest,
@@ -171,10 +180,12 @@ def run(args: argparse.Namespace) -> int:
             "backend": manifest.key.backend,
             "precision": manifest.key.precision,
             "cacheHit": hit,
+            **sizes,
         }
         Path(args.termination_message_path).write_text(json.dumps(summary, sort_keys=True))
     if args.json:
-        print(json.dumps({**manifest.to_wire(), "cacheHit": hit}, indent=2, sort_keys=True))
+        report = {**manifest.to_wire(), "cacheHit": hit, **sizes}
+        print(json.dumps(report, indent=2, sort_keys=True))
     else:
         print(digest)
     return 0

@@ -63,6 +63,25 @@ BUILD_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+def input_bytes_per_row(inputs: list[TensorInfo]) -> int | None:
+    """Bytes one batch row of the model's inputs takes as binary tensors (what the
+    operator sizes the runtime's request body limit from); None when a dimension other
+    than the batch one is dynamic, or a datatype has no fixed size."""
+    from kubeinfer.runtime.engines.base import V2_TO_NUMPY
+
+    total = 0
+    for tensor in inputs:
+        dtype = V2_TO_NUMPY.get(tensor.datatype)
+        item = tensor.shape[1:]
+        if dtype is None or any(d < 0 for d in item):
+            return None
+        count = 1
+        for d in item:
+            count *= d
+        total += count * dtype.itemsize
+    return total
+
+
 @dataclass(frozen=True)
 class BuildResult:
     digest: str

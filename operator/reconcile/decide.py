@@ -33,6 +33,7 @@ from kubeinfer.operator.reconcile.engine_state import (
     EngineState,
     ServingEngine,
     engine_state,
+    input_bytes_for,
     observed_serving,
 )
 from kubeinfer.operator.reconcile.scaling_status import scaling_report
@@ -63,7 +64,11 @@ from pydantic import ValidationError
 
 
 def _serving_config(
-    observed: ObservedState, settings: OperatorSettings, serving: ServingEngine, is_current: bool
+    observed: ObservedState,
+    settings: OperatorSettings,
+    serving: ServingEngine,
+    is_current: bool,
+    input_bytes_per_row: int | None = None,
 ) -> RuntimeConfig:
     """The runtime config for `serving`: from the spec when it is the current engine; for
     an older engine, the config it was deployed with (kept from the observed ConfigMap)."""
@@ -75,7 +80,10 @@ def _serving_config(
             kept = None
         if kept is not None and kept.engine.digest == serving.digest:
             return kept
-    return build.runtime_config(observed.spec, settings, serving.version, serving.digest)
+    return build.runtime_config(
+        observed.spec, settings, serving.version, serving.digest,
+        input_bytes_per_row=input_bytes_per_row,
+    )  # fmt: skip
 
 
 def _observed_child(observed: ObservedState, kind: str, name: str) -> KubeObject | None:
@@ -137,8 +145,11 @@ def _runtime_children(
     if serving is None:
         return [], None
     is_current = serving.build_key == engine.build_key and serving.digest == engine.digest
-    config = _serving_config(observed, settings, serving, is_current)
-    configmap = build.build_runtime_configmap(owner, config, serving.build_key)
+    serving_bytes = input_bytes_for(engine, serving)
+    config = _serving_config(observed, settings, serving, is_current, serving_bytes)
+    configmap = build.build_runtime_configmap(
+        owner, config, serving.build_key, input_bytes_per_row=serving_bytes
+    )
     monitors = observed.pod_monitors_available
     deployment = build.build_runtime_deployment(
         owner, spec, settings, configmap, replicas, pod_monitors=monitors
@@ -156,8 +167,13 @@ def _runtime_children(
         children.append(build_pod_monitor(owner, serving.version, settings.pod_monitor_labels))
     if plan.candidate is not None:
         candidate, role = plan.candidate, names.ROLE_CANDIDATE
-        config = build.runtime_config(spec, settings, candidate.version, candidate.digest, role)
-        configmap = build.build_runtime_configmap(owner, config, candidate.build_key, role)
+        candidate_bytes = input_bytes_for(engine, candidate)
+        config = build.runtime_config(
+            spec, settings, candidate.version, candidate.digest, role, candidate_bytes
+        )
+        configmap = build.build_runtime_configmap(
+            owner, config, candidate.build_key, role, candidate_bytes
+        )
         replicas = spec.rollout.shadow.replicas
         children += [
             configmap,

@@ -19,9 +19,17 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import Backend
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.child_meta import finish_child
 from kubeinfer.operator.reconcile.desired_monitoring import scrape_annotations
+from kubeinfer.operator.reconcile.engine_state import ANNOTATION_INPUT_BYTES_PER_ROW
 from kubeinfer.operator.reconcile.snapshot import KubeObject, OwnerRef
 from kubeinfer.operator.settings import OperatorSettings
-from kubeinfer.runtime.config import EngineSource, MirrorFile, MirrorTarget, RuntimeConfig
+from kubeinfer.runtime.config import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    EngineSource,
+    MirrorFile,
+    MirrorTarget,
+    RuntimeConfig,
+    request_bytes_limit,
+)
 
 CACHE_MOUNT = "/cache"
 CONFIG_MOUNT = "/etc/kubeinfer"
@@ -222,10 +230,18 @@ def runtime_config(
     version: str,
     digest: str,
     role: str = names.ROLE_SERVING,
+    input_bytes_per_row: int | None = None,
 ) -> RuntimeConfig:
     """What `kubeinfer serve` runs: the given engine from the mounted cache. Serving pods
     also watch the mirror target file (always mounted, so a shadow starts without a
-    restart); a candidate mirrors nothing."""
+    restart); a candidate mirrors nothing. The request body limit holds a full batch
+    (the runtime's maxBatchSize) of the engine's inputs as JSON, when the build reported
+    their size (`config.request_bytes_limit`), and is the runtime's default otherwise."""
+    max_request_bytes = (
+        DEFAULT_MAX_REQUEST_BYTES
+        if input_bytes_per_row is None
+        else request_bytes_limit(input_bytes_per_row, spec.runtime.batching.max_batch_size)
+    )
     return RuntimeConfig(
         model_name=spec.model.name,
         model_version=version,
@@ -234,6 +250,7 @@ def runtime_config(
         http_port=HTTP_PORT,
         drain_grace_period_seconds=settings.drain_grace_period_seconds,
         mirror_target_file=f"{MIRROR_MOUNT}/{MIRROR_KEY}" if role == names.ROLE_SERVING else None,
+        max_request_bytes=max_request_bytes,
     )
 
 
@@ -245,14 +262,20 @@ def _role_names(owner: str, role: str) -> tuple[str, str]:
 
 
 def build_runtime_configmap(
-    owner: OwnerRef, config: RuntimeConfig, build_key: str | None, role: str = names.ROLE_SERVING
+    owner: OwnerRef,
+    config: RuntimeConfig,
+    build_key: str | None,
+    role: str = names.ROLE_SERVING,
+    input_bytes_per_row: int | None = None,
 ) -> KubeObject:
     """The runtime's config as YAML; its annotations record which engine inputs the
-    digest was built from."""
+    digest was built from, and the engine's input size (read back by `engine_state`)."""
     text = yaml.safe_dump(config.to_wire(), sort_keys=True)
     annotations = {names.ANNOTATION_ENGINE_DIGEST: config.engine.digest or ""}
     if build_key:
         annotations[names.ANNOTATION_BUILD_KEY] = build_key
+    if input_bytes_per_row is not None:
+        annotations[ANNOTATION_INPUT_BYTES_PER_ROW] = str(input_bytes_per_row)
     name, component = _role_names(owner.name, role)
     labels = names.common_labels(owner.name, config.model_version, component)
     body = {"data": {CONFIG_KEY: text}}

@@ -12,6 +12,13 @@ or the status' engine, which records it too (so a finished Job may be garbage-co
 without a rebuild, also after a failed shadow removed the candidate); the termination
 message of a succeeded build Job's pod.
 
+The engine's input size (`inputBytesPerRow`, the bytes one row of its inputs takes as
+binary tensors) comes with its digest: from the build Job's termination message, and
+then from the runtime ConfigMap's annotation `kubeinfer.io/input-bytes-per-row`, where
+the operator records it beside the digest. The runtime's request body limit is rendered
+from it (`desired.runtime_config`); it is unknown for a pinned engine (nothing is
+built) and then the runtime's default limit applies.
+
 Retries: each attempt is its own Job, `<owner>-build-<hash>-<attempt>`. A failed attempt
 is kept (its reason and message stay visible in `kubectl describe job`, and Kubernetes
 deletes it after ttlSecondsAfterFinished); once the backoff after it has passed, the next
@@ -37,6 +44,7 @@ from kubeinfer.operator.settings import OperatorSettings
 
 BUILD_CONTAINER = "build"
 DIGEST_PATTERN = re.compile(r"sha256:[0-9a-f]{64}")
+ANNOTATION_INPUT_BYTES_PER_ROW = "kubeinfer.io/input-bytes-per-row"
 MISSING_MESSAGE_GRACE = timedelta(seconds=60)
 """How long after a Job's completion its pod may still be missing from what was gathered
 (the pod's watch event can trail the Job's) before the attempt counts as failed."""
@@ -56,6 +64,16 @@ class ServingEngine:
     version: str
     digest: str
     build_key: str | None
+    input_bytes_per_row: int | None = None
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """What a build Job's termination message says of the engine it built."""
+
+    digest: str | None
+    target: str | None = None
+    input_bytes_per_row: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,10 +91,19 @@ class EngineState:
     message: str = ""
     retry_at: datetime | None = None
     delete_jobs: tuple[str, ...] = ()
+    input_bytes_per_row: int | None = None
 
     @property
     def ready(self) -> bool:
         return self.digest is not None
+
+
+def input_bytes_for(engine: EngineState, serving: ServingEngine) -> int | None:
+    """The input size of the engine `serving` names: the current engine's, or what its
+    own ConfigMap recorded."""
+    if serving.digest == engine.digest and engine.input_bytes_per_row is not None:
+        return engine.input_bytes_per_row
+    return serving.input_bytes_per_row
 
 
 def build_inputs(spec: InferenceDeploymentSpec) -> dict[str, Any]:
@@ -118,8 +145,15 @@ def parse_time(value: Any) -> datetime | None:
 def parse_termination_message(message: str | None) -> tuple[str | None, str | None]:
     """(digest, target) from `kubeinfer build --json`'s termination message: a JSON object
     with `digest` (and optionally `target`), or any text containing one engine digest."""
+    report = parse_build_report(message)
+    return report.digest, report.target
+
+
+def parse_build_report(message: str | None) -> BuildReport:
+    """The build's report from its termination message (`parse_termination_message`),
+    with `inputBytesPerRow` when it is a positive integer."""
     if not message:
-        return None, None
+        return BuildReport(None)
     try:
         document = json.loads(message)
     except ValueError:
@@ -127,9 +161,19 @@ def parse_termination_message(message: str | None) -> tuple[str | None, str | No
     if isinstance(document, dict):
         digest, target = document.get("digest"), document.get("target")
         if isinstance(digest, str) and DIGEST_PATTERN.fullmatch(digest):
-            return digest, target if isinstance(target, str) else None
+            return BuildReport(
+                digest,
+                target if isinstance(target, str) else None,
+                _positive_int(document.get("inputBytesPerRow")),
+            )
     match = DIGEST_PATTERN.search(message)
-    return (match.group(0) if match else None), None
+    return BuildReport(match.group(0) if match else None)
+
+
+def _positive_int(value: Any) -> int | None:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    return value if type(value) is int and value > 0 else None
 
 
 def observed_serving(observed: ObservedState) -> ServingEngine | None:
@@ -156,7 +200,10 @@ def _engine_of(child: KubeObject | None) -> ServingEngine | None:
     digest = annotations.get(names.ANNOTATION_ENGINE_DIGEST)
     if digest and labels.get(names.LABEL_VERSION):
         return ServingEngine(
-            labels[names.LABEL_VERSION], digest, annotations.get(names.ANNOTATION_BUILD_KEY)
+            labels[names.LABEL_VERSION],
+            digest,
+            annotations.get(names.ANNOTATION_BUILD_KEY),
+            _positive_int(annotations.get(ANNOTATION_INPUT_BYTES_PER_ROW)),
         )
     return None
 
@@ -266,6 +313,7 @@ def engine_state(observed: ObservedState, settings: OperatorSettings, now: datet
                 else cpu_target,
                 message=f"Engine {engine.digest} was built for these inputs.",
                 delete_jobs=stale,
+                input_bytes_per_row=engine.input_bytes_per_row,
             )
 
     if not mine:
@@ -277,15 +325,16 @@ def engine_state(observed: ObservedState, settings: OperatorSettings, now: datet
 
     if _condition(latest, "Complete"):
         for terminated in _terminations(pods):
-            digest, target = parse_termination_message(terminated.get("message"))
-            if digest and not terminated.get("exitCode"):
+            report = parse_build_report(terminated.get("message"))
+            if report.digest and not terminated.get("exitCode"):
                 return EngineState(
                     EnginePhase.BUILT,
                     key,
-                    digest=digest,
-                    target=target or cpu_target,
-                    message=f"Engine {digest} was built by Job {job_name}.",
+                    digest=report.digest,
+                    target=report.target or cpu_target,
+                    message=f"Engine {report.digest} was built by Job {job_name}.",
                     delete_jobs=stale,
+                    input_bytes_per_row=report.input_bytes_per_row,
                 )
         completed = parse_time((latest.get("status") or {}).get("completionTime"))
         if completed is None or now - completed < MISSING_MESSAGE_GRACE:

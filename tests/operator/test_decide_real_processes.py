@@ -1,7 +1,9 @@
 """The decision's seams with the real CLI: the build Job's argv, run as is by a real
-`kubeinfer build` process, writes the termination message the decision reads; the
-ConfigMap's runtime.yaml it then renders is what a real `kubeinfer serve --config`
-loads, and that server answers inference equal to ONNX Runtime in-process.
+`kubeinfer build` process, writes the termination message the decision reads (the
+digest, and the model's input bytes per row, from which the request body limit is
+rendered); the ConfigMap's runtime.yaml it then renders is what a real `kubeinfer serve
+--config` loads, and that server answers inference equal to ONNX Runtime in-process and
+refuses a body over the rendered limit.
 
 Only what a pod provides is substituted: the cache volume's mount path (/cache) and the
 termination-log path become temporary paths, and the port a free loopback one.
@@ -27,6 +29,7 @@ import yaml
 from decide_scenarios import T0, Cluster, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType
 from kubeinfer.operator.reconcile.desired import CACHE_MOUNT, CONFIG_KEY, TERMINATION_LOG
+from kubeinfer.runtime.config import request_bytes_limit
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 
 pytestmark = pytest.mark.slow
@@ -80,10 +83,13 @@ def test_a_job_built_engine_is_served_from_the_rendered_config(tmp_path):
     engine = cluster.condition(ConditionType.ENGINE_READY)
     assert engine.status == ConditionStatus.TRUE, engine.message
     digest = cluster.status.engine.digest
-    assert digest == json.loads(log.read_text())["digest"]
+    reported = json.loads(log.read_text())
+    assert digest == reported["digest"]
+    assert reported["inputBytesPerRow"] == 16 * 4  # the tiny MLP: 16 FP32 per row
 
     config = yaml.safe_load(cluster.get("ConfigMap")["data"][CONFIG_KEY])
     assert config["engine"] == {"digest": digest, "cacheDirectory": CACHE_MOUNT}
+    assert config["maxRequestBytes"] == request_bytes_limit(16 * 4, 8)
     config["engine"]["cacheDirectory"] = str(cache)  # where the PVC is "mounted" here
     config_file = tmp_path / CONFIG_KEY
     config_file.write_text(yaml.safe_dump(config))
@@ -125,6 +131,9 @@ def test_a_job_built_engine_is_served_from_the_rendered_config(tmp_path):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
         status, metadata = request(port, "GET", "/v2/models/tiny")
         assert status == 200 and json.loads(metadata)["versions"] == ["1"]
+        oversized = b" " * (config["maxRequestBytes"] + 1)
+        status, answer = request(port, "POST", "/v2/models/tiny/infer", oversized)
+        assert status == 413, answer
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
