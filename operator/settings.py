@@ -24,7 +24,8 @@ from pydantic import (
 
 ENV_PREFIX = "KUBEINFER_"
 
-DEFAULT_RUNTIME_IMAGE = "ghcr.io/kubeinfer/kubeinfer:0.1.0"
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/kubeinfer/kubeinfer-runtime:0.1.0"
+DEFAULT_GPU_RUNTIME_IMAGE = "ghcr.io/kubeinfer/kubeinfer-runtime-gpu:0.1.0"
 
 
 class InvalidSettings(ValueError):
@@ -37,8 +38,17 @@ class OperatorSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     runtime_image: str = Field(default=DEFAULT_RUNTIME_IMAGE, min_length=1, max_length=512)
-    """Image of the runtime pods and of the engine build Jobs when the spec names none (both
-    run the `kubeinfer` CLI)."""
+    """Image of the runtime pods and engine build Jobs of ONNX Runtime engines when the
+    spec names none (the Dockerfile's `runtime` target; both run the `kubeinfer` CLI)."""
+
+    gpu_runtime_image: str = Field(default=DEFAULT_GPU_RUNTIME_IMAGE, min_length=1, max_length=512)
+    """The same for TensorRT engines (the Dockerfile's `runtime-gpu` target: TensorRT and
+    CUDA are in it, ONNX Runtime's CPU image has neither)."""
+
+    def image_for(self, spec_image: str | None, tensorrt: bool) -> str:
+        """The runtime and build image of an object: its own, else the default of its
+        backend."""
+        return spec_image or (self.gpu_runtime_image if tensorrt else self.runtime_image)
 
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     """Pull policy of the containers the operator creates."""
