@@ -107,7 +107,7 @@ class DataPlane:
         self._clock = clock
         self._output_names = {spec.name for spec in engine.outputs}
         self._output_datatypes = {spec.name: spec.datatype for spec in engine.outputs}
-        self._limits = decode_limits(engine.inputs, config.batching.max_batch_size)
+        self.limits = decode_limits(engine.inputs, config.batching.max_batch_size)
 
     def live(self) -> bool:
         return self.batcher.watchdog.live(self._clock())
@@ -203,12 +203,13 @@ class DataPlane:
         self, admission: Admission, body: bytes, header_length: int | None
     ) -> tuple[tuple[bytes, int | None], dict[str, tuple[str, Any]], dict[str, Any]]:
         """(encoded response, decoded inputs as (datatype, array), every output's array)."""
-        if len(body) >= OFFLOAD_BYTES:
+        json_bytes = len(body) if header_length is None else header_length
+        if json_bytes >= OFFLOAD_BYTES:  # binary tensors are views: no work to move
             request = await self.codec.run(
-                admission.deadline, decode_infer_request, body, header_length, self._limits
+                admission.deadline, decode_infer_request, body, header_length, self.limits
             )
         else:
-            request = decode_infer_request(body, header_length, self._limits)
+            request = decode_infer_request(body, header_length, self.limits)
         inputs = {}
         for tensor in request.inputs:
             if tensor.name in inputs:

@@ -147,7 +147,10 @@ async def infer(request: web.Request) -> web.Response:
                 request, limit, admission.deadline, config.body_read_timeout_seconds, time.monotonic
             )
             if encoding is not None:
-                body = await dataplane.codec.run(admission.deadline, inflate, body, encoding, limit)
+                body = await dataplane.codec.run(
+                    admission.deadline, inflate, body, encoding, limit,
+                    dataplane.limits.max_json_values, header_length,
+                )  # fmt: skip
             result = await dataplane.infer_admitted(admission, body, header_length)
     except InferenceServerError as error:
         return _error(error, time.monotonic() - arrived)

@@ -4,7 +4,8 @@ after it fails.
 - **Size**: a declared Content-Length over `maxRequestBytes` is refused (413) before a
   byte is read; a chunked body as soon as it passes the limit; a compressed body as soon
   as its inflated size does (inflation stops at the limit plus one byte: a gzip bomb
-  costs the limit, not its inflated size).
+  costs the limit, not its inflated size; and a body that inflates to more JSON values
+  than the model can take stops as soon as it has).
 - **Time**: each part of the body must come within `bodyReadTimeoutSeconds` of the
   previous one, and the whole body by the request's deadline (counted from its arrival);
   otherwise 408, and the connection is closed (the rest of the body may still come).
@@ -38,10 +39,13 @@ from kubeinfer.runtime.protocol.errors import (
     RequestTimeout,
     RequestTooLarge,
 )
+from kubeinfer.runtime.protocol.json_tensors import json_value_count
 
 MAPPED_BODY_BYTES = 256 * 1024
 """Bodies from this size on go into a memory map; smaller ones (the common case, often
 one chunk that is returned as it is) into a heap buffer, emptied on failure."""
+
+_INFLATE_PART_BYTES = 256 * 1024
 
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
@@ -125,16 +129,45 @@ async def read_body(
             buffer.clear()
 
 
-def inflate(body: bytes, encoding: str, limit: int) -> bytes:
-    """`body` inflated, never past `limit` bytes (RequestTooLarge as soon as it would be);
-    a worker thread's job (zlib releases the GIL while it inflates)."""
+def inflate(
+    body: bytes,
+    encoding: str,
+    limit: int,
+    max_json_values: int | None = None,
+    json_bytes: int | None = None,
+) -> bytes:
+    """`body` inflated, in parts of `_INFLATE_PART_BYTES`, never past `limit` bytes
+    (RequestTooLarge as soon as it would be) nor past `max_json_values` values in its
+    JSON (the first `json_bytes` bytes, or all of it: `json_tensors.json_value_count`),
+    so a small body that inflates to millions of empty lists stops after its first part.
+    A worker thread's job (zlib releases the GIL while it inflates)."""
     inflater = zlib.decompressobj(_WBITS[encoding])
+    parts: list[bytes] = []
+    size = values = 0
+    pending = body
     try:
-        data = inflater.decompress(body, limit + 1)
+        while True:
+            part = inflater.decompress(pending, _INFLATE_PART_BYTES)
+            pending = inflater.unconsumed_tail
+            if part:
+                if size + len(part) > limit:
+                    raise RequestTooLarge(
+                        f"the request body inflates past the limit of {limit} bytes"
+                    )
+                if max_json_values is not None:
+                    json_part = part if json_bytes is None else part[: max(0, json_bytes - size)]
+                    values += json_value_count(json_part) - 1
+                    if values > max_json_values:
+                        raise RequestTooLarge(
+                            f"the request body inflates to more JSON values than this "
+                            f"model's inputs can take ({max_json_values}); it was not parsed"
+                        )
+                size += len(part)
+                parts.append(part)
+            if inflater.eof or not (part or pending):
+                break
     except zlib.error as error:
         raise InvalidRequest(f"the {encoding} request body is corrupt: {error}") from None
-    if len(data) > limit:
-        raise RequestTooLarge(f"the request body inflates past the limit of {limit} bytes")
     if not inflater.eof or inflater.unused_data:
         raise InvalidRequest(f"the {encoding} request body is truncated or has trailing data")
-    return data
+    return b"".join(parts)
