@@ -171,7 +171,7 @@ def build_engine_job(
         resources["limits"] = {GPU_RESOURCE: "1"}
     container: dict[str, Any] = {
         "name": "build",
-        "image": spec.runtime.image or settings.runtime_image,
+        "image": settings.image_for(spec.runtime.image, spec.engine.backend == Backend.TENSORRT),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["kubeinfer"],
         "args": argv,
@@ -368,7 +368,7 @@ def build_runtime_deployment(
 
     container: dict[str, Any] = {
         "name": "runtime",
-        "image": spec.runtime.image or settings.runtime_image,
+        "image": settings.image_for(spec.runtime.image, spec.engine.backend == Backend.TENSORRT),
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["kubeinfer"],
         "args": ["serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
