@@ -254,7 +254,8 @@ class DataPlane:
                     request.binary_data_output if binary is None else binary,
                 )
             )
-        if sum(output.data.nbytes for output in response.outputs) >= OFFLOAD_BYTES // 4:
+        json_tensor_bytes = sum(o.data.nbytes for o in response.outputs if not o.binary)
+        if json_tensor_bytes >= OFFLOAD_BYTES // 4:
             # JSON writes about 4 bytes of text per byte of float32 (a quarter of the
             # threshold's worth of tensors makes a body of about the threshold).
             encoded = await self.codec.run(math.inf, encode_infer_response, response)

@@ -42,6 +42,11 @@ class _Connection(web_protocol.RequestHandler):
         super().__init__(*args, **kwargs)
         self.in_request = False
         self.head_started_at: float | None = None
+        """When the head of the next request became due (the connection opened) or its
+        first byte came (after an answer); None while a request is handled, and while
+        idle after an answer."""
+        self.receiving = False
+        """Bytes of a next request have come (it is not idle)."""
         self.last_answer_at: float | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -49,8 +54,10 @@ class _Connection(web_protocol.RequestHandler):
         self.head_started_at = time.monotonic()  # its first request's head is due
 
     def data_received(self, data: bytes) -> None:
-        if not self.in_request and self.head_started_at is None:
-            self.head_started_at = time.monotonic()
+        if not self.in_request:
+            self.receiving = True
+            if self.head_started_at is None:
+                self.head_started_at = time.monotonic()
         super().data_received(data)
 
     def handle_error(
@@ -119,6 +126,7 @@ def request_started(request: web.BaseRequest) -> None:
     connection = request.protocol
     if isinstance(connection, _Connection):
         connection.in_request = True
+        connection.receiving = False
         connection.head_started_at = None
 
 
@@ -135,7 +143,7 @@ def is_quiet(connection: web_protocol.RequestHandler, since: float, quiet_second
     a request (a client sending just then aside)."""
     if not isinstance(connection, _Connection):
         return True
-    if connection.in_request or connection.head_started_at is not None:
+    if connection.in_request or connection.receiving:
         return False
     last = max(since, connection.last_answer_at or since)
     return time.monotonic() - last >= quiet_seconds

@@ -3,15 +3,16 @@ deadline.
 
 Why: parsing and converting a large JSON body takes milliseconds, and on the event loop
 that is time in which no other request is admitted or refused and no liveness probe is
-answered. Handing work to a thread and back costs a few tens of microseconds, more than
-decoding a small body, so JSON under `OFFLOAD_BYTES` stays on the loop. Measured
-(`tests/benchmarks/bench_hostile.py` prints it): the hand-off costs ~45 us, JSON tensors
-decode at ~250 MB/s (4 us per KiB), so a 64 KiB body takes ~260 us: from there the
-hand-off is under a fifth of the work, and below it a body blocks the loop for less than
-a quarter of a millisecond. Binary tensors decode to views of the body in ~5 us whatever
-their size, so only their JSON header counts. A compressed body is always inflated here:
-its inflated size is not known until it is inflated, and zlib releases the GIL while it
-works.
+answered. But the codec threads share the GIL with the loop, and on a busy core every
+hand-off costs: on one core at five times capacity, decoding the 340 KB JSON bodies of
+32-row requests on a thread served 7 % fewer requests than decoding them on the loop,
+with a worse p99. So JSON under `OFFLOAD_BYTES` (1 MiB, about 4 ms of decoding at
+~250 MB/s) stays on the loop, and larger JSON goes to a thread: during a 10 MiB body the
+slowest liveness probe took 27-38 ms with the decode on a thread, 70-79 ms with it on
+the loop (`tests/benchmarks/bench_hostile.py` prints the decode rate and the hand-off's
+cost). Binary tensors decode to views of the body in ~5 us whatever their size, so only
+their JSON header counts. A compressed body is always inflated here: its inflated size
+is not known until it is inflated, and zlib releases the GIL while it works.
 
 The threads still share the GIL with the loop, but the work they do is cut into calls of
 about a millisecond (`json_tensors` converts in chunks), so the loop gets its turn at
@@ -34,7 +35,7 @@ from kubeinfer.runtime.protocol.errors import DeadlineExceeded
 
 T = TypeVar("T")
 
-OFFLOAD_BYTES = 64 * 1024
+OFFLOAD_BYTES = 1024 * 1024
 """JSON from this size on is decoded (encoded) on a worker thread."""
 
 WORKERS = 2

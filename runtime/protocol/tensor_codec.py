@@ -65,6 +65,13 @@ class DecodeLimits:
 
 NO_LIMITS = DecodeLimits()
 
+COUNT_VALUES_FROM_BYTES = 1024 * 1024
+"""JSON this large or larger has its values counted before it is parsed. Below it, the
+worst a body can make the parser build is bounded by its size (a value is at least two
+bytes, and no Python object of a JSON value takes more than ~64 bytes: ~32 MB per MiB),
+and counting would cost a third of the parse (three scans at ~2.5 GB/s against ~1 GB/s
+for orjson)."""
+
 
 def _parameters(obj: dict[str, Any], where: str) -> dict[str, Any]:
     parameters = obj.get("parameters", {})
@@ -175,7 +182,7 @@ def _split_body(
                 f"of {len(body)} bytes"
             )
         header, binary = body[:header_length], memoryview(body)[header_length:]
-    if limits.max_json_values is not None:
+    if limits.max_json_values is not None and len(header) >= COUNT_VALUES_FROM_BYTES:
         values = json_value_count(header)
         if values > limits.max_json_values:
             raise RequestTooLarge(

@@ -11,7 +11,8 @@ Covers, each with its own process, SIGTERM sent in the middle of the load:
 - 24 clients opening a connection per request: the same (the old server left 25-43 of
   them hanging for the whole grace period, then closed them);
 - an upload in progress at SIGTERM: its body is read to the end and it gets its result;
-- an idle server with an idle keep-alive connection exits within a second.
+- an idle server exits within a second, with an idle keep-alive connection and one that
+  opened and never sent a byte.
 """
 
 from __future__ import annotations
@@ -174,8 +175,11 @@ def test_an_idle_server_exits_within_a_second(spin_model: Path) -> None:
         idle = server.connect()
         idle.request("GET", "/v2/health/ready")
         assert idle.getresponse().read()
+        silent = server.socket()
+        time.sleep(0.1)  # accepted by the server
         signalled = time.monotonic()
         server.terminate()
         assert server.process.wait(timeout=GRACE_SECONDS) == 0
         assert time.monotonic() - signalled < 1.0
         idle.close()
+        silent.close()
