@@ -6,7 +6,8 @@ nested JSON form; a valid request at the model's largest size, flat or nested, w
 with or without spaces, never holds more values than `model_json_value_limit` allows (the
 bound never refuses a real request); and, as tables, what each datatype refuses, that a
 body over the bound is refused before parsing with a 413, and that a declared shape over
-the model's largest input is refused before its data is read.
+the model's largest input is refused before its data is read (a small body is parsed:
+its worst case is bounded by its size).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from kubeinfer.runtime.protocol.json_tensors import (
     model_json_value_limit,
     to_numpy,
 )
-from kubeinfer.runtime.protocol.tensor_codec import decode_infer_request
+from kubeinfer.runtime.protocol.tensor_codec import COUNT_VALUES_FROM_BYTES, decode_infer_request
 
 SHAPES = st.lists(st.integers(0, 4), min_size=1, max_size=4)
 
@@ -106,14 +107,19 @@ def test_responses_read_null_as_nan() -> None:
 SPECS = (TensorSpec("x", "FP32", (-1, 4)), TensorSpec("ids", "INT32", (-1, 4)))
 
 
-def test_a_body_over_the_models_value_bound_is_refused_unparsed() -> None:
+def test_a_large_body_over_the_models_value_bound_is_refused_unparsed() -> None:
     limits = decode_limits(SPECS, 8)
     assert limits.max_elements == 32
+    lists = COUNT_VALUES_FROM_BYTES // 3 + 1  # large enough to be counted
+    assert limits.max_json_values is not None and lists > limits.max_json_values
     body = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [' + (
-        b"[]," * limits.max_json_values + b"[]]}]}"
+        b"[]," * lists + b"[]]}]}"
     )
     with pytest.raises(RequestTooLarge, match="was not parsed"):
         decode_infer_request(body, None, limits)
+    small = body[: body.index(b"[[]") + 1] + b"[]," * 5000 + b"[]]}]}"  # parsed: bounded
+    with pytest.raises(InvalidRequest, match="nested data has 5001 rows"):
+        decode_infer_request(small, None, limits)
 
 
 def test_a_shape_over_the_largest_input_is_refused_before_its_data() -> None:
