@@ -9,6 +9,12 @@ with a timeout (nobody waits for them any more) and the batch counts as stuck he
 While one is stuck the runtime is not ready, so Kubernetes stops routing to it; if it has
 not returned `liveness_seconds` after it got stuck, the runtime is not live either, so
 Kubernetes restarts the pod. A stuck batch that returns clears both.
+
+Not watched: a batch small and fast enough to run inline on the event loop (at most 4
+rows, when such batches have measured under 2.5 ms: see `queue`). If one of those hangs,
+the event loop hangs with it, the health probes get no answer at all, and Kubernetes
+restarts the pod once the liveness probe's failureThreshold is reached; its requests get
+no error first.
 """
 
 from __future__ import annotations

@@ -86,6 +86,7 @@ async def read_body(
         return b""
     buffer: mmap.mmap | bytearray
     buffer = mmap.mmap(-1, size) if size >= MAPPED_BODY_BYTES else bytearray(size)
+    content = request.content
     filled = 0
     try:
         while True:
@@ -96,8 +97,11 @@ async def read_body(
                     f"({filled} bytes had come)"
                 )
             try:
-                async with asyncio.timeout(min(idle_timeout_seconds, remaining)):
-                    chunk = await request.content.readany()
+                if content.total_bytes > filled or content.is_eof():
+                    chunk = await content.readany()  # buffered: no wait, no timer needed
+                else:
+                    async with asyncio.timeout(min(idle_timeout_seconds, remaining)):
+                        chunk = await content.readany()
             except TimeoutError:
                 raise RequestTimeout(
                     f"the request body stalled ({filled} bytes had come; a part must "
@@ -105,10 +109,11 @@ async def read_body(
                     "whole body by the request's deadline)"
                 ) from None
             if not chunk:
-                return bytes(buffer[:filled])
+                with memoryview(buffer) as view:  # one copy, of the filled part
+                    return bytes(view[:filled])
             if filled + len(chunk) > size:
                 raise RequestTooLarge(f"the request body is over the limit of {limit} bytes")
-            if filled == 0 and len(chunk) == size and request.content.at_eof():
+            if filled == 0 and len(chunk) == size and content.at_eof():
                 return chunk  # the whole body in one part: no copy
             buffer[filled : filled + len(chunk)] = chunk
             filled += len(chunk)

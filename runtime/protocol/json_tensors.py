@@ -107,36 +107,68 @@ def to_numpy(
     allowed = allowed_kinds(dtype)
     if allow_null and dtype.kind == "f":
         allowed = allowed | {type(None)}
-    for start in range(0, len(values), _CHUNK):
-        chunk = values[start : start + _CHUNK] if len(values) > _CHUNK else values
-        kinds = set(map(type, chunk))
-        if not kinds <= allowed:
-            bad = next(v for v in chunk if type(v) not in allowed)
-            what = _WHAT.get(type(bad), type(bad).__name__)
-            shown = repr(bad) if len(repr(bad)) <= 40 else repr(bad)[:40] + "..."
-            raise InvalidRequest(
-                f"{where}: {datatype} data takes {_what_datatype_takes(dtype)} only; "
-                f"it holds {what} ({shown})"
-            )
-    if type(None) in allowed:
         values = [math.nan if v is None else v for v in values]
-    try:
-        with np.errstate(over="ignore"):  # out of range reads as inf: refused below
-            array = _convert(values, dtype)
-    except (OverflowError, ValueError, TypeError) as error:
-        raise InvalidRequest(f"{where}: data is not a valid {datatype} tensor: {error}") from None
+    if len(values) <= _CHUNK:
+        array = _convert(values, dtype, allowed, datatype, where)
+    else:  # in chunks: each numpy call holds the GIL for about a millisecond
+        array = np.empty(len(values), dtype=dtype)
+        for start in range(0, len(values), _CHUNK):
+            chunk = values[start : start + _CHUNK]
+            array[start : start + _CHUNK] = _convert(chunk, dtype, allowed, datatype, where)
     if dtype.kind == "f" and not allow_null and not np.isfinite(array).all():
         raise InvalidRequest(f"{where}: data holds a value out of {datatype}'s range")
     return array
 
 
-def _convert(values: list[Any], dtype: np.dtype) -> np.ndarray:
-    if len(values) <= _CHUNK:
-        return np.array(values, dtype=dtype)
-    array = np.empty(len(values), dtype=dtype)
-    for start in range(0, len(values), _CHUNK):
-        array[start : start + _CHUNK] = values[start : start + _CHUNK]
-    return array
+def _convert(
+    values: list[Any], dtype: np.dtype, allowed: frozenset[type], datatype: str, where: str
+) -> np.ndarray:
+    """`values` as a 1-D array of `dtype`: numpy's own reading when it proves every value
+    is of an allowed kind (`_read_fast`), else value by value with the precise error."""
+    fast = _read_fast(values, dtype)
+    if fast is not None:
+        return fast
+    kinds = set(map(type, values))
+    if not kinds <= allowed:
+        bad = next(v for v in values if type(v) not in allowed)
+        what = _WHAT.get(type(bad), type(bad).__name__)
+        shown = repr(bad) if len(repr(bad)) <= 40 else repr(bad)[:40] + "..."
+        raise InvalidRequest(
+            f"{where}: {datatype} data takes {_what_datatype_takes(dtype)} only; "
+            f"it holds {what} ({shown})"
+        )
+    try:
+        with np.errstate(over="ignore"):  # out of range reads as inf: refused by the caller
+            return np.array(values, dtype=dtype)
+    except (OverflowError, ValueError, TypeError) as error:
+        raise InvalidRequest(f"{where}: data is not a valid {datatype} tensor: {error}") from None
+
+
+def _read_fast(values: list[Any], dtype: np.dtype) -> np.ndarray | None:
+    """`values` read by numpy without a dtype, when that proves them right: floats or
+    integers for a float tensor, integers in range for an integer one, booleans for a
+    BOOL one. numpy reads null and strings as object or text arrays (refused here), but a
+    boolean among numbers as 0 or 1, so the few values equal to 0 or 1 are looked at one
+    by one. None: not proven (the caller checks value by value, for the precise error).
+    About twice as fast as checking every value's type in Python."""
+    try:
+        inferred = np.array(values)
+    except (ValueError, OverflowError):  # ragged, or an integer past 64 bits
+        return None
+    kind = inferred.dtype.kind
+    if dtype.kind == "b":
+        return inferred if kind == "b" else None
+    if kind not in ("iu" if dtype.kind in "iu" else "fiu") or inferred.ndim != 1:
+        return None
+    candidates = np.flatnonzero((inferred == 0) | (inferred == 1))
+    if any(type(values[i]) is bool for i in candidates):
+        return None
+    if dtype.kind in "iu" and len(inferred):
+        info = np.iinfo(dtype)
+        if int(inferred.min()) < info.min or int(inferred.max()) > info.max:
+            return None
+    with np.errstate(over="ignore"):  # out of range reads as inf: refused by the caller
+        return inferred.astype(dtype, copy=False)
 
 
 def json_value_count(document: bytes | bytearray) -> int:
