@@ -12,9 +12,15 @@ per stage goes to stderr. With `--termination-message-path` (a Kubernetes Job's
 `precision`, `cacheHit`) is also written there, or on failure the `error:` line, where
 the operator reads it from the pod's status; `inputBytesPerRow` (the bytes one row of
 the model's inputs takes as binary tensors, absent when an item dimension is dynamic) is
-in both, and the operator sizes the runtime's request body limit from it. Bad input
-exits 2 with one line saying what is wrong; a failed build or gate exits 1. The
-calibration file's format is documented in `kubeinfer.runtime.calibration`.
+in both, and the operator sizes the runtime's request body limit from it.
+
+Exit codes: 0 with the digest; 2 for bad input, one line saying what is wrong (a model
+that `kubeinfer serve` would refuse, such as one with a dynamic dimension besides the
+batch one, is bad input: the build refuses it before building); 1 for a failed build or
+accuracy gate; 3 when the engine found (`--pin`, or a cache hit) was built by another
+backend version than this environment has, the same refusal and code as `kubeinfer
+serve`'s; 143 when stopped by SIGTERM. The calibration file's format is documented in
+`kubeinfer.runtime.calibration`.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from kubeinfer.runtime.serve_command import EXIT_ENGINE_INCOMPATIBLE
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -132,13 +140,20 @@ def run(args: argparse.Namespace) -> int:
         build_engine,
         input_bytes_per_row,
     )
-    from kubeinfer.runtime.engine_cache import resolve_engine
+    from kubeinfer.runtime.engine_cache import (
+        EngineIncompatibleError,
+        check_compatible,
+        resolve_engine,
+    )
 
     if args.pin is not None:
         if args.model is not None:
             return _fail(args, "give either --pin or --model, not both", 2)
         try:
             resolved = resolve_engine(args.cache, args.pin)
+            check_compatible(resolved)
+        except EngineIncompatibleError as error:
+            return _fail(args, str(error), EXIT_ENGINE_INCOMPATIBLE)
         except BUILD_ERRORS as error:
             return _fail(args, str(error), 2)
         digest, manifest, hit = resolved.digest, resolved.manifest, True
@@ -164,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
         except AccuracyGateError as error:
             print(error.report.model_dump_json(by_alias=True, indent=2), file=sys.stderr)
             return _fail(args, str(error), 1)
+        except EngineIncompatibleError as error:
+            return _fail(args, str(error), EXIT_ENGINE_INCOMPATIBLE)
         except (BuildError, OSError) as error:
             return _fail(args, f"the build failed: {error}; nothing was published", 1)
         except BUILD_ERRORS as error:

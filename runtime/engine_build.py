@@ -7,6 +7,14 @@ lock, checks again (another builder may have finished meanwhile), builds in a st
 directory, measures the candidate against the fp32 reference, applies the gates, and
 publishes. An engine that fails a gate is never published.
 
+A build refuses what `kubeinfer serve` refuses, so a build Job never succeeds with an
+engine whose pods then crash: the source model is loaded as serving loads it
+(`engines.onnxruntime.check_servable`: dynamic dimensions besides the batch one, outputs
+that do not follow the batch, datatypes without a v2 equivalent) before anything else,
+the built engine is loaded through the serving loader before it is published, and a
+cache hit is checked against this environment's backend version
+(`engine_cache.check_compatible`) before it is handed out.
+
 Validation samples for the report, first match wins: a given validation file; for int8,
 the calibration file's held-out tail (see `calibration`); for fp32/fp16, the calibration
 file if one is given; otherwise seeded synthetic inputs (the report says which).
@@ -28,7 +36,12 @@ from google.protobuf.message import DecodeError
 from kubeinfer.runtime import calibration as cal
 from kubeinfer.runtime.accuracy import AccuracyReport, compare_outputs, gate_violations
 from kubeinfer.runtime.builders import Builder, BuildError, Progress, get_builder
-from kubeinfer.runtime.engine_cache import EngineCache, EngineCacheError, ResolvedEngine
+from kubeinfer.runtime.engine_cache import (
+    EngineCache,
+    EngineCacheError,
+    ResolvedEngine,
+    check_compatible,
+)
 from kubeinfer.runtime.engine_manifest import (
     BACKENDS,
     PRECISIONS,
@@ -123,6 +136,9 @@ def _check_gates(
 
 
 def _hit(resolved: ResolvedEngine, gates: tuple[float | None, float | None]) -> BuildResult:
+    # The digest covers the backend version, so a hit is this version's engine; checked
+    # all the same, since handing out another version's engine is a crash loop later.
+    check_compatible(resolved)
     if resolved.manifest.accuracy is not None:
         what = f"the cached engine {resolved.digest} (built earlier under other gates)"
         _check_gates(resolved.manifest.accuracy, *gates, what=what)
@@ -225,6 +241,7 @@ def _gather_samples(
             f"dynamic batch dimension, but {', '.join(fixed)} is fixed; export the model "
             "with a dynamic batch axis (torch.onnx.export's dynamic_axes / dynamic_shapes)"
         )
+    _check_servable(model_file)
     calib_samples = calib_sha = None
     if calibration is not None:
         calib_file = fetch(calibration, cache.scratch_dir, calibration_sha256)
@@ -252,6 +269,28 @@ def _gather_samples(
     return _Samples(inputs, outputs, calib_samples, calib_sha, validation_samples, source)
 
 
+def _check_servable(model_file: FetchedFile) -> None:
+    """The source model as `kubeinfer serve` would load it (bad input: exit 2)."""
+    from kubeinfer.runtime.engines.base import UnsupportedModel
+    from kubeinfer.runtime.engines.onnxruntime import check_servable
+
+    try:
+        check_servable(model_file.path)
+    except UnsupportedModel as error:
+        raise InvalidModelError(f"{model_file.uri} cannot be served: {error}") from error
+
+
+def _check_engine_servable(engine_path: Path, key: EngineKey) -> None:
+    """The built engine loaded through the serving loader, before it is published."""
+    from kubeinfer.runtime.engines.base import EngineError
+    from kubeinfer.runtime.engines.loader import load_engine
+
+    try:
+        load_engine(engine_path, key.backend, key.batch_profile.max).close()
+    except EngineError as error:
+        raise BuildError(f"the built engine cannot be served: {error}") from error
+
+
 def _build_into(
     builder: Builder,
     model_path: Path,
@@ -277,6 +316,7 @@ def _build_into(
         progress,
     )
     build_seconds = time.monotonic() - started
+    _check_engine_servable(engine_path, key)
     validation, source = data.validation, data.validation_source
     count = cal.sample_count(validation)
     progress(f"Measuring accuracy against fp32 on {count} {source} samples")

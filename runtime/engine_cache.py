@@ -26,6 +26,15 @@ entries (downloads, staging directories of older versions) go after STALE_SCRATC
 `resolve_engine` is what serving and `--pin` use: it re-derives the digest from the
 manifest's key and re-hashes the engine file, and refuses an entry that does not match,
 with a message naming the path and what to do.
+
+An engine runs only on the backend version that built it (a TensorRT plan does not
+deserialize under another TensorRT; an ONNX Runtime engine is a graph optimised by one
+ONNX Runtime, with its fused kernels). The version is part of the key, so a build with
+another version gets another digest and never a cache hit on this one; and
+`check_compatible` refuses, with `EngineIncompatibleError`, an engine whose manifest
+names another backend or version than this environment has. Serving, `--pin` and every
+cache hit of `kubeinfer build` run it, so an image can never be handed an engine it
+cannot load.
 """
 
 from __future__ import annotations
@@ -65,6 +74,13 @@ class EngineNotFoundError(EngineCacheError):
 
 class EngineIntegrityError(EngineCacheError):
     """An entry exists but is incomplete, corrupt or tampered with."""
+
+
+class EngineIncompatibleError(EngineCacheError):
+    """The entry is sound, but was built by another backend or backend version than this
+    environment has: it cannot be loaded here. `kubeinfer serve` and `kubeinfer build`
+    exit with their own code for it (3), which the operator reports as
+    EngineIncompatible."""
 
 
 @dataclass(frozen=True)
@@ -258,17 +274,38 @@ def resolve_engine(cache_dir: str | Path, digest: str) -> ResolvedEngine:
     return EngineCache(Path(cache_dir)).resolve(digest)
 
 
+def check_compatible(resolved: ResolvedEngine) -> None:
+    """Raises `EngineIncompatibleError` unless this environment has the backend, at the
+    version, that the engine's manifest names (`installed_backend_version`: the same
+    function the builders record the version with). The message is one line: serving
+    writes it to the container's termination message."""
+    from kubeinfer.runtime.engines.loader import installed_backend_version
+
+    key = resolved.manifest.key
+    installed = installed_backend_version(key.backend)
+    if installed == key.backend_version:
+        return
+    here = f"{key.backend} {installed}" if installed else f"no {key.backend}"
+    raise EngineIncompatibleError(
+        f"engine {resolved.digest} was built by {key.backend} {key.backend_version}, but "
+        f"this image has {here}: an engine runs only on the backend version that built it; "
+        "build it again with this image, or run it with the image that built it"
+    )
+
+
 def load_cached_engine(
     cache_dir: str | Path,
     digest: str,
     max_batch_size: int,
     intra_op_threads: int | None = None,
 ) -> Engine:
-    """Resolves and verifies `digest`, then loads it with the manifest's backend: the
-    serving side's one call (`kubeinfer serve --engine sha256:... --cache DIR`)."""
+    """Resolves and verifies `digest`, checks that this environment has the backend
+    version that built it, then loads it with the manifest's backend: the serving side's
+    one call (`kubeinfer serve --engine sha256:... --cache DIR`)."""
     from kubeinfer.runtime.engines.loader import load_engine
 
     resolved = resolve_engine(cache_dir, digest)
+    check_compatible(resolved)
     key = resolved.manifest.key
     if max_batch_size > key.batch_profile.max:
         raise EngineCacheError(

@@ -6,7 +6,16 @@ field, then the result is validated as a whole, so a bad value is reported the s
 whichever way it came. Nothing heavy is imported until the command runs.
 
 Exit codes: 0 after a clean drain; 2 for an invalid configuration; 1 when the engine
-cannot be loaded.
+cannot be loaded; 3 (`EXIT_ENGINE_INCOMPATIBLE`) when the cached engine's manifest names
+another backend or backend version than this image has (an engine runs only on the
+version that built it: the image was changed without a rebuild, or a pinned engine was
+built elsewhere). The operator reads 3 from the pod's container status and reports
+EngineIncompatible with the message.
+
+On a failure to start (1, 2 or 3), the one-line `error:` message also goes to the
+container's termination message, where the kubelet reports it in the pod's status:
+`--termination-message-path`, by default `/dev/termination-log` when that file exists
+(the kubelet creates it in every container; elsewhere nothing is written).
 """
 
 from __future__ import annotations
@@ -24,6 +33,13 @@ if TYPE_CHECKING:
     from kubeinfer.runtime.metrics import GpuMemoryReader
 
 log = logging.getLogger("kubeinfer.serve")
+
+EXIT_ENGINE_INCOMPATIBLE = 3
+"""The engine was built by another backend or backend version than this image has
+(`kubeinfer build` exits with the same code for the same refusal)."""
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_MESSAGE_LIMIT = 4000
+"""Kubernetes keeps at most 4096 bytes of a termination message."""
 
 
 def _sizes(text: str) -> list[int]:
@@ -170,6 +186,23 @@ def gpu_memory_reader() -> GpuMemoryReader | None:
     return reader.read if reader.read() is not None else None
 
 
+def _fail_to_start(args: argparse.Namespace, message: str, code: int) -> int:
+    """Says why serving did not start, on stderr and in the termination message (the
+    given path, else the kubelet's default file where it exists)."""
+    print(f"kubeinfer serve: {message}", file=sys.stderr)
+    path = args.termination_message_path
+    if path is None and Path(TERMINATION_LOG).is_file():
+        path = Path(TERMINATION_LOG)
+    if path is not None:
+        one_line = message.strip().replace(":\n", ": ").replace("\n", "; ")
+        text = f"error: {one_line}"[:TERMINATION_MESSAGE_LIMIT]
+        try:
+            Path(path).write_text(text)
+        except OSError as error:
+            print(f"kubeinfer serve: cannot write {path}: {error}", file=sys.stderr)
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -177,13 +210,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ValueError as error:
-        print(f"kubeinfer serve: invalid configuration:\n{error}", file=sys.stderr)
-        return 2
+        return _fail_to_start(args, f"invalid configuration:\n{error}", 2)
     try:
         engine = load_engine_for(config)
     except Exception as error:  # any load failure is a clean exit with its message
-        print(f"kubeinfer serve: cannot load the engine: {error}", file=sys.stderr)
-        return 1
+        from kubeinfer.runtime.engine_cache import EngineIncompatibleError
+
+        if isinstance(error, EngineIncompatibleError):
+            return _fail_to_start(args, str(error), EXIT_ENGINE_INCOMPATIBLE)
+        return _fail_to_start(args, f"cannot load the engine: {error}", 1)
 
     import asyncio
 
@@ -221,6 +256,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--engine", metavar="DIGEST", help="serve this engine (sha256:...) from --cache"
     )
     parser.add_argument("--cache", type=Path, metavar="DIR", help="the engine cache's root")
+    parser.add_argument(
+        "--termination-message-path",
+        type=Path,
+        metavar="PATH",
+        help=f"where to write why serving did not start (default: {TERMINATION_LOG}, "
+        "when that file exists, as the kubelet creates it)",
+    )
     for flag, _, type_, help_ in _FIELD_FLAGS:
         parser.add_argument(flag, type=type_, default=None, help=help_)
     parser.set_defaults(handler=run)

@@ -32,6 +32,7 @@ import onnx
 import onnxruntime as ort
 from kubeinfer.runtime.builders import BuildError, Progress, Samples, require_space
 from kubeinfer.runtime.engine_manifest import BatchProfile
+from kubeinfer.runtime.engines.loader import installed_backend_version
 
 CALIBRATION_BATCH = 32
 
@@ -138,7 +139,8 @@ class OnnxRuntimeBuilder:
     engine_file = "model.onnx"
 
     def backend_version(self) -> str:
-        return ort.__version__
+        """What serving compares the engine's manifest with (`installed_backend_version`)."""
+        return installed_backend_version(self.backend) or ort.__version__
 
     def target(self) -> str:
         return "cpu"

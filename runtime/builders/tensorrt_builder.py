@@ -44,6 +44,7 @@ from kubeinfer.runtime.builders import BuildError, Progress, Samples, run_throug
 from kubeinfer.runtime.engine_manifest import BatchProfile, gpu_target
 from kubeinfer.runtime.engines.base import BackendUnavailable
 from kubeinfer.runtime.engines.cuda_streams import CudaContext
+from kubeinfer.runtime.engines.loader import installed_backend_version
 
 WORKSPACE_BYTES = 4 << 30
 TENSORRT_MAJOR = 10
@@ -87,7 +88,9 @@ class TensorRTBuilder:
         return self._cuda
 
     def backend_version(self) -> str:
-        return str(_tensorrt().__version__)
+        """What serving compares the plan's manifest with (`installed_backend_version`)."""
+        trt = _tensorrt()  # refuses a missing TensorRT or another major version
+        return installed_backend_version(self.backend) or str(trt.__version__)
 
     def target(self) -> str:
         device = self._device().device

@@ -1,7 +1,12 @@
-"""One entry point from a model file and a backend name to a loaded `Engine`.
+"""One entry point from a model file and a backend name to a loaded `Engine`, and the one
+answer to "which version of a backend is installed here".
 
 The backend modules are imported here, lazily, so that choosing ONNX Runtime never
 imports TensorRT or pycuda, and a missing GPU stack is reported only when asked for.
+
+`installed_backend_version` is what the builders record in an engine's key and what
+serving compares an engine's manifest with: one function, so the version a build writes
+and the version serving expects are the same string by construction.
 """
 
 from __future__ import annotations
@@ -14,6 +19,25 @@ from kubeinfer.runtime.engines.base import Engine
 
 Backend = Literal["onnxruntime", "tensorrt"]
 BACKENDS: tuple[str, ...] = ("onnxruntime", "tensorrt")
+
+
+def installed_backend_version(backend: str) -> str | None:
+    """The version of `backend`'s library in this environment (`onnxruntime.__version__`,
+    `tensorrt.__version__`), or None when it is not installed. Raises ValueError for an
+    unknown backend."""
+    if backend == "onnxruntime":
+        try:
+            import onnxruntime
+        except ImportError:
+            return None
+        return str(onnxruntime.__version__)
+    if backend == "tensorrt":
+        try:
+            import tensorrt  # type: ignore[import-not-found]
+        except ImportError:
+            return None
+        return str(tensorrt.__version__)
+    raise ValueError(f"unknown engine backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
 def load_engine(

@@ -150,6 +150,16 @@ def _probe_output_specs(
     return tuple(probed)
 
 
+def check_servable(path: str | os.PathLike[str]) -> None:
+    """Raises `UnsupportedModel` (or FileNotFoundError) when `kubeinfer serve` would refuse
+    to load the ONNX model at `path`: it is loaded exactly as serving loads it, by
+    `OnnxRuntimeEngine` (datatypes with a v2 equivalent, a dynamic batch dimension first,
+    every other input dimension fixed, outputs that follow the batch). `kubeinfer build`
+    runs it on the source model before building, so a build and the serving that follows
+    cannot disagree about a model."""
+    OnnxRuntimeEngine(path, max_batch_size=1, intra_op_threads=1).close()
+
+
 class OnnxRuntimeSlot:
     """Buffers for `max_batch_size` rows and, per batch size, a ready IO binding.
 
