@@ -26,8 +26,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from kubeinfer.runtime.batching.assembler import check_inputs
@@ -74,6 +73,31 @@ def decode_limits(specs: tuple[TensorSpec, ...], max_rows: int) -> DecodeLimits:
     )
 
 
+class AdmittedRequest:
+    """`DataPlane.admitted`'s context: ends the request's accounting exactly once, however
+    it ends (a class rather than a generator: this runs for every request)."""
+
+    __slots__ = ("_dataplane", "admission")
+
+    def __init__(self, dataplane: DataPlane, admission: Admission) -> None:
+        self._dataplane, self.admission = dataplane, admission
+
+    def __enter__(self) -> Admission:
+        return self.admission
+
+    def __exit__(self, kind: type | None, error: BaseException | None, _: Any) -> None:
+        dataplane, admission = self._dataplane, self.admission
+        metrics = dataplane.metrics
+        if isinstance(error, InferenceServerError):
+            metrics.request_answered(error.status, dataplane.clock() - admission.arrived_at)
+        elif isinstance(error, ClientGone):
+            metrics.request_cancelled(error.stage)
+        elif isinstance(error, asyncio.CancelledError):
+            metrics.request_cancelled(admission.stage)
+        dataplane.batcher.release(admission)
+        metrics.request_finished()
+
+
 class InferResult(NamedTuple):
     """An answered infer request, as the transport sends it."""
 
@@ -104,7 +128,7 @@ class DataPlane:
         self.metrics = metrics
         self.shadow = shadow
         self.codec = codec or CodecPool()
-        self._clock = clock
+        self.clock = self._clock = clock
         self._output_names = {spec.name for spec in engine.outputs}
         self._output_datatypes = {spec.name: spec.datatype for spec in engine.outputs}
         self.limits = decode_limits(engine.inputs, config.batching.max_batch_size)
@@ -145,11 +169,11 @@ class DataPlane:
             "parameters": {"max_batch_size": self.config.batching.max_batch_size},
         }
 
-    @contextmanager
-    def admitted(self, name: str, version: str | None) -> Iterator[Admission]:
+    def admitted(self, name: str, version: str | None) -> AdmittedRequest:
         """Admits an infer request on its arrival, before its body is read (raises 404,
         or 503 when the server cannot take it), and accounts for it until it ends: its
-        error's status, or its client leaving (`ClientGone`, or the handler cancelled)."""
+        error's status, or its client leaving (`ClientGone`, or the handler cancelled).
+        Use: `with dataplane.admitted(name, version) as admission: ...`."""
         arrived = self._clock()
         try:
             self._check_model(name, version)
@@ -158,20 +182,7 @@ class DataPlane:
             self.metrics.request_answered(error.status, self._clock() - arrived)
             raise
         self.metrics.request_started()
-        try:
-            yield admission
-        except InferenceServerError as error:
-            self.metrics.request_answered(error.status, self._clock() - arrived)
-            raise
-        except ClientGone as gone:
-            self.metrics.request_cancelled(gone.stage)
-            raise
-        except asyncio.CancelledError:
-            self.metrics.request_cancelled(admission.stage)
-            raise
-        finally:
-            self.batcher.release(admission)
-            self.metrics.request_finished()
+        return AdmittedRequest(self, admission)
 
     async def infer(
         self, name: str, version: str | None, body: bytes, header_length: int | None

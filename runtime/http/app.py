@@ -38,7 +38,7 @@ from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.engines.base import Engine
 from kubeinfer.runtime.http import connections
-from kubeinfer.runtime.http.body import check_declared_length, content_encoding, inflate, read_body
+from kubeinfer.runtime.http.body import content_encoding, inflate, read_body
 from kubeinfer.runtime.metrics import GpuMemoryReader, RuntimeMetrics
 from kubeinfer.runtime.protocol.codec_pool import CodecPool
 from kubeinfer.runtime.protocol.errors import (
@@ -142,7 +142,6 @@ async def infer(request: web.Request) -> web.Response:
         with dataplane.admitted(request.match_info["name"], _version(request)) as admission:
             header_length = _header_length(request)
             encoding = content_encoding(request)
-            check_declared_length(request, limit)
             body = await read_body(
                 request, limit, admission.deadline, config.body_read_timeout_seconds, time.monotonic
             )

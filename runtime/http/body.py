@@ -81,12 +81,15 @@ async def read_body(
 ) -> bytes:
     """The raw (possibly compressed) body, at most `limit` bytes; see the module."""
     check_declared_length(request, limit)
-    size = request.content_length if request.content_length is not None else limit
+    declared = request.content_length
+    size = declared if declared is not None else limit
     if size == 0:
         return b""
+    content = request.content
+    if declared is not None and content.total_bytes >= declared and content.is_eof():
+        return await content.read()  # all here already (the common case): one part, no copy
     buffer: mmap.mmap | bytearray
     buffer = mmap.mmap(-1, size) if size >= MAPPED_BODY_BYTES else bytearray(size)
-    content = request.content
     filled = 0
     try:
         while True:
