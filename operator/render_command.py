@@ -54,7 +54,8 @@ def render_manifest(
     if jobs:
         digest = (
             engine_digest
-            or "sha256:" + hashlib.sha256(build_key(manifest.spec).encode()).hexdigest()
+            or "sha256:"
+            + hashlib.sha256(build_key(manifest.spec, settings).encode()).hexdigest()
         )
         notes.append(
             f"The runtime objects assume the build Job reports engine {digest}"

@@ -1,10 +1,13 @@
 """The gather step's second half: what the pure decisions need beyond the objects
 themselves. A running shadow's aggregates and an autoscaled object's load come from the
 metrics source (Prometheus, or the pods' own /metrics); the serving pods are counted from
-the API; the PodMonitor is read where the cluster serves PodMonitors.
+the API; the runtime pods (serving and shadow candidate) are listed for their container
+statuses, where a runtime that cannot start says why; the PodMonitor is read where the
+cluster serves PodMonitors.
 
 Nothing is read that the decision will not use: an object without a shadow, without
-autoscaling and without PodMonitors costs no extra request.
+autoscaling, without PodMonitors and whose Deployments are settled (every pod updated
+and ready) costs no extra request.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import logging
 from dataclasses import replace
 from datetime import datetime
 
-from kubeinfer.operator.kube.client import POD, POD_MONITOR, KubeClient
+from kubeinfer.operator.kube.client import POD, POD_MONITOR, KubeClient, KubeObject
 from kubeinfer.operator.kube.gather import children_selector
 from kubeinfer.operator.metrics.factory import metrics_source, pods_lister
 from kubeinfer.operator.metrics.queries import Scope
@@ -21,6 +24,7 @@ from kubeinfer.operator.metrics.scaling import read_scaling_signals
 from kubeinfer.operator.metrics.shadow import read_shadow_aggregates
 from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
 from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.reconcile.runtime_failures import unsettled
 from kubeinfer.operator.reconcile.serving_pods import serving_pods
 from kubeinfer.operator.reconcile.snapshot import ObservedState
 from kubeinfer.operator.rollout.aggregates import ShadowReading
@@ -49,9 +53,15 @@ async def gather_load(
     query = metrics_query(observed.status.candidate)
     if query is not None:
         update["shadow"] = await _read_shadow(source, scope, query, now)
-    if observed.spec.autoscaling.enabled and observed.deployment is not None:
+    autoscaled = observed.spec.autoscaling.enabled and observed.deployment is not None
+    if autoscaled or unsettled(observed.deployment):
         selector = names.selector_string(names.runtime_selector(owner.name))
         pods = await client.list(POD, owner.namespace, selector)
+        update["runtime_pods"] = _by_name(pods)
+    if unsettled(observed.candidate_deployment):
+        selector = names.selector_string(names.candidate_selector(owner.name))
+        update["candidate_pods"] = _by_name(await client.list(POD, owner.namespace, selector))
+    if autoscaled:
         update["serving_pods"] = serving_pods(pods, observed.deployment, now)
         update["scaling_signals"] = await read_scaling_signals(
             source, scope, observed.spec.monitoring.queries, now
@@ -64,6 +74,10 @@ async def gather_load(
             (m for m in found if m["metadata"]["name"] == name and _owned(m, owner.uid)), None
         )
     return replace(observed, **update)  # type: ignore[arg-type]
+
+
+def _by_name(pods: list[KubeObject]) -> tuple[KubeObject, ...]:
+    return tuple(sorted(pods, key=lambda pod: pod["metadata"]["name"]))
 
 
 def _owned(obj: dict, uid: str) -> bool:

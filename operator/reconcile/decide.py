@@ -242,6 +242,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         observed.shadow,
         _available(observed.candidate_deployment),
         now,
+        candidate_pods=observed.candidate_pods,
     )
     recommendation = _recommendation(observed, now)
     if recommendation is not None:

@@ -380,6 +380,10 @@ def build_runtime_deployment(
         "readinessProbe": probe("/v2/health/ready", 5, 2),
         "lifecycle": {"preStop": {"sleep": {"seconds": settings.pre_stop_sleep_seconds}}},
         "securityContext": _container_security(),
+        # `kubeinfer serve` writes why it could not start there (exit 3: an engine built
+        # by another backend version), and the status reports it from the pod's status.
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
             {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": True},

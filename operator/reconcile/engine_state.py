@@ -1,10 +1,18 @@
 """Where the current spec's engine stands: pinned, built, building or failed. Pure.
 
 The build key is a hash of every engine input (model uri and sha256, backend, precision,
-maxBatchSize, calibration, gpuProduct, and the accuracy gates, which decide whether the
-engine is published at all). It names the build Job, so an operator restarted
-in the middle of a build finds the running Job instead of starting a second one, and a
-change of any input starts a new build while the old engine keeps serving.
+maxBatchSize, calibration, gpuProduct, the accuracy gates, which decide whether the
+engine is published at all, and the image the build Job and the runtime pods run: the
+spec's `runtime.image`, else the operator's default for the backend). It names the build
+Job, so an operator restarted in the middle of a build finds the running Job instead of
+starting a second one, and a change of any input starts a new build while the old engine
+keeps serving. The image is an input because it carries the backend (TensorRT, ONNX
+Runtime) whose version the engine is tied to: a new image builds again, and `kubeinfer
+build` in it finds or builds the engine of its own version (the cache key holds the
+version), where reusing the old engine would leave the new pods unable to load it. An
+image reference that names no version (`:latest`) changes nothing here when what it
+points to changes; the pods then refuse the old engine (exit 3) and the status says
+EngineIncompatible.
 
 Where a built digest comes from, in order: the pin; the serving or the shadow
 candidate's ConfigMap, whose annotations record the build key its digest was built from,
@@ -106,13 +114,15 @@ def input_bytes_for(engine: EngineState, serving: ServingEngine) -> int | None:
     return serving.input_bytes_per_row
 
 
-def build_inputs(spec: InferenceDeploymentSpec) -> dict[str, Any]:
-    """Every input that changes the built engine (the pin alone when pinned)."""
+def build_inputs(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> dict[str, Any]:
+    """Every input that changes the built engine (the pin alone when pinned: nothing is
+    built, and the runtime checks the pin against its image at start)."""
     engine = spec.engine
     if engine.pin is not None:
         return {"pin": engine.pin}
     calibration = engine.calibration
     return {
+        "image": settings.image_for(spec.runtime.image, engine.backend == Backend.TENSORRT),
         "model": {"uri": spec.model.source.uri, "sha256": spec.model.source.sha256},
         "backend": str(engine.backend),
         "precision": str(engine.precision),
@@ -125,9 +135,9 @@ def build_inputs(spec: InferenceDeploymentSpec) -> dict[str, Any]:
     }
 
 
-def build_key(spec: InferenceDeploymentSpec) -> str:
+def build_key(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> str:
     """sha256 (64 hex digits) of the engine inputs."""
-    return names.stable_hash(build_inputs(spec), 64)
+    return names.stable_hash(build_inputs(spec, settings), 64)
 
 
 def parse_time(value: Any) -> datetime | None:
@@ -268,7 +278,7 @@ def backoff_seconds(attempt: int, settings: OperatorSettings) -> float:
 def engine_state(observed: ObservedState, settings: OperatorSettings, now: datetime) -> EngineState:
     """Where the current spec's engine stands, and which build Job must exist."""
     spec, owner = observed.spec, observed.owner.name
-    key = build_key(spec)
+    key = build_key(spec, settings)
     jobs = [
         job
         for job in observed.jobs

@@ -59,6 +59,12 @@ class ObservedState:
     """The load, read when autoscaling is enabled and the serving Deployment exists."""
     serving_pods: ServingPods | None = None
     """The serving Deployment's pods, counted when autoscaling is enabled."""
+    runtime_pods: tuple[KubeObject, ...] = ()
+    """The serving Deployment's pods as listed, with their container statuses (where a
+    runtime that cannot start says why); listed only while the Deployment is not settled
+    (a pod not ready, not updated, or one too many) or autoscaling counts them."""
+    candidate_pods: tuple[KubeObject, ...] = ()
+    """The shadow candidate's pods, listed only while its Deployment is not settled."""
     scaling_history: ScalingHistory = field(default_factory=ScalingHistory)
     """The autoscaler's memory of this object (kept by the reconciler between passes)."""
     pod_monitor: KubeObject | None = None

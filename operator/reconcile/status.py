@@ -11,6 +11,14 @@ and every desired replica of that Deployment is updated, ready and available. ks
 which Flux's health checks use, reads only `Reconciling` (True while building or rolling
 out) and `Stalled` (True when a build failed, a rollout exceeded its deadline or the spec
 is invalid), so those two mirror Progressing and Degraded.
+
+Runtime pods that cannot start (`runtime_failures`: an engine built by another backend
+version than their image has, reason EngineIncompatible; another exit code or an image
+that cannot be pulled, RuntimeFailing) make the object Degraded with the pod's own
+message, rather than a rollout that silently waits for its progress deadline. While the
+spec's engine is being built they are only mentioned in Progressing: a new image rolls
+the serving pods before their new engine is built, and those pods refuse the old engine
+until it is (the old pods keep serving meanwhile).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import (
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.child_meta import input_hash
 from kubeinfer.operator.reconcile.engine_state import EnginePhase, EngineState
+from kubeinfer.operator.reconcile.runtime_failures import runtime_failure
 from kubeinfer.operator.reconcile.scaling_status import ScalingReport
 from kubeinfer.operator.reconcile.snapshot import Event, KubeObject, ObservedState
 from kubeinfer.operator.rollout.report import ShadowReport
@@ -51,6 +60,8 @@ WARNING_REASONS = frozenset(
         Reason.SHADOW_FAILED,
         Reason.SHADOW_ABORTED,
         Reason.READ_WRITE_ONCE_ACROSS_NODES,
+        Reason.ENGINE_INCOMPATIBLE,
+        Reason.RUNTIME_FAILING,
     }
 )
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -132,6 +143,9 @@ def compute_status(
         and serving.version == spec.model.version
     )
     ready = current and rollout.complete
+    # Pods of an engine the Deployment no longer runs are on their way out.
+    failure = runtime_failure(observed.runtime_pods, digest=serving.digest if serving else None)
+    failing = None if failure is None else (failure.reason, failure.message)
     old = serving if serving is not None and not current else None
     keeps = f" Version {old.version} keeps serving." if old else ""
 
@@ -160,7 +174,11 @@ def compute_status(
         progressing = (FALSE, Reason.ENGINE_BUILD_FAILED, engine.message)
         degraded = (TRUE, Reason.ENGINE_BUILD_FAILED, engine.message + keeps)
     elif engine.phase == EnginePhase.BUILDING:
-        progressing = (TRUE, Reason.ENGINE_BUILDING, engine.message)
+        meanwhile = f" Meanwhile: {failing[1]}" if failing else ""
+        progressing = (TRUE, Reason.ENGINE_BUILDING, engine.message + meanwhile)
+    elif failing is not None:
+        progressing = (FALSE, *failing)
+        degraded = (TRUE, *failing)
     elif rollout.stalled:
         progressing = (FALSE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
         degraded = (TRUE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
@@ -182,6 +200,8 @@ def compute_status(
         )
     elif engine.phase in (EnginePhase.BUILDING, EnginePhase.FAILED):
         summary = (FALSE, engine_condition[1], engine_condition[2])
+    elif failing is not None:
+        summary = (FALSE, failing[0], failing[1] + keeps)
     elif rollout.stalled:
         summary = (FALSE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
     elif shadow.progress is not None:
@@ -235,6 +255,8 @@ def compute_status(
         phase = Phase.DEGRADED if serving is not None else Phase.FAILED
     elif engine.phase == EnginePhase.BUILDING:
         phase = Phase.BUILDING_ENGINE
+    elif failing is not None:
+        phase = Phase.DEGRADED if rollout.ready_replicas else Phase.FAILED  # serving?
     elif rollout.stalled:
         phase = Phase.DEGRADED
     else:

@@ -11,7 +11,9 @@ comparing the answers with their own. Each pass judges the aggregates
 - Passed: the serving Deployment rolls to the candidate's engine (maxUnavailable 0, as
   every roll); the mirror stops; once the roll is complete the candidate is Promoted and
   its children are removed.
-- Failed, or Aborted by `kubeinfer abort`: the candidate's children are removed at once,
+- Failed (a threshold, the deadline, or pods that refuse the candidate's engine as built
+  by another backend version than their image has: EngineIncompatible, at once), or
+  Aborted by `kubeinfer abort`: the candidate's children are removed at once,
   serving is untouched, and the record stays in `status.candidate`, so the same trial
   (same version, engine and shadow settings) is not run again until the spec changes.
 - A spec change during a shadow replaces the candidate.
@@ -35,9 +37,10 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import InferenceDeploy
 from kubeinfer.operator.api.v1alpha1.status import CandidateStatus
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.engine_state import EngineState, ServingEngine
-from kubeinfer.operator.reconcile.snapshot import Event
+from kubeinfer.operator.reconcile.runtime_failures import runtime_failure
+from kubeinfer.operator.reconcile.snapshot import Event, KubeObject
 from kubeinfer.operator.rollout.aggregates import ShadowReading
-from kubeinfer.operator.rollout.verdict import Verdict, judge
+from kubeinfer.operator.rollout.verdict import Verdict, engine_incompatible, judge
 
 GATE_ANNOTATION = "kubeinfer.io/shadow-gate"
 """`promote <digest>` or `abort <digest>`: the manual gate on the candidate with that
@@ -157,13 +160,16 @@ def plan_rollout(
     reading: ShadowReading | None,
     candidate_available: bool,
     now: datetime,
+    candidate_pods: tuple[KubeObject, ...] = (),
 ) -> RolloutPlan:
     """Which engine serves and which runs as the candidate after this pass.
 
     `current` is what the serving children run now, `previous` the stored candidate
-    record, `reading` this pass's aggregates (None when none were read), and
+    record, `reading` this pass's aggregates (None when none were read),
     `candidate_available` whether the candidate Deployment has an available pod (the
-    mirror is switched on only then, so requests are not mirrored into nothing)."""
+    mirror is switched on only then, so requests are not mirrored into nothing), and
+    `candidate_pods` the candidate's pods as listed (their container statuses say when
+    they cannot start)."""
     if not engine.ready or engine.digest is None:
         # The spec's engine is not built yet: serving stays; a Pending candidate of an
         # older spec is no longer what the spec asks for.
@@ -203,11 +209,20 @@ def plan_rollout(
         return RolloutPlan(new, candidate=new, record=previous)
 
     started = previous.start_time or now
-    verdict = _manual(previous, parse_gate(annotations)) or judge(
-        spec.rollout.shadow, reading.aggregates if reading else None, started, now
+    failure = runtime_failure(candidate_pods, "shadow candidate", new.digest)
+    # First: no manual promotion makes an engine its pods cannot load servable.
+    verdict = (
+        engine_incompatible(failure.message) if failure and failure.engine_incompatible else None
+    )
+    verdict = (
+        verdict
+        or _manual(previous, parse_gate(annotations))
+        or judge(spec.rollout.shadow, reading.aggregates if reading else None, started, now)
     )
     if reading is not None and reading.error and verdict.outcome == ShadowVerdict.PENDING:
         verdict = Verdict(verdict.outcome, verdict.reason, f"{verdict.message} {reading.error}")
+    if failure is not None and verdict.outcome == ShadowVerdict.PENDING:
+        verdict = Verdict(verdict.outcome, verdict.reason, f"{verdict.message} {failure.message}")
     record = _record(previous, verdict, reading)
     if verdict.outcome == ShadowVerdict.PASSED:
         return RolloutPlan(new, candidate=new, record=record)

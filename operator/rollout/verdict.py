@@ -15,6 +15,12 @@ Order of the checks, and why:
 4. maxDurationSeconds without minSamples fails it (rolled back, never promoted on too
    little evidence). Metrics that cannot be read leave the verdict Pending: missing data
    never promotes, and only the deadline fails.
+
+Before any of these, and outside `judge` since it is no figure: a candidate whose pods
+refuse its engine (built by another backend version than their image has; read from the
+pods' container statuses) fails at once with reason EngineIncompatible
+(`engine_incompatible`), rather than waiting out maxDurationSeconds for samples that
+cannot come.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class Reasons:
     NO_LATENCY = "LatencyNotMeasured"
     INSUFFICIENT_SAMPLES = "InsufficientSamples"
     THRESHOLDS_MET = "ThresholdsMet"
+    ENGINE_INCOMPATIBLE = "EngineIncompatible"
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,11 @@ class Verdict:
     outcome: ShadowVerdict
     reason: str
     message: str
+
+
+def engine_incompatible(message: str) -> Verdict:
+    """The candidate's pods cannot load its engine (`message` says why): Failed now."""
+    return Verdict(ShadowVerdict.FAILED, Reasons.ENGINE_INCOMPATIBLE, message)
 
 
 def latency_regression_percent(aggregates: ShadowAggregates) -> float | None:

@@ -96,6 +96,9 @@ class Cluster:
         self.history = ScalingHistory()
         """The autoscaler's memory, kept between passes as the reconciler keeps it."""
         self.pod_monitors = False
+        self.runtime_pods: list[KubeObject] = []
+        self.candidate_pods: list[KubeObject] = []
+        """The serving and candidate pods the gather step lists (see `runtime_pod`)."""
 
     # -- the object itself --------------------------------------------------------------
     def update_spec(self, spec: InferenceDeploymentSpec) -> None:
@@ -125,6 +128,8 @@ class Cluster:
             serving_pods=self.serving_pods,
             scaling_history=self.history,
             pod_monitors_available=self.pod_monitors,
+            runtime_pods=tuple(copy.deepcopy(self.runtime_pods)),
+            candidate_pods=tuple(copy.deepcopy(self.candidate_pods)),
             **singles,
         )
 
@@ -255,3 +260,19 @@ class Cluster:
         self.reconcile(now + timedelta(seconds=61))
         self.roll_out()
         self.reconcile(now + timedelta(seconds=90))
+
+    def runtime_pod(
+        self, suffix: str, container_status: dict[str, Any], name: str | None = None
+    ) -> KubeObject:
+        """A pod of the serving Deployment (or the one named) as the kubelet reports it:
+        the template's labels and annotations, and the runtime container's status."""
+        template = self.get("Deployment", name)["spec"]["template"]
+        deployment = name or names.runtime_name(self.name)
+        return {
+            "metadata": {
+                "name": f"{deployment}-{suffix}",
+                "labels": dict(template["metadata"]["labels"]),
+                "annotations": dict(template["metadata"]["annotations"]),
+            },
+            "status": {"containerStatuses": [{"name": "runtime", **container_status}]},
+        }

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import pytest
 import yaml
-from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
+from decide_scenarios import DIGEST_A, DIGEST_B, SETTINGS, T0, Cluster, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Phase
 from kubeinfer.operator.reconcile import names
@@ -241,9 +241,11 @@ def test_any_engine_input_changes_the_build_key_and_the_version_alone_does_not()
         make_spec(runtime={"gpuProduct": "NVIDIA-A100-SXM4-80GB"}),
         make_spec(engine={"calibration": {"uri": "https://x/c.npz"}}),
     ]
-    keys = {build_key(spec) for spec in changed}
-    assert len(keys) == len(changed) and build_key(base) not in keys
-    assert build_key(make_spec(model={"version": "9"}, runtime={"replicas": 5})) == build_key(base)
+    keys = {build_key(spec, SETTINGS) for spec in changed}
+    assert len(keys) == len(changed) and build_key(base, SETTINGS) not in keys
+    assert build_key(make_spec(model={"version": "9"}, runtime={"replicas": 5}), SETTINGS) == (
+        build_key(base, SETTINGS)
+    )
 
 
 def test_an_operator_restart_mid_build_converges_on_the_same_job():

@@ -50,6 +50,12 @@ class Reason(StrEnum):
     ROLLING_OUT = "RollingOut"
     ROLLOUT_COMPLETE = "RolloutComplete"
     ROLLOUT_STALLED = "RolloutStalled"
+    ENGINE_INCOMPATIBLE = "EngineIncompatible"
+    """Runtime pods refuse their engine (exit code 3): it was built by another backend
+    version than their image has."""
+    RUNTIME_FAILING = "RuntimeFailing"
+    """Runtime pods cannot start for another reason (another exit code, an image that
+    cannot be pulled)."""
     WAITING_FOR_ENGINE = "WaitingForEngine"
     SHADOW_RUNNING = "ShadowRunning"
     SHADOW_PASSED = "ShadowPassed"
