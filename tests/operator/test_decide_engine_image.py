@@ -22,7 +22,9 @@ reports):
   exit code is the runtime's;
 - with a real `kubeinfer serve` run from the rendered runtime ConfigMap and a pinned
   engine written as another ONNX Runtime would write it, what the process leaves (its
-  exit code and termination message) is what the status reports.
+  exit code and termination message) is what the status reports; and the build Job's
+  argv, run by a real `kubeinfer build` on a model serve would refuse (a dynamic
+  dimension besides the batch one), fails with serve's reason, which EngineReady says.
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ from decide_scenarios import DIGEST_A, DIGEST_B, SETTINGS, T0, Cluster, make_spe
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.api.v1alpha1.enums import Phase, ShadowVerdict
 from kubeinfer.operator.reconcile import names
-from kubeinfer.operator.reconcile.desired import CACHE_MOUNT, CONFIG_KEY, CONFIG_MOUNT
+from kubeinfer.operator.reconcile.desired import (
+    CACHE_MOUNT,
+    CONFIG_KEY,
+    CONFIG_MOUNT,
+    TERMINATION_LOG,
+)
 from kubeinfer.operator.reconcile.runtime_failures import EXIT_ENGINE_INCOMPATIBLE, unsettled
 from kubeinfer.operator.rollout.aggregates import ShadowAggregates, ShadowReading
 from kubeinfer.operator.settings import DEFAULT_RUNTIME_IMAGE
@@ -386,3 +393,52 @@ def test_a_real_runtime_refusing_its_pinned_engine_is_reported_with_its_own_word
         f"{built.manifest.key.backend_version}" in degraded.message
     )
     assert log.read_text() in degraded.message
+
+
+@pytest.mark.slow
+def test_a_build_job_of_a_model_serve_would_refuse_fails_with_serves_reason(tmp_path):
+    import numpy as np
+    import onnx
+    from kubeinfer.runtime.calibration import write_samples
+    from onnx import TensorProto, helper
+
+    two = onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"])],
+        "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
+        [two],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "dynamic.onnx"))
+    samples = {"x": np.random.default_rng(0).random((16, 4), np.float32)}
+    calibration = write_samples(tmp_path / "calibration.npz", samples)
+    cluster = Cluster(
+        make_spec(
+            model={"source": {"uri": f"file://{tmp_path / 'dynamic.onnx'}", "sha256": None}},
+            engine={"precision": "int8", "calibration": {"uri": f"file://{calibration}"}},
+        )
+    )
+    cluster.reconcile(T0)
+    (job,) = cluster.jobs()
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    log = tmp_path / "termination-log"
+    paths = {CACHE_MOUNT: str(tmp_path / "cache"), TERMINATION_LOG: str(log)}
+    argv = [paths.get(arg, arg) for arg in container["args"]]
+    build = subprocess.run(
+        [sys.executable, "-m", "kubeinfer.operator.cli", *argv],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert build.returncode == 2, build.stderr
+    reason = "inputs ['x'] have dynamic dimensions besides the batch one"
+    assert reason in log.read_text()
+    cluster.fail_job(
+        job["metadata"]["name"], "BackoffLimitExceeded", "Job has reached the specified "
+        "backoff limit", log.read_text(), at=T0 + timedelta(seconds=30),
+    )  # fmt: skip
+    cluster.reconcile(T0 + timedelta(seconds=31))
+    engine = cluster.condition(ConditionType.ENGINE_READY)
+    assert (engine.status, engine.reason) == (FALSE, Reason.ENGINE_BUILD_FAILED)
+    assert f"cannot be served: {reason}" in engine.message
