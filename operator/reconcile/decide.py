@@ -23,7 +23,8 @@ from __future__ import annotations
 from datetime import datetime
 
 import yaml
-from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
+from kubeinfer.operator.api.v1alpha1.enums import Backend
 from kubeinfer.operator.reconcile import desired as build
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
@@ -61,6 +62,30 @@ from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.runtime.config import RuntimeConfig
 from pydantic import ValidationError
+
+
+def _spec_image(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> str:
+    return settings.image_for(spec.runtime.image, spec.engine.backend == Backend.TENSORRT)
+
+
+def _serving_image(
+    observed: ObservedState, settings: OperatorSettings, serving: ServingEngine, is_current: bool
+) -> str:
+    """The image the serving engine runs in: the spec's for the current engine; for an
+    older engine, the image it was deployed with (the ConfigMap's annotation, else the
+    Deployment's container), so a new image never runs an engine built for the old one
+    (its backend may not load it) while the new image's engine builds."""
+    if not is_current:
+        meta = (observed.configmap or {}).get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        if annotations.get(names.ANNOTATION_ENGINE_DIGEST) == serving.digest:
+            if image := annotations.get(names.ANNOTATION_RUNTIME_IMAGE):
+                return str(image)
+        template = ((observed.deployment or {}).get("spec") or {}).get("template") or {}
+        for container in (template.get("spec") or {}).get("containers") or []:
+            if container.get("name") == "runtime" and container.get("image"):
+                return str(container["image"])
+    return _spec_image(observed.spec, settings)
 
 
 def _serving_config(
@@ -147,8 +172,9 @@ def _runtime_children(
     is_current = serving.build_key == engine.build_key and serving.digest == engine.digest
     serving_bytes = input_bytes_for(engine, serving)
     config = _serving_config(observed, settings, serving, is_current, serving_bytes)
+    image = _serving_image(observed, settings, serving, is_current)
     configmap = build.build_runtime_configmap(
-        owner, config, serving.build_key, input_bytes_per_row=serving_bytes
+        owner, config, serving.build_key, input_bytes_per_row=serving_bytes, image=image
     )
     monitors = observed.pod_monitors_available
     deployment = build.build_runtime_deployment(
@@ -172,7 +198,7 @@ def _runtime_children(
             spec, settings, candidate.version, candidate.digest, role, candidate_bytes
         )
         configmap = build.build_runtime_configmap(
-            owner, config, candidate.build_key, role, candidate_bytes
+            owner, config, candidate.build_key, role, candidate_bytes, _spec_image(spec, settings)
         )
         replicas = spec.rollout.shadow.replicas
         children += [

@@ -35,6 +35,10 @@ ANNOTATION_INPUT_HASH = "kubeinfer.io/input-hash"
 ANNOTATION_CONFIG_HASH = "kubeinfer.io/config-hash"
 """On the runtime pod template: a ConfigMap change changes it and so rolls the pods."""
 ANNOTATION_ENGINE_DIGEST = "kubeinfer.io/engine-digest"
+ANNOTATION_RUNTIME_IMAGE = "kubeinfer.io/runtime-image"
+"""On the runtime ConfigMap: the image its engine was built with and runs in. An older
+engine keeps serving in its own image while a new image's engine builds (the new image's
+backend may not load the old engine)."""
 ANNOTATION_BUILD_KEY = "kubeinfer.io/engine-build-key"
 """On the ConfigMap and the pod template: which engine inputs the served digest came
 from, so a finished build is remembered after its Job is garbage-collected."""

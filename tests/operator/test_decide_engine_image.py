@@ -101,9 +101,18 @@ def test_a_new_image_builds_the_engine_again_while_the_old_one_serves():
     )
     assert condition(cluster, ConditionType.ENGINE_READY) == (FALSE, Reason.ENGINE_BUILDING)
     assert served(cluster) == DIGEST_A, "the old engine keeps serving while it builds"
+    assert runtime_image(cluster) == DEFAULT_RUNTIME_IMAGE, (
+        "and in the image that built it: the new image's backend may not load it"
+    )
     cluster.succeed_job(job["metadata"]["name"], DIGEST_B, at=later + timedelta(minutes=1))
     cluster.reconcile(later + timedelta(minutes=2))
     assert served(cluster) == DIGEST_B
+    assert runtime_image(cluster) == NEW_IMAGE, "the new engine rolls out in the new image"
+
+
+def runtime_image(cluster: Cluster) -> str:
+    (container,) = cluster.get("Deployment")["spec"]["template"]["spec"]["containers"]
+    return container["image"]
 
 
 def test_the_operators_default_image_for_the_backend_is_a_build_input():
@@ -214,9 +223,10 @@ def test_while_a_new_images_engine_builds_the_pods_refusing_the_old_one_are_only
     cluster.update_spec(make_spec(runtime={"image": NEW_IMAGE}))
     later = T0 + timedelta(minutes=10)
     cluster.reconcile(later)
-    # The serving pods' template has the new image at once; its new pod refuses engine A.
+    # The serving pods keep the image that built engine A while B builds; should a pod
+    # refuse engine A meanwhile (e.g. rolled by hand to the new image), it is mentioned.
     template = cluster.get("Deployment")["spec"]["template"]
-    assert template["spec"]["containers"][0]["image"] == NEW_IMAGE
+    assert template["spec"]["containers"][0]["image"] == DEFAULT_RUNTIME_IMAGE
     cluster.runtime_pods = [cluster.runtime_pod("9a7e-m4n6p", crash_looping())]
     cluster.reconcile(later + timedelta(seconds=20))
     progressing = cluster.condition(ConditionType.PROGRESSING)
