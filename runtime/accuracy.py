@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from kubeinfer.runtime.config import ApiModel
+from kubeinfer.runtime.api_model import ApiModel
 from kubeinfer.runtime.output_statistics import compare_arrays
 from pydantic import Field
 

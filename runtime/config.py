@@ -1,31 +1,18 @@
-"""The runtime's typed configuration, and the model base both planes share.
+"""The runtime's typed configuration: what `kubeinfer serve` runs with.
 
 `BatchingPolicy` is the single definition of the dynamic batcher's knobs: the operator's
 InferenceDeployment spec embeds it (so the CRD schema is generated from it) and renders
 it into the runtime's ConfigMap, and `kubeinfer serve` validates it at start. Field
-docstrings become the CRD's descriptions, which `kubectl explain` prints.
-
-Cross-field rules are declared once as `CrossFieldRule`s: the same rule yields the CRD's
-CEL `x-kubernetes-validations` entry and the pydantic check, with one message, so the API
-server, `kubeinfer validate` and the operator reject a manifest in the same words.
+docstrings become the CRD's descriptions, which `kubectl explain` prints. Every model here
+is an `ApiModel` (`kubeinfer.runtime.api_model`), with its cross-field rules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Self
+from typing import Annotated
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    GetCoreSchemaHandler,
-    field_validator,
-    model_validator,
-)
-from pydantic.alias_generators import to_camel
-from pydantic_core import CoreSchema
+from kubeinfer.runtime.api_model import ApiModel, CrossFieldRule
+from pydantic import Field, field_validator
 
 BatchSize = Annotated[int, Field(ge=1, le=1024)]
 
@@ -45,103 +32,6 @@ def request_bytes_limit(input_bytes_per_row: int, max_batch_size: int) -> int:
         1024, input_bytes_per_row * max_batch_size * JSON_BYTES_PER_TENSOR_BYTE
         + REQUEST_HEADER_BYTES
     )
-
-
-class CrossFieldRuleViolation(ValueError):
-    """A cross-field rule did not hold; `field` is the camelCase path below the model."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-@dataclass(frozen=True)
-class CrossFieldRule:
-    """One rule over several fields of a model, checked by the API server and by pydantic.
-
-    `cel` is evaluated by the API server with `self` bound to the model's object; `holds`
-    is the same predicate over the pydantic instance. `field` (camelCase, dotted, relative
-    to the model) is where the error is reported, in both places.
-    """
-
-    cel: str
-    message: str
-    field: str
-    holds: Callable[[Any], bool]
-
-    def to_schema(self) -> dict[str, str]:
-        return {"rule": self.cel, "message": self.message, "fieldPath": f".{self.field}"}
-
-
-STRICT_SCALARS = frozenset({"int", "float", "bool"})
-"""Core-schema types validated strictly: as the API server's structural schema does, an
-integer field refuses `"2"`, `true` and `2.5`, a number refuses `"0.5"` (an integer is a
-number), and a boolean refuses `"yes"` and `1`. Strings already refuse numbers; enums,
-dates and nested models keep reading their JSON forms."""
-
-
-def _strict_scalars(schema: Any) -> None:
-    """Marks every int, float and bool node of a pydantic core schema strict, in place."""
-    pending = [schema]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, dict):
-            if isinstance(node.get("type"), str) and node["type"] in STRICT_SCALARS:
-                node["strict"] = True
-            pending.extend(node.values())
-        elif isinstance(node, list):
-            pending.extend(node)
-
-
-class ApiModel(BaseModel):
-    """Base of every API and config model: camelCase on the wire, unknown fields refused,
-    immutable once validated, field docstrings used as descriptions, and integers,
-    numbers and booleans of the JSON type only (see STRICT_SCALARS): pydantic's lax mode
-    would take `replicas: "2"` or `true` that the CRD refuses, so `kubeinfer validate`
-    would pass what `kubectl apply` fails."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        use_attribute_docstrings=True,
-        validate_default=True,
-    )
-
-    cross_field_rules: ClassVar[tuple[CrossFieldRule, ...]] = ()
-
-    @classmethod
-    def __get_pydantic_core_schema__(
-        cls, source: type[BaseModel], handler: GetCoreSchemaHandler
-    ) -> CoreSchema:
-        schema = handler(source)
-        _strict_scalars(schema)
-        return schema
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.cross_field_rules:
-            extra = cls.model_config.get("json_schema_extra") or {}
-            assert isinstance(extra, dict)
-            cls.model_config = {
-                **cls.model_config,
-                "json_schema_extra": {
-                    **extra,
-                    "x-kubernetes-validations": [r.to_schema() for r in cls.cross_field_rules],
-                },
-            }
-
-    @model_validator(mode="after")
-    def _check_cross_field_rules(self) -> Self:
-        for rule in self.cross_field_rules:
-            if not rule.holds(self):
-                raise CrossFieldRuleViolation(rule.message, rule.field)
-        return self
-
-    def to_wire(self) -> dict[str, Any]:
-        """The camelCase JSON form, without unset optional fields."""
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 class BatchingPolicy(ApiModel):

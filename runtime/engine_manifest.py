@@ -25,7 +25,7 @@ import re
 from typing import Literal
 
 from kubeinfer.runtime.accuracy import AccuracyReport
-from kubeinfer.runtime.config import ApiModel
+from kubeinfer.runtime.api_model import ApiModel
 from pydantic import Field
 
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"

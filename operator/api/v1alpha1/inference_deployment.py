@@ -29,7 +29,8 @@ from kubeinfer.operator.api.v1alpha1.status import (
     MetricsStatus,
     VersionStatus,
 )
-from kubeinfer.runtime.config import ApiModel, BatchingPolicy, CrossFieldRule, MirrorPolicy
+from kubeinfer.runtime.api_model import ApiModel, CrossFieldRule
+from kubeinfer.runtime.config import BatchingPolicy, MirrorPolicy
 from pydantic import Field
 
 # The enums, metadata and status models live in their own modules; they are re-exported

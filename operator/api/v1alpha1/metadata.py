@@ -19,7 +19,7 @@ from kubeinfer.operator.api.v1alpha1.patterns import (
     DNS1123_LABEL,
     QUALIFIED_NAME,
 )
-from kubeinfer.runtime.config import ApiModel
+from kubeinfer.runtime.api_model import ApiModel
 from pydantic import Field, field_validator, model_validator
 
 OWNER_NAME_LENGTH = 52

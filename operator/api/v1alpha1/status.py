@@ -6,7 +6,7 @@ from datetime import datetime
 
 from kubeinfer.operator.api.v1alpha1.conditions import Condition
 from kubeinfer.operator.api.v1alpha1.enums import Backend, Phase, Precision, ShadowVerdict
-from kubeinfer.runtime.config import ApiModel
+from kubeinfer.runtime.api_model import ApiModel
 from pydantic import Field
 
 

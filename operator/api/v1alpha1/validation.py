@@ -14,7 +14,7 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     InferenceDeploymentSpec,
 )
 from kubeinfer.operator.api.v1alpha1.resource import API_VERSION, KIND
-from kubeinfer.runtime.config import CrossFieldRuleViolation
+from kubeinfer.runtime.api_model import CrossFieldRuleViolation
 from pydantic import ValidationError
 
 
