@@ -3,7 +3,9 @@
 Pure: it takes the reference's and the candidate's outputs on the same validation
 samples (numpy arrays by output name) and returns an `AccuracyReport` that goes into the
 engine's manifest; `gate_violations` turns the build's gates into messages. Nothing here
-runs a model, so the numbers are tested on arrays whose answer is known.
+runs a model, so the numbers are tested on arrays whose answer is known. The report's
+models are part of the manifest's format and live beside it
+(`kubeinfer.runtime.engine_manifest`), where serving reads them too.
 
 The statistics themselves are `kubeinfer.runtime.output_statistics`, the one definition
 the shadow comparison of a rollout uses too. Per output (samples along dimension 0):
@@ -28,59 +30,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import numpy as np
-from kubeinfer.runtime.api_model import ApiModel
+from kubeinfer.runtime.engine_manifest import AccuracyReport, OutputAccuracy
 from kubeinfer.runtime.output_statistics import compare_arrays
-from pydantic import Field
-
-
-class OutputAccuracy(ApiModel):
-    """The candidate against the reference on one output."""
-
-    name: str
-    """The output's name."""
-
-    max_abs_diff: float = Field(ge=0)
-    """Largest absolute difference over every element."""
-
-    mean_abs_diff: float = Field(ge=0)
-    """Mean absolute difference over every element."""
-
-    cosine_similarity: float
-    """Mean over samples of the per-sample cosine similarity."""
-
-    min_cosine_similarity: float
-    """The worst sample's cosine similarity."""
-
-    top1_agreement: float | None = None
-    """Share of rows whose argmax over the last axis matches the reference (outputs whose
-    last axis has 2 or more classes only)."""
-
-
-class AccuracyReport(ApiModel):
-    """The engine's outputs against the fp32 reference on held-out validation samples."""
-
-    reference: str = "fp32 ONNX model on ONNX Runtime CPU"
-    """What the candidate was compared with."""
-
-    validation_source: str
-    """Where the validation samples came from: `held-out` (the calibration file's last
-    samples, never used to calibrate), `given` (a validation file) or `synthetic` (seeded
-    normal inputs, when no data was given)."""
-
-    samples: int = Field(ge=1)
-    """Number of validation samples."""
-
-    outputs: list[OutputAccuracy]
-    """One entry per model output."""
-
-    @property
-    def worst_cosine(self) -> float:
-        return min(o.cosine_similarity for o in self.outputs)
-
-    @property
-    def worst_top1_drop(self) -> float | None:
-        drops = [1.0 - o.top1_agreement for o in self.outputs if o.top1_agreement is not None]
-        return max(drops) if drops else None
 
 
 def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray) -> OutputAccuracy:

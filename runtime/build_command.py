@@ -35,8 +35,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from kubeinfer.runtime.serve_command import EXIT_ENGINE_INCOMPATIBLE
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
@@ -141,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         input_bytes_per_row,
     )
     from kubeinfer.runtime.engine_cache import (
+        EXIT_ENGINE_INCOMPATIBLE,
         EngineIncompatibleError,
         check_compatible,
         resolve_engine,

@@ -49,8 +49,9 @@ from kubeinfer.runtime.engine_manifest import (
     EngineKey,
     EngineManifest,
     TensorInfo,
+    sha256_file,
 )
-from kubeinfer.runtime.model_fetch import FetchedFile, fetch, sha256_file
+from kubeinfer.runtime.model_fetch import FetchedFile, fetch
 
 
 class InvalidModelError(ValueError):

@@ -52,8 +52,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kubeinfer.runtime.engine_manifest import MANIFEST_FILE, EngineManifest, is_digest
-from kubeinfer.runtime.model_fetch import sha256_file
+from kubeinfer.runtime.engine_manifest import (
+    MANIFEST_FILE,
+    EngineManifest,
+    is_digest,
+    sha256_file,
+)
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
@@ -81,6 +85,13 @@ class EngineIncompatibleError(EngineCacheError):
     environment has: it cannot be loaded here. `kubeinfer serve` and `kubeinfer build`
     exit with their own code for it (3), which the operator reports as
     EngineIncompatible."""
+
+
+EXIT_ENGINE_INCOMPATIBLE = 3
+"""The exit code of `kubeinfer serve` and `kubeinfer build` for an
+`EngineIncompatibleError`: the engine was built by another backend or backend version than
+this image has. Both commands read it here, beside the error, so neither imports the
+other."""
 
 
 @dataclass(frozen=True)

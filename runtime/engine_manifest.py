@@ -14,7 +14,9 @@ serving an engine built by the old recipe.
 
 `EngineManifest` is `manifest.json` beside the engine: the key, the engine file's own
 sha256 (checked before serving), its I/O, creation time, builder versions and the
-accuracy report.
+accuracy report (`AccuracyReport`, computed by the build's `accuracy` module). Every file
+is named by `sha256_file`: the model and calibration data in the key, the engine in the
+manifest.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from pathlib import Path
 from typing import Literal
 
-from kubeinfer.runtime.accuracy import AccuracyReport
 from kubeinfer.runtime.api_model import ApiModel
 from pydantic import Field
 
@@ -32,6 +34,7 @@ DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 SHA256_HEX_PATTERN = r"^[0-9a-f]{64}$"
 MANIFEST_FILE = "manifest.json"
 BUILD_LAYOUT = 1
+HASH_CHUNK_BYTES = 1 << 20
 
 Backend = Literal["onnxruntime", "tensorrt"]
 Precision = Literal["fp32", "fp16", "int8"]
@@ -44,6 +47,16 @@ TARGET_MAX_LENGTH = 64  # the InferenceDeployment status' engine target holds as
 
 def is_digest(value: str) -> bool:
     return re.fullmatch(DIGEST_PATTERN, value) is not None
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read in chunks: how the key names the model and
+    the calibration data, and how the manifest names the engine file."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(HASH_CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def gpu_target(major: int, minor: int, device_name: str) -> str:
@@ -114,6 +127,56 @@ class TensorInfo(ApiModel):
     name: str
     datatype: str
     shape: list[int]
+
+
+class OutputAccuracy(ApiModel):
+    """The candidate against the reference on one output."""
+
+    name: str
+    """The output's name."""
+
+    max_abs_diff: float = Field(ge=0)
+    """Largest absolute difference over every element."""
+
+    mean_abs_diff: float = Field(ge=0)
+    """Mean absolute difference over every element."""
+
+    cosine_similarity: float
+    """Mean over samples of the per-sample cosine similarity."""
+
+    min_cosine_similarity: float
+    """The worst sample's cosine similarity."""
+
+    top1_agreement: float | None = None
+    """Share of rows whose argmax over the last axis matches the reference (outputs whose
+    last axis has 2 or more classes only)."""
+
+
+class AccuracyReport(ApiModel):
+    """The engine's outputs against the fp32 reference on held-out validation samples."""
+
+    reference: str = "fp32 ONNX model on ONNX Runtime CPU"
+    """What the candidate was compared with."""
+
+    validation_source: str
+    """Where the validation samples came from: `held-out` (the calibration file's last
+    samples, never used to calibrate), `given` (a validation file) or `synthetic` (seeded
+    normal inputs, when no data was given)."""
+
+    samples: int = Field(ge=1)
+    """Number of validation samples."""
+
+    outputs: list[OutputAccuracy]
+    """One entry per model output."""
+
+    @property
+    def worst_cosine(self) -> float:
+        return min(o.cosine_similarity for o in self.outputs)
+
+    @property
+    def worst_top1_drop(self) -> float | None:
+        drops = [1.0 - o.top1_agreement for o in self.outputs if o.top1_agreement is not None]
+        return max(drops) if drops else None
 
 
 class EngineManifest(ApiModel):

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
+from kubeinfer.runtime.engine_manifest import sha256_file
+
 CHUNK_BYTES = 1 << 20
 HTTP_TIMEOUT_SECONDS = 60
 SUPPORTED = "a path, file://, http://, https://, s3:// or gs://"
@@ -45,14 +47,6 @@ class FetchedFile:
     def cleanup(self) -> None:
         if self.temporary:
             self.path.unlink(missing_ok=True)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _split_expected(uri: str, expected_sha256: str | None) -> tuple[str, str | None]:

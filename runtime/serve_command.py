@@ -6,10 +6,11 @@ field, then the result is validated as a whole, so a bad value is reported the s
 whichever way it came. Nothing heavy is imported until the command runs.
 
 Exit codes: 0 after a clean drain; 2 for an invalid configuration; 1 when the engine
-cannot be loaded; 3 (`EXIT_ENGINE_INCOMPATIBLE`) when the cached engine's manifest names
-another backend or backend version than this image has (an engine runs only on the
-version that built it: the image was changed without a rebuild, or a pinned engine was
-built elsewhere). The operator reads 3 from the pod's container status and reports
+cannot be loaded; 3 (`EXIT_ENGINE_INCOMPATIBLE`, defined beside `EngineIncompatibleError`
+in `kubeinfer.runtime.engine_cache`) when the cached engine's manifest names another
+backend or backend version than this image has (an engine runs only on the version that
+built it: the image was changed without a rebuild, or a pinned engine was built
+elsewhere). The operator reads 3 from the pod's container status and reports
 EngineIncompatible with the message.
 
 On a failure to start (1, 2 or 3), the one-line `error:` message also goes to the
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kubeinfer.serve")
 
-EXIT_ENGINE_INCOMPATIBLE = 3
-"""The engine was built by another backend or backend version than this image has
-(`kubeinfer build` exits with the same code for the same refusal)."""
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_MESSAGE_LIMIT = 4000
 """Kubernetes keeps at most 4096 bytes of a termination message."""
@@ -214,7 +212,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         engine = load_engine_for(config)
     except Exception as error:  # any load failure is a clean exit with its message
-        from kubeinfer.runtime.engine_cache import EngineIncompatibleError
+        from kubeinfer.runtime.engine_cache import (
+            EXIT_ENGINE_INCOMPATIBLE,
+            EngineIncompatibleError,
+        )
 
         if isinstance(error, EngineIncompatibleError):
             return _fail_to_start(args, str(error), EXIT_ENGINE_INCOMPATIBLE)

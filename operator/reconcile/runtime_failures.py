@@ -32,8 +32,9 @@ from kubeinfer.operator.reconcile.snapshot import KubeObject
 
 EXIT_ENGINE_INCOMPATIBLE = 3
 """`kubeinfer serve`'s exit code for an engine built by another backend version
-(`kubeinfer.runtime.serve_command.EXIT_ENGINE_INCOMPATIBLE`, which this module cannot
-import: the command reaches the runtime's HTTP stack; a test holds the two equal)."""
+(`kubeinfer.runtime.engine_cache.EXIT_ENGINE_INCOMPATIBLE`, which this module does not
+import: the cache brings the engine loaders into the operator's import graph; a test
+holds the two equal)."""
 RUNTIME_CONTAINER = "runtime"
 MESSAGE_LIMIT = 1500
 """Characters of the runtime's own message kept (a termination message holds 4096)."""

@@ -25,9 +25,8 @@ import onnx
 import pytest
 from kubeinfer.runtime.calibration import write_samples
 from kubeinfer.runtime.engine_build import BuildResult, build_engine
-from kubeinfer.runtime.engine_manifest import EngineManifest
+from kubeinfer.runtime.engine_manifest import EngineManifest, sha256_file
 from kubeinfer.runtime.engines.loader import installed_backend_version
-from kubeinfer.runtime.model_fetch import sha256_file
 from onnx import TensorProto, helper
 
 pytestmark = pytest.mark.slow

@@ -335,16 +335,16 @@ def test_pods_are_read_only_while_a_deployment_is_not_settled():
 
 
 def test_the_operator_reads_the_runtimes_own_exit_code():
-    from kubeinfer.runtime import serve_command
+    from kubeinfer.runtime import engine_cache
 
-    assert EXIT_ENGINE_INCOMPATIBLE == serve_command.EXIT_ENGINE_INCOMPATIBLE
+    assert EXIT_ENGINE_INCOMPATIBLE == engine_cache.EXIT_ENGINE_INCOMPATIBLE
 
 
 @pytest.mark.slow
 def test_a_real_runtime_refusing_its_pinned_engine_is_reported_with_its_own_words(tmp_path):
     from kubeinfer.runtime.demo_models import build_tiny_mlp
     from kubeinfer.runtime.engine_build import build_engine
-    from kubeinfer.runtime.model_fetch import sha256_file
+    from kubeinfer.runtime.engine_manifest import sha256_file
 
     # An engine entry as ONNX Runtime 1.16.3 would have written it into the cache.
     model = build_tiny_mlp(tmp_path / "tiny.onnx")
