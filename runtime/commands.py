@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from kubeinfer.runtime import build_command, serve_command
+from kubeinfer.runtime import serve_command
+from kubeinfer.runtime.building import build_command
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

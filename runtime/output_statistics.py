@@ -1,5 +1,5 @@
 """How far one model's outputs are from another's, on the same inputs: the one definition of
-the statistics both the build's accuracy report (`kubeinfer.runtime.accuracy`, int8 against
+the statistics both the build's accuracy report (`kubeinfer.runtime.building.accuracy`, int8 against
 fp32) and the shadow comparison (`kubeinfer.runtime.shadow.comparison`, a candidate against
 the serving engine on live requests) report, so that "max abs difference 0.03" or "top-1
 agreement 0.98" means the same thing at build time and in a rollout.

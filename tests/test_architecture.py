@@ -1,5 +1,6 @@
 """The layers hold: import-linter's contracts in `.importlinter` (the runtime never imports
-the operator; pure decisions import no I/O; only engines import engine libraries)."""
+the operator; serving and the engine build never import each other; pure decisions import
+no I/O; only engines import engine libraries)."""
 
 from __future__ import annotations
 

@@ -294,7 +294,7 @@ def build_engine(model_path: Path, precision: str, cache: Path, calibration: Pat
 def int8_comparison(
     model_path: Path, items: np.ndarray, args: argparse.Namespace
 ) -> Int8Comparison:
-    from kubeinfer.runtime.calibration import write_demo_samples
+    from kubeinfer.runtime.building.calibration import write_demo_samples
 
     work = REPO / ".bench" / "engines"
     calibration = write_demo_samples(model_path, work / "calibration.npz", count=160)

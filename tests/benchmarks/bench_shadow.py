@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from kubeinfer.runtime.calibration import write_demo_samples
+from kubeinfer.runtime.building.calibration import write_demo_samples
+from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.demo_models import build_memory_bound_mlp, build_small_mlp
-from kubeinfer.runtime.engine_build import build_engine
 from loadgen import encode_json_infer, run_closed_loop
 from servers import HOST, REPO, ServerProcess, http_get, kubeinfer_spec
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 from kubeinfer.runtime import demo_models
-from kubeinfer.runtime.calibration import write_demo_samples
-from kubeinfer.runtime.engine_build import BuildResult, build_engine
+from kubeinfer.runtime.building.calibration import write_demo_samples
+from kubeinfer.runtime.building.engine_build import BuildResult, build_engine
 from kubeinfer.runtime.engines.loader import load_engine
 
 MODELS = {

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from kubeinfer.runtime.calibration import write_demo_samples
+from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.demo_models import build_small_mlp, build_tiny_mlp
 
 

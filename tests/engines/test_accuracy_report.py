@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kubeinfer.runtime.accuracy import compare_output, compare_outputs, gate_violations
+from kubeinfer.runtime.building.accuracy import compare_output, compare_outputs, gate_violations
 
 
 def test_identical_outputs_report_no_difference_and_full_agreement() -> None:

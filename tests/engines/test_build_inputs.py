@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 import pytest
 from kubeinfer.operator.cli import main
-from kubeinfer.runtime.calibration import write_samples
-from kubeinfer.runtime.model_fetch import FetchError, fetch
+from kubeinfer.runtime.building.calibration import write_samples
+from kubeinfer.runtime.building.model_fetch import FetchError, fetch
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -31,7 +31,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 @pytest.fixture
 def cache(models: dict[str, Path], tmp_path: Path) -> Path:
     """A cache that already holds one engine, so "unchanged" is checked on a real one."""
-    from kubeinfer.runtime.engine_build import build_engine
+    from kubeinfer.runtime.building.engine_build import build_engine
 
     root = tmp_path / "cache"
     build_engine(str(models["tiny"]), "onnxruntime", "fp32", root)
@@ -83,7 +83,7 @@ def test_build_prints_the_digest_and_progress_and_writes_the_termination_message
 def test_a_model_over_http_is_checked_against_its_sha256(
     models: dict[str, Path], server: str, cache: Path, snapshot
 ) -> None:  # type: ignore[no-untyped-def]
-    from kubeinfer.runtime.engine_build import build_engine
+    from kubeinfer.runtime.building.engine_build import build_engine
 
     sha = hashlib.sha256(models["tiny"].read_bytes()).hexdigest()
     local = build_engine(str(models["tiny"]), "onnxruntime", "fp16", cache)
@@ -216,8 +216,8 @@ def test_a_failed_build_leaves_its_reason_in_the_termination_message(
 def test_a_given_validation_file_replaces_the_held_out_samples_in_the_report(
     models: dict[str, Path], tmp_path: Path
 ) -> None:
-    from kubeinfer.runtime.calibration import write_demo_samples
-    from kubeinfer.runtime.engine_build import build_engine
+    from kubeinfer.runtime.building.calibration import write_demo_samples
+    from kubeinfer.runtime.building.engine_build import build_engine
 
     validation = write_demo_samples(models["tiny"], tmp_path / "validation.npz", count=7, seed=3)
     common = {"calibration": str(models["tiny_calibration"])}

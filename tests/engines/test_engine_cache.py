@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from kubeinfer.runtime.builders.onnxruntime_builder import OnnxRuntimeBuilder
-from kubeinfer.runtime.engine_build import build_engine
+from kubeinfer.runtime.building.builders.onnxruntime_builder import OnnxRuntimeBuilder
+from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.engine_cache import (
     EngineCache,
     EngineCacheError,
@@ -101,7 +101,7 @@ def test_the_same_inputs_give_the_same_digest_in_another_process_and_cache(
         models["tiny"], tmp_path / "a", "int8", calibration=str(models["tiny_calibration"])
     )
     script = (
-        "import sys; from kubeinfer.runtime.engine_build import build_engine; "
+        "import sys; from kubeinfer.runtime.building.engine_build import build_engine; "
         "print(build_engine(sys.argv[1], 'onnxruntime', 'int8', sys.argv[2], "
         "calibration=sys.argv[3]).digest)"
     )

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from kubeinfer.runtime.accuracy import compare_outputs
-from kubeinfer.runtime.builders import run_through_engine
-from kubeinfer.runtime.calibration import load_samples, split_holdout
-from kubeinfer.runtime.engine_build import AccuracyGateError, BuildResult, build_engine
+from kubeinfer.runtime.building.accuracy import compare_outputs
+from kubeinfer.runtime.building.builders import run_through_engine
+from kubeinfer.runtime.building.calibration import load_samples, split_holdout
+from kubeinfer.runtime.building.engine_build import AccuracyGateError, BuildResult, build_engine
 from kubeinfer.runtime.engine_cache import load_cached_engine
 
 

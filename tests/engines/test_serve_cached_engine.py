@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as triton
-from kubeinfer.runtime.engine_build import BuildResult, build_engine
+from kubeinfer.runtime.building.engine_build import BuildResult, build_engine
 
 pytestmark = pytest.mark.slow
 

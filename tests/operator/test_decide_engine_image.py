@@ -342,8 +342,8 @@ def test_the_operator_reads_the_runtimes_own_exit_code():
 
 @pytest.mark.slow
 def test_a_real_runtime_refusing_its_pinned_engine_is_reported_with_its_own_words(tmp_path):
+    from kubeinfer.runtime.building.engine_build import build_engine
     from kubeinfer.runtime.demo_models import build_tiny_mlp
-    from kubeinfer.runtime.engine_build import build_engine
     from kubeinfer.runtime.engine_manifest import sha256_file
 
     # An engine entry as ONNX Runtime 1.16.3 would have written it into the cache.
@@ -409,7 +409,7 @@ def test_a_real_runtime_refusing_its_pinned_engine_is_reported_with_its_own_word
 def test_a_build_job_of_a_model_serve_would_refuse_fails_with_serves_reason(tmp_path):
     import numpy as np
     import onnx
-    from kubeinfer.runtime.calibration import write_samples
+    from kubeinfer.runtime.building.calibration import write_samples
     from onnx import TensorProto, helper
 
     two = onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")

@@ -28,7 +28,7 @@ import pytest
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
 from kubeinfer.operator.settings import OperatorSettings
-from kubeinfer.runtime.calibration import write_demo_samples
+from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from operator_harness import (
     FAST,

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kubeinfer.runtime.builders import BuildError
-from kubeinfer.runtime.builders.tensorrt_builder import TensorRTBuilder
+from kubeinfer.runtime.building.builders import BuildError
+from kubeinfer.runtime.building.builders.tensorrt_builder import TensorRTBuilder
 from kubeinfer.runtime.engine_manifest import (
     TARGET_MAX_LENGTH,
     BatchProfile,

@@ -46,9 +46,9 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from kubeinfer.operator.demo.load import drive
-from kubeinfer.runtime.calibration import write_demo_samples
+from kubeinfer.runtime.building.calibration import write_demo_samples
+from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.demo_models import build_tiny_mlp
-from kubeinfer.runtime.engine_build import build_engine
 from kubeinfer.runtime.metrics import histogram_quantile
 from kubeinfer.runtime.protocol.v2_types import parse_server_timing
 from prometheus_client.parser import text_string_to_metric_families

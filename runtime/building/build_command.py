@@ -20,7 +20,7 @@ batch one, is bad input: the build refuses it before building); 1 for a failed b
 accuracy gate; 3 when the engine found (`--pin`, or a cache hit) was built by another
 backend version than this environment has, the same refusal and code as `kubeinfer
 serve`'s; 143 when stopped by SIGTERM. The calibration file's format is documented in
-`kubeinfer.runtime.calibration`.
+`kubeinfer.runtime.building.calibration`.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubeinfer.runtime.builders import BuildError
-    from kubeinfer.runtime.engine_build import (
+    from kubeinfer.runtime.building.builders import BuildError
+    from kubeinfer.runtime.building.engine_build import (
         BUILD_ERRORS,
         AccuracyGateError,
         build_engine,

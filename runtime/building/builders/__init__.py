@@ -73,11 +73,11 @@ class Builder(Protocol):
 
 def get_builder(backend: str) -> Builder:
     if backend == "onnxruntime":
-        from kubeinfer.runtime.builders.onnxruntime_builder import OnnxRuntimeBuilder
+        from kubeinfer.runtime.building.builders.onnxruntime_builder import OnnxRuntimeBuilder
 
         return OnnxRuntimeBuilder()
     if backend == "tensorrt":
-        from kubeinfer.runtime.builders.tensorrt_builder import TensorRTBuilder
+        from kubeinfer.runtime.building.builders.tensorrt_builder import TensorRTBuilder
 
         return TensorRTBuilder()
     raise ValueError(f"unknown backend {backend!r}; use onnxruntime or tensorrt")

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from kubeinfer.runtime.builders import BuildError, Progress, Samples, require_space
+from kubeinfer.runtime.building.builders import BuildError, Progress, Samples, require_space
 from kubeinfer.runtime.engine_manifest import BatchProfile
 from kubeinfer.runtime.engines.loader import installed_backend_version
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kubeinfer.runtime.builders import BuildError, Progress, Samples, run_through_engine
+from kubeinfer.runtime.building.builders import BuildError, Progress, Samples, run_through_engine
 from kubeinfer.runtime.engine_manifest import BatchProfile, gpu_target
 from kubeinfer.runtime.engines.base import BackendUnavailable
 from kubeinfer.runtime.engines.cuda_streams import CudaContext
@@ -121,7 +121,7 @@ class TensorRTBuilder:
         source = model_path
         flags = 0
         if precision == "int8":
-            from kubeinfer.runtime.builders.onnxruntime_builder import make_qdq_model
+            from kubeinfer.runtime.building.builders.onnxruntime_builder import make_qdq_model
 
             if calibration is None:
                 raise BuildError("int8 needs calibration samples")

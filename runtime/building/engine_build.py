@@ -33,9 +33,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
-from kubeinfer.runtime import calibration as cal
-from kubeinfer.runtime.accuracy import AccuracyReport, compare_outputs, gate_violations
-from kubeinfer.runtime.builders import Builder, BuildError, Progress, get_builder
+from kubeinfer.runtime.building import calibration as cal
+from kubeinfer.runtime.building.accuracy import compare_outputs, gate_violations
+from kubeinfer.runtime.building.builders import Builder, BuildError, Progress, get_builder
+from kubeinfer.runtime.building.model_fetch import FetchedFile, fetch
 from kubeinfer.runtime.engine_cache import (
     EngineCache,
     EngineCacheError,
@@ -45,13 +46,13 @@ from kubeinfer.runtime.engine_cache import (
 from kubeinfer.runtime.engine_manifest import (
     BACKENDS,
     PRECISIONS,
+    AccuracyReport,
     BatchProfile,
     EngineKey,
     EngineManifest,
     TensorInfo,
     sha256_file,
 )
-from kubeinfer.runtime.model_fetch import FetchedFile, fetch
 
 
 class InvalidModelError(ValueError):
@@ -301,7 +302,7 @@ def _build_into(
     progress: Progress,
     now: Callable[[], datetime],
 ) -> tuple[EngineManifest, AccuracyReport]:
-    from kubeinfer.runtime.builders.onnxruntime_builder import run_model
+    from kubeinfer.runtime.building.builders.onnxruntime_builder import run_model
 
     started = time.monotonic()
     engine_path = staging / builder.engine_file
