@@ -331,10 +331,10 @@ class QueryOverrides(ApiModel):
     Without Prometheus (the pods' own /metrics), the built-in definitions apply."""
 
     queue_depth_per_replica: str | None = Field(default=None, min_length=1, max_length=4096)
-    """Replaces `queue_depth_per_replica`: requests queued or running per ready pod. The
-    built-in is `avg(sum by (namespace, pod) (kubeinfer_queue_depth{...}) + sum by
-    (namespace, pod) (kubeinfer_inflight_requests{...}))`, over every pod Prometheus
-    scrapes; with kube-state-metrics, `avg((<the same sum>) and on (namespace, pod)
+    """Replaces `queue_depth_per_replica`: requests received and not yet answered per
+    pod. The built-in is `avg(sum by (namespace, pod)
+    (kubeinfer_requests_in_progress{...}))`, over every pod Prometheus scrapes; with
+    kube-state-metrics, `avg((<the same sum>) and on (namespace, pod)
     (kube_pod_status_ready{condition="true"} == 1))` averages over the ready ones only."""
 
     gpu_memory_used_ratio: str | None = Field(default=None, min_length=1, max_length=4096)
