@@ -79,20 +79,37 @@ async def test_deleting_the_owner_collects_its_children(world, client) -> None:
     assert world.children(("v1", "configmaps")) == []
 
 
-async def test_gather_finds_owned_children_by_label_only(world, client) -> None:
+def job(owner: dict, name: str) -> dict:
+    """A build-Job-shaped child: gather keeps every owned Job it lists (Jobs are not
+    picked by name), so Jobs are where the label selector shows."""
+    meta = configmap(owner, {}, name=name)["metadata"]
+    container = {"name": "build", "image": "kubeinfer/runtime:test"}
+    spec = {"template": {"spec": {"restartPolicy": "Never", "containers": [container]}}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": spec}
+
+
+async def test_gather_keeps_children_both_labelled_and_owned(world, client) -> None:
+    """Pins both halves of gather's filter: a child must match the children's label
+    selector (an owned but unlabelled Job is left out) and carry an ownerReference to this
+    object's uid (a labelled Job owned by someone else is left out)."""
     owner = world.api.create("inferencedeployments", manifest())
     await client.apply(configmap(owner, {"a": "1"}))
-    stranger = configmap(owner, {"a": "1"}, name="not-ours")
-    stranger["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    await client.apply(job(owner, "resnet-build-1"))
+    other = world.api.create("inferencedeployments", manifest(name="other"))
+    stranger = job(owner, "not-ours")  # the uid must exist, or the GC removes the Job
+    stranger["metadata"]["ownerReferences"][0]["uid"] = other["metadata"]["uid"]
     await client.apply(stranger)
-    unlabelled = configmap(owner, {"a": "1"}, name="unlabelled")
+    unlabelled = job(owner, "unlabelled")
     unlabelled["metadata"]["labels"] = {}
     await client.apply(unlabelled)
     from kubeinfer.operator.api.v1alpha1.validation import parse_spec
 
     observed = await gather(client, owner, parse_spec(owner["spec"]))
     assert observed.configmap["metadata"]["name"] == "resnet-runtime"
-    assert observed.deployment is None and observed.jobs == () and observed.job_pods == ()
+    assert observed.deployment is None and observed.job_pods == ()
+    assert [j["metadata"]["name"] for j in observed.jobs] == ["resnet-build-1"], (
+        "only the Job both labelled as a child and owned by this object is gathered"
+    )
     assert children_selector("resnet").startswith(names.LABEL_INSTANCE)
 
 
