@@ -1,9 +1,13 @@
 """The generated CRD: committed copies are current, the schema is structural and valid
 apiextensions.k8s.io/v1, kubectl-facing parts (columns, scale, short names) are there,
-and every CEL rule agrees with its pydantic twin on real manifests."""
+and the CEL rules and their pydantic twins are the same rules: the same set in the same
+places, and the same verdict (and field and message) on the examples, on the invalid
+manifests and on generated manifests at each rule's boundary."""
 
 from __future__ import annotations
 
+import functools
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +15,13 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from kubeinfer.operator.api.v1alpha1.inference_deployment import InferenceDeployment
+from kubeinfer.operator.api.v1alpha1.metadata import NAME_FORM_MESSAGE, NAME_LENGTH_MESSAGE
+from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_inference_deployment
 from kubeinfer.operator.crdgen.crd import CRD_FILE, HELM_CRD_FILE, build_crd, render_crd_yaml
+from kubeinfer.runtime.api_model import ApiModel
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -93,6 +103,11 @@ def test_units_are_in_field_names() -> None:
 
 
 # --- CEL rules and their pydantic twins -------------------------------------------------
+#
+# The two sides are read independently: the CEL rules from the generated CRD, the pydantic
+# rules from the models' own `cross_field_rules` (and ObjectMeta's name checks, the twins
+# of the root's rules). Expectations drawn from the CRD alone would let a rule deleted from
+# the CRD take its own test with it.
 
 
 def apply_defaults(value: Any, node: dict[str, Any]) -> Any:
@@ -110,19 +125,98 @@ def apply_defaults(value: Any, node: dict[str, Any]) -> Any:
     return value
 
 
+CEL = celpy.Environment()
+
+
+@functools.cache
+def cel_program(rule: str) -> Any:
+    return CEL.program(CEL.compile(rule))
+
+
 def cel_violations(value: Any, node: dict[str, Any], path: str = "") -> list[str]:
-    """Evaluates every x-kubernetes-validations rule; returns `path.field: message`s."""
+    """Evaluates every x-kubernetes-validations rule wherever the value reaches, through
+    objects, list items and map values; returns `path.field: message`s."""
     found = []
-    env = celpy.Environment()
     for rule in node.get("x-kubernetes-validations", []):
-        program = env.program(env.compile(rule["rule"]))
-        if not program.evaluate({"self": celpy.json_to_cel(value)}):
+        if not cel_program(rule["rule"]).evaluate({"self": celpy.json_to_cel(value)}):
             found.append(f"{path}{rule.get('fieldPath', '')}: {rule['message']}".lstrip("."))
+    properties = node.get("properties", {})
     if isinstance(value, dict):
-        for name, child in node.get("properties", {}).items():
+        for name, child in properties.items():
             if name in value:
                 found += cel_violations(value[name], child, f"{path}.{name}")
+        if isinstance(node.get("additionalProperties"), dict):
+            for name in sorted(value.keys() - properties.keys()):
+                found += cel_violations(value[name], node["additionalProperties"], f"{path}.{name}")
+    if isinstance(value, list) and isinstance(node.get("items"), dict):
+        for index, item in enumerate(value):
+            found += cel_violations(item, node["items"], f"{path}[{index}]")
     return found
+
+
+def cel_rejections(document: dict[str, Any]) -> list[str]:
+    """What the API server's CEL rules say about a manifest, after its defaulting. The
+    root's rules (on metadata.name) have no fieldPath: metadata has no schema to point
+    into; they report at the field their message names."""
+    root = schema()
+    defaulted = {**document, "spec": apply_defaults(document["spec"], root["properties"]["spec"])}
+    return [
+        f"metadata.name{v}" if v.startswith(": ") else v for v in cel_violations(defaulted, root)
+    ]
+
+
+def pydantic_rejections(document: dict[str, Any]) -> list[str]:
+    """What `kubeinfer validate` and the operator say about a manifest."""
+    try:
+        parse_inference_deployment(document)
+    except InvalidManifest as invalid:
+        return [str(error) for error in invalid.errors]
+    return []
+
+
+def nested_models(annotation: Any) -> list[tuple[type[ApiModel], str]]:
+    """The models a field's type holds, each with the schema-path suffix reaching it: `[]`
+    through a list's items, `.*` through a map's values."""
+    if isinstance(annotation, type) and issubclass(annotation, ApiModel):
+        return [(annotation, "")]
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (list, tuple, set, frozenset):
+        return [(m, f"[]{s}") for arg in args for m, s in nested_models(arg)]
+    if origin is dict:
+        return [(m, f".*{s}") for m, s in nested_models(args[1])]
+    return [found for arg in args for found in nested_models(arg)]  # Optional, Union
+
+
+def model_rules(model: type[ApiModel], path: str = "") -> set[tuple[str, str | None, str]]:
+    """(schema path, fieldPath, message) of every pydantic cross-field rule below `model`."""
+    found = {(path, f".{rule.field}", rule.message) for rule in model.cross_field_rules}
+    for name, field in model.model_fields.items():
+        for nested, suffix in nested_models(field.annotation):
+            found |= model_rules(nested, f"{path}.{field.alias or name}{suffix}")
+    return found
+
+
+PYDANTIC_RULES = model_rules(InferenceDeployment) | {
+    ("", None, NAME_LENGTH_MESSAGE),  # ObjectMeta's name checks
+    ("", None, NAME_FORM_MESSAGE),
+}
+RULE_MESSAGES = sorted({message for _, _, message in PYDANTIC_RULES})
+
+
+def test_every_pydantic_rule_is_a_cel_rule_at_the_same_place_and_back() -> None:
+    """Pins the CRD's rules to the models' in both directions: a rule missing from the CRD
+    (or put on another node, or reporting at another field) fails, and so does a CEL rule
+    with no pydantic twin."""
+    crd_rules = {
+        (path, rule.get("fieldPath"), rule["message"])
+        for path, node in walk(schema())
+        for rule in node.get("x-kubernetes-validations", [])
+    }
+    assert len(PYDANTIC_RULES) >= 11, "the models' rules were not found"
+    assert crd_rules == PYDANTIC_RULES, (
+        f"only in the CRD: {crd_rules - PYDANTIC_RULES}; "
+        f"only in the models: {PYDANTIC_RULES - crd_rules}"
+    )
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -131,21 +225,12 @@ def load(path: Path) -> dict[str, Any]:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_pass_every_cel_rule(path: Path) -> None:
-    spec_schema = schema()["properties"]["spec"]
-    spec = apply_defaults(load(path)["spec"], spec_schema)
-    assert cel_violations(spec, spec_schema, "spec") == []
+    assert cel_rejections(load(path)) == []
 
 
 def expectation(path: Path) -> str:
     """The first line of each invalid manifest says what it must be rejected with."""
     return path.read_text().splitlines()[0].removeprefix("# expect: ")
-
-
-RULE_MESSAGES = [
-    rule["message"]
-    for _, node in walk(schema())
-    for rule in node.get("x-kubernetes-validations", [])
-]
 
 
 def names_rule(path: Path, message: str) -> bool:
@@ -162,13 +247,101 @@ def test_every_cross_field_rule_has_an_invalid_manifest() -> None:
 
 @pytest.mark.parametrize("path", CROSS_FIELD, ids=lambda p: p.name)
 def test_cel_and_pydantic_reject_with_the_same_field_and_message(path: Path) -> None:
-    expected = expectation(path)
-    root = schema()
-    document = load(path)
-    document["spec"] = apply_defaults(document["spec"], root["properties"]["spec"])
-    # The root's rules (on metadata.name) have no fieldPath: metadata has no schema to
-    # point into; they report at the field their message names.
-    violations = [
-        f"metadata.name{v}" if v.startswith(": ") else v for v in cel_violations(document, root)
-    ]
-    assert len(violations) == 1 and violations[0].startswith(expected), violations
+    cel = cel_rejections(load(path))
+    assert len(cel) == 1 and cel[0].startswith(expectation(path)), cel
+    assert pydantic_rejections(load(path)) == cel
+
+
+SOURCE_URIS = [
+    "https://models.example.com/resnet/model.onnx",
+    "pvc://models/resnet/model.onnx",
+    "pvc://models.team-a/.hidden/..x/model.onnx",
+    f"pvc://{'a' * 253}/model.onnx",
+    f"pvc://{'a' * 254}/model.onnx",
+    "pvc://models/../etc/passwd",
+    "pvc://models/./model.onnx",
+    "pvc://models//model.onnx",
+    "pvc://models/",
+    "pvc://Models/model.onnx",
+    "pvc://-models/model.onnx",
+]
+PINS = [None, "sha256:" + "0f" * 32, "sha256:" + "0F" * 32, "sha256:" + "0" * 63, "md5:" + "0" * 64]
+NAMES = ["resnet", "a" * 52, "a" * 53, "9lives", "resNet", "resnet-", "a"]
+
+
+def vary_name(draw: st.DrawFn, document: dict[str, Any]) -> None:
+    document["metadata"]["name"] = draw(st.sampled_from(NAMES))
+
+
+def vary_batch_sizes(draw: st.DrawFn, document: dict[str, Any]) -> None:
+    spec = document["spec"]
+    spec["engine"]["maxBatchSize"] = draw(st.integers(1, 4))
+    spec["runtime"]["batching"]["maxBatchSize"] = draw(st.integers(1, 4))
+    spec["runtime"]["batching"]["preferredBatchSizes"] = draw(
+        st.lists(st.integers(1, 5), max_size=3)
+    )
+
+
+def vary_backend(draw: st.DrawFn, document: dict[str, Any]) -> None:
+    spec = document["spec"]
+    spec["engine"]["backend"] = draw(st.sampled_from(["onnxruntime", "tensorrt"]))
+    if draw(st.booleans()):  # else the default, 0
+        spec["runtime"]["resources"]["gpus"] = draw(st.integers(0, 2))
+
+
+def vary_precision(draw: st.DrawFn, document: dict[str, Any]) -> None:
+    engine = document["spec"]["engine"]
+    engine["precision"] = draw(st.sampled_from(["fp32", "fp16", "int8"]))
+    if draw(st.booleans()):
+        engine["calibration"] = {"uri": draw(st.sampled_from(SOURCE_URIS))}
+    if (pin := draw(st.sampled_from(PINS))) is not None:
+        engine["pin"] = pin
+
+
+def vary_cache(draw: st.DrawFn, document: dict[str, Any]) -> None:
+    optional = {"existingClaim": st.just("models"), "storageClassName": st.just("fast")}
+    document["spec"]["engine"]["cache"] = draw(st.fixed_dictionaries({}, optional=optional))
+
+
+def vary_source(draw: st.DrawFn, document: dict[str, Any]) -> None:
+    document["spec"]["model"]["source"]["uri"] = draw(st.sampled_from(SOURCE_URIS))
+
+
+def vary_replicas(draw: st.DrawFn, document: dict[str, Any]) -> None:
+    bounds = {"minReplicas": st.integers(1, 3), "maxReplicas": st.integers(1, 3)}
+    document["spec"]["autoscaling"] = draw(st.fixed_dictionaries(bounds))
+
+
+KNOBS = [
+    vary_name,
+    vary_batch_sizes,
+    vary_backend,
+    vary_precision,
+    vary_cache,
+    vary_source,
+    vary_replicas,
+]
+
+
+@st.composite
+def near_rule_boundaries(draw: st.DrawFn) -> dict[str, Any]:
+    """cpu-minimal.yaml with the fields of one to three rules drawn from both sides of their
+    boundaries (equal sizes, zero and one GPU, pins of the wrong length or case, claims of
+    253 and 254 characters, `.` and `..` segments), each field on its own valid; the other
+    fields keep the example's valid values, so about half the manifests are accepted."""
+    document = load(ROOT / "examples" / "cpu-minimal.yaml")
+    for knob in draw(st.permutations(KNOBS))[: draw(st.integers(1, 3))]:
+        knob(draw, document)
+    return document
+
+
+@settings(max_examples=200, deadline=None)
+@given(near_rule_boundaries())
+def test_cel_and_pydantic_agree_on_every_manifest_near_a_rule(document: dict[str, Any]) -> None:
+    """Parity in both directions, at the boundaries: CEL accepts exactly what pydantic
+    accepts, and what pydantic reports (one rule per model: it stops at the first) is among
+    what CEL reports. A `<` for a `<=`, or a rule on one side only, fails here."""
+    cel, pydantic = cel_rejections(document), pydantic_rejections(document)
+    event("rejected" if cel else "accepted")
+    assert bool(cel) == bool(pydantic), (cel, pydantic)
+    assert set(pydantic) <= set(cel), (cel, pydantic)
