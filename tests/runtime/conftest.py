@@ -26,8 +26,9 @@ def tiny_engine(tiny_model: Path) -> Iterator[OnnxRuntimeEngine]:
 
 
 class GatedEngine:
-    """The real engine, with every slot's `run` waiting for `gate` and recording the
-    batch sizes it executed; a batch of `fail_rows` rows raises."""
+    """The real engine, with every slot's `run` waiting for `gate` (only batches of
+    `held_rows` rows, when set) and recording the batch sizes it executed; a batch of
+    `fail_rows` rows raises."""
 
     def __init__(self, engine: OnnxRuntimeEngine) -> None:
         self.engine = engine
@@ -38,6 +39,7 @@ class GatedEngine:
         self.running = 0
         self.max_running = 0
         self.fail_rows: int | None = None
+        self.held_rows: int | None = None
         self._lock = threading.Lock()
 
     inputs = property(lambda self: self.engine.inputs)
@@ -65,7 +67,8 @@ class GatedSlot:
             owner.running += 1
             owner.max_running = max(owner.max_running, owner.running)
         try:
-            assert owner.gate.wait(10)
+            if owner.held_rows in (None, batch_size):
+                assert owner.gate.wait(10)
             if batch_size == owner.fail_rows:
                 raise RuntimeError("simulated engine failure")
             owner.batches.append(batch_size)

@@ -9,7 +9,7 @@ every request of its batch and the next batch runs fine; a cancelled request is 
 executed; a lone request pays no delay even with a long queue delay; several slots run
 concurrently; draining refuses new requests and answers every queued one; a lone small
 request on an idle server runs on the event loop once small batches are known to be fast,
-and in a worker thread otherwise.
+and in a worker thread otherwise (or while another batch runs in one).
 """
 
 from __future__ import annotations
@@ -195,6 +195,28 @@ async def test_a_lone_fast_request_runs_on_the_event_loop(gated, reference) -> N
     gated.fail_rows = 1
     with pytest.raises(EngineFailed):  # an inline engine error is the request's 500
         await batcher.infer({"input": rows(1, 2)}, 1)
+    await batcher.close()
+
+
+async def test_a_small_batch_goes_to_a_thread_while_another_batch_runs(gated) -> None:
+    # Pins the inline guard: on the event loop, a small batch would stall the loop (every
+    # other request's reading and answering) while a worker thread still runs a batch; it
+    # runs inline only when nothing else runs, and once alone again it does.
+    batcher = Batcher(gated, BatchingPolicy(execution_slots=2), inline_below_seconds=1.0)
+    await batcher.start()
+    await batcher.infer({"input": rows(1, 0)}, 1)  # small batches are now known fast
+    gated.held_rows = 5  # 5 rows: a worker thread's batch, held there
+    gated.gate.clear()
+    held = asyncio.create_task(batcher.infer({"input": rows(5, 1)}, 5))
+    await started(gated)
+    await asyncio.wait_for(batcher.infer({"input": rows(1, 2)}, 1), 5)
+    assert gated.threads[-1] != threading.get_ident(), (
+        "a small batch ran on the event loop while another batch ran in a worker thread"
+    )
+    gated.gate.set()
+    await held
+    await batcher.infer({"input": rows(1, 3)}, 1)
+    assert gated.threads[-1] == threading.get_ident(), "alone again, it runs inline"
     await batcher.close()
 
 
