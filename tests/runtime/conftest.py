@@ -83,5 +83,7 @@ class GatedSlot:
 
 
 @pytest.fixture
-def gated(tiny_engine: OnnxRuntimeEngine) -> GatedEngine:
-    return GatedEngine(tiny_engine)
+def gated(tiny_engine: OnnxRuntimeEngine) -> Iterator[GatedEngine]:
+    engine = GatedEngine(tiny_engine)
+    yield engine
+    engine.gate.set()  # a test that failed while holding a slot leaves no thread waiting

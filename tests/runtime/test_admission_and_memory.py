@@ -100,7 +100,10 @@ def test_a_full_server_refuses_before_the_body_and_stays_in_step(small_queue) ->
     payload = body()
     with server.socket(timeout=5) as sock:
         sock.sendall(head(server.infer_path, server.port, len(payload)))  # no body yet
-        status, headers, answer = read_response(sock)
+        try:
+            status, headers, answer = read_response(sock)
+        except TimeoutError:
+            pytest.fail("no answer within 5 s: a request beyond the full queue waited for its body")
         assert status == 503 and headers["retry-after"] == "1", answer
         assert "queue is full" in json.loads(answer)["error"]
         assert server.metric("kubeinfer_requests_in_progress") == 2  # never counted

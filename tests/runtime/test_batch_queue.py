@@ -49,6 +49,15 @@ async def started(batcher_engine, running: int = 1) -> None:
     raise AssertionError("the slot never started running")
 
 
+async def at_once(awaitable, what: str, seconds: float = 1.0):
+    """Awaits what must not wait for the held slot: with the feature broken it would wait
+    for the gate (10 s) or the request's deadline, and fail for the wrong reason."""
+    try:
+        return await asyncio.wait_for(awaitable, seconds)
+    except TimeoutError:
+        raise AssertionError(f"not within {seconds} s: {what}") from None
+
+
 async def make_batcher(engine, **policy) -> Batcher:
     batcher = Batcher(engine, BatchingPolicy(**{"execution_slots": 1, **policy}))
     await batcher.start()
@@ -79,12 +88,19 @@ async def test_a_full_queue_refuses_at_once_with_retry_after(gated) -> None:
     await started(gated)
     queued = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in range(3)]
     await asyncio.sleep(0.01)
-    with pytest.raises(Overloaded) as refused:
-        await batcher.infer({"input": rows(1, 9)}, 1)
-    assert refused.value.status == 503 and refused.value.headers["Retry-After"]
-    gated.gate.set()
-    await asyncio.gather(running, *queued)
-    await batcher.close()
+    try:
+        with pytest.raises(Overloaded) as refused:
+            await at_once(
+                batcher.infer({"input": rows(1, 9)}, 1),
+                "a request beyond maxQueueSize (3) refused with Overloaded; it was queued",
+            )
+        assert refused.value.status == 503 and refused.value.headers["Retry-After"]
+        gated.gate.set()
+        await at_once(asyncio.gather(running, *queued), "the held and queued requests answered", 5)
+    finally:  # failed or not, nothing is left running
+        gated.gate.set()
+        await asyncio.gather(running, *queued, return_exceptions=True)
+        await batcher.close()
 
 
 async def test_a_request_past_its_deadline_is_answered_and_never_executed(gated) -> None:

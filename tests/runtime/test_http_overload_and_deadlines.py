@@ -37,7 +37,10 @@ async def client(gated, tiny_model):
     )
     app = create_app(config, gated)
     async with TestClient(TestServer(app)) as test_client:
-        yield test_client
+        try:
+            yield test_client
+        finally:  # a test failed holding the slot: its handlers end before the server
+            gated.gate.set()
 
 
 async def hold_the_slot(client: TestClient, gated) -> asyncio.Task:
@@ -56,12 +59,18 @@ async def test_a_full_queue_is_a_503_with_retry_after(client, gated) -> None:
         asyncio.create_task(client.post("/v2/models/tiny/infer", json=body())) for _ in range(2)
     ]
     await asyncio.sleep(0.05)
-    refused = await client.post("/v2/models/tiny/infer", json=body())
+    # With the slot held, anything but a refusal would wait 10 s for the gate.
+    refusal = asyncio.create_task(client.post("/v2/models/tiny/infer", json=body()))
+    if not (await asyncio.wait({refusal}, timeout=1))[0]:
+        gated.gate.set()  # let everything finish before saying so
+        await asyncio.gather(refusal, running, *queued, return_exceptions=True)
+        pytest.fail("a request beyond maxQueueSize (2) was not refused within 1 s: it queued")
+    refused = refusal.result()
     assert refused.status == 503
     assert refused.headers["Retry-After"] == "1"
     assert "queue is full" in (await refused.json())["error"]
     gated.gate.set()
-    for response in await asyncio.gather(running, *queued):
+    for response in await asyncio.wait_for(asyncio.gather(running, *queued), 5):
         assert response.status == 200
     metrics = generate_latest(client.app[DATAPLANE].metrics.registry).decode()
     assert 'kubeinfer_requests_total{code="503",model="tiny",version="1"} 1.0' in metrics
