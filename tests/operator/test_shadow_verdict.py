@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 from kubeinfer.operator.api.v1alpha1.enums import ShadowVerdict
 from kubeinfer.operator.api.v1alpha1.inference_deployment import ShadowSpec
 from kubeinfer.operator.rollout.aggregates import ShadowAggregates
-from kubeinfer.operator.rollout.verdict import Reasons, judge, latency_regression_percent
+from kubeinfer.operator.rollout.verdict import (
+    Reasons,
+    judge,
+    latency_regression_percent,
+    summary,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SHADOW = ShadowSpec.model_validate(
@@ -83,15 +88,98 @@ def test_the_verdict_table(aggregates, seconds, outcome, reason):
     assert (verdict.outcome, verdict.reason) == (outcome, reason), verdict.message
 
 
-def test_the_message_carries_the_figures_against_the_thresholds():
-    verdict = judge(SHADOW, with_(top1_agreements=97), T0, T0 + timedelta(seconds=5))
-    assert "0.9700" in verdict.message and "minTop1Agreement 0.99" in verdict.message
-    assert "100 compared" in verdict.message
+@pytest.mark.parametrize(
+    ("aggregates", "seconds", "fragments"),
+    [
+        # Each message names the measured figure next to the threshold or setting it broke
+        # (by its CRD name), so `kubectl describe` says why without reading metrics.
+        (with_(top1_agreements=97), 5, ["0.9700", "minTop1Agreement 0.99", "100 compared"]),
+        (
+            with_(compared=3, max_abs_difference=0.5),
+            1,
+            ["Max |diff| 0.5", "maxAbsoluteOutputDifference 0.05", "3 compared"],
+        ),
+        (with_(compared=5, mismatches=2), 1, ["2 compared requests", "shape", "5 compared"]),
+        (
+            with_(candidate_p99_seconds=0.0111),
+            60,
+            ["11.0 % above", "maxP99LatencyRegressionPercent 10", "11.10 ms"],
+        ),
+        (GOOD, 60, ["All thresholds met on 100 requests", "top-1 agreement 1.0000"]),
+        (with_(compared=99), 60, ["99 of 100 samples", "99 compared"]),
+        (with_(compared=99), 600, ["99 of minSamples 100", "maxDurationSeconds 600"]),
+        # Latencies still missing at the deadline: the failure keeps the reason's message.
+        (with_(candidate_p99_seconds=None), 60, ["p99 latencies", "100 compared"]),
+        (with_(candidate_p99_seconds=None), 600, ["p99 latencies", "100 compared"]),
+        (None, 60, ["metrics cannot be read"]),
+        (None, 600, ["600 s", "maxDurationSeconds"]),
+    ],
+)
+def test_the_message_names_the_figures_and_the_threshold(aggregates, seconds, fragments):
+    message = judge(SHADOW, aggregates, T0, T0 + timedelta(seconds=seconds)).message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_a_p99_regression_exactly_at_the_limit_passes():
+    # maxP99LatencyRegressionPercent is the "largest acceptable" increase: equal passes.
+    # 62.5 ms -> 78.125 ms is exactly +25 % in binary floating point (0.011 / 0.010 is a
+    # hair under 10 %, so the table's boundary row cannot tell > from >=).
+    shadow = SHADOW.model_copy(
+        update={
+            "thresholds": SHADOW.thresholds.model_copy(
+                update={"max_p99_latency_regression_percent": 25}
+            )
+        }
+    )
+    at_limit = with_(primary_p99_seconds=0.0625, candidate_p99_seconds=0.078125)
+    verdict = judge(shadow, at_limit, T0, T0 + timedelta(seconds=60))
+    assert (verdict.outcome, verdict.reason) == (PASSED, Reasons.THRESHOLDS_MET)
+    slower = with_(primary_p99_seconds=0.0625, candidate_p99_seconds=0.0782)
+    assert judge(shadow, slower, T0, T0 + timedelta(seconds=60)).outcome == FAILED
+
+
+def test_the_summary_names_every_figure_in_its_unit():
+    # p99s in milliseconds; errors and timeouts counted together as lost answers.
+    aggregates = ShadowAggregates(
+        compared=120,
+        dropped=4,
+        candidate_errors=2,
+        timeouts=3,
+        max_abs_difference=0.0123,
+        top1_rows=100,
+        top1_agreements=99,
+        primary_p99_seconds=0.0125,
+        candidate_p99_seconds=0.0135,
+    )
+    assert summary(aggregates) == (
+        "120 compared, max |diff| 0.0123, top-1 agreement 0.9900, "
+        "p99 13.50 ms vs serving 12.50 ms, 5 candidate errors or timeouts, "
+        "4 dropped by the mirror"
+    )
+    # Nothing lost, nothing dropped, nothing measured yet: only the count.
+    assert summary(ShadowAggregates(compared=0)) == "0 compared"
 
 
 def test_latency_regression_is_relative_to_serving():
     assert latency_regression_percent(with_(candidate_p99_seconds=0.012)) == pytest.approx(20)
     assert latency_regression_percent(with_(primary_p99_seconds=None)) is None
+
+
+@pytest.mark.parametrize(
+    ("candidate_p99", "regression", "outcome"),
+    [
+        # Both p99s read as zero (a query override may round them so): no regression.
+        (0.0, 0.0, PASSED),
+        # Serving at zero, the candidate above it: infinitely slower, whatever the limit.
+        (0.0005, float("inf"), FAILED),
+        (2.0, float("inf"), FAILED),
+    ],
+)
+def test_a_zero_serving_p99_is_judged_without_dividing_by_it(candidate_p99, regression, outcome):
+    aggregates = with_(primary_p99_seconds=0.0, candidate_p99_seconds=candidate_p99)
+    assert latency_regression_percent(aggregates) == regression
+    assert judge(SHADOW, aggregates, T0, T0 + timedelta(seconds=60)).outcome == outcome
 
 
 aggregates_strategy = st.builds(
