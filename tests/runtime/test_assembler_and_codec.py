@@ -90,12 +90,38 @@ def test_check_inputs_refuses_with_a_message(inputs, message: str) -> None:
         check_inputs(SPECS, inputs, max_rows=8)
 
 
-def test_check_inputs_returns_the_rows() -> None:
+@pytest.mark.parametrize("rows", [1, 5, 8])
+def test_check_inputs_returns_the_rows(rows: int) -> None:
+    # 1 to max_rows inclusive: a single-row request and one of exactly max_rows both fit.
     inputs = {
-        "a": ("FP32", np.zeros((5, 3), np.float32)),
-        "b": ("INT64", np.zeros((5, 2, 2), np.int64)),
+        "a": ("FP32", np.zeros((rows, 3), np.float32)),
+        "b": ("INT64", np.zeros((rows, 2, 2), np.int64)),
     }
-    assert check_inputs(SPECS, inputs, max_rows=8) == 5
+    assert check_inputs(SPECS, inputs, max_rows=8) == rows
+
+
+@pytest.mark.parametrize(
+    ("spec", "array", "message"),
+    [
+        # The message spells the expected shape: fixed dimensions by size, dynamic ones
+        # (-1) as "any", so the client sees what to send.
+        (TensorSpec("t", "FP32", (-1, 3)), np.zeros((2, 4)), "expects ['batch', 3]"),
+        (TensorSpec("t", "FP32", (-1, -1, 3)), np.zeros((2, 5)), "expects ['batch', 'any', 3]"),
+        # A fixed dimension of size 0 is fixed like any other (only negative is dynamic).
+        (TensorSpec("t", "FP32", (-1, 0)), np.zeros((2, 1)), "expects ['batch', 0]"),
+    ],
+)
+def test_a_wrong_shape_names_the_expected_shape(spec, array, message: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        check_inputs([spec], {"t": ("FP32", array.astype(np.float32))}, max_rows=8)
+    assert message in str(refused.value)
+
+
+def test_a_dynamic_item_dimension_takes_any_size() -> None:
+    spec = TensorSpec("t", "FP32", (-1, -1, 3))
+    for width in (1, 7):
+        inputs = {"t": ("FP32", np.zeros((2, width, 3), np.float32))}
+        assert check_inputs([spec], inputs, max_rows=8) == 2
 
 
 def _request_body(tensors: dict[str, np.ndarray], binary: bool) -> tuple[bytes, int | None]:

@@ -121,6 +121,12 @@ def test_next_decision(case: Case) -> None:
     assert decision == case.expected
 
 
+def test_the_batcher_is_not_draining_unless_it_says_so() -> None:
+    # The documented five-argument call: a small batch while another runs still waits.
+    decision = next_decision(policy(preferred=(4,)), [p()], 1, 1, 0.0)
+    assert decision == Decision((), WaitUntil(0.001))
+
+
 queues = st.lists(
     st.builds(
         Pending,
