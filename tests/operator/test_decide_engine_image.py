@@ -131,6 +131,41 @@ def test_the_operators_default_image_for_the_backend_is_a_build_input():
                 assert new[0]["spec"]["template"]["spec"]["containers"][0]["image"] == NEW_IMAGE
 
 
+def set_runtime_image(cluster: Cluster, image: str, sidecar_first: bool = False) -> None:
+    """What a hand edit (or an older rollout) leaves: the Deployment's runtime container
+    in another image; with `sidecar_first`, an injected container listed before it."""
+    containers = cluster.get("Deployment")["spec"]["template"]["spec"]["containers"]
+    containers[0]["image"] = image
+    if sidecar_first:
+        containers.insert(0, {"name": "istio-proxy", "image": "istio/proxyv2:1.24"})
+
+
+def test_the_old_engine_serves_in_the_image_its_configmap_records_while_a_new_one_builds():
+    """The runtime ConfigMap records the image the engine was deployed with; that record
+    decides, not the Deployment's container (a hand edit there is reverted to it)."""
+    cluster = Cluster(make_spec())
+    cluster.build_to_ready(DIGEST_A)
+    cluster.update_spec(make_spec(runtime={"image": NEW_IMAGE}))
+    set_runtime_image(cluster, "registry.example.com/hand-edited:1", sidecar_first=True)
+    cluster.reconcile(T0 + timedelta(minutes=10))
+    assert served(cluster) == DIGEST_A
+    containers = cluster.get("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert [(c["name"], c["image"]) for c in containers] == [("runtime", DEFAULT_RUNTIME_IMAGE)]
+
+
+def test_without_an_image_record_the_old_engine_keeps_its_deployments_runtime_image():
+    """A runtime ConfigMap written before the image record existed (an operator upgrade):
+    the image the Deployment's runtime container runs is kept, never the new spec's."""
+    cluster = Cluster(make_spec())
+    cluster.build_to_ready(DIGEST_A)
+    del cluster.get("ConfigMap")["metadata"]["annotations"][names.ANNOTATION_RUNTIME_IMAGE]
+    cluster.update_spec(make_spec(runtime={"image": NEW_IMAGE}))
+    set_runtime_image(cluster, "registry.example.com/older-runtime:0.0.9", sidecar_first=True)
+    cluster.reconcile(T0 + timedelta(minutes=10))
+    assert served(cluster) == DIGEST_A
+    assert runtime_image(cluster) == "registry.example.com/older-runtime:0.0.9"
+
+
 def test_a_pinned_engine_is_not_rebuilt_for_a_new_image():
     cluster = Cluster(make_spec(engine={"pin": DIGEST_A}))
     cluster.reconcile(T0)
