@@ -13,10 +13,12 @@ import yaml
 from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.api.v1alpha1.enums import Phase, ShadowVerdict
+from kubeinfer.operator.api.v1alpha1.status import CandidateStatus
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY, MIRROR_KEY
+from kubeinfer.operator.reconcile.engine_state import ServingEngine
 from kubeinfer.operator.rollout.aggregates import ShadowAggregates, ShadowReading
-from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
+from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION, shadow_replaced_event, trial_key
 from kubeinfer.operator.rollout.verdict import Reasons
 
 DIGEST_C = "sha256:" + "c" * 64
@@ -34,6 +36,10 @@ GOOD = ShadowAggregates(
     candidate_p99_seconds=0.01,
 )
 BAD = ShadowAggregates(compared=5, max_abs_difference=3.0)
+TRIAL_KEY_OF_VERSION_2 = "1b47aa49e83ade4f4c93e86b0b07d1b1"
+"""`trial_key(spec("2"), engine B)` as stored by earlier operator versions. A change here
+reruns every failed trial after an upgrade (a new shadow setting with a default does
+too): make it on purpose, never as a side effect."""
 
 
 def spec(version: str = "1", **sections):
@@ -194,6 +200,56 @@ def test_too_few_samples_by_the_deadline_is_a_rollback():
     assert not cluster.has("Deployment", CANDIDATE)
 
 
+def test_the_candidate_record_carries_every_figure_in_its_unit():
+    cluster = shadowing_cluster()
+    cluster.reading = ShadowReading(
+        ShadowAggregates(
+            compared=20,
+            mismatches=1,
+            dropped=4,
+            candidate_errors=2,
+            timeouts=3,
+            max_abs_difference=0.002,
+            top1_rows=20,
+            top1_agreements=19,
+            primary_p99_seconds=0.0125,
+            candidate_p99_seconds=0.015,
+        )
+    )
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    record = cluster.status.candidate
+    assert record.reason == Reasons.OUTPUT_MISMATCH
+    # Errors and timeouts are both answers the candidate did not give; p99s in ms.
+    assert (record.samples, record.mismatches, record.dropped, record.candidate_errors) == (
+        20, 1, 4, 5,
+    )  # fmt: skip
+    assert (record.top1_agreement, record.max_absolute_difference) == (0.95, 0.002)
+    assert (record.serving_p99_milliseconds, record.candidate_p99_milliseconds) == (12.5, 15.0)
+
+
+def test_the_trial_is_the_version_the_engine_and_the_shadow_settings():
+    # A failed trial is retried only when this key changes: a new version or engine, or
+    # other settings to judge it by (loosened thresholds are a new trial).
+    base = spec("2")
+    candidate = ServingEngine("2", DIGEST_B, None)
+    key = trial_key(base, candidate)
+    assert trial_key(spec("2"), candidate) == key
+    looser = SHADOW | {"shadow": {**SHADOW["shadow"], "thresholds": {"minTop1Agreement": 0.9}}}
+    others = [
+        trial_key(base, ServingEngine("3", DIGEST_B, None)),
+        trial_key(base, ServingEngine("2", DIGEST_C, None)),
+        trial_key(make_spec(model=base.model.to_wire(), rollout=looser), candidate),
+    ]
+    assert key not in others and len(set(others)) == 3
+
+
+def test_the_trial_key_is_unchanged_from_earlier_versions():
+    # Stored records compare against it: a key computed differently after an operator
+    # upgrade would rerun every failed trial.
+    key = trial_key(spec("2"), ServingEngine("2", DIGEST_B, None))
+    assert key == TRIAL_KEY_OF_VERSION_2
+
+
 def test_unreadable_metrics_keep_the_candidate_pending_and_say_why():
     cluster = shadowing_cluster()
     cluster.reading = ShadowReading(None, "Prometheus at http://p:9090 did not answer.")
@@ -237,7 +293,17 @@ def test_a_new_pin_is_shadowed_and_replacing_it_mid_shadow_is_announced():
     cluster.update_spec(spec("1", engine={"pin": DIGEST_C}))
     decision = cluster.reconcile(T0 + timedelta(seconds=20))
     assert served(cluster, CANDIDATE) == DIGEST_C
-    assert any(e.reason == "ShadowReplaced" and DIGEST_C in e.message for e in decision.events)
+    (event,) = [e for e in decision.events if e.reason == "ShadowReplaced"]
+    # "Normal" exactly: the API server accepts no other spelling of an Event's type.
+    assert event.type == "Normal"
+    assert DIGEST_B in event.message and DIGEST_C in event.message
+
+
+def test_the_replaced_event_says_when_no_candidate_follows():
+    replaced = CandidateStatus(version="2", engine_digest=DIGEST_B)
+    event = shadow_replaced_event(replaced, None)
+    assert event.type == "Normal" and "version 2" in event.message
+    assert event.message.endswith("the candidate is now none.")
 
 
 def test_the_manual_gate_acts_only_on_the_digest_it_names():
@@ -251,6 +317,7 @@ def test_the_manual_gate_acts_only_on_the_digest_it_names():
     cluster.reconcile(T0 + timedelta(minutes=13))
     assert cluster.status.candidate.verdict == ShadowVerdict.PASSED
     assert cluster.status.candidate.reason == "ManualPromotion"
+    assert "kubeinfer promote" in cluster.status.candidate.message
     assert served(cluster) == DIGEST_B
 
 
@@ -260,6 +327,7 @@ def test_abort_removes_the_candidate_and_leaves_serving():
     cluster.reconcile(T0 + timedelta(minutes=12))
     record = cluster.status.candidate
     assert (record.verdict, record.reason) == (ShadowVerdict.ABORTED, "ManualAbort")
+    assert "kubeinfer abort" in record.message
     assert not cluster.has("Deployment", CANDIDATE) and served(cluster) == DIGEST_A
     degraded = cluster.condition(ConditionType.DEGRADED)
     assert degraded.reason == Reason.SHADOW_ABORTED
