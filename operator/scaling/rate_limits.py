@@ -13,12 +13,15 @@ of small steps cannot add up to more than one period allows:
 - down: at most start * (1 - scaleDownMaxPercent / 100), rounded down as the HPA's integer
   conversion does, per scaleDownPeriodSeconds.
 
+Both in integer arithmetic (the percents are whole): the HPA's float64 has 50 x 1.1 =
+55.00000000000001, which it rounds up to 56, and 10 x (1 - 0.8) = 1.9999999999999996,
+which it truncates to 1; no pod should hinge on the 16th digit.
+
 A limit never moves the count the other way: one already used up holds it.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -50,7 +53,7 @@ def scale_up_limit(
 ) -> int:
     """The most pods the up policies allow now (never fewer than `current`)."""
     start = _start_of_period(events, current, spec.scale_up_period_seconds, now)
-    by_percent = math.ceil(start * (1 + spec.scale_up_max_percent / 100))
+    by_percent = -(-start * (100 + spec.scale_up_max_percent) // 100)  # rounded up
     return max(current, by_percent, start + spec.scale_up_max_pods)
 
 
@@ -59,7 +62,7 @@ def scale_down_limit(
 ) -> int:
     """The fewest pods the down policy allows now (never more than `current`)."""
     start = _start_of_period(events, current, spec.scale_down_period_seconds, now)
-    return min(current, math.floor(start * (1 - spec.scale_down_max_percent / 100)))
+    return min(current, start * (100 - spec.scale_down_max_percent) // 100)
 
 
 def limit_rate(

@@ -58,7 +58,8 @@ TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 
 
 def _sentence(text: str) -> str:
-    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+    """`text` capitalized, with a full stop (the parts it is built from have none)."""
+    return text[:1].upper() + text[1:] + "."
 
 
 def _bounded(spec: AutoscalingSpec, wanted: int) -> tuple[int, ConditionValue | None]:
@@ -83,7 +84,8 @@ def _within_range(spec: AutoscalingSpec, replicas: int) -> ConditionValue:
 
 def _largest(proposals: tuple[Proposal, ...], current: int) -> tuple[int, str]:
     """The largest recommendation and its signal (the first on a tie); the current count,
-    from no signal, when none has a say."""
+    from no signal, when none has a say. With the queue depth unread, GPU memory alone has
+    a say, and it never calls for fewer pods than now: nothing removes one."""
     best: Proposal | None = None
     for proposal in proposals:
         if proposal.replicas is not None and (
@@ -92,9 +94,6 @@ def _largest(proposals: tuple[Proposal, ...], current: int) -> tuple[int, str]:
             best = proposal
     if best is None or best.replicas is None:
         return current, NO_SIGNAL
-    if not any(p.signal == QUEUE_DEPTH and p.replicas is not None for p in proposals):
-        # The queue depth could not be read: GPU memory may add pods, nothing removes one.
-        return max(current, best.replicas), best.signal
     return best.replicas, best.signal
 
 

@@ -69,6 +69,12 @@ ROWS = [
     row({}, ScalingSignals(8.9), serving(2), 3, QUEUE, WITHIN, id="beyond-tolerance-scales"),
     row({"tolerance": 0}, ScalingSignals(8.7), serving(2), 3, QUEUE, WITHIN,
         id="zero-tolerance-scales-on-any-excess"),
+    # Exactly at the tolerance is within it (the HPA skips a ratio off by <= tolerance),
+    # either way: 10 / 8 and 6 / 8 are 1 +- 0.25 exactly.
+    row({"tolerance": 0.25}, ScalingSignals(10), serving(2), 2, QUEUE, WITHIN,
+        id="exactly-at-tolerance-holds-up"),
+    row({"tolerance": 0.25, **FREE_DOWN}, ScalingSignals(6), serving(4), 4, QUEUE, WITHIN,
+        id="exactly-at-tolerance-holds-down"),
     # The HPA's formula: ceil(ready x value / target).
     row({}, ScalingSignals(23.5), serving(2), 6, QUEUE, WITHIN, id="queue-depth-scales-up"),
     row(FREE_DOWN, ScalingSignals(2), serving(4), 1, QUEUE, WITHIN,
@@ -87,6 +93,13 @@ ROWS = [
     # Above the watermark within tolerance: GPU memory keeps the count the queue would cut.
     row({"gpuMemoryHighWatermark": 0.8, **FREE_DOWN}, ScalingSignals(1, 0.85), serving(4), 4,
         GPU, Reason.GPU_MEMORY_HIGH, id="gpu-memory-floor-holds"),
+    # Exactly at its tolerance above the watermark (0.625 / 0.5 = 1.25) GPU memory keeps
+    # the count, as the queue's tolerance does; and with the queue depth not calling for
+    # fewer pods, keeping them is no limit (DesiredWithinRange, not GpuMemoryHigh).
+    row({"gpuMemoryHighWatermark": 0.5, "tolerance": 0.25}, ScalingSignals(8, 0.625),
+        serving(4), 4, QUEUE, WITHIN, id="gpu-memory-exactly-at-tolerance-keeps"),
+    row({"gpuMemoryHighWatermark": 0.8}, ScalingSignals(8, 0.85), serving(4), 4, QUEUE,
+        WITHIN, id="gpu-memory-floor-no-limit-when-queue-keeps-too"),
     # At or below the watermark GPU memory has no say: the queue's scale-down passes.
     row({"gpuMemoryHighWatermark": 0.8, **FREE_DOWN}, ScalingSignals(1, 0.8), serving(4), 1,
         QUEUE, WITHIN, id="gpu-memory-at-watermark-no-say"),
@@ -95,6 +108,10 @@ ROWS = [
         WITHIN, id="largest-wins-queue"),
     row({"gpuMemoryHighWatermark": 0.5}, ScalingSignals(9.5, 0.95), serving(4), 8, GPU,
         WITHIN, id="largest-wins-gpu"),
+    # A tie goes to the first signal, the queue depth: ceil(4 x 10 / 8) = ceil(4 x 0.95 /
+    # 0.8) = 5.
+    row({"gpuMemoryHighWatermark": 0.8}, ScalingSignals(10, 0.95), serving(4), 5, QUEUE,
+        WITHIN, id="tie-goes-to-queue-depth"),
     # The queue depth unread, GPU memory read: it may add pods, nothing removes one.
     row(FREE_DOWN, ScalingSignals(None, 0.3), serving(4), 4, NONE, WITHIN,
         id="queue-unread-gpu-low-holds"),
@@ -131,6 +148,26 @@ ROWS = [
         history=ran_before(events=[(10, 2, 5)]), id="up-limit-from-period-start"),
     row({}, ScalingSignals(80), serving(5), 10, QUEUE, Reason.SCALE_UP_LIMIT,
         history=ran_before(events=[(15, 2, 5)]), id="up-limit-period-over"),
+    # A scale event of this very instant (a second pass in the same tick) counts: 2 -> 6
+    # just now used the period up.
+    row({}, ScalingSignals(80), serving(6), 6, QUEUE, Reason.SCALE_UP_LIMIT,
+        history=ran_before(events=[(0, 2, 6)]), id="up-limit-counts-an-event-this-instant"),
+    # A period that began at 0 pods (the bounds then raised them to 2) allows 0 + 4.
+    row({"minReplicas": 2}, ScalingSignals(80), serving(2), 4, QUEUE, Reason.SCALE_UP_LIMIT,
+        history=ran_before(events=[(10, 0, 2)]), id="up-limit-from-zero"),
+    # minReplicas raised 2 -> 10 a moment ago: the period's allowance (from 2: at most 6) is
+    # spent, and the limit holds the count, never lowers it towards 6.
+    row({}, ScalingSignals(80), serving(10), 10, QUEUE, Reason.SCALE_UP_LIMIT,
+        history=ran_before(events=[(10, 2, 10)]), id="up-limit-used-up-holds"),
+    # The percent of whole pods, exactly: 10 % of 50 is 5 (float64's 50 x 1.1 is
+    # 55.00000000000001, which would round up to 56); 6 % of 20 is 1.2, a pod and a part
+    # of one, which rounds up to 2.
+    row({"scaleUpMaxPercent": 10, "scaleUpMaxPods": 1, "maxReplicas": 100},
+        ScalingSignals(80), serving(50), 55, QUEUE, Reason.SCALE_UP_LIMIT,
+        id="up-limit-percent-exact"),
+    row({"scaleUpMaxPercent": 6, "scaleUpMaxPods": 1, "maxReplicas": 100},
+        ScalingSignals(80), serving(20), 22, QUEUE, Reason.SCALE_UP_LIMIT,
+        id="up-limit-percent-part-of-a-pod-rounds-up"),
     # Down: -50 % per 60 s, from the count at the period's start.
     row({"scaleDownStabilizationSeconds": 0}, ScalingSignals(0.5), serving(8), 4, QUEUE,
         Reason.SCALE_DOWN_LIMIT, id="down-limit"),
@@ -140,11 +177,24 @@ ROWS = [
     row({"scaleDownStabilizationSeconds": 0}, ScalingSignals(0.5), serving(4), 4, QUEUE,
         Reason.SCALE_DOWN_LIMIT, history=ran_before(events=[(30, 8, 4)]),
         id="down-limit-used-up-holds"),
+    # Wanting exactly what the limit allows is not limited: 8 -> 4 at -50 %.
+    row({"scaleDownStabilizationSeconds": 0}, ScalingSignals(4), serving(8), 4, QUEUE, WITHIN,
+        id="down-to-exactly-the-limit-not-limited"),
+    # The percent of whole pods, exactly: -80 % of 10 leaves 2 (float64's 10 x (1 - 0.8) is
+    # 1.9999999999999996, which would truncate to 1); -90 % of 120 leaves 12.
+    row({"scaleDownStabilizationSeconds": 0, "scaleDownMaxPercent": 80}, ScalingSignals(0.5),
+        serving(10), 2, QUEUE, Reason.SCALE_DOWN_LIMIT, id="down-limit-percent-exact"),
+    row({"scaleDownStabilizationSeconds": 0, "scaleDownMaxPercent": 90, "maxReplicas": 200},
+        ScalingSignals(0.5), serving(120), 12, QUEUE, Reason.SCALE_DOWN_LIMIT,
+        id="down-limit-percent-exact-large"),
     # The bounds, last.
     row({"minReplicas": 3, **FREE_DOWN}, ScalingSignals(1), serving(6), 3, QUEUE,
         Reason.TOO_FEW_REPLICAS, id="min-replicas"),
     row({"maxReplicas": 5}, ScalingSignals(80), serving(4), 5, QUEUE,
         Reason.TOO_MANY_REPLICAS, id="max-replicas"),
+    # Wanting exactly maxReplicas is within range.
+    row({"maxReplicas": 6}, ScalingSignals(23.5), serving(2), 6, QUEUE, WITHIN,
+        id="exactly-max-replicas-within-range"),
     row({"maxReplicas": 5}, ScalingSignals(None, error="down"), serving(7), 5, NONE,
         Reason.TOO_MANY_REPLICAS, id="bounds-apply-without-metrics"),
     row({"minReplicas": 2}, ScalingSignals(None), serving(0, ready=0), 2, NONE,
@@ -236,3 +286,94 @@ def test_the_count_follows_the_signals_again_once_they_return():
         history = result.history
     back = recommend(spec, history, ScalingSignals(23.5), pods, NOW + timedelta(seconds=600))
     assert back.replicas == 6 and back.active[1] == Reason.VALID_METRIC_FOUND
+
+
+MESSAGES = [
+    # Within range: the figure against its target, and the count against both bounds.
+    ({}, ran_before(), ScalingSignals(8.2), serving(4),
+     "Queue depth per replica 8.2 (target 8) calls for 4 pods.",
+     "4 pods, within minReplicas 1 and maxReplicas 20."),
+    # Each bound names the count wanted and the bound.
+    ({"minReplicas": 3, **FREE_DOWN}, ran_before(), ScalingSignals(1), serving(6),
+     "Queue depth per replica 1 (target 8) calls for 1 pod.",
+     "1 pod wanted; minReplicas is 3."),
+    ({"maxReplicas": 5}, ran_before(), ScalingSignals(80), serving(4),
+     "Queue depth per replica 80 (target 8) calls for 40 pods.",
+     "8 pods wanted; maxReplicas is 5."),
+    # Each window names the recommendation, its setting and the extremum it kept.
+    ({"scaleUpStabilizationSeconds": 60}, ran_before((30, 3)), ScalingSignals(24), serving(2),
+     "Queue depth per replica 24 (target 8) calls for 6 pods.",
+     "6 pods recommended; scaling up only to the lowest recommendation over "
+     "scaleUpStabilizationSeconds 60: 3."),
+    ({"scaleDownMaxPercent": 100}, ran_before((299, 5), (100, 4)), ScalingSignals(2),
+     serving(6),
+     "Queue depth per replica 2 (target 8) calls for 2 pods.",
+     "2 pods recommended; scaling down only to the highest recommendation over "
+     "scaleDownStabilizationSeconds 300: 5."),
+    # The down limit names its settings and what they allow.
+    ({"scaleDownStabilizationSeconds": 0}, ran_before(), ScalingSignals(0.5), serving(8),
+     "Queue depth per replica 0.5 (target 8) calls for 1 pod.",
+     "1 pod wanted; scaleDownMaxPercent 50 % per scaleDownPeriodSeconds 60 allows 4."),
+    # GPU memory: what it keeps, and what the queue depth alone would do.
+    ({"gpuMemoryHighWatermark": 0.8, **FREE_DOWN}, ran_before(), ScalingSignals(1, 0.85),
+     serving(4),
+     "Queue depth per replica 1 (target 8) calls for 1 pod; GPU memory used 0.85 (high "
+     "watermark 0.8) keeps at least 4 pods.",
+     "GPU memory used 0.85 (high watermark 0.8) keeps at least 4 pods; the queue depth "
+     "alone calls for 1 pod."),
+    ({"gpuMemoryHighWatermark": 0.8}, ran_before(), ScalingSignals(None, 0.95), serving(4),
+     "Queue depth per replica could not be read; GPU memory used 0.95 (high watermark 0.8) "
+     "calls for at least 5 pods.",
+     "5 pods, within minReplicas 1 and maxReplicas 20."),
+    # Missing data: why, and what was done with the count.
+    ({"maxReplicas": 5}, ran_before(), ScalingSignals(error="connection refused"), serving(7),
+     "The metrics could not be read: connection refused; the count is only brought within "
+     "its bounds, never scaled down on missing data.",
+     "7 pods wanted; maxReplicas is 5."),
+    ({}, ran_before(), ScalingSignals(0.5), serving(3, ready=0, starting=3),
+     "No serving pod is ready to measure (3 starting); the count is held at 3 pods, never "
+     "scaled down on missing data.",
+     "3 pods, within minReplicas 1 and maxReplicas 20."),
+    ({}, ran_before(), ScalingSignals(0.5), serving(3, ready=0, starting=0),
+     "No serving pod is ready to measure; the count is held at 3 pods, never scaled down "
+     "on missing data.",
+     "3 pods, within minReplicas 1 and maxReplicas 20."),
+    ({}, ran_before(), ScalingSignals(None, None), serving(6),
+     "Neither queue depth nor GPU memory could be read from the pods; the count is held at "
+     "6 pods, never scaled down on missing data.",
+     "6 pods, within minReplicas 1 and maxReplicas 20."),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fields", "history", "signals", "pods", "active", "limited"), MESSAGES)
+def test_each_condition_message_names_its_figures(fields, history, signals, pods, active, limited):
+    """What `kubectl describe` shows: each figure the decision turned on, by its name."""
+    result = recommend(spec_of(**fields), history, signals, pods, NOW)
+    assert (result.active[2], result.limited[2]) == (active, limited)
+
+
+def test_bringing_the_count_within_its_bounds_without_metrics_is_a_scale_event():
+    spec, outage = spec_of(maxReplicas=5), ScalingSignals(error="connection refused")
+    brought = recommend(spec, ran_before(), outage, serving(7), NOW)
+    assert brought.history.events == (ScaleEvent(NOW, 7, 5),)  # the rate limits count it
+    held = recommend(spec, ran_before(), outage, serving(4), NOW)
+    assert held.history.events == ()
+
+
+@pytest.mark.parametrize("aware", [True, False])
+def test_a_pass_without_metrics_keeps_the_history_as_it_was(aware):
+    """The windows, the limits and a commitment in progress resume where they were once
+    the signals return (what a window or a limit can no longer see aside); a commitment
+    is kept only while startup awareness is on."""
+    history = ScalingHistory(
+        recommendations=((ago(100), 8),),
+        events=(ScaleEvent(ago(30), 6, 8),),
+        committed=8,
+        backlog=(ago(15), 200.0),
+    )
+    spec = spec_of(countStartingPods=aware)
+    result = recommend(spec, history, ScalingSignals(error="timed out"), serving(8), NOW)
+    if aware:
+        assert result.history == history
+    else:
+        assert result.history == ScalingHistory(history.recommendations, history.events)
