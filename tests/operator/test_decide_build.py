@@ -338,3 +338,99 @@ def test_a_build_under_way_and_the_cache_claim_are_not_rewritten_when_other_fiel
 )
 def test_the_termination_message_yields_the_digest_and_target(message, expected):
     assert parse_termination_message(message) == expected
+
+
+def failed_build_message(pods_edit, job_said: bool = True) -> str:
+    """EngineReady's message after the first build Job failed with the log line
+    'error: out of memory', its pod changed by `pods_edit(job_name, pod)`."""
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    (job,) = cluster.jobs()
+    name = job["metadata"]["name"]
+    cluster.fail_job(name, "BackoffLimitExceeded", "backoff limit", "error: out of memory")
+    if not job_said:
+        (condition,) = job["status"]["conditions"]
+        del condition["reason"], condition["message"]
+    pods_edit(name, cluster.pods[-1])
+    cluster.reconcile(T0 + timedelta(seconds=1))
+    assert cluster.condition(ENGINE).reason == Reason.ENGINE_BUILD_FAILED
+    return cluster.condition(ENGINE).message
+
+
+def legacy_label(job: str, pod: dict) -> None:
+    pod["metadata"]["labels"] = {"job-name": job}  # clusters before 1.27 set only this
+
+
+def owner_only(job: str, pod: dict) -> None:
+    pod["metadata"]["labels"] = {}
+    pod["metadata"]["ownerReferences"] = [{"kind": "Job", "name": job, "uid": "u"}]
+
+
+def another_jobs(job: str, pod: dict) -> None:
+    pod["metadata"]["labels"] = {"batch.kubernetes.io/job-name": f"{job}-other"}
+    pod["metadata"]["ownerReferences"] = [{"kind": "Job", "name": f"{job}-other", "uid": "u"}]
+
+
+def sidecar_said_it(job: str, pod: dict) -> None:
+    (status,) = pod["status"]["containerStatuses"]
+    status["name"] = "istio-proxy"
+
+
+def exit_zero(job: str, pod: dict) -> None:
+    pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 0
+
+
+def no_message(job: str, pod: dict) -> None:
+    del pod["status"]["containerStatuses"][0]["state"]["terminated"]["message"]
+
+
+def still_running(job: str, pod: dict) -> None:
+    pod["status"]["containerStatuses"][0]["state"] = {"running": {}}
+
+
+@pytest.mark.parametrize(
+    ("pods_edit", "reported"),
+    [
+        (lambda job, pod: None, True),
+        (legacy_label, True),
+        (owner_only, True),
+        (another_jobs, False),
+        (sidecar_said_it, False),
+        (exit_zero, False),
+        (no_message, False),
+        (still_running, False),
+    ],
+    ids=[
+        "label",
+        "legacy label",
+        "owner reference only",
+        "another job's pod",
+        "another container",
+        "exit code 0",
+        "no message",
+        "not terminated",
+    ],
+)
+def test_a_failed_build_reports_what_its_own_build_container_said(pods_edit, reported):
+    """The Job's pods are found by either Job label or by owner; only the build container's
+    termination with a non-zero exit code is the build's own word."""
+    message = failed_build_message(pods_edit)
+    assert " failed: BackoffLimitExceeded: backoff limit" in message
+    if reported:
+        assert "; the build reported: error: out of memory. Retrying" in message
+    else:
+        assert "the build reported" not in message, message
+
+
+def test_a_failed_job_without_reason_or_message_still_says_it_failed():
+    message = failed_build_message(lambda job, pod: None, job_said=False)
+    assert " failed: Failed: the build Job failed; the build reported: error: out" in message
+
+
+def test_the_builds_report_is_cut_at_2000_characters():
+    def long_log(job: str, pod: dict) -> None:
+        terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+        terminated["message"] = "x" * 1999 + "yz"
+
+    message = failed_build_message(long_log)
+    assert "; the build reported: " + "x" * 1999 + "y. Retrying at" in message
