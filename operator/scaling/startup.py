@@ -112,13 +112,10 @@ def starting(committed: int | None, pods: ServingPods) -> bool:
 
 
 def _stale(pods: ServingPods) -> bool:
-    """A starting pod is older than any believable startup."""
+    """A starting pod is older than any believable startup (the age is None without
+    starting pods)."""
     age = pods.oldest_starting_age_seconds
-    return (
-        pods.starting > 0
-        and age is not None
-        and age > STARTUP_MARGIN * expected_startup_seconds(pods)
-    )
+    return age is not None and age > STARTUP_MARGIN * expected_startup_seconds(pods)
 
 
 def _drain(
@@ -127,16 +124,17 @@ def _drain(
     signals: ScalingSignals,
     pods: ServingPods,
     now: datetime,
-) -> tuple[Backlog | None, str]:
+) -> tuple[Backlog, str] | None:
     """In the draining phase: this pass' backlog reading and why it holds, or None when
-    the commitment is over (the backlog is gone, or it does not drain fast enough)."""
+    the commitment is over (the backlog is gone, or it does not drain fast enough, or the
+    queue depth could not be read)."""
     depth = signals.queue_depth_per_replica
-    if depth is None or pods.ready <= 0:
-        return None, ""
+    if depth is None:
+        return None
     total = depth * pods.ready
     at_target = spec.target_queue_depth_per_replica * (1 + spec.tolerance) * pods.ready
-    if total <= at_target:
-        return None, ""
+    if total <= at_target:  # also without a ready pod: then there is nothing to drain
+        return None
     reading = (now, total)
     startup = _startup_words(pods)
     depth_words = f"queue depth per replica {figure(depth)}"
@@ -149,9 +147,9 @@ def _drain(
     seconds = (now - previous[0]).total_seconds()
     fallen = previous[1] - total
     if seconds <= 0 or fallen <= 0:
-        return None, ""
+        return None
     if (total - at_target) * seconds / fallen > expected_startup_seconds(pods):
-        return None, ""
+        return None
     was = previous[1] / pods.ready
     return reading, (
         f"the queue that built while they started drains fast enough to be gone before "
@@ -182,9 +180,10 @@ def hold(
         )
         backlog = None
     else:
-        backlog, why = _drain(spec, history, signals, pods, now)
-        if backlog is None:
+        drained = _drain(spec, history, signals, pods, now)
+        if drained is None:
             return Hold(recommended)
+        backlog, why = drained
     if recommended <= ceiling:
         return Hold(recommended, committed, backlog)
     return Hold(ceiling, committed, backlog, f"held at {pods_word(ceiling)} while {why}")
