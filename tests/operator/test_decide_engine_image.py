@@ -46,7 +46,11 @@ from kubeinfer.operator.reconcile.desired import (
     CONFIG_MOUNT,
     TERMINATION_LOG,
 )
-from kubeinfer.operator.reconcile.runtime_failures import EXIT_ENGINE_INCOMPATIBLE, unsettled
+from kubeinfer.operator.reconcile.runtime_failures import (
+    EXIT_ENGINE_INCOMPATIBLE,
+    runtime_failure,
+    unsettled,
+)
 from kubeinfer.operator.rollout.aggregates import ShadowAggregates, ShadowReading
 from kubeinfer.operator.settings import DEFAULT_RUNTIME_IMAGE
 from test_shadow_rollout import CANDIDATE, build_new_version, served, shadowing_cluster
@@ -487,3 +491,94 @@ def test_a_build_job_of_a_model_serve_would_refuse_fails_with_serves_reason(tmp_
     engine = cluster.condition(ConditionType.ENGINE_READY)
     assert (engine.status, engine.reason) == (FALSE, Reason.ENGINE_BUILD_FAILED)
     assert f"cannot be served: {reason}" in engine.message
+
+
+# -- reading one pod and one Deployment ------------------------------------------------
+
+
+def runtime_pod_with(container: dict) -> dict:
+    return {"metadata": {"name": "p"}, "status": {"containerStatuses": [container]}}
+
+
+@pytest.mark.parametrize(
+    ("container", "reason", "words"),
+    [
+        (  # the container has just exited: its current state, not its last one
+            {"name": "runtime", "state": {"terminated": {"exitCode": 3, "message": "no"}}},
+            Reason.ENGINE_INCOMPATIBLE,
+            "exited with code 3 (Error): no.",
+        ),
+        (  # no reason and no message from the kubelet: the words it has
+            {"name": "runtime", "lastState": {"terminated": {"exitCode": 1}}},
+            Reason.RUNTIME_FAILING,
+            "exited with code 1 (Error).",
+        ),
+        (
+            {"name": "runtime", "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}},
+            Reason.RUNTIME_FAILING,
+            "exited with code 137 (OOMKilled).",
+        ),
+        (
+            {"name": "runtime", "state": {"waiting": {"reason": "ErrImagePull"}}},
+            Reason.RUNTIME_FAILING,
+            "cannot start (ErrImagePull).",
+        ),
+        (
+            {"name": "runtime", "state": {"waiting": {"reason": "ErrImagePull", "message": "x"}}},
+            Reason.RUNTIME_FAILING,
+            "cannot start (ErrImagePull): x.",
+        ),
+    ],
+    ids=["terminated now", "no reason or message", "oom", "no pull message", "pull message"],
+)
+def test_a_runtime_pods_failure_is_told_in_the_kubelets_words(container, reason, words):
+    failure = runtime_failure([runtime_pod_with(container)])
+    assert failure is not None and failure.reason == reason
+    assert f"The runtime pod p cannot start: its runtime container {words}" in failure.message
+
+
+@pytest.mark.parametrize(
+    ("deployment", "settled"),
+    [
+        ({"metadata": {"generation": 2}, "spec": {"replicas": 2}, "status": {}}, False),
+        (  # spec.replicas left out: the API server's default, 1
+            {
+                "metadata": {"generation": 2},
+                "spec": {},
+                "status": {
+                    "observedGeneration": 2,
+                    "replicas": 1,
+                    "updatedReplicas": 1,
+                    "readyReplicas": 1,
+                },
+            },
+            True,
+        ),
+        (  # the counts match but the controller has not observed this generation
+            {
+                "metadata": {"generation": 1},
+                "spec": {"replicas": 1},
+                "status": {"replicas": 1, "updatedReplicas": 1, "readyReplicas": 1},
+            },
+            False,
+        ),
+        (  # an old pod still running beside the new ones
+            {
+                "metadata": {"generation": 3},
+                "spec": {"replicas": 2},
+                "status": {
+                    "observedGeneration": 3,
+                    "replicas": 3,
+                    "updatedReplicas": 2,
+                    "readyReplicas": 2,
+                },
+            },
+            False,
+        ),
+    ],
+    ids=["new", "default replicas", "generation not observed", "old pod left"],
+)
+def test_a_deployment_is_settled_once_its_controller_reports_every_pod_updated_and_ready(
+    deployment, settled
+):
+    assert unsettled(deployment) is not settled
