@@ -147,7 +147,7 @@ def parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return datetime.fromisoformat(value)  # Python 3.11+ reads the Z suffix
     except ValueError:
         return None
 

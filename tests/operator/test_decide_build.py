@@ -434,3 +434,20 @@ def test_the_builds_report_is_cut_at_2000_characters():
 
     message = failed_build_message(long_log)
     assert "; the build reported: " + "x" * 1999 + "y. Retrying at" in message
+
+
+@pytest.mark.parametrize("label", [None, "", "first", "-1"])
+def test_a_failed_job_without_a_readable_attempt_number_counts_as_the_first(label):
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    (job,) = cluster.jobs()
+    labels = job["metadata"]["labels"]
+    if label is None:
+        del labels[names.LABEL_BUILD_ATTEMPT]
+    else:
+        labels[names.LABEL_BUILD_ATTEMPT] = label
+    cluster.fail_job(job["metadata"]["name"], "BackoffLimitExceeded", "m", "error: x")
+    decision = cluster.reconcile(T0 + timedelta(seconds=1))
+    assert decision.requeue_after_seconds == pytest.approx(SETTINGS.build_backoff_seconds - 1)
+    (retry,) = [o for o in cluster.reconcile(T0 + timedelta(minutes=5)).apply if o["kind"] == "Job"]
+    assert retry["metadata"]["labels"][names.LABEL_BUILD_ATTEMPT] == "1"

@@ -107,7 +107,7 @@ def test_what_the_api_server_and_others_add_writes_nothing() -> None:
 def test_a_quantity_is_the_same_whatever_its_spelling_but_not_another_value() -> None:
     assert quantity_value("1500m") == quantity_value("1.5")
     assert quantity_value("1024Mi") == quantity_value("1Gi")
-    assert quantity_value("1e3") == quantity_value("1k")
+    assert quantity_value("1e3") == quantity_value("1k") == quantity_value("1E3")
     assert quantity_value("2Gi") != quantity_value("2G")
     assert quantity_value("lots") is None
     desired = {"resources": {"requests": {"cpu": "1500m"}}}
@@ -122,6 +122,9 @@ def test_an_absent_field_matches_only_an_empty_or_zero_desired_value() -> None:
     assert not carries({}, {"readOnly": True})
     assert not carries({"replicas": True}, {"replicas": 1})
     assert not carries({"args": ["a", "b", "c"]}, {"args": ["a", "b"]})
+    # a mapping replaced by a scalar or a list by hand is not carried
+    assert not carries({"resources": "none"}, {"resources": {"limits": {}}})
+    assert not carries({"resources": []}, {"resources": {}})
 
 
 def test_claims_and_jobs_are_created_once_and_never_reapplied() -> None:

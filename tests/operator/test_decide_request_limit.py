@@ -98,6 +98,8 @@ def test_a_new_engine_of_another_size_renders_its_own_limit():
         (report(DIGEST_A, inputBytesPerRow="64"), BuildReport(DIGEST_A, None, 64)),
         (report(DIGEST_A, inputBytesPerRow=True), BuildReport(DIGEST_A, None, None)),
         (report(DIGEST_A, inputBytesPerRow=0), BuildReport(DIGEST_A, None, None)),
+        (report(DIGEST_A, inputBytesPerRow=1), BuildReport(DIGEST_A, None, 1)),  # one int8
+        (report(DIGEST_A, target=90), BuildReport(DIGEST_A, None, None)),  # not a name
         (f"built {DIGEST_A} inputBytesPerRow=64", BuildReport(DIGEST_A, None, None)),
         ("", BuildReport(None)),
     ],
