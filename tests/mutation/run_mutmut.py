@@ -1,0 +1,125 @@
+"""Mutation testing of the pure cores with mutmut: `make mutate`.
+
+The cores are the decisions that are pure by design (docs/STYLE: gather → decide → apply):
+the reconcile decisions, the shadow verdict and rollout plan, the autoscaler's
+recommendation, and the batcher's flush policy and assembler. Each is mutated and its
+fast, server-free tests run against every mutant.
+
+Why a staging folder: mutmut names a mutant by its file's path (`operator/x.py` →
+`operator.x`) while the code runs as `kubeinfer.operator.x` (pyproject.toml's
+package-dir remaps the folders), so mutmut would find no test for any mutant. The
+folder `.mutmut/` lays the sources out as they are imported (`kubeinfer/operator`,
+`kubeinfer/runtime`) beside copies of tests/, crds/, examples/ and helm/, and mutmut
+runs there; mutants/ inside it puts the mutated copy first on sys.path.
+
+    python tests/mutation/run_mutmut.py            # stage, run, print the survivors
+    python tests/mutation/run_mutmut.py --report   # print the last run's survivors again
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+STAGE = ROOT / ".mutmut"
+
+CORES = [
+    "kubeinfer/operator/reconcile/*.py",
+    "kubeinfer/operator/rollout/verdict.py",
+    "kubeinfer/operator/rollout/shadow.py",
+    "kubeinfer/operator/rollout/aggregates.py",
+    "kubeinfer/operator/scaling/*.py",
+    "kubeinfer/runtime/batching/policy.py",
+    "kubeinfer/runtime/batching/assembler.py",
+]
+"""What is mutated: the pure decision modules (globs in the staged layout)."""
+
+NOT_CORES = [
+    "kubeinfer/operator/reconcile/snapshot.py",  # the gathered snapshot's data classes
+    "*/__init__.py",
+]
+
+FAST_TESTS = [
+    "tests/operator/test_decide_build.py",
+    "tests/operator/test_decide_cache_claim.py",
+    "tests/operator/test_decide_children.py",
+    "tests/operator/test_decide_drift.py",
+    "tests/operator/test_decide_engine_image.py",
+    "tests/operator/test_decide_names.py",
+    "tests/operator/test_decide_properties.py",
+    "tests/operator/test_decide_request_limit.py",
+    "tests/operator/test_decide_scaling.py",
+    "tests/operator/test_decide_status.py",
+    "tests/operator/test_render.py",
+    "tests/operator/test_scaling_parts.py",
+    "tests/operator/test_scaling_properties.py",
+    "tests/operator/test_scaling_recommend.py",
+    "tests/operator/test_scaling_report.py",
+    "tests/operator/test_scaling_serving_pods.py",
+    "tests/operator/test_scaling_startup.py",
+    "tests/operator/test_scaling_trace_replay.py",
+    "tests/operator/test_shadow_rollout.py",
+    "tests/operator/test_shadow_verdict.py",
+    "tests/runtime/test_batching_policy.py",
+    "tests/runtime/test_assembler_and_codec.py",
+    "tests/api/test_conditions.py",
+]
+"""The tests run against each mutant: the cores' own tests, none of which starts a
+server or the operator (mutmut runs only those that reach the mutated function)."""
+
+COPIED = ["tests", "crds", "examples", "helm"]
+
+
+def mutmut_config() -> str:
+    def toml_list(items: list[str]) -> str:
+        return "[" + ", ".join(f'"{item}"' for item in items) + "]"
+
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["kubeinfer"]\n'
+        f"only_mutate = {toml_list(CORES)}\n"
+        f"do_not_mutate = {toml_list(NOT_CORES)}\n"
+        f"pytest_add_cli_args_test_selection = {toml_list(FAST_TESTS)}\n"
+        # The tests read these relative to their own folder (mutants/tests/..).
+        f"also_copy = {toml_list(COPIED[1:])}\n"
+        # Hypothesis's example database would let one mutant's failure steer the next
+        # mutant's examples; each run draws its examples afresh, deterministically.
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", '
+        '"--hypothesis-seed=0", "-x", "-q"]\n'
+        "use_git_change_detection = false\n"
+    )
+
+
+def stage() -> None:
+    """Rebuild .mutmut/ from the working tree (the previous run's results are dropped)."""
+    shutil.rmtree(STAGE, ignore_errors=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.onnx", ".hypothesis")
+    for package in ("operator", "runtime"):
+        shutil.copytree(ROOT / package, STAGE / "kubeinfer" / package, ignore=ignore)
+    for folder in COPIED:
+        shutil.copytree(ROOT / folder, STAGE / folder, ignore=ignore)
+    pyproject = (ROOT / "pyproject.toml").read_text() + mutmut_config()
+    (STAGE / "pyproject.toml").write_text(pyproject)
+
+
+def mutmut(*args: str) -> subprocess.CompletedProcess[str]:
+    executable = Path(sys.executable).with_name("mutmut")
+    return subprocess.run([str(executable), *args], cwd=STAGE, text=True, check=False)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", action="store_true", help="only print the last results")
+    arguments = parser.parse_args()
+    if not arguments.report:
+        stage()
+        mutmut("run")
+    return mutmut("results").returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
