@@ -103,6 +103,14 @@ def test_a_pod_monitor_replaces_the_scrape_annotations_where_the_cluster_serves_
     template = cluster.get("Deployment")["spec"]["template"]["metadata"]
     assert not [k for k in template["annotations"] if k.startswith("prometheus.io/")]
     assert monitor["spec"]["selector"]["matchLabels"] == cluster.get("Service")["spec"]["selector"]
+    # it scrapes the runtime container's named port at the path the runtime serves metrics on
+    # (the schema leaves every field of an endpoint optional, so it cannot tell)
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    (container,) = cluster.get("Deployment")["spec"]["template"]["spec"]["containers"]
+    (port,) = [p for p in container["ports"] if p["name"] == endpoint["port"]]
+    assert str(port["containerPort"]) == "8000" == annotations["prometheus.io/port"]
+    assert endpoint["path"] == "/metrics" == annotations["prometheus.io/path"]
+    assert endpoint["interval"] == "15s"
 
 
 def test_the_pod_monitor_carries_the_labels_a_prometheus_selects_on():
