@@ -157,7 +157,9 @@ def test_an_invalid_spec_sets_degraded_with_the_validation_message_and_touches_n
             }
         )
     owner = OwnerRef("demo", "ns", "uid", 2)
-    decision = decide_invalid(owner, cluster.status, invalid.value, T0 + timedelta(hours=1))
+    # `now` with a fraction of a second: Kubernetes keeps condition times to the second
+    now = T0 + timedelta(hours=1, microseconds=250_000)
+    decision = decide_invalid(owner, cluster.status, invalid.value, now)
     assert (decision.apply, decision.delete, decision.requeue_after_seconds) == ((), (), None)
     conditions = {c.type: c for c in decision.status.conditions}
     assert (conditions[DEGRADED].status, conditions[DEGRADED].reason) == (TRUE, Reason.INVALID_SPEC)
@@ -168,6 +170,8 @@ def test_an_invalid_spec_sets_degraded_with_the_validation_message_and_touches_n
     assert (stalled.status, stalled.reason) == (TRUE, Reason.INVALID_SPEC)
     assert conditions[ConditionType.RECONCILING].status == FALSE
     assert conditions[DEGRADED].observed_generation == 2
+    assert conditions[DEGRADED].last_transition_time == T0 + timedelta(hours=1)
+    assert decision.status.observed_generation == 2  # what `kubectl wait` compares
     assert decision.status.phase == Phase.FAILED
     assert decision.status.serving == cluster.status.serving
     assert [e.type for e in decision.events] == ["Warning", "Warning"]
