@@ -5,12 +5,20 @@ claim; names that stay valid for the longest owner name; deterministic output.
 
 from __future__ import annotations
 
+import yaml
 from decide_scenarios import DIGEST_A, SETTINGS, T0, Cluster, make_spec, validate_kubernetes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.decide import decide
+from kubeinfer.operator.reconcile.desired import (
+    CONFIG_KEY,
+    MIRROR_KEY,
+    MIRROR_MOUNT,
+    build_mirror_configmap,
+    runtime_config,
+)
 from kubeinfer.operator.reconcile.snapshot import ObservedState, OwnerRef
 
 
@@ -58,6 +66,37 @@ def test_runtime_pods_serve_probe_and_drain_before_they_are_killed():
     assert annotations["prometheus.io/scrape"] == "true"
     assert annotations["prometheus.io/port"] == "8000"
     assert names.ANNOTATION_CONFIG_HASH in annotations
+
+
+def test_the_runtime_drains_for_the_operators_grace_period_and_only_serving_pods_mirror():
+    settings = SETTINGS.model_copy(update={"drain_grace_period_seconds": 7})
+    cluster = Cluster(make_spec())
+    cluster.reconcile(T0, settings)
+    (job,) = cluster.jobs()
+    cluster.succeed_job(job["metadata"]["name"], DIGEST_A)
+    cluster.reconcile(T0, settings)
+    config = yaml.safe_load(cluster.get("ConfigMap")["data"][CONFIG_KEY])
+    assert config["drainGracePeriodSeconds"] == 7
+    pod = cluster.get("Deployment")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pod["terminationGracePeriodSeconds"] > pause + 7
+    assert config["mirrorTargetFile"] == f"{MIRROR_MOUNT}/{MIRROR_KEY}"
+    candidate = runtime_config(make_spec(), settings, "2", DIGEST_A, role=names.ROLE_CANDIDATE)
+    assert candidate.mirror_target_file is None, "a candidate mirrors to nobody"
+
+
+def test_the_mirror_target_carries_the_shadows_mirror_limits():
+    shadow = {"trafficPercent": 5, "mirror": {"maxConcurrency": 9, "timeoutMilliseconds": 750}}
+    spec = make_spec(rollout={"strategy": "Shadow", "shadow": shadow})
+    owner = OwnerRef("demo", "ns", "uid", 1)
+    configmap = build_mirror_configmap(owner, spec, "1", ("2", DIGEST_A))
+    target = yaml.safe_load(configmap["data"][MIRROR_KEY])["target"]
+    assert target["trafficPercent"] == 5
+    assert (target["policy"]["maxConcurrency"], target["policy"]["timeoutMilliseconds"]) == (
+        9,
+        750,
+    )
 
 
 def test_gpu_runtime_pods_request_gpus_on_the_product_they_were_built_for():
