@@ -177,10 +177,15 @@ def plan_rollout(
     new = ServingEngine(spec.model.version, engine.digest, engine.build_key)
     if current is None or current.digest == new.digest:
         # Nothing to compare with, or nothing that could answer differently.
-        record = previous
+        if previous is not None and previous.engine_digest != new.digest:
+            # A candidate of another engine (the spec went back to the serving one).
+            return RolloutPlan(new, record=_superseded(previous))
         if previous is not None and previous.verdict == ShadowVerdict.PASSED:
-            record = previous.model_copy(update={"verdict": ShadowVerdict.PROMOTED})
-        return RolloutPlan(new, record=record)
+            # Promotion under way: the serving children already name the candidate's
+            # engine, but their pods may not run it yet. The candidate keeps running
+            # until they do (`promotion_complete`), so capacity never drops mid-roll.
+            return RolloutPlan(new, candidate=new, record=previous)
+        return RolloutPlan(new, record=previous)
     if spec.rollout.strategy != RolloutStrategy.SHADOW:
         return RolloutPlan(new, record=_superseded(previous))
 

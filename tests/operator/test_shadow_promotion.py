@@ -1,0 +1,57 @@
+"""The end of a shadow, pass by pass over `decide_scenarios.Cluster`: a passed candidate
+keeps running until the serving pods run its engine, and a candidate the spec no longer
+asks for is closed, not left Pending or Passed.
+
+Found by mutation testing (issue 11, item 6): `promotion_complete` was never reached, since
+the pass after a verdict marked the candidate Promoted (and removed it) as soon as the
+serving children named its engine, before their pods ran it, and kept the Passed reason.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from decide_scenarios import DIGEST_A, DIGEST_B, T0
+from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
+from kubeinfer.operator.api.v1alpha1.enums import ShadowVerdict
+from kubeinfer.operator.rollout.aggregates import ShadowReading
+from test_shadow_rollout import CANDIDATE, GOOD, mirror_target, served, shadowing_cluster, spec
+
+
+def test_a_passed_candidate_runs_until_the_serving_pods_run_its_engine():
+    cluster = shadowing_cluster()
+    cluster.reading = ShadowReading(GOOD)
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    assert cluster.status.candidate.verdict == ShadowVerdict.PASSED
+    assert served(cluster) == DIGEST_B
+    # Passes while the serving Deployment rolls: the serving children name engine B, but
+    # its pods do not all run it; the candidate still serves as spare capacity.
+    for seconds in (15, 30, 45):
+        cluster.reconcile(T0 + timedelta(minutes=12, seconds=seconds))
+        assert cluster.has("Deployment", CANDIDATE), seconds
+        assert cluster.status.candidate.verdict == ShadowVerdict.PASSED
+        assert cluster.condition(ConditionType.PROGRESSING).reason == Reason.PROMOTING
+        assert mirror_target(cluster) is None
+    cluster.roll_out()
+    cluster.reconcile(T0 + timedelta(minutes=13))
+    record = cluster.status.candidate
+    assert (record.verdict, record.reason) == (ShadowVerdict.PROMOTED, Reason.SHADOW_PROMOTED)
+    assert record.message.endswith("Serving runs it on every pod now.")
+    assert not cluster.has("Deployment", CANDIDATE)
+    assert cluster.condition(ConditionType.READY).status == ConditionStatus.TRUE
+
+
+def test_a_candidate_is_closed_when_the_spec_goes_back_to_the_serving_version():
+    cluster = shadowing_cluster()
+    assert cluster.status.candidate.verdict == ShadowVerdict.PENDING
+    cluster.update_spec(spec("1"))
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    record = cluster.status.candidate
+    assert (record.verdict, record.reason) == (ShadowVerdict.ABORTED, "Superseded")
+    assert record.engine_digest == DIGEST_B
+    assert served(cluster) == DIGEST_A
+    assert not cluster.has("Deployment", CANDIDATE)
+    assert mirror_target(cluster) is None
+    writes = cluster.writes
+    cluster.reconcile(T0 + timedelta(minutes=13))
+    assert cluster.writes == writes, "and it settles"
