@@ -274,7 +274,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     if recommendation is not None:
         replicas = recommendation.replicas
     else:
-        replicas = build.desired_replicas(spec, observed.deployment)
+        replicas = build.desired_replicas(spec)
     runtime, deployment = _runtime_children(observed, settings, plan, engine, replicas)
     rollout = rollout_progress(observed.deployment, deployment, replicas)
     finished = promotion_complete(plan, rollout.complete)

@@ -313,15 +313,12 @@ def build_mirror_configmap(
     return finish_child("v1", "ConfigMap", names.mirror_name(owner.name), owner, labels, body)
 
 
-def desired_replicas(spec: InferenceDeploymentSpec, deployment: KubeObject | None) -> int:
-    """Pods to run. The autoscaling seam: with autoscaling on, the replicas the autoscaler
-    last set on the Deployment are kept within [minReplicas, maxReplicas]."""
+def desired_replicas(spec: InferenceDeploymentSpec) -> int:
+    """Pods to run where the autoscaler has no say: `runtime.replicas` with autoscaling off;
+    with it on, only before the serving Deployment exists (the autoscaler sets the count
+    from then on), so a new Deployment starts at minReplicas."""
     scaling = spec.autoscaling
-    if not scaling.enabled:
-        return spec.runtime.replicas
-    current = ((deployment or {}).get("spec") or {}).get("replicas")
-    current = current if isinstance(current, int) else scaling.min_replicas
-    return max(scaling.min_replicas, min(scaling.max_replicas, current))
+    return scaling.min_replicas if scaling.enabled else spec.runtime.replicas
 
 
 def _runtime_resources(spec: InferenceDeploymentSpec) -> dict[str, Any]:
