@@ -103,6 +103,8 @@ def test_a_rolled_out_deployment_makes_the_object_ready():
     assert cluster.status.serving.engine_digest == DIGEST_A
     assert (cluster.status.replicas, cluster.status.ready_replicas) == (3, 3)
     assert cluster.status.ready == "3/3"
+    # a settled object asks for no timer: the next change wakes it
+    assert cluster.reconcile(T0 + timedelta(minutes=30)).requeue_after_seconds is None
 
 
 def test_ready_stays_false_until_every_desired_replica_is_ready():
@@ -138,6 +140,9 @@ def test_a_failed_build_reports_the_job_reason_and_is_retried_with_backoff():
     assert cluster.status.phase == Phase.FAILED  # nothing served yet
     assert decision.apply == ()  # no new attempt before the backoff
     assert decision.requeue_after_seconds == pytest.approx(25)
+    # half a second before the retry: woken a second later, not spun on
+    almost = cluster.reconcile(failed_at + timedelta(seconds=29.5))
+    assert (almost.apply, almost.requeue_after_seconds) == ((), 1.0)
     assert any(
         e.type == "Warning" and e.reason == Reason.ENGINE_BUILD_FAILED for e in decision.events
     )

@@ -49,6 +49,9 @@ def test_the_queue_depth_sets_the_deployment_replicas_and_the_status_says_why():
     assert (active.status, active.reason) == (ConditionStatus.TRUE, Reason.VALID_METRIC_FOUND)
     (event,) = [e for e in decision.events if e.reason == Reason.SCALED_UP]
     assert "from 1 to 3 pods" in event.message and "12" in event.message
+    # the same pass's condition transitions are announced beside the scale event
+    announced = {(e.reason, e.message.split(" is ")[0]) for e in decision.events}
+    assert {(Reason.VALID_METRIC_FOUND, "ScalingActive"), ("RollingOut", "Ready")} <= announced
     assert decision.requeue_after_seconds is not None
 
 
