@@ -291,6 +291,40 @@ def test_an_unfinished_build_of_replaced_inputs_is_deleted():
     assert [o["kind"] for o in decision.apply] == ["Job"]
 
 
+def test_a_finished_build_of_replaced_inputs_is_kept_for_its_logs():
+    """Its TTL removes it; deleting it would lose what `kubectl logs` shows of a failure."""
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    (failed,) = cluster.jobs()
+    cluster.fail_job(failed["metadata"]["name"], "BackoffLimitExceeded", "m", "error: x")
+    cluster.update_spec(make_spec(engine={"precision": "fp16"}))
+    decision = cluster.reconcile(T0 + timedelta(minutes=1))
+    assert decision.delete == ()
+    assert [o["kind"] for o in decision.apply] == ["Job"]
+
+
+def test_the_engine_target_is_the_builds_and_outlives_its_job():
+    """The build's target (a GPU model for TensorRT) stays in the status after the Job is
+    garbage-collected; a CPU build that names none is built for "cpu"."""
+    gpu = {"backend": "tensorrt"}
+    for engine, message, target in (
+        ({}, DIGEST_A, "cpu"),
+        (gpu, json.dumps({"digest": DIGEST_A, "target": "sm_90-h100"}), "sm_90-h100"),
+        (gpu, DIGEST_A, None),
+    ):
+        spec = make_spec(engine=engine, runtime={"resources": {"gpus": 1}} if engine else {})
+        cluster = Cluster(spec)
+        cluster.reconcile()
+        (job,) = cluster.jobs()
+        cluster.succeed_job(job["metadata"]["name"], message)
+        cluster.reconcile(T0 + timedelta(seconds=1))
+        assert cluster.status.engine.target == target, message
+        cluster.delete("Job", job["metadata"]["name"])
+        cluster.pods.clear()
+        cluster.reconcile(T0 + timedelta(days=2))
+        assert cluster.status.engine.target == target, "after the Job is gone"
+
+
 def test_a_completed_job_whose_pod_is_not_seen_yet_waits_then_retries():
     cluster = Cluster(make_spec())
     cluster.reconcile()
