@@ -174,7 +174,7 @@ def _runtime_children(
     config = _serving_config(observed, settings, serving, is_current, serving_bytes)
     image = _serving_image(observed, settings, serving, is_current)
     configmap = build.build_runtime_configmap(
-        owner, config, serving.build_key, input_bytes_per_row=serving_bytes, image=image
+        owner, config, serving.build_key, image, input_bytes_per_row=serving_bytes
     )
     monitors = observed.pod_monitors_available
     deployment = build.build_runtime_deployment(
@@ -198,7 +198,7 @@ def _runtime_children(
             spec, settings, candidate.version, candidate.digest, role, candidate_bytes
         )
         configmap = build.build_runtime_configmap(
-            owner, config, candidate.build_key, role, candidate_bytes, _spec_image(spec, settings)
+            owner, config, candidate.build_key, _spec_image(spec, settings), role, candidate_bytes
         )
         replicas = spec.rollout.shadow.replicas
         children += [

@@ -265,17 +265,19 @@ def build_runtime_configmap(
     owner: OwnerRef,
     config: RuntimeConfig,
     build_key: str | None,
+    image: str,
     role: str = names.ROLE_SERVING,
     input_bytes_per_row: int | None = None,
-    image: str | None = None,
 ) -> KubeObject:
     """The runtime's config as YAML; its annotations record which engine inputs the
-    digest was built from, the image it runs in (read by the Deployment's builder), and
-    the engine's input size (read back by `engine_state`)."""
+    digest was built from, the image it runs in (read by the Deployment's builder, and
+    by `decide` to keep an older engine in the image that built it), and the engine's
+    input size (read back by `engine_state`)."""
     text = yaml.safe_dump(config.to_wire(), sort_keys=True)
-    annotations = {names.ANNOTATION_ENGINE_DIGEST: config.engine.digest or ""}
-    if image:
-        annotations[names.ANNOTATION_RUNTIME_IMAGE] = image
+    annotations = {
+        names.ANNOTATION_ENGINE_DIGEST: config.engine.digest or "",
+        names.ANNOTATION_RUNTIME_IMAGE: image,
+    }
     if build_key:
         annotations[names.ANNOTATION_BUILD_KEY] = build_key
     if input_bytes_per_row is not None:
@@ -367,12 +369,9 @@ def build_runtime_deployment(
             "failureThreshold": failures,
         }
 
-    image = meta["annotations"].get(names.ANNOTATION_RUNTIME_IMAGE) or settings.image_for(
-        spec.runtime.image, spec.engine.backend == Backend.TENSORRT
-    )
     container: dict[str, Any] = {
         "name": "runtime",
-        "image": image,
+        "image": meta["annotations"][names.ANNOTATION_RUNTIME_IMAGE],
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["kubeinfer"],
         "args": ["serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],

@@ -108,6 +108,19 @@ def test_gpu_runtime_pods_request_gpus_on_the_product_they_were_built_for():
     (container,) = pod["containers"]
     assert container["resources"]["limits"] == {"memory": "8Gi", "nvidia.com/gpu": "2"}
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert container["image"] == SETTINGS.gpu_runtime_image, "TensorRT runs in the GPU image"
+
+
+def test_runtime_pods_run_the_image_for_their_backend_unless_the_spec_names_one():
+    for sections, image in (
+        ({}, SETTINGS.runtime_image),
+        ({"engine": {"backend": "tensorrt"}, "runtime": {"resources": {"gpus": 1}}}, None),
+        ({"runtime": {"image": "registry.example.com/own:1"}}, "registry.example.com/own:1"),
+    ):
+        (container,) = ready_cluster(**sections).get("Deployment")["spec"]["template"]["spec"][
+            "containers"
+        ]
+        assert container["image"] == (image or SETTINGS.gpu_runtime_image), sections
 
 
 def test_the_service_exposes_http_and_metrics_on_the_runtime_pods():
@@ -139,7 +152,33 @@ def test_a_pvc_source_is_mounted_read_only_and_credentials_come_from_the_secret(
     assert source["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
     assert args[args.index("--calibration") + 1] == "file:///sources/models/mlp/1/calib.npz"
     assert [v["name"] for v in pod["volumes"]] == ["cache", "tmp", "source-0"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "source-0")
+    assert mount == {"name": "source-0", "mountPath": "/sources/models", "readOnly": True}
     assert container["envFrom"] == [{"secretRef": {"name": "creds"}}]
+
+
+def test_calibration_data_on_another_claim_gets_its_own_mount_and_its_checksum_is_passed():
+    sha = "e" * 64
+    spec = make_spec(
+        model={"source": {"uri": "pvc://models/mlp/1/model.onnx"}},
+        engine={
+            "precision": "int8",
+            "calibration": {"uri": "pvc://calibration/mlp.npz", "sha256": sha},
+        },
+    )
+    job = next(o for o in Cluster(spec).reconcile().apply if o["kind"] == "Job")
+    validate_kubernetes(job)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    assert args[args.index("--model") + 1] == "file:///sources/models/mlp/1/model.onnx"
+    assert args[args.index("--calibration") + 1] == "file:///sources/calibration/mlp.npz"
+    assert args[args.index("--calibration-sha256") + 1] == sha
+    mounts = {m["name"]: m for m in container["volumeMounts"] if m["name"].startswith("source")}
+    assert mounts["source-1"] == {
+        "name": "source-1",
+        "mountPath": "/sources/calibration",
+        "readOnly": True,
+    }
 
 
 def test_the_cache_claim_follows_the_spec_and_an_existing_claim_is_not_created():
