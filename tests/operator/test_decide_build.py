@@ -490,3 +490,48 @@ def test_a_failed_job_without_a_readable_attempt_number_counts_as_the_first(labe
     assert decision.requeue_after_seconds == pytest.approx(SETTINGS.build_backoff_seconds - 1)
     (retry,) = [o for o in cluster.reconcile(T0 + timedelta(minutes=5)).apply if o["kind"] == "Job"]
     assert retry["metadata"]["labels"][names.LABEL_BUILD_ATTEMPT] == "1"
+
+
+@pytest.mark.parametrize(
+    "deleted", [("ConfigMap",), ("ConfigMap", "Deployment"), ("ConfigMap", "status")]
+)
+def test_the_old_engine_keeps_serving_while_a_new_one_builds_after_its_children_are_deleted(
+    deleted,
+):
+    """What serves is read from the runtime ConfigMap, else the Deployment's pod template,
+    else the status: deleting them mid-build never serves the unbuilt version (nor after a
+    restore from a backup, which brings objects back without their status)."""
+    cluster = Cluster(make_spec())
+    cluster.build_to_ready(DIGEST_A)
+    source = {"uri": "https://models.example.com/mlp-v2.onnx"}
+    cluster.update_spec(make_spec(model={"version": "2", "source": source}))
+    cluster.reconcile(T0 + timedelta(hours=1))
+    for kind in deleted:
+        if kind == "status":
+            cluster.status = cluster.status.model_copy(update={"serving": None})
+        else:
+            cluster.delete(kind, cluster.get(kind)["metadata"]["name"])
+    cluster.reconcile(T0 + timedelta(hours=1, seconds=5))
+    assert served_digest(cluster) == DIGEST_A
+    config = yaml.safe_load(cluster.get("ConfigMap")["data"][CONFIG_KEY])
+    assert config["modelVersion"] == "1", "the version that engine was built from"
+    assert cluster.status.serving.version == "1"
+    assert cluster.status.serving.engine_digest == DIGEST_A
+
+
+def test_pinning_the_built_engine_keeps_its_target_and_another_pin_has_none_known():
+    gpu = {"backend": "tensorrt"}
+    spec = make_spec(engine=gpu, runtime={"resources": {"gpus": 1}})
+    cluster = Cluster(spec)
+    cluster.reconcile()
+    (job,) = cluster.jobs()
+    cluster.succeed_job(job["metadata"]["name"], json.dumps({"digest": DIGEST_A, "target": "t"}))
+    cluster.reconcile(T0 + timedelta(seconds=1))
+    for pin, target in ((DIGEST_A, "t"), (DIGEST_B, None)):
+        cluster.update_spec(
+            make_spec(engine={**gpu, "pin": pin}, runtime={"resources": {"gpus": 1}})
+        )
+        cluster.reconcile(T0 + timedelta(minutes=1))
+        engine = cluster.status.engine
+        assert (engine.digest, engine.target) == (pin, target)
+        assert pin in cluster.condition(ENGINE).message
