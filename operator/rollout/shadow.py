@@ -145,9 +145,7 @@ def _manual(previous: CandidateStatus, gate: tuple[str, str] | None) -> Verdict 
     if gate is None or gate[1] != previous.engine_digest:
         return None
     if gate[0] == "promote":
-        return Verdict(
-            ShadowVerdict.PASSED, "ManualPromotion", "Promoted by `kubeinfer promote`."
-        )
+        return Verdict(ShadowVerdict.PASSED, "ManualPromotion", "Promoted by `kubeinfer promote`.")
     return Verdict(ShadowVerdict.ABORTED, "ManualAbort", "Aborted by `kubeinfer abort`.")
 
 
@@ -170,10 +168,10 @@ def plan_rollout(
     mirror is switched on only then, so requests are not mirrored into nothing), and
     `candidate_pods` the candidate's pods as listed (their container statuses say when
     they cannot start)."""
-    if not engine.ready or engine.digest is None:
+    if engine.digest is None:
         # The spec's engine is not built yet: serving stays; a Pending candidate of an
         # older spec is no longer what the spec asks for.
-        return RolloutPlan(current, record=_superseded(previous), replaced=None)
+        return RolloutPlan(current, record=_superseded(previous))
     new = ServingEngine(spec.model.version, engine.digest, engine.build_key)
     if current is None or current.digest == new.digest:
         # Nothing to compare with, or nothing that could answer differently.

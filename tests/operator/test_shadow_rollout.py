@@ -17,8 +17,17 @@ from kubeinfer.operator.api.v1alpha1.status import CandidateStatus
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY, MIRROR_KEY
 from kubeinfer.operator.reconcile.engine_state import ServingEngine
+from kubeinfer.operator.reconcile.snapshot import Decision
 from kubeinfer.operator.rollout.aggregates import ShadowAggregates, ShadowReading
-from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION, shadow_replaced_event, trial_key
+from kubeinfer.operator.rollout.shadow import (
+    GATE_ANNOTATION,
+    RolloutPlan,
+    ShadowQuery,
+    metrics_query,
+    promotion_complete,
+    shadow_replaced_event,
+    trial_key,
+)
 from kubeinfer.operator.rollout.verdict import Reasons
 
 DIGEST_C = "sha256:" + "c" * 64
@@ -57,13 +66,14 @@ def served(cluster: Cluster, name: str | None = None) -> str:
     return config["engine"]["digest"]
 
 
-def build_new_version(cluster: Cluster, version: str, digest: str, at) -> None:
-    """The spec moves to `version`; its engine is built as `digest`."""
+def build_new_version(cluster: Cluster, version: str, digest: str, at) -> Decision:
+    """The spec moves to `version`; its engine is built as `digest`. Returns the decision
+    of the pass that saw the engine built."""
     cluster.update_spec(spec(version))
     cluster.reconcile(at)
     (job,) = [j for j in cluster.jobs() if "status" not in j]
     cluster.succeed_job(job["metadata"]["name"], digest, at=at + timedelta(seconds=30))
-    cluster.reconcile(at + timedelta(seconds=31))
+    return cluster.reconcile(at + timedelta(seconds=31))
 
 
 def shadowing_cluster() -> Cluster:
@@ -103,6 +113,7 @@ def test_a_new_engine_runs_as_a_candidate_and_serving_is_untouched():
         "2", DIGEST_B, ShadowVerdict.PENDING,
     )  # fmt: skip
     assert record.start_time == T0 + timedelta(minutes=10, seconds=31)
+    assert record.reason == Reason.SHADOW_RUNNING and "mirror" in record.message
     # Not mirrored to before a candidate pod is available (requests would go nowhere).
     assert mirror_target(cluster) is None
     cluster.reconcile(T0 + timedelta(minutes=10, seconds=45))
@@ -182,9 +193,15 @@ def test_a_failed_candidate_is_rolled_back_and_not_tried_again():
     for minutes in (20, 60, 600):
         decision = cluster.reconcile(T0 + timedelta(minutes=minutes))
         assert not cluster.jobs() and not cluster.has("Deployment", CANDIDATE)
+        # Serving stays, and the object stays Degraded until the spec changes.
+        assert served(cluster) == DIGEST_A and cluster.status.phase == Phase.DEGRADED
+        degraded = cluster.condition(ConditionType.DEGRADED)
+        assert degraded.reason == Reason.SHADOW_FAILED
+        assert "Version 1 keeps serving" in degraded.message
     assert cluster.status.candidate.verdict == ShadowVerdict.FAILED
-    # A new spec is a new trial.
-    build_new_version(cluster, "3", DIGEST_C, T0 + timedelta(hours=11))
+    # A new spec is a new trial; the failed one was over, not replaced mid-shadow.
+    decision = build_new_version(cluster, "3", DIGEST_C, T0 + timedelta(hours=11))
+    assert all(e.reason != "ShadowReplaced" for e in decision.events)
     assert cluster.status.candidate.verdict == ShadowVerdict.PENDING
     assert served(cluster, CANDIDATE) == DIGEST_C
 
@@ -259,6 +276,7 @@ def test_unreadable_metrics_keep_the_candidate_pending_and_say_why():
     assert record.reason == Reasons.METRICS_UNAVAILABLE
     assert "did not answer" in record.message
     assert cluster.has("Deployment", CANDIDATE) and served(cluster) == DIGEST_A
+    assert cluster.status.phase == Phase.SHADOWING
 
 
 def test_a_spec_change_during_the_shadow_replaces_the_candidate():
@@ -268,7 +286,9 @@ def test_a_spec_change_during_the_shadow_replaces_the_candidate():
     cluster.update_spec(spec("3"))
     cluster.reconcile(T0 + timedelta(minutes=13))
     # While version 3 builds, version 2's candidate is no longer what the spec asks for.
-    assert cluster.status.candidate.verdict == ShadowVerdict.ABORTED
+    record = cluster.status.candidate
+    assert (record.verdict, record.reason) == (ShadowVerdict.ABORTED, "Superseded")
+    assert "spec changed" in record.message
     assert not cluster.has("Deployment", CANDIDATE)
     assert served(cluster) == DIGEST_A
     (job,) = [j for j in cluster.jobs() if "status" not in j]
@@ -338,6 +358,54 @@ def test_a_malformed_gate_is_ignored():
     cluster.annotations[GATE_ANNOTATION] = f"promote-now {DIGEST_B}"
     cluster.reconcile(T0 + timedelta(minutes=12))
     assert cluster.status.candidate.verdict == ShadowVerdict.PENDING
+
+
+def test_switching_to_the_rolling_strategy_mid_shadow_supersedes_the_candidate():
+    cluster = shadowing_cluster()
+    cluster.update_spec(spec("2").model_copy(update={"rollout": make_spec().rollout}))
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    record = cluster.status.candidate
+    assert (record.verdict, record.reason) == (ShadowVerdict.ABORTED, "Superseded")
+    assert not cluster.has("Deployment", CANDIDATE)
+    assert served(cluster) == DIGEST_B, "the rolling strategy rolls serving directly"
+
+
+def test_promotion_completes_only_once_serving_runs_the_passed_engine_everywhere():
+    passed = CandidateStatus(
+        version="2", engine_digest=DIGEST_B, verdict=ShadowVerdict.PASSED, message="Met."
+    )
+    engine_b = ServingEngine("2", DIGEST_B, None)
+    plan = RolloutPlan(engine_b, candidate=engine_b, record=passed)
+    done = promotion_complete(plan, serving_rolled_out=True)
+    assert done.serving == engine_b and done.candidate is None
+    assert (done.record.verdict, done.record.reason) == (
+        ShadowVerdict.PROMOTED, Reason.SHADOW_PROMOTED,
+    )  # fmt: skip
+    assert done.record.message == "Met. Serving runs it on every pod now."
+    not_yet = [
+        (plan, False),  # the roll is under way
+        (RolloutPlan(ServingEngine("1", DIGEST_A, None), record=passed), True),  # another engine
+        (RolloutPlan(None, record=passed), True),  # nothing serves
+        (RolloutPlan(engine_b, record=passed.model_copy(update={"verdict": "Pending"})), True),
+        (RolloutPlan(engine_b), True),  # no candidate at all
+    ]
+    for unfinished, rolled_out in not_yet:
+        assert promotion_complete(unfinished, rolled_out) is unfinished
+
+
+def test_the_metrics_are_read_only_for_a_pending_candidate_with_a_start():
+    pending = CandidateStatus(version="2", engine_digest=DIGEST_B, start_time=T0)
+    assert metrics_query(pending) == ShadowQuery(DIGEST_B, "2", T0)
+    assert metrics_query(pending.model_copy(update={"version": None})) == ShadowQuery(
+        DIGEST_B, "", T0
+    )
+    for unread in (
+        None,
+        pending.model_copy(update={"verdict": ShadowVerdict.PASSED}),
+        pending.model_copy(update={"start_time": None}),
+        pending.model_copy(update={"engine_digest": None}),
+    ):
+        assert metrics_query(unread) is None
 
 
 def test_the_rolling_strategy_never_runs_a_candidate():
