@@ -62,6 +62,8 @@ FAST_TESTS = [
     "tests/operator/test_scaling_serving_pods.py",
     "tests/operator/test_scaling_startup.py",
     "tests/operator/test_scaling_trace_replay.py",
+    "tests/operator/test_shadow_candidate_children.py",
+    "tests/operator/test_shadow_promotion.py",
     "tests/operator/test_shadow_rollout.py",
     "tests/operator/test_shadow_verdict.py",
     "tests/runtime/test_batching_policy.py",
