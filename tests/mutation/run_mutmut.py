@@ -55,6 +55,7 @@ FAST_TESTS = [
     "tests/operator/test_decide_scaling.py",
     "tests/operator/test_decide_status.py",
     "tests/operator/test_render.py",
+    "tests/operator/test_rollout_progress.py",
     "tests/operator/test_scaling_parts.py",
     "tests/operator/test_scaling_properties.py",
     "tests/operator/test_scaling_recommend.py",

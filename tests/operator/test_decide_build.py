@@ -42,6 +42,7 @@ def test_a_new_deployment_gets_a_cache_claim_and_a_build_job_but_no_runtime_yet(
     assert cluster.condition(ENGINE).reason == Reason.ENGINE_BUILDING
     assert cluster.condition(READY).status == FALSE
     assert decision.requeue_after_seconds == pytest.approx(10)
+    assert cluster.status.engine.build_key is None, "no key without an engine built from it"
 
 
 def test_the_build_job_runs_kubeinfer_build_as_argv_on_a_node_with_the_gpu_product():
@@ -103,6 +104,18 @@ def test_a_rolled_out_deployment_makes_the_object_ready():
     assert cluster.status.serving.engine_digest == DIGEST_A
     assert (cluster.status.replicas, cluster.status.ready_replicas) == (3, 3)
     assert cluster.status.ready == "3/3"
+    engine = cluster.status.engine
+    spec = cluster.spec.engine
+    assert (engine.digest, engine.backend, engine.precision, engine.max_batch_size) == (
+        DIGEST_A,
+        spec.backend,
+        spec.precision,
+        spec.max_batch_size,
+    )
+    assert (
+        engine.build_key
+        == cluster.get("ConfigMap")["metadata"]["annotations"][names.ANNOTATION_BUILD_KEY]
+    )
     # a settled object asks for no timer: the next change wakes it
     assert cluster.reconcile(T0 + timedelta(minutes=30)).requeue_after_seconds is None
 
@@ -230,6 +243,11 @@ def test_a_version_change_builds_first_and_keeps_the_old_digest_until_built():
         != old_template["annotations"][names.ANNOTATION_CONFIG_HASH]
     )
     assert cluster.condition(READY).status == FALSE  # pods not rolled yet
+    # status.serving says what the pods run: version 1 until the roll is complete
+    assert (cluster.status.serving.version, cluster.status.serving.engine_digest) == (
+        "1",
+        DIGEST_A,
+    )
     cluster.roll_out()
     cluster.reconcile(later + timedelta(seconds=90))
     assert cluster.condition(READY).status == TRUE
