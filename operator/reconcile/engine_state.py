@@ -95,7 +95,6 @@ class EngineState:
     digest: str | None = None
     target: str | None = None
     job_attempt: int | None = None
-    job_name: str | None = None
     message: str = ""
     retry_at: datetime | None = None
     delete_jobs: tuple[str, ...] = ()
@@ -351,7 +350,6 @@ def engine_state(observed: ObservedState, settings: OperatorSettings, now: datet
             return EngineState(
                 EnginePhase.BUILDING,
                 key,
-                job_name=job_name,
                 message=f"Job {job_name} completed; waiting for its pod's termination message.",
                 delete_jobs=stale,
             )
@@ -377,7 +375,6 @@ def engine_state(observed: ObservedState, settings: OperatorSettings, now: datet
     return EngineState(
         EnginePhase.FAILED,
         key,
-        job_name=job_name,
         message=f"Job {job_name} failed: {failure}. Retrying at {retry_at:%Y-%m-%dT%H:%M:%SZ}.",
         retry_at=retry_at,
         delete_jobs=stale,
@@ -397,7 +394,6 @@ def _building(owner: str, key: str, attempt: int, stale: tuple[str, ...]) -> Eng
         EnginePhase.BUILDING,
         key,
         job_attempt=attempt,
-        job_name=job_name,
         message=f"Job {job_name} is building the engine{retry}.",
         delete_jobs=stale,
     )

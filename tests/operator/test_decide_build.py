@@ -553,3 +553,77 @@ def test_pinning_the_built_engine_keeps_its_target_and_another_pin_has_none_know
         engine = cluster.status.engine
         assert (engine.digest, engine.target) == (pin, target)
         assert pin in cluster.condition(ENGINE).message
+
+
+def unfinished_jobs(cluster: Cluster) -> list[str]:
+    return [j["metadata"]["name"] for j in cluster.jobs() if "status" not in j]
+
+
+def test_an_unfinished_build_is_deleted_whatever_the_new_inputs_engine_is():
+    """A build of inputs the spec no longer asks for is deleted in the pass that sees the
+    change: when the new spec pins an engine, when its engine is already built, and when
+    its own build failed and waits for its retry."""
+    fp16 = make_spec(engine={"precision": "fp16"})
+
+    pinned = Cluster(make_spec())
+    pinned.reconcile()
+    (running,) = unfinished_jobs(pinned)
+    pinned.update_spec(make_spec(engine={"pin": DIGEST_A}))
+    assert pinned.reconcile(T0 + timedelta(minutes=1)).delete == (("Job", running),)
+
+    built = Cluster(make_spec())
+    built.build_to_ready(DIGEST_A)
+    built.update_spec(fp16)
+    built.reconcile(T0 + timedelta(minutes=1))
+    (running,) = unfinished_jobs(built)
+    built.update_spec(make_spec())  # back to the inputs engine A was built from
+    decision = built.reconcile(T0 + timedelta(minutes=2))
+    assert decision.delete == (("Job", running),)
+    assert built.condition(ENGINE).message.startswith(f"Engine {DIGEST_A} was built")
+
+    failing = Cluster(make_spec())
+    failing.reconcile()
+    (first,) = failing.jobs()
+    failing.fail_job(first["metadata"]["name"], "BackoffLimitExceeded", "m", "error: x")
+    failing.update_spec(fp16)
+    failing.reconcile(T0 + timedelta(seconds=1))
+    (running,) = unfinished_jobs(failing)
+    failing.update_spec(make_spec())  # back to the inputs whose build failed: in backoff
+    decision = failing.reconcile(T0 + timedelta(seconds=2))
+    assert decision.delete == (("Job", running),)
+    assert failing.condition(ENGINE).reason == Reason.ENGINE_BUILD_FAILED
+
+
+def test_the_engine_condition_names_the_job_and_its_attempt():
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    (first,) = cluster.jobs()
+    name = first["metadata"]["name"]
+    assert cluster.condition(ENGINE).message == f"Job {name} is building the engine."
+    cluster.fail_job(name, "BackoffLimitExceeded", "m", "error: x")
+    cluster.reconcile(T0 + timedelta(minutes=5))
+    (retry,) = unfinished_jobs(cluster)
+    assert cluster.condition(ENGINE).message == f"Job {retry} is building the engine (attempt 2)."
+    cluster.succeed_job(retry, DIGEST_A, at=T0 + timedelta(minutes=5))
+    cluster.pods.clear()  # its pod is not seen yet
+    cluster.reconcile(T0 + timedelta(minutes=5, seconds=1))
+    assert cluster.condition(ENGINE).message == (
+        f"Job {retry} completed; waiting for its pod's termination message."
+    )
+
+
+def test_a_failed_job_without_a_condition_time_backs_off_from_its_start():
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    (job,) = cluster.jobs()
+    cluster.fail_job(job["metadata"]["name"], "BackoffLimitExceeded", "m", "error: x")
+    (condition,) = job["status"]["conditions"]
+    del condition["lastTransitionTime"]
+    job["status"]["startTime"] = "2026-01-01T12:00:10Z"
+    decision = cluster.reconcile(T0 + timedelta(seconds=20))
+    assert decision.requeue_after_seconds == pytest.approx(SETTINGS.build_backoff_seconds - 10)
+    del job["status"]["startTime"]  # no time at all: nothing to back off from
+    (retry,) = [
+        o for o in cluster.reconcile(T0 + timedelta(seconds=21)).apply if o["kind"] == "Job"
+    ]
+    assert retry["metadata"]["labels"][names.LABEL_BUILD_ATTEMPT] == "1"
