@@ -627,3 +627,16 @@ def test_a_failed_job_without_a_condition_time_backs_off_from_its_start():
         o for o in cluster.reconcile(T0 + timedelta(seconds=21)).apply if o["kind"] == "Job"
     ]
     assert retry["metadata"]["labels"][names.LABEL_BUILD_ATTEMPT] == "1"
+
+
+@pytest.mark.parametrize("text", ["{not: yaml", "engine: 3", ""])
+def test_an_unreadable_runtime_config_of_the_old_engine_is_rendered_again(text):
+    """A hand-mangled runtime ConfigMap while a new version builds: the old engine's config
+    is rendered from the spec again (never a crash)."""
+    cluster = Cluster(make_spec())
+    cluster.build_to_ready(DIGEST_A)
+    cluster.update_spec(make_spec(model={"version": "2"}, engine={"precision": "fp16"}))
+    cluster.reconcile(T0 + timedelta(hours=1))
+    cluster.get("ConfigMap")["data"][CONFIG_KEY] = text
+    cluster.reconcile(T0 + timedelta(hours=1, seconds=5))
+    assert served_digest(cluster) == DIGEST_A

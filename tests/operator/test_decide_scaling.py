@@ -126,3 +126,23 @@ def test_the_pod_monitor_carries_the_labels_a_prometheus_selects_on():
     cluster.reconcile(T0 + timedelta(seconds=1), settings)
     labels = cluster.get("PodMonitor", "demo-runtime")["metadata"]["labels"]
     assert labels["release"] == "kps" and labels["app.kubernetes.io/instance"] == "demo"
+
+
+def test_the_autoscalers_memory_carries_from_pass_to_pass():
+    """The stabilization window and the last scale time live between passes: after a
+    scale-up, a quiet minute does not bring the count down (the 5-minute window holds it),
+    and a pass that changes nothing keeps lastScaleTime."""
+    cluster = autoscaled()
+    load(cluster, depth=12, ready=1)
+    cluster.reconcile(T0 + timedelta(minutes=5))
+    assert replicas(cluster) == 3
+    load(cluster, depth=0, ready=3)
+    cluster.reconcile(T0 + timedelta(minutes=6))
+    assert replicas(cluster) == 3, "held by scaleDownStabilizationSeconds"
+    assert cluster.status.autoscaling.last_scale_time == T0 + timedelta(minutes=5)
+    # once the window has seen only low recommendations, the count comes down (a memory
+    # lost between passes would restart the window each time and hold it for ever)
+    for minute in range(7, 13):
+        load(cluster, depth=0, ready=replicas(cluster))
+        cluster.reconcile(T0 + timedelta(minutes=minute))
+    assert replicas(cluster) == 1
