@@ -9,6 +9,7 @@ serving children named its engine, before their pods ran it, and kept the Passed
 
 from __future__ import annotations
 
+import copy
 from datetime import timedelta
 
 from decide_scenarios import DIGEST_A, DIGEST_B, T0
@@ -55,3 +56,40 @@ def test_a_candidate_is_closed_when_the_spec_goes_back_to_the_serving_version():
     writes = cluster.writes
     cluster.reconcile(T0 + timedelta(minutes=13))
     assert cluster.writes == writes, "and it settles"
+
+
+def test_a_lost_write_of_the_promotion_is_made_again():
+    """The pass that passed the candidate wrote the serving children; if that write is
+    lost (a conflict, an operator restart), the next pass writes them again and the
+    candidate keeps running."""
+    cluster = shadowing_cluster()
+    before = {kind: copy.deepcopy(cluster.get(kind)) for kind in ("ConfigMap", "Deployment")}
+    cluster.reading = ShadowReading(GOOD)
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    assert served(cluster) == DIGEST_B
+    for kind, child in before.items():
+        cluster.objects[(kind, child["metadata"]["name"])] = child  # the write never landed
+    assert served(cluster) == DIGEST_A
+    cluster.reconcile(T0 + timedelta(minutes=12, seconds=15))
+    assert served(cluster) == DIGEST_B
+    assert cluster.has("Deployment", CANDIDATE)
+    assert cluster.status.candidate.verdict == ShadowVerdict.PASSED
+
+
+def test_a_promoted_engine_is_served_again_after_the_serving_children_are_reverted():
+    """After the promotion, the serving children put back as they were before it (a
+    restore, a hand edit): the promoted engine is served again, not shadowed again."""
+    cluster = shadowing_cluster()
+    before = {kind: copy.deepcopy(cluster.get(kind)) for kind in ("ConfigMap", "Deployment")}
+    cluster.reading = ShadowReading(GOOD)
+    cluster.reconcile(T0 + timedelta(minutes=12))
+    cluster.roll_out()
+    cluster.reconcile(T0 + timedelta(minutes=13))
+    assert cluster.status.candidate.verdict == ShadowVerdict.PROMOTED
+    for kind, child in before.items():
+        cluster.objects[(kind, child["metadata"]["name"])] = child
+    assert served(cluster) == DIGEST_A
+    cluster.reconcile(T0 + timedelta(minutes=14))
+    assert served(cluster) == DIGEST_B
+    assert cluster.status.candidate.verdict == ShadowVerdict.PROMOTED
+    assert not cluster.has("Deployment", CANDIDATE)
