@@ -114,6 +114,8 @@ def test_a_pod_monitor_replaces_the_scrape_annotations_where_the_cluster_serves_
     assert str(port["containerPort"]) == "8000" == annotations["prometheus.io/port"]
     assert endpoint["path"] == "/metrics" == annotations["prometheus.io/path"]
     assert endpoint["interval"] == "15s"
+    # once stored, the PodMonitor is seen as it is and not written again
+    assert cluster.reconcile(T0 + timedelta(minutes=6)).apply == ()
 
 
 def test_the_pod_monitor_carries_the_labels_a_prometheus_selects_on():
