@@ -28,6 +28,7 @@ from kubeinfer.runtime.building.engine_build import BuildResult, build_engine
 from kubeinfer.runtime.engine_manifest import EngineManifest, sha256_file
 from kubeinfer.runtime.engines.loader import installed_backend_version
 from onnx import TensorProto, helper
+from onnx_models import build_dynamic_item_model
 
 pytestmark = pytest.mark.slow
 
@@ -155,22 +156,6 @@ def test_another_versions_entry_of_the_same_model_is_never_a_cache_hit(
     assert result.manifest.key.backend_version == INSTALLED
 
 
-def _dynamic_item_model(path: Path) -> Path:
-    """y = x * 2 with x of shape [batch, n]: n is dynamic."""
-    two = onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["y"])],
-        "dynamic",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
-        [two],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
-
-
 def _reduced_batch_model(path: Path) -> Path:
     """The maximum over the batch: one row whatever the batch size."""
     graph = helper.make_graph(
@@ -193,7 +178,7 @@ def test_build_refuses_a_model_serve_refuses_with_serves_reason(
     tmp_path: Path, model: str, precision: str, snapshot
 ) -> None:  # type: ignore[no-untyped-def]
     if model == "dynamic item":
-        path = _dynamic_item_model(tmp_path / "dynamic.onnx")
+        path = build_dynamic_item_model(tmp_path / "dynamic.onnx")
         samples = {"x": np.random.default_rng(0).random((16, 4), np.float32)}
     else:
         path = _reduced_batch_model(tmp_path / "reduced.onnx")

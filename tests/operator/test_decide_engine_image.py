@@ -447,21 +447,10 @@ def test_a_real_runtime_refusing_its_pinned_engine_is_reported_with_its_own_word
 @pytest.mark.slow
 def test_a_build_job_of_a_model_serve_would_refuse_fails_with_serves_reason(tmp_path):
     import numpy as np
-    import onnx
     from kubeinfer.runtime.building.calibration import write_samples
-    from onnx import TensorProto, helper
+    from onnx_models import build_dynamic_item_model
 
-    two = onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")
-    graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["y"])],
-        "dynamic",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
-        [two],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(tmp_path / "dynamic.onnx"))
+    build_dynamic_item_model(tmp_path / "dynamic.onnx")
     samples = {"x": np.random.default_rng(0).random((16, 4), np.float32)}
     calibration = write_samples(tmp_path / "calibration.npz", samples)
     cluster = Cluster(

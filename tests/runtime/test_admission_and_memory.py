@@ -1,5 +1,5 @@
 """Admission before the body, bounded work and memory per request, and read timeouts,
-against real `kubeinfer serve` processes (the spin model of `hostile_models`, whose
+against real `kubeinfer serve` processes (the spin model of `onnx_models`, whose
 engine call the request can make last about a second).
 
 Covers:
@@ -30,7 +30,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from hostile_models import build_spin_model
+from onnx_models import build_spin_model
 from serve_process import ServeProcess, head, read_response
 
 pytestmark = pytest.mark.slow

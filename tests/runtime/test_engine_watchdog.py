@@ -1,5 +1,5 @@
 """The engine watchdog, against real `kubeinfer serve` processes whose engine call really
-does not return for a while (the spin model of `hostile_models`: a request picks how many
+does not return for a while (the spin model of `onnx_models`: a request picks how many
 times the model's ONNX Loop runs).
 
 Covers: a batch still running at its requests' deadline answers them 504 at that
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hostile_models import build_spin_model
+from onnx_models import build_spin_model
 from serve_process import ServeProcess
 
 pytestmark = pytest.mark.slow

@@ -1,5 +1,5 @@
 """SIGTERM loses nothing it has read, against real `kubeinfer serve` processes (the spin
-model of `hostile_models`, each request holding the engine ~15 ms so that requests are
+model of `onnx_models`, each request holding the engine ~15 ms so that requests are
 queued and running when the signal comes).
 
 Covers, each with its own process, SIGTERM sent in the middle of the load:
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hostile_models import build_spin_model
+from onnx_models import build_spin_model
 from serve_process import ServeProcess, head, read_response
 
 pytestmark = pytest.mark.slow

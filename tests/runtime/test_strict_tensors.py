@@ -1,5 +1,5 @@
 """Strict tensors and JSON errors everywhere, against a real `kubeinfer serve` process
-(the spin model of `hostile_models`: an FP32 and an INT32 input).
+(the spin model of `onnx_models`: an FP32 and an INT32 input).
 
 Covers: `null`, strings and booleans in numeric tensors, fractional numbers and booleans
 in integer tensors, values out of a datatype's range: each a 400 naming the value, where
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hostile_models import build_spin_model, expected_y
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from onnx_models import build_spin_model, expected_y
 from serve_process import ServeProcess, head
 
 pytestmark = pytest.mark.slow

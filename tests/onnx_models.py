@@ -1,6 +1,10 @@
-"""A real ONNX model for the hostile-load tests, built with onnx.helper (nothing is
-downloaded): two inputs of different datatypes, and an engine call whose duration the
-request chooses.
+"""Small real ONNX models that tests in more than one folder build with onnx.helper
+(nothing is downloaded). The MLPs the benchmarks and the demo use are in
+`kubeinfer.runtime.demo_models`.
+
+`build_dynamic_item_model`: `y = x * 2` with `x` of shape [batch, n], n dynamic: a model
+`kubeinfer serve` refuses (one dynamic dimension besides the batch), so `kubeinfer build`
+must refuse it too.
 
 `build_spin_model`: inputs `x` FP32 [batch, 4] and `ids` INT32 [batch, 4], output `y` FP32
 [batch, 4] = x + ids. Before answering, the graph runs an ONNX `Loop` as many times as the
@@ -61,3 +65,18 @@ def build_spin_model(path: Path) -> Path:
 
 def expected_y(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return (x + ids.astype(np.float32)).astype(np.float32)
+
+
+def build_dynamic_item_model(path: Path) -> Path:
+    two = onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["y"])],
+        "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
+        [two],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
