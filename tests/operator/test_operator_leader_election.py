@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -105,21 +106,42 @@ def start_replica(world: World, tmp_path: Path, token: str) -> tuple[asyncio.Fut
     return process, log
 
 
+@contextlib.asynccontextmanager
+async def leader_and_standby(world: World, tmp_path: Path):
+    """Replica a, once it holds the Lease, and replica b, once it has looked at the Lease
+    as a standby: (the leader, a's log, b's log). Both are stopped on the way out."""
+    first, first_log = start_replica(world, tmp_path, "replica-a")
+    leader = await first
+    try:
+        await eventually(lambda: (holder(world) or "").startswith("replica-a"), within=30)
+        second, second_log = start_replica(world, tmp_path, "replica-b")
+        standby = await second
+        try:
+            await eventually(
+                lambda: any(
+                    c.user == "replica-b" and c.resource == "leases" for c in world.api.calls
+                ),
+                within=30,
+                what="the standby to look at the Lease",
+            )
+            yield leader, first_log, second_log
+        finally:
+            await stop(standby)
+    finally:
+        await stop(leader)
+
+
+async def stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), timeout=30)
+
+
 @pytest.mark.slow
 async def test_the_standby_takes_over_a_build_when_the_leader_is_killed(
     world: World, tmp_path: Path
 ) -> None:
-    first, first_log = start_replica(world, tmp_path, "replica-a")
-    leader = await first
-    await eventually(lambda: (holder(world) or "").startswith("replica-a"), within=30)
-    second, second_log = start_replica(world, tmp_path, "replica-b")
-    standby = await second
-    try:
-        await eventually(
-            lambda: any(c.user == "replica-b" and c.resource == "leases" for c in world.api.calls),
-            within=30,
-            what="the standby to look at the Lease",
-        )
+    async with leader_and_standby(world, tmp_path) as (leader, first_log, second_log):
         world.api.create("inferencedeployments", manifest())
         (job,) = await eventually(world.jobs, within=10, what="the build Job")
         await eventually(lambda: condition(world.infd(), "EngineReady"), within=10, what="a status")
@@ -138,11 +160,6 @@ async def test_the_standby_takes_over_a_build_when_the_leader_is_killed(
         await eventually(
             lambda: (condition(world.infd(), "Ready") or {}).get("status") == "True", within=15
         )
-    finally:
-        for process in (leader, standby):
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-                await asyncio.wait_for(process.wait(), timeout=30)
     lease = TIMINGS["lease_duration_seconds"] + TIMINGS["retry_period_seconds"]
     print(
         f"\nTakeover {took_over:.1f} s after SIGKILL (lease {TIMINGS['lease_duration_seconds']} s)"
@@ -172,25 +189,11 @@ async def test_the_standby_takes_over_a_build_when_the_leader_is_killed(
 async def test_a_leader_stopped_with_sigterm_hands_over_at_once(
     world: World, tmp_path: Path
 ) -> None:
-    first, _ = start_replica(world, tmp_path, "replica-a")
-    leader = await first
-    await eventually(lambda: (holder(world) or "").startswith("replica-a"), within=30)
-    second, second_log = start_replica(world, tmp_path, "replica-b")
-    standby = await second
-    try:
-        await eventually(
-            lambda: any(c.user == "replica-b" and c.resource == "leases" for c in world.api.calls),
-            within=30,
-        )
+    async with leader_and_standby(world, tmp_path) as (leader, _, second_log):
         leader.send_signal(signal.SIGTERM)
         await asyncio.wait_for(leader.wait(), timeout=30)
         stopped = time.monotonic()
         assert leader.returncode == 0
         await eventually(lambda: (holder(world) or "").startswith("replica-b"), within=15)
         took_over = time.monotonic() - stopped
-    finally:
-        for process in (leader, standby):
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-                await asyncio.wait_for(process.wait(), timeout=30)
     assert took_over < 2 * TIMINGS["retry_period_seconds"] + 0.5, second_log.read_text()[-2000:]
