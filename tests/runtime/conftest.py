@@ -11,11 +11,18 @@ from pathlib import Path
 import pytest
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
+from onnx_models import build_spin_model
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_mlp(tmp_path_factory.mktemp("runtime-models") / "tiny.onnx")
+
+
+@pytest.fixture(scope="session")
+def spin_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model whose requests choose how long the engine call takes (`onnx_models`)."""
+    return build_spin_model(tmp_path_factory.mktemp("spin") / "spin.onnx")
 
 
 @pytest.fixture

@@ -30,18 +30,12 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from onnx_models import build_spin_model
 from serve_process import ServeProcess, head, read_response
 
 pytestmark = pytest.mark.slow
 
 MIB = 1024 * 1024
 RESET_ON_CLOSE = b"\x01\x00\x00\x00\x00\x00\x00\x00"  # SO_LINGER on, 0 s
-
-
-@pytest.fixture(scope="module")
-def spin_model(tmp_path_factory: pytest.TempPathFactory):
-    return build_spin_model(tmp_path_factory.mktemp("spin") / "spin.onnx")
 
 
 @pytest.fixture(scope="module")
@@ -172,9 +166,7 @@ def test_an_amplification_body_is_refused_unparsed(roomy) -> None:
     assert len(bomb) < 64 * 1024
     roomy.reset_peak_memory()
     before = roomy.memory_kib("VmRSS")
-    status, _, answer = roomy.request(
-        "POST", roomy.infer_path, bomb, {"Content-Encoding": "gzip"}
-    )
+    status, _, answer = roomy.request("POST", roomy.infer_path, bomb, {"Content-Encoding": "gzip"})
     growth_mb = (roomy.memory_kib("VmHWM") - before) / 1024
     assert growth_mb < 50, f"peak memory grew by {growth_mb:.0f} MB"
     assert status == 413, answer
@@ -197,9 +189,7 @@ def test_abandoned_uploads_give_their_memory_back(roomy) -> None:
         for sock in sockets:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
             sock.close()  # a reset, as a client that crashed or timed out
-        wait_for(
-            lambda: server.metric("kubeinfer_requests_in_progress") == 0, "the aborts noticed"
-        )
+        wait_for(lambda: server.metric("kubeinfer_requests_in_progress") == 0, "the aborts noticed")
     growth_mb = (server.memory_kib("VmRSS") - start_kib) / 1024
     assert growth_mb < 100, f"resident memory grew by {growth_mb:.0f} MB and stayed"
     assert server.metric("kubeinfer_requests_cancelled_total", stage="reading") - cancelled == (

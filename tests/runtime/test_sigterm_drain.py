@@ -26,17 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx_models import build_spin_model
 from serve_process import ServeProcess, head, read_response
 
 pytestmark = pytest.mark.slow
 
 GRACE_SECONDS = 30
-
-
-@pytest.fixture(scope="module")
-def spin_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_spin_model(tmp_path_factory.mktemp("spin") / "spin.onnx")
 
 
 def serve(model: Path) -> ServeProcess:
