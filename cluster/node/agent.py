@@ -1,0 +1,418 @@
+"""The node agent: one Node, its scheduler and its kubelet, for a cluster on one machine.
+
+- **Node**: registers a Node with the machine's CPUs and memory as allocatable (and
+  `nvidia.com/gpu` when asked, so GPU manifests schedule), reports Ready, and renews its
+  Lease in `kube-node-lease` as a kubelet's heartbeat.
+- **Scheduler**: a pending pod with the default scheduler is bound to the node when it fits
+  (`scheduling.unschedulable_reason`); otherwise its PodScheduled condition and a
+  FailedScheduling Event say why, and it is tried again as pods come and go.
+- **Kubelet**: each pod bound to the node gets a `PodWorker` (`pods`) with its own loopback
+  address, 127.X.Y.Z, allocated round-robin so an address is not reused while clients
+  may still hold it.
+- **Storage**: a default StorageClass `local` whose claims this agent provisions as
+  directories (the PersistentVolume is created for the claim, and the real
+  persistentvolume-binder controller binds them), so claims show Bound as on a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import itertools
+import logging
+import os
+import platform
+import secrets
+import time
+from collections.abc import Mapping
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from kubeinfer.cluster.node import images
+from kubeinfer.cluster.node.api import STRATEGIC, ApiError, KubeObject, NodeApi
+from kubeinfer.cluster.node.pods import NodeContext, PodWorker, rfc3339
+from kubeinfer.cluster.node.scheduling import unschedulable_reason
+from kubeinfer.cluster.node.volumes import Endpoints
+
+log = logging.getLogger(__name__)
+PROVISIONER = "kubeinfer.io/local-path"
+STORAGE_CLASS = "local"
+HEARTBEAT_SECONDS = 10.0
+LEASE_SECONDS = 40
+SCHEDULE_RETRY_SECONDS = 2.0
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class Addresses:
+    """Pod addresses in the pod CIDR, handed out round-robin so that an address is not
+    reused while a client may still hold a connection to its last pod. In the loopback
+    range, 127.0.0.0/24 (the node's own 127.0.0.1) is left out."""
+
+    def __init__(self, cidr: str) -> None:
+        network = ipaddress.ip_network(cidr)
+        skip = ipaddress.ip_network("127.0.0.0/24")
+        usable = (
+            str(a) for a in network.hosts()
+            if a not in skip and a.packed[-1] not in (0, 255)
+        )  # fmt: skip
+        self._cycle = itertools.cycle(usable)
+        self.used: set[str] = set()
+
+    def allocate(self) -> str:
+        while True:
+            address = next(self._cycle)
+            if address not in self.used:
+                self.used.add(address)
+                return address
+
+    def release(self, address: str) -> None:
+        self.used.discard(address)
+
+
+def memory_bytes() -> int:
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 8 * 2**30
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        api: NodeApi,
+        *,
+        name: str,
+        directory: Path,
+        server: str,
+        ca_file: Path,
+        kubernetes_version: str,
+        pod_cidr: str,
+        gpus: int = 0,
+        cpus: str | None = None,
+        extra_images: Mapping[str, images.ImageConfig] | None = None,
+        backoff_initial_seconds: float = 10.0,
+    ) -> None:
+        self.api, self.name, self.directory = api, name, directory
+        self.version = kubernetes_version
+        self.allocatable = {
+            "cpu": str(cpus or os.cpu_count() or 1),
+            "memory": str(memory_bytes()),
+            "pods": "110",
+            "ephemeral-storage": "100Gi",
+        }
+        if gpus:
+            self.allocatable[GPU_RESOURCE] = str(gpus)
+        self.labels = {
+            "kubernetes.io/hostname": name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": {"x86_64": "amd64", "aarch64": "arm64"}.get(
+                platform.machine(), platform.machine()
+            ),
+        }
+        self.context = NodeContext(
+            api=api, node_name=name, host_ip="127.0.0.1", directory=directory,
+            server=server, ca_file=ca_file, endpoints=Endpoints(api),
+            extra_images=extra_images or {}, backoff_initial_seconds=backoff_initial_seconds,
+            record_event=self.record_event,
+        )  # fmt: skip
+        self.pod_cidr = pod_cidr
+        self.addresses = Addresses(pod_cidr)
+        self.workers: dict[str, PodWorker] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.finished: set[str] = set()
+        self.pending: dict[str, KubeObject] = {}
+        self.unschedulable_said: dict[str, str] = {}
+        self._events: set[asyncio.Task[None]] = set()
+
+    # -- running -----------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.register()
+        await self._ensure_storage_class()
+        loops = [
+            asyncio.create_task(self._watch_pods()),
+            asyncio.create_task(self._heartbeat()),
+            asyncio.create_task(self._schedule_loop()),
+            asyncio.create_task(self._watch_claims()),
+        ]
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([*loops, stopping], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not stopping and task.exception():
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            for task in [*loops, stopping]:
+                task.cancel()
+            await self.shutdown()
+
+    async def shutdown(self) -> None:
+        """Stops every pod's containers (the node goes away; the pods are not deleted)."""
+        for worker in self.workers.values():
+            worker.is_gone = worker.deleting = True
+            worker.wake.set()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks.values()), timeout=60)
+        for task in self.tasks.values():
+            task.cancel()
+
+    # -- the Node ----------------------------------------------------------------------------
+    def _node_status(self) -> dict[str, Any]:
+        now = rfc3339()
+        return {
+            "capacity": self.allocatable,
+            "allocatable": self.allocatable,
+            "conditions": [{
+                "type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "kubeinfer node agent is posting ready status",
+                "lastHeartbeatTime": now, "lastTransitionTime": self._ready_since,
+            }],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                          {"type": "Hostname", "address": self.name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            "nodeInfo": {
+                "machineID": "", "systemUUID": "", "bootID": "",
+                "kernelVersion": platform.release(), "osImage": platform.platform(),
+                "containerRuntimeVersion": "kubeinfer-process://0.1",
+                "kubeletVersion": self.version, "kubeProxyVersion": "",
+                "operatingSystem": "linux", "architecture": self.labels["kubernetes.io/arch"],
+            },
+        }  # fmt: skip
+
+    async def register(self) -> None:
+        self._ready_since = rfc3339()
+        body = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": self.name, "labels": self.labels},
+                "spec": {"podCIDR": self.pod_cidr, "podCIDRs": [self.pod_cidr]}}  # fmt: skip
+        try:
+            await self.api.request("POST", "/api/v1/nodes", body=body)
+        except ApiError as error:
+            if error.status != 409:
+                raise
+        await self.api.request("PATCH", f"/api/v1/nodes/{self.name}/status",
+                               body={"status": self._node_status()}, content_type=STRATEGIC)  # fmt: skip
+
+    async def _heartbeat(self) -> None:
+        lease_path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.name}"
+        while True:
+            with contextlib.suppress(ApiError):
+                await self.api.request("PATCH", f"/api/v1/nodes/{self.name}/status",
+                                       body={"status": self._node_status()},
+                                       content_type=STRATEGIC)  # fmt: skip
+                now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
+                lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                         "metadata": {"name": self.name, "namespace": "kube-node-lease"},
+                         "spec": {"holderIdentity": self.name, "renewTime": now,
+                                  "leaseDurationSeconds": LEASE_SECONDS}}  # fmt: skip
+                if await self.api.get(lease_path) is None:
+                    await self.api.request("POST", lease_path.rsplit("/", 1)[0], body=lease)
+                else:
+                    await self.api.request("PATCH", lease_path, body={"spec": lease["spec"]},
+                                           content_type=STRATEGIC)  # fmt: skip
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+
+    # -- pods --------------------------------------------------------------------------------
+    async def _watch_pods(self) -> None:
+        async for kind, obj in self.api.watch("/api/v1/pods"):
+            if kind == "SYNC":
+                current = {p["metadata"]["uid"]: p for p in obj.get("items") or []}
+                for uid in list(self.workers):
+                    if uid not in current:
+                        self.workers[uid].gone()
+                self.pending = {}
+                for pod in current.values():
+                    self._observe(pod)
+            elif kind == "DELETED":
+                uid = obj["metadata"]["uid"]
+                self.pending.pop(uid, None)
+                if uid in self.workers:
+                    self.workers[uid].gone()
+            else:
+                self._observe(obj)
+
+    def _observe(self, pod: KubeObject) -> None:
+        uid = pod["metadata"]["uid"]
+        node = pod["spec"].get("nodeName")
+        if not node:
+            scheduler = pod["spec"].get("schedulerName") or "default-scheduler"
+            if scheduler == "default-scheduler" and not pod["metadata"].get("deletionTimestamp"):
+                self.pending[uid] = pod
+            return
+        self.pending.pop(uid, None)
+        if node != self.name:
+            return
+        if uid in self.workers:
+            self.workers[uid].update(pod)
+        elif uid not in self.finished and (pod.get("status") or {}).get("phase") not in (
+            "Succeeded", "Failed"
+        ):  # fmt: skip
+            if pod["metadata"].get("deletionTimestamp"):
+                asyncio.create_task(self._delete_unstarted(pod))
+                return
+            worker = PodWorker(self.context, pod, self.addresses.allocate())
+            self.workers[uid] = worker
+            task = asyncio.create_task(worker.run())
+            self.tasks[uid] = task
+            task.add_done_callback(lambda t, uid=uid: self._worker_done(uid, t))
+
+    def _worker_done(self, uid: str, task: asyncio.Task[None]) -> None:
+        worker = self.workers.pop(uid)
+        self.tasks.pop(uid, None)
+        self.addresses.release(worker.ip)
+        self.finished.add(uid)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("Pod worker failed: pod=%s/%s", worker.namespace, worker.name,
+                      exc_info=task.exception())  # fmt: skip
+
+    async def _delete_unstarted(self, pod: KubeObject) -> None:
+        meta = pod["metadata"]
+        with contextlib.suppress(ApiError):
+            await self.api.request(
+                "DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
+            )  # fmt: skip
+
+    # -- scheduling --------------------------------------------------------------------------
+    async def _schedule_loop(self) -> None:
+        while True:
+            for uid, pod in sorted(self.pending.items(),
+                                   key=lambda kv: kv[1]["metadata"]["creationTimestamp"]):  # fmt: skip
+                if uid in self.pending:
+                    await self._schedule(pod)
+            await asyncio.sleep(0.05 if self.pending else 0.2)
+
+    async def _schedule(self, pod: KubeObject) -> None:
+        meta = pod["metadata"]
+        running = [w.pod["spec"] for w in self.workers.values() if not w.finished]
+        allocatable = {k: Decimal(str(v)) if k != "memory" else Decimal(v)
+                       for k, v in self.allocatable.items() if k != "ephemeral-storage"}  # fmt: skip
+        reason = unschedulable_reason(pod["spec"], self.labels, allocatable, running)
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+        if reason is None:
+            binding = {"apiVersion": "v1", "kind": "Binding",
+                       "metadata": {"name": meta["name"], "uid": meta["uid"]},
+                       "target": {"apiVersion": "v1", "kind": "Node", "name": self.name}}  # fmt: skip
+            try:
+                await self.api.request("POST", f"{path}/binding", body=binding)
+            except ApiError as error:
+                if error.status not in (404, 409):
+                    raise
+            self.pending.pop(meta["uid"], None)
+            await self._set_scheduled(path, True, None)
+            self.record_event(pod, "Normal", "Scheduled",
+                              f"Successfully assigned {meta['namespace']}/{meta['name']} "
+                              f"to {self.name}", source="default-scheduler")  # fmt: skip
+            return
+        if self.unschedulable_said.get(meta["uid"]) != reason:
+            self.unschedulable_said[meta["uid"]] = reason
+            await self._set_scheduled(path, False, reason)
+            self.record_event(pod, "Warning", "FailedScheduling", reason,
+                              source="default-scheduler")  # fmt: skip
+        self.pending.pop(meta["uid"], None)  # tried again when pods change, below
+        asyncio.get_running_loop().call_later(SCHEDULE_RETRY_SECONDS, lambda: self._retry(pod))
+
+    def _retry(self, pod: KubeObject) -> None:
+        uid = pod["metadata"]["uid"]
+        if uid not in self.finished and uid not in self.workers:
+            self.pending.setdefault(uid, pod)
+
+    async def _set_scheduled(self, path: str, scheduled: bool, message: str | None) -> None:
+        condition = {"type": "PodScheduled", "status": "True" if scheduled else "False",
+                     "lastProbeTime": None, "lastTransitionTime": rfc3339()}  # fmt: skip
+        if message:
+            condition.update(reason="Unschedulable", message=message)
+        with contextlib.suppress(ApiError):
+            await self.api.request("PATCH", f"{path}/status",
+                                   body={"status": {"conditions": [condition]}},
+                                   content_type=STRATEGIC)  # fmt: skip
+
+    # -- events ------------------------------------------------------------------------------
+    def record_event(self, obj: KubeObject, type_: str, reason: str, message: str,
+                     source: str = "kubelet") -> None:  # fmt: skip
+        task = asyncio.create_task(self._post_event(obj, type_, reason, message, source))
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
+
+    async def _post_event(self, obj: KubeObject, type_: str, reason: str, message: str,
+                          source: str) -> None:  # fmt: skip
+        meta = obj["metadata"]
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}",
+                         "namespace": meta.get("namespace", "default")},
+            "involvedObject": {"apiVersion": obj.get("apiVersion", "v1"),
+                               "kind": obj.get("kind", "Pod"), "name": meta["name"],
+                               "namespace": meta.get("namespace"), "uid": meta.get("uid")},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": source, "host": self.name},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+            "reportingComponent": source, "reportingInstance": self.name,
+        }  # fmt: skip
+        with contextlib.suppress(ApiError):
+            await self.api.request("POST", f"/api/v1/namespaces/{event['metadata']['namespace']}/events",
+                                   body=event)  # fmt: skip
+
+    # -- storage -----------------------------------------------------------------------------
+    async def _ensure_storage_class(self) -> None:
+        body = {
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": STORAGE_CLASS, "annotations": {
+                "storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": PROVISIONER, "reclaimPolicy": "Delete",
+            "volumeBindingMode": "Immediate",
+        }  # fmt: skip
+        with contextlib.suppress(ApiError):
+            await self.api.request("POST", "/apis/storage.k8s.io/v1/storageclasses", body=body)
+
+    async def _watch_claims(self) -> None:
+        async for kind, obj in self.api.watch("/api/v1/persistentvolumeclaims"):
+            claims = (
+                obj.get("items") or [] if kind == "SYNC" else [obj] if kind != "DELETED" else []
+            )
+            for claim in claims:
+                await self._provision(claim)
+            if kind in ("SYNC", "DELETED"):
+                await self._delete_released()
+
+    async def _provision(self, claim: KubeObject) -> None:
+        meta, spec = claim["metadata"], claim["spec"]
+        annotations = meta.get("annotations") or {}
+        ours = (annotations.get("volume.kubernetes.io/storage-provisioner") == PROVISIONER
+                or annotations.get("volume.beta.kubernetes.io/storage-provisioner") == PROVISIONER)  # fmt: skip
+        if not ours or spec.get("volumeName") or meta.get("deletionTimestamp"):
+            return
+        name = f"pvc-{meta['uid']}"
+        path = self.directory / "claims" / meta["namespace"] / meta["name"]
+        path.mkdir(parents=True, exist_ok=True)
+        volume = {
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": name, "annotations": {
+                "pv.kubernetes.io/provisioned-by": PROVISIONER}},
+            "spec": {
+                "capacity": {"storage": spec["resources"]["requests"]["storage"]},
+                "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Delete",
+                "storageClassName": spec.get("storageClassName") or STORAGE_CLASS,
+                "volumeMode": spec.get("volumeMode") or "Filesystem",
+                "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+                "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                             "namespace": meta["namespace"], "name": meta["name"],
+                             "uid": meta["uid"]},
+            },
+        }  # fmt: skip
+        with contextlib.suppress(ApiError):
+            await self.api.request("POST", "/api/v1/persistentvolumes", body=volume)
+
+    async def _delete_released(self) -> None:
+        volumes = await self.api.request("GET", "/api/v1/persistentvolumes")
+        for volume in volumes.get("items") or []:
+            annotations = volume["metadata"].get("annotations") or {}
+            released = (volume.get("status") or {}).get("phase") in ("Released", "Failed")
+            if annotations.get("pv.kubernetes.io/provisioned-by") == PROVISIONER and released:
+                with contextlib.suppress(ApiError):
+                    await self.api.request(
+                        "DELETE", f"/api/v1/persistentvolumes/{volume['metadata']['name']}"
+                    )
