@@ -53,6 +53,20 @@ node lifecycle (the node agent is the only node and reports its own condition)."
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 STATE_FILE = "state.json"
+AUDIT_LOG = "audit.log"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        # A write to an InferenceDeployment itself (not its status) with its body: tests
+        # check from it that the operator never writes a spec it was given.
+        {"level": "Request", "verbs": ["patch", "update"],
+         "resources": [{"group": "kubeinfer.io", "resources": ["inferencedeployments"]}]},
+        {"level": "Metadata"},
+    ],
+}  # fmt: skip
+"""Who did what: one line per request, with its user, verb, resource and response code."""
 READY_TIMEOUT_SECONDS = 90.0
 
 
@@ -160,11 +174,13 @@ def up(
     kubeconfig: Path | None = None,
     *,
     node_args: list[str] | None = None,
+    audit: bool = False,
     progress: Callable[[str], None] = binaries.say,
 ) -> Cluster:
     """Starts the cluster in `directory` (emptied first) and returns once the API server is
     ready, the controllers run and the node is Ready; ClusterError otherwise, after
-    stopping whatever had started."""
+    stopping whatever had started. With `audit`, the API server logs every request's
+    metadata (who, verb, resource, response code) to `directory/audit.log`."""
     paths = binaries.ensure_binaries()
     pods = network.ensure_pod_network()
     if pods.note:
@@ -203,7 +219,7 @@ def up(
         _wait("etcd's /health", lambda: _http_ok(f"{etcd_url}/health"), started)
 
         server = f"https://127.0.0.1:{api_port}"
-        launch("kube-apiserver", [
+        apiserver = [
             str(paths["kube-apiserver"]), f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
             f"--secure-port={api_port}",
@@ -215,8 +231,15 @@ def up(
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true", "--anonymous-auth=false",
             f"--cert-dir={directory / 'apiserver-certs'}", "--v=1",
-        ])  # fmt: skip
+        ]  # fmt: skip
+        if audit:
+            policy = directory / "audit-policy.yaml"
+            policy.write_text(yaml.safe_dump(AUDIT_POLICY))
+            apiserver += [f"--audit-policy-file={policy}",
+                          f"--audit-log-path={directory / AUDIT_LOG}", "--audit-log-maxsize=0"]  # fmt: skip
+        launch("kube-apiserver", apiserver)
         admin = kubeconfig_document(server, pki)
+
         admin_path = directory / "admin.kubeconfig"
         _write_private(admin_path, yaml.safe_dump(admin))
         cluster = Cluster(directory, server, kubeconfig or admin_path, paths["kubectl"], pki)

@@ -12,6 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from kubeinfer.cluster import commands as cluster_commands
 from kubeinfer.operator import commands as operator_commands
 from kubeinfer.runtime import commands as runtime_commands
 
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     operator_commands.register(subparsers)
     runtime_commands.register(subparsers)
+    cluster_commands.register(subparsers)
     return parser
 
 
@@ -31,7 +33,7 @@ EXTRA_OF_MODULE = {
     "kopf": "operator", "kubernetes": "operator", "ruamel": "operator",
     "prometheus_api_client": "operator",
     "numpy": "runtime", "onnx": "runtime", "onnxruntime": "runtime", "orjson": "runtime",
-    "tensorrt": "gpu", "pycuda": "gpu", "pynvml": "gpu",
+    "tensorrt": "gpu", "pycuda": "gpu", "pynvml": "gpu", "cryptography": "local",
 }  # fmt: skip
 """Which extra (pyproject.toml) installs each side's own libraries: the operator image has
 only `operator`, the runtime image only `runtime` (or `gpu`), and a command of the other

@@ -74,16 +74,18 @@ def _rule(resources: tuple[ResourceType, ...], verbs: tuple[str, ...], sub: str 
     return Rule(groups.pop(), names, verbs)
 
 
+# Children are written by server-side apply: a PATCH, which the API server also
+# authorizes as `create` when the object does not exist yet.
 RULES: tuple[Rule, ...] = (
     _rule((INFERENCE_DEPLOYMENT,), ("get", "list", "watch", "patch")),
     _rule((INFERENCE_DEPLOYMENT,), ("patch",), sub="status"),
-    _rule((PVC,), ("list", "watch", "patch")),
-    _rule((CONFIGMAP, SERVICE), ("list", "watch", "patch", "delete")),
+    _rule((PVC,), ("list", "watch", "create", "patch")),
+    _rule((CONFIGMAP, SERVICE), ("list", "watch", "create", "patch", "delete")),
     _rule((POD,), ("list", "watch")),
     _rule((EVENT,), ("create",)),
-    _rule((DEPLOYMENT,), ("list", "watch", "patch", "delete")),
-    _rule((JOB,), ("list", "watch", "patch", "delete")),
-    _rule((POD_MONITOR,), ("list", "patch")),
+    _rule((DEPLOYMENT,), ("list", "watch", "create", "patch", "delete")),
+    _rule((JOB,), ("list", "watch", "create", "patch", "delete")),
+    _rule((POD_MONITOR,), ("list", "create", "patch")),
 )
 
 DEFAULT_LEASE_NAME = "kubeinfer-operator"

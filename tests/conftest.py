@@ -77,3 +77,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
         if "cluster" in item.keywords and not os.environ.get("KUBECONFIG"):
             item.add_marker(no_cluster)
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The session's real control plane and node (see `cluster_harness`), started on first
+    use; building its binaries first if the cache has none (minutes, once per machine)."""
+    from cluster_harness import start_local_cluster
+
+    yield from start_local_cluster(tmp_path_factory.mktemp("cluster"))
+
+
+@pytest.fixture(scope="session")
+def model_directory():  # type: ignore[no-untyped-def]
+    """A directory for model files that pods can read at the same path: under /var/tmp,
+    since every pod mounts its own emptyDir at /tmp."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    directory = Path(tempfile.mkdtemp(prefix="kubeinfer-tests-", dir="/var/tmp"))
+    directory.chmod(0o755)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)

@@ -1,22 +1,36 @@
-"""Fixtures of the operator scenarios: `world`, an emulated API server on a real HTTP
-port (see `operator_harness`), and kopf's logs kept to warnings."""
+"""Fixtures of the operator scenarios: `world`, a namespace of the session's real cluster
+with the operator's ServiceAccount and Role in it (see `operator_harness`), `tiny`, a real
+ONNX model pods can read, and kopf's logs kept to warnings."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import re
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from operator_harness import RECORDED_CALLS, SPEC_WRITES, World, emulated_world, pod_monitor_api
+from cluster_harness import LocalCluster
+from kubeinfer.runtime.demo_models import build_tiny_mlp
+from operator_harness import SCENARIOS_RUN, Model, World, grant_operator_role
 
 
 @pytest.fixture
-async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
-    extra = pod_monitor_api() if request.node.get_closest_marker("serves_pod_monitors") else None
-    async with emulated_world(extra) as world:
-        yield world
-        RECORDED_CALLS[request.node.name] = set(world.api.calls)
-        SPEC_WRITES[request.node.name] = list(world.api.spec_writes)
+def world(local_cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterator[World]:
+    prefix = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower().removeprefix("test_"))
+    namespace = local_cluster.new_namespace(prefix)
+    world = World(local_cluster, local_cluster.admin(namespace))
+    grant_operator_role(world)
+    SCENARIOS_RUN[request.node.name] = namespace
+    yield world
+    # The namespace controller deletes what is left; the node stops its pods meanwhile.
+    local_cluster.admin().delete("v1", "namespaces", namespace, namespace=None)
+
+
+@pytest.fixture(scope="session")
+def tiny(model_directory: Path) -> Model:
+    """A small fp32 MLP ([batch,16] → [batch,10]), built once per session."""
+    return Model(build_tiny_mlp(model_directory / "tiny.onnx"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,42 +1,43 @@
-"""The harness of the operator scenarios: an emulated API server on a real HTTP port and
-the real kopf operator (our handlers, our client) running in-process against it.
+"""The harness of the operator scenarios: the real kopf operator against the session's real
+control plane (kube-apiserver, etcd, kube-controller-manager and the node agent, see
+`cluster_harness`), in a namespace of the test's own.
 
-The `world` fixture (conftest) starts `ApiServerEmulator` behind KMock's aiohttp
-server; `start_operator` runs `kopf.operator` with a fresh registry, the operator's own handlers and
-`OperatorSettings` whose timings are short so the scenarios run in seconds. `world`
-holds the test's hands: it plays the parts of the Job controller, the kubelet and the
-Deployment controller that the emulator does not have (a build finishing with a digest
-in its pod's termination message, a Deployment becoming ready).
+The `world` fixture (conftest) makes the namespace and the operator's identity there: a
+ServiceAccount bound to exactly the Role `kubeinfer rbac` generates (plus leader
+election's), so a verb the Role lacks fails the scenario as it would in a cluster.
+`start_operator` runs `run_operator` in-process, logged in with that account's token,
+with short timings so scenarios take seconds. Nothing is played by hand: the Job
+controller, the ReplicaSet controller and the garbage collector are the real ones, build
+Jobs run `kubeinfer build` and runtime pods `kubeinfer serve` as processes of the node
+agent, from real ONNX models (`models`).
 
-Every API call any scenario's operator made is added to `RECORDED_CALLS`, which the
-RBAC test compares with `kubeinfer.operator.rbac`.
+What the operator did is read from the API server's audit log (`World.calls`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import hashlib
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-import kmock
 import kopf
-import pytest
-from emulator import ApiCall, ApiServerEmulator
+from cluster_harness import ApiCall, Kube, LocalCluster
+from kubeinfer.operator import rbac
 from kubeinfer.operator.handlers import configure_kopf
 from kubeinfer.operator.kube.leader_election import Election
 from kubeinfer.operator.operator_command import run_operator
 from kubeinfer.operator.settings import OperatorSettings
 
-NAMESPACE = "ml"
 IDS = ("kubeinfer.io/v1alpha1", "inferencedeployments")
-RECORDED_CALLS: dict[str, set[ApiCall]] = {}
-"""Every call the operator made, by scenario (test name)."""
-SPEC_WRITES: dict[str, list[str]] = {}
-"""The operator's requests that changed a spec, by scenario (there must be none)."""
+OPERATOR_ACCOUNT = "kubeinfer-operator"
+
+SCENARIOS_RUN: dict[str, str] = {}
+"""Each scenario run this session → its namespace (the `world` fixture records it)."""
 
 WATCHED = {
     "inferencedeployments",
@@ -53,64 +54,62 @@ FAST = OperatorSettings(
     build_poll_seconds=0.5,
     build_backoff_seconds=0.5,
     build_backoff_max_seconds=1,
+    pre_stop_sleep_seconds=0,
+    drain_grace_period_seconds=2,
 )
 
 
-POD_MONITOR_API = "monitoring.coreos.com/v1/podmonitors:PodMonitor"
+@dataclass(frozen=True)
+class Model:
+    """A real ONNX model file and its sha256, as a manifest's source names it."""
+
+    path: Path
+
+    @property
+    def uri(self) -> str:
+        return f"file://{self.path}"
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
 
-def pod_monitor_api() -> dict[str, Callable[[dict[str, Any]], None]]:
-    """The prometheus-operator's PodMonitor API for the emulator, with its official schema
-    (skips, or fails under CI=true, where the schema cannot be had)."""
-    from podmonitor_schema import validate_podmonitor
-
-    return {POD_MONITOR_API: validate_podmonitor}
-
-
-def serves_pod_monitors(test: Any) -> Any:
-    """Marks a scenario whose emulated cluster serves PodMonitors (the `world` fixture and
-    the RBAC replay read the mark)."""
-    test.serves_pod_monitors = True
-    return pytest.mark.serves_pod_monitors(test)
-
-
-def digest_of(text: str) -> str:
-    import hashlib
-
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
-
-
-def manifest(name: str = "resnet", version: str = "1", **spec: Any) -> dict[str, Any]:
+def manifest(
+    model: Model, name: str = "resnet", version: str = "1", **spec: Any
+) -> dict[str, Any]:
+    """An InferenceDeployment of `model`: fp32 ONNX Runtime, one replica."""
     body: dict[str, Any] = {
         "model": {
             "name": "resnet",
             "version": version,
-            "source": {"uri": f"https://models.example.com/resnet/{version}/model.onnx"},
+            "source": {"uri": model.uri},
         },
         "engine": {"backend": "onnxruntime", "precision": "fp32", "maxBatchSize": 8},
-        "runtime": {"replicas": 2, "batching": {"maxBatchSize": 8}},
+        "runtime": {"replicas": 1, "batching": {"maxBatchSize": 8}},
     }
+    body["model"]["source"]["sha256"] = model.sha256
     for key, value in spec.items():
         body[key] = {**body.get(key, {}), **value}
     return {
         "apiVersion": IDS[0],
         "kind": "InferenceDeployment",
-        "metadata": {"name": name, "namespace": NAMESPACE},
+        "metadata": {"name": name},
         "spec": body,
     }
 
 
-async def eventually(check: Callable[[], Any], within: float = 10.0, what: str = "") -> Any:
-    """Polls `check` (every 10 ms) until it returns something truthy; fails after
-    `within` seconds saying what was awaited."""
+async def eventually(check: Callable[[], Any], within: float = 30.0, what: str = "") -> Any:
+    """Polls `check` in a worker thread (it may call the API server; the operator runs in
+    this event loop) until it returns something truthy; fails after `within` seconds
+    saying what was awaited."""
     deadline = time.monotonic() + within
     while True:
-        result = check()
+        result = await asyncio.to_thread(check)
         if result:
             return result
         if time.monotonic() > deadline:
             raise AssertionError(f"Timed out after {within} s waiting for {what or check}")
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
@@ -122,166 +121,79 @@ def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:
 
 @dataclass
 class World:
-    """The emulated cluster and the controllers it lacks."""
+    """A namespace of the real cluster, with the operator's account in it."""
 
-    api: ApiServerEmulator
-    url: str
+    cluster: LocalCluster
+    kube: Kube
+    lease_name: str = rbac.DEFAULT_LEASE_NAME
+    tokens_issued: list[str] = field(default_factory=list)
+
+    @property
+    def namespace(self) -> str:
+        return self.kube.namespace
+
+    @property
+    def operator_user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{OPERATOR_ACCOUNT}"
 
     def infd(self, name: str = "resnet") -> dict[str, Any] | None:
-        return self.api.get(*IDS, NAMESPACE, name)
+        return self.kube.get(*IDS, name)
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return self.kube.create(obj)
+
+    def patch_spec(self, spec: dict[str, Any], name: str = "resnet") -> dict[str, Any]:
+        return self.kube.patch(*IDS, name, {"spec": spec})
 
     def children(self, kind_plural: tuple[str, str]) -> list[dict[str, Any]]:
-        return self.api.list(*kind_plural, NAMESPACE)
-
-    def watched(self, since: int = 0) -> set[str]:
-        """Resources watched by the calls from the `since`-th on."""
-        return {call.resource for call in self.api.calls[since:] if call.verb == "watch"}
+        return self.kube.list(*kind_plural)
 
     def jobs(self) -> list[dict[str, Any]]:
         return self.children(("batch/v1", "jobs"))
+
+    def pods(self, label_selector: str | None = None) -> list[dict[str, Any]]:
+        return self.kube.list("v1", "pods", label_selector)
 
     def one(self, api_version: str, plural: str) -> dict[str, Any] | None:
         found = self.children((api_version, plural))
         return found[0] if len(found) == 1 else None
 
-    def finish_build(
-        self,
-        job: dict[str, Any],
-        *,
-        digest: str | None,
-        exit_code: int = 0,
-        message: str | None = None,
-    ) -> None:
-        """Plays the Job controller and the kubelet: the Job's pod terminates with a
-        termination message, then the Job is marked Complete (or Failed)."""
-        name = job["metadata"]["name"]
-        template = job["spec"]["template"]
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": f"{name}-x1",
-                "namespace": NAMESPACE,
-                "labels": {
-                    **template["metadata"]["labels"],
-                    "batch.kubernetes.io/job-name": name,
-                    "job-name": name,
-                },
-                "ownerReferences": [
-                    {
-                        "apiVersion": "batch/v1",
-                        "kind": "Job",
-                        "name": name,
-                        "uid": job["metadata"]["uid"],
-                        "controller": True,
-                    }
-                ],
-            },
-            "spec": template["spec"],
-        }
-        self.api.create("pods", pod)
-        text = message if message is not None else json.dumps({"digest": digest, "target": "cpu"})
-        container = template["spec"]["containers"][0]["name"]
-        self.api.patch(
-            "v1",
-            "pods",
-            NAMESPACE,
-            pod["metadata"]["name"],
-            {
-                "status": {
-                    "phase": "Succeeded" if exit_code == 0 else "Failed",
-                    "containerStatuses": [
-                        {
-                            "name": container,
-                            "image": "kubeinfer",
-                            "imageID": "",
-                            "ready": False,
-                            "restartCount": 0,
-                            "state": {
-                                "terminated": {
-                                    "exitCode": exit_code,
-                                    "message": text,
-                                    "reason": "Completed" if exit_code == 0 else "Error",
-                                    "startedAt": now,
-                                    "finishedAt": now,
-                                }
-                            },
-                        }
-                    ],
-                }
-            },
-            subresource="status",
-        )
-        if exit_code == 0:
-            conditions = [
-                {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": now},
-                {"type": "Complete", "status": "True", "lastTransitionTime": now},
-            ]
-            status = {"succeeded": 1, "completionTime": now}
-        else:
-            conditions = [
-                {
-                    "type": "Failed",
-                    "status": "True",
-                    "reason": "BackoffLimitExceeded",
-                    "message": "Job has reached the specified backoff limit",
-                    "lastTransitionTime": now,
-                }
-            ]
-            status = {"failed": 1}
-        self.api.patch(
-            "batch/v1",
-            "jobs",
-            NAMESPACE,
-            name,
-            {"status": {**status, "startTime": now, "conditions": conditions}},
-            subresource="status",
-        )
+    def events(self) -> list[dict[str, Any]]:
+        return self.children(("v1", "events"))
 
-    def make_deployment_ready(self) -> None:
-        """Plays the Deployment controller: every desired pod updated, ready, available."""
-        deployment = self.one("apps/v1", "deployments")
-        assert deployment is not None
-        replicas = deployment["spec"].get("replicas", 1)
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.api.patch(
-            "apps/v1",
-            "deployments",
-            NAMESPACE,
-            deployment["metadata"]["name"],
-            {
-                "status": {
-                    "observedGeneration": deployment["metadata"]["generation"],
-                    "replicas": replicas,
-                    "updatedReplicas": replicas,
-                    "readyReplicas": replicas,
-                    "availableReplicas": replicas,
-                    "conditions": [
-                        {
-                            "type": "Available",
-                            "status": "True",
-                            "reason": "MinimumReplicasAvailable",
-                            "lastUpdateTime": now,
-                            "lastTransitionTime": now,
-                        }
-                    ],
-                }
-            },
-            subresource="status",
-        )
+    def calls(self) -> list[ApiCall]:
+        """Every request the operator made, as the API server's audit log recorded it."""
+        return self.kube.calls(user=self.operator_user)
+
+    def writes(self) -> list[ApiCall]:
+        return [c for c in self.calls() if c.verb not in ("get", "list", "watch")]
+
+    def token(self) -> str:
+        token = self.cluster.service_account_token(self.namespace, OPERATOR_ACCOUNT)
+        self.tokens_issued.append(token)
+        return token
 
 
-@contextlib.asynccontextmanager
-async def emulated_world(
-    validate_extra: dict[str, Callable[[dict[str, Any]], None]] | None = None,
-) -> AsyncIterator[World]:
-    """An emulated API server listening on a loopback port; `validate_extra` adds API
-    groups it serves (see `ApiServerEmulator.validate_extra`)."""
-    async with ApiServerEmulator(validate_extra=validate_extra or {}) as api, kmock.Server(
-        api
-    ) as server:
-        yield World(api, str(server.url).rstrip("/"))
+def grant_operator_role(world: World) -> None:
+    """The operator's ServiceAccount, its Role as `kubeinfer rbac` writes it, and leader
+    election's Role for the Lease, each bound to the account."""
+    kube = world.kube
+    kube.create({"apiVersion": "v1", "kind": "ServiceAccount",
+                 "metadata": {"name": OPERATOR_ACCOUNT}})  # fmt: skip
+    roles = [
+        rbac.role_document(OPERATOR_ACCOUNT, world.namespace),
+        rbac.lease_role_document(f"{OPERATOR_ACCOUNT}-lease", world.namespace, world.lease_name),
+    ]
+    for role in roles:
+        kube.create(role)
+        kube.create({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": role["metadata"]["name"]},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                        "name": role["metadata"]["name"]},
+            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_ACCOUNT,
+                          "namespace": world.namespace}],
+        })  # fmt: skip
 
 
 def kopf_settings() -> kopf.OperatorSettings:
@@ -302,23 +214,27 @@ async def start_operator(
     settings: OperatorSettings = FAST,
     *,
     election: Election | None = None,
-    tokens: Callable[[], str | None] = lambda: None,
+    tokens: Callable[[], str | None] | None = None,
 ) -> AsyncIterator[asyncio.Task[None]]:
     """Runs the operator as `kubeinfer operator` does (`run_operator`) until the block
-    ends, logged in to the emulator with the bearer token `tokens()` returns at each
-    login; with `election`, as a replica that must win the Lease first. Yields the
+    ends, logged in as its ServiceAccount (a fresh token at each login, or what `tokens`
+    returns); with `election`, as a replica that must win the Lease first. Yields the
     operator's task (done early when, say, the Lease was lost)."""
+    issue = tokens or world.token
 
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=world.url, default_namespace=NAMESPACE, token=tokens())
+        return kopf.ConnectionInfo(
+            server=world.cluster.server, ca_path=str(world.cluster.ca_file),
+            token=issue(), default_namespace=world.namespace,
+        )  # fmt: skip
 
     stop, ready = asyncio.Event(), asyncio.Event()
-    since = len(world.api.calls)
+    since = len(world.calls())
     task = asyncio.create_task(
         run_operator(
             settings,
             clusterwide=False,
-            namespaces=[NAMESPACE],
+            namespaces=[world.namespace],
             election=election,
             login=login,
             kopf_settings=kopf_settings(),
@@ -327,12 +243,16 @@ async def start_operator(
         )
     )
     try:
-        await asyncio.wait_for(ready.wait(), timeout=10)
+        await asyncio.wait_for(ready.wait(), timeout=20)
         # kopf is ready before its watches are: wait for them, so that what a scenario
         # does next is seen through them, and timings do not include kopf's start.
-        await eventually(lambda: WATCHED <= world.watched(since), what="kopf's watches")
+        if election is None:
+            await eventually(
+                lambda: WATCHED <= {c.resource for c in world.calls()[since:] if c.verb == "watch"},
+                what="kopf's watches",
+            )
         yield task
     finally:
         stop.set()
         if not task.done():
-            await asyncio.wait_for(task, timeout=10)
+            await asyncio.wait_for(task, timeout=20)

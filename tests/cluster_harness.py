@@ -1,0 +1,310 @@
+"""The tests' Kubernetes: one real control plane per test session, a namespace per test.
+
+`local_cluster` (a session fixture in conftest) starts `kubeinfer cluster up`'s etcd,
+kube-apiserver, kube-controller-manager and node agent, built from their Go modules on
+first use, with the API server's audit log on, and applies the CRD as it ships. Each test
+gets a `Kube` bound to a namespace of its own: plain-dict reads and writes through the
+official `kubernetes` client, as the admin. What the operator itself did is read from the
+audit log (`Kube.calls`): every request the API server served, with its user, verb,
+resource and response code, which is the record a test asserts on instead of a fake
+server's request list.
+
+Model files live under /var/tmp, not /tmp: a pod mounts an emptyDir at /tmp, so a
+`file:///tmp/...` source would be hidden from the build pod, as in a real pod.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import yaml
+from kubeinfer.cluster import control_plane
+from kubernetes.client.exceptions import ApiException
+
+REPO = Path(__file__).parents[1]
+CRD = REPO / "crds" / "inferencedeployments.kubeinfer.io.yaml"
+KubeObject = dict[str, Any]
+
+
+def path_of(api_version: str, plural: str, namespace: str | None, name: str | None = None,
+            subresource: str | None = None) -> str:  # fmt: skip
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    if namespace:
+        base += f"/namespaces/{namespace}"
+    base += f"/{plural}"
+    if name:
+        base += f"/{name}"
+    if subresource:
+        base += f"/{subresource}"
+    return base
+
+
+@dataclass(frozen=True, eq=False)
+class ApiCall:
+    """One request from the audit log; `resource` carries `/subresource` when there is one."""
+
+    user: str
+    verb: str
+    group: str
+    resource: str
+    namespace: str
+    name: str
+    code: int
+    body: Any = None
+    """The request's body, where the audit policy records it (writes to an
+    InferenceDeployment itself)."""
+
+    @classmethod
+    def from_audit(cls, event: dict[str, Any]) -> ApiCall:
+        ref = event.get("objectRef") or {}
+        resource = ref.get("resource", "")
+        if ref.get("subresource"):
+            resource += "/" + ref["subresource"]
+        return cls(
+            user=event["user"]["username"],
+            verb=event["verb"],
+            group=ref.get("apiGroup", ""),
+            resource=resource,
+            namespace=ref.get("namespace", ""),
+            name=ref.get("name", ""),
+            code=int((event.get("responseStatus") or {}).get("code", 0)),
+            body=event.get("requestObject"),
+        )
+
+
+class AuditLog:
+    """The API server's audit log, read incrementally."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def calls(self, predicate: Callable[[ApiCall], bool] = lambda _: True) -> list[ApiCall]:
+        if not self.path.exists():
+            return []
+        found = []
+        with self.path.open() as lines:
+            for line in lines:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                # A watch is logged when its response starts (and again when it ends,
+                # which is skipped); every other request once it is complete.
+                stage = "ResponseStarted" if event.get("verb") == "watch" else "ResponseComplete"
+                if event.get("stage") != stage:
+                    continue
+                call = ApiCall.from_audit(event)
+                if predicate(call):
+                    found.append(call)
+        return found
+
+
+class Kube:
+    """Admin access to one namespace of the test cluster (official `kubernetes` client)."""
+
+    def __init__(self, cluster: LocalCluster, namespace: str) -> None:
+        self.cluster = cluster
+        self.namespace = namespace
+        self.client = cluster.api_client
+
+    # -- transport ---------------------------------------------------------------------------
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/json", **query: Any) -> KubeObject:  # fmt: skip
+        params = [(k, v) for k, v in query.items() if v is not None]
+        serialized = self.client.param_serialize(
+            method, path, query_params=params, body=body, auth_settings=["BearerToken"],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+        )  # fmt: skip
+        response = self.client.call_api(*serialized, _request_timeout=30)
+        data = response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException(status=response.status, reason=response.reason,
+                               http_resp=response)  # fmt: skip
+        return json.loads(data) if data else {}
+
+    def get(self, api_version: str, plural: str, name: str,
+            namespace: str | None = "") -> KubeObject | None:  # fmt: skip
+        try:
+            return self.request("GET", path_of(api_version, plural, self._ns(namespace), name))
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def list(self, api_version: str, plural: str, label_selector: str | None = None,
+             namespace: str | None = "") -> list[KubeObject]:  # fmt: skip
+        found = self.request("GET", path_of(api_version, plural, self._ns(namespace)),
+                             labelSelector=label_selector)  # fmt: skip
+        return list(found.get("items") or [])
+
+    def create(self, obj: KubeObject) -> KubeObject:
+        api_version, plural = obj["apiVersion"], plural_of(obj["kind"])
+        namespace = obj.get("metadata", {}).get("namespace", self.namespace)
+        if plural in CLUSTER_SCOPED:
+            namespace = None
+        obj = json.loads(json.dumps(obj))
+        if namespace:
+            obj["metadata"]["namespace"] = namespace
+        return self.request("POST", path_of(api_version, plural, namespace), body=obj)
+
+    def patch(self, api_version: str, plural: str, name: str, patch: Any,
+              subresource: str | None = None, content_type: str = "application/merge-patch+json",
+              namespace: str | None = "") -> KubeObject:  # fmt: skip
+        path = path_of(api_version, plural, self._ns(namespace), name, subresource)
+        return self.request("PATCH", path, body=patch, content_type=content_type)
+
+    def delete(self, api_version: str, plural: str, name: str, namespace: str | None = "",
+               **options: Any) -> None:  # fmt: skip
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", **options}
+        with contextlib.suppress(ApiException):
+            self.request("DELETE", path_of(api_version, plural, self._ns(namespace), name),
+                         body=body)  # fmt: skip
+
+    def _ns(self, namespace: str | None) -> str | None:
+        return self.namespace if namespace == "" else namespace
+
+    # -- what the operator did ---------------------------------------------------------------
+    def calls(self, user: str | None = None) -> list[ApiCall]:
+        """Requests about this namespace (or by `user`), oldest first."""
+        return self.cluster.audit.calls(
+            lambda c: (c.namespace == self.namespace or (user is not None and c.user == user))
+            and (user is None or c.user == user)
+        )
+
+    # -- kubectl, as a user types it ---------------------------------------------------------
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 60,
+                stdin: str | None = None) -> str:  # fmt: skip
+        return self.cluster.kubectl("-n", self.namespace, *args, check=check, timeout=timeout,
+                                    stdin=stdin)  # fmt: skip
+
+
+PLURALS = {
+    "InferenceDeployment": "inferencedeployments", "Endpoints": "endpoints",
+    "NetworkPolicy": "networkpolicies", "PodMonitor": "podmonitors",
+}  # fmt: skip
+CLUSTER_SCOPED = {"namespaces", "nodes", "clusterroles", "clusterrolebindings",
+                  "customresourcedefinitions", "persistentvolumes", "storageclasses"}  # fmt: skip
+
+
+def plural_of(kind: str) -> str:
+    if kind in PLURALS:
+        return PLURALS[kind]
+    lower = kind.lower()
+    return lower + ("es" if lower.endswith("s") else "s")
+
+
+@dataclass
+class LocalCluster:
+    """The session's control plane (`kubeinfer cluster up` with the audit log on)."""
+
+    cluster: control_plane.Cluster
+    api_client: kubernetes.client.ApiClient
+
+    @property
+    def directory(self) -> Path:
+        return self.cluster.directory
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cluster.kubeconfig
+
+    @property
+    def server(self) -> str:
+        return self.cluster.server
+
+    @property
+    def ca_file(self) -> Path:
+        return self.cluster.pki.ca_cert
+
+    @property
+    def audit(self) -> AuditLog:
+        return AuditLog(self.directory / control_plane.AUDIT_LOG)
+
+    def claim_directory(self, namespace: str, claim: str) -> Path:
+        """Where the node keeps a PersistentVolumeClaim's files."""
+        return self.directory / "node" / "claims" / namespace / claim
+
+    def kubectl(self, *args: str, check: bool = True, timeout: float = 60,
+                stdin: str | None = None) -> str:  # fmt: skip
+        """Runs the cluster's own kubectl as the admin; its output (stdout, and stderr too
+        when `check` is off, so a refusal can be read)."""
+        result = subprocess.run(
+            [str(self.cluster.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            capture_output=True, text=True, timeout=timeout, check=False, input=stdin,
+        )  # fmt: skip
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
+        return result.stdout if check else result.stdout + result.stderr
+
+    def admin(self, namespace: str = "default") -> Kube:
+        return Kube(self, namespace)
+
+    def new_namespace(self, prefix: str) -> str:
+        name = f"{prefix[:40].rstrip('-')}-{secrets.token_hex(3)}"
+        self.admin().create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        # Pods need the namespace's default ServiceAccount, which a controller makes.
+        deadline = time.monotonic() + 30
+        while self.admin(name).get("v1", "serviceaccounts", "default") is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no default ServiceAccount in {name}")
+            time.sleep(0.05)
+        return name
+
+    def service_account_token(self, namespace: str, account: str, seconds: int = 3600) -> str:
+        issued = self.admin(namespace).request(
+            "POST", path_of("v1", "serviceaccounts", namespace, account, "token"),
+            body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                  "spec": {"expirationSeconds": seconds}},
+        )  # fmt: skip
+        return str(issued["status"]["token"])
+
+    def kubeconfig_for(self, path: Path, token: str, namespace: str) -> Path:
+        """A kubeconfig with a bearer token (a service account's, say)."""
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {
+                "server": self.server, "certificate-authority": str(self.ca_file)}}],
+            "users": [{"name": "test", "user": {"token": token}}],
+            "contexts": [{"name": "test", "context": {
+                "cluster": "test", "user": "test", "namespace": namespace}}],
+        }))  # fmt: skip
+        return path
+
+
+def start_local_cluster(directory: Path) -> Iterator[LocalCluster]:
+    """Starts the control plane, applies the CRD, yields, and stops every process."""
+    cluster = control_plane.up(
+        directory, audit=True, node_args=["--crash-loop-backoff-seconds=2"]
+    )
+    configuration = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(str(cluster.kubeconfig), client_configuration=configuration)
+    api_client = kubernetes.client.ApiClient(configuration)
+    local = LocalCluster(cluster, api_client)
+    try:
+        local.kubectl("apply", "--server-side", "-f", str(CRD))
+        local.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                      "crd/inferencedeployments.kubeinfer.io")  # fmt: skip
+        # Established comes before the resource's storage answers (429 "storage is
+        # (re)initializing" meanwhile): start the tests once a list succeeds.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                local.admin().list("kubeinfer.io/v1alpha1", "inferencedeployments", namespace=None)
+                break
+            except ApiException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        yield local
+    finally:
+        api_client.close()
+        control_plane.down(directory)

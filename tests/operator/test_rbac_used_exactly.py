@@ -1,0 +1,73 @@
+"""The operator's Role grants exactly what it uses, and it never writes a spec.
+
+Every operator scenario of the session ran under a ServiceAccount bound to the Role that
+`kubeinfer rbac` generates (with leader election's Lease rules), on the real API server
+with RBAC on. From the API server's audit log: no request of the operator was refused
+with 403 (a verb the Role lacks); the (verb, group, resource) pairs it used are exactly
+those the rules grant (no rule nobody needs; a server-side apply that creates an object, 201,
+uses `create` as well as `patch`); and no write it made to an
+InferenceDeployment touched the spec (GitOps tools own it). This module's name sorts
+after every operator scenario's, so pytest runs it last.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from cluster_harness import ApiCall, LocalCluster
+from kubeinfer.operator import rbac
+from operator_harness import OPERATOR_ACCOUNT, SCENARIOS_RUN
+
+NEEDED = [
+    "test_create_builds_the_engine_then_deploys_and_reports_ready",
+    "test_input_change_mid_build_deletes_the_stale_job",
+    "test_deleted_children_are_recreated",
+    "test_where_the_cluster_serves_pod_monitors_one_scrapes_the_serving_pods",
+    "test_the_manual_gate_acts_only_on_the_digest_it_names",
+    "test_a_leader_whose_lease_is_taken_stops_requeues_included",
+]
+"""Scenarios whose calls together use every rule."""
+
+
+def operator_calls(cluster: LocalCluster) -> list[ApiCall]:
+    return cluster.audit.calls(
+        lambda c: c.user.startswith("system:serviceaccount:")
+        and c.user.endswith(f":{OPERATOR_ACCOUNT}")
+    )
+
+
+def writes_spec(body: Any) -> bool:
+    if isinstance(body, list):  # a JSON patch
+        return any(str(op.get("path", "")).startswith("/spec") for op in body)
+    return isinstance(body, dict) and "spec" in body
+
+
+def test_the_operator_was_refused_nothing_and_never_wrote_a_spec(
+    local_cluster: LocalCluster,
+) -> None:
+    calls = operator_calls(local_cluster)
+    if not calls:
+        pytest.skip("no operator scenario ran in this session")
+    refused = sorted({f"{c.verb} {c.group}/{c.resource}" for c in calls if c.code == 403})
+    assert refused == [], "the API server refused the operator verbs its Role lacks"
+    spec_writes = [c for c in calls if c.resource == "inferencedeployments"
+                   and c.verb in ("patch", "update") and writes_spec(c.body)]  # fmt: skip
+    assert spec_writes == [], "the operator wrote a spec"
+
+
+def test_the_rules_grant_exactly_the_calls_the_operator_made(
+    local_cluster: LocalCluster,
+) -> None:
+    missing = [name for name in NEEDED if name not in SCENARIOS_RUN]
+    if missing:
+        pytest.skip(f"needs the scenarios that use every rule to run first: {missing}")
+    used = set()
+    for call in operator_calls(local_cluster):
+        if call.code < 400 or call.code in (404, 409):
+            used.add((call.verb, call.group, call.resource))
+            if call.verb == "patch" and call.code == 201:  # an apply that created the object
+                used.add(("create", call.group, call.resource))
+    granted = rbac.granted((*rbac.RULES, *rbac.lease_rules()))
+    assert used - granted == set(), "the operator used verbs its Role does not grant"
+    assert granted - used == set(), "the Role grants verbs the operator never used"
