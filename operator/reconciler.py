@@ -40,7 +40,8 @@ from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_sp
 from kubeinfer.operator.kube import apply
 from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, POD_MONITOR, ApiError, KubeClient
 from kubeinfer.operator.kube.gather import gather, owner_ref_from_body, stored_status
-from kubeinfer.operator.kube.gather_load import gather_load
+from kubeinfer.operator.kube.gather_load import gather_load, pods_lister
+from kubeinfer.operator.metrics.factory import MetricsSources
 from kubeinfer.operator.reconcile.decide import decide, decide_invalid
 from kubeinfer.operator.reconcile.snapshot import Decision
 from kubeinfer.operator.scaling.inputs import ScalingHistory
@@ -91,6 +92,8 @@ class Reconciler:
         """The autoscaler's memory per object (as the HPA controller keeps it: in memory)."""
         self._pod_monitors: tuple[float, bool] | None = None
         """(when, whether) the cluster serves PodMonitors, rediscovered every few minutes."""
+        self.metrics = MetricsSources(settings, pods_lister(client))
+        """The metrics sources, made once and kept for the operator's life."""
         self._closed = False
 
     def tracked(self) -> set[tuple[str, str]]:
@@ -167,7 +170,7 @@ class Reconciler:
         key = (namespace, name)
         observed = await gather_load(
             self.client,
-            self.settings,
+            self.metrics,
             observed,
             self._histories.get(key, ScalingHistory()),
             await self._serves_pod_monitors(),
@@ -258,3 +261,4 @@ class Reconciler:
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+        await self.metrics.close()

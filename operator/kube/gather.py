@@ -23,16 +23,26 @@ from kubeinfer.operator.kube.client import (
     KubeObject,
 )
 from kubeinfer.operator.reconcile import names
-from kubeinfer.operator.reconcile.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
+from kubeinfer.operator.reconcile.names import (
+    COMPONENT_BUILD,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
 from kubeinfer.operator.reconcile.snapshot import ObservedState, OwnerRef
 from pydantic import ValidationError
 
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 
 
 def children_selector(owner_name: str) -> str:
     """The label selector every child of one InferenceDeployment matches."""
     return f"{LABEL_INSTANCE}={owner_name},{LABEL_MANAGED_BY}={MANAGED_BY}"
+
+
+def build_pods_selector(owner_name: str) -> str:
+    """The label selector of the object's build pods (their Job template's labels)."""
+    return f"{children_selector(owner_name)},{LABEL_COMPONENT}={COMPONENT_BUILD}"
 
 
 def owner_ref_from_body(body: dict[str, Any]) -> OwnerRef:
@@ -79,8 +89,10 @@ async def gather(
     jobs.sort(key=lambda o: o["metadata"]["name"])
     pods: list[KubeObject] = []
     if jobs:
-        job_names = ",".join(job["metadata"]["name"] for job in jobs)
-        pods = await client.list(POD, owner.namespace, f"{JOB_NAME_LABEL} in ({job_names})")
+        # By the labels the operator gives every build pod's template, not the Job
+        # controller's: it labels pods `batch.kubernetes.io/job-name` only since 1.27 and
+        # `job-name` before (engine_state matches a pod to its Job by either).
+        pods = await client.list(POD, owner.namespace, build_pods_selector(owner.name))
         pods.sort(key=lambda o: o["metadata"]["name"])
     runtime, candidate = names.runtime_name(owner.name), names.candidate_name(owner.name)
     return ObservedState(

@@ -13,12 +13,15 @@ and ready) costs no extra request.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from kubeinfer.operator.kube.client import POD, POD_MONITOR, KubeClient, KubeObject
 from kubeinfer.operator.kube.gather import children_selector
-from kubeinfer.operator.metrics.factory import metrics_source, pods_lister
+from kubeinfer.operator.metrics.direct import ListPods
+from kubeinfer.operator.metrics.factory import MetricsSources
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.scaling import read_scaling_signals
 from kubeinfer.operator.metrics.shadow import read_shadow_aggregates
@@ -30,14 +33,22 @@ from kubeinfer.operator.reconcile.snapshot import ObservedState
 from kubeinfer.operator.rollout.aggregates import ShadowReading
 from kubeinfer.operator.rollout.shadow import ShadowQuery, metrics_query
 from kubeinfer.operator.scaling.inputs import ScalingHistory
-from kubeinfer.operator.settings import OperatorSettings
 
 logger = logging.getLogger(__name__)
 
 
+def pods_lister(client: KubeClient) -> ListPods:
+    """The direct metrics read's `ListPods`, over the operator's API client."""
+
+    async def list_pods(namespace: str, label_selector: str) -> Sequence[Mapping[str, Any]]:
+        return await client.list(POD, namespace, label_selector)
+
+    return list_pods
+
+
 async def gather_load(
     client: KubeClient,
-    settings: OperatorSettings,
+    sources: MetricsSources,
     observed: ObservedState,
     history: ScalingHistory,
     pod_monitors: bool,
@@ -47,7 +58,7 @@ async def gather_load(
     `history`, and the PodMonitor (when `pod_monitors`: the cluster serves them and the
     settings allow them)."""
     owner = observed.owner
-    source = metrics_source(observed.spec.monitoring.prometheus.url, settings, pods_lister(client))
+    source = sources.for_object(observed.spec.monitoring.prometheus.url)
     scope = Scope(owner.namespace, owner.name)
     update: dict[str, object] = {"pod_monitors_available": pod_monitors}
     query = metrics_query(observed.status.candidate)

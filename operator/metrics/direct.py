@@ -35,6 +35,19 @@ class DirectRead:
     def __init__(self, list_pods: ListPods, timeout_seconds: float) -> None:
         self._list_pods = list_pods
         self.timeout_seconds = timeout_seconds
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        """One session for every read (made in the event loop, on first use)."""
+        if self._session is None or self._session.closed:
+            timeout = aiohttp.ClientTimeout(total=self.timeout_seconds)
+            self._session = aiohttp.ClientSession(timeout=timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     @property
     def description(self) -> str:
@@ -43,9 +56,8 @@ class DirectRead:
     async def evaluate(self, queries: Sequence[Query], now: datetime) -> tuple[float | None, ...]:
         """`now` is when the caller reads; a scrape can only see the present."""
         scopes = list(dict.fromkeys(query.scope for query in queries))
-        timeout = aiohttp.ClientTimeout(total=self.timeout_seconds)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            scraped = await asyncio.gather(*(self._scrape(session, scope) for scope in scopes))
+        session = self._client()
+        scraped = await asyncio.gather(*(self._scrape(session, scope) for scope in scopes))
         by_scope = dict(zip(scopes, scraped, strict=True))
         return tuple(query.reduce(by_scope[query.scope]) for query in queries)
 

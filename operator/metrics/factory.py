@@ -1,33 +1,46 @@
-"""Chooses the metrics source of one InferenceDeployment: its own Prometheus
+"""The operator's metrics sources: an object's own Prometheus
 (`spec.monitoring.prometheus.url`), else the operator's (`KUBEINFER_PROMETHEUS_URL`, the
-Helm value `prometheus.url`), else a direct read of the runtime pods' /metrics."""
+Helm value `prometheus.url`), else a direct read of the runtime pods' /metrics.
+
+`MetricsSources` makes each source once and keeps it for the operator's life, owned by
+the reconciler: one HTTP session per Prometheus (connections reused across passes and
+objects) and one for the direct reads, so the caps on queries in flight hold per
+operator, not per pass; `close` releases them at shutdown.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
-from kubeinfer.operator.kube.client import POD, KubeClient
 from kubeinfer.operator.metrics.direct import DirectRead, ListPods
 from kubeinfer.operator.metrics.prometheus import PrometheusSource
 from kubeinfer.operator.metrics.source import MetricsSource
 from kubeinfer.operator.settings import OperatorSettings
 
 
-def metrics_source(
-    prometheus_url: str | None, settings: OperatorSettings, list_pods: ListPods
-) -> MetricsSource:
-    """The source for an object whose spec names `prometheus_url` (or None)."""
-    url = prometheus_url or settings.prometheus_url
-    if url:
-        return PrometheusSource(url, settings.metrics_timeout_seconds)
-    return DirectRead(list_pods, settings.metrics_timeout_seconds)
+class MetricsSources:
+    """One source per Prometheus URL and one direct reader, made on first use."""
 
+    def __init__(self, settings: OperatorSettings, list_pods: ListPods) -> None:
+        self.settings = settings
+        self._list_pods = list_pods
+        self._prometheus: dict[str, PrometheusSource] = {}
+        self._direct: DirectRead | None = None
 
-def pods_lister(client: KubeClient) -> ListPods:
-    """`ListPods` over the operator's API client."""
+    def for_object(self, prometheus_url: str | None) -> MetricsSource:
+        """The source for an object whose spec names `prometheus_url` (or None)."""
+        url = (prometheus_url or self.settings.prometheus_url or "").rstrip("/")
+        timeout = self.settings.metrics_timeout_seconds
+        if url:
+            if url not in self._prometheus:
+                self._prometheus[url] = PrometheusSource(url, timeout)
+            return self._prometheus[url]
+        if self._direct is None:
+            self._direct = DirectRead(self._list_pods, timeout)
+        return self._direct
 
-    async def list_pods(namespace: str, label_selector: str) -> Sequence[Mapping[str, Any]]:
-        return await client.list(POD, namespace, label_selector)
-
-    return list_pods
+    async def close(self) -> None:
+        for source in self._prometheus.values():
+            source.close()
+        self._prometheus.clear()
+        if self._direct is not None:
+            await self._direct.close()
+            self._direct = None

@@ -49,6 +49,10 @@ class PrometheusSource:
     def description(self) -> str:
         return f"Prometheus at {self.url}"
 
+    def close(self) -> None:
+        """Closes the HTTP session (its pooled connections)."""
+        self._client._session.close()
+
     async def evaluate(self, queries: Sequence[Query], now: datetime) -> tuple[float | None, ...]:
         return tuple(await asyncio.gather(*(self._one(query, now) for query in queries)))
 

@@ -11,11 +11,14 @@ applies the built-in form.
 A source that cannot answer gives signals with `error` set and no figures, never an
 exception: the recommender then holds the count, as the HorizontalPodAutoscaler does when
 its metrics are missing. A figure with no series is None without an error: pods without a
-GPU export no GPU memory, and that is normal.
+GPU export no GPU memory, and that is normal. A figure outside what it can mean (a used
+ratio above 1, a negative depth, infinity) is set aside with a sentence saying so, and the
+other figures still count: one mislabelled series must not stop scaling on the others.
 """
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 from kubeinfer.operator.api.v1alpha1.inference_deployment import MonitoringSpec, QueryOverrides
@@ -69,6 +72,31 @@ async def read_scaling_signals(
         depth, gpu_ratio, p99 = await source.evaluate(queries, now)
     except MetricsUnavailable as error:
         return ScalingSignals(error=f"{source.description}: {error}")
+    return checked_signals(depth, gpu_ratio, p99, source.description)
+
+
+VALID_RANGES = {
+    "queue depth per replica": (0.0, math.inf),
+    "GPU memory used ratio": (0.0, 1.0),
+    "p99 latency (seconds)": (0.0, math.inf),
+}
+"""What each figure can mean; a reading outside its range is not a measurement."""
+
+
+def checked_signals(
+    depth: float | None, gpu_ratio: float | None, p99: float | None, where: str
+) -> ScalingSignals:
+    """The signals with every reading outside its range (or not finite) set aside. Pure."""
+    readings = dict(zip(VALID_RANGES, (depth, gpu_ratio, p99), strict=True))
+    notes = []
+    for name, value in readings.items():
+        low, high = VALID_RANGES[name]
+        if value is not None and not (math.isfinite(value) and low <= value <= high):
+            bounds = f"{low:g}..{high:g}" if math.isfinite(high) else f"at least {low:g}"
+            notes.append(f"{where} gave a {name} of {value:g}, which must be {bounds}: set aside")
+            readings[name] = None
+    depth, gpu_ratio, p99 = readings.values()
     return ScalingSignals(
-        queue_depth_per_replica=depth, gpu_memory_used_ratio=gpu_ratio, p99_seconds=p99
-    )
+        queue_depth_per_replica=depth, gpu_memory_used_ratio=gpu_ratio, p99_seconds=p99,
+        set_aside=tuple(notes),
+    )  # fmt: skip

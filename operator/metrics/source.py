@@ -2,7 +2,7 @@
 protocol, so shadow verdicts, the autoscaler and the status never care which.
 
 Two implementations: `PrometheusSource` (a Prometheus that scrapes the pods) and
-`DirectRead` (the pods' own /metrics, scraped by the operator); `factory.metrics_source`
+`DirectRead` (the pods' own /metrics, scraped by the operator); `factory.MetricsSources`
 chooses. Both evaluate the same `Query` values (`queries.py`).
 """
 

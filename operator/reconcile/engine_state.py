@@ -114,13 +114,13 @@ def input_bytes_for(engine: EngineState, serving: ServingEngine) -> int | None:
 
 
 def build_inputs(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> dict[str, Any]:
-    """Every input that changes the built engine (the pin alone when pinned: nothing is
-    built, and the runtime checks the pin against its image at start)."""
+    """Every input that changes the built engine or where it lands (the pin alone when
+    pinned: nothing is built, and the runtime checks the pin against its image at start)."""
     engine = spec.engine
     if engine.pin is not None:
         return {"pin": engine.pin}
     calibration = engine.calibration
-    return {
+    inputs = {
         "image": settings.image_for(spec.runtime.image, engine.backend == Backend.TENSORRT),
         "model": {"uri": spec.model.source.uri, "sha256": spec.model.source.sha256},
         "backend": str(engine.backend),
@@ -132,6 +132,12 @@ def build_inputs(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> d
         "gpuProduct": spec.runtime.gpu_product,
         "accuracy": None if engine.accuracy is None else engine.accuracy.to_wire(),
     }
+    # Where the engine is built to: pods on another claim would find no engine there, so a
+    # new claim is a new build. Only named when set, so the keys of objects on their own
+    # claim (the default) stay what they were.
+    if engine.cache.existing_claim:
+        inputs["cacheClaim"] = engine.cache.existing_claim
+    return inputs
 
 
 def build_key(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> str:

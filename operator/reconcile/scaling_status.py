@@ -49,6 +49,8 @@ def scaling_report(
     """Conditions, figures and events for `recommendation`; `previous` and
     `previous_metrics` are what the status held (kept where nothing new was read)."""
     status, reason, message = recommendation.active
+    if signals is not None and signals.set_aside:
+        message = f"{message} {'; '.join(signals.set_aside)}.".strip()
     ignored = spec.runtime.replicas
     if ignored != recommendation.replicas:
         message = (

@@ -37,6 +37,11 @@ class ScalingSignals:
     """Why the signals could not be read (the metrics source's message); empty when they
     were. With an error, the autoscaler holds the count and never scales down."""
 
+    set_aside: tuple[str, ...] = ()
+    """Readings that made no sense (a ratio of 40 from a mislabelled series, a negative
+    depth), each said in a sentence: the figure is left out as if unread, and the others
+    still count."""
+
 
 @dataclass(frozen=True)
 class ServingPods:

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubeinfer.operator.metrics import queries as q
 from kubeinfer.operator.metrics.direct import DirectRead
-from kubeinfer.operator.metrics.factory import metrics_source
+from kubeinfer.operator.metrics.factory import MetricsSources
 from kubeinfer.operator.metrics.pods import PodTarget, metrics_targets
 from kubeinfer.operator.metrics.prometheus import PrometheusSource
 from kubeinfer.operator.metrics.promql import deployment_pod_regex
@@ -184,16 +184,25 @@ def test_the_window_covers_the_shadow_and_a_margin() -> None:
     assert shadow_window_seconds(started, later) == 101 + WINDOW_MARGIN_SECONDS
 
 
-def test_the_source_is_the_objects_prometheus_then_the_operators_then_the_pods() -> None:
+async def test_the_source_is_the_objects_prometheus_then_the_operators_then_the_pods() -> None:
     async def list_pods(namespace: str, selector: str) -> list[dict]:
         return []
 
-    plain = OperatorSettings()
-    with_default = OperatorSettings(prometheus_url="http://prometheus.monitoring:9090")
-    own = metrics_source("http://mine:9090/", with_default, list_pods)
+    plain = MetricsSources(OperatorSettings(), list_pods)
+    with_default = MetricsSources(
+        OperatorSettings(prometheus_url="http://prometheus.monitoring:9090"), list_pods
+    )
+    own = with_default.for_object("http://mine:9090/")
     assert isinstance(own, PrometheusSource) and own.url == "http://mine:9090"
-    default = metrics_source(None, with_default, list_pods)
+    default = with_default.for_object(None)
     assert isinstance(default, PrometheusSource)
     assert default.description == "Prometheus at http://prometheus.monitoring:9090"
-    assert isinstance(metrics_source(None, plain, list_pods), DirectRead)
-    assert metrics_source(None, plain, list_pods).timeout_seconds == plain.metrics_timeout_seconds
+    direct = plain.for_object(None)
+    assert isinstance(direct, DirectRead)
+    assert direct.timeout_seconds == OperatorSettings().metrics_timeout_seconds
+    # Made once, kept: one session per Prometheus (and one direct reader) per operator.
+    assert with_default.for_object("http://mine:9090") is own
+    assert with_default.for_object(None) is default and plain.for_object(None) is direct
+    await with_default.close()
+    await plain.close()
+    assert with_default.for_object(None) is not default, "closed sources are not handed out"

@@ -21,7 +21,7 @@ from kubeinfer.operator.metrics import queries as q
 from kubeinfer.operator.metrics.promql import substitute_placeholders
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.samples import PodSamples, parse_exposition
-from kubeinfer.operator.metrics.scaling import P99_WINDOW_SECONDS, scaling_queries
+from kubeinfer.operator.metrics.scaling import checked_signals, P99_WINDOW_SECONDS, scaling_queries
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from prometheus_client import generate_latest
 
@@ -119,3 +119,27 @@ def test_without_overrides_the_built_in_queries_are_bound() -> None:
     ]
     assert all(query.overridden_by == "" for query in bound)
     assert f"[{P99_WINDOW_SECONDS}s]" in scaling_queries(SCOPE, QueryOverrides())[2].promql
+
+
+@pytest.mark.parametrize(
+    ("readings", "kept", "said"),
+    [
+        ((2.0, 0.5, 0.1), (2.0, 0.5, 0.1), []),
+        ((2.0, 40.0, 0.1), (2.0, None, 0.1), ["GPU memory used ratio of 40, which must be 0..1"]),
+        ((-1.0, 0.5, 0.1), (None, 0.5, 0.1), ["queue depth per replica of -1"]),
+        ((float("inf"), None, None), (None, None, None), ["queue depth per replica of inf"]),
+        ((1.0, float("nan"), -0.5), (1.0, None, None), ["ratio of nan", "(seconds) of -0.5"]),
+        ((None, None, None), (None, None, None), []),
+    ],
+    ids=["sane", "ratio-above-one", "negative-depth", "infinite", "nan-and-negative", "unread"],
+)
+def test_readings_outside_their_range_are_set_aside_and_said(
+    readings: tuple, kept: tuple, said: list[str]
+) -> None:
+    signals = checked_signals(*readings, "Prometheus at http://p:9090")
+    assert (signals.queue_depth_per_replica, signals.gpu_memory_used_ratio,
+            signals.p99_seconds) == kept  # fmt: skip
+    assert len(signals.set_aside) == len(said)
+    for note, words in zip(signals.set_aside, said, strict=True):
+        assert words in note and note.startswith("Prometheus at http://p:9090 gave")
+    assert signals.error == ""

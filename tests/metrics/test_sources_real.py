@@ -8,7 +8,7 @@ direct read (the GPU gauges are the runtime's own collector, fed device readings
 GPU is here); a stopped Prometheus, a silent one, a non-Prometheus server and a query
 Prometheus refuses each give one MetricsUnavailable in time with a clear message; a pod
 that does not answer, a dead pod and a failing pod listing make the direct read
-unavailable, naming the pod; `pods_lister` asks the API for the scope's pods.
+unavailable, naming the pod; `pods_lister` asks the real API server for the scope's pods.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from kopf import ConnectionInfo
 from kubeinfer.operator.kube.client import KubeClient
 from kubeinfer.operator.metrics import queries as q
 from kubeinfer.operator.metrics.direct import DirectRead
-from kubeinfer.operator.metrics.factory import pods_lister
+from kubeinfer.operator.kube.gather_load import pods_lister
 from kubeinfer.operator.metrics.prometheus import PrometheusSource
 from kubeinfer.operator.metrics.promql import promql_string
 from kubeinfer.operator.metrics.queries import Query, Scope
@@ -265,26 +265,27 @@ async def test_a_failing_pod_listing_is_unavailable() -> None:
     )
 
 
-async def test_pods_lister_asks_the_api_for_the_scopes_pods() -> None:
-    asked: list[tuple[str, str]] = []
-
-    async def pods(request: web.Request) -> web.Response:
-        asked.append((request.path, request.query["labelSelector"]))
-        return web.json_response({"kind": "PodList", "items": [pod_object(PODS[0], 1)]})
-
-    app = web.Application()
-    app.router.add_get("/api/v1/namespaces/{namespace}/pods", pods)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+async def test_pods_lister_asks_the_api_for_the_scopes_pods(local_cluster) -> None:  # type: ignore[no-untyped-def]
+    namespace = local_cluster.new_namespace("pods-lister")
+    kube = local_cluster.admin(namespace)
+    labels = dict(part.split("=") for part in SCOPE.label_selector.split(","))
+    for name, pod_labels in (("in-scope", labels), ("other", {"app": "other"})):
+        kube.create({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": pod_labels},
+            "spec": {"containers": [{"name": "c", "image": "example.com/never-pulled:1"}]},
+        })  # fmt: skip
+    pki = local_cluster.cluster.pki
+    connection = ConnectionInfo(
+        server=local_cluster.server, ca_path=str(pki.ca_cert),
+        certificate_path=str(pki.admin_cert), private_key_path=str(pki.admin_key),
+    )  # fmt: skip
     try:
-        async with KubeClient(ConnectionInfo(server=f"http://127.0.0.1:{port}")) as client:
-            listed = await pods_lister(client)(SCOPE.namespace, SCOPE.label_selector)
+        async with KubeClient(connection) as client:
+            listed = await pods_lister(client)(namespace, SCOPE.label_selector)
     finally:
-        await runner.cleanup()
-    assert [pod["metadata"]["name"] for pod in listed] == [PODS[0]]
-    assert asked == [("/api/v1/namespaces/serving/pods", SCOPE.label_selector)]
+        local_cluster.admin().delete("v1", "namespaces", namespace, namespace=None)
+    assert [pod["metadata"]["name"] for pod in listed] == ["in-scope"]
 
 
 async def _answer(pods: list[dict]) -> list[dict]:
