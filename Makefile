@@ -36,15 +36,20 @@ demo: $(STAMP)
 
 # The real-Prometheus tests need Debian's prometheus: installed here when missing and we
 # are root with apt-get; never fatal (without it those tests skip, or fail under CI=true).
+# The operator's tests run on a real control plane: its binaries (kube-apiserver, etcd,
+# kube-controller-manager, kubectl) are built from their Go modules once per machine and
+# cached (`kubeinfer cluster build`, with progress); a failed build stops here, saying why.
 test: $(STAMP)
 	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& { apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
 		|| { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends \
 		prometheus >/dev/null 2>&1; }; }; } || echo "prometheus not installed: its tests will skip"
+	$(BIN)/kubeinfer cluster build
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator runtime tests examples
+	$(BIN)/ruff check operator runtime cluster tests examples
+	$(BIN)/ruff format --check operator runtime cluster tests examples
 	$(BIN)/lint-imports
 
 # Mutation testing of the pure cores (reconcile, shadow verdict, autoscaler, batching
