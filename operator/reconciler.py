@@ -42,7 +42,7 @@ from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, POD_MONITOR, Ap
 from kubeinfer.operator.kube.gather import gather, owner_ref_from_body, stored_status
 from kubeinfer.operator.kube.gather_load import gather_load, pods_lister
 from kubeinfer.operator.metrics.factory import MetricsSources
-from kubeinfer.operator.reconcile.decide import decide, decide_invalid
+from kubeinfer.operator.reconcile.decide import decide, decide_forbidden, decide_invalid
 from kubeinfer.operator.reconcile.snapshot import Decision
 from kubeinfer.operator.scaling.inputs import ScalingHistory
 from kubeinfer.operator.settings import OperatorSettings
@@ -181,8 +181,17 @@ class Reconciler:
             self._histories[key] = decision.scaling_history
         else:
             self._histories.pop(key, None)
-        writes = await apply.apply_children(self.client, decision.apply)
-        writes += await apply.delete_children(self.client, decision.delete, observed)
+        try:
+            writes = await apply.apply_children(self.client, decision.apply)
+            writes += await apply.delete_children(self.client, decision.delete, observed)
+        except ApiError as error:
+            if error.status != 403:
+                raise
+            # A verb the operator's Role lacks: said where `kubectl describe` shows it, not
+            # only in the operator's log; the pass still fails and is retried.
+            refused = decide_forbidden(owner, decision, observed.status, error.message, now)
+            await self._carry_out(body, refused, observed.status)
+            raise
         writes += await self._carry_out(body, decision, observed.status)
         return Outcome(decision, writes)
 

@@ -46,6 +46,7 @@ from kubeinfer.operator.reconcile.snapshot import (
 )
 from kubeinfer.operator.reconcile.status import (
     compute_status,
+    forbidden_status,
     invalid_status,
     rollout_progress,
     transition_events,
@@ -324,6 +325,16 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         desired=tuple(children),
         scaling_history=recommendation.history if recommendation else None,
     )
+
+
+def decide_forbidden(
+    owner: OwnerRef, decided: Decision, before: InferenceDeploymentStatus, message: str,
+    now: datetime,
+) -> Decision:
+    """The pass' decision once the API server refused one of its writes with 403: its
+    status marked Forbidden with the server's words, and the Events of that transition."""
+    status = forbidden_status(decided.status, message, owner.generation, now.replace(microsecond=0))
+    return Decision(status=status, events=transition_events(before.conditions, status.conditions))
 
 
 def decide_invalid(

@@ -55,6 +55,7 @@ TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 WARNING_REASONS = frozenset(
     {
         Reason.INVALID_SPEC,
+        Reason.FORBIDDEN,
         Reason.ENGINE_BUILD_FAILED,
         Reason.ROLLOUT_STALLED,
         Reason.SHADOW_FAILED,
@@ -313,6 +314,20 @@ def invalid_status(
     return status.model_copy(
         update={"observed_generation": generation, "phase": Phase.FAILED, "conditions": conditions}
     )
+
+
+def forbidden_status(
+    status: InferenceDeploymentStatus, message: str, generation: int, now: datetime
+) -> InferenceDeploymentStatus:
+    """`status` with Degraded=True and Ready=False, reason Forbidden: the API server
+    refused the operator a write its Role does not allow, so what the spec asks cannot be
+    made until the Role is fixed. The next pass that gets through clears it."""
+    conditions = list(status.conditions)
+    for type_, value in ((ConditionType.READY, FALSE), (ConditionType.DEGRADED, TRUE)):
+        conditions = set_condition(
+            conditions, type_, value, Reason.FORBIDDEN, message, generation, now
+        )
+    return status.model_copy(update={"conditions": conditions})
 
 
 def cache_attach_risk(observed: ObservedState) -> tuple[ConditionStatus, Reason, str] | None:

@@ -41,6 +41,7 @@ class Reason(StrEnum):
 
     RECONCILING = "Reconciling"
     INVALID_SPEC = "InvalidSpec"
+    FORBIDDEN = "Forbidden"
     ENGINE_PINNED = "EnginePinned"
     ENGINE_BUILT = "EngineBuilt"
     ENGINE_BUILDING = "EngineBuilding"
