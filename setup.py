@@ -11,6 +11,7 @@ PACKAGES = {
     "kubeinfer.operator": "operator",
     "kubeinfer.runtime": "runtime",
     "kubeinfer.cluster": "cluster",
+    "kubeinfer.cli": "cli",
 }
 DATA_PACKAGES = ["kubeinfer.operator.demo.examples"]
 """Folders of package data only (`examples/`, mapped in pyproject.toml's package-dir)."""

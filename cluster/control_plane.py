@@ -270,7 +270,7 @@ def up(
         launch("node-agent", [
             sys.executable, "-m", "kubeinfer.cluster.node", f"--kubeconfig={admin_path}",
             f"--directory={directory / 'node'}", f"--ca-file={pki.ca_cert}",
-            f"--pod-cidr={pods.cidr}",
+            f"--pod-network={pods.cidr}",
             *(node_args or []),
         ], env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
         _wait("the node to be Ready", lambda: _node_ready(cluster), started)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import yaml
 from kubeinfer.cluster.binaries import pinned_versions
+from kubeinfer.cluster.network import claim_subnet
 from kubeinfer.cluster.node.agent import NodeAgent
 from kubeinfer.cluster.node.api import NodeApi
 from kubeinfer.cluster.node.images import ImageConfig
@@ -22,7 +23,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--directory", required=True, type=Path, help="pods' files and logs")
     parser.add_argument("--ca-file", required=True, type=Path, help="the cluster CA (for pods)")
     parser.add_argument("--node-name", default="kubeinfer-node")
-    parser.add_argument("--pod-cidr", required=True, help="pods' addresses (all local)")
+    parser.add_argument("--pod-network", required=True,
+                        help="the locally routed network; the node claims a /24 of it")  # fmt: skip
     parser.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu to advertise")
     parser.add_argument("--cpus", default=None, help="allocatable CPU (default: the machine's)")
     parser.add_argument(
@@ -41,6 +43,7 @@ async def main(args: argparse.Namespace) -> None:
     for item in args.image:
         image, _, program = item.partition("=")
         extra[image] = ImageConfig((program,))
+    subnet = claim_subnet(args.pod_network)
     server = yaml.safe_load(Path(args.kubeconfig).read_text())["clusters"][0]["cluster"]["server"]
     api = await NodeApi.from_kubeconfig(args.kubeconfig)
     stop = asyncio.Event()
@@ -49,7 +52,7 @@ async def main(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signum, stop.set)
     agent = NodeAgent(
         api, name=args.node_name, directory=args.directory.resolve(), server=server,
-        ca_file=args.ca_file.resolve(), kubernetes_version=pinned_versions().kubernetes, pod_cidr=args.pod_cidr,
+        ca_file=args.ca_file.resolve(), kubernetes_version=pinned_versions().kubernetes, pod_cidr=subnet.cidr,
         gpus=args.gpus, cpus=args.cpus, extra_images=extra,
         backoff_initial_seconds=args.crash_loop_backoff_seconds,
     )  # fmt: skip
@@ -57,6 +60,7 @@ async def main(args: argparse.Namespace) -> None:
         await agent.run(stop)
     finally:
         await api.close()
+        subnet.release()
 
 
 if __name__ == "__main__":

@@ -51,13 +51,15 @@ class NodeApi:
 
     async def request(
         self, method: str, path: str, body: Any = None, content_type: str | None = None,
-        **query: Any,
+        accept: str | None = None, **query: Any,
     ) -> KubeObject:  # fmt: skip
+        """One call; `accept` asks for another representation (a Table, say)."""
         params = [(key, value) for key, value in query.items() if value is not None]
+        headers = {"Accept": accept} if accept else {}
         try:
             response = await self._dynamic.request(
                 method, path, body=body, content_type=content_type, query_params=params,
-                serialize=False, _request_timeout=TIMEOUT_SECONDS,
+                header_params=headers, serialize=False, _request_timeout=TIMEOUT_SECONDS,
             )  # fmt: skip
             raw = await response.read()
         except DynamicApiError as error:

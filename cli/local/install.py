@@ -1,0 +1,122 @@
+"""The objects `kubeinfer up` installs before any manifest: the operator as the Helm chart
+installs it, and what Prometheus needs to discover pods. Pure: dicts, applied by the
+session with server-side apply.
+
+The RBAC is the chart's own: `kubeinfer.operator.rbac` generates both the chart's
+`templates/rbac.yaml` (a test keeps them equal) and these objects, so a verb the chart
+lacks fails here as it would in a cluster. The operator runs as a pod of its own image,
+which the node agent maps to `kubeinfer operator`, with the chart's arguments (all
+namespaces, leader election on its Lease) and the settings a laptop wants: short metrics
+polls, no preStop delay.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kubeinfer.operator import rbac
+from kubeinfer.operator.settings import DEFAULT_RUNTIME_IMAGE
+
+NAMESPACE = "kubeinfer-system"
+RELEASE = "kubeinfer"
+OPERATOR_ACCOUNT = f"{RELEASE}-operator"
+OPERATOR_IMAGE = DEFAULT_RUNTIME_IMAGE.replace("kubeinfer-runtime", "kubeinfer-operator")
+PROMETHEUS_ACCOUNT = "prometheus"
+LABELS = {"app.kubernetes.io/name": "kubeinfer", "app.kubernetes.io/instance": RELEASE}
+
+LOCAL_SETTINGS = {
+    "KUBEINFER_AUTOSCALE_POLL_SECONDS": "2",
+    "KUBEINFER_SHADOW_POLL_SECONDS": "2",
+    "KUBEINFER_PRE_STOP_SLEEP_SECONDS": "0",
+    "KUBEINFER_DRAIN_GRACE_PERIOD_SECONDS": "5",
+}
+"""Operator settings for one machine: a laptop has no load balancer to drain from, and a
+demo wants the autoscaler and the shadow verdict to look every couple of seconds."""
+
+
+def _binding(kind: str, name: str, namespace: str | None, account: str) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "labels": LABELS}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": f"{kind}Binding",
+        "metadata": metadata,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}],
+    }
+
+
+def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
+    """Namespace, ServiceAccount, the chart's ClusterRole and Lease Role with their
+    bindings, and the operator's Deployment."""
+    cluster_role = rbac.role_document(OPERATOR_ACCOUNT)
+    lease_role = rbac.lease_role_document(
+        f"{OPERATOR_ACCOUNT}-leader-election", NAMESPACE, OPERATOR_ACCOUNT
+    )
+    env = [{"name": k, "value": v} for k, v in LOCAL_SETTINGS.items()]
+    env += [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    ]
+    if prometheus_url:
+        env.append({"name": "KUBEINFER_PROMETHEUS_URL", "value": prometheus_url})
+    selector = {**LABELS, "app.kubernetes.io/component": "operator"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": OPERATOR_ACCOUNT, "namespace": NAMESPACE, "labels": selector},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": selector},
+                "spec": {
+                    "serviceAccountName": OPERATOR_ACCOUNT,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                    "containers": [
+                        {
+                            "name": "operator",
+                            "image": OPERATOR_IMAGE,
+                            "args": [
+                                "operator",
+                                "--all-namespaces",
+                                "--leader-election",
+                                f"--lease-name={OPERATOR_ACCOUNT}",
+                            ],
+                            "env": env,
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "readOnlyRootFilesystem": True,
+                            },
+                        }
+                    ],  # fmt: skip
+                },
+            },
+        },
+    }
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": OPERATOR_ACCOUNT, "namespace": NAMESPACE, "labels": LABELS}},
+        cluster_role,
+        _binding("ClusterRole", cluster_role["metadata"]["name"], None, OPERATOR_ACCOUNT),
+        lease_role,
+        _binding("Role", lease_role["metadata"]["name"], NAMESPACE, OPERATOR_ACCOUNT),
+        deployment,
+    ]  # fmt: skip
+
+
+def prometheus_objects() -> list[dict[str, Any]]:
+    """Prometheus' identity for Kubernetes service discovery: list and watch pods."""
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": f"{RELEASE}-prometheus", "labels": LABELS},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    }  # fmt: skip
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": PROMETHEUS_ACCOUNT, "namespace": NAMESPACE, "labels": LABELS}},
+        role,
+        _binding("ClusterRole", role["metadata"]["name"], None, PROMETHEUS_ACCOUNT),
+    ]  # fmt: skip

@@ -1,0 +1,62 @@
+"""Debian's Prometheus for `kubeinfer up`, discovering the runtime pods as a cluster's
+Prometheus does: Kubernetes service discovery (role pod) against the local API server,
+as its own ServiceAccount, keeping the pods whose `prometheus.io/scrape` annotation says
+so (the operator sets it when no PodMonitor API exists) at the port and path their
+annotations name, labelled with `namespace` and `pod` as the operator's queries expect.
+The binary does not start itself; `kubeinfer up` starts it on loopback and stops it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SCRAPE_INTERVAL = "2s"
+
+
+def prometheus_binary() -> str | None:
+    return shutil.which("prometheus")
+
+
+def kubernetes_sd_config(server: str, ca_file: Path, token_file: Path,
+                         interval: str = SCRAPE_INTERVAL) -> dict[str, Any]:  # fmt: skip
+    """prometheus.yml: the annotated pods of every namespace."""
+    annotation = "__meta_kubernetes_pod_annotation_prometheus_io_"
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval},
+        "scrape_configs": [{
+            "job_name": "kubernetes-pods",
+            "kubernetes_sd_configs": [{
+                "role": "pod", "api_server": server,
+                "tls_config": {"ca_file": str(ca_file)},
+                "authorization": {"credentials_file": str(token_file)},
+            }],
+            "relabel_configs": [
+                {"source_labels": [f"{annotation}scrape"], "action": "keep", "regex": "true"},
+                {"source_labels": ["__meta_kubernetes_pod_phase"], "action": "keep",
+                 "regex": "Running"},
+                {"source_labels": [f"{annotation}path"], "target_label": "__metrics_path__",
+                 "regex": "(.+)"},
+                {"source_labels": ["__meta_kubernetes_pod_ip", f"{annotation}port"],
+                 "regex": r"(.+);(\d+)", "replacement": "$1:$2",
+                 "target_label": "__address__"},
+                {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            ],
+        }],
+    }  # fmt: skip
+
+
+def write_config(path: Path, server: str, ca_file: Path, token_file: Path) -> Path:
+    path.write_text(yaml.safe_dump(kubernetes_sd_config(server, ca_file, token_file)))
+    return path
+
+
+def command(binary: str, config: Path, data: Path, port: int) -> list[str]:
+    return [
+        binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
+        f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1d",
+        "--log.level=warn",
+    ]  # fmt: skip

@@ -1,0 +1,64 @@
+"""The `kubeinfer` console script: one entry point, a subcommand per job.
+
+Each subcommand lives in the package that owns its concept and registers itself here
+through a `register(subparsers)` function: the operator's (`operator`, `validate`,
+`render`, `crds`, `rbac`, `promote`, `abort`, `demo`), the runtime's (`serve`, `build`),
+the local cluster's (`cluster`) and the local mode's (`up`, `down`). A handler imports
+what it needs when it runs, so `kubeinfer validate` never loads ONNX Runtime and
+`kubeinfer serve` never loads kopf. Handlers return the process exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from kubeinfer.cli.local import commands as local_commands
+from kubeinfer.cluster import commands as cluster_commands
+from kubeinfer.operator import commands as operator_commands
+from kubeinfer.runtime import commands as runtime_commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kubeinfer",
+        description="A Kubernetes operator for GPU inference deployments.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    operator_commands.register(subparsers)
+    runtime_commands.register(subparsers)
+    cluster_commands.register(subparsers)
+    local_commands.register(subparsers)
+    return parser
+
+
+EXTRA_OF_MODULE = {
+    "kopf": "operator", "kubernetes": "operator", "ruamel": "operator",
+    "prometheus_api_client": "operator",
+    "numpy": "runtime", "onnx": "runtime", "onnxruntime": "runtime", "orjson": "runtime",
+    "tensorrt": "gpu", "pycuda": "gpu", "pynvml": "gpu", "cryptography": "local",
+}  # fmt: skip
+"""Which extra (pyproject.toml) installs each side's own libraries: the operator image has
+only `operator`, the runtime image only `runtime` (or `gpu`), and a command of the other
+side says which extra it needs instead of failing with a traceback."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except ModuleNotFoundError as error:
+        extra = EXTRA_OF_MODULE.get((error.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"kubeinfer {args.command}: needs {error.name}, which this installation lacks; "
+            f"it comes with the {extra} extra: pip install 'kubeinfer[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
