@@ -20,6 +20,8 @@ WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY operator ./operator
 COPY runtime ./runtime
+COPY cluster ./cluster
+COPY cli ./cli
 COPY examples ./examples
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 

@@ -32,7 +32,7 @@ bench: $(STAMP) $(BENCH_STAMP)
 	$(BIN)/python tests/benchmarks/bench_serving.py $(BENCH_ARGS)
 
 demo: $(STAMP)
-	$(BIN)/python -m kubeinfer.operator demo
+	$(BIN)/kubeinfer demo
 
 # The real-Prometheus tests need Debian's prometheus: installed here when missing and we
 # are root with apt-get; never fatal (without it those tests skip, or fail under CI=true).

@@ -13,7 +13,7 @@ PACKAGES = {
     "kubeinfer.cluster": "cluster",
     "kubeinfer.cli": "cli",
 }
-DATA_PACKAGES = ["kubeinfer.operator.demo.examples"]
+DATA_PACKAGES = ["kubeinfer.cli.demo.examples"]
 """Folders of package data only (`examples/`, mapped in pyproject.toml's package-dir)."""
 
 setup(

@@ -2,8 +2,8 @@
 
 Each subcommand lives in the package that owns its concept and registers itself here
 through a `register(subparsers)` function: the operator's (`operator`, `validate`,
-`render`, `crds`, `rbac`, `promote`, `abort`, `demo`), the runtime's (`serve`, `build`),
-the local cluster's (`cluster`) and the local mode's (`up`, `down`). A handler imports
+`render`, `crds`, `rbac`, `promote`, `abort`), the runtime's (`serve`, `build`),
+the local cluster's (`cluster`) and the local mode's (`up`, `down`) and the demo (`demo`). A handler imports
 what it needs when it runs, so `kubeinfer validate` never loads ONNX Runtime and
 `kubeinfer serve` never loads kopf. Handlers return the process exit code.
 """
@@ -14,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from kubeinfer.cli.demo import command as demo_command
 from kubeinfer.cli.local import commands as local_commands
 from kubeinfer.cluster import commands as cluster_commands
 from kubeinfer.operator import commands as operator_commands
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     runtime_commands.register(subparsers)
     cluster_commands.register(subparsers)
     local_commands.register(subparsers)
+    demo_command.register(subparsers)
     return parser
 
 

@@ -1,5 +1,5 @@
 """The control plane's subcommands of the `kubeinfer` CLI (`crds`, `validate`, `render`,
-`operator`, `promote`, `abort`, `rbac`, `demo`). Each lives in its own module and exposes
+`operator`, `promote`, `abort`, `rbac`). Each lives in its own module and exposes
 `register(subparsers)`."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from kubeinfer.operator import (
     render_command,
     validate_command,
 )
-from kubeinfer.operator.demo import command as demo_command
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -23,7 +22,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         crds_command.register,
         validate_command.register,
         render_command.register,
-        demo_command.register,
         operator_command.register,
         gate_command.register,
         rbac.register,

@@ -110,7 +110,7 @@ def test_the_installed_demo_finds_its_examples_from_another_directory(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     code = (
-        "from kubeinfer.operator.demo.command import examples_dir, show_children, "
+        "from kubeinfer.cli.demo.command import examples_dir, show_children, "
         "show_manifests; print(examples_dir()); assert show_manifests(); "
         "show_children(examples_dir() / 'cpu-minimal.yaml')"
     )

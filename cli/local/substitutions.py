@@ -36,6 +36,10 @@ def _source_notes(where: str, source: dict[str, Any] | None) -> list[str]:
                 "none of its own; the build will fail to fetch it"]  # fmt: skip
     if uri.startswith("https://"):
         return [f"{where} {uri}: this machine may not reach it; a file:// source always works"]
+    path = uri.removeprefix("file://")
+    if uri.startswith("file://") and (path == "/tmp" or path.startswith("/tmp/")):
+        return [f"{where} {uri}: every pod mounts its own /tmp (an emptyDir), which hides "
+                "this file from the build; put the model outside /tmp"]  # fmt: skip
     return []
 
 

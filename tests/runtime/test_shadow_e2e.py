@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from kubeinfer.operator.demo.load import drive
+from kubeinfer.cli.demo.load import drive
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.demo_models import build_tiny_mlp

@@ -1,7 +1,8 @@
-"""`kubeinfer demo`: validate the examples, show what the operator would create, build the
-demo model's engines through the cache, serve one with dynamic batching, drive load, and
-read the batcher's own histogram back from /metrics. Every step is the real code path
-(`kubeinfer validate`, `render`, `build`, `serve`); only the cluster is left out.
+"""`kubeinfer demo`: the product's story through the operator on a local cluster
+(`story`); `kubeinfer demo --serving`: the runtime alone, without a cluster: validate the
+examples, show what the operator would create, build the demo model's engines through
+the cache, serve one with dynamic batching, drive load, and read the batcher's own
+histogram back from /metrics.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ MODEL_NAME = "demo"
 
 
 def examples_dir() -> Path:
-    """The example manifests: shipped in the package (`kubeinfer.operator.demo.examples`,
+    """The example manifests: shipped in the package (`kubeinfer.cli.demo.examples`,
     package data mapped from the checkout's `examples/`), so the demo runs from any working
     directory; in an editable install of a checkout, that checkout's `examples/`."""
     packaged = Path(__file__).resolve().parent / "examples"
@@ -137,7 +138,7 @@ def _histogram(metrics_text: str, name: str) -> dict[str, float]:
 def serve_and_load(digest: str, cache: str, seconds: float) -> bool:
     import numpy as np
     import onnxruntime
-    from kubeinfer.operator.demo.load import drive, free_port, http_get
+    from kubeinfer.cli.demo.load import drive, free_port, http_get
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -237,19 +238,52 @@ def run(args: argparse.Namespace) -> int:
     _step("4. Serving the fp32 engine with dynamic batching (kubeinfer serve), under load")
     ok = serve_and_load(digests["fp32"], cache, args.seconds) and ok
     _step("5. Shadow tests on live traffic: mirrored, compared request by request, judged")
-    from kubeinfer.operator.demo.shadow import run_shadow_step
+    from kubeinfer.cli.demo.shadow import run_shadow_step
 
     ok = run_shadow_step(workdir, cache, digests, args.seconds) and ok
     _step("6. Autoscaling through a burst: up on queue depth, down after the window")
-    from kubeinfer.operator.demo.autoscale import run_autoscale_step
+    from kubeinfer.cli.demo.autoscale import run_autoscale_step
 
     ok = run_autoscale_step(workdir, digests["burst"], cache) and ok
     print("\nDemo finished." if ok else "\nDemo finished with problems (see above).")
     return 0 if ok else 1
 
 
+def run_demo(args: argparse.Namespace) -> int:
+    if args.serving:
+        return run(args)
+    from kubeinfer.cli.demo.story import run_story
+    from kubeinfer.cli.local.session import UpError
+    from kubeinfer.cluster.binaries import BuildError
+    from kubeinfer.cluster.control_plane import ClusterError
+
+    directory = (args.directory or args.workdir / "local").resolve()
+    if args.workdir.resolve().is_relative_to("/tmp"):
+        print("kubeinfer demo: the models are served through file:// sources, and every pod "
+              "mounts its own /tmp, which would hide them: choose a --workdir outside /tmp",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        return 0 if asyncio.run(run_story(args.workdir, directory)) else 1
+    except (UpError, BuildError, ClusterError) as error:
+        print(f"kubeinfer demo: {error}", file=sys.stderr)
+        return 1
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = subparsers.add_parser("demo", help="run the main job on a built-in model")
+    parser = subparsers.add_parser(
+        "demo",
+        help="run the main job on a built-in model, through the operator on a local cluster",
+    )
     parser.add_argument("--workdir", type=Path, default=Path(".demo"), help="models and cache")
-    parser.add_argument("--seconds", type=float, default=3.0, help="load duration per step")
-    parser.set_defaults(handler=run)
+    parser.add_argument("--directory", type=Path, default=None,
+                        help="the local cluster's files (default: WORKDIR/local)")  # fmt: skip
+    parser.add_argument(
+        "--serving",
+        action="store_true",
+        help="instead: the runtime alone (validate, render, build, serve under load, a "
+        "shadow pair and a burst, with no cluster)",
+    )
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="load duration per step (--serving)")  # fmt: skip
+    parser.set_defaults(handler=run_demo)

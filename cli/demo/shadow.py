@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import yaml
 from kubeinfer.operator.api.v1alpha1.inference_deployment import ShadowSpec
-from kubeinfer.operator.demo.load import drive, free_port, http_get
+from kubeinfer.cli.demo.load import drive, free_port, http_get
 from kubeinfer.operator.metrics.direct import DirectRead
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.shadow import read_shadow_aggregates
@@ -79,8 +79,14 @@ def _figure(value: float | None, pattern: str) -> str:
 
 
 async def _judge_candidate(
-    base: str, port: int, mirror_file: Path, name: str, version: str, digest: str,
-    candidate_port: int, seconds: float,
+    base: str,
+    port: int,
+    mirror_file: Path,
+    name: str,
+    version: str,
+    digest: str,
+    candidate_port: int,
+    seconds: float,
 ) -> tuple[bool, str]:
     """Points the mirror at one candidate, drives load, judges; returns (passed, line)."""
     target = {

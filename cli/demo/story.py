@@ -1,0 +1,378 @@
+"""`kubeinfer demo` (`make demo`): the product doing its job, through the real operator on
+the real API server, on a built-in model.
+
+`kubeinfer up`'s session (`kubeinfer.cli.local`) starts the control plane and node and
+installs the operator; the demo then tells the story an SRE lives, printing what
+`kubectl get infd` prints at each step (the session's watch prints a row whenever it
+changes; at each step's end the demo runs the cluster's own kubectl):
+
+1. apply an InferenceDeployment of a generated model (a `file://` source): the operator
+   builds its engine in a Job and rolls out a runtime pod: BuildingEngine, then Ready;
+2. requests answered at its local endpoint, checked against ONNX Runtime in-process;
+3. a burst of load on a heavier model: the autoscaler scales up on queue depth, and back
+   down once the burst is over and its window has passed;
+4. a new version, int8, with `strategy: Shadow`: live traffic mirrored to the candidate
+   and compared request by request (the agreement read from the status as it grows),
+   then Promoted, the serving pods rolled to it;
+5. a bad candidate (another model behind the same tensor names): Failed, and the serving
+   pods untouched;
+6. with autoscaling off, `kubectl scale infd` sets the pods;
+and a summary. Everything stops at the end, success or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from kubeinfer.cli.demo.load import drive
+from kubeinfer.cli.local.session import LocalSession
+
+NAMESPACE = "default"
+THRESHOLDS = {
+    "maxAbsoluteOutputDifference": 0.5,
+    "minTop1Agreement": 0.9,
+    "maxP99LatencyRegressionPercent": 200,
+}
+"""On this model's logits int8 moves single values by up to about 0.15 and changes about
+one top-1 class in 40; another model moves them by about 2: the limits sit between. The
+pods share two cores with the load, so the latency allowance is wide."""
+
+
+@dataclass
+class Step:
+    title: str
+    ok: bool = False
+    seconds: float = 0.0
+    outcome: str = ""
+
+
+@dataclass
+class Models:
+    small: Path
+    calibration: Path
+    other: Path
+    heavy: Path
+
+    @staticmethod
+    def build(folder: Path) -> Models:
+        from kubeinfer.runtime.building.calibration import write_demo_samples
+        from kubeinfer.runtime.demo_models import build_mlp, build_small_mlp
+
+        folder.mkdir(parents=True, exist_ok=True)
+        small = build_small_mlp(folder / "small-mlp.onnx")
+        return Models(
+            small=small,
+            calibration=write_demo_samples(small, folder / "calibration.npz"),
+            other=build_small_mlp(folder / "small-mlp-other.onnx", seed=1),
+            # 67 MB of weights, several ms a request on a CPU: a burst queues in the pods.
+            heavy=build_mlp(folder / "burst-mlp.onnx", 16, (4096, 4096), 10),
+        )
+
+
+def source(path: Path) -> dict[str, str]:
+    return {"uri": f"file://{path.resolve()}",
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}  # fmt: skip
+
+
+def manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "kubeinfer.io/v1alpha1", "kind": "InferenceDeployment",
+            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}  # fmt: skip
+
+
+@dataclass
+class Demo:
+    session: LocalSession
+    models: Models
+    say: Callable[[str], None] = print
+    steps: list[Step] = field(default_factory=list)
+
+    # -- reading the cluster as a user would -------------------------------------------------
+    async def kubectl(self, *args: str) -> str:
+        return await self.session.kubectl("-n", NAMESPACE, *args)
+
+    async def show(self, *args: str) -> None:
+        """Runs kubectl and prints its output, as typed."""
+        self.say(f"\n$ kubectl {' '.join(args)}")
+        for line in (await self.kubectl(*args)).rstrip().splitlines():
+            self.say(f"  {line}")
+
+    async def infd(self, name: str) -> dict[str, Any]:
+        return dict(json.loads(await self.kubectl("get", "infd", name, "-o", "json")))
+
+    async def until(self, check: Callable[[], Awaitable[Any]], seconds: float, what: str) -> Any:
+        deadline = time.monotonic() + seconds
+        while True:
+            result = await check()
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gave up after {seconds:.0f} s waiting for {what}")
+            await asyncio.sleep(0.5)
+
+    def condition(self, infd: dict[str, Any], kind: str) -> dict[str, Any]:
+        for item in (infd.get("status") or {}).get("conditions") or []:
+            if item["type"] == kind:
+                return dict(item)
+        return {}
+
+    async def ready(self, name: str, generation: int | None = None) -> bool:
+        infd = await self.infd(name)
+        ready = self.condition(infd, "Ready")
+        wanted = generation or infd["metadata"]["generation"]
+        return ready.get("status") == "True" and ready.get("observedGeneration") == wanted
+
+    def endpoint(self, name: str) -> str:
+        forwarder = self.session.forwarders[(NAMESPACE, name)]
+        return f"http://127.0.0.1:{forwarder.port}/v2/models/{name}/infer"
+
+    async def pods(self, name: str) -> list[dict[str, Any]]:
+        listing = json.loads(await self.kubectl(
+            "get", "pods", "-l", f"app.kubernetes.io/instance={name},kubeinfer.io/role=serving",
+            "-o", "json"))  # fmt: skip
+        return [p for p in listing["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    # -- the steps ---------------------------------------------------------------------------
+    async def step(self, title: str, body: Callable[[Step], Awaitable[None]]) -> None:
+        step = Step(title)
+        self.steps.append(step)
+        self.say(f"\n== {len(self.steps)}. {title}\n")
+        started = time.monotonic()
+        try:
+            await body(step)
+            step.ok = True
+        except (TimeoutError, AssertionError, OSError) as error:
+            step.outcome = f"FAILED: {error}"
+            self.say(f"  step failed: {error}")
+        step.seconds = time.monotonic() - started
+
+    async def apply(self, objects: list[dict[str, Any]]) -> None:
+        self.say(f"$ kubectl apply -f - ({', '.join(o['metadata']['name'] for o in objects)})")
+        output = await self.session.kubectl_apply(objects)
+        for line in output.splitlines():
+            self.say(f"  {line}")
+
+    def demo_spec(self, version: str, **changes: Any) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "model": {"name": "demo", "version": version, "source": source(self.models.small)},
+            "engine": {"backend": "onnxruntime", "precision": "fp32", "maxBatchSize": 32},
+            "runtime": {"replicas": 1,
+                        "batching": {"maxBatchSize": 32, "maxQueueDelayMicroseconds": 2000}},
+        }  # fmt: skip
+        for key, value in changes.items():
+            spec[key] = {**spec.get(key, {}), **value}
+        return spec
+
+    async def create_and_serve(self, step: Step) -> None:
+        await self.apply([manifest("demo", self.demo_spec("1"))])
+        await self.until(lambda: self.ready("demo"), 120, "demo to be Ready")
+        await self.show("get", "infd")
+        infd = await self.infd("demo")
+        step.outcome = f"Ready, engine {infd['status']['engine']['digest'][:19]}..."
+
+    async def answer_requests(self, step: Step) -> None:
+        import onnxruntime
+
+        rows = np.random.default_rng(7).standard_normal((4, 512)).astype(np.float32)
+        body = json.dumps({"inputs": [{"name": "input", "shape": [4, 512], "datatype": "FP32",
+                                       "data": rows.ravel().tolist()}]}).encode()  # fmt: skip
+        url = self.endpoint("demo")
+        self.say(f"$ curl -d @request.json {url}")
+
+        def post() -> dict[str, Any]:
+            request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return dict(json.loads(response.read()))
+
+        served = (await asyncio.to_thread(post))["outputs"][0]
+        local = onnxruntime.InferenceSession(str(self.models.small)).run(None, {"input": rows})[0]
+        difference = float(np.abs(np.asarray(served["data"]).reshape(local.shape) - local).max())
+        self.say(f"  a 4-row request answered through the Service: shape {served['shape']}, "
+                 f"max |diff| against ONNX Runtime in-process {difference:.1e}")  # fmt: skip
+        single = json.dumps({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
+                                         "data": rows[0].tolist()}]}).encode()  # fmt: skip
+        result = await drive(url, single, 8, 3.0)
+        self.say(f"  8 clients for 3 s: {result.requests_per_second:.0f} req/s, p50 "
+                 f"{result.percentile_milliseconds(50):.1f} ms, p99 "
+                 f"{result.percentile_milliseconds(99):.1f} ms, codes {dict(result.codes)}")  # fmt: skip
+        assert difference < 1e-3 and set(result.codes) == {200}, "wrong answers"
+        step.outcome = f"{result.requests_per_second:.0f} req/s at 8 clients, all 200"
+
+    async def burst(self, step: Step) -> None:
+        spec = {
+            "model": {"name": "burst", "version": "1", "source": source(self.models.heavy)},
+            "engine": {"backend": "onnxruntime", "precision": "fp32", "maxBatchSize": 32},
+            "runtime": {"replicas": 1, "batching": {"maxBatchSize": 32}},
+            "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3,
+                            "targetQueueDepthPerReplica": 4,
+                            "scaleDownStabilizationSeconds": 6, "scaleDownMaxPercent": 100,
+                            "scaleDownPeriodSeconds": 5},
+        }  # fmt: skip
+        await self.apply([manifest("burst", spec)])
+        await self.until(lambda: self.ready("burst"), 120, "burst to be Ready")
+        rows = np.random.default_rng(3).standard_normal((1, 16)).astype(np.float32)
+        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32",
+                                       "data": rows.ravel().tolist()}]}).encode()  # fmt: skip
+        self.say("  24 closed-loop clients for 15 s at the burst endpoint...")
+        peak = 1
+
+        async def watch_peak() -> None:
+            nonlocal peak
+            while True:
+                deployment = json.loads(await self.kubectl(
+                    "get", "deployment", "burst-runtime", "-o", "json"))  # fmt: skip
+                peak = max(peak, int(deployment["spec"]["replicas"]))
+                await asyncio.sleep(1)
+
+        watcher = asyncio.create_task(watch_peak())
+        try:
+            result = await drive(self.endpoint("burst"), body, 24, 15.0)
+            self.say(f"  the burst: {result.requests_per_second:.0f} req/s, codes "
+                     f"{dict(result.codes)}; the runtime went from 1 to {peak} pods")  # fmt: skip
+            await self.show("get", "infd", "burst")
+            active = self.condition(await self.infd("burst"), "ScalingActive")
+            self.say(f"  ScalingActive: {active.get('message', '')}")
+            await self.until(self._scaled_down, 90, "the scale-down after the window")
+        finally:
+            watcher.cancel()
+        await self.show("get", "infd", "burst")
+        assert peak > 1, "the burst did not scale the runtime up"
+        step.outcome = f"1 → {peak} pods under the burst, back to 1 after the window"
+
+    async def _scaled_down(self) -> bool:
+        deployment = json.loads(await self.kubectl("get", "deployment", "burst-runtime",
+                                                   "-o", "json"))  # fmt: skip
+        return int(deployment["spec"]["replicas"]) == 1
+
+    async def shadow(self, step: Step, version: str, spec: dict[str, Any], passes: bool) -> None:
+        before = {p["metadata"]["uid"] for p in await self.pods("demo")}
+        await self.apply([manifest("demo", spec)])
+        rows = np.random.default_rng(11).standard_normal((1, 512)).astype(np.float32)
+        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
+                                       "data": rows.ravel().tolist()}]}).encode()  # fmt: skip
+        verdict = "Passed" if passes else "Failed"
+        deadline = time.monotonic() + 150
+        shown = 0
+        while time.monotonic() < deadline:
+            await drive(self.endpoint("demo"), body, 4, 2.0)
+            candidate = (await self.infd("demo")).get("status", {}).get("candidate") or {}
+            if candidate.get("version") != version:
+                continue  # the previous trial's record, until this version's candidate runs
+            if candidate.get("samples", 0) > shown:
+                shown = candidate["samples"]
+                self.say(
+                    "$ kubectl get infd demo -o jsonpath='{.status.candidate}'  →  "
+                    f"verdict {candidate.get('verdict')}, samples {candidate.get('samples')}, "
+                    f"top-1 agreement {candidate.get('top1Agreement')}, max |diff| "
+                    f"{candidate.get('maxAbsoluteDifference')}"
+                )
+            if candidate.get("verdict") in ("Promoted", "Failed", "Aborted"):
+                break
+            if candidate.get("verdict") == "Passed" and not passes:
+                raise AssertionError("the bad candidate passed")
+        candidate = (await self.infd("demo"))["status"].get("candidate") or {}
+        assert candidate.get("version") == version, f"no verdict on version {version} in time"
+        await self.show("get", "infd", "demo")
+        if passes:
+            assert candidate.get("verdict") == "Promoted", candidate.get("message")
+            await self.until(lambda: self.ready("demo"), 90, "Ready on the promoted version")
+            serving = (await self.infd("demo"))["status"]["serving"]
+            assert serving["version"] == version, serving
+            step.outcome = (f"Promoted after {candidate.get('samples')} mirrored requests, "
+                            f"top-1 agreement {candidate.get('top1Agreement')}")  # fmt: skip
+        else:
+            assert candidate.get("verdict") == verdict, candidate.get("message")
+            after = {p["metadata"]["uid"] for p in await self.pods("demo")}
+            assert after == before, "the serving pods were touched"
+            self.say(f"  {candidate.get('reason')}: {candidate.get('message', '')[:160]}")
+            self.say("  the serving pods are the same pods as before the candidate")
+            step.outcome = f"Failed ({candidate.get('reason')}), serving untouched"
+
+    async def kubectl_scale(self, step: Step) -> None:
+        self.say('$ kubectl patch infd burst --type merge -p '
+                 '\'{"spec":{"autoscaling":{"enabled":false}}}\'')  # fmt: skip
+        await self.kubectl("patch", "infd", "burst", "--type", "merge",
+                           "-p", '{"spec":{"autoscaling":{"enabled":false}}}')  # fmt: skip
+        await self.show("scale", "infd/burst", "--replicas=2")
+        await self.until(lambda: self._ready_pods("burst", 2), 90, "2 ready burst pods")
+        await self.show("get", "infd", "burst")
+        await self.show("get", "pods", "-l", "app.kubernetes.io/instance=burst")
+        step.outcome = "2 pods, as `kubectl scale` asked"
+
+    async def _ready_pods(self, name: str, count: int) -> bool:
+        status = (await self.infd(name)).get("status") or {}
+        return status.get("readyReplicas") == count and status.get("replicas") == count
+
+    async def tell(self) -> bool:
+        await self.step("Apply an InferenceDeployment: the operator builds its engine, then "
+                        "serves it", self.create_and_serve)  # fmt: skip
+        if not self.steps[-1].ok:
+            return False
+        await self.step("Requests answered at its endpoint", self.answer_requests)
+        await self.step("A burst of load: the autoscaler scales up, then back down",
+                        self.burst)  # fmt: skip
+        int8 = self.demo_spec(
+            "2",
+            engine={"precision": "int8", "calibration": source(self.models.calibration)},
+            rollout={"strategy": "Shadow", "shadow": {
+                "trafficPercent": 100, "minSamples": 100, "maxDurationSeconds": 120,
+                "thresholds": THRESHOLDS}},
+        )  # fmt: skip
+        await self.step("Version 2, int8, shadow-tested on live traffic, then promoted",
+                        lambda step: self.shadow(step, "2", int8, passes=True))  # fmt: skip
+        bad = self.demo_spec(
+            "3", model={"source": source(self.models.other)},
+            engine={"precision": "fp32", "calibration": None},
+            rollout={"strategy": "Shadow", "shadow": {
+                "trafficPercent": 100, "minSamples": 100, "maxDurationSeconds": 120,
+                "thresholds": THRESHOLDS}},
+        )  # fmt: skip
+        bad["engine"].pop("calibration")
+        await self.step("Version 3, another model: the shadow test fails it, serving untouched",
+                        lambda step: self.shadow(step, "3", bad, passes=False))  # fmt: skip
+        await self.step("Autoscaling off: `kubectl scale infd` sets the pods", self.kubectl_scale)
+        return all(step.ok for step in self.steps)
+
+    def summary(self, total_seconds: float) -> None:
+        self.say("\n== Summary\n")
+        self.say("| step | outcome | seconds |")
+        self.say("|---|---|---:|")
+        for index, step in enumerate(self.steps, 1):
+            self.say(f"| {index}. {step.title} | {step.outcome} | {step.seconds:.0f} |")
+        self.say(f"\n{len([s for s in self.steps if s.ok])} of {len(self.steps)} steps passed "
+                 f"in {total_seconds:.0f} s.")  # fmt: skip
+
+
+async def run_story(workdir: Path, directory: Path) -> bool:
+    started = time.monotonic()
+    print("== 0. The built-in models (generated ONNX files, served through file:// sources)\n")
+    models = Models.build((workdir / "models").resolve())
+    for path in (models.small, models.other, models.heavy):
+        print(f"  {path} ({path.stat().st_size / 1e6:.1f} MB)")
+    print("\n$ kubeinfer up   (a control plane, a node, the CRD and the operator)")
+    session = LocalSession(directory, say=lambda line: print(line, flush=True))
+    stop = asyncio.Event()
+    watcher: asyncio.Task[None] | None = None
+    demo = Demo(session, models)
+    try:
+        await session.start()
+        print(f"\n  export KUBECONFIG={session.kubeconfig}   (kubectl works in another terminal)")
+        print("  (rows below: the `kubectl get infd` view, printed whenever a row changes)")
+        watcher = asyncio.create_task(session.watch(stop, interval_seconds=0.5))
+        ok = await demo.tell()
+    finally:
+        stop.set()
+        if watcher is not None:
+            await watcher
+        await session.stop()
+    demo.summary(time.monotonic() - started)
+    print("\nDemo finished." if ok else "\nDemo finished with problems (see above).")
+    return ok
