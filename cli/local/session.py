@@ -166,6 +166,9 @@ class LocalSession:
                 raise UpError(f"{path}: {error}") from None
             documents += loaded
         adapted = [substitutions.adapt(d, self.cpu) for d in documents]
+        if not adapted:
+            self._write_state(phase="applied")
+            return []
         for item in adapted:
             for note in item.notes:
                 self.say(f"  note: {note}")
