@@ -1,7 +1,8 @@
 """The local control plane's PKI, made fresh at every `cluster up`.
 
 One CA signs the API server's serving certificate (for 127.0.0.1 and the names a client
-may use) and the admin's client certificate (organisation `system:masters`, which the
+may use), the node's kubelet endpoint and the API server's client certificate there (for
+`kubectl logs`), and the admin's client certificate (organisation `system:masters`, which the
 RBAC authorizer lets do anything, as kubeadm's admin.conf does). The service-account
 signing key pair is separate, as kube-apiserver wants it. Everything is written under
 one directory with owner-only permissions; nothing is reused between clusters.
@@ -53,6 +54,22 @@ class Pki:
     @property
     def admin_key(self) -> Path:
         return self.directory / "admin.key"
+
+    @property
+    def kubelet_cert(self) -> Path:
+        return self.directory / "kubelet.crt"
+
+    @property
+    def kubelet_key(self) -> Path:
+        return self.directory / "kubelet.key"
+
+    @property
+    def kubelet_client_cert(self) -> Path:
+        return self.directory / "apiserver-kubelet-client.crt"
+
+    @property
+    def kubelet_client_key(self) -> Path:
+        return self.directory / "apiserver-kubelet-client.key"
 
     @property
     def service_account_key(self) -> Path:
@@ -148,6 +165,20 @@ def write_pki(directory: Path, now: datetime.datetime | None = None) -> Pki:
     )  # fmt: skip
     _write_key(pki.admin_key, admin_key)
     pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
+
+    # The node's kubelet endpoint (pod logs), and the API server's client identity there.
+    for key_path, cert_path, subject, usage, names in (
+        (pki.kubelet_key, pki.kubelet_cert, _name("kubeinfer-node"),
+         ExtendedKeyUsageOID.SERVER_AUTH, alt),
+        (pki.kubelet_client_key, pki.kubelet_client_cert,
+         _name("kube-apiserver-kubelet-client", ADMIN_GROUP), ExtendedKeyUsageOID.CLIENT_AUTH,
+         None),
+    ):  # fmt: skip
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _sign(subject, key.public_key(), ca_name, ca_key, now, usage=[usage],
+                     alt_names=names)  # fmt: skip
+        _write_key(key_path, key)
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
     # RSA, as service-account tokens are RS256 by default everywhere that verifies them.
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)

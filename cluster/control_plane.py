@@ -230,6 +230,10 @@ def up(
             f"--service-account-signing-key-file={pki.service_account_key}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true", "--anonymous-auth=false",
+            f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+            f"--kubelet-client-key={pki.kubelet_client_key}",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
+            "--kubelet-preferred-address-types=InternalIP",
             f"--cert-dir={directory / 'apiserver-certs'}", "--v=1",
         ]  # fmt: skip
         if audit:
@@ -271,6 +275,7 @@ def up(
             sys.executable, "-m", "kubeinfer.cluster.node", f"--kubeconfig={admin_path}",
             f"--directory={directory / 'node'}", f"--ca-file={pki.ca_cert}",
             f"--pod-network={pods.cidr}",
+            f"--kubelet-cert={pki.kubelet_cert}", f"--kubelet-key={pki.kubelet_key}",
             *(node_args or []),
         ], env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
         _wait("the node to be Ready", lambda: _node_ready(cluster), started)

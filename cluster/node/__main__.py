@@ -23,6 +23,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--directory", required=True, type=Path, help="pods' files and logs")
     parser.add_argument("--ca-file", required=True, type=Path, help="the cluster CA (for pods)")
     parser.add_argument("--node-name", default="kubeinfer-node")
+    parser.add_argument("--kubelet-cert", type=Path, default=None,
+                        help="serving certificate of the logs endpoint (with --kubelet-key)")
+    parser.add_argument("--kubelet-key", type=Path, default=None)
     parser.add_argument("--pod-network", required=True,
                         help="the locally routed network; the node claims a /24 of it")  # fmt: skip
     parser.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu to advertise")
@@ -55,6 +58,8 @@ async def main(args: argparse.Namespace) -> None:
         ca_file=args.ca_file.resolve(), kubernetes_version=pinned_versions().kubernetes, pod_cidr=subnet.cidr,
         gpus=args.gpus, cpus=args.cpus, extra_images=extra,
         backoff_initial_seconds=args.crash_loop_backoff_seconds,
+        kubelet_tls=(args.kubelet_cert, args.kubelet_key, args.ca_file)
+        if args.kubelet_cert and args.kubelet_key else None,
     )  # fmt: skip
     try:
         await agent.run(stop)

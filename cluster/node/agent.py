@@ -32,6 +32,7 @@ from typing import Any
 
 from kubeinfer.cluster.node import images
 from kubeinfer.cluster.node.api import STRATEGIC, ApiError, KubeObject, NodeApi
+from kubeinfer.cluster.node.kubelet_server import KubeletServer
 from kubeinfer.cluster.node.pods import NodeContext, PodWorker, rfc3339
 from kubeinfer.cluster.node.scheduling import unschedulable_reason
 from kubeinfer.cluster.node.volumes import Endpoints
@@ -94,6 +95,7 @@ class NodeAgent:
         cpus: str | None = None,
         extra_images: Mapping[str, images.ImageConfig] | None = None,
         backoff_initial_seconds: float = 10.0,
+        kubelet_tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
         self.api, self.name, self.directory = api, name, directory
         self.version = kubernetes_version
@@ -126,9 +128,17 @@ class NodeAgent:
         self.pending: dict[str, KubeObject] = {}
         self.unschedulable_said: dict[str, str] = {}
         self._events: set[asyncio.Task[None]] = set()
+        self.kubelet = (
+            KubeletServer(self.pod_directory, self.container_running, *kubelet_tls)
+            if kubelet_tls
+            else None
+        )
+        """The logs endpoint the API server proxies `kubectl logs` to."""
 
     # -- running -----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
+        if self.kubelet is not None:
+            await self.kubelet.start()
         await self.register()
         await self._ensure_storage_class()
         loops = [
@@ -147,6 +157,8 @@ class NodeAgent:
             for task in [*loops, stopping]:
                 task.cancel()
             await self.shutdown()
+            if self.kubelet is not None:
+                await self.kubelet.close()
 
     async def shutdown(self) -> None:
         """Stops every pod's containers (the node goes away; the pods are not deleted)."""
@@ -171,7 +183,8 @@ class NodeAgent:
             }],
             "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
                           {"type": "Hostname", "address": self.name}],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            "daemonEndpoints": {"kubeletEndpoint": {
+                "Port": self.kubelet.port if self.kubelet else 0}},
             "nodeInfo": {
                 "machineID": "", "systemUUID": "", "bootID": "",
                 "kernelVersion": platform.release(), "osImage": platform.platform(),
@@ -212,6 +225,23 @@ class NodeAgent:
                     await self.api.request("PATCH", lease_path, body={"spec": lease["spec"]},
                                            content_type=STRATEGIC)  # fmt: skip
             await asyncio.sleep(HEARTBEAT_SECONDS)
+
+    # -- for the kubelet endpoint ------------------------------------------------------------
+    def pod_directory(self, namespace: str, name: str) -> Path | None:
+        """The newest pod of that name's files (a finished pod's are kept)."""
+        for worker in self.workers.values():
+            if (worker.namespace, worker.name) == (namespace, name):
+                return worker.directory
+        found = sorted((self.directory / "pods").glob(f"{namespace}_{name}_*"),
+                       key=lambda path: path.stat().st_mtime)  # fmt: skip
+        return found[-1] if found else None
+
+    def container_running(self, namespace: str, name: str, container: str) -> bool:
+        for worker in self.workers.values():
+            if (worker.namespace, worker.name) == (namespace, name) and not worker.finished:
+                return any(c.name == container and c.process is not None
+                           for c in worker.init + worker.containers)  # fmt: skip
+        return False
 
     # -- pods --------------------------------------------------------------------------------
     async def _watch_pods(self) -> None:
