@@ -95,7 +95,15 @@ def test_the_runtime_never_imports_the_control_plane() -> None:
 def test_the_wheel_ships_the_example_manifests(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for example in (ROOT / "examples").glob("*.yaml"):
-        assert f"kubeinfer/operator/demo/examples/{example.name}" in names
+        assert f"kubeinfer/cli/demo/examples/{example.name}" in names
+
+
+def test_the_wheel_ships_the_control_planes_go_module(wheel: Path) -> None:
+    """`kubeinfer cluster up` builds the binaries from it wherever the package is installed."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    module = ROOT / "cluster" / "control-plane"
+    for path in [*module.glob("go.*"), *module.glob("cmd/*/*.go")]:
+        assert f"kubeinfer/cluster/{path.relative_to(ROOT / 'cluster')}" in names, path
 
 
 def test_the_installed_demo_finds_its_examples_from_another_directory(
@@ -116,7 +124,7 @@ def test_the_installed_demo_finds_its_examples_from_another_directory(
     )
     result = run(str(environment / "bin" / "python"), "-c", code, cwd=elsewhere)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith(str(site / "kubeinfer" / "operator" / "demo" / "examples"))
+    assert result.stdout.startswith(str(site / "kubeinfer" / "cli" / "demo" / "examples"))
     assert result.stdout.count("valid InferenceDeployment") == 3
     assert "Deployment/resnet-cpu-runtime" in result.stdout
 
@@ -196,7 +204,7 @@ def distribution_of(module: str) -> str:
 
 @pytest.mark.parametrize(
     ("folder", "extra", "also"),
-    [("operator", "operator", ("operator/demo/",)), ("runtime", "runtime", ())],
+    [("operator", "operator", ()), ("runtime", "runtime", ()), ("cluster", "local", ())],
 )
 def test_each_sides_imports_are_declared_in_its_extra_and_nothing_more(
     folder: str, extra: str, also: tuple[str, ...]
@@ -217,7 +225,10 @@ def test_each_sides_imports_are_declared_in_its_extra_and_nothing_more(
             )
     # The demo runs both sides (`make demo` installs dev = operator + runtime).
     assert resolved["dev"] >= resolved["operator"] | resolved["runtime"]
-    assert not (resolved[extra] | base) - used, "declared but never imported"
+    # The base dependencies are the two planes' common ground; the local cluster needs
+    # only its own extra (and PyYAML).
+    expected = resolved[extra] | (base if folder != "cluster" else set())
+    assert not expected - used, "declared but never imported"
 
 
 def run_without(blocked: set[str], *argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -230,7 +241,7 @@ class Blocked(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in {sorted(blocked)!r}:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 sys.meta_path.insert(0, Blocked())
-import kubeinfer.operator.cli as cli
+import kubeinfer.cli.main as cli
 sys.exit(cli.main(sys.argv[1:]))
 """
     return run(sys.executable, "-c", code, *argv, cwd=cwd)
