@@ -339,6 +339,7 @@ class Demo:
         await self.step("Version 3, another model: the shadow test fails it, serving untouched",
                         lambda step: self.shadow(step, "3", bad, passes=False))  # fmt: skip
         await self.step("Autoscaling off: `kubectl scale infd` sets the pods", self.kubectl_scale)
+        await self.show("get", "infd")
         return all(step.ok for step in self.steps)
 
     def summary(self, total_seconds: float) -> None:
