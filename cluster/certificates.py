@@ -122,12 +122,18 @@ def _sign(
     if ca:
         builder = builder.add_extension(
             x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
-        )  # fmt: skip
+        )
     if usage:
         builder = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False)
     if alt_names:
@@ -152,31 +158,50 @@ def write_pki(directory: Path, now: datetime.datetime | None = None) -> Pki:
     names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
     alt = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
     serving = _sign(
-        _name("kube-apiserver"), serving_key.public_key(), ca_name, ca_key, now,
-        usage=[ExtendedKeyUsageOID.SERVER_AUTH], alt_names=alt,
-    )  # fmt: skip
+        _name("kube-apiserver"),
+        serving_key.public_key(),
+        ca_name,
+        ca_key,
+        now,
+        usage=[ExtendedKeyUsageOID.SERVER_AUTH],
+        alt_names=alt,
+    )
     _write_key(pki.serving_key, serving_key)
     pki.serving_cert.write_bytes(serving.public_bytes(serialization.Encoding.PEM))
 
     admin_key = ec.generate_private_key(ec.SECP256R1())
     admin = _sign(
-        _name(ADMIN_USER, ADMIN_GROUP), admin_key.public_key(), ca_name, ca_key, now,
+        _name(ADMIN_USER, ADMIN_GROUP),
+        admin_key.public_key(),
+        ca_name,
+        ca_key,
+        now,
         usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
-    )  # fmt: skip
+    )
     _write_key(pki.admin_key, admin_key)
     pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
 
     # The node's kubelet endpoint (pod logs), and the API server's client identity there.
     for key_path, cert_path, subject, usage, names in (
-        (pki.kubelet_key, pki.kubelet_cert, _name("kubeinfer-node"),
-         ExtendedKeyUsageOID.SERVER_AUTH, alt),
-        (pki.kubelet_client_key, pki.kubelet_client_cert,
-         _name("kube-apiserver-kubelet-client", ADMIN_GROUP), ExtendedKeyUsageOID.CLIENT_AUTH,
-         None),
-    ):  # fmt: skip
+        (
+            pki.kubelet_key,
+            pki.kubelet_cert,
+            _name("kubeinfer-node"),
+            ExtendedKeyUsageOID.SERVER_AUTH,
+            alt,
+        ),
+        (
+            pki.kubelet_client_key,
+            pki.kubelet_client_cert,
+            _name("kube-apiserver-kubelet-client", ADMIN_GROUP),
+            ExtendedKeyUsageOID.CLIENT_AUTH,
+            None,
+        ),
+    ):
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = _sign(subject, key.public_key(), ca_name, ca_key, now, usage=[usage],
-                     alt_names=names)  # fmt: skip
+        cert = _sign(
+            subject, key.public_key(), ca_name, ca_key, now, usage=[usage], alt_names=names
+        )
         _write_key(key_path, key)
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 

@@ -20,14 +20,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     up = actions.add_parser("up", help="start the cluster; returns once the node is Ready")
-    up.add_argument("--kubeconfig", type=Path, default=None,
-                    help="write the admin kubeconfig here too (default: DIRECTORY/admin.kubeconfig)")  # fmt: skip
-    up.add_argument("--directory", type=Path, default=None,
-                    help="the cluster's files (default: $XDG_STATE_HOME/kubeinfer/cluster)")  # fmt: skip
-    up.add_argument("--gpus", type=int, default=0,
-                    help="nvidia.com/gpu the node advertises (pods run on CPU regardless)")  # fmt: skip
-    up.add_argument("--audit-log", action="store_true",
-                    help="record every API request in DIRECTORY/audit.log")  # fmt: skip
+    up.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="write the admin kubeconfig here too (default: DIRECTORY/admin.kubeconfig)",
+    )
+    up.add_argument(
+        "--directory",
+        type=Path,
+        default=None,
+        help="the cluster's files (default: $XDG_STATE_HOME/kubeinfer/cluster)",
+    )
+    up.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="nvidia.com/gpu the node advertises (pods run on CPU regardless)",
+    )
+    up.add_argument(
+        "--audit-log", action="store_true", help="record every API request in DIRECTORY/audit.log"
+    )
     up.set_defaults(handler=_up)
 
     down = actions.add_parser("down", help="stop every process `up` started")
@@ -56,8 +69,10 @@ def _up(args: argparse.Namespace) -> int:
         print(f"kubeinfer cluster up: {error}", file=sys.stderr)
         return 1
     print(f"export KUBECONFIG={cluster.kubeconfig}")
-    print(f"# kubectl: {cluster.kubectl}   stop with: kubeinfer cluster down"
-          + (f" --directory {args.directory}" if args.directory else ""))  # fmt: skip
+    print(
+        f"# kubectl: {cluster.kubectl}   stop with: kubeinfer cluster down"
+        + (f" --directory {args.directory}" if args.directory else "")
+    )
     return 0
 
 
@@ -70,8 +85,10 @@ def _down(args: argparse.Namespace) -> int:
         return 0
     killed = control_plane.down(directory)
     if killed:
-        print(f"kubeinfer cluster down: stopped; killed after the grace period: {', '.join(killed)}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"kubeinfer cluster down: stopped; killed after the grace period: {', '.join(killed)}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -61,11 +61,14 @@ AUDIT_POLICY = {
     "rules": [
         # A write to an InferenceDeployment itself (not its status) with its body: tests
         # check from it that the operator never writes a spec it was given.
-        {"level": "Request", "verbs": ["patch", "update"],
-         "resources": [{"group": "kubeinfer.io", "resources": ["inferencedeployments"]}]},
+        {
+            "level": "Request",
+            "verbs": ["patch", "update"],
+            "resources": [{"group": "kubeinfer.io", "resources": ["inferencedeployments"]}],
+        },
         {"level": "Metadata"},
     ],
-}  # fmt: skip
+}
 """Who did what: one line per request, with its user, verb, resource and response code."""
 READY_TIMEOUT_SECONDS = 90.0
 
@@ -146,8 +149,12 @@ def _write_private(path: Path, text: str) -> None:
     path.chmod(0o600)
 
 
-def _wait(what: str, check: Callable[[], bool], started: list[processes.Started],
-          timeout: float = READY_TIMEOUT_SECONDS) -> None:  # fmt: skip
+def _wait(
+    what: str,
+    check: Callable[[], bool],
+    started: list[processes.Started],
+    timeout: float = READY_TIMEOUT_SECONDS,
+) -> None:
     """Polls `check` until true; a ClusterError naming the process that exited (with the
     end of its log) or the timeout otherwise."""
     deadline = time.monotonic() + timeout
@@ -209,38 +216,55 @@ def up(
         etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
         etcd_url = f"http://127.0.0.1:{etcd_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
-        launch("etcd", [
-            str(paths["etcd"]), "--name=default", f"--data-dir={directory / 'etcd'}",
-            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=default={peer_url}", "--unsafe-no-fsync=true",
-            "--log-level=warn",
-        ])  # fmt: skip
+        launch(
+            "etcd",
+            [
+                str(paths["etcd"]),
+                "--name=default",
+                f"--data-dir={directory / 'etcd'}",
+                f"--listen-client-urls={etcd_url}",
+                f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
         _wait("etcd's /health", lambda: _http_ok(f"{etcd_url}/health"), started)
 
         server = f"https://127.0.0.1:{api_port}"
         apiserver = [
-            str(paths["kube-apiserver"]), f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            str(paths["kube-apiserver"]),
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
             f"--secure-port={api_port}",
-            f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
-            f"--client-ca-file={pki.ca_cert}", "--authorization-mode=RBAC",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            "--authorization-mode=RBAC",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki.service_account_public_key}",
             f"--service-account-signing-key-file={pki.service_account_key}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-            "--allow-privileged=true", "--anonymous-auth=false",
+            "--allow-privileged=true",
+            "--anonymous-auth=false",
             f"--kubelet-client-certificate={pki.kubelet_client_cert}",
             f"--kubelet-client-key={pki.kubelet_client_key}",
             f"--kubelet-certificate-authority={pki.ca_cert}",
             "--kubelet-preferred-address-types=InternalIP",
-            f"--cert-dir={directory / 'apiserver-certs'}", "--v=1",
-        ]  # fmt: skip
+            f"--cert-dir={directory / 'apiserver-certs'}",
+            "--v=1",
+        ]
         if audit:
             policy = directory / "audit-policy.yaml"
             policy.write_text(yaml.safe_dump(AUDIT_POLICY))
-            apiserver += [f"--audit-policy-file={policy}",
-                          f"--audit-log-path={directory / AUDIT_LOG}", "--audit-log-maxsize=0"]  # fmt: skip
+            apiserver += [
+                f"--audit-policy-file={policy}",
+                f"--audit-log-path={directory / AUDIT_LOG}",
+                "--audit-log-maxsize=0",
+            ]
         launch("kube-apiserver", apiserver)
         admin = kubeconfig_document(server, pki)
 
@@ -250,34 +274,50 @@ def up(
         _wait("the API server's /readyz", lambda: cluster.get("/readyz")[0] == 200, started)
         progress(f"API server ready at {server} ({time.monotonic() - t0:.1f} s)")
 
-        launch("kube-controller-manager", [
-            str(paths["kube-controller-manager"]), f"--kubeconfig={admin_path}",
-            f"--authentication-kubeconfig={admin_path}",
-            f"--authorization-kubeconfig={admin_path}",
-            "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-            f"--cert-dir={directory / 'controller-manager-certs'}",
-            f"--controllers={','.join(controllers)}", "--leader-elect=false",
-            f"--service-account-private-key-file={pki.service_account_key}",
-            f"--root-ca-file={pki.ca_cert}", "--use-service-account-credentials=true",
-            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-            "--concurrent-gc-syncs=5", "--v=1",
-        ])  # fmt: skip
+        launch(
+            "kube-controller-manager",
+            [
+                str(paths["kube-controller-manager"]),
+                f"--kubeconfig={admin_path}",
+                f"--authentication-kubeconfig={admin_path}",
+                f"--authorization-kubeconfig={admin_path}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--cert-dir={directory / 'controller-manager-certs'}",
+                f"--controllers={','.join(controllers)}",
+                "--leader-elect=false",
+                f"--service-account-private-key-file={pki.service_account_key}",
+                f"--root-ca-file={pki.ca_cert}",
+                "--use-service-account-credentials=true",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                "--concurrent-gc-syncs=5",
+                "--v=1",
+            ],
+        )
 
         def has_default_service_account() -> bool:
             status, _ = cluster.get("/api/v1/namespaces/default/serviceaccounts/default")
             return status == 200
 
-        _wait("the controllers (the default ServiceAccount)", has_default_service_account,
-              started)  # fmt: skip
+        _wait("the controllers (the default ServiceAccount)", has_default_service_account, started)
         progress(f"controllers running ({time.monotonic() - t0:.1f} s)")
 
-        launch("node-agent", [
-            sys.executable, "-m", "kubeinfer.cluster.node", f"--kubeconfig={admin_path}",
-            f"--directory={directory / 'node'}", f"--ca-file={pki.ca_cert}",
-            f"--pod-network={pods.cidr}",
-            f"--kubelet-cert={pki.kubelet_cert}", f"--kubelet-key={pki.kubelet_key}",
-            *(node_args or []),
-        ], env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+        launch(
+            "node-agent",
+            [
+                sys.executable,
+                "-m",
+                "kubeinfer.cluster.node",
+                f"--kubeconfig={admin_path}",
+                f"--directory={directory / 'node'}",
+                f"--ca-file={pki.ca_cert}",
+                f"--pod-network={pods.cidr}",
+                f"--kubelet-cert={pki.kubelet_cert}",
+                f"--kubelet-key={pki.kubelet_key}",
+                *(node_args or []),
+            ],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         _wait("the node to be Ready", lambda: _node_ready(cluster), started)
         progress(f"node Ready ({time.monotonic() - t0:.1f} s)")
 

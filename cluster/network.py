@@ -21,9 +21,9 @@ import fcntl
 import ipaddress
 import os
 import shutil
-import tempfile
 import socket
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,18 +56,22 @@ def ensure_pod_network(cidr: str = POD_CIDR) -> PodNetwork:
     try:
         result = subprocess.run(
             [ip, "route", "add", "local", cidr, "dev", "lo"],
-            capture_output=True, text=True, check=False, timeout=10,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=10,
+        )
         why = result.stderr.strip() or f"exit {result.returncode}"
     except (OSError, subprocess.TimeoutExpired) as error:
         why = str(error)
     if _can_listen_on(probe):
         return PodNetwork(cidr, loopback=False, note=f"added a local route for {cidr} on lo")
     return PodNetwork(
-        LOOPBACK_CIDR, loopback=True,
+        LOOPBACK_CIDR,
+        loopback=True,
         note=f"could not route {cidr} to lo ({why}); pods use 127.x addresses, which "
         "EndpointSlices cannot list, so Services are resolved from the pods they select",
-    )  # fmt: skip
+    )
 
 
 SUBNET_PREFIX = 24

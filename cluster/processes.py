@@ -47,15 +47,25 @@ def is_running(process: Started) -> bool:
     return start_ticks(process.pid) == process.start_ticks
 
 
-def spawn(name: str, argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
-          cwd: Path | None = None) -> tuple[Started, subprocess.Popen[bytes]]:  # fmt: skip
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> tuple[Started, subprocess.Popen[bytes]]:
     """Starts `argv` in a new session, its output appended to `log`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as output:
         popen = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
-        )  # fmt: skip
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+        )
     ticks = start_ticks(popen.pid)
     return Started(name, popen.pid, ticks if ticks is not None else -1, str(log)), popen
 

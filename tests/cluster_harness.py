@@ -35,8 +35,13 @@ CRD = REPO / "crds" / "inferencedeployments.kubeinfer.io.yaml"
 KubeObject = dict[str, Any]
 
 
-def path_of(api_version: str, plural: str, namespace: str | None, name: str | None = None,
-            subresource: str | None = None) -> str:  # fmt: skip
+def path_of(
+    api_version: str,
+    plural: str,
+    namespace: str | None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> str:
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     if namespace:
         base += f"/namespaces/{namespace}"
@@ -117,22 +122,32 @@ class Kube:
         self.client = cluster.api_client
 
     # -- transport ---------------------------------------------------------------------------
-    def request(self, method: str, path: str, body: Any = None,
-                content_type: str = "application/json", **query: Any) -> KubeObject:  # fmt: skip
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        **query: Any,
+    ) -> KubeObject:
         params = [(k, v) for k, v in query.items() if v is not None]
         serialized = self.client.param_serialize(
-            method, path, query_params=params, body=body, auth_settings=["BearerToken"],
+            method,
+            path,
+            query_params=params,
+            body=body,
+            auth_settings=["BearerToken"],
             header_params={"Content-Type": content_type, "Accept": "application/json"},
-        )  # fmt: skip
+        )
         response = self.client.call_api(*serialized, _request_timeout=30)
         data = response.read()
         if not 200 <= response.status <= 299:
-            raise ApiException(status=response.status, reason=response.reason,
-                               http_resp=response)  # fmt: skip
+            raise ApiException(status=response.status, reason=response.reason, http_resp=response)
         return json.loads(data) if data else {}
 
-    def get(self, api_version: str, plural: str, name: str,
-            namespace: str | None = "") -> KubeObject | None:  # fmt: skip
+    def get(
+        self, api_version: str, plural: str, name: str, namespace: str | None = ""
+    ) -> KubeObject | None:
         try:
             return self.request("GET", path_of(api_version, plural, self._ns(namespace), name))
         except ApiException as error:
@@ -140,10 +155,16 @@ class Kube:
                 return None
             raise
 
-    def list(self, api_version: str, plural: str, label_selector: str | None = None,
-             namespace: str | None = "") -> list[KubeObject]:  # fmt: skip
-        found = self.request("GET", path_of(api_version, plural, self._ns(namespace)),
-                             labelSelector=label_selector)  # fmt: skip
+    def list(
+        self,
+        api_version: str,
+        plural: str,
+        label_selector: str | None = None,
+        namespace: str | None = "",
+    ) -> list[KubeObject]:
+        found = self.request(
+            "GET", path_of(api_version, plural, self._ns(namespace)), labelSelector=label_selector
+        )
         return list(found.get("items") or [])
 
     def create(self, obj: KubeObject) -> KubeObject:
@@ -156,18 +177,27 @@ class Kube:
             obj["metadata"]["namespace"] = namespace
         return self.request("POST", path_of(api_version, plural, namespace), body=obj)
 
-    def patch(self, api_version: str, plural: str, name: str, patch: Any,
-              subresource: str | None = None, content_type: str = "application/merge-patch+json",
-              namespace: str | None = "") -> KubeObject:  # fmt: skip
+    def patch(
+        self,
+        api_version: str,
+        plural: str,
+        name: str,
+        patch: Any,
+        subresource: str | None = None,
+        content_type: str = "application/merge-patch+json",
+        namespace: str | None = "",
+    ) -> KubeObject:
         path = path_of(api_version, plural, self._ns(namespace), name, subresource)
         return self.request("PATCH", path, body=patch, content_type=content_type)
 
-    def delete(self, api_version: str, plural: str, name: str, namespace: str | None = "",
-               **options: Any) -> None:  # fmt: skip
+    def delete(
+        self, api_version: str, plural: str, name: str, namespace: str | None = "", **options: Any
+    ) -> None:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", **options}
         with contextlib.suppress(ApiException):
-            self.request("DELETE", path_of(api_version, plural, self._ns(namespace), name),
-                         body=body)  # fmt: skip
+            self.request(
+                "DELETE", path_of(api_version, plural, self._ns(namespace), name), body=body
+            )
 
     def _ns(self, namespace: str | None) -> str | None:
         return self.namespace if namespace == "" else namespace
@@ -176,23 +206,36 @@ class Kube:
     def calls(self, user: str | None = None) -> list[ApiCall]:
         """Requests about this namespace (or by `user`), oldest first."""
         return self.cluster.audit.calls(
-            lambda c: (c.namespace == self.namespace or (user is not None and c.user == user))
-            and (user is None or c.user == user)
+            lambda c: (
+                (c.namespace == self.namespace or (user is not None and c.user == user))
+                and (user is None or c.user == user)
+            )
         )
 
     # -- kubectl, as a user types it ---------------------------------------------------------
-    def kubectl(self, *args: str, check: bool = True, timeout: float = 60,
-                stdin: str | None = None) -> str:  # fmt: skip
-        return self.cluster.kubectl("-n", self.namespace, *args, check=check, timeout=timeout,
-                                    stdin=stdin)  # fmt: skip
+    def kubectl(
+        self, *args: str, check: bool = True, timeout: float = 60, stdin: str | None = None
+    ) -> str:
+        return self.cluster.kubectl(
+            "-n", self.namespace, *args, check=check, timeout=timeout, stdin=stdin
+        )
 
 
 PLURALS = {
-    "InferenceDeployment": "inferencedeployments", "Endpoints": "endpoints",
-    "NetworkPolicy": "networkpolicies", "PodMonitor": "podmonitors",
-}  # fmt: skip
-CLUSTER_SCOPED = {"namespaces", "nodes", "clusterroles", "clusterrolebindings",
-                  "customresourcedefinitions", "persistentvolumes", "storageclasses"}  # fmt: skip
+    "InferenceDeployment": "inferencedeployments",
+    "Endpoints": "endpoints",
+    "NetworkPolicy": "networkpolicies",
+    "PodMonitor": "podmonitors",
+}
+CLUSTER_SCOPED = {
+    "namespaces",
+    "nodes",
+    "clusterroles",
+    "clusterrolebindings",
+    "customresourcedefinitions",
+    "persistentvolumes",
+    "storageclasses",
+}
 
 
 def plural_of(kind: str) -> str:
@@ -233,14 +276,19 @@ class LocalCluster:
         """Where the node keeps a PersistentVolumeClaim's files."""
         return self.directory / "node" / "claims" / namespace / claim
 
-    def kubectl(self, *args: str, check: bool = True, timeout: float = 60,
-                stdin: str | None = None) -> str:  # fmt: skip
+    def kubectl(
+        self, *args: str, check: bool = True, timeout: float = 60, stdin: str | None = None
+    ) -> str:
         """Runs the cluster's own kubectl as the admin; its output (stdout, and stderr too
         when `check` is off, so a refusal can be read)."""
         result = subprocess.run(
             [str(self.cluster.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True, text=True, timeout=timeout, check=False, input=stdin,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            input=stdin,
+        )
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
         return result.stdout if check else result.stdout + result.stderr
@@ -261,38 +309,61 @@ class LocalCluster:
 
     def service_account_token(self, namespace: str, account: str, seconds: int = 3600) -> str:
         issued = self.admin(namespace).request(
-            "POST", path_of("v1", "serviceaccounts", namespace, account, "token"),
-            body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                  "spec": {"expirationSeconds": seconds}},
-        )  # fmt: skip
+            "POST",
+            path_of("v1", "serviceaccounts", namespace, account, "token"),
+            body={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": seconds},
+            },
+        )
         return str(issued["status"]["token"])
 
     def kubeconfig_for(self, path: Path, token: str, namespace: str) -> Path:
         """A kubeconfig with a bearer token (a service account's, say)."""
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {
-                "server": self.server, "certificate-authority": str(self.ca_file)}}],
-            "users": [{"name": "test", "user": {"token": token}}],
-            "contexts": [{"name": "test", "context": {
-                "cluster": "test", "user": "test", "namespace": namespace}}],
-        }))  # fmt: skip
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "test",
+                    "clusters": [
+                        {
+                            "name": "test",
+                            "cluster": {
+                                "server": self.server,
+                                "certificate-authority": str(self.ca_file),
+                            },
+                        }
+                    ],
+                    "users": [{"name": "test", "user": {"token": token}}],
+                    "contexts": [
+                        {
+                            "name": "test",
+                            "context": {"cluster": "test", "user": "test", "namespace": namespace},
+                        }
+                    ],
+                }
+            )
+        )
         return path
 
 
 def start_local_cluster(directory: Path) -> Iterator[LocalCluster]:
     """Starts the control plane, applies the CRD, yields, and stops every process."""
-    cluster = control_plane.up(
-        directory, audit=True, node_args=["--crash-loop-backoff-seconds=2"]
-    )
+    cluster = control_plane.up(directory, audit=True, node_args=["--crash-loop-backoff-seconds=2"])
     configuration = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(str(cluster.kubeconfig), client_configuration=configuration)
     api_client = kubernetes.client.ApiClient(configuration)
     local = LocalCluster(cluster, api_client)
     try:
         local.kubectl("apply", "--server-side", "-f", str(CRD))
-        local.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                      "crd/inferencedeployments.kubeinfer.io")  # fmt: skip
+        local.kubectl(
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/inferencedeployments.kubeinfer.io",
+        )
         # Established comes before the resource's storage answers (429 "storage is
         # (re)initializing" meanwhile): start the tests once a list succeeds.
         deadline = time.monotonic() + 60

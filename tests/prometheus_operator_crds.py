@@ -34,8 +34,11 @@ def crd_directory() -> Path:
         pytest.skip(message)
     result = subprocess.run(
         [go, "mod", "download", "-json", f"{MODULE}@{VERSION}"],
-        capture_output=True, text=True, check=False, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
     if result.returncode != 0:
         pytest.fail(f"go mod download {MODULE}@{VERSION} failed: {result.stdout}{result.stderr}")
     return Path(json.loads(result.stdout)["Dir"]) / "example" / "prometheus-operator-crd"

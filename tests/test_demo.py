@@ -47,8 +47,17 @@ def test_the_demo_refuses_a_workdir_its_pods_cannot_see() -> None:
 
 
 def test_the_serving_demo_runs_end_to_end(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "kubeinfer.cli.main", "demo", "--serving",
-               "--workdir", str(tmp_path), "--seconds", "0.3"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "kubeinfer.cli.main",
+        "demo",
+        "--serving",
+        "--workdir",
+        str(tmp_path),
+        "--seconds",
+        "0.3",
+    ]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout

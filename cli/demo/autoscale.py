@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec, QueryOverrides
 from kubeinfer.cli.demo.load import free_port, http_get
+from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec, QueryOverrides
 from kubeinfer.operator.metrics.direct import DirectRead
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.scaling import read_scaling_signals

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 import yaml
-from kubeinfer.operator.api.v1alpha1.inference_deployment import ShadowSpec
 from kubeinfer.cli.demo.load import drive, free_port, http_get
+from kubeinfer.operator.api.v1alpha1.inference_deployment import ShadowSpec
 from kubeinfer.operator.metrics.direct import DirectRead
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.shadow import read_shadow_aggregates

@@ -79,13 +79,19 @@ class Models:
 
 
 def source(path: Path) -> dict[str, str]:
-    return {"uri": f"file://{path.resolve()}",
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}  # fmt: skip
+    return {
+        "uri": f"file://{path.resolve()}",
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
 
 
 def manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "kubeinfer.io/v1alpha1", "kind": "InferenceDeployment",
-            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}  # fmt: skip
+    return {
+        "apiVersion": "kubeinfer.io/v1alpha1",
+        "kind": "InferenceDeployment",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": spec,
+    }
 
 
 @dataclass
@@ -135,9 +141,16 @@ class Demo:
         return f"http://127.0.0.1:{forwarder.port}/v2/models/{name}/infer"
 
     async def pods(self, name: str) -> list[dict[str, Any]]:
-        listing = json.loads(await self.kubectl(
-            "get", "pods", "-l", f"app.kubernetes.io/instance={name},kubeinfer.io/role=serving",
-            "-o", "json"))  # fmt: skip
+        listing = json.loads(
+            await self.kubectl(
+                "get",
+                "pods",
+                "-l",
+                f"app.kubernetes.io/instance={name},kubeinfer.io/role=serving",
+                "-o",
+                "json",
+            )
+        )
         return [p for p in listing["items"] if not p["metadata"].get("deletionTimestamp")]
 
     # -- the steps ---------------------------------------------------------------------------
@@ -164,9 +177,11 @@ class Demo:
         spec: dict[str, Any] = {
             "model": {"name": "demo", "version": version, "source": source(self.models.small)},
             "engine": {"backend": "onnxruntime", "precision": "fp32", "maxBatchSize": 32},
-            "runtime": {"replicas": 1,
-                        "batching": {"maxBatchSize": 32, "maxQueueDelayMicroseconds": 2000}},
-        }  # fmt: skip
+            "runtime": {
+                "replicas": 1,
+                "batching": {"maxBatchSize": 32, "maxQueueDelayMicroseconds": 2000},
+            },
+        }
         for key, value in changes.items():
             spec[key] = {**spec.get(key, {}), **value}
         return spec
@@ -182,8 +197,18 @@ class Demo:
         import onnxruntime
 
         rows = np.random.default_rng(7).standard_normal((4, 512)).astype(np.float32)
-        body = json.dumps({"inputs": [{"name": "input", "shape": [4, 512], "datatype": "FP32",
-                                       "data": rows.ravel().tolist()}]}).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "input",
+                        "shape": [4, 512],
+                        "datatype": "FP32",
+                        "data": rows.ravel().tolist(),
+                    }
+                ]
+            }
+        ).encode()
         url = self.endpoint("demo")
         self.say(f"$ curl -d @request.json {url}")
 
@@ -195,14 +220,28 @@ class Demo:
         served = (await asyncio.to_thread(post))["outputs"][0]
         local = onnxruntime.InferenceSession(str(self.models.small)).run(None, {"input": rows})[0]
         difference = float(np.abs(np.asarray(served["data"]).reshape(local.shape) - local).max())
-        self.say(f"  a 4-row request answered through the Service: shape {served['shape']}, "
-                 f"max |diff| against ONNX Runtime in-process {difference:.1e}")  # fmt: skip
-        single = json.dumps({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
-                                         "data": rows[0].tolist()}]}).encode()  # fmt: skip
+        self.say(
+            f"  a 4-row request answered through the Service: shape {served['shape']}, "
+            f"max |diff| against ONNX Runtime in-process {difference:.1e}"
+        )
+        single = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "input",
+                        "shape": [1, 512],
+                        "datatype": "FP32",
+                        "data": rows[0].tolist(),
+                    }
+                ]
+            }
+        ).encode()
         result = await drive(url, single, 8, 3.0)
-        self.say(f"  8 clients for 3 s: {result.requests_per_second:.0f} req/s, p50 "
-                 f"{result.percentile_milliseconds(50):.1f} ms, p99 "
-                 f"{result.percentile_milliseconds(99):.1f} ms, codes {dict(result.codes)}")  # fmt: skip
+        self.say(
+            f"  8 clients for 3 s: {result.requests_per_second:.0f} req/s, p50 "
+            f"{result.percentile_milliseconds(50):.1f} ms, p99 "
+            f"{result.percentile_milliseconds(99):.1f} ms, codes {dict(result.codes)}"
+        )
         assert difference < 1e-3 and set(result.codes) == {200}, "wrong answers"
         step.outcome = f"{result.requests_per_second:.0f} req/s at 8 clients, all 200"
 
@@ -211,32 +250,50 @@ class Demo:
             "model": {"name": "burst", "version": "1", "source": source(self.models.heavy)},
             "engine": {"backend": "onnxruntime", "precision": "fp32", "maxBatchSize": 32},
             "runtime": {"replicas": 1, "batching": {"maxBatchSize": 32}},
-            "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3,
-                            "targetQueueDepthPerReplica": 4,
-                            "scaleDownStabilizationSeconds": 6, "scaleDownMaxPercent": 100,
-                            "scaleDownPeriodSeconds": 5},
-        }  # fmt: skip
+            "autoscaling": {
+                "enabled": True,
+                "minReplicas": 1,
+                "maxReplicas": 3,
+                "targetQueueDepthPerReplica": 4,
+                "scaleDownStabilizationSeconds": 6,
+                "scaleDownMaxPercent": 100,
+                "scaleDownPeriodSeconds": 5,
+            },
+        }
         await self.apply([manifest("burst", spec)])
         await self.until(lambda: self.ready("burst"), 120, "burst to be Ready")
         rows = np.random.default_rng(3).standard_normal((1, 16)).astype(np.float32)
-        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32",
-                                       "data": rows.ravel().tolist()}]}).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "input",
+                        "shape": [1, 16],
+                        "datatype": "FP32",
+                        "data": rows.ravel().tolist(),
+                    }
+                ]
+            }
+        ).encode()
         self.say("  24 closed-loop clients for 15 s at the burst endpoint...")
         peak = 1
 
         async def watch_peak() -> None:
             nonlocal peak
             while True:
-                deployment = json.loads(await self.kubectl(
-                    "get", "deployment", "burst-runtime", "-o", "json"))  # fmt: skip
+                deployment = json.loads(
+                    await self.kubectl("get", "deployment", "burst-runtime", "-o", "json")
+                )
                 peak = max(peak, int(deployment["spec"]["replicas"]))
                 await asyncio.sleep(1)
 
         watcher = asyncio.create_task(watch_peak())
         try:
             result = await drive(self.endpoint("burst"), body, 24, 15.0)
-            self.say(f"  the burst: {result.requests_per_second:.0f} req/s, codes "
-                     f"{dict(result.codes)}; the runtime went from 1 to {peak} pods")  # fmt: skip
+            self.say(
+                f"  the burst: {result.requests_per_second:.0f} req/s, codes "
+                f"{dict(result.codes)}; the runtime went from 1 to {peak} pods"
+            )
             await self.show("get", "infd", "burst")
             active = self.condition(await self.infd("burst"), "ScalingActive")
             self.say(f"  ScalingActive: {active.get('message', '')}")
@@ -248,16 +305,27 @@ class Demo:
         step.outcome = f"1 → {peak} pods under the burst, back to 1 after the window"
 
     async def _scaled_down(self) -> bool:
-        deployment = json.loads(await self.kubectl("get", "deployment", "burst-runtime",
-                                                   "-o", "json"))  # fmt: skip
+        deployment = json.loads(
+            await self.kubectl("get", "deployment", "burst-runtime", "-o", "json")
+        )
         return int(deployment["spec"]["replicas"]) == 1
 
     async def shadow(self, step: Step, version: str, spec: dict[str, Any], passes: bool) -> None:
         before = {p["metadata"]["uid"] for p in await self.pods("demo")}
         await self.apply([manifest("demo", spec)])
         rows = np.random.default_rng(11).standard_normal((1, 512)).astype(np.float32)
-        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
-                                       "data": rows.ravel().tolist()}]}).encode()  # fmt: skip
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "input",
+                        "shape": [1, 512],
+                        "datatype": "FP32",
+                        "data": rows.ravel().tolist(),
+                    }
+                ]
+            }
+        ).encode()
         verdict = "Passed" if passes else "Failed"
         deadline = time.monotonic() + 150
         shown = 0
@@ -286,8 +354,10 @@ class Demo:
             await self.until(lambda: self.ready("demo"), 90, "Ready on the promoted version")
             serving = (await self.infd("demo"))["status"]["serving"]
             assert serving["version"] == version, serving
-            step.outcome = (f"Promoted after {candidate.get('samples')} mirrored requests, "
-                            f"top-1 agreement {candidate.get('top1Agreement')}")  # fmt: skip
+            step.outcome = (
+                f"Promoted after {candidate.get('samples')} mirrored requests, "
+                f"top-1 agreement {candidate.get('top1Agreement')}"
+            )
         else:
             assert candidate.get("verdict") == verdict, candidate.get("message")
             after = {p["metadata"]["uid"] for p in await self.pods("demo")}
@@ -297,10 +367,19 @@ class Demo:
             step.outcome = f"Failed ({candidate.get('reason')}), serving untouched"
 
     async def kubectl_scale(self, step: Step) -> None:
-        self.say('$ kubectl patch infd burst --type merge -p '
-                 '\'{"spec":{"autoscaling":{"enabled":false}}}\'')  # fmt: skip
-        await self.kubectl("patch", "infd", "burst", "--type", "merge",
-                           "-p", '{"spec":{"autoscaling":{"enabled":false}}}')  # fmt: skip
+        self.say(
+            "$ kubectl patch infd burst --type merge -p "
+            '\'{"spec":{"autoscaling":{"enabled":false}}}\''
+        )
+        await self.kubectl(
+            "patch",
+            "infd",
+            "burst",
+            "--type",
+            "merge",
+            "-p",
+            '{"spec":{"autoscaling":{"enabled":false}}}',
+        )
         await self.show("scale", "infd/burst", "--replicas=2")
         await self.until(lambda: self._ready_pods("burst", 2), 90, "2 ready burst pods")
         await self.show("get", "infd", "burst")
@@ -312,32 +391,50 @@ class Demo:
         return status.get("readyReplicas") == count and status.get("replicas") == count
 
     async def tell(self) -> bool:
-        await self.step("Apply an InferenceDeployment: the operator builds its engine, then "
-                        "serves it", self.create_and_serve)  # fmt: skip
+        await self.step(
+            "Apply an InferenceDeployment: the operator builds its engine, then serves it",
+            self.create_and_serve,
+        )
         if not self.steps[-1].ok:
             return False
         await self.step("Requests answered at its endpoint", self.answer_requests)
-        await self.step("A burst of load: the autoscaler scales up, then back down",
-                        self.burst)  # fmt: skip
+        await self.step("A burst of load: the autoscaler scales up, then back down", self.burst)
         int8 = self.demo_spec(
             "2",
             engine={"precision": "int8", "calibration": source(self.models.calibration)},
-            rollout={"strategy": "Shadow", "shadow": {
-                "trafficPercent": 100, "minSamples": 100, "maxDurationSeconds": 120,
-                "thresholds": THRESHOLDS}},
-        )  # fmt: skip
-        await self.step("Version 2, int8, shadow-tested on live traffic, then promoted",
-                        lambda step: self.shadow(step, "2", int8, passes=True))  # fmt: skip
+            rollout={
+                "strategy": "Shadow",
+                "shadow": {
+                    "trafficPercent": 100,
+                    "minSamples": 100,
+                    "maxDurationSeconds": 120,
+                    "thresholds": THRESHOLDS,
+                },
+            },
+        )
+        await self.step(
+            "Version 2, int8, shadow-tested on live traffic, then promoted",
+            lambda step: self.shadow(step, "2", int8, passes=True),
+        )
         bad = self.demo_spec(
-            "3", model={"source": source(self.models.other)},
+            "3",
+            model={"source": source(self.models.other)},
             engine={"precision": "fp32", "calibration": None},
-            rollout={"strategy": "Shadow", "shadow": {
-                "trafficPercent": 100, "minSamples": 100, "maxDurationSeconds": 120,
-                "thresholds": THRESHOLDS}},
-        )  # fmt: skip
+            rollout={
+                "strategy": "Shadow",
+                "shadow": {
+                    "trafficPercent": 100,
+                    "minSamples": 100,
+                    "maxDurationSeconds": 120,
+                    "thresholds": THRESHOLDS,
+                },
+            },
+        )
         bad["engine"].pop("calibration")
-        await self.step("Version 3, another model: the shadow test fails it, serving untouched",
-                        lambda step: self.shadow(step, "3", bad, passes=False))  # fmt: skip
+        await self.step(
+            "Version 3, another model: the shadow test fails it, serving untouched",
+            lambda step: self.shadow(step, "3", bad, passes=False),
+        )
         await self.step("Autoscaling off: `kubectl scale infd` sets the pods", self.kubectl_scale)
         await self.show("get", "infd")
         return all(step.ok for step in self.steps)
@@ -348,8 +445,10 @@ class Demo:
         self.say("|---|---|---:|")
         for index, step in enumerate(self.steps, 1):
             self.say(f"| {index}. {step.title} | {step.outcome} | {step.seconds:.0f} |")
-        self.say(f"\n{len([s for s in self.steps if s.ok])} of {len(self.steps)} steps passed "
-                 f"in {total_seconds:.0f} s.")  # fmt: skip
+        self.say(
+            f"\n{len([s for s in self.steps if s.ok])} of {len(self.steps)} steps passed "
+            f"in {total_seconds:.0f} s."
+        )
 
 
 async def run_story(workdir: Path, directory: Path) -> bool:

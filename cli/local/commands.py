@@ -27,12 +27,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "a local endpoint per InferenceDeployment. Ctrl-C stops everything.",
     )
     up.add_argument("files", nargs="*", type=Path, metavar="FILE", help="manifests to apply")
-    up.add_argument("--cpu", action="store_true",
-                    help="run TensorRT/GPU manifests with ONNX Runtime and no GPU request")  # fmt: skip
-    up.add_argument("--detach", action="store_true",
-                    help="return once applied; stop later with `kubeinfer down`")  # fmt: skip
-    up.add_argument("--directory", type=Path, default=None,
-                    help="the session's files (default: $XDG_STATE_HOME/kubeinfer/local)")  # fmt: skip
+    up.add_argument(
+        "--cpu",
+        action="store_true",
+        help="run TensorRT/GPU manifests with ONNX Runtime and no GPU request",
+    )
+    up.add_argument(
+        "--detach",
+        action="store_true",
+        help="return once applied; stop later with `kubeinfer down`",
+    )
+    up.add_argument(
+        "--directory",
+        type=Path,
+        default=None,
+        help="the session's files (default: $XDG_STATE_HOME/kubeinfer/local)",
+    )
     up.add_argument("--session-process", action="store_true", help=argparse.SUPPRESS)
     up.set_defaults(handler=_up)
 
@@ -88,8 +98,11 @@ async def _session(args: argparse.Namespace, directory: Path) -> None:
         await session.start()
         await session.apply_files(args.files)
         say(f"\nexport KUBECONFIG={session.kubeconfig}")
-        say("# then: kubectl get infd, kubectl describe infd NAME, kubeinfer promote|abort NAME"
-            + ("" if args.session_process else "; Ctrl-C stops everything") + "\n")  # fmt: skip
+        say(
+            "# then: kubectl get infd, kubectl describe infd NAME, kubeinfer promote|abort NAME"
+            + ("" if args.session_process else "; Ctrl-C stops everything")
+            + "\n"
+        )
         started = True
         await session.watch(stop)
     except asyncio.CancelledError:
@@ -107,8 +120,14 @@ def _detach(args: argparse.Namespace, directory: Path) -> int:
     (directory / SESSION_FILE).unlink(missing_ok=True)
     log = directory / "up.log"
     log.unlink(missing_ok=True)
-    argv = [*python_command(), "up", "--session-process", f"--directory={directory}",
-            *(["--cpu"] if args.cpu else []), *(str(f.resolve()) for f in args.files)]  # fmt: skip
+    argv = [
+        *python_command(),
+        "up",
+        "--session-process",
+        f"--directory={directory}",
+        *(["--cpu"] if args.cpu else []),
+        *(str(f.resolve()) for f in args.files),
+    ]
     child, _ = processes.spawn("kubeinfer up", argv, log)
     shown = 0
     deadline = time.monotonic() + 600
@@ -121,9 +140,11 @@ def _detach(args: argparse.Namespace, directory: Path) -> int:
         if state and state.get("phase") == "applied" and len(state.get("endpoints", {})) >= wanted:
             time.sleep(0.2)
             print(log.read_text(errors="replace")[shown:], end="")
-            print(f"kubeinfer up: running in the background (pid {child.pid}); "
-                  f"stop with: kubeinfer down" + (f" --directory {args.directory}"
-                                                   if args.directory else ""))  # fmt: skip
+            print(
+                f"kubeinfer up: running in the background (pid {child.pid}); "
+                f"stop with: kubeinfer down"
+                + (f" --directory {args.directory}" if args.directory else "")
+            )
             return 0
         if not processes.is_running(child) or time.monotonic() > deadline:
             print("kubeinfer up: the session did not come up (see above)", file=sys.stderr)

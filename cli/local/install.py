@@ -90,33 +90,40 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
                                 "readOnlyRootFilesystem": True,
                             },
                         }
-                    ],  # fmt: skip
+                    ],
                 },
             },
         },
     }
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": OPERATOR_ACCOUNT, "namespace": NAMESPACE, "labels": LABELS}},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": OPERATOR_ACCOUNT, "namespace": NAMESPACE, "labels": LABELS},
+        },
         cluster_role,
         _binding("ClusterRole", cluster_role["metadata"]["name"], None, OPERATOR_ACCOUNT),
         lease_role,
         _binding("Role", lease_role["metadata"]["name"], NAMESPACE, OPERATOR_ACCOUNT),
         deployment,
-    ]  # fmt: skip
+    ]
 
 
 def prometheus_objects() -> list[dict[str, Any]]:
     """Prometheus' identity for Kubernetes service discovery: list and watch pods."""
     role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
         "metadata": {"name": f"{RELEASE}-prometheus", "labels": LABELS},
         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
-    }  # fmt: skip
+    }
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": PROMETHEUS_ACCOUNT, "namespace": NAMESPACE, "labels": LABELS}},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": PROMETHEUS_ACCOUNT, "namespace": NAMESPACE, "labels": LABELS},
+        },
         role,
         _binding("ClusterRole", role["metadata"]["name"], None, PROMETHEUS_ACCOUNT),
-    ]  # fmt: skip
+    ]

@@ -20,33 +20,48 @@ def prometheus_binary() -> str | None:
     return shutil.which("prometheus")
 
 
-def kubernetes_sd_config(server: str, ca_file: Path, token_file: Path,
-                         interval: str = SCRAPE_INTERVAL) -> dict[str, Any]:  # fmt: skip
+def kubernetes_sd_config(
+    server: str, ca_file: Path, token_file: Path, interval: str = SCRAPE_INTERVAL
+) -> dict[str, Any]:
     """prometheus.yml: the annotated pods of every namespace."""
     annotation = "__meta_kubernetes_pod_annotation_prometheus_io_"
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval},
-        "scrape_configs": [{
-            "job_name": "kubernetes-pods",
-            "kubernetes_sd_configs": [{
-                "role": "pod", "api_server": server,
-                "tls_config": {"ca_file": str(ca_file)},
-                "authorization": {"credentials_file": str(token_file)},
-            }],
-            "relabel_configs": [
-                {"source_labels": [f"{annotation}scrape"], "action": "keep", "regex": "true"},
-                {"source_labels": ["__meta_kubernetes_pod_phase"], "action": "keep",
-                 "regex": "Running"},
-                {"source_labels": [f"{annotation}path"], "target_label": "__metrics_path__",
-                 "regex": "(.+)"},
-                {"source_labels": ["__meta_kubernetes_pod_ip", f"{annotation}port"],
-                 "regex": r"(.+);(\d+)", "replacement": "$1:$2",
-                 "target_label": "__address__"},
-                {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
-                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-            ],
-        }],
-    }  # fmt: skip
+        "scrape_configs": [
+            {
+                "job_name": "kubernetes-pods",
+                "kubernetes_sd_configs": [
+                    {
+                        "role": "pod",
+                        "api_server": server,
+                        "tls_config": {"ca_file": str(ca_file)},
+                        "authorization": {"credentials_file": str(token_file)},
+                    }
+                ],
+                "relabel_configs": [
+                    {"source_labels": [f"{annotation}scrape"], "action": "keep", "regex": "true"},
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_phase"],
+                        "action": "keep",
+                        "regex": "Running",
+                    },
+                    {
+                        "source_labels": [f"{annotation}path"],
+                        "target_label": "__metrics_path__",
+                        "regex": "(.+)",
+                    },
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_ip", f"{annotation}port"],
+                        "regex": r"(.+);(\d+)",
+                        "replacement": "$1:$2",
+                        "target_label": "__address__",
+                    },
+                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                ],
+            }
+        ],
+    }
 
 
 def write_config(path: Path, server: str, ca_file: Path, token_file: Path) -> Path:
@@ -56,7 +71,10 @@ def write_config(path: Path, server: str, ca_file: Path, token_file: Path) -> Pa
 
 def command(binary: str, config: Path, data: Path, port: int) -> list[str]:
     return [
-        binary, f"--config.file={config}", f"--storage.tsdb.path={data}",
-        f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1d",
+        binary,
+        f"--config.file={config}",
+        f"--storage.tsdb.path={data}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--storage.tsdb.retention.time=1d",
         "--log.level=warn",
-    ]  # fmt: skip
+    ]

@@ -71,17 +71,21 @@ class LocalSession:
         self.directory.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         self.cluster = await asyncio.to_thread(
-            control_plane.up, self.directory / "cluster", self.kubeconfig,
+            control_plane.up,
+            self.directory / "cluster",
+            self.kubeconfig,
             progress=lambda line: self.say(f"  {line}"),
-        )  # fmt: skip
+        )
         self.api = await NodeApi.from_kubeconfig(str(self.kubeconfig))
         self.say(f"  control plane and node up in {time.monotonic() - started:.1f} s")
         await self.kubectl_apply([build_crd()])
         await self._wait_for_crd()
         await self._start_prometheus()
         await self.kubectl_apply(install.operator_objects(self.prometheus_url))
-        self.say(f"  operator installed: {install.NAMESPACE}/{install.OPERATOR_ACCOUNT} "
-                 f"({install.OPERATOR_IMAGE}, the chart's ServiceAccount and RBAC)")  # fmt: skip
+        self.say(
+            f"  operator installed: {install.NAMESPACE}/{install.OPERATOR_ACCOUNT} "
+            f"({install.OPERATOR_IMAGE}, the chart's ServiceAccount and RBAC)"
+        )
         self._write_state(phase="started")
 
     async def _wait_for_crd(self) -> None:
@@ -98,8 +102,10 @@ class LocalSession:
     async def _start_prometheus(self) -> None:
         binary = prometheus.prometheus_binary()
         if binary is None:
-            self.say("  metrics: no Prometheus installed (apt-get install prometheus); the "
-                     "operator reads the pods' /metrics directly")  # fmt: skip
+            self.say(
+                "  metrics: no Prometheus installed (apt-get install prometheus); the "
+                "operator reads the pods' /metrics directly"
+            )
             return
         await self.kubectl_apply(install.prometheus_objects())
         token = await self._token(install.PROMETHEUS_ACCOUNT, 86400)
@@ -109,13 +115,15 @@ class LocalSession:
         token_file.write_text(token)
         token_file.chmod(0o600)
         assert self.cluster is not None
-        config = prometheus.write_config(folder / "prometheus.yml", self.cluster.server,
-                                         self.cluster.pki.ca_cert, token_file)  # fmt: skip
+        config = prometheus.write_config(
+            folder / "prometheus.yml", self.cluster.server, self.cluster.pki.ca_cert, token_file
+        )
         port = control_plane.free_port()
         self.prometheus_process, _ = processes.spawn(
-            "prometheus", prometheus.command(binary, config, folder / "data", port),
+            "prometheus",
+            prometheus.command(binary, config, folder / "data", port),
             folder / "prometheus.log",
-        )  # fmt: skip
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
         while not await asyncio.to_thread(control_plane._http_ok, f"{url}/-/ready"):
@@ -128,10 +136,14 @@ class LocalSession:
 
     async def _token(self, account: str, seconds: int) -> str:
         issued = await self._api().request(
-            "POST", f"/api/v1/namespaces/{install.NAMESPACE}/serviceaccounts/{account}/token",
-            body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                  "spec": {"expirationSeconds": seconds}},
-        )  # fmt: skip
+            "POST",
+            f"/api/v1/namespaces/{install.NAMESPACE}/serviceaccounts/{account}/token",
+            body={
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {"expirationSeconds": seconds},
+            },
+        )
         return str(issued["status"]["token"])
 
     def _api(self) -> NodeApi:
@@ -143,17 +155,28 @@ class LocalSession:
     async def kubectl(self, *args: str, stdin: str | None = None) -> str:
         assert self.cluster is not None
         result = await asyncio.to_thread(
-            subprocess.run, [str(self.cluster.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
-            input=stdin, capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            subprocess.run,
+            [str(self.cluster.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         if result.returncode != 0:
             raise UpError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
         return result.stdout
 
     async def kubectl_apply(self, objects: Sequence[dict[str, Any]]) -> str:
         stream = yaml.safe_dump_all(list(objects))
-        return await self.kubectl("apply", "--server-side", "--force-conflicts",
-                                  f"--field-manager={FIELD_MANAGER}", "-f", "-", stdin=stream)  # fmt: skip
+        return await self.kubectl(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            f"--field-manager={FIELD_MANAGER}",
+            "-f",
+            "-",
+            stdin=stream,
+        )
 
     async def apply_files(self, files: Sequence[Path]) -> list[dict[str, Any]]:
         """Applies every document of `files` (InferenceDeployments adapted to the machine,
@@ -185,23 +208,38 @@ class LocalSession:
         """Says on the object what `--cpu` changed (what `kubectl describe` lists)."""
         meta = manifest["metadata"]
         namespace = meta.get("namespace", "default")
-        found = await self._api().get(f"/apis/kubeinfer.io/v1alpha1/namespaces/{namespace}/"
-                                      f"inferencedeployments/{meta['name']}")  # fmt: skip
+        found = await self._api().get(
+            f"/apis/kubeinfer.io/v1alpha1/namespaces/{namespace}/"
+            f"inferencedeployments/{meta['name']}"
+        )
         if found is None:
             return
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        await self._api().request("POST", f"/api/v1/namespaces/{namespace}/events", body={
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
-            "involvedObject": {"apiVersion": "kubeinfer.io/v1alpha1",
-                               "kind": "InferenceDeployment", "name": meta["name"],
-                               "namespace": namespace, "uid": found["metadata"]["uid"]},
-            "type": "Normal", "reason": "LocalSubstitution",
-            "message": f"kubeinfer up --cpu ran this on CPU with ONNX Runtime and no GPU "
-                       f"request: {changes}",
-            "source": {"component": FIELD_MANAGER}, "reportingComponent": FIELD_MANAGER,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        })  # fmt: skip
+        await self._api().request(
+            "POST",
+            f"/api/v1/namespaces/{namespace}/events",
+            body={
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{meta['name']}.", "namespace": namespace},
+                "involvedObject": {
+                    "apiVersion": "kubeinfer.io/v1alpha1",
+                    "kind": "InferenceDeployment",
+                    "name": meta["name"],
+                    "namespace": namespace,
+                    "uid": found["metadata"]["uid"],
+                },
+                "type": "Normal",
+                "reason": "LocalSubstitution",
+                "message": f"kubeinfer up --cpu ran this on CPU with ONNX Runtime and no GPU "
+                f"request: {changes}",
+                "source": {"component": FIELD_MANAGER},
+                "reportingComponent": FIELD_MANAGER,
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            },
+        )
 
     # -- watching ----------------------------------------------------------------------------
     async def refresh(self) -> None:
@@ -232,11 +270,14 @@ class LocalSession:
         forwarder = Forwarder(endpoints)
         await forwarder.start()
         self.forwarders[(namespace, name)] = forwarder
-        infd = await self._api().get(f"/apis/kubeinfer.io/v1alpha1/namespaces/{namespace}/"
-                                     f"inferencedeployments/{name}")  # fmt: skip
+        infd = await self._api().get(
+            f"/apis/kubeinfer.io/v1alpha1/namespaces/{namespace}/inferencedeployments/{name}"
+        )
         model = ((infd or {}).get("spec") or {}).get("model", {}).get("name", name)
-        self.say(f"  endpoint {namespace}/{name}: http://127.0.0.1:{forwarder.port}"
-                 f"/v2/models/{model}/infer")  # fmt: skip
+        self.say(
+            f"  endpoint {namespace}/{name}: http://127.0.0.1:{forwarder.port}"
+            f"/v2/models/{model}/infer"
+        )
         self._write_state(phase="applied")
 
     async def ready_endpoints(self, namespace: str, service: str) -> list[str]:
@@ -247,20 +288,30 @@ class LocalSession:
             return []
         target = found["spec"]["ports"][0].get("targetPort", found["spec"]["ports"][0]["port"])
         pods = await self._api().request(
-            "GET", f"/api/v1/namespaces/{namespace}/pods",
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods",
             labelSelector=",".join(f"{k}={v}" for k, v in sorted(selector.items())),
-        )  # fmt: skip
+        )
         ready = []
         for pod in pods.get("items") or []:
             status = pod.get("status") or {}
-            is_ready = any(c["type"] == "Ready" and c["status"] == "True"
-                           for c in status.get("conditions") or [])  # fmt: skip
+            is_ready = any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in status.get("conditions") or []
+            )
             if not is_ready or pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
                 continue
             port = target
             if not str(target).isdigit():
-                port = next((p["containerPort"] for c in pod["spec"]["containers"]
-                             for p in c.get("ports") or [] if p.get("name") == target), None)  # fmt: skip
+                port = next(
+                    (
+                        p["containerPort"]
+                        for c in pod["spec"]["containers"]
+                        for p in c.get("ports") or []
+                        if p.get("name") == target
+                    ),
+                    None,
+                )
             if port is not None:
                 ready.append(f"{status['podIP']}:{port}")
         return sorted(ready)
@@ -291,11 +342,14 @@ class LocalSession:
             "start_ticks": processes.start_ticks(os.getpid()),
             "phase": phase,
             "kubeconfig": str(self.kubeconfig),
-            "prometheus": None if self.prometheus_process is None
+            "prometheus": None
+            if self.prometheus_process is None
             else self.prometheus_process.__dict__,
-            "endpoints": {f"{ns}/{name}": f"http://127.0.0.1:{f.port}"
-                          for (ns, name), f in self.forwarders.items()},
-        }  # fmt: skip
+            "endpoints": {
+                f"{ns}/{name}": f"http://127.0.0.1:{f.port}"
+                for (ns, name), f in self.forwarders.items()
+            },
+        }
         (self.directory / SESSION_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
 

@@ -32,14 +32,18 @@ class Adapted:
 def _source_notes(where: str, source: dict[str, Any] | None) -> list[str]:
     uri = str((source or {}).get("uri", ""))
     if uri.startswith(("s3://", "gs://")) and not (source or {}).get("secretRef"):
-        return [f"{where} {uri}: no credentials (secretRef) are given, and this machine has "
-                "none of its own; the build will fail to fetch it"]  # fmt: skip
+        return [
+            f"{where} {uri}: no credentials (secretRef) are given, and this machine has "
+            "none of its own; the build will fail to fetch it"
+        ]
     if uri.startswith("https://"):
         return [f"{where} {uri}: this machine may not reach it; a file:// source always works"]
     path = uri.removeprefix("file://")
     if uri.startswith("file://") and (path == "/tmp" or path.startswith("/tmp/")):
-        return [f"{where} {uri}: every pod mounts its own /tmp (an emptyDir), which hides "
-                "this file from the build; put the model outside /tmp"]  # fmt: skip
+        return [
+            f"{where} {uri}: every pod mounts its own /tmp (an emptyDir), which hides "
+            "this file from the build; put the model outside /tmp"
+        ]
     return []
 
 
@@ -58,18 +62,24 @@ def adapt(manifest: dict[str, Any], cpu: bool) -> Adapted:
         if cpu:
             engine["backend"] = "onnxruntime"
             changes.append("engine.backend tensorrt -> onnxruntime")
-            notes.append(f"{name}: tensorrt needs TensorRT and a GPU, which this machine "
-                         "lacks: --cpu builds it with ONNX Runtime")  # fmt: skip
+            notes.append(
+                f"{name}: tensorrt needs TensorRT and a GPU, which this machine "
+                "lacks: --cpu builds it with ONNX Runtime"
+            )
         else:
-            notes.append(f"{name}: engine.backend tensorrt needs TensorRT and a GPU, which "
-                         "this machine lacks; its build will not run (use --cpu)")  # fmt: skip
+            notes.append(
+                f"{name}: engine.backend tensorrt needs TensorRT and a GPU, which "
+                "this machine lacks; its build will not run (use --cpu)"
+            )
     if resources.get("gpus"):
         if cpu:
             changes.append(f"runtime.resources.gpus {resources['gpus']} -> none")
             del resources["gpus"]
         else:
-            notes.append(f"{name}: requests {resources['gpus']} nvidia.com/gpu per pod and this "
-                         "node has none: its pods will wait Pending (use --cpu)")  # fmt: skip
+            notes.append(
+                f"{name}: requests {resources['gpus']} nvidia.com/gpu per pod and this "
+                "node has none: its pods will wait Pending (use --cpu)"
+            )
     if runtime.get("gpuProduct") and cpu:
         changes.append(f"runtime.gpuProduct {runtime['gpuProduct']} -> none")
         del runtime["gpuProduct"]

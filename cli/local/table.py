@@ -12,8 +12,11 @@ TABLE = "application/json;as=Table;g=meta.k8s.io;v=v1"
 def changing_cells(table: dict[str, Any]) -> list[int]:
     """Indexes of the columns that change with time alone (AGE), which must not count as a
     change of the row."""
-    return [i for i, c in enumerate(table.get("columnDefinitions") or [])
-            if c.get("format") == "date-time" or c["name"].lower() == "age"]  # fmt: skip
+    return [
+        i
+        for i, c in enumerate(table.get("columnDefinitions") or [])
+        if c.get("format") == "date-time" or c["name"].lower() == "age"
+    ]
 
 
 def row_key(table: dict[str, Any], row: dict[str, Any]) -> tuple[str, ...]:
@@ -25,8 +28,9 @@ def render(table: dict[str, Any], namespaces: bool = True) -> list[str]:
     """Aligned lines, header first: kubectl's columns (priority 0), NAMESPACE first when
     several namespaces are listed."""
     columns = [c for c in table.get("columnDefinitions") or [] if not c.get("priority")]
-    indexes = [i for i, c in enumerate(table.get("columnDefinitions") or [])
-               if not c.get("priority")]  # fmt: skip
+    indexes = [
+        i for i, c in enumerate(table.get("columnDefinitions") or []) if not c.get("priority")
+    ]
     header = [c["name"].upper() for c in columns]
     rows = []
     for row in table.get("rows") or []:
@@ -36,5 +40,7 @@ def render(table: dict[str, Any], namespaces: bool = True) -> list[str]:
     if namespaces:
         header = ["NAMESPACE", *header]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    return ["   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-            for r in [header, *rows]]  # fmt: skip
+    return [
+        "   ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]

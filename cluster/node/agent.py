@@ -54,10 +54,7 @@ class Addresses:
     def __init__(self, cidr: str) -> None:
         network = ipaddress.ip_network(cidr)
         skip = ipaddress.ip_network("127.0.0.0/24")
-        usable = (
-            str(a) for a in network.hosts()
-            if a not in skip and a.packed[-1] not in (0, 255)
-        )  # fmt: skip
+        usable = (str(a) for a in network.hosts() if a not in skip and a.packed[-1] not in (0, 255))
         self._cycle = itertools.cycle(usable)
         self.used: set[str] = set()
 
@@ -115,11 +112,17 @@ class NodeAgent:
             ),
         }
         self.context = NodeContext(
-            api=api, node_name=name, host_ip="127.0.0.1", directory=directory,
-            server=server, ca_file=ca_file, endpoints=Endpoints(api),
-            extra_images=extra_images or {}, backoff_initial_seconds=backoff_initial_seconds,
+            api=api,
+            node_name=name,
+            host_ip="127.0.0.1",
+            directory=directory,
+            server=server,
+            ca_file=ca_file,
+            endpoints=Endpoints(api),
+            extra_images=extra_images or {},
+            backoff_initial_seconds=backoff_initial_seconds,
             record_event=self.record_event,
-        )  # fmt: skip
+        )
         self.pod_cidr = pod_cidr
         self.addresses = Addresses(pod_cidr)
         self.workers: dict[str, PodWorker] = {}
@@ -176,54 +179,84 @@ class NodeAgent:
         return {
             "capacity": self.allocatable,
             "allocatable": self.allocatable,
-            "conditions": [{
-                "type": "Ready", "status": "True", "reason": "KubeletReady",
-                "message": "kubeinfer node agent is posting ready status",
-                "lastHeartbeatTime": now, "lastTransitionTime": self._ready_since,
-            }],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                          {"type": "Hostname", "address": self.name}],
-            "daemonEndpoints": {"kubeletEndpoint": {
-                "Port": self.kubelet.port if self.kubelet else 0}},
-            "nodeInfo": {
-                "machineID": "", "systemUUID": "", "bootID": "",
-                "kernelVersion": platform.release(), "osImage": platform.platform(),
-                "containerRuntimeVersion": "kubeinfer-process://0.1",
-                "kubeletVersion": self.version, "kubeProxyVersion": "",
-                "operatingSystem": "linux", "architecture": self.labels["kubernetes.io/arch"],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubeinfer node agent is posting ready status",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": self._ready_since,
+                }
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": "127.0.0.1"},
+                {"type": "Hostname", "address": self.name},
+            ],
+            "daemonEndpoints": {
+                "kubeletEndpoint": {"Port": self.kubelet.port if self.kubelet else 0}
             },
-        }  # fmt: skip
+            "nodeInfo": {
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+                "kernelVersion": platform.release(),
+                "osImage": platform.platform(),
+                "containerRuntimeVersion": "kubeinfer-process://0.1",
+                "kubeletVersion": self.version,
+                "kubeProxyVersion": "",
+                "operatingSystem": "linux",
+                "architecture": self.labels["kubernetes.io/arch"],
+            },
+        }
 
     async def register(self) -> None:
         self._ready_since = rfc3339()
-        body = {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": self.name, "labels": self.labels},
-                "spec": {"podCIDR": self.pod_cidr, "podCIDRs": [self.pod_cidr]}}  # fmt: skip
+        body = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": self.name, "labels": self.labels},
+            "spec": {"podCIDR": self.pod_cidr, "podCIDRs": [self.pod_cidr]},
+        }
         try:
             await self.api.request("POST", "/api/v1/nodes", body=body)
         except ApiError as error:
             if error.status != 409:
                 raise
-        await self.api.request("PATCH", f"/api/v1/nodes/{self.name}/status",
-                               body={"status": self._node_status()}, content_type=STRATEGIC)  # fmt: skip
+        await self.api.request(
+            "PATCH",
+            f"/api/v1/nodes/{self.name}/status",
+            body={"status": self._node_status()},
+            content_type=STRATEGIC,
+        )
 
     async def _heartbeat(self) -> None:
         lease_path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.name}"
         while True:
             with contextlib.suppress(ApiError):
-                await self.api.request("PATCH", f"/api/v1/nodes/{self.name}/status",
-                                       body={"status": self._node_status()},
-                                       content_type=STRATEGIC)  # fmt: skip
+                await self.api.request(
+                    "PATCH",
+                    f"/api/v1/nodes/{self.name}/status",
+                    body={"status": self._node_status()},
+                    content_type=STRATEGIC,
+                )
                 now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
-                lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                         "metadata": {"name": self.name, "namespace": "kube-node-lease"},
-                         "spec": {"holderIdentity": self.name, "renewTime": now,
-                                  "leaseDurationSeconds": LEASE_SECONDS}}  # fmt: skip
+                lease = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": "kube-node-lease"},
+                    "spec": {
+                        "holderIdentity": self.name,
+                        "renewTime": now,
+                        "leaseDurationSeconds": LEASE_SECONDS,
+                    },
+                }
                 if await self.api.get(lease_path) is None:
                     await self.api.request("POST", lease_path.rsplit("/", 1)[0], body=lease)
                 else:
-                    await self.api.request("PATCH", lease_path, body={"spec": lease["spec"]},
-                                           content_type=STRATEGIC)  # fmt: skip
+                    await self.api.request(
+                        "PATCH", lease_path, body={"spec": lease["spec"]}, content_type=STRATEGIC
+                    )
             await asyncio.sleep(HEARTBEAT_SECONDS)
 
     # -- for the kubelet endpoint ------------------------------------------------------------
@@ -232,15 +265,19 @@ class NodeAgent:
         for worker in self.workers.values():
             if (worker.namespace, worker.name) == (namespace, name):
                 return worker.directory
-        found = sorted((self.directory / "pods").glob(f"{namespace}_{name}_*"),
-                       key=lambda path: path.stat().st_mtime)  # fmt: skip
+        found = sorted(
+            (self.directory / "pods").glob(f"{namespace}_{name}_*"),
+            key=lambda path: path.stat().st_mtime,
+        )
         return found[-1] if found else None
 
     def container_running(self, namespace: str, name: str, container: str) -> bool:
         for worker in self.workers.values():
             if (worker.namespace, worker.name) == (namespace, name) and not worker.finished:
-                return any(c.name == container and c.process is not None
-                           for c in worker.init + worker.containers)  # fmt: skip
+                return any(
+                    c.name == container and c.process is not None
+                    for c in worker.init + worker.containers
+                )
         return False
 
     # -- pods --------------------------------------------------------------------------------
@@ -275,12 +312,18 @@ class NodeAgent:
             return
         if uid in self.workers:
             self.workers[uid].update(pod)
-        elif uid not in self.finished and (pod.get("status") or {}).get("phase") not in (
-            "Succeeded", "Failed"
-        ):  # fmt: skip
-            if pod["metadata"].get("deletionTimestamp"):
-                asyncio.create_task(self._delete_unstarted(pod))
-                return
+            return
+        if pod["metadata"].get("deletionTimestamp"):
+            # Nothing runs for it (never started, or finished): the kubelet's final delete,
+            # without which the object would wait for ever.
+            task = asyncio.create_task(self._delete_unstarted(pod))
+            self._events.add(task)  # kept until done, as a pending Event is
+            task.add_done_callback(self._events.discard)
+            return
+        if uid not in self.finished and (pod.get("status") or {}).get("phase") not in (
+            "Succeeded",
+            "Failed",
+        ):
             worker = PodWorker(self.context, pod, self.addresses.allocate())
             self.workers[uid] = worker
             task = asyncio.create_task(worker.run())
@@ -293,22 +336,28 @@ class NodeAgent:
         self.addresses.release(worker.ip)
         self.finished.add(uid)
         if not task.cancelled() and task.exception() is not None:
-            log.error("Pod worker failed: pod=%s/%s", worker.namespace, worker.name,
-                      exc_info=task.exception())  # fmt: skip
+            log.error(
+                "Pod worker failed: pod=%s/%s",
+                worker.namespace,
+                worker.name,
+                exc_info=task.exception(),
+            )
 
     async def _delete_unstarted(self, pod: KubeObject) -> None:
         meta = pod["metadata"]
         with contextlib.suppress(ApiError):
             await self.api.request(
-                "DELETE", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                "DELETE",
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
                 body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
-            )  # fmt: skip
+            )
 
     # -- scheduling --------------------------------------------------------------------------
     async def _schedule_loop(self) -> None:
         while True:
-            for uid, pod in sorted(self.pending.items(),
-                                   key=lambda kv: kv[1]["metadata"]["creationTimestamp"]):  # fmt: skip
+            for uid, pod in sorted(
+                self.pending.items(), key=lambda kv: kv[1]["metadata"]["creationTimestamp"]
+            ):
                 if uid in self.pending:
                     await self._schedule(pod)
             await asyncio.sleep(0.05 if self.pending else 0.2)
@@ -316,14 +365,20 @@ class NodeAgent:
     async def _schedule(self, pod: KubeObject) -> None:
         meta = pod["metadata"]
         running = [w.pod["spec"] for w in self.workers.values() if not w.finished]
-        allocatable = {k: Decimal(str(v)) if k != "memory" else Decimal(v)
-                       for k, v in self.allocatable.items() if k != "ephemeral-storage"}  # fmt: skip
+        allocatable = {
+            k: Decimal(str(v)) if k != "memory" else Decimal(v)
+            for k, v in self.allocatable.items()
+            if k != "ephemeral-storage"
+        }
         reason = unschedulable_reason(pod["spec"], self.labels, allocatable, running)
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
         if reason is None:
-            binding = {"apiVersion": "v1", "kind": "Binding",
-                       "metadata": {"name": meta["name"], "uid": meta["uid"]},
-                       "target": {"apiVersion": "v1", "kind": "Node", "name": self.name}}  # fmt: skip
+            binding = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": meta["name"], "uid": meta["uid"]},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": self.name},
+            }
             try:
                 await self.api.request("POST", f"{path}/binding", body=binding)
             except ApiError as error:
@@ -331,15 +386,20 @@ class NodeAgent:
                     raise
             self.pending.pop(meta["uid"], None)
             await self._set_scheduled(path, True, None)
-            self.record_event(pod, "Normal", "Scheduled",
-                              f"Successfully assigned {meta['namespace']}/{meta['name']} "
-                              f"to {self.name}", source="default-scheduler")  # fmt: skip
+            self.record_event(
+                pod,
+                "Normal",
+                "Scheduled",
+                f"Successfully assigned {meta['namespace']}/{meta['name']} to {self.name}",
+                source="default-scheduler",
+            )
             return
         if self.unschedulable_said.get(meta["uid"]) != reason:
             self.unschedulable_said[meta["uid"]] = reason
             await self._set_scheduled(path, False, reason)
-            self.record_event(pod, "Warning", "FailedScheduling", reason,
-                              source="default-scheduler")  # fmt: skip
+            self.record_event(
+                pod, "Warning", "FailedScheduling", reason, source="default-scheduler"
+            )
         self.pending.pop(meta["uid"], None)  # tried again when pods change, below
         asyncio.get_running_loop().call_later(SCHEDULE_RETRY_SECONDS, lambda: self._retry(pod))
 
@@ -349,51 +409,77 @@ class NodeAgent:
             self.pending.setdefault(uid, pod)
 
     async def _set_scheduled(self, path: str, scheduled: bool, message: str | None) -> None:
-        condition = {"type": "PodScheduled", "status": "True" if scheduled else "False",
-                     "lastProbeTime": None, "lastTransitionTime": rfc3339()}  # fmt: skip
+        condition = {
+            "type": "PodScheduled",
+            "status": "True" if scheduled else "False",
+            "lastProbeTime": None,
+            "lastTransitionTime": rfc3339(),
+        }
         if message:
             condition.update(reason="Unschedulable", message=message)
         with contextlib.suppress(ApiError):
-            await self.api.request("PATCH", f"{path}/status",
-                                   body={"status": {"conditions": [condition]}},
-                                   content_type=STRATEGIC)  # fmt: skip
+            await self.api.request(
+                "PATCH",
+                f"{path}/status",
+                body={"status": {"conditions": [condition]}},
+                content_type=STRATEGIC,
+            )
 
     # -- events ------------------------------------------------------------------------------
-    def record_event(self, obj: KubeObject, type_: str, reason: str, message: str,
-                     source: str = "kubelet") -> None:  # fmt: skip
+    def record_event(
+        self, obj: KubeObject, type_: str, reason: str, message: str, source: str = "kubelet"
+    ) -> None:
         task = asyncio.create_task(self._post_event(obj, type_, reason, message, source))
         self._events.add(task)
         task.add_done_callback(self._events.discard)
 
-    async def _post_event(self, obj: KubeObject, type_: str, reason: str, message: str,
-                          source: str) -> None:  # fmt: skip
+    async def _post_event(
+        self, obj: KubeObject, type_: str, reason: str, message: str, source: str
+    ) -> None:
         meta = obj["metadata"]
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{secrets.token_hex(8)}",
-                         "namespace": meta.get("namespace", "default")},
-            "involvedObject": {"apiVersion": obj.get("apiVersion", "v1"),
-                               "kind": obj.get("kind", "Pod"), "name": meta["name"],
-                               "namespace": meta.get("namespace"), "uid": meta.get("uid")},
-            "type": type_, "reason": reason, "message": message[:1024],
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{meta['name']}.{secrets.token_hex(8)}",
+                "namespace": meta.get("namespace", "default"),
+            },
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", "v1"),
+                "kind": obj.get("kind", "Pod"),
+                "name": meta["name"],
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
             "source": {"component": source, "host": self.name},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-            "reportingComponent": source, "reportingInstance": self.name,
-        }  # fmt: skip
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "reportingComponent": source,
+            "reportingInstance": self.name,
+        }
         with contextlib.suppress(ApiError):
-            await self.api.request("POST", f"/api/v1/namespaces/{event['metadata']['namespace']}/events",
-                                   body=event)  # fmt: skip
+            await self.api.request(
+                "POST", f"/api/v1/namespaces/{event['metadata']['namespace']}/events", body=event
+            )
 
     # -- storage -----------------------------------------------------------------------------
     async def _ensure_storage_class(self) -> None:
         body = {
-            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-            "metadata": {"name": STORAGE_CLASS, "annotations": {
-                "storageclass.kubernetes.io/is-default-class": "true"}},
-            "provisioner": PROVISIONER, "reclaimPolicy": "Delete",
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {
+                "name": STORAGE_CLASS,
+                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+            },
+            "provisioner": PROVISIONER,
+            "reclaimPolicy": "Delete",
             "volumeBindingMode": "Immediate",
-        }  # fmt: skip
+        }
         with contextlib.suppress(ApiError):
             await self.api.request("POST", "/apis/storage.k8s.io/v1/storageclasses", body=body)
 
@@ -410,17 +496,22 @@ class NodeAgent:
     async def _provision(self, claim: KubeObject) -> None:
         meta, spec = claim["metadata"], claim["spec"]
         annotations = meta.get("annotations") or {}
-        ours = (annotations.get("volume.kubernetes.io/storage-provisioner") == PROVISIONER
-                or annotations.get("volume.beta.kubernetes.io/storage-provisioner") == PROVISIONER)  # fmt: skip
+        ours = (
+            annotations.get("volume.kubernetes.io/storage-provisioner") == PROVISIONER
+            or annotations.get("volume.beta.kubernetes.io/storage-provisioner") == PROVISIONER
+        )
         if not ours or spec.get("volumeName") or meta.get("deletionTimestamp"):
             return
         name = f"pvc-{meta['uid']}"
         path = self.directory / "claims" / meta["namespace"] / meta["name"]
         path.mkdir(parents=True, exist_ok=True)
         volume = {
-            "apiVersion": "v1", "kind": "PersistentVolume",
-            "metadata": {"name": name, "annotations": {
-                "pv.kubernetes.io/provisioned-by": PROVISIONER}},
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {
+                "name": name,
+                "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER},
+            },
             "spec": {
                 "capacity": {"storage": spec["resources"]["requests"]["storage"]},
                 "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
@@ -428,11 +519,15 @@ class NodeAgent:
                 "storageClassName": spec.get("storageClassName") or STORAGE_CLASS,
                 "volumeMode": spec.get("volumeMode") or "Filesystem",
                 "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
-                "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                             "namespace": meta["namespace"], "name": meta["name"],
-                             "uid": meta["uid"]},
+                "claimRef": {
+                    "apiVersion": "v1",
+                    "kind": "PersistentVolumeClaim",
+                    "namespace": meta["namespace"],
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                },
             },
-        }  # fmt: skip
+        }
         with contextlib.suppress(ApiError):
             await self.api.request("POST", "/api/v1/persistentvolumes", body=volume)
 

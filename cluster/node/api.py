@@ -50,17 +50,28 @@ class NodeApi:
         await self._client.close()
 
     async def request(
-        self, method: str, path: str, body: Any = None, content_type: str | None = None,
-        accept: str | None = None, **query: Any,
-    ) -> KubeObject:  # fmt: skip
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str | None = None,
+        accept: str | None = None,
+        **query: Any,
+    ) -> KubeObject:
         """One call; `accept` asks for another representation (a Table, say)."""
         params = [(key, value) for key, value in query.items() if value is not None]
         headers = {"Accept": accept} if accept else {}
         try:
             response = await self._dynamic.request(
-                method, path, body=body, content_type=content_type, query_params=params,
-                header_params=headers, serialize=False, _request_timeout=TIMEOUT_SECONDS,
-            )  # fmt: skip
+                method,
+                path,
+                body=body,
+                content_type=content_type,
+                query_params=params,
+                header_params=headers,
+                serialize=False,
+                _request_timeout=TIMEOUT_SECONDS,
+            )
             raw = await response.read()
         except DynamicApiError as error:
             raise ApiError(error.status, _message(error.body)) from None
@@ -101,9 +112,11 @@ class NodeApi:
         self, path: str, version: str, query: dict[str, Any]
     ) -> AsyncIterator[tuple[str, KubeObject]]:
         params = [(k, v) for k, v in query.items() if v is not None] + [
-            ("watch", "true"), ("resourceVersion", version), ("allowWatchBookmarks", "true"),
+            ("watch", "true"),
+            ("resourceVersion", version),
+            ("allowWatchBookmarks", "true"),
             ("timeoutSeconds", "240"),
-        ]  # fmt: skip
+        ]
         while True:
             try:
                 response = await self._dynamic.request(

@@ -58,9 +58,10 @@ def image_config(image: str, extra: Mapping[str, ImageConfig] | None = None) -> 
 
 def container_argv(container: Mapping[str, object], config: ImageConfig) -> list[str]:
     """The process' argv as a container runtime composes it: `command` replaces the
-    entrypoint (and drops the image's CMD), `args` replace the CMD."""
+    entrypoint (and drops the image's CMD), `args` replace the CMD. An empty list is no
+    list (the API server never stores one, and the CRI runtimes treat it as unset)."""
     command = container.get("command")
     args = container.get("args")
     if command:
         return [*command, *(args or [])]  # type: ignore[misc]
-    return [*config.entrypoint, *(args if args is not None else config.cmd)]  # type: ignore[misc]
+    return [*config.entrypoint, *(args or config.cmd)]  # type: ignore[misc]

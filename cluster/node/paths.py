@@ -49,14 +49,16 @@ class PathMap:
                     best = root
         if best is None:
             return None
-        return self.mounts.get(best, self.mounts.get(best + "/", "")) + container_path[len(best) :]
+        host = self.mounts.get(best, self.mounts.get(best + "/", "")).rstrip("/")
+        return host + container_path[len(best) :]
 
 
 SERVICE_URL = re.compile(
     r"\b(https?)://([a-z0-9]([-a-z0-9]*[a-z0-9])?)\.([a-z0-9]([-a-z0-9]*[a-z0-9])?)"
-    r"\.svc(?:\.cluster\.local)?(?::(\d+))?"
+    r"\.svc(?:\.cluster\.local)?(?![-.\w])(?::(\d+))?"
 )
-"""A Service's cluster DNS name in a URL: scheme, service, namespace and optional port."""
+"""A Service's cluster DNS name in a URL: scheme, service, namespace and optional port
+(the whole host: `a.b.svc.example.com` is some other machine's name)."""
 
 
 def service_references(text: str) -> list[tuple[str, str, int | None]]:

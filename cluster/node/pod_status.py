@@ -50,14 +50,22 @@ class ContainerView:
         return status
 
 
-def _condition(kind: str, true: bool, now: str, reason: str | None = None,
-               previous: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+def _condition(
+    kind: str,
+    true: bool,
+    now: str,
+    reason: str | None = None,
+    previous: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     status = "True" if true else "False"
     before = (previous or {}).get(kind)
     since = before["lastTransitionTime"] if before and before.get("status") == status else now
     condition: dict[str, Any] = {
-        "type": kind, "status": status, "lastProbeTime": None, "lastTransitionTime": since,
-    }  # fmt: skip
+        "type": kind,
+        "status": status,
+        "lastProbeTime": None,
+        "lastTransitionTime": since,
+    }
     if reason and not true:
         condition["reason"] = reason
     return condition

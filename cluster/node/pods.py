@@ -281,7 +281,8 @@ class PodWorker:
                 if ref["key"] in data:
                     env[item["name"]] = data[ref["key"]]
                 elif not ref.get("optional"):
-                    raise _ConfigError(f'couldn\'t find key {ref["key"]} in {kind[:-1]} '
+                    what = "ConfigMap" if kind == "configmaps" else "Secret"  # the kubelet's words
+                    raise _ConfigError(f'couldn\'t find key {ref["key"]} in {what} '
                                        f'{self.namespace}/{ref["name"]}')  # fmt: skip
         env = {k: paths.apply(v) for k, v in env.items()}
         if self.volumes.kubeconfig is not None:
@@ -372,11 +373,17 @@ class PodWorker:
             elif not ok:
                 self._unhealthy(container, "Startup", message, kill=True)
 
+        readiness_failing = False
+
         def on_readiness(ok: bool, message: str) -> None:
+            nonlocal readiness_failing
+            # One Unhealthy event per run of failures, the first included (a container
+            # that was never ready says why too), not one per period.
+            if not ok and not readiness_failing:
+                self._unhealthy(container, "Readiness", message, kill=False)
+            readiness_failing = not ok
             if container.view.ready != ok:
                 container.view.ready = ok
-                if not ok:
-                    self._unhealthy(container, "Readiness", message, kill=False)
                 self.wake.set()
 
         def on_liveness(ok: bool, message: str) -> None:
@@ -454,10 +461,15 @@ class PodWorker:
                 terminated["message"] = message
             container.view.state = {"terminated": terminated}
             container.view.ready = False
-            restart = not self.deleting and (
-                self.restart_policy == "Always"
-                or (self.restart_policy == "OnFailure" and exit_code != 0)
-            )
+            if container.init:
+                # An init container that succeeded is done, whatever the policy; a failed
+                # one is run again unless the policy is Never (then the pod fails).
+                restart = not self.deleting and exit_code != 0 and self.restart_policy != "Never"
+            else:
+                restart = not self.deleting and (
+                    self.restart_policy == "Always"
+                    or (self.restart_policy == "OnFailure" and exit_code != 0)
+                )
             container.view.will_restart = restart
             if restart:
                 self._plan_restart(container)

@@ -104,10 +104,14 @@ def unschedulable_reason(
             used[name] = used.get(name, Decimal(0)) + value
     wanted = {**pod_requests(spec), "pods": Decimal(1)}
     short = [
-        name for name, value in sorted(wanted.items())
+        name for name, value in wanted.items()
         if value > 0 and used.get(name, Decimal(0)) + value > allocatable.get(name, Decimal(0))
     ]  # fmt: skip
     if short:
-        words = ", ".join(f"1 Insufficient {name}" for name in short)
-        return f"0/1 nodes are available: {words}."
+        # The scheduler's reason for the pod count is "Too many pods"; its reasons are
+        # counted per node and listed in sorted order.
+        reasons = sorted(
+            f"1 {'Too many pods' if name == 'pods' else f'Insufficient {name}'}" for name in short
+        )
+        return f"0/1 nodes are available: {', '.join(reasons)}."
     return None

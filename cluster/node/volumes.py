@@ -74,18 +74,22 @@ class Endpoints:
         selector = ((service or {}).get("spec") or {}).get("selector")
         if not selector:
             return None
-        wanted = next((p for p in service["spec"].get("ports") or [] if p["port"] == (port or 80)),
-                      None)  # fmt: skip
+        wanted = next(
+            (p for p in service["spec"].get("ports") or [] if p["port"] == (port or 80)), None
+        )
         if wanted is None:
             return None
         pods = await self.api.request(
-            "GET", f"/api/v1/namespaces/{namespace}/pods",
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods",
             labelSelector=",".join(f"{k}={v}" for k, v in sorted(selector.items())),
-        )  # fmt: skip
+        )
         for pod in sorted(pods.get("items") or [], key=lambda p: p["metadata"]["name"]):
             status = pod.get("status") or {}
-            ready = any(c["type"] == "Ready" and c["status"] == "True"
-                        for c in status.get("conditions") or [])  # fmt: skip
+            ready = any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in status.get("conditions") or []
+            )
             if not ready or not status.get("podIP") or pod["metadata"].get("deletionTimestamp"):
                 continue
             target = _target_port(pod, wanted.get("targetPort", wanted["port"]))
@@ -214,8 +218,15 @@ class PodVolumes:
             files[key] = base64.b64decode(value)
         return files
 
-    def _write_keys(self, root: Path, files: Mapping[str, bytes], items: list[dict[str, Any]],
-                    default_mode: int, optional: bool, what: str) -> None:  # fmt: skip
+    def _write_keys(
+        self,
+        root: Path,
+        files: Mapping[str, bytes],
+        items: list[dict[str, Any]],
+        default_mode: int,
+        optional: bool,
+        what: str,
+    ) -> None:
         if items:
             for item in items:
                 if item["key"] not in files:
@@ -236,15 +247,27 @@ class PodVolumes:
         optional = bool(source.get("optional"))
         files = await self._files_of("configMap", source["name"], optional)
         if files is not None:
-            self._write_keys(root, files, source.get("items") or [], source.get("defaultMode", 0o644),
-                             optional, f'configmap "{source["name"]}"')  # fmt: skip
+            self._write_keys(
+                root,
+                files,
+                source.get("items") or [],
+                source.get("defaultMode", 0o644),
+                optional,
+                f'configmap "{source["name"]}"',
+            )
 
     async def _secret(self, root: Path, source: Mapping[str, Any]) -> None:
         optional = bool(source.get("optional"))
         files = await self._files_of("secret", source["secretName"], optional)
         if files is not None:
-            self._write_keys(root, files, source.get("items") or [], source.get("defaultMode", 0o644),
-                             optional, f'secret "{source["secretName"]}"')  # fmt: skip
+            self._write_keys(
+                root,
+                files,
+                source.get("items") or [],
+                source.get("defaultMode", 0o644),
+                optional,
+                f'secret "{source["secretName"]}"',
+            )
 
     def _downward(self, root: Path, items: list[dict[str, Any]]) -> None:
         for item in items:
@@ -278,10 +301,14 @@ class PodVolumes:
             "spec": {
                 "audiences": [source["audience"]] if source.get("audience") else None,
                 "expirationSeconds": seconds,
-                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
-                                   "uid": meta["uid"]},
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                },
             },
-        }  # fmt: skip
+        }
         try:
             issued = await self.api.request(
                 "POST",
@@ -297,15 +324,33 @@ class PodVolumes:
         write_atomic(self.kubeconfig, self._kubeconfig(token).encode(), 0o600)
 
     def _kubeconfig(self, token: str) -> str:
-        return yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "in-cluster",
-            "clusters": [{"name": "in-cluster", "cluster": {
-                "server": self.server, "certificate-authority": str(self.ca_file)}}],
-            "users": [{"name": "service-account", "user": {"token": token}}],
-            "contexts": [{"name": "in-cluster", "context": {
-                "cluster": "in-cluster", "user": "service-account",
-                "namespace": self.namespace}}],
-        })  # fmt: skip
+        return yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "in-cluster",
+                "clusters": [
+                    {
+                        "name": "in-cluster",
+                        "cluster": {
+                            "server": self.server,
+                            "certificate-authority": str(self.ca_file),
+                        },
+                    }
+                ],
+                "users": [{"name": "service-account", "user": {"token": token}}],
+                "contexts": [
+                    {
+                        "name": "in-cluster",
+                        "context": {
+                            "cluster": "in-cluster",
+                            "user": "service-account",
+                            "namespace": self.namespace,
+                        },
+                    }
+                ],
+            }
+        )
 
 
 def field_value(pod: Mapping[str, Any], path: str) -> str:

@@ -35,17 +35,22 @@ def manifest(model: Path) -> dict:
     import hashlib
 
     return {
-        "apiVersion": "kubeinfer.io/v1alpha1", "kind": "InferenceDeployment",
+        "apiVersion": "kubeinfer.io/v1alpha1",
+        "kind": "InferenceDeployment",
         "metadata": {"name": "tiny", "namespace": "default"},
         "spec": {
-            "model": {"name": "tiny", "version": "1",
-                      "source": {"uri": f"file://{model}",
-                                 "sha256": hashlib.sha256(model.read_bytes()).hexdigest()}},
+            "model": {
+                "name": "tiny",
+                "version": "1",
+                "source": {
+                    "uri": f"file://{model}",
+                    "sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
+                },
+            },
             "engine": {"backend": "tensorrt", "precision": "fp32", "maxBatchSize": 8},
-            "runtime": {"replicas": 1, "resources": {"gpus": 1},
-                        "batching": {"maxBatchSize": 8}},
+            "runtime": {"replicas": 1, "resources": {"gpus": 1}, "batching": {"maxBatchSize": 8}},
         },
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.slow
@@ -57,8 +62,11 @@ def test_up_detached_serves_reports_and_down_leaves_no_process(model_directory: 
     kubectl = str(ensure_binaries()["kubectl"])
     up = subprocess.run(
         [*KUBEINFER, "up", "--detach", "--cpu", f"--directory={directory}", str(file)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "tensorrt needs TensorRT and a GPU" in up.stdout
@@ -66,24 +74,44 @@ def test_up_detached_serves_reports_and_down_leaves_no_process(model_directory: 
         config = f"--kubeconfig={directory / 'kubeconfig'}"
 
         def run(*args: str) -> str:
-            done = subprocess.run([kubectl, config, *args], capture_output=True, text=True,
-                                  timeout=180, check=False)  # fmt: skip
+            done = subprocess.run(
+                [kubectl, config, *args], capture_output=True, text=True, timeout=180, check=False
+            )
             assert done.returncode == 0, done.stderr
             return done.stdout
 
         run("wait", "--for=condition=Ready", "infd/tiny", "--timeout=150s")
         header, row = run("get", "infd").splitlines()[:2]
-        assert header.split() == ["NAME", "MODEL", "VERSION", "BACKEND", "PRECISION",
-                                  "READY", "PHASE", "P99", "AGE"]  # fmt: skip
+        assert header.split() == [
+            "NAME",
+            "MODEL",
+            "VERSION",
+            "BACKEND",
+            "PRECISION",
+            "READY",
+            "PHASE",
+            "P99",
+            "AGE",
+        ]
         assert row.split()[:7] == ["tiny", "tiny", "1", "onnxruntime", "fp32", "1/1", "Ready"]
         assert "kubeinfer up --cpu ran this on CPU" in run("describe", "infd", "tiny")
 
         state = json.loads((directory / "session.json").read_text())
         url = state["endpoints"]["default/tiny"] + "/v2/models/tiny/infer"
-        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32",
-                                       "data": [0.5] * 16}]})  # fmt: skip
-        answer = subprocess.run(["curl", "-sf", "-d", body, url], capture_output=True,
-                                text=True, timeout=30, check=False)  # fmt: skip
+        body = json.dumps(
+            {
+                "inputs": [
+                    {"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}
+                ]
+            }
+        )
+        answer = subprocess.run(
+            ["curl", "-sf", "-d", body, url],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         assert json.loads(answer.stdout)["outputs"][0]["shape"] == [1, 10], answer
 
         operator = json.loads(run("get", "pods", "-n", install.NAMESPACE, "-o", "json"))
@@ -96,21 +124,42 @@ def test_up_detached_serves_reports_and_down_leaves_no_process(model_directory: 
         for rule in role["rules"]:
             if "jobs" in rule["resources"]:
                 rule["verbs"] = [v for v in rule["verbs"] if v != "create"]
-        done = subprocess.run([kubectl, config, "replace", "-f", "-"], input=json.dumps(role),
-                              capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        done = subprocess.run(
+            [kubectl, config, "replace", "-f", "-"],
+            input=json.dumps(role),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         second = manifest(model)
         second["metadata"]["name"] = "second"
         second["spec"]["engine"].update(backend="onnxruntime", precision="fp16")
         del second["spec"]["runtime"]["resources"]
-        subprocess.run([kubectl, config, "apply", "-f", "-"], input=json.dumps(second),
-                       capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
-        run("wait", "--for=jsonpath={.status.conditions[?(@.type=='Degraded')].reason}=Forbidden",
-            "infd/second", "--timeout=120s")  # fmt: skip
+        subprocess.run(
+            [kubectl, config, "apply", "-f", "-"],
+            input=json.dumps(second),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        run(
+            "wait",
+            "--for=jsonpath={.status.conditions[?(@.type=='Degraded')].reason}=Forbidden",
+            "infd/second",
+            "--timeout=120s",
+        )
         assert 'cannot create resource "jobs"' in run("describe", "infd", "second")
     finally:
-        down = subprocess.run([*KUBEINFER, "down", f"--directory={directory}"],
-                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        down = subprocess.run(
+            [*KUBEINFER, "down", f"--directory={directory}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     assert down.returncode == 0, down.stderr
     assert processes_mentioning(directory) == []
 
@@ -119,9 +168,11 @@ def test_up_detached_serves_reports_and_down_leaves_no_process(model_directory: 
 def test_up_in_the_foreground_stops_everything_on_ctrl_c(model_directory: Path) -> None:
     directory = model_directory / "up-foreground"
     process = subprocess.Popen(
-        [*KUBEINFER, "up", f"--directory={directory}"], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [*KUBEINFER, "up", f"--directory={directory}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines = []
     assert process.stdout is not None
     deadline = time.monotonic() + 180
@@ -141,24 +192,40 @@ def test_up_in_the_foreground_stops_everything_on_ctrl_c(model_directory: Path) 
 @pytest.mark.parametrize(
     ("spec", "cpu", "said", "changed"),
     [
-        ({"engine": {"backend": "tensorrt"}, "runtime": {"resources": {"gpus": 1}}}, False,
-         ["tensorrt needs TensorRT", "1 nvidia.com/gpu"], []),
-        ({"engine": {"backend": "tensorrt"}, "runtime": {"resources": {"gpus": 2},
-                                                          "gpuProduct": "NVIDIA-H100"}}, True,
-         ["--cpu builds it with ONNX Runtime"],
-         ["engine.backend tensorrt -> onnxruntime", "runtime.resources.gpus 2 -> none",
-          "runtime.gpuProduct NVIDIA-H100 -> none"]),
+        (
+            {"engine": {"backend": "tensorrt"}, "runtime": {"resources": {"gpus": 1}}},
+            False,
+            ["tensorrt needs TensorRT", "1 nvidia.com/gpu"],
+            [],
+        ),
+        (
+            {
+                "engine": {"backend": "tensorrt"},
+                "runtime": {"resources": {"gpus": 2}, "gpuProduct": "NVIDIA-H100"},
+            },
+            True,
+            ["--cpu builds it with ONNX Runtime"],
+            [
+                "engine.backend tensorrt -> onnxruntime",
+                "runtime.resources.gpus 2 -> none",
+                "runtime.gpuProduct NVIDIA-H100 -> none",
+            ],
+        ),
         ({"model": {"source": {"uri": "s3://models/m.onnx"}}}, False, ["no credentials"], []),
         ({"model": {"source": {"uri": "file:///tmp/m.onnx"}}}, False, ["own /tmp"], []),
         ({"model": {"source": {"uri": "file:///var/tmp/m.onnx"}}}, True, [], []),
     ],
     ids=["gpu-without-cpu", "gpu-with-cpu", "s3-without-credentials", "under-tmp", "fine"],
-)  # fmt: skip
+)
 def test_what_the_machine_lacks_is_said_and_cpu_changes_it(
     spec: dict, cpu: bool, said: list[str], changed: list[str]
 ) -> None:
-    document = {"apiVersion": "kubeinfer.io/v1alpha1", "kind": "InferenceDeployment",
-                "metadata": {"name": "m"}, "spec": spec}  # fmt: skip
+    document = {
+        "apiVersion": "kubeinfer.io/v1alpha1",
+        "kind": "InferenceDeployment",
+        "metadata": {"name": "m"},
+        "spec": spec,
+    }
     adapted = substitutions.adapt(document, cpu)
     assert len(adapted.notes) == len(said)
     for note, words in zip(adapted.notes, said, strict=True):
@@ -184,7 +251,7 @@ def test_the_table_renders_as_kubectl_and_age_alone_is_no_change() -> None:
             {"cells": ["demo", "1/1", "x", "5s"], "object": {"metadata": {"namespace": "ml"}}},
             {"cells": ["b", None, "y", "12m"], "object": {"metadata": {"namespace": "default"}}},
         ],
-    }  # fmt: skip
+    }
     assert table.render(listing) == [
         "NAMESPACE   NAME   READY   AGE",
         "ml          demo   1/1     5s",

@@ -74,9 +74,7 @@ class Model:
         return hashlib.sha256(self.path.read_bytes()).hexdigest()
 
 
-def manifest(
-    model: Model, name: str = "resnet", version: str = "1", **spec: Any
-) -> dict[str, Any]:
+def manifest(model: Model, name: str = "resnet", version: str = "1", **spec: Any) -> dict[str, Any]:
     """An InferenceDeployment of `model`: fp32 ONNX Runtime, one replica."""
     body: dict[str, Any] = {
         "model": {
@@ -178,22 +176,34 @@ def grant_operator_role(world: World) -> None:
     """The operator's ServiceAccount, its Role as `kubeinfer rbac` writes it, and leader
     election's Role for the Lease, each bound to the account."""
     kube = world.kube
-    kube.create({"apiVersion": "v1", "kind": "ServiceAccount",
-                 "metadata": {"name": OPERATOR_ACCOUNT}})  # fmt: skip
+    kube.create(
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": OPERATOR_ACCOUNT}}
+    )
     roles = [
         rbac.role_document(OPERATOR_ACCOUNT, world.namespace),
         rbac.lease_role_document(f"{OPERATOR_ACCOUNT}-lease", world.namespace, world.lease_name),
     ]
     for role in roles:
         kube.create(role)
-        kube.create({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": role["metadata"]["name"]},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                        "name": role["metadata"]["name"]},
-            "subjects": [{"kind": "ServiceAccount", "name": OPERATOR_ACCOUNT,
-                          "namespace": world.namespace}],
-        })  # fmt: skip
+        kube.create(
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": role["metadata"]["name"]},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": role["metadata"]["name"],
+                },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": OPERATOR_ACCOUNT,
+                        "namespace": world.namespace,
+                    }
+                ],
+            }
+        )
 
 
 def kopf_settings() -> kopf.OperatorSettings:
@@ -224,9 +234,11 @@ async def start_operator(
 
     def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(
-            server=world.cluster.server, ca_path=str(world.cluster.ca_file),
-            token=issue(), default_namespace=world.namespace,
-        )  # fmt: skip
+            server=world.cluster.server,
+            ca_path=str(world.cluster.ca_file),
+            token=issue(),
+            default_namespace=world.namespace,
+        )
 
     stop, ready = asyncio.Event(), asyncio.Event()
     since = len(world.calls())

@@ -32,14 +32,18 @@ def role_without(verb: str, plural: str, namespace: str) -> dict:
 
 async def test_a_verb_the_role_lacks_is_reported_in_the_status(world: World, tiny: Model) -> None:
     kube = world.kube
-    kube.request("PUT", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{world.namespace}/roles/"
-                 f"{OPERATOR_ACCOUNT}", body=role_without("create", "jobs", world.namespace))  # fmt: skip
+    kube.request(
+        "PUT",
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{world.namespace}/roles/{OPERATOR_ACCOUNT}",
+        body=role_without("create", "jobs", world.namespace),
+    )
     async with start_operator(world):
         world.create(manifest(tiny))
         await eventually(
             lambda: (condition(world.infd(), "Degraded") or {}).get("reason") == "Forbidden",
-            60, "Degraded with reason Forbidden",
-        )  # fmt: skip
+            60,
+            "Degraded with reason Forbidden",
+        )
         degraded = condition(world.infd(), "Degraded")
         assert degraded["status"] == "True"
         assert 'cannot create resource "jobs"' in degraded["message"], degraded["message"]
@@ -47,11 +51,15 @@ async def test_a_verb_the_role_lacks_is_reported_in_the_status(world: World, tin
         warnings = [e for e in world.events() if e["reason"] == "Forbidden"]
         assert warnings and warnings[0]["type"] == "Warning"
 
-        kube.request("PUT", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{world.namespace}/"
-                     f"roles/{OPERATOR_ACCOUNT}",
-                     body=rbac.role_document(OPERATOR_ACCOUNT, world.namespace))  # fmt: skip
+        kube.request(
+            "PUT",
+            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{world.namespace}/"
+            f"roles/{OPERATOR_ACCOUNT}",
+            body=rbac.role_document(OPERATOR_ACCOUNT, world.namespace),
+        )
         await eventually(world.jobs, 60, "the build Job once the Role is whole")
         await eventually(
             lambda: (condition(world.infd(), "Degraded") or {}).get("reason") != "Forbidden",
-            60, "the Forbidden condition to clear",
-        )  # fmt: skip
+            60,
+            "the Forbidden condition to clear",
+        )

@@ -32,19 +32,26 @@ async def test_a_reading_out_of_range_is_set_aside_and_the_others_still_scale(
     with running_prometheus([], tmp_path / "prometheus") as prometheus:
         spec = manifest(
             tiny,
-            autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 2,
-                         "targetQueueDepthPerReplica": 3},
+            autoscaling={
+                "enabled": True,
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "targetQueueDepthPerReplica": 3,
+            },
             monitoring={
                 "prometheus": {"url": prometheus.url},
-                "queries": {"queueDepthPerReplica": "vector(6)",
-                            "gpuMemoryUsedRatio": "vector(40)"},
+                "queries": {
+                    "queueDepthPerReplica": "vector(6)",
+                    "gpuMemoryUsedRatio": "vector(40)",
+                },
             },
-        )  # fmt: skip
+        )
         async with start_operator(world, FAST.model_copy(update={"autoscale_poll_seconds": 0.5})):
             world.create(spec)
             await eventually(
-                lambda: (world.infd()["status"].get("autoscaling") or {}).get("desiredReplicas")
-                == 2,
+                lambda: (
+                    (world.infd()["status"].get("autoscaling") or {}).get("desiredReplicas") == 2
+                ),
                 90,
                 "the queue depth to call for 2 pods",
             )
@@ -66,10 +73,17 @@ def ready_at(world: World, generation: int) -> bool:
 
 
 def claim(world: World, name: str) -> None:
-    world.create({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
-    })  # fmt: skip
+    world.create(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }
+    )
 
 
 async def test_moving_the_cache_to_another_claim_builds_the_engine_there(
@@ -88,9 +102,11 @@ async def test_moving_the_cache_to_another_claim_builds_the_engine_there(
     pods = [p for p in world.pods() if p["metadata"]["labels"].get(names.LABEL_ROLE)]
     claims = {
         v["persistentVolumeClaim"]["claimName"]
-        for p in pods if p["status"].get("phase") == "Running"
-        for v in p["spec"]["volumes"] if "persistentVolumeClaim" in v
-    }  # fmt: skip
+        for p in pods
+        if p["status"].get("phase") == "Running"
+        for v in p["spec"]["volumes"]
+        if "persistentVolumeClaim" in v
+    }
     assert claims == {"cache-b"}
     restarts = [s["restartCount"] for p in pods for s in p["status"].get("containerStatuses", [])]
     assert not any(restarts), "no runtime pod crashed for want of its engine"
@@ -109,13 +125,20 @@ async def test_a_build_pod_with_only_the_legacy_job_label_is_gathered(
         (job,) = await eventually(world.jobs, 60, "the build Job")
     template = job["spec"]["template"]["metadata"]["labels"]
     # As a Job controller before Kubernetes 1.27 labelled its pods: `job-name` only.
-    world.create({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "legacy-build-pod",
-                     "labels": {**template, "job-name": job["metadata"]["name"]}},
-        "spec": {"restartPolicy": "Never",
-                 "containers": [{"name": "build", "image": "example.com/never-pulled:1"}]},
-    })  # fmt: skip
+    world.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "legacy-build-pod",
+                "labels": {**template, "job-name": job["metadata"]["name"]},
+            },
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "build", "image": "example.com/never-pulled:1"}],
+            },
+        }
+    )
     body = world.infd()
     connection = kopf.ConnectionInfo(
         server=world.cluster.server, ca_path=str(world.cluster.ca_file), token=world.token()

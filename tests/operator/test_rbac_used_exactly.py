@@ -32,8 +32,9 @@ NEEDED = [
 
 def operator_calls(cluster: LocalCluster) -> list[ApiCall]:
     return cluster.audit.calls(
-        lambda c: c.user.startswith("system:serviceaccount:")
-        and c.user.endswith(f":{OPERATOR_ACCOUNT}")
+        lambda c: (
+            c.user.startswith("system:serviceaccount:") and c.user.endswith(f":{OPERATOR_ACCOUNT}")
+        )
     )
 
 
@@ -51,8 +52,13 @@ def test_the_operator_was_refused_nothing_and_never_wrote_a_spec(
         pytest.skip("no operator scenario ran in this session")
     refused = sorted({f"{c.verb} {c.group}/{c.resource}" for c in calls if c.code == 403})
     assert refused == [], "the API server refused the operator verbs its Role lacks"
-    spec_writes = [c for c in calls if c.resource == "inferencedeployments"
-                   and c.verb in ("patch", "update") and writes_spec(c.body)]  # fmt: skip
+    spec_writes = [
+        c
+        for c in calls
+        if c.resource == "inferencedeployments"
+        and c.verb in ("patch", "update")
+        and writes_spec(c.body)
+    ]
     assert spec_writes == [], "the operator wrote a spec"
 
 

@@ -1,0 +1,97 @@
+"""Two small cores of the node and `cluster down`: `pods.expand`, Kubernetes' `$(VAR)`
+expansion of command, args and env values (a defined name is replaced, an undefined
+reference kept as written, `$$` is one `$`, nothing is expanded twice), and
+`processes.start_ticks`, the kernel's start time of a pid that tells a process from a
+later one reusing its number (a zombie or a missing pid has none; a name holding spaces
+and parentheses does not confuse the parse)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kubeinfer.cluster.node.pods import expand
+from kubeinfer.cluster.processes import Started, is_running, start_ticks
+
+ENV = {"A": "1", "B": "two", "MODEL_DIR": "/models", "a.b-c": "dotted", "REF": "$(B)"}
+EXPANSIONS = [
+    ("$(A)", "1"),
+    ("x-$(A)-y", "x-1-y"),
+    ("$(A)$(B)", "1two"),
+    ("--model=$(MODEL_DIR)/m.onnx", "--model=/models/m.onnx"),
+    ("$(a.b-c)", "dotted"),
+    ("$(MISSING)", "$(MISSING)"),
+    ("$(MISSING)/$(A)", "$(MISSING)/1"),
+    ("$$", "$"),
+    ("$$(A)", "$(A)"),  # an escaped reference stays a reference, unexpanded
+    ("$$$(A)", "$1"),
+    ("cost: $$5", "cost: $5"),
+    ("$A", "$A"),  # shell syntax is not Kubernetes syntax
+    ("${A}", "${A}"),
+    ("$(A", "$(A"),
+    ("$", "$"),
+    ("$(REF)", "$(B)"),  # a value is not expanded again
+    ("", ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), EXPANSIONS, ids=[t or "(empty)" for t, _ in EXPANSIONS]
+)
+def test_expand_as_kubernetes_does(text: str, expected: str) -> None:
+    assert expand(text, ENV) == expected
+
+
+def test_start_ticks_of_a_running_process_is_stable_and_after_boot() -> None:
+    mine = start_ticks(os.getpid())
+    assert isinstance(mine, int) and mine > 0
+    assert start_ticks(os.getpid()) == mine
+    fields = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()
+    assert mine == int(fields[19])  # field 22 of proc(5), counted from after the name
+
+
+def test_start_ticks_of_no_such_process_is_none() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: the pid names nothing now
+    assert start_ticks(child.pid) is None
+
+
+def test_a_zombie_has_no_start_ticks() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.02)
+        assert start_ticks(child.pid) is None
+        assert not is_running(Started("child", child.pid, 1, "/dev/null"))
+    finally:
+        child.wait()
+
+
+def test_a_name_with_spaces_and_parentheses_is_parsed_past() -> None:
+    # The process renames itself (prctl PR_SET_NAME) to a name that would split a
+    # naive parse of /proc/PID/stat in the wrong place.
+    script = (
+        "import ctypes, sys, time\n"
+        "ctypes.CDLL(None).prctl(15, b'a) (b) Z c', 0, 0, 0)\n"
+        "print('renamed', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "renamed\n"
+        assert Path(f"/proc/{child.pid}/comm").read_text().strip() == "a) (b) Z c"
+        ticks = start_ticks(child.pid)
+        mine = start_ticks(os.getpid())
+        assert ticks is not None and mine is not None and ticks >= mine
+        assert is_running(Started("child", child.pid, ticks, "/dev/null"))
+        # The same pid with another start time is another process.
+        assert not is_running(Started("child", child.pid, ticks - 1, "/dev/null"))
+    finally:
+        child.kill()
+        child.wait()
