@@ -129,6 +129,11 @@ class NodeAgent:
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.finished: set[str] = set()
         self.pending: dict[str, KubeObject] = {}
+        """Pods to try to schedule now."""
+        self.waiting: dict[str, tuple[KubeObject, float]] = {}
+        """Pods that did not fit, and when to try them again."""
+        self.reserved: dict[str, KubeObject] = {}
+        """Pods bound but not yet seen bound through the watch: their requests count."""
         self.unschedulable_said: dict[str, str] = {}
         self._events: set[asyncio.Task[None]] = set()
         self.kubelet = (
@@ -289,11 +294,16 @@ class NodeAgent:
                     if uid not in current:
                         self.workers[uid].gone()
                 self.pending = {}
+                self.waiting = {u: w for u, w in self.waiting.items() if u in current}
+                self.reserved = {u: r for u, r in self.reserved.items() if u in current}
                 for pod in current.values():
                     self._observe(pod)
             elif kind == "DELETED":
                 uid = obj["metadata"]["uid"]
                 self.pending.pop(uid, None)
+                self.waiting.pop(uid, None)
+                self.reserved.pop(uid, None)
+                self.unschedulable_said.pop(uid, None)
                 if uid in self.workers:
                     self.workers[uid].gone()
             else:
@@ -305,9 +315,14 @@ class NodeAgent:
         if not node:
             scheduler = pod["spec"].get("schedulerName") or "default-scheduler"
             if scheduler == "default-scheduler" and not pod["metadata"].get("deletionTimestamp"):
-                self.pending[uid] = pod
+                if uid in self.waiting:
+                    self.waiting[uid] = (pod, self.waiting[uid][1])  # its newest form
+                else:
+                    self.pending[uid] = pod
             return
         self.pending.pop(uid, None)
+        self.waiting.pop(uid, None)
+        self.reserved.pop(uid, None)
         if node != self.name:
             return
         if uid in self.workers:
@@ -355,6 +370,11 @@ class NodeAgent:
     # -- scheduling --------------------------------------------------------------------------
     async def _schedule_loop(self) -> None:
         while True:
+            now = time.monotonic()
+            for uid, (pod, retry_at) in list(self.waiting.items()):
+                if retry_at <= now:
+                    del self.waiting[uid]
+                    self.pending.setdefault(uid, pod)
             for uid, pod in sorted(
                 self.pending.items(), key=lambda kv: kv[1]["metadata"]["creationTimestamp"]
             ):
@@ -365,6 +385,7 @@ class NodeAgent:
     async def _schedule(self, pod: KubeObject) -> None:
         meta = pod["metadata"]
         running = [w.pod["spec"] for w in self.workers.values() if not w.finished]
+        running += [reserved["spec"] for reserved in self.reserved.values()]
         allocatable = {
             k: Decimal(str(v)) if k != "memory" else Decimal(v)
             for k, v in self.allocatable.items()
@@ -379,12 +400,14 @@ class NodeAgent:
                 "metadata": {"name": meta["name"], "uid": meta["uid"]},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": self.name},
             }
+            self.pending.pop(meta["uid"], None)
             try:
                 await self.api.request("POST", f"{path}/binding", body=binding)
             except ApiError as error:
-                if error.status not in (404, 409):
-                    raise
-            self.pending.pop(meta["uid"], None)
+                if error.status in (404, 409):
+                    return  # gone, or bound already: nothing to announce
+                raise
+            self.reserved[meta["uid"]] = pod
             await self._set_scheduled(path, True, None)
             self.record_event(
                 pod,
@@ -400,13 +423,8 @@ class NodeAgent:
             self.record_event(
                 pod, "Warning", "FailedScheduling", reason, source="default-scheduler"
             )
-        self.pending.pop(meta["uid"], None)  # tried again when pods change, below
-        asyncio.get_running_loop().call_later(SCHEDULE_RETRY_SECONDS, lambda: self._retry(pod))
-
-    def _retry(self, pod: KubeObject) -> None:
-        uid = pod["metadata"]["uid"]
-        if uid not in self.finished and uid not in self.workers:
-            self.pending.setdefault(uid, pod)
+        self.pending.pop(meta["uid"], None)
+        self.waiting[meta["uid"]] = (pod, time.monotonic() + SCHEDULE_RETRY_SECONDS)
 
     async def _set_scheduled(self, path: str, scheduled: bool, message: str | None) -> None:
         condition = {
