@@ -12,6 +12,7 @@ PACKAGES = {
     "kubeinfer.runtime": "runtime",
     "kubeinfer.cluster": "cluster",
     "kubeinfer.cli": "cli",
+    "kubeinfer.contract": "contract",
 }
 DATA_PACKAGES = ["kubeinfer.cli.demo.examples"]
 """Folders of package data only (`examples/`, mapped in pyproject.toml's package-dir)."""

@@ -8,5 +8,5 @@ both use stays at the top (the engine cache and its manifest, `engines/`,
 and why.
 
 The runtime never imports the operator, kopf or the Kubernetes client: a runtime pod
-needs only its typed config (`kubeinfer.runtime.config`) and an engine.
+needs only its typed config (`kubeinfer.contract.runtime_config`) and an engine.
 """

@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.batching.assembler import check_inputs
 from kubeinfer.runtime.batching.queue import Admission, Batcher
-from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.engines.base import Engine, TensorSpec
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.protocol.codec_pool import OFFLOAD_BYTES, CodecPool

@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from kubeinfer.runtime.api_model import ApiModel
+from kubeinfer.contract.api_model import ApiModel
 from pydantic import Field
 
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"

@@ -60,86 +60,25 @@ scraped buckets, so every reader of these histograms gets the same p99.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
+from kubeinfer.contract import metrics as series
+from kubeinfer.contract.metrics import Series
 from kubeinfer.runtime.gpu_memory import GpuMemory
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
-)  # fmt: skip
-BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-
-# Geometric buckets, ratio 2^(1/6) (12 %), from 2^-12 s (0.24 ms) to 2^4 s (16 s): the
-# operator gates a candidate on a 10 % p99 regression, and `histogram_quantile` can only
-# interpolate linearly inside a bucket, so a bucket must be about as fine as the gate.
-SHADOW_LATENCY_BUCKETS: tuple[float, ...] = tuple(2.0 ** (k / 6) for k in range(-72, 25))
-# Per-request largest element difference, in the output's units: 1-2-5 steps over the range
-# from float rounding (1e-6) to a different model (100).
-SHADOW_DIFFERENCE_BUCKETS = (
-    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 0.001, 0.002, 0.005, 0.01, 0.02,
-    0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0,
-)  # fmt: skip
-# Per-request worst-row cosine: what matters is how close to 1 it stays. No negative bound:
-# prometheus_client leaves `_sum` out of a histogram with one, and the mean needs it (a
-# negative cosine lands in the 0 bucket).
-SHADOW_COSINE_BUCKETS = (
-    0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.998, 0.999, 0.9995, 0.9999, 0.99999,
-    1.0,
-)  # fmt: skip
-
-
-def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
-    """Prometheus' `histogram_quantile(q, ...)` over classic buckets: `buckets` are (upper
-    bound, cumulative count) pairs, in any order, the last bound +Inf (as scraped, or
-    summed bucket by bucket over several series). The same linear interpolation inside
-    the bucket holding rank q*count, the lowest bucket starting at 0, and a rank in the
-    +Inf bucket answered with the highest finite bound. None where Prometheus answers
-    NaN: no observations, no +Inf bucket, fewer than two buckets. Counts that decrease
-    with the bound (a scrape caught mid-update) are made monotonic, as Prometheus does.
-    """
-    if q != q:  # NaN
-        return None
-    if q < 0:
-        return float("-inf")
-    if q > 1:
-        return float("inf")
-    ordered = sorted(buckets)
-    if len(ordered) < 2 or ordered[-1][0] != float("inf"):
-        return None
-    bounds, counts = [], []
-    for bound, count in ordered:  # coalesce equal bounds, then force monotonic
-        if bounds and bound == bounds[-1]:
-            counts[-1] += count
-            continue
-        bounds.append(bound)
-        counts.append(float(count))
-    for i in range(1, len(counts)):
-        counts[i] = max(counts[i], counts[i - 1])
-    if len(bounds) < 2:
-        return None
-    observations = counts[-1]
-    if observations == 0:
-        return None
-    rank = q * observations
-    b = bisect.bisect_left(counts, rank, 0, len(counts) - 1)
-    if b == len(counts) - 1:
-        return bounds[-2]
-    if b == 0 and bounds[0] <= 0:
-        return bounds[0]
-    start, end, count = 0.0, bounds[b], counts[b]
-    if b > 0:
-        start = bounds[b - 1]
-        count -= counts[b - 1]
-        rank -= counts[b - 1]
-    return start + (end - start) * (rank / count)
-
-
 # `GpuMemoryReader.read` from kubeinfer.runtime.gpu_memory: None where there is no GPU.
 GpuMemoryReader = Callable[[], Iterable[GpuMemory] | None]
+
+
+def family(spec: Series, registry: CollectorRegistry) -> Any:
+    """The prometheus_client family of a contract `Series`, registered in `registry`."""
+    kind = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}[spec.kind]
+    extra = {"buckets": spec.buckets} if spec.kind == "histogram" else {}
+    return kind(spec.name, spec.help, list(spec.labels), registry=registry, **extra)
 
 
 class _GpuMemoryCollector(Collector):
@@ -149,11 +88,9 @@ class _GpuMemoryCollector(Collector):
         self._read = read
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        used = GaugeMetricFamily(
-            "kubeinfer_gpu_memory_used_bytes", "GPU memory in use.", labels=["device", "name"]
-        )
-        total = GaugeMetricFamily(
-            "kubeinfer_gpu_memory_total_bytes", "GPU memory in all.", labels=["device", "name"]
+        used, total = (
+            GaugeMetricFamily(s.name, s.help, labels=list(s.labels))
+            for s in (series.GPU_MEMORY_USED, series.GPU_MEMORY_TOTAL)
         )
         try:
             devices = list(self._read() or ())
@@ -170,65 +107,20 @@ class RuntimeMetrics:
 
     def __init__(self, model: str, version: str, gpu_memory: GpuMemoryReader | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        labels = ["model", "version"]
         values = (model, version)
         r = self.registry
-        self._queue_depth = Gauge(
-            "kubeinfer_queue_depth", "Requests waiting in the batch queue.", labels, registry=r
-        ).labels(*values)
-        self._inflight = Gauge(
-            "kubeinfer_inflight_batches", "Batches running on execution slots.", labels,
-            registry=r,
-        ).labels(*values)  # fmt: skip
-        self._inflight_requests = Gauge(
-            "kubeinfer_inflight_requests",
-            "Requests in the batches running on execution slots (queued ones not included).",
-            labels, registry=r,
-        ).labels(*values)  # fmt: skip
-        self._in_progress = Gauge(
-            "kubeinfer_requests_in_progress",
-            "Inference requests received and not yet answered: queued, running, or waiting "
-            "to be decoded or answered (the autoscaler's load signal).",
-            labels, registry=r,
-        ).labels(*values)  # fmt: skip
-        self._request = Histogram(
-            "kubeinfer_request_duration_seconds",
-            "Time from a request's arrival to its response, inference requests only.",
-            labels, buckets=LATENCY_BUCKETS, registry=r,
-        ).labels(*values)  # fmt: skip
-        self._queue = Histogram(
-            "kubeinfer_queue_duration_seconds",
-            "Time a request waited in the queue before its batch started.",
-            labels, buckets=LATENCY_BUCKETS, registry=r,
-        ).labels(*values)  # fmt: skip
-        self._compute = Histogram(
-            "kubeinfer_compute_duration_seconds",
-            "Time a batch took on its execution slot (pack, run, split).",
-            labels, buckets=LATENCY_BUCKETS, registry=r,
-        ).labels(*values)  # fmt: skip
-        self._batch_size = Histogram(
-            "kubeinfer_batch_size", "Rows per batch run by the engine.",
-            labels, buckets=BATCH_SIZE_BUCKETS, registry=r,
-        ).labels(*values)  # fmt: skip
-        self._requests = Counter(
-            "kubeinfer_requests", "Inference requests answered, by HTTP status code.",
-            [*labels, "code"], registry=r,
-        )  # fmt: skip
-        self._cancelled = Counter(
-            "kubeinfer_requests_cancelled",
-            "Inference requests whose client left before their answer, by stage.",
-            [*labels, "stage"], registry=r,
-        )  # fmt: skip
-        self._connections_closed = Counter(
-            "kubeinfer_connections_closed",
-            "Connections the server closed on its own, by reason (header_timeout).",
-            [*labels, "reason"], registry=r,
-        )  # fmt: skip
-        self._stuck_batches = Gauge(
-            "kubeinfer_engine_stuck_batches",
-            "Batches still running on the engine past the deadlines of all their requests.",
-            labels, registry=r,
-        ).labels(*values)  # fmt: skip
+        self._queue_depth = family(series.QUEUE_DEPTH, r).labels(*values)
+        self._inflight = family(series.INFLIGHT_BATCHES, r).labels(*values)
+        self._inflight_requests = family(series.INFLIGHT_REQUESTS, r).labels(*values)
+        self._in_progress = family(series.REQUESTS_IN_PROGRESS, r).labels(*values)
+        self._request = family(series.REQUEST_DURATION, r).labels(*values)
+        self._queue = family(series.QUEUE_DURATION, r).labels(*values)
+        self._compute = family(series.COMPUTE_DURATION, r).labels(*values)
+        self._batch_size = family(series.BATCH_SIZE, r).labels(*values)
+        self._requests = family(series.REQUESTS, r)
+        self._cancelled = family(series.REQUESTS_CANCELLED, r)
+        self._connections_closed = family(series.CONNECTIONS_CLOSED, r)
+        self._stuck_batches = family(series.ENGINE_STUCK_BATCHES, r).labels(*values)
         self._values = values
         self._by_code: dict[int, Counter] = {}
         if gpu_memory is not None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kubeinfer.runtime.config import RuntimeConfig
+    from kubeinfer.contract.runtime_config import RuntimeConfig
     from kubeinfer.runtime.engines.base import Engine
     from kubeinfer.runtime.metrics import GpuMemoryReader
 
@@ -87,7 +87,7 @@ def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
     """The RuntimeConfig from `--config` and the flags; raises ValueError (with every
     problem, one per line) when the file or the result is invalid."""
     import yaml
-    from kubeinfer.runtime.config import RuntimeConfig
+    from kubeinfer.contract.runtime_config import RuntimeConfig
     from pydantic import ValidationError
 
     data: dict[str, Any] = {}

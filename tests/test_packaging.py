@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"operator": "kubeinfer/operator", "runtime": "kubeinfer/runtime"}
+PACKAGES = {
+    folder: f"kubeinfer/{folder}" for folder in ("operator", "runtime", "contract", "cluster", "cli")
+}
 
 
 def run(*command: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -60,7 +62,7 @@ def test_the_wheel_carries_every_module_under_its_kubeinfer_name(wheel: Path) ->
             inside = f"{package}/{source.relative_to(ROOT / folder).as_posix()}"
             assert inside in names, f"{inside} is missing from the wheel"
     top_level = {name.split("/")[0] for name in names}
-    assert "operator" not in top_level and "runtime" not in top_level
+    assert not top_level & set(PACKAGES), "a folder shipped under its own name"
 
 
 def test_the_installed_wheel_runs_the_console_script(wheel: Path, tmp_path: Path) -> None:
@@ -73,7 +75,7 @@ def test_the_installed_wheel_runs_the_console_script(wheel: Path, tmp_path: Path
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(site)
     python = environment / "bin" / "python"
-    code = "import kubeinfer.operator.cli as c, sys; sys.exit(c.main(sys.argv[1:]))"
+    code = "import kubeinfer.cli.main as c, sys; sys.exit(c.main(sys.argv[1:]))"
     example = ROOT / "examples" / "cpu-minimal.yaml"
     result = run(str(python), "-c", code, "validate", str(example), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -84,7 +86,7 @@ def test_the_installed_wheel_runs_the_console_script(wheel: Path, tmp_path: Path
 
 def test_the_runtime_never_imports_the_control_plane() -> None:
     code = (
-        "import sys, kubeinfer.runtime.config, kubeinfer.runtime.commands;"
+        "import sys, kubeinfer.contract.runtime_config, kubeinfer.runtime.commands;"
         "bad = [m for m in sys.modules if m.startswith(('kubeinfer.operator', 'kopf',"
         " 'kubernetes'))]; print(bad); sys.exit(1 if bad else 0)"
     )

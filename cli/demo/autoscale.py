@@ -71,7 +71,7 @@ class LocalDeployment:
             self.counter += 1
             port = free_port()
             command = [
-                sys.executable, "-m", "kubeinfer.operator", "serve", "--engine", self.engine,
+                sys.executable, "-m", "kubeinfer.cli", "serve", "--engine", self.engine,
                 "--cache", self.cache, "--model-name", "demo", "--host", "127.0.0.1",
                 "--port", str(port), "--max-batch-size", "32",
                 "--drain-grace-period-seconds", "5",

@@ -143,7 +143,7 @@ def serve_and_load(digest: str, cache: str, seconds: float) -> bool:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     command = [
-        sys.executable, "-m", "kubeinfer.operator", "serve",
+        sys.executable, "-m", "kubeinfer.cli", "serve",
         "--engine", digest, "--cache", cache, "--model-name", MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(port),
         "--max-batch-size", "32", "--max-queue-delay-microseconds", "2000",

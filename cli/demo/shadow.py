@@ -57,7 +57,7 @@ def _serve(command: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 def _serve_command(port: int, engine: str, cache: str, version: str) -> list[str]:
     return [
-        sys.executable, "-m", "kubeinfer.operator", "serve",
+        sys.executable, "-m", "kubeinfer.cli", "serve",
         "--engine", engine, "--cache", cache, "--model-name", MODEL_NAME,
         "--model-version", version, "--host", "127.0.0.1", "--port", str(port),
         "--max-batch-size", "32", "--drain-grace-period-seconds", "5",

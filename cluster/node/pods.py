@@ -136,6 +136,7 @@ class PodWorker:
         self.start_time = rfc3339()
         self.published: dict[str, Any] | None = None
         self.finished = False
+        self._stopping: set[asyncio.Task[None]] = set()
 
     def _with_ip(self, pod: KubeObject) -> KubeObject:
         status = {**(pod.get("status") or {}), "podIP": self.ip, "hostIP": self.node.host_ip,
@@ -328,7 +329,7 @@ class PodWorker:
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{container.name}-{container.view.restart_count}.log"
         working = Path(paths.host_path(spec.get("workingDir") or "") or self.directory)
-        working.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(working.mkdir, parents=True, exist_ok=True)
         with log_path.open("ab") as output:
             container.process = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=output,
@@ -393,7 +394,7 @@ class PodWorker:
         async def after_start(
             probe: Mapping[str, Any], report: Callable[[bool, str], None]
         ) -> None:
-            while not container.view.started:
+            while not container.view.started:  # noqa: ASYNC110 (set by the startup probe)
                 await asyncio.sleep(0.1)
             await probe_loop(probe, lambda: attempt_of(probe), report)
 
@@ -415,10 +416,12 @@ class PodWorker:
                 self.pod, "Normal", "Killing",
                 f"Container {container.name} failed {kind.lower()} probe, will be restarted",
             )  # fmt: skip
-            asyncio.create_task(self._stop(container, self._grace_seconds()))
+            stopping = asyncio.create_task(self._stop(container, self._grace_seconds()))
+            self._stopping.add(stopping)  # held until done
+            stopping.add_done_callback(self._stopping.discard)
 
     def _exec_in(self, container: Container) -> Callable[[Sequence[str], float], Any]:
-        async def run(command: Sequence[str], timeout: float) -> int:
+        async def run(command: Sequence[str], timeout_seconds: float) -> int:
             paths = self.volumes.path_map(container.spec)
             env = await self._environment(container.spec, paths)
             spec = {**container.spec, "command": list(command), "args": []}
@@ -427,7 +430,7 @@ class PodWorker:
                 stderr=asyncio.subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
             try:
-                return await asyncio.wait_for(process.wait(), timeout)
+                return await asyncio.wait_for(process.wait(), timeout_seconds)
             except TimeoutError:
                 process.kill()
                 await process.wait()

@@ -34,7 +34,6 @@ from kubeinfer.operator.reconcile.snapshot import ObservedState, OwnerRef
 from pydantic import ValidationError
 
 
-
 def children_selector(owner_name: str) -> str:
     """The label selector every child of one InferenceDeployment matches."""
     return f"{LABEL_INSTANCE}={owner_name},{LABEL_MANAGED_BY}={MANAGED_BY}"

@@ -47,6 +47,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from kubeinfer.contract import metrics as series
 from kubeinfer.operator.metrics import samples
 from kubeinfer.operator.metrics.promql import (
     deployment_pod_regex,
@@ -237,44 +238,44 @@ class NamedQuery:
 # candidate_version, which the digest makes redundant here.
 SHADOW_COMPARED = NamedQuery(
     "shadow_compared", "Mirrored requests whose answers were compared (mismatches included).",
-    "kubeinfer_shadow_requests_total", SUM_SO_FAR, (("outcome", "compared"),), per_candidate=True,
+    series.SHADOW_REQUESTS.total, SUM_SO_FAR, (("outcome", "compared"),), per_candidate=True,
 )  # fmt: skip
 SHADOW_MISMATCHES = NamedQuery(
     "shadow_mismatches", "Compared requests whose outputs differed in name, shape or datatype.",
-    "kubeinfer_shadow_mismatches_total", SUM_SO_FAR, per_candidate=True,
+    series.SHADOW_MISMATCHES.total, SUM_SO_FAR, per_candidate=True,
 )  # fmt: skip
 SHADOW_DROPPED = NamedQuery(
     "shadow_dropped", "Requests the mirror could not take (its queue was full).",
-    "kubeinfer_shadow_requests_total", SUM_SO_FAR, (("outcome", "dropped"),), per_candidate=True,
+    series.SHADOW_REQUESTS.total, SUM_SO_FAR, (("outcome", "dropped"),), per_candidate=True,
 )  # fmt: skip
 SHADOW_CANDIDATE_ERRORS = NamedQuery(
     "shadow_candidate_errors", "Mirrored requests the candidate answered with an error.",
-    "kubeinfer_shadow_requests_total", SUM_SO_FAR, (("outcome", "candidate_error"),),
+    series.SHADOW_REQUESTS.total, SUM_SO_FAR, (("outcome", "candidate_error"),),
     per_candidate=True,
 )  # fmt: skip
 SHADOW_TIMEOUTS = NamedQuery(
     "shadow_timeouts", "Mirrored requests the candidate did not answer within the timeout.",
-    "kubeinfer_shadow_requests_total", SUM_SO_FAR, (("outcome", "timeout"),), per_candidate=True,
+    series.SHADOW_REQUESTS.total, SUM_SO_FAR, (("outcome", "timeout"),), per_candidate=True,
 )  # fmt: skip
 SHADOW_MAX_ABS_DIFFERENCE = NamedQuery(
     "shadow_max_abs_difference", "Largest absolute difference of one output element.",
-    "kubeinfer_shadow_max_abs_difference", MAX_SO_FAR, per_candidate=True,
+    series.SHADOW_MAX_ABS_DIFFERENCE.name, MAX_SO_FAR, per_candidate=True,
 )  # fmt: skip
 SHADOW_TOP1_ROWS = NamedQuery(
     "shadow_top1_rows", "Rows of classification-shaped outputs compared.",
-    "kubeinfer_shadow_top1_rows_total", SUM_SO_FAR, per_candidate=True,
+    series.SHADOW_TOP1_ROWS.total, SUM_SO_FAR, per_candidate=True,
 )  # fmt: skip
 SHADOW_TOP1_AGREEMENTS = NamedQuery(
     "shadow_top1_agreements", "Of those rows, the ones whose argmax agreed.",
-    "kubeinfer_shadow_top1_agreements_total", SUM_SO_FAR, per_candidate=True,
+    series.SHADOW_TOP1_AGREEMENTS.total, SUM_SO_FAR, per_candidate=True,
 )  # fmt: skip
 SHADOW_PRIMARY_P99 = NamedQuery(
     "shadow_primary_p99_seconds", "p99 of the serving runtime's time on mirrored requests.",
-    "kubeinfer_shadow_primary_duration_seconds", P99_SO_FAR, per_candidate=True,
+    series.SHADOW_PRIMARY_DURATION.name, P99_SO_FAR, per_candidate=True,
 )  # fmt: skip
 SHADOW_CANDIDATE_P99 = NamedQuery(
     "shadow_candidate_p99_seconds", "p99 of the candidate's own time on the same requests.",
-    "kubeinfer_shadow_candidate_duration_seconds", P99_SO_FAR, per_candidate=True,
+    series.SHADOW_CANDIDATE_DURATION.name, P99_SO_FAR, per_candidate=True,
 )  # fmt: skip
 
 # General rows, for the status and the autoscaler.
@@ -282,26 +283,26 @@ REQUEST_P99 = NamedQuery(
     "request_p99_seconds",
     "p99 of the serving pods' inference request time, arrival to response, over the "
     "window (PromQL) or since each pod started (direct read).",
-    "kubeinfer_request_duration_seconds", P99_RECENT,
+    series.REQUEST_DURATION.name, P99_RECENT,
 )  # fmt: skip
 QUEUE_DEPTH = NamedQuery(
     "queue_depth", "Requests waiting in the batch queues of all serving pods, now.",
-    "kubeinfer_queue_depth", SUM_NOW,
+    series.QUEUE_DEPTH.name, SUM_NOW,
 )  # fmt: skip
 QUEUE_DEPTH_PER_REPLICA = NamedQuery(
     "queue_depth_per_replica",
     "Requests received and not yet answered (queued, running, or waiting on the runtime's "
     "event loop) per serving pod, now: the autoscaler's load signal (override: "
     "spec.monitoring.queries.queueDepthPerReplica).",
-    "kubeinfer_requests_in_progress", MEAN_PER_POD_NOW,
+    series.REQUESTS_IN_PROGRESS.name, MEAN_PER_POD_NOW,
 )  # fmt: skip
 GPU_MEMORY_USED_RATIO = NamedQuery(
     "gpu_memory_used_ratio",
     "Fullest GPU's memory in use, as a share of its total, over every serving pod and "
     "device (none without a GPU): the autoscaler's memory pressure signal (override: "
     "spec.monitoring.queries.gpuMemoryUsedRatio).",
-    "kubeinfer_gpu_memory_used_bytes", MAX_RATIO_NOW,
-    denominator="kubeinfer_gpu_memory_total_bytes",
+    series.GPU_MEMORY_USED.name, MAX_RATIO_NOW,
+    denominator=series.GPU_MEMORY_TOTAL.name,
 )  # fmt: skip
 
 SHADOW_QUERIES: tuple[NamedQuery, ...] = (

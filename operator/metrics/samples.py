@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kubeinfer.runtime.metrics import histogram_quantile
+from kubeinfer.contract.metrics import histogram_quantile
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import yaml
+from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.enums import Backend
 from kubeinfer.operator.reconcile import desired as build
@@ -61,7 +62,6 @@ from kubeinfer.operator.rollout.shadow import (
 from kubeinfer.operator.scaling.inputs import Recommendation, ScalingSignals, ServingPods
 from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.settings import OperatorSettings
-from kubeinfer.runtime.config import RuntimeConfig
 from pydantic import ValidationError
 
 

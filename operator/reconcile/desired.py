@@ -14,6 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from kubeinfer.contract.runtime_config import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    EngineSource,
+    MirrorFile,
+    MirrorTarget,
+    RuntimeConfig,
+    request_bytes_limit,
+)
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Backend
 from kubeinfer.operator.reconcile import names
@@ -22,14 +30,6 @@ from kubeinfer.operator.reconcile.desired_monitoring import scrape_annotations
 from kubeinfer.operator.reconcile.engine_state import ANNOTATION_INPUT_BYTES_PER_ROW
 from kubeinfer.operator.reconcile.snapshot import KubeObject, OwnerRef
 from kubeinfer.operator.settings import OperatorSettings
-from kubeinfer.runtime.config import (
-    DEFAULT_MAX_REQUEST_BYTES,
-    EngineSource,
-    MirrorFile,
-    MirrorTarget,
-    RuntimeConfig,
-    request_bytes_limit,
-)
 
 CACHE_MOUNT = "/cache"
 CONFIG_MOUNT = "/etc/kubeinfer"

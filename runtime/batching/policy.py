@@ -32,7 +32,7 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kubeinfer.runtime.config import BatchingPolicy
+from kubeinfer.contract.runtime_config import BatchingPolicy
 
 
 @dataclass(frozen=True, slots=True)

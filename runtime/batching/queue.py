@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.batching import assembler
 from kubeinfer.runtime.batching.observer import BatchObserver, NoObserver
 from kubeinfer.runtime.batching.policy import Flush, Pending, next_decision
 from kubeinfer.runtime.batching.watchdog import EngineWatchdog, batch_bound
-from kubeinfer.runtime.config import BatchingPolicy
 from kubeinfer.runtime.engines.base import Engine, ExecutionSlot
 from kubeinfer.runtime.protocol.errors import (
     DeadlineExceeded,

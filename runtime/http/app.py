@@ -33,8 +33,8 @@ import time
 from typing import Any
 
 from aiohttp import web
+from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.batching.queue import Batcher
-from kubeinfer.runtime.config import RuntimeConfig
 from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.engines.base import Engine
 from kubeinfer.runtime.http import connections

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 
 from aiohttp import web
-from kubeinfer.runtime.config import RuntimeConfig
+from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.http.app import DATAPLANE, RUNNER_OPTIONS
 from kubeinfer.runtime.http.connections import HeadTimeouts, ServingRunner, is_quiet
 

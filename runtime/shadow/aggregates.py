@@ -1,7 +1,7 @@
 """The running aggregates of one shadow candidate, and the shadow metrics that export them.
 
-`ShadowMetrics` holds the metric families (names and meanings: the table in
-`kubeinfer.runtime.metrics`), registered once in the app's registry. `RunningAggregates`
+`ShadowMetrics` holds the metric families (names and meanings: the series in
+`kubeinfer.contract.metrics`), registered once in the app's registry. `RunningAggregates`
 is one candidate's tally: every outcome, comparison and latency is recorded in it and, at
 the same time, in that candidate's series of the families, so `GET /v2/shadow` (its
 `status()`) and `/metrics` say the same thing. When the candidate goes (another target,
@@ -20,87 +20,47 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from kubeinfer.runtime.config import MirrorTarget
-from kubeinfer.runtime.metrics import (
-    SHADOW_COSINE_BUCKETS,
-    SHADOW_DIFFERENCE_BUCKETS,
-    SHADOW_LATENCY_BUCKETS,
-    histogram_quantile,
-)
+from kubeinfer.contract import metrics as series
+from kubeinfer.contract.metrics import SHADOW_LATENCY_BUCKETS, histogram_quantile
+from kubeinfer.contract.metrics import SHADOW_OUTCOMES as OUTCOMES
+from kubeinfer.contract.runtime_config import MirrorTarget
+from kubeinfer.runtime.metrics import family
 from kubeinfer.runtime.shadow.comparison import RequestComparison
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-OUTCOMES = ("compared", "dropped", "candidate_error", "timeout")
 _OUTCOME_KEYS = {
     "compared": "compared",
     "dropped": "dropped",
     "candidate_error": "candidateError",
     "timeout": "timeout",
 }
-LABELS = ("model", "serving_version", "candidate_version", "candidate_digest")
 
 
 class ShadowMetrics:
     """The shadow metric families of one app; series are added per candidate."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        labels, r = list(LABELS), registry
-        self.requests = Counter(
-            "kubeinfer_shadow_requests",
-            "Requests sampled for the shadow candidate, by outcome.",
-            [*labels, "outcome"], registry=r,
-        )  # fmt: skip
-        self.mismatches = Counter(
-            "kubeinfer_shadow_mismatches",
-            "Compared requests whose outputs differ in name, shape or datatype.",
-            labels, registry=r,
-        )  # fmt: skip
-        self.max_abs_difference = Gauge(
-            "kubeinfer_shadow_max_abs_difference",
-            "Largest element difference, candidate against serving, since the mirror started.",
-            labels, registry=r,
-        )  # fmt: skip
-        self.abs_difference = Histogram(
-            "kubeinfer_shadow_abs_difference",
-            "Per compared request, the largest element difference over its outputs.",
-            labels, buckets=SHADOW_DIFFERENCE_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.cosine_similarity = Histogram(
-            "kubeinfer_shadow_cosine_similarity",
-            "Per compared request, the cosine similarity of its worst row.",
-            labels, buckets=SHADOW_COSINE_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.top1_rows = Counter(
-            "kubeinfer_shadow_top1_rows",
-            "Rows of outputs with classes compared (argmax over the last axis).",
-            labels, registry=r,
-        )  # fmt: skip
-        self.top1_agreements = Counter(
-            "kubeinfer_shadow_top1_agreements",
-            "Compared rows whose argmax agreed.",
-            labels, registry=r,
-        )  # fmt: skip
-        self.primary_duration = Histogram(
-            "kubeinfer_shadow_primary_duration_seconds",
-            "This runtime's own server time of each compared request.",
-            labels, buckets=SHADOW_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.candidate_duration = Histogram(
-            "kubeinfer_shadow_candidate_duration_seconds",
-            "The candidate's own server time (its Server-Timing) of each compared request.",
-            labels, buckets=SHADOW_LATENCY_BUCKETS, registry=r,
-        )  # fmt: skip
+        r = registry
+        self.requests = family(series.SHADOW_REQUESTS, r)
+        self.mismatches = family(series.SHADOW_MISMATCHES, r)
+        self.max_abs_difference = family(series.SHADOW_MAX_ABS_DIFFERENCE, r)
+        self.abs_difference = family(series.SHADOW_ABS_DIFFERENCE, r)
+        self.cosine_similarity = family(series.SHADOW_COSINE_SIMILARITY, r)
+        self.top1_rows = family(series.SHADOW_TOP1_ROWS, r)
+        self.top1_agreements = family(series.SHADOW_TOP1_AGREEMENTS, r)
+        self.primary_duration = family(series.SHADOW_PRIMARY_DURATION, r)
+        self.candidate_duration = family(series.SHADOW_CANDIDATE_DURATION, r)
 
     def remove(self, values: tuple[str, ...]) -> None:
         """Removes every series of one candidate (`values` in `LABELS` order)."""
         for outcome in OUTCOMES:
             _remove(self.requests, (*values, outcome))
-        for family in (
+        for metric in (
             self.mismatches, self.max_abs_difference, self.abs_difference,
             self.cosine_similarity, self.top1_rows, self.top1_agreements,
             self.primary_duration, self.candidate_duration,
         ):  # fmt: skip
-            _remove(family, values)
+            _remove(metric, values)
 
 
 def _remove(family: Counter | Gauge | Histogram, values: tuple[str, ...]) -> None:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kubeinfer.runtime.config import MirrorTarget, RuntimeConfig
+from kubeinfer.contract.runtime_config import MirrorTarget, RuntimeConfig
 from kubeinfer.runtime.shadow.aggregates import RunningAggregates, ShadowMetrics, inactive_status
 from kubeinfer.runtime.shadow.comparison import Outputs
 from kubeinfer.runtime.shadow.mirror import Mirror

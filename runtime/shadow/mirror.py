@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
-from kubeinfer.runtime.config import MirrorTarget
+from kubeinfer.contract.runtime_config import MirrorTarget
 from kubeinfer.runtime.protocol.tensor_codec import decode_infer_response, encode_infer_request
 from kubeinfer.runtime.protocol.v2_types import (
     HEADER_LENGTH_HEADER,

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import yaml
-from kubeinfer.runtime.config import MirrorFile, MirrorTarget
+from kubeinfer.contract.runtime_config import MirrorFile, MirrorTarget
 from pydantic import ValidationError
 
 log = logging.getLogger(__name__)

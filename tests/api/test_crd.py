@@ -17,11 +17,11 @@ import pytest
 import yaml
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from kubeinfer.contract.api_model import ApiModel
 from kubeinfer.operator.api.v1alpha1.inference_deployment import InferenceDeployment
 from kubeinfer.operator.api.v1alpha1.metadata import NAME_FORM_MESSAGE, NAME_LENGTH_MESSAGE
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_inference_deployment
 from kubeinfer.operator.crdgen.crd import CRD_FILE, HELM_CRD_FILE, build_crd, render_crd_yaml
-from kubeinfer.runtime.api_model import ApiModel
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

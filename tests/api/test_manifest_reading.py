@@ -27,7 +27,7 @@ EXAMPLE = (ROOT / "examples" / "cpu-minimal.yaml").read_text()
 
 
 def kubeinfer(*argv: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "kubeinfer.operator", *argv]
+    command = [sys.executable, "-m", "kubeinfer.cli", *argv]
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 

@@ -20,7 +20,7 @@ INVALID = sorted((ROOT / "tests" / "manifests" / "invalid").glob("*.yaml"))
 
 
 def validate(*paths: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "kubeinfer.operator", "validate", *map(str, paths)]
+    command = [sys.executable, "-m", "kubeinfer.cli", "validate", *map(str, paths)]
     return subprocess.run(command, capture_output=True, text=True, timeout=60)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from kubeinfer.operator.cli import main
+from kubeinfer.cli.main import main
 from kubeinfer.runtime.building.calibration import write_samples
 from kubeinfer.runtime.building.model_fetch import FetchError, fetch
 

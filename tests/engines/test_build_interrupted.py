@@ -32,7 +32,7 @@ def heavy(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def start_build(model: Path, calibration: Path, cache: Path, message: Path) -> subprocess.Popen:
     command = [
-        sys.executable, "-m", "kubeinfer.operator", "build", "--model", str(model),
+        sys.executable, "-m", "kubeinfer.cli", "build", "--model", str(model),
         "--precision", "int8", "--calibration", str(calibration), "--cache", str(cache),
         "--termination-message-path", str(message),
     ]  # fmt: skip
@@ -135,7 +135,7 @@ def test_a_full_disk_is_said_to_be_one(
 ) -> None:
     message = tmp_path / "termination-log"
     command = [
-        sys.executable, "-m", "kubeinfer.operator", "build", "--model", str(models["small"]),
+        sys.executable, "-m", "kubeinfer.cli", "build", "--model", str(models["small"]),
         "--cache", str(tiny_disk / "cache"), "--termination-message-path", str(message),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=120)

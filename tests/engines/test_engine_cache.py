@@ -174,7 +174,7 @@ def test_two_concurrent_builders_of_one_key_leave_one_complete_entry(
 ) -> None:
     cache = tmp_path / "cache"
     command = [
-        sys.executable, "-m", "kubeinfer.operator.cli", "build", "--model", str(models["tiny"]),
+        sys.executable, "-m", "kubeinfer.cli", "build", "--model", str(models["tiny"]),
         "--precision", "int8", "--calibration", str(models["tiny_calibration"]),
         "--cache", str(cache), "--json",
     ]  # fmt: skip

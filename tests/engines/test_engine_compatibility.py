@@ -32,7 +32,7 @@ from onnx_models import build_dynamic_item_model
 
 pytestmark = pytest.mark.slow
 
-CLI = [sys.executable, "-m", "kubeinfer.operator.cli"]
+CLI = [sys.executable, "-m", "kubeinfer.cli"]
 INSTALLED = installed_backend_version("onnxruntime")
 
 

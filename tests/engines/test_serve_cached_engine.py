@@ -30,7 +30,7 @@ def _free_port() -> int:
 def _serve(cache: Path, digest: str, *flags: str) -> tuple[subprocess.Popen[str], int]:
     port = _free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "kubeinfer.operator.cli", "serve", "--engine", digest,
+        [sys.executable, "-m", "kubeinfer.cli", "serve", "--engine", digest,
          "--cache", str(cache), "--model-name", "tiny", "--host", "127.0.0.1",
          "--port", str(port), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubeinfer.contract.metrics import histogram_quantile
 from kubeinfer.operator.metrics import queries as q
 from kubeinfer.operator.metrics.direct import DirectRead
 from kubeinfer.operator.metrics.factory import MetricsSources
@@ -32,7 +33,7 @@ from kubeinfer.operator.metrics.shadow import WINDOW_MARGIN_SECONDS, shadow_wind
 from kubeinfer.operator.metrics.source import MetricsUnavailable
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.runtime.gpu_memory import GpuMemory
-from kubeinfer.runtime.metrics import RuntimeMetrics, histogram_quantile
+from kubeinfer.runtime.metrics import RuntimeMetrics
 from prometheus_client import generate_latest
 from prometheus_harness import pod_object
 

@@ -21,7 +21,7 @@ from kubeinfer.operator.metrics import queries as q
 from kubeinfer.operator.metrics.promql import substitute_placeholders
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.samples import PodSamples, parse_exposition
-from kubeinfer.operator.metrics.scaling import checked_signals, P99_WINDOW_SECONDS, scaling_queries
+from kubeinfer.operator.metrics.scaling import P99_WINDOW_SECONDS, checked_signals, scaling_queries
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from prometheus_client import generate_latest
 

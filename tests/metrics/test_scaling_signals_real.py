@@ -43,6 +43,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
 from kubeinfer.operator.api.v1alpha1.inference_deployment import QueryOverrides
 from kubeinfer.operator.metrics.direct import DirectRead
 from kubeinfer.operator.metrics.prometheus import PrometheusSource
@@ -50,7 +51,6 @@ from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.scaling import read_scaling_signals, scaling_queries
 from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
 from kubeinfer.operator.scaling.inputs import ScalingSignals
-from kubeinfer.runtime.config import BatchingPolicy, EngineSource, RuntimeConfig
 from kubeinfer.runtime.demo_models import build_mlp, build_tiny_mlp
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from kubeinfer.runtime.gpu_memory import GpuMemory

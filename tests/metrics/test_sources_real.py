@@ -22,12 +22,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from kopf import ConnectionInfo
 from kubeinfer.operator.kube.client import KubeClient
+from kubeinfer.operator.kube.gather_load import pods_lister
 from kubeinfer.operator.metrics import queries as q
 from kubeinfer.operator.metrics.direct import DirectRead
-from kubeinfer.operator.kube.gather_load import pods_lister
 from kubeinfer.operator.metrics.prometheus import PrometheusSource
 from kubeinfer.operator.metrics.promql import promql_string
 from kubeinfer.operator.metrics.queries import Query, Scope

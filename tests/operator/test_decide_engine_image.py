@@ -423,7 +423,7 @@ def test_a_real_runtime_refusing_its_pinned_engine_is_reported_with_its_own_word
     paths = {f"{CONFIG_MOUNT}/{CONFIG_KEY}": str(tmp_path / CONFIG_KEY)}
     argv = [paths.get(arg, arg) for arg in container["args"]]
     process = subprocess.run(
-        [sys.executable, "-m", "kubeinfer.operator.cli", *argv,
+        [sys.executable, "-m", "kubeinfer.cli", *argv,
          "--termination-message-path", str(log)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -466,7 +466,7 @@ def test_a_build_job_of_a_model_serve_would_refuse_fails_with_serves_reason(tmp_
     paths = {CACHE_MOUNT: str(tmp_path / "cache"), TERMINATION_LOG: str(log)}
     argv = [paths.get(arg, arg) for arg in container["args"]]
     build = subprocess.run(
-        [sys.executable, "-m", "kubeinfer.operator.cli", *argv],
+        [sys.executable, "-m", "kubeinfer.cli", *argv],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert build.returncode == 2, build.stderr

@@ -27,14 +27,14 @@ import onnxruntime as ort
 import pytest
 import yaml
 from decide_scenarios import T0, Cluster, make_spec
+from kubeinfer.contract.runtime_config import request_bytes_limit
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType
 from kubeinfer.operator.reconcile.desired import CACHE_MOUNT, CONFIG_KEY, TERMINATION_LOG
-from kubeinfer.runtime.config import request_bytes_limit
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 
 pytestmark = pytest.mark.slow
 
-CLI = [sys.executable, "-m", "kubeinfer.operator.cli"]
+CLI = [sys.executable, "-m", "kubeinfer.cli"]
 
 
 def free_port() -> int:

@@ -19,8 +19,8 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from kubeinfer.cli.main import main
 from kubeinfer.operator import rbac
-from kubeinfer.operator.cli import main
 
 CHART = Path(__file__).parents[2] / "helm" / "kubeinfer"
 CHART_RBAC = CHART / "templates" / "rbac.yaml"

@@ -108,7 +108,7 @@ def build_engine(model: Path, cache: Path) -> str:
         [
             sys.executable,
             "-m",
-            "kubeinfer.operator.cli",
+            "kubeinfer.cli",
             "build",
             "--model",
             f"file://{model}",

@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from decide_scenarios import validate_kubernetes
-from kubeinfer.operator.cli import main
+from kubeinfer.cli.main import main
 from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.render_command import render_file, run
 

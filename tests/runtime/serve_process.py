@@ -35,7 +35,7 @@ class ServeProcess:
         self.port = free_port()
         self._log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "kubeinfer.operator.cli", "serve", "--onnx", str(model),
+            [sys.executable, "-m", "kubeinfer.cli", "serve", "--onnx", str(model),
              "--model-name", name, "--host", "127.0.0.1", "--port", str(self.port), *flags],
             stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip

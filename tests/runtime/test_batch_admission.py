@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 import pytest
+from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.batching.queue import Batcher
 from kubeinfer.runtime.batching.watchdog import EngineWatchdog, batch_bound
-from kubeinfer.runtime.config import BatchingPolicy
 from kubeinfer.runtime.protocol.errors import (
     DeadlineExceeded,
     EngineTimeout,

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.batching.queue import Batcher
-from kubeinfer.runtime.config import BatchingPolicy
 from kubeinfer.runtime.protocol.errors import (
     DeadlineExceeded,
     EngineFailed,

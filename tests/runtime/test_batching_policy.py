@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.batching.policy import (
     Decision,
     Flush,
@@ -23,7 +24,6 @@ from kubeinfer.runtime.batching.policy import (
     WaitUntil,
     next_decision,
 )
-from kubeinfer.runtime.config import BatchingPolicy
 
 FAR = 1e9  # a deadline that never matters
 

@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from kubeinfer.runtime.config import BatchingPolicy, EngineSource, RuntimeConfig
+from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
 from kubeinfer.runtime.http.app import DATAPLANE, create_app
 from prometheus_client import generate_latest
 

@@ -16,8 +16,8 @@ import threading
 import time
 
 import numpy as np
+from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.batching.queue import Batcher
-from kubeinfer.runtime.config import BatchingPolicy
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.protocol.errors import EngineFailed
 

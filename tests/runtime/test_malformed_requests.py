@@ -24,7 +24,7 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kubeinfer.runtime.config import EngineSource, RuntimeConfig
+from kubeinfer.contract.runtime_config import EngineSource, RuntimeConfig
 from kubeinfer.runtime.http.app import RUNNER_OPTIONS, create_app
 
 

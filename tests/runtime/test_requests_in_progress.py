@@ -19,7 +19,7 @@ import json
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from kubeinfer.runtime.config import BatchingPolicy, EngineSource, RuntimeConfig
+from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
 from kubeinfer.runtime.http.app import DATAPLANE, create_app
 from prometheus_client.parser import text_string_to_metric_families
 

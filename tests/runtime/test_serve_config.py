@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from kubeinfer.operator.cli import build_parser
+from kubeinfer.cli.main import build_parser
 from kubeinfer.runtime.serve_command import config_from_args
 
 

@@ -70,7 +70,7 @@ class Server:
 def start_server(model: Path, *flags: str) -> Server:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "kubeinfer.operator.cli", "serve", "--onnx", str(model),
+        [sys.executable, "-m", "kubeinfer.cli", "serve", "--onnx", str(model),
          "--model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -320,7 +320,7 @@ def test_an_invalid_configuration_exits_2(tmp_path: Path) -> None:
         "modelName: Bad_Name\nengine: {onnxPath: /nope.onnx}\nbatching: {maxBatchSize: 0}\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "kubeinfer.operator.cli", "serve", "--config", str(config)],
+        [sys.executable, "-m", "kubeinfer.cli", "serve", "--config", str(config)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2

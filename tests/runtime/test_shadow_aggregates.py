@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kubeinfer.runtime.config import MirrorTarget
-from kubeinfer.runtime.metrics import SHADOW_LATENCY_BUCKETS, histogram_quantile
+from kubeinfer.contract.metrics import SHADOW_LATENCY_BUCKETS, histogram_quantile
+from kubeinfer.contract.runtime_config import MirrorTarget
 from kubeinfer.runtime.shadow.aggregates import RunningAggregates, ShadowMetrics
 from kubeinfer.runtime.shadow.comparison import RequestComparison
 from kubeinfer.runtime.shadow.target import (

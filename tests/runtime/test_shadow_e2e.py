@@ -46,10 +46,10 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from kubeinfer.cli.demo.load import drive
+from kubeinfer.contract.metrics import histogram_quantile
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.demo_models import build_tiny_mlp
-from kubeinfer.runtime.metrics import histogram_quantile
 from kubeinfer.runtime.protocol.v2_types import parse_server_timing
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -126,7 +126,7 @@ def launch(command: list[str], port: int, log: Path) -> Process:
 
 def serve(log_dir: Path, name: str, *source: str) -> Process:
     port = free_port()
-    command = [sys.executable, "-m", "kubeinfer.operator.cli", "serve", *source,
+    command = [sys.executable, "-m", "kubeinfer.cli", "serve", *source,
                "--model-name", "tiny", "--host", HOST, "--port", str(port),
                "--intra-op-threads", "1"]  # fmt: skip
     return launch(command, port, log_dir / f"{name}.log")
@@ -490,7 +490,7 @@ def test_a_bad_mirror_configuration_exits_2(tmp_path: Path, config, flags, messa
     file.write_text("modelName: tiny\nengine: {onnxPath: /nope.onnx}\n" + config)
     flags = tuple(f.format(dir=tmp_path) for f in flags)
     done = subprocess.run(
-        [sys.executable, "-m", "kubeinfer.operator.cli", "serve", "--config", str(file), *flags],
+        [sys.executable, "-m", "kubeinfer.cli", "serve", "--config", str(file), *flags],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr

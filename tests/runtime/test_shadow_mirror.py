@@ -31,7 +31,7 @@ import numpy as np
 import orjson
 import pytest
 from aiohttp import web
-from kubeinfer.runtime.config import MirrorPolicy, MirrorTarget, RuntimeConfig
+from kubeinfer.contract.runtime_config import MirrorPolicy, MirrorTarget, RuntimeConfig
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from kubeinfer.runtime.http.app import RUNNER_OPTIONS, create_app
 from kubeinfer.runtime.protocol.tensor_codec import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
-from kubeinfer.runtime.api_model import ApiModel
+from kubeinfer.contract.api_model import ApiModel
 from pydantic import Field
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
+from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
+from kubeinfer.contract.runtime_config import BatchingPolicy, MirrorPolicy
 from kubeinfer.operator.api.v1alpha1.enums import Backend, Phase, Precision, RolloutStrategy
 from kubeinfer.operator.api.v1alpha1.metadata import ObjectMeta
 from kubeinfer.operator.api.v1alpha1.patterns import (
@@ -29,8 +31,6 @@ from kubeinfer.operator.api.v1alpha1.status import (
     MetricsStatus,
     VersionStatus,
 )
-from kubeinfer.runtime.api_model import ApiModel, CrossFieldRule
-from kubeinfer.runtime.config import BatchingPolicy, MirrorPolicy
 from pydantic import Field
 
 # The enums, metadata and status models live in their own modules; they are re-exported

@@ -14,12 +14,12 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Self
 
+from kubeinfer.contract.api_model import ApiModel
 from kubeinfer.operator.api.v1alpha1.patterns import (
     DNS1035_LABEL,
     DNS1123_LABEL,
     QUALIFIED_NAME,
 )
-from kubeinfer.runtime.api_model import ApiModel
 from pydantic import Field, field_validator, model_validator
 
 OWNER_NAME_LENGTH = 52

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from kubeinfer.runtime.api_model import CrossFieldRule
+from kubeinfer.contract.api_model import CrossFieldRule
 
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"

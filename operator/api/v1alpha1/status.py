@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from kubeinfer.contract.api_model import ApiModel
 from kubeinfer.operator.api.v1alpha1.conditions import Condition
 from kubeinfer.operator.api.v1alpha1.enums import Backend, Phase, Precision, ShadowVerdict
-from kubeinfer.runtime.api_model import ApiModel
 from pydantic import Field
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kubeinfer.contract.api_model import CrossFieldRuleViolation
 from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     InferenceDeployment,
     InferenceDeploymentSpec,
 )
 from kubeinfer.operator.api.v1alpha1.resource import API_VERSION, KIND
-from kubeinfer.runtime.api_model import CrossFieldRuleViolation
 from pydantic import ValidationError
 
 

@@ -4,14 +4,14 @@
 InferenceDeployment spec embeds it (so the CRD schema is generated from it) and renders
 it into the runtime's ConfigMap, and `kubeinfer serve` validates it at start. Field
 docstrings become the CRD's descriptions, which `kubectl explain` prints. Every model here
-is an `ApiModel` (`kubeinfer.runtime.api_model`), with its cross-field rules.
+is an `ApiModel` (`kubeinfer.contract.api_model`), with its cross-field rules.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from kubeinfer.runtime.api_model import ApiModel, CrossFieldRule
+from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
 from pydantic import Field, field_validator
 
 BatchSize = Annotated[int, Field(ge=1, le=1024)]
@@ -29,8 +29,8 @@ def request_bytes_limit(input_bytes_per_row: int, max_batch_size: int) -> int:
     """The body limit for a model whose inputs take `input_bytes_per_row` bytes per row in
     binary: a full batch of them as JSON, plus room for the request's other fields."""
     return max(
-        1024, input_bytes_per_row * max_batch_size * JSON_BYTES_PER_TENSOR_BYTE
-        + REQUEST_HEADER_BYTES
+        1024,
+        input_bytes_per_row * max_batch_size * JSON_BYTES_PER_TENSOR_BYTE + REQUEST_HEADER_BYTES,
     )
 
 

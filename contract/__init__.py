@@ -1,0 +1,4 @@
+"""What the operator and the runtime agree on, in one package both import and neither
+owns: the API model base (`api_model`), the runtime's configuration that the operator
+renders and `kubeinfer serve` reads (`runtime_config`), and the runtime's metric series
+that the operator queries (`metrics`). It imports neither plane."""

@@ -1,0 +1,246 @@
+"""The runtime's Prometheus series, named once: the runtime registers them, the operator's
+named queries read them (through Prometheus or a pod's /metrics), and a dashboard or an
+alert would quote them. A `Series` is a family's name, type, labels, help and buckets;
+counters are exported with `_total` (`Series.total`), histograms with `_bucket`, `_sum`
+and `_count`. Also here: the buckets' reasons, and `histogram_quantile`, which both the
+runtime (for /v2/shadow) and the operator's direct read compute as Prometheus does.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+MODEL_LABELS = ("model", "version")
+"""Every serving series: the model and version a runtime pod serves."""
+SHADOW_LABELS = ("model", "serving_version", "candidate_version", "candidate_digest")
+"""Every shadow series: the serving pod's view of one candidate (its engine digest)."""
+GPU_LABELS = ("device", "name")
+
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Geometric buckets, ratio 2^(1/6) (12 %), from 2^-12 s (0.24 ms) to 2^4 s (16 s): the
+# operator gates a candidate on a 10 % p99 regression, and `histogram_quantile` can only
+# interpolate linearly inside a bucket, so a bucket must be about as fine as the gate.
+SHADOW_LATENCY_BUCKETS: tuple[float, ...] = tuple(2.0 ** (k / 6) for k in range(-72, 25))
+# Per-request largest element difference, in the output's units: 1-2-5 steps over the range
+# from float rounding (1e-6) to a different model (100).
+SHADOW_DIFFERENCE_BUCKETS = (
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 0.001, 0.002, 0.005, 0.01, 0.02,
+    0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0,
+)  # fmt: skip
+# Per-request worst-row cosine: what matters is how close to 1 it stays. No negative bound:
+# prometheus_client leaves `_sum` out of a histogram with one, and the mean needs it (a
+# negative cosine lands in the 0 bucket).
+SHADOW_COSINE_BUCKETS = (
+    0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.998, 0.999, 0.9995, 0.9999, 0.99999,
+    1.0,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric family."""
+
+    name: str
+    kind: Literal["counter", "gauge", "histogram"]
+    labels: tuple[str, ...]
+    help: str
+    buckets: tuple[float, ...] = ()
+
+    @property
+    def total(self) -> str:
+        """A counter's sample name."""
+        assert self.kind == "counter", self.name
+        return f"{self.name}_total"
+
+
+# -- serving ------------------------------------------------------------------------------
+QUEUE_DEPTH = Series(
+    "kubeinfer_queue_depth", "gauge", MODEL_LABELS, "Requests waiting in the batch queue."
+)
+INFLIGHT_BATCHES = Series(
+    "kubeinfer_inflight_batches", "gauge", MODEL_LABELS, "Batches running on execution slots."
+)
+INFLIGHT_REQUESTS = Series(
+    "kubeinfer_inflight_requests",
+    "gauge",
+    MODEL_LABELS,
+    "Requests in the batches running on execution slots (queued ones not included).",
+)
+REQUESTS_IN_PROGRESS = Series(
+    "kubeinfer_requests_in_progress",
+    "gauge",
+    MODEL_LABELS,
+    "Inference requests received and not yet answered: queued, running, or waiting to be "
+    "decoded or answered (the autoscaler's load signal).",
+)
+REQUEST_DURATION = Series(
+    "kubeinfer_request_duration_seconds",
+    "histogram",
+    MODEL_LABELS,
+    "Time from a request's arrival to its response, inference requests only.",
+    LATENCY_BUCKETS,
+)
+QUEUE_DURATION = Series(
+    "kubeinfer_queue_duration_seconds",
+    "histogram",
+    MODEL_LABELS,
+    "Time a request waited in the queue before its batch started.",
+    LATENCY_BUCKETS,
+)
+COMPUTE_DURATION = Series(
+    "kubeinfer_compute_duration_seconds",
+    "histogram",
+    MODEL_LABELS,
+    "Time a batch took on its execution slot (pack, run, split).",
+    LATENCY_BUCKETS,
+)
+BATCH_SIZE = Series(
+    "kubeinfer_batch_size",
+    "histogram",
+    MODEL_LABELS,
+    "Rows per batch run by the engine.",
+    BATCH_SIZE_BUCKETS,
+)
+REQUESTS = Series(
+    "kubeinfer_requests",
+    "counter",
+    (*MODEL_LABELS, "code"),
+    "Inference requests answered, by HTTP status code.",
+)
+REQUESTS_CANCELLED = Series(
+    "kubeinfer_requests_cancelled",
+    "counter",
+    (*MODEL_LABELS, "stage"),
+    "Inference requests whose client left before their answer, by stage.",
+)
+CONNECTIONS_CLOSED = Series(
+    "kubeinfer_connections_closed",
+    "counter",
+    (*MODEL_LABELS, "reason"),
+    "Connections the server closed on its own, by reason (header_timeout).",
+)
+ENGINE_STUCK_BATCHES = Series(
+    "kubeinfer_engine_stuck_batches",
+    "gauge",
+    MODEL_LABELS,
+    "Batches still running on the engine past the deadlines of all their requests.",
+)
+GPU_MEMORY_USED = Series(
+    "kubeinfer_gpu_memory_used_bytes", "gauge", GPU_LABELS, "GPU memory in use."
+)
+GPU_MEMORY_TOTAL = Series(
+    "kubeinfer_gpu_memory_total_bytes", "gauge", GPU_LABELS, "GPU memory in all."
+)
+
+# -- shadow -------------------------------------------------------------------------------
+SHADOW_OUTCOMES = ("compared", "dropped", "candidate_error", "timeout")
+SHADOW_REQUESTS = Series(
+    "kubeinfer_shadow_requests",
+    "counter",
+    (*SHADOW_LABELS, "outcome"),
+    "Requests sampled for the shadow candidate, by outcome.",
+)
+SHADOW_MISMATCHES = Series(
+    "kubeinfer_shadow_mismatches",
+    "counter",
+    SHADOW_LABELS,
+    "Compared requests whose outputs differ in name, shape or datatype.",
+)
+SHADOW_MAX_ABS_DIFFERENCE = Series(
+    "kubeinfer_shadow_max_abs_difference",
+    "gauge",
+    SHADOW_LABELS,
+    "Largest element difference, candidate against serving, since the mirror started.",
+)
+SHADOW_ABS_DIFFERENCE = Series(
+    "kubeinfer_shadow_abs_difference",
+    "histogram",
+    SHADOW_LABELS,
+    "Per compared request, the largest element difference over its outputs.",
+    SHADOW_DIFFERENCE_BUCKETS,
+)
+SHADOW_COSINE_SIMILARITY = Series(
+    "kubeinfer_shadow_cosine_similarity",
+    "histogram",
+    SHADOW_LABELS,
+    "Per compared request, the cosine similarity of its worst row.",
+    SHADOW_COSINE_BUCKETS,
+)
+SHADOW_TOP1_ROWS = Series(
+    "kubeinfer_shadow_top1_rows",
+    "counter",
+    SHADOW_LABELS,
+    "Rows of outputs with classes compared (argmax over the last axis).",
+)
+SHADOW_TOP1_AGREEMENTS = Series(
+    "kubeinfer_shadow_top1_agreements",
+    "counter",
+    SHADOW_LABELS,
+    "Compared rows whose argmax agreed.",
+)
+SHADOW_PRIMARY_DURATION = Series(
+    "kubeinfer_shadow_primary_duration_seconds",
+    "histogram",
+    SHADOW_LABELS,
+    "This runtime's own server time of each compared request.",
+    SHADOW_LATENCY_BUCKETS,
+)
+SHADOW_CANDIDATE_DURATION = Series(
+    "kubeinfer_shadow_candidate_duration_seconds",
+    "histogram",
+    SHADOW_LABELS,
+    "The candidate's own server time (its Server-Timing) of each compared request.",
+    SHADOW_LATENCY_BUCKETS,
+)
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """Prometheus' `histogram_quantile(q, ...)` over classic buckets: `buckets` are (upper
+    bound, cumulative count) pairs, in any order, the last bound +Inf (as scraped, or
+    summed bucket by bucket over several series). The same linear interpolation inside
+    the bucket holding rank q*count, the lowest bucket starting at 0, and a rank in the
+    +Inf bucket answered with the highest finite bound. None where Prometheus answers
+    NaN: no observations, no +Inf bucket, fewer than two buckets. Counts that decrease
+    with the bound (a scrape caught mid-update) are made monotonic, as Prometheus does.
+    """
+    if q != q:  # NaN
+        return None
+    if q < 0:
+        return float("-inf")
+    if q > 1:
+        return float("inf")
+    ordered = sorted(buckets)
+    if len(ordered) < 2 or ordered[-1][0] != float("inf"):
+        return None
+    bounds, counts = [], []
+    for bound, count in ordered:  # coalesce equal bounds, then force monotonic
+        if bounds and bound == bounds[-1]:
+            counts[-1] += count
+            continue
+        bounds.append(bound)
+        counts.append(float(count))
+    for i in range(1, len(counts)):
+        counts[i] = max(counts[i], counts[i - 1])
+    if len(bounds) < 2:
+        return None
+    observations = counts[-1]
+    if observations == 0:
+        return None
+    rank = q * observations
+    b = bisect.bisect_left(counts, rank, 0, len(counts) - 1)
+    if b == len(counts) - 1:
+        return bounds[-2]
+    if b == 0 and bounds[0] <= 0:
+        return bounds[0]
+    start, end, count = 0.0, bounds[b], counts[b]
+    if b > 0:
+        start = bounds[b - 1]
+        count -= counts[b - 1]
+        rank -= counts[b - 1]
+    return start + (end - start) * (rank / count)
