@@ -100,7 +100,7 @@ def baseline_tree(path: Path, scratch: Path) -> Tree:
 def server(tree: Tree, model: Path, logs: Path, *flags: str) -> ServerProcess:
     port = free_port()
     command = [
-        "taskset", "-c", str(SERVER_CPU), sys.executable, "-m", "kubeinfer.operator.cli",
+        "taskset", "-c", str(SERVER_CPU), sys.executable, "-m", "kubeinfer.cli",
         "serve", "--onnx", str(model), "--model-name", MODEL, "--host", HOST,
         "--port", str(port), "--intra-op-threads", "1", "--execution-slots", "1",
         "--max-batch-size", "32", *flags,
