@@ -83,6 +83,14 @@ class Tree:
     def current(self) -> bool:
         return self.pythonpath is None
 
+    @property
+    def cli_module(self) -> str:
+        """The command line's module: kubeinfer.cli, or kubeinfer.operator.cli in a
+        baseline from before the command line moved above both planes."""
+        if self.pythonpath and not (Path(self.pythonpath) / "kubeinfer" / "cli").exists():
+            return "kubeinfer.operator.cli"
+        return "kubeinfer.cli"
+
 
 def baseline_tree(path: Path, scratch: Path) -> Tree:
     """A `kubeinfer` package whose runtime and operator are those of `path`."""
@@ -100,7 +108,7 @@ def baseline_tree(path: Path, scratch: Path) -> Tree:
 def server(tree: Tree, model: Path, logs: Path, *flags: str) -> ServerProcess:
     port = free_port()
     command = [
-        "taskset", "-c", str(SERVER_CPU), sys.executable, "-m", "kubeinfer.cli",
+        "taskset", "-c", str(SERVER_CPU), sys.executable, "-m", tree.cli_module,
         "serve", "--onnx", str(model), "--model-name", MODEL, "--host", HOST,
         "--port", str(port), "--intra-op-threads", "1", "--execution-slots", "1",
         "--max-batch-size", "32", *flags,
