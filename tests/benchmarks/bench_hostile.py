@@ -93,11 +93,14 @@ class Tree:
 
 
 def baseline_tree(path: Path, scratch: Path) -> Tree:
-    """A `kubeinfer` package whose runtime and operator are those of `path`."""
+    """A `kubeinfer` package whose subpackages are those of `path` (the runtime and the
+    operator, and the contract, cluster and command line where that tree has them)."""
     package = scratch / "baseline" / "kubeinfer"
     package.mkdir(parents=True, exist_ok=True)
     (package / "__init__.py").touch()
-    for part in ("runtime", "operator"):
+    for part in ("runtime", "operator", "contract", "cluster", "cli"):
+        if not (path / part).is_dir():
+            continue
         link = package / part
         if link.is_symlink():
             link.unlink()
