@@ -41,7 +41,7 @@ from kubeinfer.operator.kube.client import (
     ResourceType,
     Vault,
 )
-from kubeinfer.operator.reconcile.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
+from kubeinfer.operator.state.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
 from kubeinfer.operator.reconciler import Reconciler, ReconcilerClosed
 from kubeinfer.operator.settings import OperatorSettings
 

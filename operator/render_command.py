@@ -33,8 +33,8 @@ def render_manifest(
     from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
     from kubeinfer.operator.api.v1alpha1.validation import parse_inference_deployment
     from kubeinfer.operator.reconcile.decide import decide
-    from kubeinfer.operator.reconcile.engine_state import build_key
-    from kubeinfer.operator.reconcile.snapshot import ObservedState, OwnerRef
+    from kubeinfer.operator.state.engine_state import build_key
+    from kubeinfer.operator.state.snapshot import ObservedState, OwnerRef
     from kubeinfer.operator.settings import OperatorSettings
 
     manifest = parse_inference_deployment(document)

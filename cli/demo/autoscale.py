@@ -25,7 +25,7 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
 from kubeinfer.operator.metrics.direct import DirectRead
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.scaling import read_scaling_signals
-from kubeinfer.operator.scaling.inputs import ScalingHistory, ServingPods
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ServingPods
 from kubeinfer.operator.scaling.recommend import recommend
 
 SPEC = AutoscalingSpec.model_validate(

@@ -33,7 +33,7 @@ from kubeinfer.cli.local.forward import Forwarder
 from kubeinfer.cluster import control_plane, processes
 from kubeinfer.cluster.node.api import ApiError, NodeApi
 from kubeinfer.operator.crdgen.crd import build_crd
-from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.state import names
 
 SESSION_FILE = "session.json"
 FIELD_MANAGER = "kubeinfer-up"

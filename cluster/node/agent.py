@@ -3,15 +3,11 @@
 - **Node**: registers a Node with the machine's CPUs and memory as allocatable (and
   `nvidia.com/gpu` when asked, so GPU manifests schedule), reports Ready, and renews its
   Lease in `kube-node-lease` as a kubelet's heartbeat.
-- **Scheduler**: a pending pod with the default scheduler is bound to the node when it fits
-  (`scheduling.unschedulable_reason`); otherwise its PodScheduled condition and a
-  FailedScheduling Event say why, and it is tried again as pods come and go.
-- **Kubelet**: each pod bound to the node gets a `PodWorker` (`pods`) with its own loopback
-  address, 127.X.Y.Z, allocated round-robin so an address is not reused while clients
-  may still hold it.
-- **Storage**: a default StorageClass `local` whose claims this agent provisions as
-  directories (the PersistentVolume is created for the claim, and the real
-  persistentvolume-binder controller binds them), so claims show Bound as on a cluster.
+- **Scheduler** (`scheduler`): binds a pending pod to the node when it fits.
+- **Kubelet**: each pod bound to the node gets a `PodWorker` (`pods`) with its own address
+  in the node's /24 of the pod network, handed out round-robin so an address is not
+  reused while clients may still hold it; the logs endpoint (`kubelet_server`).
+- **Storage** (`provisioner`): claims of the default StorageClass `local` as directories.
 """
 
 from __future__ import annotations
@@ -26,7 +22,6 @@ import platform
 import secrets
 import time
 from collections.abc import Mapping
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +29,13 @@ from kubeinfer.cluster.node import images
 from kubeinfer.cluster.node.api import STRATEGIC, ApiError, KubeObject, NodeApi
 from kubeinfer.cluster.node.kubelet_server import KubeletServer
 from kubeinfer.cluster.node.pods import NodeContext, PodWorker, rfc3339
-from kubeinfer.cluster.node.scheduling import unschedulable_reason
+from kubeinfer.cluster.node.provisioner import LocalPathProvisioner
+from kubeinfer.cluster.node.scheduler import Scheduler
 from kubeinfer.cluster.node.volumes import Endpoints
 
 log = logging.getLogger(__name__)
-PROVISIONER = "kubeinfer.io/local-path"
-STORAGE_CLASS = "local"
 HEARTBEAT_SECONDS = 10.0
 LEASE_SECONDS = 40
-SCHEDULE_RETRY_SECONDS = 2.0
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -128,13 +121,15 @@ class NodeAgent:
         self.workers: dict[str, PodWorker] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.finished: set[str] = set()
-        self.pending: dict[str, KubeObject] = {}
-        """Pods to try to schedule now."""
-        self.waiting: dict[str, tuple[KubeObject, float]] = {}
-        """Pods that did not fit, and when to try them again."""
-        self.reserved: dict[str, KubeObject] = {}
-        """Pods bound but not yet seen bound through the watch: their requests count."""
-        self.unschedulable_said: dict[str, str] = {}
+        self.scheduler = Scheduler(
+            api,
+            name,
+            self.labels,
+            self.allocatable,
+            lambda: [w.pod["spec"] for w in self.workers.values() if not w.finished],
+            self.record_event,
+        )
+        self.provisioner = LocalPathProvisioner(api, directory)
         self._events: set[asyncio.Task[None]] = set()
         self.kubelet = (
             KubeletServer(self.pod_directory, self.container_running, *kubelet_tls)
@@ -148,12 +143,12 @@ class NodeAgent:
         if self.kubelet is not None:
             await self.kubelet.start()
         await self.register()
-        await self._ensure_storage_class()
+        await self.provisioner.ensure_storage_class()
         loops = [
             asyncio.create_task(self._watch_pods()),
             asyncio.create_task(self._heartbeat()),
-            asyncio.create_task(self._schedule_loop()),
-            asyncio.create_task(self._watch_claims()),
+            asyncio.create_task(self.scheduler.run()),
+            asyncio.create_task(self.provisioner.run()),
         ]
         stopping = asyncio.create_task(stop.wait())
         try:
@@ -293,17 +288,12 @@ class NodeAgent:
                 for uid in list(self.workers):
                     if uid not in current:
                         self.workers[uid].gone()
-                self.pending = {}
-                self.waiting = {u: w for u, w in self.waiting.items() if u in current}
-                self.reserved = {u: r for u, r in self.reserved.items() if u in current}
+                self.scheduler.resync(current)
                 for pod in current.values():
                     self._observe(pod)
             elif kind == "DELETED":
                 uid = obj["metadata"]["uid"]
-                self.pending.pop(uid, None)
-                self.waiting.pop(uid, None)
-                self.reserved.pop(uid, None)
-                self.unschedulable_said.pop(uid, None)
+                self.scheduler.forget(uid)
                 if uid in self.workers:
                     self.workers[uid].gone()
             else:
@@ -313,16 +303,9 @@ class NodeAgent:
         uid = pod["metadata"]["uid"]
         node = pod["spec"].get("nodeName")
         if not node:
-            scheduler = pod["spec"].get("schedulerName") or "default-scheduler"
-            if scheduler == "default-scheduler" and not pod["metadata"].get("deletionTimestamp"):
-                if uid in self.waiting:
-                    self.waiting[uid] = (pod, self.waiting[uid][1])  # its newest form
-                else:
-                    self.pending[uid] = pod
+            self.scheduler.consider(pod)
             return
-        self.pending.pop(uid, None)
-        self.waiting.pop(uid, None)
-        self.reserved.pop(uid, None)
+        self.scheduler.bound(uid)
         if node != self.name:
             return
         if uid in self.workers:
@@ -367,82 +350,6 @@ class NodeAgent:
                 body={"gracePeriodSeconds": 0, "preconditions": {"uid": meta["uid"]}},
             )
 
-    # -- scheduling --------------------------------------------------------------------------
-    async def _schedule_loop(self) -> None:
-        while True:
-            now = time.monotonic()
-            for uid, (pod, retry_at) in list(self.waiting.items()):
-                if retry_at <= now:
-                    del self.waiting[uid]
-                    self.pending.setdefault(uid, pod)
-            for uid, pod in sorted(
-                self.pending.items(), key=lambda kv: kv[1]["metadata"]["creationTimestamp"]
-            ):
-                if uid in self.pending:
-                    await self._schedule(pod)
-            await asyncio.sleep(0.05 if self.pending else 0.2)
-
-    async def _schedule(self, pod: KubeObject) -> None:
-        meta = pod["metadata"]
-        running = [w.pod["spec"] for w in self.workers.values() if not w.finished]
-        running += [reserved["spec"] for reserved in self.reserved.values()]
-        allocatable = {
-            k: Decimal(str(v)) if k != "memory" else Decimal(v)
-            for k, v in self.allocatable.items()
-            if k != "ephemeral-storage"
-        }
-        reason = unschedulable_reason(pod["spec"], self.labels, allocatable, running)
-        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
-        if reason is None:
-            binding = {
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": {"name": meta["name"], "uid": meta["uid"]},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": self.name},
-            }
-            self.pending.pop(meta["uid"], None)
-            try:
-                await self.api.request("POST", f"{path}/binding", body=binding)
-            except ApiError as error:
-                if error.status in (404, 409):
-                    return  # gone, or bound already: nothing to announce
-                raise
-            self.reserved[meta["uid"]] = pod
-            await self._set_scheduled(path, True, None)
-            self.record_event(
-                pod,
-                "Normal",
-                "Scheduled",
-                f"Successfully assigned {meta['namespace']}/{meta['name']} to {self.name}",
-                source="default-scheduler",
-            )
-            return
-        if self.unschedulable_said.get(meta["uid"]) != reason:
-            self.unschedulable_said[meta["uid"]] = reason
-            await self._set_scheduled(path, False, reason)
-            self.record_event(
-                pod, "Warning", "FailedScheduling", reason, source="default-scheduler"
-            )
-        self.pending.pop(meta["uid"], None)
-        self.waiting[meta["uid"]] = (pod, time.monotonic() + SCHEDULE_RETRY_SECONDS)
-
-    async def _set_scheduled(self, path: str, scheduled: bool, message: str | None) -> None:
-        condition = {
-            "type": "PodScheduled",
-            "status": "True" if scheduled else "False",
-            "lastProbeTime": None,
-            "lastTransitionTime": rfc3339(),
-        }
-        if message:
-            condition.update(reason="Unschedulable", message=message)
-        with contextlib.suppress(ApiError):
-            await self.api.request(
-                "PATCH",
-                f"{path}/status",
-                body={"status": {"conditions": [condition]}},
-                content_type=STRATEGIC,
-            )
-
     # -- events ------------------------------------------------------------------------------
     def record_event(
         self, obj: KubeObject, type_: str, reason: str, message: str, source: str = "kubelet"
@@ -484,78 +391,3 @@ class NodeAgent:
             await self.api.request(
                 "POST", f"/api/v1/namespaces/{event['metadata']['namespace']}/events", body=event
             )
-
-    # -- storage -----------------------------------------------------------------------------
-    async def _ensure_storage_class(self) -> None:
-        body = {
-            "apiVersion": "storage.k8s.io/v1",
-            "kind": "StorageClass",
-            "metadata": {
-                "name": STORAGE_CLASS,
-                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
-            },
-            "provisioner": PROVISIONER,
-            "reclaimPolicy": "Delete",
-            "volumeBindingMode": "Immediate",
-        }
-        with contextlib.suppress(ApiError):
-            await self.api.request("POST", "/apis/storage.k8s.io/v1/storageclasses", body=body)
-
-    async def _watch_claims(self) -> None:
-        async for kind, obj in self.api.watch("/api/v1/persistentvolumeclaims"):
-            claims = (
-                obj.get("items") or [] if kind == "SYNC" else [obj] if kind != "DELETED" else []
-            )
-            for claim in claims:
-                await self._provision(claim)
-            if kind in ("SYNC", "DELETED"):
-                await self._delete_released()
-
-    async def _provision(self, claim: KubeObject) -> None:
-        meta, spec = claim["metadata"], claim["spec"]
-        annotations = meta.get("annotations") or {}
-        ours = (
-            annotations.get("volume.kubernetes.io/storage-provisioner") == PROVISIONER
-            or annotations.get("volume.beta.kubernetes.io/storage-provisioner") == PROVISIONER
-        )
-        if not ours or spec.get("volumeName") or meta.get("deletionTimestamp"):
-            return
-        name = f"pvc-{meta['uid']}"
-        path = self.directory / "claims" / meta["namespace"] / meta["name"]
-        path.mkdir(parents=True, exist_ok=True)
-        volume = {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {
-                "name": name,
-                "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER},
-            },
-            "spec": {
-                "capacity": {"storage": spec["resources"]["requests"]["storage"]},
-                "accessModes": spec.get("accessModes") or ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Delete",
-                "storageClassName": spec.get("storageClassName") or STORAGE_CLASS,
-                "volumeMode": spec.get("volumeMode") or "Filesystem",
-                "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
-                "claimRef": {
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolumeClaim",
-                    "namespace": meta["namespace"],
-                    "name": meta["name"],
-                    "uid": meta["uid"],
-                },
-            },
-        }
-        with contextlib.suppress(ApiError):
-            await self.api.request("POST", "/api/v1/persistentvolumes", body=volume)
-
-    async def _delete_released(self) -> None:
-        volumes = await self.api.request("GET", "/api/v1/persistentvolumes")
-        for volume in volumes.get("items") or []:
-            annotations = volume["metadata"].get("annotations") or {}
-            released = (volume.get("status") or {}).get("phase") in ("Released", "Failed")
-            if annotations.get("pv.kubernetes.io/provisioned-by") == PROVISIONER and released:
-                with contextlib.suppress(ApiError):
-                    await self.api.request(
-                        "DELETE", f"/api/v1/persistentvolumes/{volume['metadata']['name']}"
-                    )

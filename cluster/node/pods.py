@@ -20,60 +20,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
-import re
 import signal
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubeinfer.cluster.node import images
+from kubeinfer.cluster.node import containers, images
 from kubeinfer.cluster.node.api import STRATEGIC, ApiError, KubeObject, NodeApi
+from kubeinfer.cluster.node.containers import ConfigError
+from kubeinfer.cluster.node.paths import PathMap
 from kubeinfer.cluster.node.pod_status import ContainerView, pod_status
 from kubeinfer.cluster.node.probes import probe_loop, probe_once
 from kubeinfer.cluster.node.volumes import (
     Endpoints,
     PodVolumes,
     VolumeNotReady,
-    field_value,
 )
 
 log = logging.getLogger(__name__)
 BACKOFF_INITIAL_SECONDS = 10.0
 BACKOFF_MAX_SECONDS = 300.0
 BACKOFF_RESET_SECONDS = 600.0
-MESSAGE_LIMIT_BYTES = 4096
-LOG_FALLBACK_LINES = 80
-LOG_FALLBACK_BYTES = 2048
 VOLUME_REFRESH_SECONDS = 1.0
-PR_SET_PDEATHSIG = 1
-REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
 
 
 def rfc3339(epoch: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes' `$(VAR)` expansion: a defined variable is replaced, an undefined
-    reference is kept as written, and `$$` is a literal `$`."""
-
-    def replace(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        return env.get(match.group(1), match.group(0))
-
-    return REFERENCE.sub(replace, text)
 
 
 @dataclass
@@ -236,7 +212,7 @@ class PodWorker:
             self._waiting(container, "ErrImagePull", str(error))
             container.restart_at = time.monotonic() + self.node.backoff_initial_seconds
             self.node.record_event(self.pod, "Warning", "Failed", str(error))
-        except _ConfigError as error:
+        except ConfigError as error:
             self._waiting(container, "CreateContainerConfigError", str(error))
             container.restart_at = time.monotonic() + 1.0
         except OSError as error:
@@ -251,72 +227,14 @@ class PodWorker:
             reason = "ImagePullBackOff"
         container.view.state = {"waiting": {"reason": reason, "message": message}}
 
-    async def _environment(self, spec: Mapping[str, Any], paths: Any) -> dict[str, str]:
-        config = images.image_config(spec.get("image", ""), self.node.extra_images)
-        env: dict[str, str] = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "HOSTNAME": self.name,
-            **config.env,
-        }
-        for source in spec.get("envFrom") or []:
-            prefix = source.get("prefix", "")
-            for kind, key in (("configMapRef", "configmaps"), ("secretRef", "secrets")):
-                if kind in source:
-                    data = await self._object_data(key, source[kind]["name"],
-                                                   bool(source[kind].get("optional")))  # fmt: skip
-                    env.update({prefix + k: v for k, v in data.items()})
-        pod = self._with_ip(self.pod)
-        for item in spec.get("env") or []:
-            if "value" in item or "valueFrom" not in item:
-                env[item["name"]] = expand(str(item.get("value", "")), env)
-                continue
-            source = item["valueFrom"]
-            if "fieldRef" in source:
-                env[item["name"]] = field_value(pod, source["fieldRef"]["fieldPath"])
-            elif "resourceFieldRef" in source:
-                env[item["name"]] = self._resource_value(spec, source["resourceFieldRef"])
-            else:
-                kind = "configmaps" if "configMapKeyRef" in source else "secrets"
-                ref = source.get("configMapKeyRef") or source.get("secretKeyRef") or {}
-                data = await self._object_data(kind, ref["name"], bool(ref.get("optional")))
-                if ref["key"] in data:
-                    env[item["name"]] = data[ref["key"]]
-                elif not ref.get("optional"):
-                    what = "ConfigMap" if kind == "configmaps" else "Secret"  # the kubelet's words
-                    raise _ConfigError(f'couldn\'t find key {ref["key"]} in {what} '
-                                       f'{self.namespace}/{ref["name"]}')  # fmt: skip
-        env = {k: paths.apply(v) for k, v in env.items()}
-        if self.volumes.kubeconfig is not None:
-            env["KUBECONFIG"] = str(self.volumes.kubeconfig)
-        return env
+    async def _environment(self, spec: Mapping[str, Any], paths: PathMap) -> dict[str, str]:
+        return await containers.environment(
+            spec, self._with_ip(self.pod), paths, self.node.extra_images,
+            self.volumes.kubeconfig, self.node.api,
+        )  # fmt: skip
 
-    def _resource_value(self, spec: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
-        kind, _, name = str(ref.get("resource", "")).partition(".")
-        value = ((spec.get("resources") or {}).get(kind) or {}).get(name)
-        return str(value if value is not None else os.cpu_count() if name == "cpu" else 0)
-
-    async def _object_data(self, plural: str, name: str, optional: bool) -> dict[str, str]:
-        import base64
-
-        found = await self.node.api.get(f"/api/v1/namespaces/{self.namespace}/{plural}/{name}")
-        if found is None:
-            if optional:
-                return {}
-            raise _ConfigError(f'{plural[:-1]} "{name}" not found')
-        data = found.get("data") or {}
-        if plural == "secrets":
-            return {k: base64.b64decode(v).decode(errors="replace") for k, v in data.items()}
-        return dict(data)
-
-    def _argv(self, spec: Mapping[str, Any], env: Mapping[str, str], paths: Any) -> list[str]:
-        config = images.image_config(spec.get("image", ""), self.node.extra_images)
-        argv = [paths.apply(expand(str(a), env)) for a in images.container_argv(spec, config)]
-        program, *args = argv
-        if os.path.isabs(program):
-            if not os.access(program, os.X_OK):
-                raise OSError(f'exec: "{program}": no such file or executable')
-            return argv
-        return [sys.executable, "-m", "kubeinfer.cluster.node.pod_entry", self.ip, program, *args]
+    def _argv(self, spec: Mapping[str, Any], env: Mapping[str, str], paths: PathMap) -> list[str]:
+        return containers.process_argv(spec, env, paths, self.ip, self.node.extra_images)
 
     async def _start(self, container: Container) -> None:
         spec = container.spec
@@ -334,7 +252,7 @@ class PodWorker:
             container.process = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=output,
                 stderr=asyncio.subprocess.STDOUT, env=env, cwd=working,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True, preexec_fn=containers.die_with_parent,
             )  # fmt: skip
         container.started_monotonic = time.monotonic()
         container.restart_at = None
@@ -450,7 +368,12 @@ class PodWorker:
             container.process = None
             code = process.returncode
             exit_code = code if code >= 0 else 128 - code
-            message = self._termination_message(container, exit_code)
+            message = containers.termination_message(
+                self.volumes.termination_file(container.name),
+                self.directory / "logs" / f"{container.name}-{container.view.restart_count}.log",
+                container.spec.get("terminationMessagePolicy") or "File",
+                exit_code,
+            )
             terminated = {
                 "exitCode": exit_code,
                 "reason": container.exit_reason or ("Completed" if exit_code == 0 else "Error"),
@@ -496,20 +419,6 @@ class PodWorker:
         self.node.record_event(self.pod, "Warning", "BackOff",
                                "Back-off restarting failed container "
                                f"{container.name} in pod {self.name}")  # fmt: skip
-
-    def _termination_message(self, container: Container, exit_code: int) -> str:
-        try:
-            data = self.volumes.termination_file(container.name).read_bytes()[:MESSAGE_LIMIT_BYTES]
-        except OSError:
-            data = b""
-        text = data.decode(errors="replace")
-        policy = container.spec.get("terminationMessagePolicy") or "File"
-        if not text and exit_code != 0 and policy == "FallbackToLogsOnError":
-            path = self.directory / "logs" / f"{container.name}-{container.view.restart_count}.log"
-            with contextlib.suppress(OSError):
-                lines = path.read_bytes().decode(errors="replace").splitlines()
-                text = "\n".join(lines[-LOG_FALLBACK_LINES:])[-LOG_FALLBACK_BYTES:]
-        return text
 
     # -- ending ------------------------------------------------------------------------------
     def _grace_seconds(self) -> float:
@@ -589,7 +498,3 @@ class PodWorker:
             self.published = None  # write it again next time
             log.warning("Pod status write failed: pod=%s/%s error=%s", self.namespace,
                         self.name, error)  # fmt: skip
-
-
-class _ConfigError(Exception):
-    """A container's configuration refers to something missing (CreateContainerConfigError)."""

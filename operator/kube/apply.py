@@ -22,7 +22,7 @@ from kubeinfer.operator.kube.client import (
     KubeClient,
     KubeObject,
 )
-from kubeinfer.operator.reconcile.snapshot import Event, ObservedState, OwnerRef
+from kubeinfer.operator.state.snapshot import Event, ObservedState, OwnerRef
 
 REPORTING_COMPONENT = "kubeinfer-operator"
 

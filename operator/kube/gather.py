@@ -22,15 +22,15 @@ from kubeinfer.operator.kube.client import (
     KubeClient,
     KubeObject,
 )
-from kubeinfer.operator.reconcile import names
-from kubeinfer.operator.reconcile.names import (
+from kubeinfer.operator.state import names
+from kubeinfer.operator.state.names import (
     COMPONENT_BUILD,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
-from kubeinfer.operator.reconcile.snapshot import ObservedState, OwnerRef
+from kubeinfer.operator.state.snapshot import ObservedState, OwnerRef
 from pydantic import ValidationError
 
 

@@ -55,7 +55,7 @@ from kubeinfer.operator.metrics.promql import (
     substitute_placeholders,
 )
 from kubeinfer.operator.metrics.samples import PodSamples
-from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.state import names
 
 Reduce = Callable[[Sequence[PodSamples]], float | None]
 Labels = dict[str, str]

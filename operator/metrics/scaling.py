@@ -25,7 +25,7 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import MonitoringSpec,
 from kubeinfer.operator.metrics import queries as q
 from kubeinfer.operator.metrics.queries import Query, Scope
 from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
-from kubeinfer.operator.scaling.inputs import ScalingSignals
+from kubeinfer.operator.state.scaling_inputs import ScalingSignals
 
 P99_WINDOW_SECONDS = 120
 """The request p99's rate window: four scrape intervals of the common 30 s, so rate()

@@ -15,7 +15,7 @@ from datetime import datetime
 from kubeinfer.operator.metrics import queries as q
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.source import MetricsSource
-from kubeinfer.operator.rollout.aggregates import ShadowAggregates
+from kubeinfer.operator.state.shadow_readings import ShadowAggregates
 
 WINDOW_MARGIN_SECONDS = 60
 """Two scrape intervals of the common 30 s; more than enough at shorter intervals."""

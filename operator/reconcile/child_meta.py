@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from kubeinfer.operator.api.v1alpha1.resource import API_VERSION, KIND
-from kubeinfer.operator.reconcile import names
-from kubeinfer.operator.reconcile.snapshot import KubeObject, OwnerRef
+from kubeinfer.operator.state import names
+from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
 
 
 def owner_reference(owner: OwnerRef) -> dict[str, Any]:

@@ -27,10 +27,10 @@ from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.enums import Backend
 from kubeinfer.operator.reconcile import desired as build
-from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
 from kubeinfer.operator.reconcile.drift import carries
-from kubeinfer.operator.reconcile.engine_state import (
+from kubeinfer.operator.state.engine_state import (
     EnginePhase,
     EngineState,
     ServingEngine,
@@ -39,7 +39,7 @@ from kubeinfer.operator.reconcile.engine_state import (
     observed_serving,
 )
 from kubeinfer.operator.reconcile.scaling_status import scaling_report
-from kubeinfer.operator.reconcile.snapshot import (
+from kubeinfer.operator.state.snapshot import (
     Decision,
     KubeObject,
     ObservedState,
@@ -59,7 +59,7 @@ from kubeinfer.operator.rollout.shadow import (
     promotion_complete,
     shadow_replaced_event,
 )
-from kubeinfer.operator.scaling.inputs import Recommendation, ScalingSignals, ServingPods
+from kubeinfer.operator.state.scaling_inputs import Recommendation, ScalingSignals, ServingPods
 from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.settings import OperatorSettings
 from pydantic import ValidationError

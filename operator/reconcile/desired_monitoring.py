@@ -11,9 +11,9 @@ relabelling: the labels the operator's named queries select on.
 
 from __future__ import annotations
 
-from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.child_meta import finish_child
-from kubeinfer.operator.reconcile.snapshot import KubeObject, OwnerRef
+from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
 
 SCRAPE_INTERVAL = "15s"
 """As often as the autoscaler and the shadow verdict read (their default periods)."""

@@ -17,8 +17,8 @@ from datetime import datetime
 from kubeinfer.operator.api.v1alpha1.conditions import Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import InferenceDeploymentSpec
 from kubeinfer.operator.api.v1alpha1.status import AutoscalingStatus, MetricsStatus
-from kubeinfer.operator.reconcile.snapshot import Event
-from kubeinfer.operator.scaling.inputs import (
+from kubeinfer.operator.state.snapshot import Event
+from kubeinfer.operator.state.scaling_inputs import (
     ConditionValue,
     Recommendation,
     ScalingSignals,

@@ -41,12 +41,12 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     RolloutStrategy,
     VersionStatus,
 )
-from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.child_meta import input_hash
-from kubeinfer.operator.reconcile.engine_state import EnginePhase, EngineState
-from kubeinfer.operator.reconcile.runtime_failures import runtime_failure
+from kubeinfer.operator.state.engine_state import EnginePhase, EngineState
+from kubeinfer.operator.state.runtime_failures import runtime_failure
 from kubeinfer.operator.reconcile.scaling_status import ScalingReport
-from kubeinfer.operator.reconcile.snapshot import Event, KubeObject, ObservedState
+from kubeinfer.operator.state.snapshot import Event, KubeObject, ObservedState
 from kubeinfer.operator.rollout.report import ShadowReport
 from kubeinfer.operator.rollout.shadow import RolloutPlan
 

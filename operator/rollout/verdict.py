@@ -30,7 +30,7 @@ from datetime import datetime
 
 from kubeinfer.operator.api.v1alpha1.enums import ShadowVerdict
 from kubeinfer.operator.api.v1alpha1.inference_deployment import ShadowSpec
-from kubeinfer.operator.rollout.aggregates import ShadowAggregates
+from kubeinfer.operator.state.shadow_readings import ShadowAggregates
 
 
 class Reasons:

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 
 from kubeinfer.operator.api.v1alpha1.conditions import Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
-from kubeinfer.operator.scaling.inputs import ScaleEvent
+from kubeinfer.operator.state.scaling_inputs import ScaleEvent
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from datetime import datetime
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
 from kubeinfer.operator.scaling import rate_limits, stabilization, startup
-from kubeinfer.operator.scaling.inputs import (
+from kubeinfer.operator.state.scaling_inputs import (
     ConditionValue,
     Recommendation,
     ScaleEvent,

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
-from kubeinfer.operator.scaling.inputs import ScalingSignals, ServingPods
+from kubeinfer.operator.state.scaling_inputs import ScalingSignals, ServingPods
 
 QUEUE_DEPTH = "queueDepthPerReplica"
 GPU_MEMORY = "gpuMemoryUsedRatio"

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
-from kubeinfer.operator.scaling.inputs import ScalingHistory, ScalingSignals, ServingPods
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.scaling.signals import figure, pods_word
 
 STARTUP_MARGIN = 2.0

@@ -1,4 +1,4 @@
-"""Two small cores of the node and `cluster down`: `pods.expand`, Kubernetes' `$(VAR)`
+"""Two small cores of the node and `cluster down`: `containers.expand`, Kubernetes' `$(VAR)`
 expansion of command, args and env values (a defined name is replaced, an undefined
 reference kept as written, `$$` is one `$`, nothing is expanded twice), and
 `processes.start_ticks`, the kernel's start time of a pid that tells a process from a
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kubeinfer.cluster.node.pods import expand
+from kubeinfer.cluster.node.containers import expand
 from kubeinfer.cluster.processes import Started, is_running, start_ticks
 
 ENV = {"A": "1", "B": "two", "MODEL_DIR": "/models", "a.b-c": "dotted", "REF": "$(B)"}

@@ -50,7 +50,7 @@ from kubeinfer.operator.metrics.prometheus import PrometheusSource
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.scaling import read_scaling_signals, scaling_queries
 from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
-from kubeinfer.operator.scaling.inputs import ScalingSignals
+from kubeinfer.operator.state.scaling_inputs import ScalingSignals
 from kubeinfer.runtime.demo_models import build_mlp, build_tiny_mlp
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from kubeinfer.runtime.gpu_memory import GpuMemory

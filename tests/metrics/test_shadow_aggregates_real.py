@@ -28,7 +28,7 @@ from kubeinfer.operator.metrics.direct import DirectRead
 from kubeinfer.operator.metrics.prometheus import PrometheusSource
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.shadow import read_shadow_aggregates
-from kubeinfer.operator.rollout.aggregates import ShadowAggregates
+from kubeinfer.operator.state.shadow_readings import ShadowAggregates
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from prometheus_harness import (
     PrometheusServer,

@@ -31,7 +31,7 @@ CORES = [
     "kubeinfer/operator/reconcile/*.py",
     "kubeinfer/operator/rollout/verdict.py",
     "kubeinfer/operator/rollout/shadow.py",
-    "kubeinfer/operator/rollout/aggregates.py",
+    "kubeinfer/operator/state/*.py",
     "kubeinfer/operator/scaling/*.py",
     "kubeinfer/runtime/batching/policy.py",
     "kubeinfer/runtime/batching/assembler.py",
@@ -39,7 +39,7 @@ CORES = [
 """What is mutated: the pure decision modules (globs in the staged layout)."""
 
 NOT_CORES = [
-    "kubeinfer/operator/reconcile/snapshot.py",  # the gathered snapshot's data classes
+    "kubeinfer/operator/state/snapshot.py",  # the gathered snapshot's data classes
     "*/__init__.py",
 ]
 

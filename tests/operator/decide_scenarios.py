@@ -17,12 +17,12 @@ from typing import Any
 import kubernetes_validate
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionType
-from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.decide import decide
-from kubeinfer.operator.reconcile.snapshot import Decision, KubeObject, ObservedState, OwnerRef
-from kubeinfer.operator.rollout.aggregates import ShadowReading
+from kubeinfer.operator.state.snapshot import Decision, KubeObject, ObservedState, OwnerRef
+from kubeinfer.operator.state.shadow_readings import ShadowReading
 from kubeinfer.operator.rollout.shadow import metrics_query
-from kubeinfer.operator.scaling.inputs import ScalingHistory, ScalingSignals, ServingPods
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.settings import OperatorSettings
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

@@ -14,7 +14,7 @@ from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kubeinfer.operator.api.v1alpha1.metadata import OWNER_NAME_LENGTH, ObjectMeta
-from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.state import names
 
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")

@@ -20,7 +20,7 @@ import yaml
 from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
 from kubeinfer.contract.runtime_config import DEFAULT_MAX_REQUEST_BYTES, request_bytes_limit
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY
-from kubeinfer.operator.reconcile.engine_state import (
+from kubeinfer.operator.state.engine_state import (
     ANNOTATION_INPUT_BYTES_PER_ROW,
     BuildReport,
     parse_build_report,

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from decide_scenarios import DIGEST_A, SETTINGS, T0, Cluster, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
-from kubeinfer.operator.scaling.inputs import ScalingSignals, ServingPods
+from kubeinfer.operator.state.scaling_inputs import ScalingSignals, ServingPods
 
 SCALING = {"enabled": True, "minReplicas": 1, "maxReplicas": 6, "targetQueueDepthPerReplica": 4}
 

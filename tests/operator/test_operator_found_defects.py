@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.state import names
 from operator_harness import FAST, Model, World, condition, eventually, manifest, start_operator
 from prometheus_harness import running_prometheus
 

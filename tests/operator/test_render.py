@@ -18,7 +18,7 @@ import pytest
 import yaml
 from decide_scenarios import validate_kubernetes
 from kubeinfer.cli.main import main
-from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.state import names
 from kubeinfer.operator.render_command import render_file, run
 
 ROOT = Path(__file__).resolve().parents[2]

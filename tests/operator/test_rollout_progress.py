@@ -14,8 +14,8 @@ from kubeinfer.operator.api.v1alpha1.conditions import (
     ConditionType,
     Reason,
 )
-from kubeinfer.operator.reconcile import names
-from kubeinfer.operator.reconcile.runtime_failures import runtime_failure
+from kubeinfer.operator.state import names
+from kubeinfer.operator.state.runtime_failures import runtime_failure
 from kubeinfer.operator.reconcile.status import (
     EVENT_MESSAGE_LIMIT,
     RolloutProgress,

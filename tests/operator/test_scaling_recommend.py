@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
-from kubeinfer.operator.scaling.inputs import (
+from kubeinfer.operator.state.scaling_inputs import (
     ScaleEvent,
     ScalingHistory,
     ScalingSignals,

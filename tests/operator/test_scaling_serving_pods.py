@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kubeinfer.operator.reconcile.serving_pods import RECENT_PODS, serving_pods, startup_seconds
+from kubeinfer.operator.state.serving_pods import RECENT_PODS, serving_pods, startup_seconds
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubeinfer.operator.api.v1alpha1.conditions import Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
-from kubeinfer.operator.scaling.inputs import ScalingHistory, ScalingSignals, ServingPods
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.scaling.startup import starting
 

@@ -13,9 +13,9 @@ from datetime import timedelta
 import yaml
 from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster
 from kubeinfer.contract.runtime_config import request_bytes_limit
-from kubeinfer.operator.reconcile import names
+from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY
-from kubeinfer.operator.reconcile.engine_state import ANNOTATION_INPUT_BYTES_PER_ROW
+from kubeinfer.operator.state.engine_state import ANNOTATION_INPUT_BYTES_PER_ROW
 from test_shadow_rollout import CANDIDATE, spec
 
 NEW_IMAGE = "registry.example.com/kubeinfer-runtime:0.2.0"

@@ -15,7 +15,7 @@ from datetime import timedelta
 from decide_scenarios import DIGEST_A, DIGEST_B, T0
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.api.v1alpha1.enums import ShadowVerdict
-from kubeinfer.operator.rollout.aggregates import ShadowReading
+from kubeinfer.operator.state.shadow_readings import ShadowReading
 from test_shadow_rollout import CANDIDATE, GOOD, mirror_target, served, shadowing_cluster, spec
 
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubeinfer.operator.api.v1alpha1.enums import ShadowVerdict
 from kubeinfer.operator.api.v1alpha1.inference_deployment import ShadowSpec
-from kubeinfer.operator.rollout.aggregates import ShadowAggregates
+from kubeinfer.operator.state.shadow_readings import ShadowAggregates
 from kubeinfer.operator.rollout.verdict import (
     Reasons,
     judge,

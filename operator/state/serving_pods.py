@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from kubeinfer.operator.reconcile.engine_state import parse_time
-from kubeinfer.operator.reconcile.snapshot import KubeObject
-from kubeinfer.operator.scaling.inputs import ServingPods
+from kubeinfer.operator.state.engine_state import parse_time
+from kubeinfer.operator.state.snapshot import KubeObject
+from kubeinfer.operator.state.scaling_inputs import ServingPods
 
 RECENT_PODS = 20
 """How many of the most recently created ready pods the startup time is the median of."""

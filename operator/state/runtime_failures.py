@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeinfer.operator.api.v1alpha1.conditions import Reason
-from kubeinfer.operator.reconcile import names
-from kubeinfer.operator.reconcile.snapshot import KubeObject
+from kubeinfer.operator.state import names
+from kubeinfer.operator.state.snapshot import KubeObject
 
 EXIT_ENGINE_INCOMPATIBLE = 3
 """`kubeinfer serve`'s exit code for an engine built by another backend version

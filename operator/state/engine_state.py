@@ -46,8 +46,8 @@ from typing import Any
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Backend
-from kubeinfer.operator.reconcile import names
-from kubeinfer.operator.reconcile.snapshot import KubeObject, ObservedState
+from kubeinfer.operator.state import names
+from kubeinfer.operator.state.snapshot import KubeObject, ObservedState
 from kubeinfer.operator.settings import OperatorSettings
 
 BUILD_CONTAINER = "build"
