@@ -47,10 +47,21 @@ test: $(STAMP)
 	$(BIN)/kubeinfer cluster build
 	$(BIN)/python -m pytest -q
 
+# Types: strict on the contract and the pure cores (every decision of the operator, the
+# batcher's policy and assembler), through a tree of links that gives mypy the import names.
+STRICT_TYPED := kubeinfer/contract kubeinfer/operator/api kubeinfer/operator/state \
+	kubeinfer/operator/reconcile kubeinfer/operator/rollout kubeinfer/operator/scaling \
+	kubeinfer/runtime/batching/policy.py kubeinfer/runtime/batching/assembler.py
+
 lint: $(STAMP)
-	$(BIN)/ruff check operator runtime cluster tests examples
-	$(BIN)/ruff format --check operator runtime cluster tests examples
+	$(BIN)/ruff check operator runtime contract cluster cli tests examples
+	$(BIN)/ruff format --check operator runtime contract cluster cli tests examples
 	$(BIN)/lint-imports
+	@mkdir -p .typecheck/kubeinfer
+	@for package in operator runtime contract cluster cli; do \
+		ln -sfn ../../$$package .typecheck/kubeinfer/$$package; done
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml --strict \
+		--explicit-package-bases $(STRICT_TYPED)
 
 # Mutation testing of the pure cores (reconcile, shadow verdict, autoscaler, batching
 # policy) with mutmut, in .mutmut/; about an hour on 2 cores. Prints the survivors.

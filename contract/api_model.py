@@ -98,12 +98,13 @@ class ApiModel(BaseModel):
         super().__init_subclass__(**kwargs)
         if cls.cross_field_rules:
             extra = cls.model_config.get("json_schema_extra") or {}
+            validations: list[Any] = [r.to_schema() for r in cls.cross_field_rules]
             assert isinstance(extra, dict)
             cls.model_config = {
                 **cls.model_config,
                 "json_schema_extra": {
                     **extra,
-                    "x-kubernetes-validations": [r.to_schema() for r in cls.cross_field_rules],
+                    "x-kubernetes-validations": validations,
                 },
             }
 

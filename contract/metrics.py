@@ -218,7 +218,8 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
     ordered = sorted(buckets)
     if len(ordered) < 2 or ordered[-1][0] != float("inf"):
         return None
-    bounds, counts = [], []
+    bounds: list[float] = []
+    counts: list[float] = []
     for bound, count in ordered:  # coalesce equal bounds, then force monotonic
         if bounds and bound == bounds[-1]:
             counts[-1] += count

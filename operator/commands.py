@@ -16,7 +16,7 @@ from kubeinfer.operator import (
 )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the control plane's subcommands to the `kubeinfer` parser."""
     for register_command in (
         crds_command.register,

@@ -28,7 +28,7 @@ def run(write: bool, check: bool, root: Path) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("crds", help="print the InferenceDeployment CRD")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help="write crds/ and the Helm chart copy")

@@ -117,7 +117,7 @@ def _digest(text: str) -> str:
     return text
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     for action, summary in (
         ("promote", "promote the shadow candidate now, whatever its figures so far"),
         ("abort", "abort the shadow test: remove the candidate, keep serving as it is"),

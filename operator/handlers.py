@@ -41,9 +41,9 @@ from kubeinfer.operator.kube.client import (
     ResourceType,
     Vault,
 )
-from kubeinfer.operator.state.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
 from kubeinfer.operator.reconciler import Reconciler, ReconcilerClosed
 from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.operator.state.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
 
 ANNOTATION_PREFIX = "kubeinfer.io"
 """kopf keeps its progress and last-handled spec in annotations under this prefix, so

@@ -235,7 +235,7 @@ def helm_template() -> str:
     )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "rbac",
         help="print the operator's RBAC Role or ClusterRole",

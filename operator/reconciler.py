@@ -43,9 +43,9 @@ from kubeinfer.operator.kube.gather import gather, owner_ref_from_body, stored_s
 from kubeinfer.operator.kube.gather_load import gather_load, pods_lister
 from kubeinfer.operator.metrics.factory import MetricsSources
 from kubeinfer.operator.reconcile.decide import decide, decide_forbidden, decide_invalid
-from kubeinfer.operator.state.snapshot import Decision
-from kubeinfer.operator.state.scaling_inputs import ScalingHistory
 from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory
+from kubeinfer.operator.state.snapshot import Decision
 
 logger = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ def render_manifest(
     from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
     from kubeinfer.operator.api.v1alpha1.validation import parse_inference_deployment
     from kubeinfer.operator.reconcile.decide import decide
+    from kubeinfer.operator.settings import OperatorSettings
     from kubeinfer.operator.state.engine_state import build_key
     from kubeinfer.operator.state.snapshot import ObservedState, OwnerRef
-    from kubeinfer.operator.settings import OperatorSettings
 
     manifest = parse_inference_deployment(document)
     meta = manifest.metadata
@@ -54,8 +54,7 @@ def render_manifest(
     if jobs:
         digest = (
             engine_digest
-            or "sha256:"
-            + hashlib.sha256(build_key(manifest.spec, settings).encode()).hexdigest()
+            or "sha256:" + hashlib.sha256(build_key(manifest.spec, settings).encode()).hexdigest()
         )
         notes.append(
             f"The runtime objects assume the build Job reports engine {digest}"
@@ -170,7 +169,7 @@ def run(
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "render",
         help="print the objects the operator would create for a manifest (no cluster needed)",

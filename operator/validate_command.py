@@ -62,7 +62,7 @@ def run(paths: list[Path], out: TextIO | None = None, err: TextIO | None = None)
     return 1 if failed else 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "validate", help="validate InferenceDeployment manifests offline"
     )

@@ -12,7 +12,7 @@ from kubeinfer.runtime import serve_command
 from kubeinfer.runtime.building import build_command
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds the runtime's subcommands to the `kubeinfer` parser."""
     for register_command in (serve_command.register, build_command.register):
         register_command(subparsers)

@@ -57,7 +57,7 @@ class GpuMemoryReader:
         try:
             nvml = self._nvml
             if nvml is None:
-                import pynvml as nvml  # type: ignore[import-not-found,no-redef]
+                import pynvml as nvml
 
                 self._nvml = nvml
             nvml.nvmlInit()

@@ -143,8 +143,7 @@ def _check_mirror_target_file(path: str | None) -> None:
         raise ValueError("mirrorTargetFile: must be a file path, not empty")
     if Path(path).is_dir():
         raise ValueError(
-            f"mirrorTargetFile: {path} is a directory; name the file in it "
-            "(the ConfigMap's key)"
+            f"mirrorTargetFile: {path} is a directory; name the file in it (the ConfigMap's key)"
         )
 
 
@@ -242,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="serve a model over the Open Inference Protocol v2 (HTTP) with dynamic batching",

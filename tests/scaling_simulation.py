@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
-from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.scaling.recommend import recommend
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -23,7 +23,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
-    folder: f"kubeinfer/{folder}" for folder in ("operator", "runtime", "contract", "cluster", "cli")
+    folder: f"kubeinfer/{folder}"
+    for folder in ("operator", "runtime", "contract", "cluster", "cli")
 }
 
 

@@ -25,8 +25,8 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
 from kubeinfer.operator.metrics.direct import DirectRead
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.scaling import read_scaling_signals
-from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ServingPods
 from kubeinfer.operator.scaling.recommend import recommend
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ServingPods
 
 SPEC = AutoscalingSpec.model_validate(
     {

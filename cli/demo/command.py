@@ -270,7 +270,7 @@ def run_demo(args: argparse.Namespace) -> int:
         return 1
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="run the main job on a built-in model, through the operator on a local cluster",

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     up = subparsers.add_parser(
         "up",
         help="run the operator on this machine and apply manifests to it",
@@ -166,7 +166,7 @@ def _object_count(files: list[Path]) -> int:
     return count
 
 
-def _state(path: Path) -> dict | None:  # type: ignore[type-arg]
+def _state(path: Path) -> dict | None:
     try:
         return dict(json.loads(path.read_text()))
     except (OSError, ValueError):

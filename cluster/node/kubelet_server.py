@@ -68,7 +68,7 @@ class KubeletServer:
         await site.start()
         server = site._server
         assert server is not None
-        self.port = int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        self.port = int(server.sockets[0].getsockname()[1])
         return self.port
 
     async def close(self) -> None:

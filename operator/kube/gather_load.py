@@ -26,13 +26,13 @@ from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.scaling import read_scaling_signals
 from kubeinfer.operator.metrics.shadow import read_shadow_aggregates
 from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
+from kubeinfer.operator.rollout.shadow import ShadowQuery, metrics_query
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.runtime_failures import unsettled
-from kubeinfer.operator.state.serving_pods import serving_pods
-from kubeinfer.operator.state.snapshot import ObservedState
-from kubeinfer.operator.state.shadow_readings import ShadowReading
-from kubeinfer.operator.rollout.shadow import ShadowQuery, metrics_query
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory
+from kubeinfer.operator.state.serving_pods import serving_pods
+from kubeinfer.operator.state.shadow_readings import ShadowReading
+from kubeinfer.operator.state.snapshot import ObservedState
 
 logger = logging.getLogger(__name__)
 

@@ -130,9 +130,7 @@ class LeaseLock(BaseLock):
             return False
         return True
 
-    async def update(
-        self, name: str, namespace: str, updated_record: LeaderElectionRecord
-    ) -> bool:
+    async def update(self, name: str, namespace: str, updated_record: LeaderElectionRecord) -> bool:
         if self._lease is None:
             return False
         spec = self._lease.get("spec") or {}
@@ -269,4 +267,3 @@ async def run_as_leader(
             task.cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         await vault.close()
-

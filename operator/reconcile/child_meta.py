@@ -54,5 +54,3 @@ def finish_child(
     }
     obj["metadata"]["annotations"][names.ANNOTATION_INPUT_HASH] = names.stable_hash(obj)
     return obj
-
-

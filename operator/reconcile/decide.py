@@ -27,24 +27,9 @@ from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.enums import Backend
 from kubeinfer.operator.reconcile import desired as build
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
 from kubeinfer.operator.reconcile.drift import carries
-from kubeinfer.operator.state.engine_state import (
-    EnginePhase,
-    EngineState,
-    ServingEngine,
-    engine_state,
-    input_bytes_for,
-    observed_serving,
-)
 from kubeinfer.operator.reconcile.scaling_status import scaling_report
-from kubeinfer.operator.state.snapshot import (
-    Decision,
-    KubeObject,
-    ObservedState,
-    OwnerRef,
-)
 from kubeinfer.operator.reconcile.status import (
     compute_status,
     forbidden_status,
@@ -59,9 +44,24 @@ from kubeinfer.operator.rollout.shadow import (
     promotion_complete,
     shadow_replaced_event,
 )
-from kubeinfer.operator.state.scaling_inputs import Recommendation, ScalingSignals, ServingPods
 from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.operator.state import names
+from kubeinfer.operator.state.engine_state import (
+    EnginePhase,
+    EngineState,
+    ServingEngine,
+    engine_state,
+    input_bytes_for,
+    observed_serving,
+)
+from kubeinfer.operator.state.scaling_inputs import Recommendation, ScalingSignals, ServingPods
+from kubeinfer.operator.state.snapshot import (
+    Decision,
+    KubeObject,
+    ObservedState,
+    OwnerRef,
+)
 from pydantic import ValidationError
 
 
@@ -185,7 +185,7 @@ def _runtime_children(
     children = [
         configmap,
         build.build_mirror_configmap(
-            owner, spec, serving.version, target and (target.version, target.digest)
+            owner, spec, serving.version, (target.version, target.digest) if target else None
         ),
         deployment,
         build.build_service(owner, serving.version),
@@ -328,7 +328,10 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
 
 
 def decide_forbidden(
-    owner: OwnerRef, decided: Decision, before: InferenceDeploymentStatus, message: str,
+    owner: OwnerRef,
+    decided: Decision,
+    before: InferenceDeploymentStatus,
+    message: str,
     now: datetime,
 ) -> Decision:
     """The pass' decision once the API server refused one of its writes with 403: its

@@ -24,12 +24,12 @@ from kubeinfer.contract.runtime_config import (
 )
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Backend
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.child_meta import finish_child
 from kubeinfer.operator.reconcile.desired_monitoring import scrape_annotations
+from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.operator.state import names
 from kubeinfer.operator.state.engine_state import ANNOTATION_INPUT_BYTES_PER_ROW
 from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
-from kubeinfer.operator.settings import OperatorSettings
 
 CACHE_MOUNT = "/cache"
 CONFIG_MOUNT = "/etc/kubeinfer"

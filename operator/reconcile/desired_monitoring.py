@@ -11,8 +11,8 @@ relabelling: the labels the operator's named queries select on.
 
 from __future__ import annotations
 
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.child_meta import finish_child
+from kubeinfer.operator.state import names
 from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
 
 SCRAPE_INTERVAL = "15s"

@@ -14,16 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from kubeinfer.operator.api.v1alpha1.conditions import Reason
+from kubeinfer.operator.api.v1alpha1.conditions import ConditionValue, Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import InferenceDeploymentSpec
 from kubeinfer.operator.api.v1alpha1.status import AutoscalingStatus, MetricsStatus
-from kubeinfer.operator.state.snapshot import Event
 from kubeinfer.operator.state.scaling_inputs import (
-    ConditionValue,
     Recommendation,
     ScalingSignals,
     ServingPods,
 )
+from kubeinfer.operator.state.snapshot import Event
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.conditions import (
@@ -41,14 +41,14 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     RolloutStrategy,
     VersionStatus,
 )
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.child_meta import input_hash
-from kubeinfer.operator.state.engine_state import EnginePhase, EngineState
-from kubeinfer.operator.state.runtime_failures import runtime_failure
 from kubeinfer.operator.reconcile.scaling_status import ScalingReport
-from kubeinfer.operator.state.snapshot import Event, KubeObject, ObservedState
 from kubeinfer.operator.rollout.report import ShadowReport
 from kubeinfer.operator.rollout.shadow import RolloutPlan
+from kubeinfer.operator.state import names
+from kubeinfer.operator.state.engine_state import EnginePhase, EngineState
+from kubeinfer.operator.state.runtime_failures import runtime_failure
+from kubeinfer.operator.state.snapshot import Event, KubeObject, ObservedState
 
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 
@@ -393,6 +393,8 @@ def transition_events(before: list[Condition], after: list[Condition]) -> tuple[
             text += f": {condition.message}"
         if len(text) > EVENT_MESSAGE_LIMIT:
             text = text[: EVENT_MESSAGE_LIMIT - 3] + "..."
-        kind = "Warning" if condition.reason in WARNING_REASONS else "Normal"
+        kind: Literal["Normal", "Warning"] = (
+            "Warning" if condition.reason in WARNING_REASONS else "Normal"
+        )
         events.append(Event(type=kind, reason=condition.reason, message=text))
     return tuple(events)

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, Reason
+from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionValue, Reason
 from kubeinfer.operator.api.v1alpha1.enums import Phase, RolloutStrategy, ShadowVerdict
 from kubeinfer.operator.api.v1alpha1.inference_deployment import InferenceDeploymentSpec
 from kubeinfer.operator.rollout.shadow import RolloutPlan
-
-ConditionValue = tuple[ConditionStatus, str, str]
-"""(status, reason, message) of one condition."""
 
 TRUE, FALSE, UNKNOWN = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
 

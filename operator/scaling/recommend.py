@@ -33,17 +33,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, Reason
+from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionValue, Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
 from kubeinfer.operator.scaling import rate_limits, stabilization, startup
-from kubeinfer.operator.state.scaling_inputs import (
-    ConditionValue,
-    Recommendation,
-    ScaleEvent,
-    ScalingHistory,
-    ScalingSignals,
-    ServingPods,
-)
 from kubeinfer.operator.scaling.signals import (
     GPU_MEMORY,
     NO_SIGNAL,
@@ -52,6 +44,13 @@ from kubeinfer.operator.scaling.signals import (
     Unmeasured,
     pods_word,
     propose,
+)
+from kubeinfer.operator.state.scaling_inputs import (
+    Recommendation,
+    ScaleEvent,
+    ScalingHistory,
+    ScalingSignals,
+    ServingPods,
 )
 
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE

@@ -58,8 +58,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
-from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.scaling.signals import figure, pods_word
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 
 STARTUP_MARGIN = 2.0
 """A starting pod is believed for this many times the measured startup time: a median

@@ -46,9 +46,9 @@ from typing import Any
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Backend
+from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.snapshot import KubeObject, ObservedState
-from kubeinfer.operator.settings import OperatorSettings
 
 BUILD_CONTAINER = "build"
 DIGEST_PATTERN = re.compile(r"sha256:[0-9a-f]{64}")
@@ -230,7 +230,7 @@ def _pod_template(deployment: KubeObject | None) -> KubeObject | None:
 def _condition(job: KubeObject, type_: str) -> dict[str, Any] | None:
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("type") == type_ and condition.get("status") == "True":
-            return condition
+            return dict(condition)
     return None
 
 
@@ -275,8 +275,11 @@ def _failure_text(job: KubeObject, pods: list[KubeObject]) -> str:
 
 def backoff_seconds(attempt: int, settings: OperatorSettings) -> float:
     """Delay after failed attempt `attempt` (0-based): doubling from the base, capped."""
-    return min(
-        settings.build_backoff_seconds * 2 ** min(attempt, 30), settings.build_backoff_max_seconds
+    return float(
+        min(
+            settings.build_backoff_seconds * 2 ** min(attempt, 30),
+            settings.build_backoff_max_seconds,
+        )
     )
 
 

@@ -74,7 +74,7 @@ def unsettled(deployment: KubeObject | None) -> bool:
 def _container(pod: KubeObject) -> dict[str, Any] | None:
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         if status.get("name") == RUNTIME_CONTAINER:
-            return status
+            return dict(status)
     return None
 
 

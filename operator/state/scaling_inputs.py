@@ -12,10 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus
-
-ConditionValue = tuple[ConditionStatus, str, str]
-"""(status, reason, message) of one condition."""
+from kubeinfer.operator.api.v1alpha1.conditions import ConditionValue
 
 
 @dataclass(frozen=True)

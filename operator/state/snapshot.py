@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
-from kubeinfer.operator.state.shadow_readings import ShadowReading
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
+from kubeinfer.operator.state.shadow_readings import ShadowReading
 
 KubeObject = dict[str, Any]
 

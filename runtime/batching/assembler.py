@@ -57,7 +57,7 @@ def check_inputs(
             f"a request carries {rows} rows along the batch dimension; "
             f"this model accepts 1 to {max_rows}"
         )
-    return rows
+    return int(rows)
 
 
 def pack(

@@ -436,7 +436,7 @@ class Batcher:
             outcome = EngineFailed("the batch was cancelled before it finished")
         except Exception as error:
             outcome = error
-        self._stuck_tasks.discard(asyncio.current_task())  # type: ignore[arg-type]
+        self._stuck_tasks.discard(asyncio.current_task())
         self._complete(slot, batch, rows, outcome)
         assert self._wakeup is not None
         self._wakeup.set()

@@ -46,8 +46,7 @@ def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray) -> O
     statistics = compare_arrays(reference, candidate)
     if not statistics.finite:
         raise ValueError(
-            f"output {name!r}: the candidate has NaN or infinite values where the reference "
-            "has not"
+            f"output {name!r}: the candidate has NaN or infinite values where the reference has not"
         )
     top1 = None if statistics.top1 is None else float(np.mean(statistics.top1))
     return OutputAccuracy(

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "build",
         help="build an engine into the cache (or resolve a pinned one) and print its digest",

@@ -183,9 +183,9 @@ def build_engine(
         builder = get_builder(backend)
         key = EngineKey(
             model_sha256=model_file.sha256,
-            backend=backend,  # type: ignore[arg-type]
+            backend=backend,
             backend_version=builder.backend_version(),
-            precision=precision,  # type: ignore[arg-type]
+            precision=precision,
             batch_profile=BatchProfile.up_to(max_batch_size),
             calibration_sha256=data.calibration_sha256 if precision == "int8" else None,
             target=builder.target(),

@@ -80,7 +80,7 @@ def _stream_to(source: BinaryIO, target: BinaryIO) -> str:
     return digest.hexdigest()
 
 
-def _download(uri: str, scratch_dir: Path, opener) -> tuple[Path, str]:  # type: ignore[no-untyped-def]
+def _download(uri: str, scratch_dir: Path, opener) -> tuple[Path, str]:
     scratch_dir.mkdir(parents=True, exist_ok=True)
     handle = tempfile.NamedTemporaryFile(dir=scratch_dir, prefix="fetch-", delete=False)
     path = Path(handle.name)
@@ -116,7 +116,7 @@ def _bucket_and_name(uri: str, form: str) -> tuple[str, str]:
 
 def _fetch_s3(uri: str, scratch_dir: Path) -> tuple[Path, str]:
     try:
-        import boto3  # type: ignore[import-not-found, import-untyped]
+        import boto3
     except ImportError as error:
         raise FetchError(
             f"{uri}: s3:// needs boto3, which is the optional extra: pip install 'kubeinfer[s3]'"
@@ -133,7 +133,7 @@ def _fetch_s3(uri: str, scratch_dir: Path) -> tuple[Path, str]:
 
 def _fetch_gs(uri: str, scratch_dir: Path) -> tuple[Path, str]:
     try:
-        from google.cloud import storage  # type: ignore[import-not-found, import-untyped]
+        from google.cloud import storage
     except ImportError as error:
         raise FetchError(
             f"{uri}: gs:// needs google-cloud-storage, which is the optional extra: "

@@ -67,7 +67,7 @@ CU_STREAM_NON_BLOCKING = 0x1
 def import_pycuda() -> ModuleType:
     """`pycuda.driver`, or `BackendUnavailable` saying how to get it."""
     try:
-        import pycuda.driver as cuda  # type: ignore[import-not-found]
+        import pycuda.driver as cuda
     except ImportError as error:
         raise BackendUnavailable(
             "pycuda is not installed (pip install 'kubeinfer[gpu]'; it builds against the "

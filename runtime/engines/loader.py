@@ -33,7 +33,7 @@ def installed_backend_version(backend: str) -> str | None:
         return str(onnxruntime.__version__)
     if backend == "tensorrt":
         try:
-            import tensorrt  # type: ignore[import-not-found]
+            import tensorrt
         except ImportError:
             return None
         return str(tensorrt.__version__)

@@ -45,7 +45,7 @@ from kubeinfer.runtime.engines.cuda_streams import CudaContext, CudaSlot
 def import_tensorrt() -> ModuleType:
     """The `tensorrt` module, or `BackendUnavailable` saying how to get it."""
     try:
-        import tensorrt  # type: ignore[import-not-found]
+        import tensorrt
     except ImportError as error:
         raise BackendUnavailable(
             "TensorRT is not installed (pip install 'kubeinfer[gpu]' on a machine with an "

@@ -67,8 +67,7 @@ def check_declared_length(request: web.BaseRequest, limit: int) -> None:
     """413 for a Content-Length over the limit, before anything is read."""
     if request.content_length is not None and request.content_length > limit:
         raise RequestTooLarge(
-            f"the request body ({request.content_length} bytes) is over the limit of "
-            f"{limit} bytes"
+            f"the request body ({request.content_length} bytes) is over the limit of {limit} bytes"
         )
 
 

@@ -87,9 +87,7 @@ class _Connection(web_protocol.RequestHandler):
 class _Server(web.Server):
     """aiohttp's low-level server, making `_Connection`s."""
 
-    def __init__(
-        self, handler: Any, *, loop: asyncio.AbstractEventLoop, **kwargs: Any
-    ) -> None:
+    def __init__(self, handler: Any, *, loop: asyncio.AbstractEventLoop, **kwargs: Any) -> None:
         super().__init__(handler, loop=loop, **kwargs)
         self._connection_loop = loop
         self._connection_options = {

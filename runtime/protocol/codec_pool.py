@@ -57,8 +57,7 @@ class CodecPool:
         waited = self._clock() - deadline
         if waited >= 0:
             raise DeadlineExceeded(
-                "the request's deadline passed while it waited for a decoder; it was not "
-                "executed"
+                "the request's deadline passed while it waited for a decoder; it was not executed"
             )
         return fn(*args)
 

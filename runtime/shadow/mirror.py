@@ -263,4 +263,3 @@ class Mirror:
             request.primary_seconds,
             round_trip if candidate_seconds is None else candidate_seconds,
         )
-

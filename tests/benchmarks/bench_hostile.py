@@ -137,8 +137,12 @@ def metric(port: int, name: str) -> float:
 
 
 def request_head(port: int, length: int, headers: dict[str, str] | None = None) -> bytes:
-    lines = [f"POST /v2/models/{MODEL}/infer HTTP/1.1", f"Host: {HOST}:{port}",
-             f"Content-Length: {length}", *(f"{k}: {v}" for k, v in (headers or {}).items())]
+    lines = [
+        f"POST /v2/models/{MODEL}/infer HTTP/1.1",
+        f"Host: {HOST}:{port}",
+        f"Content-Length: {length}",
+        *(f"{k}: {v}" for k, v in (headers or {}).items()),
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
@@ -236,9 +240,7 @@ def overload(tree: Tree, model: Path, logs: Path, binary: bool, quick: bool) -> 
             max(1.0, metric(port, "kubeinfer_compute_duration_seconds_count") - compute[1])
         )
         capacity = capacity_run.throughput
-        result = asyncio.run(
-            open_loop(port, raw, 5 * capacity, 1.0, 3.0 if quick else 8.0)
-        )
+        result = asyncio.run(open_loop(port, raw, 5 * capacity, 1.0, 3.0 if quick else 8.0))
     service = 1 / capacity if capacity else float("nan")  # one request: one full batch
     return {
         "capacity": capacity,
@@ -661,9 +663,7 @@ def main() -> int:
         if args.baseline:
             trees.append(baseline_tree(args.baseline, scratch))
         logs = scratch / "logs"
-        results = {
-            tree.label: run_tree(tree, model, big_model, logs, args.quick) for tree in trees
-        }
+        results = {tree.label: run_tree(tree, model, big_model, logs, args.quick) for tree in trees}
         text = report(results, offload)
         print(text)
         out = REPO / ".bench" / "hostile.md"

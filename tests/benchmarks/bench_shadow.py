@@ -177,8 +177,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", choices=sorted(MODELS), default="small-mlp")
     parser.add_argument("--duration", type=float, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, help="unmeasured seconds before each run")
-    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
-                        help="primary alone on CPU 0; candidate and load generator on CPU 1")
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="primary alone on CPU 0; candidate and load generator on CPU 1",
+    )
     args = parser.parse_args(argv)
     args.duration = args.duration or (2.0 if args.quick else 5.0)
     args.warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 1.0)
@@ -234,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         requests = [encode_json_infer(HOST, primary_spec.port, args.model, "input", x)
                     for x in items]  # fmt: skip
         for index in range(args.rounds):
-            order = SHARES[index % 3:] + SHARES[: index % 3]
+            order = SHARES[index % 3 :] + SHARES[: index % 3]
             print(f"round {index + 1}", flush=True)
             for share in order:
                 runs.append(one_run(args, share, primary, candidate, mirror_file, requests))

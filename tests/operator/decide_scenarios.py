@@ -17,13 +17,13 @@ from typing import Any
 import kubernetes_validate
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionType
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.decide import decide
-from kubeinfer.operator.state.snapshot import Decision, KubeObject, ObservedState, OwnerRef
-from kubeinfer.operator.state.shadow_readings import ShadowReading
 from kubeinfer.operator.rollout.shadow import metrics_query
-from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.operator.state import names
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
+from kubeinfer.operator.state.shadow_readings import ShadowReading
+from kubeinfer.operator.state.snapshot import Decision, KubeObject, ObservedState, OwnerRef
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 SETTINGS = OperatorSettings(build_backoff_seconds=30, build_backoff_max_seconds=600)

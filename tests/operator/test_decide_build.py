@@ -17,8 +17,8 @@ import yaml
 from decide_scenarios import DIGEST_A, DIGEST_B, SETTINGS, T0, Cluster, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Phase
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY
+from kubeinfer.operator.state import names
 from kubeinfer.operator.state.engine_state import build_key, parse_termination_message
 
 READY, ENGINE = ConditionType.READY, ConditionType.ENGINE_READY

@@ -10,7 +10,6 @@ from decide_scenarios import DIGEST_A, SETTINGS, T0, Cluster, make_spec, validat
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.decide import decide
 from kubeinfer.operator.reconcile.desired import (
     CONFIG_KEY,
@@ -19,6 +18,7 @@ from kubeinfer.operator.reconcile.desired import (
     build_mirror_configmap,
     runtime_config,
 )
+from kubeinfer.operator.state import names
 from kubeinfer.operator.state.snapshot import ObservedState, OwnerRef
 
 

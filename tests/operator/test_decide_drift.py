@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from decide_scenarios import T0, Cluster, make_spec
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY
 from kubeinfer.operator.reconcile.drift import carries, quantity_value
+from kubeinfer.operator.state import names
 
 LATER = T0 + timedelta(minutes=5)
 

@@ -39,20 +39,20 @@ import yaml
 from decide_scenarios import DIGEST_A, DIGEST_B, SETTINGS, T0, Cluster, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.api.v1alpha1.enums import Phase, ShadowVerdict
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.desired import (
     CACHE_MOUNT,
     CONFIG_KEY,
     CONFIG_MOUNT,
     TERMINATION_LOG,
 )
+from kubeinfer.operator.settings import DEFAULT_RUNTIME_IMAGE
+from kubeinfer.operator.state import names
 from kubeinfer.operator.state.runtime_failures import (
     EXIT_ENGINE_INCOMPATIBLE,
     runtime_failure,
     unsettled,
 )
 from kubeinfer.operator.state.shadow_readings import ShadowAggregates, ShadowReading
-from kubeinfer.operator.settings import DEFAULT_RUNTIME_IMAGE
 from test_shadow_rollout import CANDIDATE, build_new_version, served, shadowing_cluster
 from test_shadow_rollout import spec as shadow_spec
 

@@ -13,8 +13,8 @@ from decide_scenarios import DIGEST_A, SETTINGS, T0, Cluster, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Phase
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_spec
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.decide import decide, decide_invalid
+from kubeinfer.operator.state import names
 from kubeinfer.operator.state.snapshot import OwnerRef
 
 READY, DEGRADED = ConditionType.READY, ConditionType.DEGRADED

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from decide_scenarios import validate_kubernetes
 from kubeinfer.cli.main import main
-from kubeinfer.operator.state import names
 from kubeinfer.operator.render_command import render_file, run
+from kubeinfer.operator.state import names
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

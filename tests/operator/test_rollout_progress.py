@@ -14,14 +14,14 @@ from kubeinfer.operator.api.v1alpha1.conditions import (
     ConditionType,
     Reason,
 )
-from kubeinfer.operator.state import names
-from kubeinfer.operator.state.runtime_failures import runtime_failure
 from kubeinfer.operator.reconcile.status import (
     EVENT_MESSAGE_LIMIT,
     RolloutProgress,
     rollout_progress,
     transition_events,
 )
+from kubeinfer.operator.state import names
+from kubeinfer.operator.state.runtime_failures import runtime_failure
 
 HASHED = {"annotations": {names.ANNOTATION_INPUT_HASH: "h1"}}
 

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
 from kubeinfer.operator.scaling import rate_limits, stabilization
-from kubeinfer.operator.state.scaling_inputs import ScaleEvent, ScalingSignals, ServingPods
 from kubeinfer.operator.scaling.signals import figure, propose
+from kubeinfer.operator.state.scaling_inputs import ScaleEvent, ScalingSignals, ServingPods
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 QUEUE, GPU = "queueDepthPerReplica", "gpuMemoryUsedRatio"

@@ -18,8 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
 from kubeinfer.operator.scaling import stabilization
-from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.scaling.recommend import recommend
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

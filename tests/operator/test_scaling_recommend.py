@@ -15,13 +15,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
+from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.state.scaling_inputs import (
     ScaleEvent,
     ScalingHistory,
     ScalingSignals,
     ServingPods,
 )
-from kubeinfer.operator.scaling.recommend import recommend
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 BASE = {"enabled": True, "minReplicas": 1, "maxReplicas": 20}

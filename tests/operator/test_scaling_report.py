@@ -12,8 +12,8 @@ from decide_scenarios import T0, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, Reason
 from kubeinfer.operator.api.v1alpha1.status import AutoscalingStatus, MetricsStatus
 from kubeinfer.operator.reconcile.scaling_status import scaling_report
-from kubeinfer.operator.state.snapshot import Event
 from kubeinfer.operator.state.scaling_inputs import Recommendation, ScalingSignals, ServingPods
+from kubeinfer.operator.state.snapshot import Event
 
 SPEC = make_spec(autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 6})
 ACTIVE = (

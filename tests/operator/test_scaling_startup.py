@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubeinfer.operator.api.v1alpha1.conditions import Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
-from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.scaling.startup import starting
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 LONG_AGO = ((NOW - timedelta(hours=1), 1),)

@@ -13,8 +13,8 @@ from datetime import timedelta
 import yaml
 from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster
 from kubeinfer.contract.runtime_config import request_bytes_limit
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY
+from kubeinfer.operator.state import names
 from kubeinfer.operator.state.engine_state import ANNOTATION_INPUT_BYTES_PER_ROW
 from test_shadow_rollout import CANDIDATE, spec
 

@@ -14,11 +14,7 @@ from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.api.v1alpha1.enums import Phase, ShadowVerdict
 from kubeinfer.operator.api.v1alpha1.status import CandidateStatus
-from kubeinfer.operator.state import names
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY, MIRROR_KEY
-from kubeinfer.operator.state.engine_state import ServingEngine
-from kubeinfer.operator.state.snapshot import Decision
-from kubeinfer.operator.state.shadow_readings import ShadowAggregates, ShadowReading
 from kubeinfer.operator.rollout.shadow import (
     GATE_ANNOTATION,
     RolloutPlan,
@@ -29,6 +25,10 @@ from kubeinfer.operator.rollout.shadow import (
     trial_key,
 )
 from kubeinfer.operator.rollout.verdict import Reasons
+from kubeinfer.operator.state import names
+from kubeinfer.operator.state.engine_state import ServingEngine
+from kubeinfer.operator.state.shadow_readings import ShadowAggregates, ShadowReading
+from kubeinfer.operator.state.snapshot import Decision
 
 DIGEST_C = "sha256:" + "c" * 64
 SHADOW = {

@@ -12,13 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubeinfer.operator.api.v1alpha1.enums import ShadowVerdict
 from kubeinfer.operator.api.v1alpha1.inference_deployment import ShadowSpec
-from kubeinfer.operator.state.shadow_readings import ShadowAggregates
 from kubeinfer.operator.rollout.verdict import (
     Reasons,
     judge,
     latency_regression_percent,
     summary,
 )
+from kubeinfer.operator.state.shadow_readings import ShadowAggregates
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SHADOW = ShadowSpec.model_validate(

@@ -74,7 +74,7 @@ def test_histogram_quantile_equals_prometheus_own(tmp_path: Path) -> None:
         expected = histogram_quantile(q, buckets)
         assert expected is not None
         tests.append(
-            f"      - expr: histogram_quantile({q}, h_bucket{{case=\"{index}\"}})\n"
+            f'      - expr: histogram_quantile({q}, h_bucket{{case="{index}"}})\n'
             f"        eval_time: 0m\n"
             f"        exp_samples:\n"
             f"          - labels: '{{case=\"{index}\"}}'\n"
@@ -83,8 +83,11 @@ def test_histogram_quantile_equals_prometheus_own(tmp_path: Path) -> None:
     spec = tmp_path / "quantiles.yaml"
     spec.write_text(
         "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n"
-        "    input_series:\n" + "\n".join(series) + "\n    promql_expr_test:\n"
-        + "\n".join(tests) + "\n"
+        "    input_series:\n"
+        + "\n".join(series)
+        + "\n    promql_expr_test:\n"
+        + "\n".join(tests)
+        + "\n"
     )
     done = subprocess.run([promtool, "test", "rules", str(spec)], capture_output=True,
                           text=True, timeout=60)  # fmt: skip
@@ -112,8 +115,10 @@ def series(scraped, name: str, digest: str = TARGET.candidate_digest, **extra: s
     found = {}
     for (sample, labels), value in scraped.items():
         labels = dict(labels)
-        if sample == name and labels.get("candidate_digest") == digest and all(
-            labels.get(k) == v for k, v in extra.items()
+        if (
+            sample == name
+            and labels.get("candidate_digest") == digest
+            and all(labels.get(k) == v for k, v in extra.items())
         ):
             found[labels.get("le")] = value
     return found
@@ -142,8 +147,12 @@ def test_status_and_metrics_say_the_same_thing() -> None:
     status = aggregates.status()
     scraped = scrape(registry)
     assert status["requests"] == {"compared": 41, "dropped": 3, "candidateError": 2, "timeout": 1}
-    for outcome, key in (("compared", "compared"), ("dropped", "dropped"),
-                         ("candidate_error", "candidateError"), ("timeout", "timeout")):
+    for outcome, key in (
+        ("compared", "compared"),
+        ("dropped", "dropped"),
+        ("candidate_error", "candidateError"),
+        ("timeout", "timeout"),
+    ):
         got = series(scraped, "kubeinfer_shadow_requests_total", outcome=outcome)
         assert list(got.values()) == [status["requests"][key]]  # fmt: skip
     assert status["mismatches"] == 1

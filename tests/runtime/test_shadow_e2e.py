@@ -89,8 +89,13 @@ class Process:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
-    def request(self, method: str, path: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
         connection = http.client.HTTPConnection(HOST, self.port, timeout=30)
         try:
             connection.request(method, path, body, headers or {})
@@ -191,8 +196,9 @@ def shadows(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shadows]:
     assert codes[:3] == [0, 0, 0]
 
 
-def write_target(shadows: Shadows, to: Process | None, digest: str = "", percent: int = 100,
-                 **policy: int) -> None:
+def write_target(
+    shadows: Shadows, to: Process | None, digest: str = "", percent: int = 100, **policy: int
+) -> None:
     """Replaces the mirror file at once (as kubelet does), never half-written."""
     if to is None:
         content = ""
@@ -217,7 +223,9 @@ def switch(shadows: Shadows, to: Process | None, digest: str = "", **kwargs: int
     while True:
         status = shadows.primary.shadow()
         if (to is None and not status["active"]) or (
-            to is not None and status["candidate"] and status["candidate"]["url"] == to.url
+            to is not None
+            and status["candidate"]
+            and status["candidate"]["url"] == to.url
             and status["candidate"]["digest"] == digest
             and status["trafficPercent"] == kwargs.get("percent", 100)
         ):
@@ -288,16 +296,22 @@ def test_an_int8_candidate_agrees_closely_and_metrics_agree_with_v2_shadow(shado
     def value(name: str, **extra: str) -> float:
         return samples[(name, tuple(sorted({**labels, **extra}.items())))]
 
-    for outcome, key in (("compared", "compared"), ("dropped", "dropped"),
-                         ("candidate_error", "candidateError"), ("timeout", "timeout")):
+    for outcome, key in (
+        ("compared", "compared"),
+        ("dropped", "dropped"),
+        ("candidate_error", "candidateError"),
+        ("timeout", "timeout"),
+    ):
         assert value("kubeinfer_shadow_requests_total", outcome=outcome) == \
             status["requests"][key]  # fmt: skip
     assert value("kubeinfer_shadow_mismatches_total") == status["mismatches"]
     assert value("kubeinfer_shadow_max_abs_difference") == status["maxAbsDifference"]
     assert value("kubeinfer_shadow_top1_rows_total") == status["top1"]["rows"]
     assert value("kubeinfer_shadow_top1_agreements_total") == status["top1"]["agreements"]
-    for histogram, key in (("abs_difference", "meanAbsDifference"),
-                           ("cosine_similarity", "meanCosineSimilarity")):
+    for histogram, key in (
+        ("abs_difference", "meanAbsDifference"),
+        ("cosine_similarity", "meanCosineSimilarity"),
+    ):
         name = f"kubeinfer_shadow_{histogram}"
         mean = value(name + "_sum") / value(name + "_count")
         assert mean == pytest.approx(status[key])  # fmt: skip
@@ -336,9 +350,14 @@ def test_exactly_the_share_of_requests_answered_200_is_mirrored(shadows) -> None
 
 def test_every_infer_response_carries_server_timing(shadows) -> None:
     for binary_output in (False, True):
-        body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
-                                       "data": [0.5] * 16}],
-                           "parameters": {"binary_data_output": binary_output}}).encode()
+        body = json.dumps(
+            {
+                "inputs": [
+                    {"name": "input", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16}
+                ],
+                "parameters": {"binary_data_output": binary_output},
+            }
+        ).encode()
         status, headers, _ = shadows.primary.request("POST", "/v2/models/tiny/infer", body)
         assert status == 200 and 0 < parse_server_timing(headers["Server-Timing"]) < 1
         assert ("Inference-Header-Content-Length" in headers) == binary_output  # fmt: skip
@@ -384,8 +403,7 @@ def test_an_invalid_file_keeps_the_target_and_is_logged_once(shadows) -> None:
     assert shadows.primary.process.poll() is None
 
 
-def rounds(shadows: Shadows, conditions: dict[str, Process | None], count: int,
-           seconds: float):
+def rounds(shadows: Shadows, conditions: dict[str, Process | None], count: int, seconds: float):
     """`count` rounds of one block per condition (in a rotating order), each block 4
     closed-loop clients for `seconds`. Returns each condition's p99 per round, the
     shadow's outcome counts summed per condition, and the status codes seen."""
@@ -397,7 +415,7 @@ def rounds(shadows: Shadows, conditions: dict[str, Process | None], count: int,
     codes: set[int] = set()
     names = list(conditions)
     for index in range(count):
-        for condition in names[index % len(names):] + names[: index % len(names)]:
+        for condition in names[index % len(names) :] + names[: index % len(names)]:
             to = conditions[condition]
             if to is None:
                 switch(shadows, None)
@@ -466,8 +484,12 @@ def test_sigterm_is_not_held_up_by_mirrored_work(shadows, tmp_path: Path) -> Non
                                    "data": [0.5] * 16}]}).encode()  # fmt: skip
     for _ in range(8):
         assert primary.request("POST", "/v2/models/tiny/infer", body)[0] == 200
-    assert primary.shadow()["requests"] == {"compared": 0, "dropped": 0, "candidateError": 0,
-                                            "timeout": 0}  # 8 in the slow candidate's hands
+    assert primary.shadow()["requests"] == {
+        "compared": 0,
+        "dropped": 0,
+        "candidateError": 0,
+        "timeout": 0,
+    }  # 8 in the slow candidate's hands
     signalled = time.monotonic()
     assert primary.stop() == 0
     assert time.monotonic() - signalled < 5  # not the 30 s the mirror would have waited

@@ -86,6 +86,10 @@ class Reason(StrEnum):
     NOT_READY = "NotReady"
 
 
+ConditionValue = tuple[ConditionStatus, Reason, str]
+"""(status, reason, message) of one condition, as the deciders return it."""
+
+
 class Condition(ApiModel):
     """One aspect of the InferenceDeployment's state (metav1.Condition)."""
 

@@ -50,9 +50,9 @@ WORKSPACE_BYTES = 4 << 30
 TENSORRT_MAJOR = 10
 
 
-def _tensorrt():  # type: ignore[no-untyped-def]
+def _tensorrt():
     try:
-        import tensorrt as trt  # type: ignore[import-not-found]
+        import tensorrt as trt
     except ImportError as error:
         raise BuildError(
             "the tensorrt backend needs TensorRT 10 and a CUDA GPU: install the extra "
