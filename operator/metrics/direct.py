@@ -36,10 +36,16 @@ class DirectRead:
         self._list_pods = list_pods
         self.timeout_seconds = timeout_seconds
         self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
 
     def _client(self) -> aiohttp.ClientSession:
-        """One session for every read (made in the event loop, on first use)."""
+        """One session for every read, made in the running event loop on first use (and
+        again if the reader is used from another loop, whose sessions it cannot share)."""
+        loop = asyncio.get_running_loop()
+        if self._session_loop is not loop:
+            self._session = None  # made in another (maybe closed) loop: unusable here
         if self._session is None or self._session.closed:
+            self._session_loop = loop
             timeout = aiohttp.ClientTimeout(total=self.timeout_seconds)
             self._session = aiohttp.ClientSession(timeout=timeout)
         return self._session
