@@ -17,10 +17,16 @@ and the etcd release it is tested with; its go.mod is the single source of both 
 
 A build that fails says so with the end of its log and the log's path; nothing falls
 back to anything else.
+
+Prometheus is built the same way (`ensure_prometheus`): upstream's, pinned, with only
+Kubernetes service discovery compiled in (its own build tags), because Debian's package
+leaves Kubernetes discovery out; `kubeinfer up` and the tests discover pods through the
+API server as a cluster's Prometheus does.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -138,7 +144,8 @@ def _progress(log: Path, total: int, stop: threading.Event, started: float) -> N
         done = sum(1 for _ in log.open(errors="replace")) if log.exists() else 0
         if done != last:
             minutes, seconds = divmod(int(time.monotonic() - started), 60)
-            say(f"  compiled {min(done, total)}/{total} packages ({minutes}m{seconds:02d}s)")
+            counted = f"{min(done, total)}/{total}" if total else str(done)
+            say(f"  compiled {counted} packages ({minutes}m{seconds:02d}s)")
             last = done
 
 
@@ -201,6 +208,62 @@ def build(names: list[str], destination: Path, module: Path = MODULE) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     minutes, seconds = divmod(int(time.monotonic() - started), 60)
     say(f"built {', '.join(names)} in {minutes}m{seconds:02d}s into {destination}")
+
+
+PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
+PROMETHEUS_MODULE_VERSION = "v0.316.0"
+"""Prometheus 3.16.0: the Go module numbers release 3.N.P as v0.3NN.P."""
+PROMETHEUS_RELEASE = "3.16.0"
+PROMETHEUS_BUILD_TAGS = "remove_all_sd,enable_kubernetes_sd"
+"""Prometheus' own build tags (`plugins/`) for a binary with no discovery but Kubernetes'
+(and the static and file kinds, always in): a third of the full build's packages."""
+
+
+def ensure_prometheus() -> Path:
+    """Upstream's prometheus with Kubernetes service discovery, from the cache or built
+    into it (once per machine; builds side by side wait for one another)."""
+    cache = cache_root() / "prometheus" / f"{PROMETHEUS_RELEASE}-kubernetes-sd"
+    binary = cache / "prometheus"
+    if os.access(binary, os.X_OK):
+        return binary
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.access(binary, os.X_OK):
+            _build_prometheus(cache)
+    return binary
+
+
+def _build_prometheus(destination: Path) -> None:
+    go = find_go()
+    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=destination))
+    log = destination / "build.log"
+    say(f"building Prometheus {PROMETHEUS_RELEASE} with Kubernetes service discovery "
+        f"(Debian's has none) with {go}: a few minutes, once per machine")  # fmt: skip
+    env = {**os.environ, "CGO_ENABLED": "0", "GOBIN": str(staging), "GOFLAGS": "-buildvcs=false"}
+    version = f"-X github.com/prometheus/common/version.Version={PROMETHEUS_RELEASE}"
+    package = f"{PROMETHEUS_MODULE}/cmd/prometheus@{PROMETHEUS_MODULE_VERSION}"
+    started, stop = time.monotonic(), threading.Event()
+    reporter = threading.Thread(target=_progress, args=(log, 0, stop, started), daemon=True)
+    reporter.start()
+    try:
+        with log.open("w") as output:
+            result = subprocess.run(
+                [go, "install", "-v", "-trimpath", "-tags", PROMETHEUS_BUILD_TAGS,
+                 "-ldflags", f"-s -w {version}", package],
+                cwd=staging, env=env, stdout=output, stderr=subprocess.STDOUT, check=False,
+            )  # fmt: skip
+    finally:
+        stop.set()
+        reporter.join()
+    if result.returncode != 0 or not (staging / "prometheus").exists():
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
+        raise BuildError(f"building Prometheus failed (full log: {log}):\n{tail}")
+    (staging / "prometheus").replace(destination / "prometheus")
+    shutil.rmtree(staging, ignore_errors=True)
+    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    say(f"built Prometheus in {minutes}m{seconds:02d}s into {destination}")
 
 
 def ensure_binaries(module: Path = MODULE) -> dict[str, Path]:

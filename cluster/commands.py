@@ -47,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     down.add_argument("--directory", type=Path, default=None)
     down.set_defaults(handler=_down)
 
-    build = actions.add_parser("build", help="build (or find) the control plane's binaries")
+    build = actions.add_parser(
+        "build", help="build (or find) the control plane's binaries and Prometheus"
+    )
     build.set_defaults(handler=_build)
 
 
@@ -98,6 +100,7 @@ def _build(_: argparse.Namespace) -> int:
     try:
         for name, path in binaries.ensure_binaries().items():
             print(f"{name}: {path}")
+        print(f"prometheus: {binaries.ensure_prometheus()}")
     except binaries.BuildError as error:
         print(f"kubeinfer cluster build: {error}", file=sys.stderr)
         return 1

@@ -24,6 +24,13 @@ every target has been scraped after wall time t (e.g. when the load stopped), so
 then sees everything the processes counted; `reload(targets)` replaces the targets while
 it runs (a pod replaced by another); `stop()` then `start()` is an outage of Prometheus,
 which comes back at the same URL with what it had stored.
+
+Against a real API server (the session's `local_cluster`),
+`running_prometheus_with_kubernetes_sd` starts one that finds the pods itself, as a
+cluster's Prometheus does: Kubernetes service discovery of one namespace's pods, as a
+ServiceAccount, keeping those with the `prometheus.io/*` annotations the operator renders.
+Debian's Prometheus has no Kubernetes discovery: that one is upstream's, built once per
+machine from its Go module (`require_prometheus_with_kubernetes_sd`).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from kubeinfer.cluster import binaries
 
 SCRAPE_INTERVAL = "500ms"
 JOB = "kubeinfer"
@@ -172,7 +180,7 @@ def start_runtime(model: Path, model_name: str, *flags: str) -> RuntimeProcess:
     """`kubeinfer serve --onnx model` on a free loopback port, once it is ready."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "kubeinfer.operator.cli", "serve", "--onnx", str(model),
+        [sys.executable, "-m", "kubeinfer.cli", "serve", "--onnx", str(model),
          "--model-name", model_name, "--host", "127.0.0.1", "--port", str(port), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -274,9 +282,10 @@ def prometheus_config(targets: Sequence[ScrapeTarget], interval: str = SCRAPE_IN
     )
 
 
-def _launch(config: Path, port: int) -> subprocess.Popen[bytes]:
-    """Prometheus with `config`, its TSDB and log beside it, on `port`, once ready."""
-    binary = require_prometheus()
+def _launch(config: Path, port: int, binary: str | None = None) -> subprocess.Popen[bytes]:
+    """Prometheus (`binary`, Debian's by default) with `config`, its TSDB and log beside it,
+    on `port`, once ready."""
+    binary = binary or require_prometheus()
     directory = config.parent
     log = directory / "prometheus.log"
     with log.open("ab") as output:  # a file, not a pipe nobody reads while tests run
@@ -305,3 +314,187 @@ def running_prometheus(
         yield server
     finally:
         server.stop()
+
+
+# -- Kubernetes service discovery ------------------------------------------------------------
+# Prometheus as it runs in a cluster: it finds the pods itself, from the API server, instead
+# of being handed addresses. The static API above stays for tests without a cluster.
+#
+# Debian builds its package without Kubernetes service discovery (its NEWS: "Kubernetes
+# support has been completely removed, due to the insane amount of dependencies in their
+# client library"; the config field is refused as unknown), so this one is upstream's
+# Prometheus built from its Go module, as the control plane is, with only that discovery
+# compiled in, and cached per machine (`kubeinfer.cluster.binaries.ensure_prometheus`, the
+# build `kubeinfer up` uses too).
+
+
+def require_prometheus_with_kubernetes_sd() -> str:
+    """Upstream's prometheus with Kubernetes service discovery (built once per machine by
+    `kubeinfer.cluster.binaries.ensure_prometheus`, which `make test` runs first); skips
+    the test where it cannot be built, or fails it when CI=true, as `require_prometheus`
+    does."""
+    try:
+        return str(binaries.ensure_prometheus())
+    except binaries.BuildError as error:
+        message = f"no Prometheus with Kubernetes service discovery: {error}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}\nCI must run the real-Prometheus tests", pytrace=False)
+        pytest.skip(message)
+
+
+DISCOVERY_JOB = "kubernetes-pods"
+"""The job's name, as the prometheus-community chart names its annotation-driven job."""
+
+
+def kubernetes_sd_config(
+    server: str,
+    ca_file: Path,
+    token_file: Path,
+    namespace: str,
+    interval: str = SCRAPE_INTERVAL,
+) -> str:
+    """The scrape configuration of a cluster's Prometheus without the prometheus-operator:
+    Kubernetes service discovery (role pod) of one namespace's pods, as a ServiceAccount
+    (its token in `token_file`, the API server's CA in `ca_file`), keeping the pods whose
+    `prometheus.io/scrape` annotation is "true", at the port and path their
+    `prometheus.io/port` and `prometheus.io/path` annotations name, labelled `namespace`
+    and `pod` as the operator's queries select (the chart's `kubernetes-pods` job).
+
+    One namespace only: the account's Role grants pods there, and Prometheus lists and
+    watches cluster-wide otherwise, which the API server would refuse."""
+    annotation = "__meta_kubernetes_pod_annotation_prometheus_io_"
+    return yaml.safe_dump(
+        {
+            "global": {"scrape_interval": interval, "scrape_timeout": interval},
+            "scrape_configs": [
+                {
+                    "job_name": DISCOVERY_JOB,
+                    "kubernetes_sd_configs": [
+                        {
+                            "role": "pod",
+                            "api_server": server,
+                            "namespaces": {"names": [namespace]},
+                            "tls_config": {"ca_file": str(ca_file)},
+                            "authorization": {"credentials_file": str(token_file)},
+                        }
+                    ],
+                    "relabel_configs": [
+                        {
+                            "source_labels": [f"{annotation}scrape"],
+                            "action": "keep",
+                            "regex": "true",
+                        },
+                        # A pod that has finished (or not started) has nothing to scrape.
+                        {
+                            "source_labels": ["__meta_kubernetes_pod_phase"],
+                            "action": "keep",
+                            "regex": "Running",
+                        },
+                        {
+                            "source_labels": [f"{annotation}path"],
+                            "regex": "(.+)",
+                            "target_label": "__metrics_path__",
+                        },
+                        # Discovery makes one target per declared container port: the
+                        # annotation's port replaces it, so every target of a pod is the
+                        # same address and Prometheus keeps one of them.
+                        {
+                            "source_labels": ["__meta_kubernetes_pod_ip", f"{annotation}port"],
+                            "regex": r"(.+);(\d+)",
+                            "replacement": "$1:$2",
+                            "target_label": "__address__",
+                        },
+                        {
+                            "source_labels": ["__meta_kubernetes_namespace"],
+                            "target_label": "namespace",
+                        },
+                        {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                    ],
+                }
+            ],
+        },
+        sort_keys=False,
+    )
+
+
+@dataclass
+class DiscoveringPrometheus(PrometheusServer):
+    """A running Prometheus that finds its targets by Kubernetes service discovery: they
+    follow the pods by themselves, so there is nothing to `reload`. `stop()` and `start()`
+    are an outage, as for `PrometheusServer`; after `start()` discovery lists the pods
+    again."""
+
+    binary: str = ""
+    """Upstream's Prometheus (`require_prometheus_with_kubernetes_sd`)."""
+
+    def reload(self, targets: Sequence[ScrapeTarget]) -> None:
+        raise TypeError("service discovery chooses the targets: there is nothing to reload")
+
+    def start(self) -> None:
+        if self.process.poll() is None:
+            raise AssertionError("Prometheus is still running")
+        self.process = _launch(self.config, self.port, self.binary)
+
+    def wait_for_scrape_after(self, wall_time: float, timeout: float = 20) -> None:
+        """Until every pod discovery has found has a successful scrape that started after
+        `wall_time` (Unix seconds)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = len(self.scraped_pods())
+            oldest = self.query(f'min(timestamp(up{{job="{DISCOVERY_JOB}"}}))')
+            healthy = self.query(f'count(up{{job="{DISCOVERY_JOB}"}} == 1)')
+            if (
+                found
+                and oldest
+                and healthy
+                and float(oldest[0]["value"][1]) > wall_time
+                and int(float(healthy[0]["value"][1])) == found
+            ):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"no scrape of every pod after {wall_time} within {timeout} s")
+
+    def scraped_pods(self) -> dict[str, str]:
+        """The pods discovery found, by name (its `pod` label), each with its last scrape's
+        health ("up", "down" or "unknown" before the first scrape)."""
+        status, body = http_get(self.port, "/api/v1/targets?state=active")
+        answer = json.loads(body)
+        if status != 200 or answer.get("status") != "success":
+            raise AssertionError(f"Prometheus refused the targets query: {body[:500]!r}")
+        return {
+            target["labels"]["pod"]: target["health"]
+            for target in answer["data"]["activeTargets"]
+            if target["labels"].get("job") == DISCOVERY_JOB
+        }
+
+
+@contextmanager
+def running_prometheus_with_kubernetes_sd(
+    directory: Path,
+    *,
+    server: str,
+    ca_file: Path,
+    token: str,
+    namespace: str,
+    interval: str = SCRAPE_INTERVAL,
+) -> Iterator[DiscoveringPrometheus]:
+    """A Prometheus discovering the annotated pods of `namespace` from the API server at
+    `server` (see `kubernetes_sd_config`), authenticated by a bearer `token` (a
+    ServiceAccount's with get, list and watch on pods there); ready (`/-/ready`) when the
+    block starts, stopped when it ends. Its config, token file and TSDB live in
+    `directory`. Discovery applies what it finds on Prometheus' 5 s tick: a new pod's
+    first scrape comes up to about 5 s after the pod is Running."""
+    binary = require_prometheus_with_kubernetes_sd()
+    token_file = directory / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    config = directory / "prometheus.yml"
+    config.write_text(kubernetes_sd_config(server, ca_file, token_file, namespace, interval))
+    port = free_port()
+    prometheus = DiscoveringPrometheus(
+        _launch(config, port, binary), port, (), config, interval, binary
+    )
+    try:
+        yield prometheus
+    finally:
+        prometheus.stop()

@@ -54,7 +54,7 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
     lease_role = rbac.lease_role_document(
         f"{OPERATOR_ACCOUNT}-leader-election", NAMESPACE, OPERATOR_ACCOUNT
     )
-    env = [{"name": k, "value": v} for k, v in LOCAL_SETTINGS.items()]
+    env: list[dict[str, object]] = [{"name": k, "value": v} for k, v in LOCAL_SETTINGS.items()]
     env += [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -110,12 +110,17 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
     ]
 
 
+def namespace_object() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+
+
 def prometheus_objects() -> list[dict[str, Any]]:
     """Prometheus' identity for Kubernetes service discovery: list and watch pods."""
+    role_name = f"{RELEASE}-prometheus"
     role = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
-        "metadata": {"name": f"{RELEASE}-prometheus", "labels": LABELS},
+        "metadata": {"name": role_name, "labels": LABELS},
         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
     }
     return [
@@ -125,5 +130,5 @@ def prometheus_objects() -> list[dict[str, Any]]:
             "metadata": {"name": PROMETHEUS_ACCOUNT, "namespace": NAMESPACE, "labels": LABELS},
         },
         role,
-        _binding("ClusterRole", role["metadata"]["name"], None, PROMETHEUS_ACCOUNT),
+        _binding("ClusterRole", role_name, None, PROMETHEUS_ACCOUNT),
     ]

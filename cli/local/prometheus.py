@@ -1,13 +1,13 @@
-"""Debian's Prometheus for `kubeinfer up`, discovering the runtime pods as a cluster's
-Prometheus does: Kubernetes service discovery (role pod) against the local API server,
+"""Prometheus for `kubeinfer up`, discovering the runtime pods as a cluster's Prometheus
+does: Kubernetes service discovery (role pod) against the local API server,
 as its own ServiceAccount, keeping the pods whose `prometheus.io/scrape` annotation says
 so (the operator sets it when no PodMonitor API exists) at the port and path their
 annotations name, labelled with `namespace` and `pod` as the operator's queries expect.
-The binary does not start itself; `kubeinfer up` starts it on loopback and stops it."""
+The binary is upstream's, built with Kubernetes discovery by `kubeinfer cluster build`
+(Debian's package has none); `kubeinfer up` starts it on loopback and stops it."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,15 @@ import yaml
 SCRAPE_INTERVAL = "2s"
 
 
-def prometheus_binary() -> str | None:
-    return shutil.which("prometheus")
+def prometheus_binary() -> tuple[str | None, str]:
+    """The binary, or None and why not (a build that failed: the session goes on with the
+    operator's direct read of the pods)."""
+    from kubeinfer.cluster.binaries import BuildError, ensure_prometheus
+
+    try:
+        return str(ensure_prometheus()), ""
+    except BuildError as error:
+        return None, str(error).splitlines()[0]
 
 
 def kubernetes_sd_config(

@@ -78,7 +78,7 @@ class LocalSession:
         )
         self.api = await NodeApi.from_kubeconfig(str(self.kubeconfig))
         self.say(f"  control plane and node up in {time.monotonic() - started:.1f} s")
-        await self.kubectl_apply([build_crd()])
+        await self.kubectl_apply([build_crd(), install.namespace_object()])
         await self._wait_for_crd()
         await self._start_prometheus()
         await self.kubectl_apply(install.operator_objects(self.prometheus_url))
@@ -100,12 +100,10 @@ class LocalSession:
                 await asyncio.sleep(0.1)
 
     async def _start_prometheus(self) -> None:
-        binary = prometheus.prometheus_binary()
+        binary, why = await asyncio.to_thread(prometheus.prometheus_binary)
         if binary is None:
-            self.say(
-                "  metrics: no Prometheus installed (apt-get install prometheus); the "
-                "operator reads the pods' /metrics directly"
-            )
+            self.say(f"  metrics: no Prometheus ({why}); the operator reads the pods' "
+                     "/metrics directly")  # fmt: skip
             return
         await self.kubectl_apply(install.prometheus_objects())
         token = await self._token(install.PROMETHEUS_ACCOUNT, 86400)
@@ -283,7 +281,9 @@ class LocalSession:
     async def ready_endpoints(self, namespace: str, service: str) -> list[str]:
         """`podIP:port` of each ready pod the Service selects, at its first port's target."""
         found = await self._api().get(f"/api/v1/namespaces/{namespace}/services/{service}")
-        selector = ((found or {}).get("spec") or {}).get("selector")
+        if found is None:
+            return []
+        selector = (found.get("spec") or {}).get("selector")
         if not selector:
             return []
         target = found["spec"]["ports"][0].get("targetPort", found["spec"]["ports"][0]["port"])
