@@ -156,7 +156,8 @@ def write_pki(directory: Path, now: datetime.datetime | None = None) -> Pki:
 
     serving_key = ec.generate_private_key(ec.SECP256R1())
     names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
-    alt = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    alt: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
+    alt.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
     serving = _sign(
         _name("kube-apiserver"),
         serving_key.public_key(),
@@ -182,7 +183,7 @@ def write_pki(directory: Path, now: datetime.datetime | None = None) -> Pki:
     pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
 
     # The node's kubelet endpoint (pod logs), and the API server's client identity there.
-    for key_path, cert_path, subject, usage, names in (
+    for key_path, cert_path, subject, usage, alt_names in (
         (
             pki.kubelet_key,
             pki.kubelet_cert,
@@ -200,7 +201,7 @@ def write_pki(directory: Path, now: datetime.datetime | None = None) -> Pki:
     ):
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _sign(
-            subject, key.public_key(), ca_name, ca_key, now, usage=[usage], alt_names=names
+            subject, key.public_key(), ca_name, ca_key, now, usage=[usage], alt_names=alt_names
         )
         _write_key(key_path, key)
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

@@ -15,8 +15,8 @@ def run(write: bool, check: bool, root: Path) -> int:
     targets = [root / CRD_FILE, root / HELM_CRD_FILE]
     if check:
         stale = [str(t) for t in targets if not t.exists() or t.read_text() != text]
-        for target in stale:
-            print(f"{target} is stale: run `kubeinfer crds --write`", file=sys.stderr)
+        for path in stale:
+            print(f"{path} is stale: run `kubeinfer crds --write`", file=sys.stderr)
         return 1 if stale else 0
     if write:
         for target in targets:

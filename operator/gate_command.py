@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kubeinfer.operator.api.v1alpha1.resource import GROUP, PLURAL, VERSION
 from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
@@ -64,15 +64,15 @@ def set_gate(
     from kubernetes.client.exceptions import ApiException
 
     try:
-        body: dict[str, Any] = api.get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name
-        )
+        body = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
     except ApiException as error:
         if error.status == 404:
             raise GateRefused(f"inferencedeployment {namespace}/{name} not found") from None
         raise GateRefused(
             f"the API server refused the read: {error.status} {error.reason}"
         ) from None
+    if not isinstance(body, dict):  # the client types a custom object as `object`
+        raise GateRefused(f"the API server answered the read with no object: {body!r}")
     candidate = (body.get("status") or {}).get("candidate") or {}
     current = candidate.get("engineDigest")
     if not current or candidate.get("verdict") != "Pending":

@@ -22,7 +22,7 @@ operator command and each test build their own registry, settings and credential
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,7 +157,8 @@ def register(
     @kopf.on.resume(*owner, registry=registry, id="reconcile")
     @kopf.on.create(*owner, registry=registry, id="reconcile")
     @kopf.on.update(*owner, registry=registry, id="reconcile")
-    async def reconcile_on_change(namespace: str, name: str, **_: Any) -> None:
+    async def reconcile_on_change(namespace: str | None, name: str, **_: Any) -> None:
+        assert namespace is not None  # InferenceDeployment is namespaced: kopf gives it one
         await reconcile(namespace, name)
 
     for child in CHILD_RESOURCES:
@@ -171,8 +172,12 @@ def register(
             id=f"reconcile_owner_of_{child.plural}",
         )
         async def reconcile_owner(
-            namespace: str, labels: dict[str, str], logger: logging.Logger, **_: Any
+            namespace: str | None,
+            labels: Mapping[str, str],
+            logger: logging.Logger | logging.LoggerAdapter[Any],
+            **_: Any,
         ) -> None:
+            assert namespace is not None  # every child resource is namespaced
             try:
                 await reconcile(namespace, labels[LABEL_INSTANCE])
             except (kopf.PermanentError, kopf.TemporaryError) as error:

@@ -214,8 +214,7 @@ class Reconciler:
                 await apply.patch_status(self.client, owner, decision.status, version)
             except ApiError as error:
                 fresh = await self.client.get(INFERENCE_DEPLOYMENT, owner.namespace, owner.name)
-                same_spec = fresh is not None and owner_ref_from_body(fresh) == owner
-                if error.status != 409 or not same_spec:
+                if error.status != 409 or fresh is None or owner_ref_from_body(fresh) != owner:
                     raise
                 version = fresh["metadata"]["resourceVersion"]
                 await apply.patch_status(self.client, owner, decision.status, version)

@@ -32,7 +32,8 @@ def validate_file(path: Path) -> tuple[list[str], list[str]]:
         return [f"{path}: {error}"], []
     if not documents:
         return [f"{path}: no YAML document in the file"], []
-    problems, valid = [], []
+    problems: list[str] = []
+    valid: list[str] = []
     for index, document in enumerate(documents):
         where = f"{path}" if len(documents) == 1 else f"{path}[{index}]"
         try:

@@ -227,6 +227,7 @@ class DataPlane:
                 raise InvalidRequest(f"input {tensor.name!r} is given twice")
             inputs[tensor.name] = (tensor.datatype, tensor.data)
         rows = check_inputs(self.engine.inputs, inputs, self.config.batching.max_batch_size)
+        wanted: list[tuple[str, bool | None]]
         if request.outputs is None:
             wanted = [(spec.name, None) for spec in self.engine.outputs]
         else:

@@ -55,11 +55,11 @@ class GpuMemoryReader:
         if self._handles is not None:
             return self._handles
         try:
-            nvml = self._nvml
-            if nvml is None:
-                import pynvml as nvml
+            if self._nvml is None:
+                import pynvml
 
-                self._nvml = nvml
+                self._nvml = pynvml
+            nvml = self._nvml
             nvml.nvmlInit()
             handles = []
             for index in range(nvml.nvmlDeviceGetCount()):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import itertools
 import logging
@@ -326,7 +327,7 @@ class NodeAgent:
             self.workers[uid] = worker
             task = asyncio.create_task(worker.run())
             self.tasks[uid] = task
-            task.add_done_callback(lambda t, uid=uid: self._worker_done(uid, t))
+            task.add_done_callback(functools.partial(self._worker_done, uid))
 
     def _worker_done(self, uid: str, task: asyncio.Task[None]) -> None:
         worker = self.workers.pop(uid)
@@ -362,13 +363,14 @@ class NodeAgent:
         self, obj: KubeObject, type_: str, reason: str, message: str, source: str
     ) -> None:
         meta = obj["metadata"]
+        namespace = meta.get("namespace", "default")
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {
                 "name": f"{meta['name']}.{secrets.token_hex(8)}",
-                "namespace": meta.get("namespace", "default"),
+                "namespace": namespace,
             },
             "involvedObject": {
                 "apiVersion": obj.get("apiVersion", "v1"),
@@ -388,6 +390,4 @@ class NodeAgent:
             "reportingInstance": self.name,
         }
         with contextlib.suppress(ApiError):
-            await self.api.request(
-                "POST", f"/api/v1/namespaces/{event['metadata']['namespace']}/events", body=event
-            )
+            await self.api.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)

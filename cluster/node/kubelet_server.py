@@ -66,9 +66,7 @@ class KubeletServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, 0, ssl_context=self.context)
         await site.start()
-        server = site._server
-        assert server is not None
-        self.port = int(server.sockets[0].getsockname()[1])
+        self.port = int(self._runner.addresses[0][1])
         return self.port
 
     async def close(self) -> None:

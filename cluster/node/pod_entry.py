@@ -16,6 +16,12 @@ from __future__ import annotations
 import socket
 import sys
 from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import _socket  # socket.socket's base, where typeshed declares bind()
+
+    from _typeshed import ReadableBuffer
 
 WILDCARDS = {"", "0.0.0.0"}
 IPV6_WILDCARDS = {"", "::"}
@@ -24,7 +30,7 @@ IPV6_WILDCARDS = {"", "::"}
 def bind_to_pod_address(pod_ip: str) -> None:
     original = socket.socket.bind
 
-    def bind(self: socket.socket, address: object) -> None:
+    def bind(self: _socket.socket, address: tuple[Any, ...] | str | ReadableBuffer) -> None:
         if self.family == socket.AF_INET and isinstance(address, tuple):
             host, port = address[0], address[1]
             if host in WILDCARDS:
@@ -38,7 +44,7 @@ def bind_to_pod_address(pod_ip: str) -> None:
             raise OSError(99, "Cannot assign requested address (the pod has no IPv6 address)")
         original(self, address)
 
-    socket.socket.bind = bind  # type: ignore[method-assign]
+    socket.socket.bind = bind  # type: ignore[method-assign]  # a deliberate monkeypatch
 
 
 def main() -> None:
@@ -46,10 +52,11 @@ def main() -> None:
         sys.exit("usage: python -m kubeinfer.cluster.node.pod_entry POD_IP PROGRAM [ARG...]")
     pod_ip, program, *args = sys.argv[1:]
     bind_to_pod_address(pod_ip)
-    (script,) = [e for e in entry_points(group="console_scripts") if e.name == program] or [None]
-    if script is None:
+    scripts = [e for e in entry_points(group="console_scripts") if e.name == program]
+    if not scripts:
         sys.stderr.write(f'exec: "{program}": executable file not found in $PATH\n')
         sys.exit(127)
+    (script,) = scripts
     sys.argv = [program, *args]
     sys.exit(script.load()())
 

@@ -71,7 +71,9 @@ class Endpoints:
 
     async def _endpoint(self, namespace: str, name: str, port: int | None) -> str | None:
         service = await self.api.get(f"/api/v1/namespaces/{namespace}/services/{name}")
-        selector = ((service or {}).get("spec") or {}).get("selector")
+        if service is None:
+            return None
+        selector = (service.get("spec") or {}).get("selector")
         if not selector:
             return None
         wanted = next(

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -187,7 +187,7 @@ async def keep_logged_in(vault: Vault, login: Login) -> None:
 
 
 async def run_as_leader(
-    run: Callable[[asyncio.Event], Awaitable[None]],
+    run: Callable[[asyncio.Event], Coroutine[Any, Any, None]],
     election: Election,
     login: Login,
     stop: asyncio.Event,

@@ -31,7 +31,7 @@ P99_WINDOW_SECONDS = 120
 """The request p99's rate window: four scrape intervals of the common 30 s, so rate()
 has samples to work with whatever the scrape phase."""
 
-OVERRIDES_PATH = "spec.monitoring." + MonitoringSpec.model_fields["queries"].alias
+OVERRIDES_PATH = "spec.monitoring." + (MonitoringSpec.model_fields["queries"].alias or "queries")
 """Where the overrides live in the object, for messages."""
 
 _OVERRIDABLE = (

@@ -374,7 +374,7 @@ class Batcher:
         )
         if decision.expired:
             expired = set(decision.expired)
-            kept = deque()
+            kept: deque[_Request] = deque()
             for index, request in enumerate(queue):
                 if index in expired:
                     since_arrival_ms = (now - request.admission.arrived_at) * 1000

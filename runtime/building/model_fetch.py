@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 from urllib.parse import unquote, urlsplit
 
 from kubeinfer.runtime.engine_manifest import sha256_file
@@ -72,7 +72,7 @@ def _check(uri: str, actual: str, expected: str | None) -> None:
         )
 
 
-def _stream_to(source: BinaryIO, target: BinaryIO) -> str:
+def _stream_to(source: IO[bytes], target: IO[bytes]) -> str:
     digest = hashlib.sha256()
     while chunk := source.read(CHUNK_BYTES):
         digest.update(chunk)

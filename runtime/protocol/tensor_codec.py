@@ -115,12 +115,12 @@ def _decode_input(
     if not isinstance(name, str) or not name:
         raise InvalidRequest(f"{where}.name must be a non-empty string")
     datatype = obj.get("datatype")
-    dtype = V2_TO_NUMPY.get(datatype) if isinstance(datatype, str) else None
-    if dtype is None:
+    if not isinstance(datatype, str) or datatype not in V2_TO_NUMPY:
         raise InvalidRequest(
             f"{kind} {name!r}: datatype {datatype!r} is not supported "
             f"(one of {', '.join(V2_TO_NUMPY)})"
         )
+    dtype = V2_TO_NUMPY[datatype]
     shape = _shape(obj.get("shape"), f"{kind} {name!r}")
     count = math.prod(shape)
     if limits.max_elements is not None and count > limits.max_elements:
