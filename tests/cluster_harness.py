@@ -349,6 +349,14 @@ class LocalCluster:
         return path
 
 
+def established(local: LocalCluster, name: str) -> bool:
+    crd = local.admin().get(
+        "apiextensions.k8s.io/v1", "customresourcedefinitions", name, namespace=None
+    )
+    conditions = ((crd or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+
 def start_local_cluster(directory: Path) -> Iterator[LocalCluster]:
     """Starts the control plane, applies the CRD, yields, and stops every process."""
     cluster = control_plane.up(directory, audit=True, node_args=["--crash-loop-backoff-seconds=2"])
@@ -358,15 +366,14 @@ def start_local_cluster(directory: Path) -> Iterator[LocalCluster]:
     local = LocalCluster(cluster, api_client)
     try:
         local.kubectl("apply", "--server-side", "-f", str(CRD))
-        local.kubectl(
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/inferencedeployments.kubeinfer.io",
-        )
-        # Established comes before the resource's storage answers (429 "storage is
-        # (re)initializing" meanwhile): start the tests once a list succeeds.
+        # Established, then a list that succeeds: `kubectl wait` gives up on a CRD with no
+        # conditions yet, and the resource's storage answers 429 "(re)initializing" for a
+        # moment after Established.
         deadline = time.monotonic() + 60
+        while not established(local, "inferencedeployments.kubeinfer.io"):
+            if time.monotonic() > deadline:
+                raise AssertionError("the CRD was not Established within 60 s")
+            time.sleep(0.1)
         while True:
             try:
                 local.admin().list("kubeinfer.io/v1alpha1", "inferencedeployments", namespace=None)

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -54,7 +55,12 @@ def installed_crd(cluster, plural: str) -> Iterator[None]:  # type: ignore[no-un
     path = crd_file(plural)
     cluster.kubectl("apply", "--server-side", "-f", str(path))
     name = f"{plural}.monitoring.coreos.com"
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+    from cluster_harness import established
+
+    deadline = time.monotonic() + 60
+    while not established(cluster, name):  # `kubectl wait` gives up before any condition
+        assert time.monotonic() < deadline, f"{name} was not Established within 60 s"
+        time.sleep(0.1)
     try:
         yield
     finally:
