@@ -1,102 +1,112 @@
-"""The real kopf operator against the emulated API server, for engines that match their
-image: a runtime pod whose container the kubelet reports in CrashLoopBackOff after
-`kubeinfer serve` exited 3 (an engine built by another backend version) turns the object
-Degraded with reason EngineIncompatible and the runtime's own message, read by the
-gather step from the pods of a Deployment that is not settled; once the pod is ready and
-the Deployment settled, the object is Ready and no longer Degraded."""
+"""Engines that match their image, on the real control plane: the operator reports a
+runtime pod that cannot load its engine with the runtime's own words.
+
+The engine cache claim holds a real engine entry as another ONNX Runtime (1.16.3) would
+have written it: an engine built here, its manifest's key naming that version (and so
+its own digest). Pinned, it reaches a real runtime pod whose `kubeinfer serve` refuses it
+and exits 3; the node agent reports the exit code and the termination message in the
+pod's container status, and restarts the container (CrashLoopBackOff). From that pod the
+operator turns the object Degraded and not Ready with reason EngineIncompatible and a
+message that names the pod, the engine and what the runtime said. Pinning an engine
+built by this image (what the message advises) brings the object to Ready, no longer
+Degraded.
+"""
 
 from __future__ import annotations
 
-import time
+import asyncio
+import shutil
+from pathlib import Path
+from typing import Any
 
-from operator_harness import (
-    NAMESPACE,
-    World,
-    condition,
-    digest_of,
-    eventually,
-    manifest,
-    start_operator,
-)
+import pytest
+from kubeinfer.operator.state import names
+from kubeinfer.runtime.building.engine_build import BuildResult, build_engine
+from kubeinfer.runtime.engine_cache import EXIT_ENGINE_INCOMPATIBLE
+from kubeinfer.runtime.engine_manifest import EngineManifest, sha256_file
+from kubeinfer.runtime.engines.loader import installed_backend_version
+from operator_harness import Model, World, condition, eventually, manifest, start_operator
 
-REFUSAL = "error: engine sha256:... was built by onnxruntime 1.16.3, but this image has ..."
+pytestmark = pytest.mark.slow
+
+OTHER_ONNXRUNTIME = "1.16.3"
 
 
-def runtime_pod(world: World, ready: bool) -> dict:
-    """The serving Deployment's pod as the kubelet reports it: after `kubeinfer serve`
-    exited 3, waiting to be restarted; or running and ready."""
-    deployment = world.one("apps/v1", "deployments")
-    assert deployment is not None
-    template = deployment["spec"]["template"]
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    terminated = {
-        "exitCode": 3, "reason": "Error", "message": REFUSAL, "startedAt": now, "finishedAt": now,
-    }  # fmt: skip
-    state = (
-        {"running": {"startedAt": now}}
-        if ready
-        else {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}}
+def publish_as_built_by(built: BuildResult, cache: Path, backend_version: str) -> str:
+    """Publishes `built`'s engine in `cache` as ONNX Runtime `backend_version` would have
+    (the key names that version, so the entry has its own digest, and the engine file's
+    real sha256 is in the manifest, so the entry resolves); returns its digest."""
+    key = built.manifest.key.model_copy(update={"backend_version": backend_version})
+    entry = cache / "engines" / key.digest().removeprefix("sha256:")
+    entry.mkdir(parents=True)
+    shutil.copyfile(built.engine_path, entry / built.manifest.engine_file)
+    relabelled = built.manifest.model_copy(
+        update={
+            "key": key,
+            "digest": key.digest(),
+            "engine_sha256": sha256_file(entry / built.manifest.engine_file),
+        }
     )
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": "resnet-runtime-7c9f5-x2k4q",
-            "namespace": NAMESPACE,
-            "labels": template["metadata"]["labels"],
-            "annotations": template["metadata"]["annotations"],
-        },
-        "spec": template["spec"],
-        "status": {
-            "phase": "Running",
-            "containerStatuses": [
-                {
-                    "name": "runtime",
-                    "image": template["spec"]["containers"][0]["image"],
-                    "imageID": "",
-                    "ready": ready,
-                    "restartCount": 3,
-                    "state": state,
-                    "lastState": {"terminated": terminated},
-                }
-            ],
-        },
-    }
+    EngineManifest.model_validate_json(relabelled.to_json())  # one a build could write
+    (entry / "manifest.json").write_text(relabelled.to_json())
+    return key.digest()
 
 
-async def test_a_runtime_refusing_its_engine_is_reported_from_its_pod(world: World) -> None:
-    pin = digest_of("built by another onnxruntime")
+def degraded(world: World) -> dict[str, Any] | None:
+    found = condition(world.infd(), "Degraded")
+    return found if found and found["status"] == "True" else None
+
+
+def runtime_container(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return next(s for s in statuses if s["name"] == "runtime")
+
+
+def last_termination(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The runtime container's latest termination: the current one, else the last."""
+    container = runtime_container(pod)
+    return (container.get("state") or {}).get("terminated") or (
+        container.get("lastState") or {}
+    ).get("terminated")
+
+
+async def test_a_runtime_refusing_its_engine_is_reported_from_its_pod(
+    world: World, tiny: Model
+) -> None:
+    cache = world.cluster.claim_directory(world.namespace, names.cache_claim_name("resnet"))
+    compatible = await asyncio.to_thread(
+        build_engine, str(tiny.path), "onnxruntime", "fp32", cache, max_batch_size=8
+    )
+    incompatible = publish_as_built_by(compatible, cache, OTHER_ONNXRUNTIME)
     async with start_operator(world):
-        world.api.create(
-            "inferencedeployments", manifest(engine={"pin": pin}, runtime={"replicas": 1})
-        )
-        await eventually(lambda: world.one("apps/v1", "deployments"), what="the Deployment")
-        pod = runtime_pod(world, ready=False)
-        world.api.create("pods", pod)  # the status goes through its subresource
-        world.api.patch(
-            "v1", "pods", NAMESPACE, pod["metadata"]["name"], {"status": pod["status"]}, "status"
-        )
+        world.create(manifest(tiny, engine={"pin": incompatible}))
+        found = await eventually(lambda: degraded(world), 120, "Degraded=True")
+        (pod,) = [p for p in world.pods() if not p["metadata"].get("deletionTimestamp")]
+        terminated = last_termination(pod)
+        infd = world.infd()
 
-        def degraded() -> dict | None:
-            found = condition(world.infd(), "Degraded")
-            return found if found and found["status"] == "True" else None
-
-        found = await eventually(degraded, what="Degraded=True")
+        # What the node agent reported of the real process: exit 3 and its own words.
+        assert terminated is not None and terminated["exitCode"] == EXIT_ENGINE_INCOMPATIBLE
+        said = (
+            f"engine {incompatible} was built by onnxruntime {OTHER_ONNXRUNTIME}, but this "
+            f"image has onnxruntime {installed_backend_version('onnxruntime')}"
+        )
+        assert said in terminated["message"], terminated
         assert found["reason"] == "EngineIncompatible"
-        assert f"The runtime pod {pod['metadata']['name']} (engine {pin}) cannot start" in (
-            found["message"]
-        )
-        assert REFUSAL in found["message"]
-        assert condition(world.infd(), "Ready")["reason"] == "EngineIncompatible"
+        name = pod["metadata"]["name"]
+        assert f"The runtime pod {name} (engine {incompatible}) cannot start" in found["message"]
+        assert " ".join(terminated["message"].split()) in found["message"]
+        assert "a pinned engine must be one built by this image" in found["message"]
+        ready = condition(infd, "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "EngineIncompatible")
 
-        recovered = runtime_pod(world, ready=True)
-        world.api.patch(
-            "v1", "pods", NAMESPACE, pod["metadata"]["name"], {"status": recovered["status"]},
-            "status",
-        )  # fmt: skip
-        world.make_deployment_ready()
+        # The fix the message names: pin an engine this image built.
+        world.patch_spec({"engine": {"pin": compatible.digest}})
         await eventually(
             lambda: (condition(world.infd(), "Ready") or {}).get("status") == "True",
-            what="Ready=True",
+            120,
+            "Ready=True on the engine this image built",
         )
-        assert condition(world.infd(), "Degraded")["status"] == "False"
+    infd = world.infd()
+    assert condition(infd, "Degraded")["status"] == "False"
+    assert infd["status"]["serving"]["engineDigest"] == compatible.digest
