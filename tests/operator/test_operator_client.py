@@ -1,74 +1,91 @@
-"""The API client on the official `kubernetes.aio` transport, against the emulated API
-server over HTTP: a hung request is cut at the timeout; a 429's Retry-After reaches the
-delay handed to kopf; lists come in pages and all of them are read; a 401 empties kopf's
-credentials vault, the credential is replaced by a new login and its session closed,
-and the request goes through with the new one; a fixed connection raises the 401; and
-the reconciler forgets what it kept for an object once the object is gone. The whole
-operator logging in again after its token is revoked is in `test_operator_relogin.py`."""
+"""The API client on the official `kubernetes.aio` transport, against the real API server,
+directly or through the fault proxy (`fault_proxy`) for what the server will not do on
+demand:
+
+- a request the proxy hangs is cut at the client's timeout, as a retryable ApiError;
+- a 429's Retry-After reaches the delay handed to kopf;
+- lists come in pages and every page is read (the real server, a small `limit`, more
+  matching ConfigMaps than one page holds);
+- a 401 (the proxy refusing a revoked token) empties kopf's credentials vault: the
+  credential is replaced by a new login, the old session closed, and the request goes
+  through, once, with the new one; a client on one fixed connection raises the real
+  server's 401 instead;
+- the reconciler forgets what it kept for an object once the object is gone.
+
+The whole operator logging in again after its token is revoked is in
+`test_operator_relogin.py`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import parse_qs
 
-import aiohttp.web
-import kopf
 import pytest
-from emulator import ApiCall
-from kmock._internal import rendering
+from cluster_harness import LocalCluster
+from fault_proxy import FaultProxy
 from kubeinfer.operator.handlers import retry_delay
 from kubeinfer.operator.kube.client import (
     CONFIGMAP,
+    SERVICE,
     VAULT_PURPOSE,
     ApiError,
     KubeClient,
     Vault,
     api_client_for,
 )
-from kubeinfer.operator.reconcile import names
 from kubeinfer.operator.reconciler import Reconciler
 from kubeinfer.operator.settings import OperatorSettings
-from operator_harness import NAMESPACE, World, digest_of, manifest
+from kubeinfer.operator.state import names
+from operator_harness import IDS, Model, World, eventually, manifest
+from test_operator_apply import FULL_ACCESS, PIN, connection, full_access_token
+from test_operator_relogin import audit_events
 
 
-def configmap(name: str, **labels: str) -> dict[str, Any]:
+def configmap(namespace: str, name: str, **labels: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
         "data": {"k": name},
     }
 
 
-async def test_a_hung_request_fails_at_the_timeout(world: World) -> None:
-    async def hang(request: rendering.Request, call: ApiCall) -> None:
-        if call.resource == "configmaps":
-            await asyncio.Event().wait()
+@pytest.fixture
+async def proxy(local_cluster: LocalCluster) -> AsyncIterator[FaultProxy]:
+    async with FaultProxy(local_cluster) as proxy:
+        yield proxy
 
-    world.api.interceptors.append(hang)
-    connection = kopf.ConnectionInfo(server=world.url)
-    async with KubeClient(connection, timeout_seconds=0.3) as client:
+
+async def test_a_hung_request_fails_at_the_timeout(world: World, proxy: FaultProxy) -> None:
+    proxy.hang(lambda request: request.resource == "configmaps")
+    token = await asyncio.to_thread(full_access_token, world)
+    async with KubeClient(proxy.connection(token), timeout_seconds=0.3) as client:
         started = time.monotonic()
         with pytest.raises(ApiError) as failed:
-            await asyncio.wait_for(client.get(CONFIGMAP, NAMESPACE, "any"), timeout=5)
+            await asyncio.wait_for(client.get(CONFIGMAP, world.namespace, "any"), timeout=10)
         elapsed = time.monotonic() - started
+        # The rest goes through to the server, which answers.
+        assert await client.get(SERVICE, world.namespace, "absent") is None
     assert (failed.value.status, failed.value.reason) == (0, "Timeout")
     assert failed.value.retryable
-    assert elapsed < 1.5
+    assert elapsed < 3, f"cut after {elapsed:.1f} s, not at 0.3 s"
+    answered = [(s.request.resource, s.status, s.by_rule) for s in proxy.seen]
+    assert answered == [("configmaps", 0, True), ("services", 404, False)]
 
 
-async def test_retry_after_of_a_429_is_the_delay_handed_to_kopf(world: World) -> None:
-    async def throttle(request: rendering.Request, call: ApiCall) -> aiohttp.web.Response:
-        response = world.api._status_response(429, "TooManyRequests", "slow down")
-        response.headers["Retry-After"] = "7"
-        return response
-
-    world.api.interceptors.append(throttle)
-    async with KubeClient(kopf.ConnectionInfo(server=world.url)) as client:
+async def test_retry_after_of_a_429_is_the_delay_handed_to_kopf(
+    world: World, proxy: FaultProxy
+) -> None:
+    proxy.throttle(lambda request: request.method == "PATCH", retry_after=7)
+    token = await asyncio.to_thread(full_access_token, world)
+    async with KubeClient(proxy.connection(token)) as client:
         with pytest.raises(ApiError) as throttled:
-            await client.apply(configmap("a"))
-    assert throttled.value.status == 429
+            await client.apply(configmap(world.namespace, "a"))
+    assert (throttled.value.status, throttled.value.reason) == (429, "TooManyRequests")
     assert throttled.value.retry_after_seconds == 7.0
     assert retry_delay(throttled.value) == 7.0
     assert retry_delay(ApiError(409, "Conflict", "x")) < retry_delay(ApiError(403, "Forbidden", ""))
@@ -76,12 +93,42 @@ async def test_retry_after_of_a_429_is_the_delay_handed_to_kopf(world: World) ->
 
 async def test_lists_are_read_in_pages_and_every_page_is_read(world: World) -> None:
     for index in range(7):
-        world.api.create("configmaps", configmap(f"cm-{index}", app="x"))
-    world.api.create("configmaps", configmap("other", app="y"))
-    async with KubeClient(kopf.ConnectionInfo(server=world.url), page_size=3) as client:
-        found = await client.list(CONFIGMAP, NAMESPACE, "app=x")
+        world.kube.create(configmap(world.namespace, f"cm-{index}", app="x"))
+    world.kube.create(configmap(world.namespace, "other", app="y"))
+    token = await asyncio.to_thread(full_access_token, world)
+    async with KubeClient(connection(world, token), page_size=3) as client:
+        found = await client.list(CONFIGMAP, world.namespace, "app=x")
     assert sorted(o["metadata"]["name"] for o in found) == [f"cm-{i}" for i in range(7)]
-    assert world.api.list_pages and max(world.api.list_pages) <= 3
+
+    # What the real server was asked: pages of at most 3, each after the previous one's
+    # continue token (3 + 3 + 1).
+    def pages() -> list[dict[str, list[str]]]:
+        return [
+            query
+            for query in list_queries(world.cluster, world.namespace, FULL_ACCESS)
+            if query.get("labelSelector") == ["app=x"]
+        ]
+
+    await eventually(lambda: len(pages()) >= 3, what="the list requests in the audit log")
+    await asyncio.sleep(0.5)  # a page requested after the last would be logged by now
+    assert [q["limit"] for q in pages()] == [["3"]] * 3
+    assert ["continue" in q for q in pages()] == [False, True, True]
+
+
+def list_queries(cluster: LocalCluster, namespace: str, account: str) -> list[dict[str, list[str]]]:
+    """The query of each LIST of ConfigMaps `account` made, from the audit log (whose
+    request URI keeps it)."""
+    user = f"system:serviceaccount:{namespace}:{account}"
+    queries = []
+    for event in audit_events(cluster):
+        ref = event.get("objectRef") or {}
+        if (
+            event.get("verb") == "list"
+            and ref.get("resource") == "configmaps"
+            and (event.get("user") or {}).get("username") == user
+        ):
+            queries.append(parse_qs(event["requestURI"].partition("?")[2]))
+    return queries
 
 
 async def cached_api_client(vault: Vault) -> Any:
@@ -91,63 +138,62 @@ async def cached_api_client(vault: Vault) -> Any:
     raise AssertionError("no credential")
 
 
-async def test_a_401_logs_in_again_and_closes_the_old_session(world: World) -> None:
+async def test_a_401_logs_in_again_and_closes_the_old_session(
+    world: World, proxy: FaultProxy
+) -> None:
     vault = Vault()
     logins: list[str] = []
 
     async def authenticator() -> None:  # what kopf's authenticator does with the vault
         while True:
             await vault.wait_for_emptiness()
-            token = f"token-{len(logins) + 1}"
-            logins.append(token)
-            await vault.populate({"login": kopf.ConnectionInfo(server=world.url, token=token)})
+            logins.append(await asyncio.to_thread(full_access_token, world))
+            await vault.populate({"login": proxy.connection(logins[-1])})
 
     filling = asyncio.create_task(authenticator())
     client = KubeClient(vault)
     try:
-        assert await client.get(CONFIGMAP, NAMESPACE, "absent") is None
+        assert await client.get(CONFIGMAP, world.namespace, "absent") is None
         first = await cached_api_client(vault)
-        world.api.revoked.add("token-1")
-        await client.apply(configmap("after-revocation"))
+        revoked = logins[0]
+        proxy.refuse(lambda request: request.token == revoked)
+        await client.apply(configmap(world.namespace, "after-revocation"))
         second = await cached_api_client(vault)
     finally:
         filling.cancel()
         await vault.close()
-    assert logins == ["token-1", "token-2"]
+    assert len(logins) == 2 and logins[0] != logins[1]
     assert second is not first
     assert first.rest_client.pool_manager is None or first.rest_client.pool_manager.closed
-    assert world.api.get("v1", "configmaps", NAMESPACE, "after-revocation") is not None
-    users = [call.user for call in world.api.calls if call.verb == "patch"]
-    assert users == ["token-1", "token-2"], "the refused write was sent again, once"
+    assert world.kube.get("v1", "configmaps", "after-revocation") is not None
+    patches = [(s.request.token, s.status) for s in proxy.seen if s.request.method == "PATCH"]
+    assert patches == [(logins[0], 401), (logins[1], 201)], "the refused write was sent again, once"
 
 
 async def test_a_fixed_connection_raises_the_401(world: World) -> None:
-    world.api.revoked.add("old")
-    connection = kopf.ConnectionInfo(server=world.url, token="old")
-    async with KubeClient(connection) as client:
+    """The real server's own 401, for a token it never issued: a client on one fixed
+    connection has nothing to log in again with."""
+    async with KubeClient(connection(world, "not-a-token")) as client:
         with pytest.raises(ApiError) as refused:
-            await client.get(CONFIGMAP, NAMESPACE, "any")
-    assert refused.value.status == 401
+            await client.get(CONFIGMAP, world.namespace, "any")
+    assert (refused.value.status, refused.value.reason) == (401, "Unauthorized")
     assert not refused.value.retryable
 
 
-async def test_the_reconciler_forgets_an_object_once_it_is_gone(world: World) -> None:
+async def test_the_reconciler_forgets_an_object_once_it_is_gone(world: World, tiny: Model) -> None:
     settings = OperatorSettings(resync_interval_seconds=60)
-    async with KubeClient(kopf.ConnectionInfo(server=world.url)) as client:
+    async with KubeClient(connection(world, world.token())) as client:
         reconciler = Reconciler(client, settings)
         try:
             for name in ("a", "b"):
-                world.api.create(
-                    "inferencedeployments", manifest(name, engine={"pin": digest_of(name)})
-                )
-                await reconciler.reconcile(NAMESPACE, name)
-            assert reconciler.tracked() == {(NAMESPACE, "a"), (NAMESPACE, "b")}
-            world.api.delete("kubeinfer.io/v1alpha1", "inferencedeployments", NAMESPACE, "a")
-            outcome = await reconciler.reconcile(NAMESPACE, "a")
+                world.create(manifest(tiny, name, engine={"pin": PIN}))
+                await reconciler.reconcile(world.namespace, name)
+            assert reconciler.tracked() == {(world.namespace, "a"), (world.namespace, "b")}
+            world.kube.delete(*IDS, "a")
+            outcome = await reconciler.reconcile(world.namespace, "a")
             assert outcome.decision is None
-            assert reconciler.tracked() == {(NAMESPACE, "b")}
-            assert world.one("apps/v1", "deployments")["metadata"]["name"] == names.runtime_name(
-                "b"
-            )
+            assert reconciler.tracked() == {(world.namespace, "b")}
         finally:
             await reconciler.close()
+    deployments = [d["metadata"]["name"] for d in world.children(("apps/v1", "deployments"))]
+    assert names.runtime_name("b") in deployments, "b, still tracked, keeps its children"

@@ -1,14 +1,18 @@
-"""The operator against a real cluster (marker `cluster`: runs only when KUBECONFIG is
-set; none is reachable from our machines, so these are unverified here).
+"""The operator against an external cluster (marker `cluster`: runs only when KUBECONFIG
+is set; none is reachable from our machines, so these are unverified here).
 
-What only a real API server shows, and the emulator cannot: the CRD is accepted and
-Established; CEL rejects at admission what the emulator lets through to the operator;
-server-side apply with real managed fields, defaulting and strategic list merging creates
-and then leaves alone every child (their resourceVersions do not move across resync
-passes); ownerReferences are honoured by the real garbage collector; and the Role from
-`kubeinfer.operator.rbac` is enough (run the suite under a service account bound to it
-to check that). Builds and readiness need the runtime image and nodes, so the scenario
-uses a pinned engine and asserts children and status, not Ready.
+The rest of the operator tests run against the session's own control plane (a
+kube-apiserver, etcd and kube-controller-manager of one Kubernetes version, and a node
+agent that runs pods as local processes). What only another cluster can show: the CRD as
+it ships is accepted and Established by that cluster's API server version, and its CEL
+rules refuse at admission what the model refuses; the children the operator renders pass
+that cluster's admission (its defaulting, PodSecurity, quotas) and its server-side apply
+then leaves them alone (their resourceVersions do not move across resync passes); and
+the garbage collector there honours their ownerReferences. The operator runs with the
+kubeconfig's own credentials (to check that the Role from `kubeinfer.operator.rbac` is
+enough, run the suite under a service account bound to it). Builds and readiness need
+the runtime image on that cluster's nodes, so the scenario pins an engine and asserts
+children and status, not Ready.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ from typing import Any
 import pytest
 import yaml
 from kubeinfer.operator.operator_command import run_operator
-from operator_harness import FAST, digest_of, eventually, manifest
+from operator_harness import FAST, Model, eventually, manifest
 
 pytestmark = pytest.mark.cluster
 
 CRD = Path(__file__).parents[2] / "crds" / "inferencedeployments.kubeinfer.io.yaml"
 GROUP, VERSION, PLURAL = "kubeinfer.io", "v1alpha1", "inferencedeployments"
 INSTANCE = "app.kubernetes.io/instance=resnet"
+PIN = "sha256:" + "e" * 64
+"""A pinned engine, never served: only the children and the status are checked."""
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +92,11 @@ async def test_crd_is_established(kube: Any) -> None:
 
 
 async def test_pinned_deployment_gets_its_children_and_then_no_writes(
-    kube: Any, namespace: str
+    kube: Any, namespace: str, tiny: Model
 ) -> None:
     custom = kube.client.CustomObjectsApi()
     apps, core = kube.client.AppsV1Api(), kube.client.CoreV1Api()
-    body = in_namespace(manifest(engine={"pin": digest_of("cluster")}), namespace)
+    body = in_namespace(manifest(tiny, engine={"pin": PIN}), namespace)
     async with operator_in(namespace):
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
 
@@ -119,9 +125,11 @@ async def test_pinned_deployment_gets_its_children_and_then_no_writes(
             assert again[name] == version, f"a resync pass over an unchanged object wrote {name}"
 
 
-async def test_cel_rejects_at_admission_what_the_model_refuses(kube: Any, namespace: str) -> None:
+async def test_cel_rejects_at_admission_what_the_model_refuses(
+    kube: Any, namespace: str, tiny: Model
+) -> None:
     custom = kube.client.CustomObjectsApi()
-    body = in_namespace(manifest(engine={"precision": "int8"}), namespace)
+    body = in_namespace(manifest(tiny, engine={"precision": "int8"}), namespace)
     with pytest.raises(kube.client.ApiException) as rejected:
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
     assert rejected.value.status == 422

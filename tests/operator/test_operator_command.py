@@ -1,9 +1,11 @@
 """`kubeinfer operator` as a real process: started from the console script with a
-kubeconfig that points at the emulated API server, it reconciles an InferenceDeployment
-into its children, and exits cleanly on SIGTERM. Also: bad flags and bad settings are
-refused with a message, not a traceback, and so are missing credentials, leader election
-timings under which two leaders could overlap, and a Lease without a namespace. (Leader
-election between two such processes: `test_operator_leader_election.py`.)"""
+kubeconfig that points at the session's real API server and carries the operator's
+ServiceAccount token, it opens its watches, reconciles an InferenceDeployment into its
+children, and exits cleanly (0, no traceback) on SIGTERM. Also: bad flags and bad
+settings are refused with a message, not a traceback, and so are missing credentials,
+leader election timings under which two leaders could overlap, and a Lease without a
+namespace. (Leader election between two such processes: `test_operator_leader_election.py`.)
+"""
 
 from __future__ import annotations
 
@@ -14,66 +16,65 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from kubeinfer.operator.cli import main
-from operator_harness import NAMESPACE, World, digest_of, eventually, manifest
+from kubeinfer.cli.main import main
+from operator_harness import WATCHED, Model, World, condition, eventually, manifest
+
+PIN = "sha256:" + "c" * 64
+"""A pinned engine: the children follow at once, with no build."""
 
 
-def kubeconfig(path: Path, server: str, token: str = "not-checked") -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "emulator", "cluster": {"server": server}}],
-        "users": [{"name": "operator", "user": {"token": token}}],
-        "contexts": [
-            {
-                "name": "emulator",
-                "context": {"cluster": "emulator", "user": "operator", "namespace": NAMESPACE},
-            }
-        ],
-        "current-context": "emulator",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
+def start_operator_process(
+    world: World, kubeconfig: Path, log: Path, *flags: str, **env: str
+) -> asyncio.Future[asyncio.subprocess.Process]:
+    """`python -m kubeinfer.cli operator --namespace <the test's> *flags`, logged in by
+    `kubeconfig`, its output in `log` (a file: a full pipe would block kopf)."""
+    return asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kubeinfer.cli", "operator", "--namespace", world.namespace, *flags,
+        env={**os.environ, "KUBECONFIG": str(kubeconfig), **env},
+        stdout=log.open("wb"), stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def watching(world: World, since: int = 0) -> bool:
+    """Whether the operator's watches of every kind it follows are open."""
+    watched = {c.resource for c in world.calls()[since:] if c.verb == "watch"}
+    return WATCHED <= watched
 
 
 @pytest.mark.slow
 async def test_the_operator_process_reconciles_and_stops_on_sigterm(
-    world: World, tmp_path: Path
+    world: World, tiny: Model, tmp_path: Path
 ) -> None:
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kubeconfig(tmp_path / "kubeconfig", world.url)),
-        "KUBEINFER_RESYNC_INTERVAL_SECONDS": "1",
-    }
-    log = (tmp_path / "operator.log").open("wb")  # a file: a full pipe would block kopf
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "kubeinfer.operator",
-        "operator",
-        "--namespace",
-        NAMESPACE,
-        "--standalone",
-        env=env,
-        stdout=log,
-        stderr=asyncio.subprocess.STDOUT,
+    kubeconfig = world.cluster.kubeconfig_for(
+        tmp_path / "kubeconfig", world.token(), world.namespace
+    )
+    log = tmp_path / "operator.log"
+    process = await start_operator_process(
+        world, kubeconfig, log, "--standalone", KUBEINFER_RESYNC_INTERVAL_SECONDS="1"
     )
     try:
-        await eventually(lambda: len(world.watched()) >= 7, within=30, what="the watches")
-        world.api.create("inferencedeployments", manifest(engine={"pin": digest_of("cli")}))
+        await eventually(lambda: watching(world), within=60, what="the operator's watches")
+        world.create(manifest(tiny, engine={"pin": PIN}))
         await eventually(
             lambda: world.one("apps/v1", "deployments") and world.one("v1", "services"),
-            within=10,
+            within=30,
             what="the children",
         )
+        await eventually(
+            lambda: (condition(world.infd(), "EngineReady") or {}).get("reason") == "EnginePinned",
+            within=30,
+            what="the status",
+        )
     finally:
-        process.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(process.wait(), timeout=30)
-        log.close()
-    output = (tmp_path / "operator.log").read_text()
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), timeout=60)
+    output = log.read_text()
     assert process.returncode == 0, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
+    owner = world.infd()["metadata"]["uid"]
+    assert world.one("apps/v1", "deployments")["metadata"]["ownerReferences"][0]["uid"] == owner
+    assert world.writes(), "written as the operator's ServiceAccount, from its kubeconfig"
 
 
 def test_conflicting_scope_flags_are_refused(capsys) -> None:
