@@ -15,7 +15,7 @@ from kubeinfer.runtime.building.accuracy import compare_outputs
 from kubeinfer.runtime.building.builders import run_through_engine
 from kubeinfer.runtime.building.calibration import load_samples, split_holdout
 from kubeinfer.runtime.building.engine_build import AccuracyGateError, BuildResult, build_engine
-from kubeinfer.runtime.engine_cache import load_cached_engine
+from kubeinfer.runtime.engine_cache import load_cached_engine, resolve_engine
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +152,24 @@ def test_tensorrt_builds_serve_outputs_close_to_fp32(
     np.testing.assert_allclose(
         _serve(tmp_path, result, samples), _reference(models["small"], samples), atol=0.1
     )
+
+
+def test_int8_cpu_weights_fit_the_kernels_without_vnni(
+    builds: dict[str, BuildResult], cache: Path
+) -> None:
+    """Every int8 weight of the CPU engine is within 7 bits (|w| <= 64), so the u8 x s8
+    kernels ONNX Runtime uses on x86 without VNNI cannot saturate their 16-bit pair sums
+    (255 * 64 * 2 < 32767): the engine answers alike on every CPU, as on the one that
+    built and gated it."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(resolve_engine(cache, builds["int8"].digest).engine_path))
+    weights = [
+        numpy_helper.to_array(tensor)
+        for tensor in model.graph.initializer
+        if tensor.data_type == onnx.TensorProto.INT8 and len(tensor.dims) >= 2
+    ]
+    assert weights, "the int8 engine keeps its weights as int8 initializers"
+    largest = max(int(np.abs(w.astype(np.int32)).max()) for w in weights)
+    assert largest <= 64, f"an int8 weight of {largest} would saturate without VNNI"

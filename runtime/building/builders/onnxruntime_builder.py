@@ -12,8 +12,9 @@
   by the team whose kernels run the result, and keeps an op block list of ops that have
   no fp16 kernel.
 - int8: a QDQ model from `onnxruntime.quantization.quantize_static` (MinMax calibration
-  over the calibration samples, per-channel int8 weights, uint8 activations: the U8S8
-  form ONNX Runtime's CPU kernels are fastest at), after ONNX Runtime's recommended
+  over the calibration samples, per-channel 7-bit int8 weights, uint8 activations: the
+  U8S8 form ONNX Runtime's CPU kernels are fastest at, with weights small enough that
+  those kernels never saturate, VNNI or not), after ONNX Runtime's recommended
   `quant_pre_process`; then optimised like fp32, which fuses the QDQ pairs into QGemm /
   QLinear kernels. The TensorRT builder reuses `make_qdq_model` with symmetric int8
   activations (explicit quantisation, TensorRT's only int8 form).
@@ -122,6 +123,12 @@ def make_qdq_model(
             per_channel=True,
             activation_type=QuantType.QInt8 if symmetric_activations else QuantType.QUInt8,
             weight_type=QuantType.QInt8,
+            # 7-bit weights for the CPU's u8 x s8 kernels: on x86 without VNNI they add pairs
+            # of products in 16 bits (vpmaddubsw), which saturate with full 8-bit weights
+            # (255 * 127 * 2 > 32767), so the same engine would be less accurate there than
+            # on the machine that built and gated it; 255 * 64 * 2 fits, on every CPU.
+            # TensorRT's symmetric form runs no such kernel and keeps all 8 bits.
+            reduce_range=not symmetric_activations,
             calibrate_method=CalibrationMethod.MinMax,
             extra_options={"ActivationSymmetric": symmetric_activations, "WeightSymmetric": True},
         )
