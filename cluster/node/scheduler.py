@@ -108,7 +108,10 @@ class Scheduler:
             except ApiError as error:
                 if error.status in (404, 409):
                     return  # gone, or bound already: nothing to announce
-                raise
+                # Refused for now (403 while its namespace is being deleted, say): tried
+                # again later, as kube-scheduler requeues a failed binding, never fatal.
+                self.waiting[meta["uid"]] = (pod, time.monotonic() + SCHEDULE_RETRY_SECONDS)
+                return
             self.reserved[meta["uid"]] = pod
             await self._set_scheduled(path, True, None)
             self.record_event(

@@ -19,6 +19,7 @@ from kubeinfer.operator.kube.client import (
     INFERENCE_DEPLOYMENT,
     RESOURCES,
     ApiError,
+    JsonPatch,
     KubeClient,
     KubeObject,
 )
@@ -78,7 +79,7 @@ async def patch_status(
 ) -> KubeObject:
     """Replaces the status if the object is still at `resource_version`. A failed test
     (422) or a conflict (409) is raised as a 409, which the handlers retry soon."""
-    operations = [
+    operations: JsonPatch = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
         {"op": "add", "path": "/status", "value": status_document(status)},
     ]
@@ -87,7 +88,10 @@ async def patch_status(
             INFERENCE_DEPLOYMENT, owner.namespace, owner.name, operations, subresource="status"
         )
     except ApiError as error:
-        if error.status in (409, 422):
+        # The resourceVersion `test` failed (a 422 naming no field): someone wrote first,
+        # a conflict to retry. A 422 with causes is a status the schema refuses: no retry
+        # can fix it, so it is raised as it is.
+        if error.status == 409 or (error.status == 422 and not error.causes):
             raise ApiError(409, "Conflict", f"status not written: {error.message}") from None
         raise
 

@@ -71,6 +71,10 @@ __all__ = [
 
 KubeObject = dict[str, Any]
 
+JsonPatch = list[dict[str, Any]]
+"""An RFC 6902 patch: its operations, in order. (An alias, since `KubeClient.list`
+hides the builtin in the class body.)"""
+
 FIELD_MANAGER = "kubeinfer"
 USER_AGENT = "kubeinfer-operator"
 BACKGROUND = "Background"
@@ -86,7 +90,12 @@ class ApiError(Exception):
     answer (status 0: unreachable or timed out)."""
 
     def __init__(
-        self, status: int, reason: str, message: str, retry_after_seconds: float | None = None
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        retry_after_seconds: float | None = None,
+        causes: tuple[str, ...] = (),
     ) -> None:
         super().__init__(f"{status} {reason}: {message}" if status else f"{reason}: {message}")
         self.status = status
@@ -94,6 +103,10 @@ class ApiError(Exception):
         self.message = message
         self.retry_after_seconds = retry_after_seconds
         """The server's `Retry-After` (429, 5xx), when it sent one."""
+        self.causes = causes
+        """The fields the server found invalid (`field: message`, from its Status's
+        `details.causes`): a 422 of a written object that failed validation has some, a
+        422 of a JSON patch that could not be applied has none."""
 
     @property
     def retryable(self) -> bool:
@@ -269,18 +282,34 @@ class KubeClient:
         resource: ResourceType,
         namespace: str,
         name: str,
-        operations: list[dict[str, Any]],
+        operations: JsonPatch,
         *,
         subresource: str | None = None,
     ) -> KubeObject:
-        """An RFC 6902 JSON patch (use a `test` operation for optimistic concurrency)."""
-        return await self._request(
-            "PATCH",
-            resource.path(namespace, name, subresource),
-            body=operations,
-            content_type="application/json-patch+json",
-            field_manager=self.field_manager,
-        )
+        """An RFC 6902 JSON patch (use a `test` operation for optimistic concurrency).
+
+        A patch the API server cannot apply to the stored object (a `test` operation
+        failed, or an operation's path does not exist) is a 422 Invalid whose message names
+        neither ("the server rejected our request due to an error in our request") and
+        which has no causes: it is raised with a message that says so."""
+        target = f"{resource.plural}/{name}" + (f"/{subresource}" if subresource else "")
+        try:
+            return await self._request(
+                "PATCH",
+                resource.path(namespace, name, subresource),
+                body=operations,
+                content_type="application/json-patch+json",
+                field_manager=self.field_manager,
+            )
+        except ApiError as error:
+            if error.status != 422 or error.causes:
+                raise
+            raise ApiError(
+                422,
+                error.reason,
+                f"JSON patch of {namespace}/{target} not applied: a test operation failed "
+                f"or a path it names does not exist (the server said: {error.message})",
+            ) from None
 
     async def create(self, obj: KubeObject) -> KubeObject:
         resource = RESOURCES[obj["kind"]]
@@ -331,9 +360,16 @@ def _from_refusal(error: DynamicApiError) -> ApiError:
         payload = {}
     if not isinstance(payload, dict):
         payload = {}
+    details = payload.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
     return ApiError(
         int(error.status or 0),
         str(payload.get("reason") or error.reason or "Error"),
         str(payload.get("message") or text[:500]),
         retry_after_seconds(error),
+        tuple(
+            f"{cause.get('field', '')}: {cause.get('message', '')}"
+            for cause in causes or []
+            if isinstance(cause, dict)
+        ),
     )

@@ -80,6 +80,18 @@ def writes_with(world: World, token: str, before: float = float("inf")) -> list[
     return found
 
 
+def situation(world: World) -> str:
+    """The object's conditions and its pods' phases, to say where a wait stopped."""
+    conditions = ((world.infd() or {}).get("status") or {}).get("conditions") or []
+    said = [f"{c['type']}={c['status']} {c.get('reason')}: {c.get('message')}" for c in conditions]
+    pods = [
+        f"{p['metadata']['name']} {p['status'].get('phase')} "
+        f"{[s.get('state') for s in p['status'].get('containerStatuses') or []]}"
+        for p in world.pods()
+    ]
+    return f"conditions {said}; pods {pods}"
+
+
 def holder(world: World) -> str:
     lease = world.kube.get(*LEASE, world.lease_name)
     return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
@@ -188,11 +200,14 @@ async def test_the_standby_takes_over_a_build_when_the_leader_is_killed(
         )
         took_over = time.monotonic() - killed
         provide_claim(world, tiny)  # the build can finish now
-        await eventually(
-            lambda: (condition(world.infd(), "Ready") or {}).get("status") == "True",
-            within=120,
-            what="Ready=True, from the standby",
-        )
+        try:
+            await eventually(
+                lambda: (condition(world.infd(), "Ready") or {}).get("status") == "True",
+                within=120,
+                what="Ready=True, from the standby",
+            )
+        except AssertionError:
+            raise AssertionError(f"not Ready after 120 s: {situation(world)}") from None
     lease = TIMINGS["lease_duration_seconds"] + TIMINGS["retry_period_seconds"]
     print(
         f"\nTakeover {took_over:.1f} s after SIGKILL (lease {TIMINGS['lease_duration_seconds']} s)"
