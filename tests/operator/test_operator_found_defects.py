@@ -29,6 +29,7 @@ pytestmark = pytest.mark.slow
 async def test_a_reading_out_of_range_is_set_aside_and_the_others_still_scale(
     world: World, tiny: Model, tmp_path: Path
 ) -> None:
+    (tmp_path / "prometheus").mkdir()
     with running_prometheus([], tmp_path / "prometheus") as prometheus:
         spec = manifest(
             tiny,
@@ -50,7 +51,10 @@ async def test_a_reading_out_of_range_is_set_aside_and_the_others_still_scale(
             world.create(spec)
             await eventually(
                 lambda: (
-                    (world.infd()["status"].get("autoscaling") or {}).get("desiredReplicas") == 2
+                    ((world.infd().get("status") or {}).get("autoscaling") or {}).get(
+                        "desiredReplicas"
+                    )
+                    == 2
                 ),
                 90,
                 "the queue depth to call for 2 pods",
