@@ -140,7 +140,7 @@ OPTIONAL_MODULES = {
 """Imports of an optional extra (each one guarded: a missing one is a clear error)."""
 PART_OF = {"pydantic_core": "pydantic"}
 """Packages that come pinned with a declared one (pydantic pins its core exactly)."""
-STDLIB = sys.stdlib_module_names
+STDLIB = sys.stdlib_module_names | {"_typeshed"}  # typeshed's, for annotations only
 
 
 def normalized(name: str) -> str:

@@ -38,6 +38,9 @@ OPERATOR_ACCOUNT = "kubeinfer-operator"
 
 SCENARIOS_RUN: dict[str, str] = {}
 """Each scenario run this session → its namespace (the `world` fixture records it)."""
+ROLE_TAKEN_AWAY: set[str] = set()
+"""Namespaces where a scenario took verbs out of the operator's Role on purpose: their
+refusals are the point, not a gap in the Role (`test_rbac_used_exactly` leaves them out)."""
 
 WATCHED = {
     "inferencedeployments",

@@ -11,6 +11,7 @@ import pytest
 from kubeinfer.operator import rbac
 from operator_harness import (
     OPERATOR_ACCOUNT,
+    ROLE_TAKEN_AWAY,
     Model,
     World,
     condition,
@@ -32,6 +33,7 @@ def role_without(verb: str, plural: str, namespace: str) -> dict:
 
 async def test_a_verb_the_role_lacks_is_reported_in_the_status(world: World, tiny: Model) -> None:
     kube = world.kube
+    ROLE_TAKEN_AWAY.add(world.namespace)
     kube.request(
         "PUT",
         f"/apis/rbac.authorization.k8s.io/v1/namespaces/{world.namespace}/roles/{OPERATOR_ACCOUNT}",
