@@ -6,8 +6,7 @@
   traffic, a bad candidate failed with serving untouched, `kubectl scale` with autoscaling
   off; and every process it started gone afterwards;
 - `kubeinfer demo --serving`: the runtime alone (validate, render, build through the
-  cache, serve, load, metrics, drain, a shadow that passes and one that fails,
-  autoscaling through a burst).
+  cache, serve, load, the batcher's histogram from /metrics, drain).
 """
 
 from __future__ import annotations
@@ -66,8 +65,5 @@ def test_the_serving_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "int8 against fp32" in out and "top-1 agreement" in out
     assert "matches ONNX Runtime in-process" in out
     assert "| 32 |" in out and "exited with code 0" in out
-    assert "| int8, same model |" in out and "**Passed** ThresholdsMet" in out
-    assert "| fp32, another model |" in out and "**Failed** DifferenceTooLarge" in out
-    assert "**1 → " in out and " → 1** (TooFewReplicas)" in out, "up under the burst, down after"
-    assert "1 after it; 0 requests answered other than 200" in out
+    assert "batch sizes the batcher ran, from /metrics" in out
     assert out.rstrip().endswith("Demo finished.")

@@ -2,7 +2,8 @@
 (`story`); `kubeinfer demo --serving`: the runtime alone, without a cluster: validate the
 examples, show what the operator would create, build the demo model's engines through
 the cache, serve one with dynamic batching, drive load, and read the batcher's own
-histogram back from /metrics.
+histogram back from /metrics. (Shadow tests and autoscaling need the operator: they are
+the story's.)
 """
 
 from __future__ import annotations
@@ -68,11 +69,10 @@ def show_children(path: Path) -> None:
 
 
 def build_engines(workdir: Path) -> tuple[dict[str, str], str]:
-    """The demo model's fp32 and int8 engines, and (for the shadow step) an fp32 engine of
-    another model with the same tensor names; returns the digests and the cache."""
+    """The demo model's fp32 and int8 engines; returns the digests and the cache."""
     from kubeinfer.runtime.building.calibration import write_demo_samples
     from kubeinfer.runtime.building.engine_build import build_engine
-    from kubeinfer.runtime.demo_models import build_mlp, build_small_mlp
+    from kubeinfer.runtime.demo_models import build_small_mlp
 
     model = build_small_mlp(workdir / "models" / "small-mlp.onnx")
     calibration = write_demo_samples(model, workdir / "models" / "calibration.npz")
@@ -104,17 +104,7 @@ def build_engines(workdir: Path) -> tuple[dict[str, str], str]:
                     f"mean |diff| {output.mean_abs_diff:.4f}, "
                     f"cosine {output.cosine_similarity:.5f}, top-1 agreement {top1}"
                 )
-    other = build_small_mlp(workdir / "models" / "small-mlp-other.onnx", seed=1)
-    result = build_engine(str(other), "onnxruntime", "fp32", cache, max_batch_size=32)
-    digests["other"] = result.digest
-    print(f"\n  another model (seed 1, same tensor names), fp32: {result.digest[:23]}...")
-    # For the autoscaling step: 67 MB of weights, several ms a request on a CPU, so the
-    # requests of a burst wait in the runtimes (where the autoscaler sees them).
-    heavy = build_mlp(workdir / "models" / "burst-mlp.onnx", 16, (4096, 4096), 10)
-    result = build_engine(str(heavy), "onnxruntime", "fp32", cache, max_batch_size=32)
-    digests["burst"] = result.digest
-    print(f"  a heavier model for the autoscaling step, fp32: {result.digest[:23]}...")
-    print("\n  (run `make demo` again: every build is a cache hit)")
+    print("\n  (run it again: every build is a cache hit)")
     return digests, str(cache)
 
 
@@ -237,14 +227,7 @@ def run(args: argparse.Namespace) -> int:
     digests, cache = build_engines(workdir)
     _step("4. Serving the fp32 engine with dynamic batching (kubeinfer serve), under load")
     ok = serve_and_load(digests["fp32"], cache, args.seconds) and ok
-    _step("5. Shadow tests on live traffic: mirrored, compared request by request, judged")
-    from kubeinfer.cli.demo.shadow import run_shadow_step
-
-    ok = run_shadow_step(workdir, cache, digests, args.seconds) and ok
-    _step("6. Autoscaling through a burst: up on queue depth, down after the window")
-    from kubeinfer.cli.demo.autoscale import run_autoscale_step
-
-    ok = run_autoscale_step(workdir, digests["burst"], cache) and ok
+    print("\n(shadow tests and autoscaling run through the operator: kubeinfer demo)")
     print("\nDemo finished." if ok else "\nDemo finished with problems (see above).")
     return 0 if ok else 1
 
@@ -281,8 +264,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--serving",
         action="store_true",
-        help="instead: the runtime alone (validate, render, build, serve under load, a "
-        "shadow pair and a burst, with no cluster)",
+        help="instead: the runtime alone, with no cluster (validate, render, build, serve "
+        "under load, the batcher's histogram)",
     )
     parser.add_argument("--seconds", type=float, default=3.0,
                         help="load duration per step (--serving)")  # fmt: skip

@@ -275,7 +275,7 @@ class Demo:
                 ]
             }
         ).encode()
-        self.say("  24 closed-loop clients for 15 s at the burst endpoint...")
+        self.say("  24 closed-loop clients for 10 s at the burst endpoint...")
         peak = 1
 
         async def watch_peak() -> None:
@@ -289,7 +289,7 @@ class Demo:
 
         watcher = asyncio.create_task(watch_peak())
         try:
-            result = await drive(self.endpoint("burst"), body, 24, 15.0)
+            result = await drive(self.endpoint("burst"), body, 24, 10.0)
             self.say(
                 f"  the burst: {result.requests_per_second:.0f} req/s, codes "
                 f"{dict(result.codes)}; the runtime went from 1 to {peak} pods"
