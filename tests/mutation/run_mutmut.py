@@ -14,11 +14,14 @@ runs there; mutants/ inside it puts the mutated copy first on sys.path.
 
     python tests/mutation/run_mutmut.py            # stage, run, print the survivors
     python tests/mutation/run_mutmut.py --report   # print the last run's survivors again
+    python tests/mutation/run_mutmut.py --only 'kubeinfer/runtime/batching/*.py'
+        # only the cores matching the glob (repeatable): one module's score in minutes
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import shutil
 import subprocess
 import sys
@@ -76,15 +79,40 @@ server or the operator (mutmut runs only those that reach the mutated function).
 
 COPIED = ["tests", "crds", "examples", "helm"]
 
+PACKAGES = ["operator", "runtime", "contract", "cluster", "cli"]
+"""The folders staged as `kubeinfer.<folder>`: the cores import the contract, and the
+fast tests import the command line and the local cluster."""
 
-def mutmut_config() -> str:
+
+def selected_cores(only: list[str]) -> list[str]:
+    """CORES, or with `--only` the staged core files that match one of its globs (matched
+    as mutmut does, `*` spanning folders). An empty selection is an error: mutmut reads
+    an empty `only_mutate` as "mutate everything"."""
+    if not only:
+        return CORES
+    staged = sorted(
+        path.relative_to(STAGE).as_posix() for path in (STAGE / "kubeinfer").rglob("*.py")
+    )
+    selected = [
+        path
+        for path in staged
+        if any(fnmatch.fnmatch(path, core) for core in CORES)
+        and not any(fnmatch.fnmatch(path, other) for other in NOT_CORES)
+        and any(fnmatch.fnmatch(path, glob) for glob in only)
+    ]
+    if not selected:
+        raise SystemExit(f"--only {' '.join(only)} matches none of the cores: {CORES}")
+    return selected
+
+
+def mutmut_config(cores: list[str]) -> str:
     def toml_list(items: list[str]) -> str:
         return "[" + ", ".join(f'"{item}"' for item in items) + "]"
 
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["kubeinfer"]\n'
-        f"only_mutate = {toml_list(CORES)}\n"
+        f"only_mutate = {toml_list(cores)}\n"
         f"do_not_mutate = {toml_list(NOT_CORES)}\n"
         f"pytest_add_cli_args_test_selection = {toml_list(FAST_TESTS)}\n"
         # The tests read these relative to their own folder (mutants/tests/..).
@@ -97,15 +125,15 @@ def mutmut_config() -> str:
     )
 
 
-def stage() -> None:
+def stage(only: list[str]) -> None:
     """Rebuild .mutmut/ from the working tree (the previous run's results are dropped)."""
     shutil.rmtree(STAGE, ignore_errors=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.onnx", ".hypothesis")
-    for package in ("operator", "runtime"):
+    for package in PACKAGES:
         shutil.copytree(ROOT / package, STAGE / "kubeinfer" / package, ignore=ignore)
     for folder in COPIED:
         shutil.copytree(ROOT / folder, STAGE / folder, ignore=ignore)
-    pyproject = (ROOT / "pyproject.toml").read_text() + mutmut_config()
+    pyproject = (ROOT / "pyproject.toml").read_text() + mutmut_config(selected_cores(only))
     (STAGE / "pyproject.toml").write_text(pyproject)
 
 
@@ -117,10 +145,26 @@ def mutmut(*args: str) -> subprocess.CompletedProcess[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report", action="store_true", help="only print the last results")
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="mutate only the cores matching GLOB (repeatable), e.g. "
+        "'kubeinfer/runtime/batching/*.py'",
+    )
+    parser.add_argument(
+        "--max-children",
+        type=int,
+        help="mutants run at once (mutmut's default: one per core)",
+    )
     arguments = parser.parse_args()
     if not arguments.report:
-        stage()
-        mutmut("run")
+        stage(arguments.only)
+        children = (
+            [] if arguments.max_children is None else [f"--max-children={arguments.max_children}"]
+        )
+        mutmut("run", *children)
     return mutmut("results").returncode
 
 
