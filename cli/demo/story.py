@@ -78,6 +78,17 @@ class Models:
         )
 
 
+def infer_body(rows: np.ndarray) -> bytes:
+    """A v2 JSON request of `rows` for the demo models' one input."""
+    tensor = {
+        "name": "input",
+        "shape": list(rows.shape),
+        "datatype": "FP32",
+        "data": rows.ravel().tolist(),
+    }
+    return json.dumps({"inputs": [tensor]}).encode()
+
+
 def source(path: Path) -> dict[str, str]:
     return {
         "uri": f"file://{path.resolve()}",
@@ -197,18 +208,7 @@ class Demo:
         import onnxruntime
 
         rows = np.random.default_rng(7).standard_normal((4, 512)).astype(np.float32)
-        body = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "input",
-                        "shape": [4, 512],
-                        "datatype": "FP32",
-                        "data": rows.ravel().tolist(),
-                    }
-                ]
-            }
-        ).encode()
+        body = infer_body(rows)
         url = self.endpoint("demo")
         self.say(f"$ curl -d @request.json {url}")
 
@@ -224,18 +224,7 @@ class Demo:
             f"  a 4-row request answered through the Service: shape {served['shape']}, "
             f"max |diff| against ONNX Runtime in-process {difference:.1e}"
         )
-        single = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "input",
-                        "shape": [1, 512],
-                        "datatype": "FP32",
-                        "data": rows[0].tolist(),
-                    }
-                ]
-            }
-        ).encode()
+        single = infer_body(rows[:1])
         result = await drive(url, single, 8, 3.0)
         self.say(
             f"  8 clients for 3 s: {result.requests_per_second:.0f} req/s, p50 "
@@ -263,18 +252,7 @@ class Demo:
         await self.apply([manifest("burst", spec)])
         await self.until(lambda: self.ready("burst"), 120, "burst to be Ready")
         rows = np.random.default_rng(3).standard_normal((1, 16)).astype(np.float32)
-        body = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "input",
-                        "shape": [1, 16],
-                        "datatype": "FP32",
-                        "data": rows.ravel().tolist(),
-                    }
-                ]
-            }
-        ).encode()
+        body = infer_body(rows)
         self.say("  24 closed-loop clients for 10 s at the burst endpoint...")
         peak = 1
 
@@ -314,18 +292,7 @@ class Demo:
         before = {p["metadata"]["uid"] for p in await self.pods("demo")}
         await self.apply([manifest("demo", spec)])
         rows = np.random.default_rng(11).standard_normal((1, 512)).astype(np.float32)
-        body = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "input",
-                        "shape": [1, 512],
-                        "datatype": "FP32",
-                        "data": rows.ravel().tolist(),
-                    }
-                ]
-            }
-        ).encode()
+        body = infer_body(rows)
         verdict = "Passed" if passes else "Failed"
         deadline = time.monotonic() + 150
         shown = 0

@@ -246,30 +246,21 @@ class PodVolumes:
                     stale.unlink()
 
     async def _config_map(self, root: Path, source: Mapping[str, Any]) -> None:
-        optional = bool(source.get("optional"))
-        files = await self._files_of("configMap", source["name"], optional)
-        if files is not None:
-            self._write_keys(
-                root,
-                files,
-                source.get("items") or [],
-                source.get("defaultMode", 0o644),
-                optional,
-                f'configmap "{source["name"]}"',
-            )
+        await self._object_volume(root, "configMap", source["name"], source)
 
     async def _secret(self, root: Path, source: Mapping[str, Any]) -> None:
+        await self._object_volume(root, "secret", source["secretName"], source)
+
+    async def _object_volume(
+        self, root: Path, kind: str, name: str, source: Mapping[str, Any]
+    ) -> None:
+        """A ConfigMap's or Secret's keys (or its `items`) as files under `root`."""
         optional = bool(source.get("optional"))
-        files = await self._files_of("secret", source["secretName"], optional)
+        files = await self._files_of(kind, name, optional)
         if files is not None:
-            self._write_keys(
-                root,
-                files,
-                source.get("items") or [],
-                source.get("defaultMode", 0o644),
-                optional,
-                f'secret "{source["secretName"]}"',
-            )
+            what = f'{kind.lower()} "{name}"'
+            mode = source.get("defaultMode", 0o644)
+            self._write_keys(root, files, source.get("items") or [], mode, optional, what)
 
     def _downward(self, root: Path, items: list[dict[str, Any]]) -> None:
         for item in items:
