@@ -52,6 +52,7 @@ test: $(STAMP)
 # a tree of links that gives mypy the import names.
 STRICT_TYPED := kubeinfer/contract kubeinfer/operator/api kubeinfer/operator/state \
 	kubeinfer/operator/reconcile kubeinfer/operator/rollout kubeinfer/operator/scaling \
+	kubeinfer/operator/quality \
 	kubeinfer/runtime/batching/policy.py kubeinfer/runtime/batching/assembler.py
 TYPED := kubeinfer/operator kubeinfer/runtime kubeinfer/cluster kubeinfer/cli kubeinfer/contract
 

@@ -1,0 +1,424 @@
+"""The quality verdict: has a reduced-precision engine drifted from its reference? Pure.
+
+A function of the thresholds, the build's own accuracy report (the baseline), the
+tallies of one sliding window of sampled live traffic (overall, per reference top-1
+class, per slice) and the previous verdict: the same inputs always give the same verdict,
+so it is table-tested without a server.
+
+How it decides, in two sentences: a group (the whole traffic, one reference class, one
+slice) drifts when even the upper confidence bound of its top-1 agreement is below its
+threshold, the lower of its floor (minTop1Agreement for the whole traffic,
+minClassAgreement for a class or a slice) and its build baseline (the calibration
+agreement at its own lower bound); each bound is one-sided at falseAlarmBudget divided
+by the number of tests made, and a group with fewer than minSamples samples is not
+tested. A drifting group recovers only when its lower bound is back at or above its
+threshold, so a group whose agreement sits on the threshold does not flap.
+
+Why each part:
+- The floor is what the user accepts; the baseline only lowers the bar for a class the
+  build already measured below its floor, since quantisation's expected disagreement is
+  not drift. The baseline is itself an estimate on a few calibration rows per class, so
+  it counts at its lower bound: that bound is the slack under the build's figure, and it
+  shrinks as the calibration set grows. A class the report does not name, and every
+  slice (which has no calibration rows of its own), is held to the overall baseline.
+- A slice is held to the per-group floor, minClassAgreement, not to minTop1Agreement: it
+  is a sub-population, and may by nature lean on the weaker classes.
+- Bonferroni, not Holm-Bonferroni, across the tests: the verdict asks whether any group
+  drifted, and Holm's first step, the only one that answer depends on, is Bonferroni's
+  test; Holm would only add groups to the list, at levels that depend on the other
+  groups' figures, which the bounds in a message could then not be read against. It
+  holds under any dependence between the tests (the classes and slices overlap, and
+  each is part of the whole).
+- The mean absolute difference is judged on the whole traffic only (a difference's scale
+  is the model's, not a class's). When the tally carries its sum of squares it is judged
+  like an agreement: too large when its lower bound is above maxMeanAbsoluteDifference,
+  back when its upper bound is at or below it, and it counts as one more test. Without
+  the sum of squares there is no spread to bound it with, so its point estimate decides
+  both ways, as the shadow verdict does; a mean of per-sample averages over minSamples
+  samples or more moves little from one evaluation to the next.
+- A group in the previous verdict's drifting list that has too few samples now stays
+  drifting: too few samples is no evidence that it recovered. Only `previous.drifting`
+  and `previous.mean_absolute_difference_too_large` are read, so the caller can rebuild
+  a previous verdict from what it stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from kubeinfer.operator.quality.bounds import Bounds, mean_bounds, one_sided_z, wilson_bounds
+
+
+class QualityState(StrEnum):
+    HEALTHY = "Healthy"
+    DRIFTING = "Drifting"
+    INSUFFICIENT_SAMPLES = "InsufficientSamples"
+
+
+class Reasons:
+    """The verdict's reasons (CamelCase words, as condition reasons are)."""
+
+    HEALTHY = "QualityHealthy"
+    DRIFT = "QualityDrift"
+    DIFFERENCE_TOO_LARGE = "MeanAbsoluteDifferenceTooLarge"
+    INSUFFICIENT_SAMPLES = "InsufficientSamples"
+
+
+class GroupKind(StrEnum):
+    OVERALL = "overall"
+    CLASS = "class"
+    SLICE = "slice"
+
+
+@dataclass(frozen=True, order=True)
+class QualityGroup:
+    """What a tally counts: the whole traffic, one reference top-1 class, or one slice."""
+
+    kind: GroupKind
+    name: str
+
+    def __str__(self) -> str:
+        return "overall" if self.kind == GroupKind.OVERALL else f"{self.kind} '{self.name}'"
+
+
+OVERALL = QualityGroup(GroupKind.OVERALL, "")
+
+
+@dataclass(frozen=True)
+class AgreementTally:
+    """One group's counts over the window. Sums rather than means, so tallies from
+    several pods and scrapes add up."""
+
+    samples: int
+    top1_agreements: int
+    absolute_difference_sum: float = 0.0
+    """Sum over the samples of each sample's mean |candidate - reference|."""
+    absolute_difference_square_sum: float | None = None
+    """Sum of the squares of the same per-sample values; None when not collected."""
+    kl_divergence_sum: float | None = None
+    """Sum over the samples of KL(reference || candidate); None when not collected."""
+
+    def __post_init__(self) -> None:
+        if self.samples < 0 or not 0 <= self.top1_agreements <= self.samples:
+            raise ValueError(
+                f"{self.top1_agreements} agreements out of {self.samples} samples is no tally"
+            )
+
+    @property
+    def top1_agreement(self) -> float | None:
+        return self.top1_agreements / self.samples if self.samples else None
+
+    @property
+    def mean_absolute_difference(self) -> float | None:
+        return self.absolute_difference_sum / self.samples if self.samples else None
+
+    @property
+    def mean_kl_divergence(self) -> float | None:
+        if not self.samples or self.kl_divergence_sum is None:
+            return None
+        return self.kl_divergence_sum / self.samples
+
+
+@dataclass(frozen=True)
+class WindowTallies:
+    """The last windowSeconds of sampled traffic. Class keys are the reference's top-1
+    class; slice keys are the slice header's values (with `other` for the rest)."""
+
+    overall: AgreementTally
+    by_class: Mapping[str, AgreementTally] = field(default_factory=dict)
+    by_slice: Mapping[str, AgreementTally] = field(default_factory=dict)
+
+    def tally(self, group: QualityGroup) -> AgreementTally | None:
+        if group.kind == GroupKind.OVERALL:
+            return self.overall
+        groups = self.by_class if group.kind == GroupKind.CLASS else self.by_slice
+        return groups.get(group.name)
+
+
+@dataclass(frozen=True)
+class BaselineAgreement:
+    """A top-1 agreement from the build's accuracy report (calibration rows)."""
+
+    top1_agreement: float
+    samples: int | None = None
+    """The calibration rows it was measured on; None takes the figure as exact."""
+
+
+@dataclass(frozen=True)
+class QualityBaseline:
+    """The build's accuracy report: the overall agreement and the classes it names."""
+
+    overall: BaselineAgreement
+    by_class: Mapping[str, BaselineAgreement] = field(default_factory=dict)
+
+    def for_group(self, group: QualityGroup) -> BaselineAgreement:
+        """A class's own figure where the report has one; else, and for every slice, the
+        overall figure."""
+        if group.kind == GroupKind.CLASS:
+            return self.by_class.get(group.name, self.overall)
+        return self.overall
+
+
+@dataclass(frozen=True)
+class QualityThresholds:
+    """The quality watch's settings, in the units their API fields will have."""
+
+    min_samples: int
+    """A group is tested only from this many samples in the window (minSamples)."""
+    min_top1_agreement: float
+    """Absolute floor for the whole traffic's agreement (minTop1Agreement)."""
+    min_class_agreement: float
+    """Absolute floor for each reference class's and each slice's (minClassAgreement)."""
+    max_mean_absolute_difference: float
+    """Ceiling for the whole traffic's mean |difference| (maxMeanAbsoluteDifference)."""
+    false_alarm_budget: float = 0.01
+    """The chance that one evaluation of traffic that has not drifted raises an alarm,
+    shared across every test it makes (family-wise)."""
+
+    def __post_init__(self) -> None:
+        if self.min_samples < 1:
+            raise ValueError(f"minSamples is at least 1, not {self.min_samples}")
+        if not 0.0 < self.false_alarm_budget < 1.0:
+            raise ValueError(f"a false-alarm budget lies in (0, 1), not {self.false_alarm_budget}")
+
+    def floor(self, group: QualityGroup) -> float:
+        if group.kind == GroupKind.OVERALL:
+            return self.min_top1_agreement
+        return self.min_class_agreement
+
+    def floor_name(self, group: QualityGroup) -> str:
+        return "minTop1Agreement" if group.kind == GroupKind.OVERALL else "minClassAgreement"
+
+
+@dataclass(frozen=True)
+class GroupJudgement:
+    """One group's figures and whether it drifts. Bounds are None without samples."""
+
+    group: QualityGroup
+    samples: int
+    top1_agreement: float | None
+    bounds: Bounds | None
+    floor: float
+    baseline: float
+    baseline_lower_bound: float
+    threshold: float
+    tested: bool
+    drifting: bool
+
+    @property
+    def margin(self) -> float:
+        """How far the upper bound is above the threshold (negative: drifting for sure)."""
+        return (self.bounds.upper if self.bounds else 1.0) - self.threshold
+
+    def describe(self, floor_name: str) -> str:
+        if self.top1_agreement is None or self.bounds is None:
+            figures = "no samples in the window"
+        else:
+            figures = (
+                f"top-1 agreement {self.top1_agreement:.4f} on {self.samples} samples "
+                f"(bounds {self.bounds.lower:.4f}..{self.bounds.upper:.4f})"
+            )
+        baseline = f"build baseline {self.baseline:.4f}"
+        if self.baseline_lower_bound < self.baseline:
+            baseline += f", {self.baseline_lower_bound:.4f} at its lower bound"
+        return (
+            f"{self.group}: {figures}, threshold {self.threshold:.4f} "
+            f"(the lower of {floor_name} {self.floor:g} and {baseline})"
+        )
+
+
+@dataclass(frozen=True)
+class QualityVerdict:
+    """Healthy, Drifting or InsufficientSamples, with the figures that led to it."""
+
+    state: QualityState
+    reason: str
+    message: str
+    drifting: tuple[GroupJudgement, ...] = ()
+    overall: GroupJudgement | None = None
+    worst_class: GroupJudgement | None = None
+    worst_slice: GroupJudgement | None = None
+    mean_absolute_difference_too_large: bool = False
+    tests: int = 0
+    per_test_false_alarm: float = 0.0
+
+
+def judge_quality(
+    thresholds: QualityThresholds,
+    baseline: QualityBaseline,
+    window: WindowTallies,
+    previous: QualityVerdict | None = None,
+) -> QualityVerdict:
+    """The verdict on one window of tallies; `previous` is the last verdict given on this
+    engine (None on its first evaluation), read only for what was drifting."""
+    was_drifting = {judgement.group for judgement in previous.drifting} if previous else set()
+    difference_was_too_large = bool(previous and previous.mean_absolute_difference_too_large)
+    groups = _groups(window, was_drifting)
+    tested = [g for g in groups if _samples(window, g) >= thresholds.min_samples]
+    difference_tested = (
+        OVERALL in tested and window.overall.absolute_difference_square_sum is not None
+    )
+    tests = len(tested) + int(difference_tested)
+    per_test = thresholds.false_alarm_budget / max(1, tests)
+    z = one_sided_z(per_test)
+    judgements = [
+        _judge_group(g, thresholds, baseline, window, z, g in was_drifting) for g in groups
+    ]
+    too_large = _difference_too_large(thresholds, window.overall, z, difference_was_too_large)
+    drifting = tuple(j for j in judgements if j.drifting)
+    by_group = {j.group: j for j in judgements}
+    verdict = QualityVerdict(
+        state=QualityState.HEALTHY,
+        reason=Reasons.HEALTHY,
+        message="",
+        drifting=drifting,
+        overall=by_group.get(OVERALL),
+        worst_class=_worst(judgements, GroupKind.CLASS),
+        worst_slice=_worst(judgements, GroupKind.SLICE),
+        mean_absolute_difference_too_large=too_large,
+        tests=tests,
+        per_test_false_alarm=per_test,
+    )
+    return _with_outcome(verdict, thresholds, window, judgements)
+
+
+def _groups(window: WindowTallies, was_drifting: Iterable[QualityGroup]) -> list[QualityGroup]:
+    """Every group with samples, and every group drifting before (even without samples),
+    in a stable order: overall, then classes, then slices, each by name."""
+    present = {OVERALL}
+    present.update(QualityGroup(GroupKind.CLASS, name) for name in window.by_class)
+    present.update(QualityGroup(GroupKind.SLICE, name) for name in window.by_slice)
+    present.update(was_drifting)
+    order = {GroupKind.OVERALL: 0, GroupKind.CLASS: 1, GroupKind.SLICE: 2}
+    return sorted(present, key=lambda g: (order[g.kind], g.name))
+
+
+def _samples(window: WindowTallies, group: QualityGroup) -> int:
+    tally = window.tally(group)
+    return tally.samples if tally else 0
+
+
+def _judge_group(
+    group: QualityGroup,
+    thresholds: QualityThresholds,
+    baseline: QualityBaseline,
+    window: WindowTallies,
+    z: float,
+    was_drifting: bool,
+) -> GroupJudgement:
+    reference = baseline.for_group(group)
+    if reference.samples:
+        reference_agreements = round(reference.top1_agreement * reference.samples)
+        baseline_lower = wilson_bounds(reference_agreements, reference.samples, z).lower
+        baseline_lower = min(baseline_lower, reference.top1_agreement)
+    else:
+        baseline_lower = reference.top1_agreement
+    floor = thresholds.floor(group)
+    threshold = min(floor, baseline_lower)
+    tally = window.tally(group)
+    samples = tally.samples if tally else 0
+    bounds = wilson_bounds(tally.top1_agreements, samples, z) if tally and samples else None
+    tested = bounds is not None and samples >= thresholds.min_samples
+    if not tested or bounds is None:
+        drifting = was_drifting  # too few samples is no evidence either way
+    elif was_drifting:
+        drifting = bounds.lower < threshold  # back only when confidently back
+    else:
+        drifting = bounds.upper < threshold
+    return GroupJudgement(
+        group=group,
+        samples=samples,
+        top1_agreement=tally.top1_agreement if tally else None,
+        bounds=bounds,
+        floor=floor,
+        baseline=reference.top1_agreement,
+        baseline_lower_bound=baseline_lower,
+        threshold=threshold,
+        tested=tested,
+        drifting=drifting,
+    )
+
+
+def _difference_too_large(
+    thresholds: QualityThresholds, overall: AgreementTally, z: float, was_too_large: bool
+) -> bool:
+    mean = overall.mean_absolute_difference
+    if mean is None or overall.samples < thresholds.min_samples:
+        return was_too_large
+    limit = thresholds.max_mean_absolute_difference
+    if overall.absolute_difference_square_sum is None:
+        return mean > limit
+    bounds = mean_bounds(
+        overall.absolute_difference_sum,
+        overall.absolute_difference_square_sum,
+        overall.samples,
+        z,
+    )
+    return bounds.upper > limit if was_too_large else bounds.lower > limit
+
+
+def _worst(judgements: Iterable[GroupJudgement], kind: GroupKind) -> GroupJudgement | None:
+    """The tested group of this kind whose upper bound is least above its threshold."""
+    candidates = [j for j in judgements if j.group.kind == kind and j.tested]
+    return min(candidates, key=lambda j: (j.margin, j.group.name), default=None)
+
+
+def _with_outcome(
+    verdict: QualityVerdict,
+    thresholds: QualityThresholds,
+    window: WindowTallies,
+    judgements: list[GroupJudgement],
+) -> QualityVerdict:
+    """The state, reason and message that the judgements add up to."""
+
+    def tested(kind: GroupKind) -> int:
+        return sum(1 for j in judgements if j.group.kind == kind and j.tested)
+
+    level = (
+        f"{verdict.tests} tests at a false-alarm budget of {thresholds.false_alarm_budget:g} "
+        f"({verdict.per_test_false_alarm:.3g} each); {tested(GroupKind.CLASS)} of "
+        f"{len(window.by_class)} classes and {tested(GroupKind.SLICE)} of "
+        f"{len(window.by_slice)} slices had minSamples {thresholds.min_samples}"
+    )
+    difference = _difference_figures(thresholds, window.overall)
+    if verdict.drifting:
+        parts = [j.describe(thresholds.floor_name(j.group)) for j in verdict.drifting]
+        if verdict.mean_absolute_difference_too_large:
+            parts.append(difference)
+        state, reason = QualityState.DRIFTING, Reasons.DRIFT
+        message = f"Top-1 agreement drifted: {'; '.join(parts)}. {level}."
+    elif verdict.mean_absolute_difference_too_large:
+        state, reason = QualityState.DRIFTING, Reasons.DIFFERENCE_TOO_LARGE
+        message = f"The mean absolute difference drifted: {difference}. {level}."
+    elif verdict.tests == 0:
+        state, reason = QualityState.INSUFFICIENT_SAMPLES, Reasons.INSUFFICIENT_SAMPLES
+        message = (
+            f"{window.overall.samples} of minSamples {thresholds.min_samples} samples in "
+            "the window; nothing is judged yet."
+        )
+    else:
+        named = [
+            f"{title}{j.describe(thresholds.floor_name(j.group))}"
+            for title, j in (
+                ("", verdict.overall),
+                ("worst ", verdict.worst_class),
+                ("worst ", verdict.worst_slice),
+            )
+            if j is not None
+        ]
+        state, reason = QualityState.HEALTHY, Reasons.HEALTHY
+        message = f"No drift: {'; '.join([*named, difference])}. {level}."
+    return replace(verdict, state=state, reason=reason, message=message)
+
+
+def _difference_figures(thresholds: QualityThresholds, overall: AgreementTally) -> str:
+    mean = overall.mean_absolute_difference
+    figures = "no samples" if mean is None else f"{mean:.4g}"
+    text = (
+        f"mean |diff| {figures} against maxMeanAbsoluteDifference "
+        f"{thresholds.max_mean_absolute_difference:g}"
+    )
+    kl = overall.mean_kl_divergence
+    return text if kl is None else f"{text}, mean KL divergence {kl:.4g}"
