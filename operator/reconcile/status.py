@@ -19,13 +19,17 @@ message, rather than a rollout that silently waits for its progress deadline. Wh
 spec's engine is being built they are only mentioned in Progressing: a new image rolls
 the serving pods before their new engine is built, and those pods refuse the old engine
 until it is (the old pods keep serving meanwhile).
+
+Which situation wins (a failed build over one under way over failing pods over a
+stalled rollout over a shadow rollout's say), and what it makes of Ready, Progressing,
+Degraded, Reconciling, Stalled and the phase, is written once: `situation`'s chain and
+table. `rollout_progress` is re-exported for `decide`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.conditions import (
@@ -41,14 +45,16 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     RolloutStrategy,
     VersionStatus,
 )
-from kubeinfer.operator.reconcile.child_meta import input_hash
+from kubeinfer.operator.reconcile.rollout_progress import RolloutProgress as RolloutProgress
+from kubeinfer.operator.reconcile.rollout_progress import rollout_progress as rollout_progress
 from kubeinfer.operator.reconcile.scaling_status import ScalingReport
+from kubeinfer.operator.reconcile.situation import Facts, situation_of, summary_conditions
 from kubeinfer.operator.rollout.report import ShadowReport
 from kubeinfer.operator.rollout.shadow import RolloutPlan
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.engine_state import EnginePhase, EngineState
 from kubeinfer.operator.state.runtime_failures import runtime_failure
-from kubeinfer.operator.state.snapshot import Event, KubeObject, ObservedState
+from kubeinfer.operator.state.snapshot import Event, ObservedState
 
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 
@@ -68,57 +74,13 @@ WARNING_REASONS = frozenset(
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 EVENT_MESSAGE_LIMIT = 1024
 MIRRORED = frozenset({ConditionType.RECONCILING, ConditionType.STALLED})
-
-
-@dataclass(frozen=True)
-class RolloutProgress:
-    """How far the observed Deployment is from the desired one."""
-
-    exists: bool
-    complete: bool
-    available: bool
-    stalled: bool
-    ready_replicas: int
-    message: str
-
-
-def rollout_progress(
-    observed: KubeObject | None, desired: KubeObject | None, replicas: int
-) -> RolloutProgress:
-    """Complete means: the observed Deployment is the desired one (same input hash), its
-    controller has seen that generation, and all `replicas` pods are updated, ready and
-    available with no old pod left."""
-    if observed is None or desired is None:
-        return RolloutProgress(False, False, False, False, 0, "the Deployment does not exist yet")
-    name = observed["metadata"]["name"]
-    status: dict[str, Any] = observed.get("status") or {}
-    ready = int(status.get("readyReplicas") or 0)
-    updated = int(status.get("updatedReplicas") or 0)
-    available_count = int(status.get("availableReplicas") or 0)
-    total = int(status.get("replicas") or 0)
-    generation = observed["metadata"].get("generation")
-    seen = generation is None or int(status.get("observedGeneration") or 0) >= int(generation)
-    conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    available_condition = conditions.get("Available")
-    available = (
-        available_condition.get("status") == "True"
-        if available_condition
-        else available_count >= replicas
-    )
-    progressing = conditions.get("Progressing") or {}
-    stalled = progressing.get("reason") == "ProgressDeadlineExceeded"
-    complete = (
-        input_hash(observed) == input_hash(desired)
-        and seen
-        and updated >= replicas
-        and ready >= replicas
-        and available_count >= replicas
-        and total == replicas
-    )
-    message = f"Deployment {name}: {updated} of {replicas} pods updated, {ready} ready"
-    if stalled:
-        message += f"; {progressing.get('message') or 'progress deadline exceeded'}"
-    return RolloutProgress(True, complete, available, stalled, ready, message)
+ENGINE_READY = {
+    EnginePhase.PINNED: (TRUE, Reason.ENGINE_PINNED),
+    EnginePhase.BUILT: (TRUE, Reason.ENGINE_BUILT),
+    EnginePhase.BUILDING: (FALSE, Reason.ENGINE_BUILDING),
+    EnginePhase.FAILED: (FALSE, Reason.ENGINE_BUILD_FAILED),
+}
+"""EngineReady's status and reason for each phase of the spec's engine."""
 
 
 def compute_status(
@@ -137,28 +99,23 @@ def compute_status(
     spec, generation = observed.spec, observed.owner.generation
     serving = plan.serving
     previous = observed.status
-    current = (
-        engine.ready
-        and serving is not None
-        and serving.digest == engine.digest
-        and serving.version == spec.model.version
+    facts = Facts(
+        engine=engine,
+        serving=serving,
+        version=spec.model.version,
+        # Pods of an engine the Deployment no longer runs are on their way out.
+        failure=runtime_failure(observed.runtime_pods, digest=serving.digest if serving else None),
+        rollout=rollout,
+        shadow=shadow,
+        replicas=replicas,
     )
-    ready = current and rollout.complete
-    # Pods of an engine the Deployment no longer runs are on their way out.
-    failure = runtime_failure(observed.runtime_pods, digest=serving.digest if serving else None)
-    failing = None if failure is None else (failure.reason, failure.message)
-    old = serving if serving is not None and not current else None
-    keeps = f" Version {old.version} keeps serving." if old else ""
-
-    # EngineReady
-    if engine.phase == EnginePhase.PINNED:
-        engine_condition = (TRUE, Reason.ENGINE_PINNED, engine.message)
-    elif engine.phase == EnginePhase.BUILT:
-        engine_condition = (TRUE, Reason.ENGINE_BUILT, engine.message)
-    elif engine.phase == EnginePhase.BUILDING:
-        engine_condition = (FALSE, Reason.ENGINE_BUILDING, engine.message + keeps)
-    else:
-        engine_condition = (FALSE, Reason.ENGINE_BUILD_FAILED, engine.message + keeps)
+    summary = summary_conditions(situation_of(facts))
+    engine_status, engine_reason = ENGINE_READY[engine.phase]
+    engine_condition = (
+        engine_status,
+        engine_reason,
+        engine.message if engine_status == TRUE else engine.message + facts.keeps_serving,
+    )
 
     # Available: is anything serving, whichever version it is?
     if not rollout.exists:
@@ -169,68 +126,15 @@ def compute_status(
     else:
         available = (FALSE, Reason.DEPLOYMENT_UNAVAILABLE, f"{rollout.message}.")
 
-    # Progressing and Degraded
-    degraded = (FALSE, Reason.AS_EXPECTED, "")
-    if engine.phase == EnginePhase.FAILED:
-        progressing = (FALSE, Reason.ENGINE_BUILD_FAILED, engine.message)
-        degraded = (TRUE, Reason.ENGINE_BUILD_FAILED, engine.message + keeps)
-    elif engine.phase == EnginePhase.BUILDING:
-        meanwhile = f" Meanwhile: {failing[1]}" if failing else ""
-        progressing = (TRUE, Reason.ENGINE_BUILDING, engine.message + meanwhile)
-    elif failing is not None:
-        progressing = (FALSE, *failing)
-        degraded = (TRUE, *failing)
-    elif rollout.stalled:
-        progressing = (FALSE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
-        degraded = (TRUE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
-    elif shadow.progress is not None:
-        progressing = shadow.progress
-        degraded = shadow.degraded or degraded
-    elif ready:
-        progressing = (FALSE, Reason.ROLLOUT_COMPLETE, f"{rollout.message}.")
-    else:
-        progressing = (TRUE, Reason.ROLLING_OUT, f"{rollout.message}.")
-
-    # Ready: the summary
-    if ready:
-        summary = (
-            TRUE,
-            Reason.READY,
-            f"Version {spec.model.version} (engine {engine.digest}) serves on "
-            f"{replicas} of {replicas} pods.",
-        )
-    elif engine.phase in (EnginePhase.BUILDING, EnginePhase.FAILED):
-        summary = (FALSE, engine_condition[1], engine_condition[2])
-    elif failing is not None:
-        summary = (FALSE, failing[0], failing[1] + keeps)
-    elif rollout.stalled:
-        summary = (FALSE, Reason.ROLLOUT_STALLED, f"{rollout.message}.")
-    elif shadow.progress is not None:
-        summary = (FALSE, shadow.progress[1], shadow.progress[2])
-    else:
-        summary = (FALSE, Reason.ROLLING_OUT, f"{rollout.message}.{keeps}")
-
-    # kstatus (Flux's health check) reads only Reconciling and Stalled: mirror Progressing
-    # and a Degraded that needs attention into them.
-    if degraded[0] == TRUE:
-        reconciling, stalled = (FALSE, degraded[1], degraded[2]), degraded
-    elif progressing[0] == TRUE:
-        reconciling, stalled = progressing, (FALSE, Reason.AS_EXPECTED, "")
-    else:
-        reconciling, stalled = (
-            (FALSE, progressing[1], progressing[2]),
-            (FALSE, Reason.AS_EXPECTED, ""),
-        )
-
     conditions = list(previous.conditions)
     values = [
-        (ConditionType.READY, summary),
+        (ConditionType.READY, summary.ready),
         (ConditionType.ENGINE_READY, engine_condition),
         (ConditionType.AVAILABLE, available),
-        (ConditionType.PROGRESSING, progressing),
-        (ConditionType.DEGRADED, degraded),
-        (ConditionType.RECONCILING, reconciling),
-        (ConditionType.STALLED, stalled),
+        (ConditionType.PROGRESSING, summary.progressing),
+        (ConditionType.DEGRADED, summary.degraded),
+        (ConditionType.RECONCILING, summary.reconciling),
+        (ConditionType.STALLED, summary.stalled),
     ]
     if shadow.shadow_passed is not None:
         values.append((ConditionType.SHADOW_PASSED, shadow.shadow_passed))
@@ -250,20 +154,7 @@ def compute_status(
     for type_, (status, reason, message) in values:
         conditions = set_condition(conditions, type_, status, reason, message, generation, now)
 
-    if ready:
-        phase = Phase.READY
-    elif engine.phase == EnginePhase.FAILED:
-        phase = Phase.DEGRADED if serving is not None else Phase.FAILED
-    elif engine.phase == EnginePhase.BUILDING:
-        phase = Phase.BUILDING_ENGINE
-    elif failing is not None:
-        phase = Phase.DEGRADED if rollout.ready_replicas else Phase.FAILED  # serving?
-    elif rollout.stalled:
-        phase = Phase.DEGRADED
-    else:
-        phase = shadow.phase or Phase.DEPLOYING
-
-    engine_status = EngineStatus(
+    engine_record = EngineStatus(
         digest=engine.digest,
         backend=spec.engine.backend,
         precision=spec.engine.precision,
@@ -280,9 +171,9 @@ def compute_status(
     return previous.model_copy(
         update={
             "observed_generation": generation,
-            "phase": phase,
+            "phase": summary.phase,
             "conditions": conditions,
-            "engine": engine_status,
+            "engine": engine_record,
             "serving": serving_status,
             "replicas": replicas,
             "ready_replicas": rollout.ready_replicas,

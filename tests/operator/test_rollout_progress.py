@@ -14,12 +14,8 @@ from kubeinfer.operator.api.v1alpha1.conditions import (
     ConditionType,
     Reason,
 )
-from kubeinfer.operator.reconcile.status import (
-    EVENT_MESSAGE_LIMIT,
-    RolloutProgress,
-    rollout_progress,
-    transition_events,
-)
+from kubeinfer.operator.reconcile.rollout_progress import RolloutProgress, rollout_progress
+from kubeinfer.operator.reconcile.status import EVENT_MESSAGE_LIMIT, transition_events
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.runtime_failures import runtime_failure
 

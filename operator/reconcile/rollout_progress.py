@@ -1,0 +1,64 @@
+"""How far the observed serving Deployment is from the desired one. Pure.
+
+The status reads it (Ready, Available, a stalled rollout), and `decide` tells from it
+when the roll to a promoted engine is done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kubeinfer.operator.reconcile.child_meta import input_hash
+from kubeinfer.operator.state.snapshot import KubeObject
+
+
+@dataclass(frozen=True)
+class RolloutProgress:
+    """How far the observed Deployment is from the desired one."""
+
+    exists: bool
+    complete: bool
+    available: bool
+    stalled: bool
+    ready_replicas: int
+    message: str
+
+
+def rollout_progress(
+    observed: KubeObject | None, desired: KubeObject | None, replicas: int
+) -> RolloutProgress:
+    """Complete means: the observed Deployment is the desired one (same input hash), its
+    controller has seen that generation, and all `replicas` pods are updated, ready and
+    available with no old pod left."""
+    if observed is None or desired is None:
+        return RolloutProgress(False, False, False, False, 0, "the Deployment does not exist yet")
+    name = observed["metadata"]["name"]
+    status: dict[str, Any] = observed.get("status") or {}
+    ready = int(status.get("readyReplicas") or 0)
+    updated = int(status.get("updatedReplicas") or 0)
+    available_count = int(status.get("availableReplicas") or 0)
+    total = int(status.get("replicas") or 0)
+    generation = observed["metadata"].get("generation")
+    seen = generation is None or int(status.get("observedGeneration") or 0) >= int(generation)
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    available_condition = conditions.get("Available")
+    available = (
+        available_condition.get("status") == "True"
+        if available_condition
+        else available_count >= replicas
+    )
+    progressing = conditions.get("Progressing") or {}
+    stalled = progressing.get("reason") == "ProgressDeadlineExceeded"
+    complete = (
+        input_hash(observed) == input_hash(desired)
+        and seen
+        and updated >= replicas
+        and ready >= replicas
+        and available_count >= replicas
+        and total == replicas
+    )
+    message = f"Deployment {name}: {updated} of {replicas} pods updated, {ready} ready"
+    if stalled:
+        message += f"; {progressing.get('message') or 'progress deadline exceeded'}"
+    return RolloutProgress(True, complete, available, stalled, ready, message)

@@ -1,0 +1,215 @@
+"""What is going on with an InferenceDeployment, and what that makes of its summary
+conditions and phase. Pure.
+
+One chain, most pressing first, picks the single situation that applies (`situation_of`):
+
+    build failed > building > runtime pods failing > rollout stalled > a shadow rollout's
+    say > rolled out > rolling out
+
+and one table (`summary_conditions`) turns that situation into Ready, Progressing,
+Degraded, Reconciling, Stalled and the phase. The order is written once, so the
+conditions and the phase can never disagree about which situation they describe.
+
+Ready and the phase also answer a question beside the chain: does the spec's engine
+serve on every desired replica? When it does, they say so whatever else the situation
+reports (a promotion whose record still says Passed, a leftover pod that crashes, a
+deadline the Deployment's controller has not cleared yet): Ready is what `kubectl wait`
+and Argo CD read, and those want to know whether the spec is served, while Progressing
+and Degraded tell the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from kubeinfer.operator.api.v1alpha1.conditions import (
+    ConditionStatus,
+    ConditionValue,
+    Reason,
+)
+from kubeinfer.operator.api.v1alpha1.enums import Phase
+from kubeinfer.operator.reconcile.rollout_progress import RolloutProgress
+from kubeinfer.operator.rollout.report import ShadowReport
+from kubeinfer.operator.state.engine_state import EnginePhase, EngineState, ServingEngine
+from kubeinfer.operator.state.runtime_failures import RuntimeFailure
+
+TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
+AS_EXPECTED: ConditionValue = (FALSE, Reason.AS_EXPECTED, "")
+"""Degraded or Stalled when nothing needs attention."""
+
+
+class SituationKind(StrEnum):
+    """The situations, in the order the chain tries them."""
+
+    BUILD_FAILED = "BuildFailed"
+    BUILDING = "Building"
+    RUNTIME_FAILING = "RuntimeFailing"
+    ROLLOUT_STALLED = "RolloutStalled"
+    SHADOW = "Shadow"
+    ROLLED_OUT = "RolledOut"
+    ROLLING_OUT = "RollingOut"
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the chain reads. `serving` is the engine the desired runtime runs; `failure`
+    is why runtime pods of that engine cannot start."""
+
+    engine: EngineState
+    serving: ServingEngine | None
+    version: str
+    """The spec's model version."""
+    failure: RuntimeFailure | None
+    rollout: RolloutProgress
+    shadow: ShadowReport
+    replicas: int
+
+    @property
+    def current(self) -> bool:
+        """Whether the desired runtime runs the spec's engine and model version."""
+        return (
+            self.engine.ready
+            and self.serving is not None
+            and self.serving.digest == self.engine.digest
+            and self.serving.version == self.version
+        )
+
+    @property
+    def ready(self) -> bool:
+        """Whether the spec's engine serves on every desired replica."""
+        return self.current and self.rollout.complete
+
+    @property
+    def keeps_serving(self) -> str:
+        """A sentence naming the older version that serves meanwhile, or ""."""
+        if self.serving is None or self.current:
+            return ""
+        return f" Version {self.serving.version} keeps serving."
+
+
+@dataclass(frozen=True)
+class Situation:
+    """The one situation that applies, with its reason and message. `keeps_serving` and
+    `meanwhile` are what the summary and Progressing add to the message;
+    `still_serving` tells a Degraded phase from a Failed one; `serves` is Ready's message
+    when the spec's engine serves on every replica ("" when it does not)."""
+
+    kind: SituationKind
+    reason: Reason
+    message: str
+    keeps_serving: str = ""
+    meanwhile: str = ""
+    still_serving: bool = False
+    serves: str = ""
+    shadow: ShadowReport = field(default_factory=ShadowReport)
+
+
+def situation_of(facts: Facts) -> Situation:
+    """The first situation of the chain that applies."""
+    engine, failure, rollout, shadow = facts.engine, facts.failure, facts.rollout, facts.shadow
+    serves = ""
+    if facts.ready:
+        serves = (
+            f"Version {facts.version} (engine {engine.digest}) serves on "
+            f"{facts.replicas} of {facts.replicas} pods."
+        )
+    said_of_rollout = f"{rollout.message}."
+    if engine.phase == EnginePhase.FAILED:
+        return Situation(
+            SituationKind.BUILD_FAILED,
+            Reason.ENGINE_BUILD_FAILED,
+            engine.message,
+            keeps_serving=facts.keeps_serving,
+            still_serving=facts.serving is not None,
+            serves=serves,
+        )
+    if engine.phase == EnginePhase.BUILDING:
+        # A new image rolls the pods before its engine is built, and they refuse the old
+        # engine until it is: worth a mention, not a failure.
+        return Situation(
+            SituationKind.BUILDING,
+            Reason.ENGINE_BUILDING,
+            engine.message,
+            keeps_serving=facts.keeps_serving,
+            meanwhile=f" Meanwhile: {failure.message}" if failure else "",
+            serves=serves,
+        )
+    if failure is not None:
+        return Situation(
+            SituationKind.RUNTIME_FAILING,
+            failure.reason,
+            failure.message,
+            keeps_serving=facts.keeps_serving,
+            still_serving=rollout.ready_replicas > 0,
+            serves=serves,
+        )
+    if rollout.stalled:
+        return Situation(
+            SituationKind.ROLLOUT_STALLED, Reason.ROLLOUT_STALLED, said_of_rollout, serves=serves
+        )
+    if shadow.progress is not None:
+        _, reason, message = shadow.progress
+        return Situation(SituationKind.SHADOW, reason, message, serves=serves, shadow=shadow)
+    if serves:
+        return Situation(
+            SituationKind.ROLLED_OUT, Reason.ROLLOUT_COMPLETE, said_of_rollout, serves=serves
+        )
+    return Situation(
+        SituationKind.ROLLING_OUT,
+        Reason.ROLLING_OUT,
+        said_of_rollout,
+        keeps_serving=facts.keeps_serving,
+    )
+
+
+@dataclass(frozen=True)
+class SummaryConditions:
+    """The conditions and phase a situation determines."""
+
+    ready: ConditionValue
+    progressing: ConditionValue
+    degraded: ConditionValue
+    reconciling: ConditionValue
+    stalled: ConditionValue
+    phase: Phase
+
+
+def summary_conditions(situation: Situation) -> SummaryConditions:
+    """The one table from situation to conditions and phase. Reconciling and Stalled, all
+    that kstatus (and so a Flux health check) reads, mirror Progressing and Degraded."""
+    said = (situation.reason, situation.message)
+    with_older = (situation.reason, situation.message + situation.keeps_serving)
+    failed_or_degraded = Phase.DEGRADED if situation.still_serving else Phase.FAILED
+    match situation.kind:
+        case SituationKind.BUILD_FAILED:
+            ready, progressing = (FALSE, *with_older), (FALSE, *said)
+            degraded, phase = (TRUE, *with_older), failed_or_degraded
+        case SituationKind.BUILDING:
+            ready = (FALSE, *with_older)
+            progressing = (TRUE, situation.reason, situation.message + situation.meanwhile)
+            degraded, phase = AS_EXPECTED, Phase.BUILDING_ENGINE
+        case SituationKind.RUNTIME_FAILING:
+            ready, progressing = (FALSE, *with_older), (FALSE, *said)
+            degraded, phase = (TRUE, *said), failed_or_degraded
+        case SituationKind.ROLLOUT_STALLED:
+            ready, progressing = (FALSE, *said), (FALSE, *said)
+            degraded, phase = (TRUE, *said), Phase.DEGRADED
+        case SituationKind.SHADOW:
+            shadow = situation.shadow
+            ready, progressing = (FALSE, *said), shadow.progress or (FALSE, *said)
+            degraded, phase = shadow.degraded or AS_EXPECTED, shadow.phase or Phase.DEPLOYING
+        case SituationKind.ROLLED_OUT:
+            ready, progressing = (TRUE, Reason.READY, situation.serves), (FALSE, *said)
+            degraded, phase = AS_EXPECTED, Phase.READY
+        case SituationKind.ROLLING_OUT:
+            ready, progressing = (FALSE, *with_older), (TRUE, *said)
+            degraded, phase = AS_EXPECTED, Phase.DEPLOYING
+    if situation.serves:  # whatever else the situation says: see the module's docstring
+        ready, phase = (TRUE, Reason.READY, situation.serves), Phase.READY
+    if degraded[0] == TRUE:
+        reconciling, stalled = (FALSE, degraded[1], degraded[2]), degraded
+    else:
+        reconciling = progressing if progressing[0] == TRUE else (FALSE, *progressing[1:])
+        stalled = AS_EXPECTED
+    return SummaryConditions(ready, progressing, degraded, reconciling, stalled, phase)
