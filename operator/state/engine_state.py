@@ -27,7 +27,8 @@ the operator records it beside the digest. The runtime's request body limit is r
 from it (`desired.runtime_config`); it is unknown for a pinned engine (nothing is
 built) and then the runtime's default limit applies.
 
-Retries: each attempt is its own Job, `<owner>-build-<hash>-<attempt>`. A failed attempt
+Retries: each attempt is its own Job, `<owner>-build-<hash>-<attempt>`, and what one
+attempt has come to is `build_attempt.attempt_state`'s to say. A failed attempt
 is kept (its reason and message stay visible in `kubectl describe job`, and Kubernetes
 deletes it after ttlSecondsAfterFinished); once the backoff after it has passed, the next
 attempt's Job is created. Deleting and recreating one Job name was rejected: between the
@@ -37,8 +38,6 @@ show the deleted Job as the new attempt's outcome.
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -48,14 +47,17 @@ from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Backend
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.build_attempt import (
+    AttemptPhase,
+    attempt_number,
+    attempt_state,
+    finished,
+    pods_of,
+    positive_int,
+)
 from kubeinfer.operator.state.snapshot import KubeObject, ObservedState
 
-BUILD_CONTAINER = "build"
-DIGEST_PATTERN = re.compile(r"sha256:[0-9a-f]{64}")
 ANNOTATION_INPUT_BYTES_PER_ROW = "kubeinfer.io/input-bytes-per-row"
-MISSING_MESSAGE_GRACE = timedelta(seconds=60)
-"""How long after a Job's completion its pod may still be missing from what was gathered
-(the pod's watch event can trail the Job's) before the attempt counts as failed."""
 
 
 class EnginePhase(StrEnum):
@@ -72,15 +74,6 @@ class ServingEngine:
     version: str
     digest: str
     build_key: str | None
-    input_bytes_per_row: int | None = None
-
-
-@dataclass(frozen=True)
-class BuildReport:
-    """What a build Job's termination message says of the engine it built."""
-
-    digest: str | None
-    target: str | None = None
     input_bytes_per_row: int | None = None
 
 
@@ -145,52 +138,6 @@ def build_key(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> str:
     return names.stable_hash(build_inputs(spec, settings), 64)
 
 
-def parse_time(value: Any) -> datetime | None:
-    """A Kubernetes timestamp (RFC 3339, `Z` suffix) as an aware datetime, or None."""
-    if isinstance(value, datetime):
-        return value
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value)  # Python 3.11+ reads the Z suffix
-    except ValueError:
-        return None
-
-
-def parse_termination_message(message: str | None) -> tuple[str | None, str | None]:
-    """(digest, target) from `kubeinfer build --json`'s termination message: a JSON object
-    with `digest` (and optionally `target`), or any text containing one engine digest."""
-    report = parse_build_report(message)
-    return report.digest, report.target
-
-
-def parse_build_report(message: str | None) -> BuildReport:
-    """The build's report from its termination message (`parse_termination_message`),
-    with `inputBytesPerRow` when it is a positive integer."""
-    if not message:
-        return BuildReport(None)
-    try:
-        document = json.loads(message)
-    except ValueError:
-        document = None
-    if isinstance(document, dict):
-        digest, target = document.get("digest"), document.get("target")
-        if isinstance(digest, str) and DIGEST_PATTERN.fullmatch(digest):
-            return BuildReport(
-                digest,
-                target if isinstance(target, str) else None,
-                _positive_int(document.get("inputBytesPerRow")),
-            )
-    match = DIGEST_PATTERN.search(message)
-    return BuildReport(match.group(0) if match else None)
-
-
-def _positive_int(value: Any) -> int | None:
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)
-    return value if type(value) is int and value > 0 else None
-
-
 def observed_serving(observed: ObservedState) -> ServingEngine | None:
     """The served engine: from the ConfigMap's annotations, else the Deployment's pod
     template (the ConfigMap was deleted), else the last status (both were deleted)."""
@@ -218,59 +165,13 @@ def _engine_of(child: KubeObject | None) -> ServingEngine | None:
             labels[names.LABEL_VERSION],
             digest,
             annotations.get(names.ANNOTATION_BUILD_KEY),
-            _positive_int(annotations.get(ANNOTATION_INPUT_BYTES_PER_ROW)),
+            positive_int(annotations.get(ANNOTATION_INPUT_BYTES_PER_ROW)),
         )
     return None
 
 
 def _pod_template(deployment: KubeObject | None) -> KubeObject | None:
     return ((deployment or {}).get("spec") or {}).get("template")
-
-
-def _condition(job: KubeObject, type_: str) -> dict[str, Any] | None:
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == type_ and condition.get("status") == "True":
-            return dict(condition)
-    return None
-
-
-def _attempt(job: KubeObject) -> int:
-    value = ((job.get("metadata") or {}).get("labels") or {}).get(names.LABEL_BUILD_ATTEMPT)
-    return int(value) if value and value.isdigit() else 0
-
-
-def _job_pods(observed: ObservedState, job_name: str) -> list[KubeObject]:
-    result = []
-    for pod in observed.job_pods:
-        meta = pod.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        owners = {ref.get("name") for ref in meta.get("ownerReferences") or []}
-        if job_name in (labels.get("batch.kubernetes.io/job-name"), labels.get("job-name")):
-            result.append(pod)
-        elif job_name in owners:
-            result.append(pod)
-    return result
-
-
-def _terminations(pods: list[KubeObject]) -> list[dict[str, Any]]:
-    """The build container's `state.terminated` of each pod that has one."""
-    result = []
-    for pod in pods:
-        for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            terminated = (status.get("state") or {}).get("terminated")
-            if status.get("name") == BUILD_CONTAINER and terminated:
-                result.append(terminated)
-    return result
-
-
-def _failure_text(job: KubeObject, pods: list[KubeObject]) -> str:
-    condition = _condition(job, "Failed") or {}
-    reason = condition.get("reason") or "Failed"
-    text = f"{reason}: {condition.get('message') or 'the build Job failed'}"
-    said = [t.get("message", "").strip() for t in _terminations(pods) if t.get("exitCode")]
-    if said and said[-1]:
-        text += f"; the build reported: {said[-1][:2000]}"
-    return text
 
 
 def backoff_seconds(attempt: int, settings: OperatorSettings) -> float:
@@ -287,23 +188,13 @@ def engine_state(observed: ObservedState, settings: OperatorSettings, now: datet
     """Where the current spec's engine stands, and which build Job must exist."""
     spec, owner = observed.spec, observed.owner.name
     key = build_key(spec, settings)
-    jobs = [
-        job
-        for job in observed.jobs
-        if ((job.get("metadata") or {}).get("labels") or {}).get(names.LABEL_INSTANCE) == owner
-    ]
+    jobs = [job for job in observed.jobs if _labels(job).get(names.LABEL_INSTANCE) == owner]
     mine = [
         j
         for j in jobs
         if _labels(j).get(names.LABEL_BUILD_KEY) == key[: names.BUILD_KEY_LABEL_LENGTH]
     ]
-    stale = tuple(
-        sorted(
-            j["metadata"]["name"]
-            for j in jobs
-            if j not in mine and not (_condition(j, "Complete") or _condition(j, "Failed"))
-        )
-    )
+    stale = tuple(sorted(j["metadata"]["name"] for j in jobs if j not in mine and not finished(j)))
     cpu_target = "cpu" if spec.engine.backend == Backend.ONNXRUNTIME else None
     previous = observed.status.engine
 
@@ -317,77 +208,74 @@ def engine_state(observed: ObservedState, settings: OperatorSettings, now: datet
             delete_jobs=stale,
         )
 
-    known = [observed_serving(observed), observed_candidate(observed)]
-    if previous and previous.digest and previous.build_key:
-        known.append(ServingEngine("", previous.digest, previous.build_key))
-    for engine in known:
-        if engine and engine.build_key == key:
-            return EngineState(
-                EnginePhase.BUILT,
-                key,
-                digest=engine.digest,
-                target=previous.target
-                if previous and previous.digest == engine.digest
-                else cpu_target,
-                message=f"Engine {engine.digest} was built for these inputs.",
-                delete_jobs=stale,
-                input_bytes_per_row=engine.input_bytes_per_row,
-            )
+    recorded = recorded_engine(observed, key)
+    if recorded is not None:
+        return EngineState(
+            EnginePhase.BUILT,
+            key,
+            digest=recorded.digest,
+            target=previous.target
+            if previous and previous.digest == recorded.digest
+            else cpu_target,
+            message=f"Engine {recorded.digest} was built for these inputs.",
+            delete_jobs=stale,
+            input_bytes_per_row=recorded.input_bytes_per_row,
+        )
 
     if not mine:
         return _building(owner, key, 0, stale)
-    latest = max(mine, key=_attempt)
-    attempt = _attempt(latest)
-    job_name = latest["metadata"]["name"]
-    pods = _job_pods(observed, job_name)
-
-    if _condition(latest, "Complete"):
-        for terminated in _terminations(pods):
-            report = parse_build_report(terminated.get("message"))
-            if report.digest and not terminated.get("exitCode"):
-                return EngineState(
-                    EnginePhase.BUILT,
-                    key,
-                    digest=report.digest,
-                    target=report.target or cpu_target,
-                    message=f"Engine {report.digest} was built by Job {job_name}.",
-                    delete_jobs=stale,
-                    input_bytes_per_row=report.input_bytes_per_row,
-                )
-        completed = parse_time((latest.get("status") or {}).get("completionTime"))
-        if completed is None or now - completed < MISSING_MESSAGE_GRACE:
-            return EngineState(
-                EnginePhase.BUILDING,
-                key,
-                message=f"Job {job_name} completed; waiting for its pod's termination message.",
-                delete_jobs=stale,
-            )
-        failure = (
-            "NoDigest: the build Job completed but no pod reported an engine digest in its "
-            "termination message"
-        )
-        failed_at: datetime | None = completed + MISSING_MESSAGE_GRACE
-    elif _condition(latest, "Failed"):
-        failure = _failure_text(latest, pods)
-        failed_at = parse_time((_condition(latest, "Failed") or {}).get("lastTransitionTime"))
-        failed_at = failed_at or parse_time((latest.get("status") or {}).get("startTime"))
-    else:
+    latest = max(mine, key=attempt_number)
+    attempt, job_name = attempt_number(latest), latest["metadata"]["name"]
+    outcome = attempt_state(latest, pods_of(job_name, observed.job_pods), now)
+    if outcome.phase == AttemptPhase.RUNNING:
         return _building(owner, key, attempt, stale)
+    if outcome.phase == AttemptPhase.AWAITING_REPORT:
+        return EngineState(
+            EnginePhase.BUILDING,
+            key,
+            message=f"Job {job_name} completed; waiting for its pod's termination message.",
+            delete_jobs=stale,
+        )
+    if outcome.phase == AttemptPhase.SUCCEEDED:
+        report = outcome.report
+        return EngineState(
+            EnginePhase.BUILT,
+            key,
+            digest=report.digest,
+            target=report.target or cpu_target,
+            message=f"Engine {report.digest} was built by Job {job_name}.",
+            delete_jobs=stale,
+            input_bytes_per_row=report.input_bytes_per_row,
+        )
 
     retry_at = (
         None
-        if failed_at is None
-        else failed_at + timedelta(seconds=backoff_seconds(attempt, settings))
+        if outcome.failed_at is None
+        else outcome.failed_at + timedelta(seconds=backoff_seconds(attempt, settings))
     )
     if retry_at is None or now >= retry_at:
         return _building(owner, key, attempt + 1, stale)
     return EngineState(
         EnginePhase.FAILED,
         key,
-        message=f"Job {job_name} failed: {failure}. Retrying at {retry_at:%Y-%m-%dT%H:%M:%SZ}.",
+        message=f"Job {job_name} failed: {outcome.failure}. "
+        f"Retrying at {retry_at:%Y-%m-%dT%H:%M:%SZ}.",
         retry_at=retry_at,
         delete_jobs=stale,
     )
+
+
+def recorded_engine(observed: ObservedState, key: str) -> ServingEngine | None:
+    """An engine built for build key `key`, where one is recorded: the serving or the
+    shadow candidate's ConfigMap, else the status' engine."""
+    previous = observed.status.engine
+    known = [observed_serving(observed), observed_candidate(observed)]
+    if previous and previous.digest and previous.build_key:
+        known.append(ServingEngine("", previous.digest, previous.build_key))
+    for engine in known:
+        if engine and engine.build_key == key:
+            return engine
+    return None
 
 
 def _labels(job: KubeObject) -> dict[str, str]:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from kubeinfer.operator.state.engine_state import parse_time
+from kubeinfer.operator.state.build_attempt import parse_time
 from kubeinfer.operator.state.scaling_inputs import ServingPods
 from kubeinfer.operator.state.snapshot import KubeObject
 

@@ -19,7 +19,8 @@ from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, Conditio
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Phase
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY
 from kubeinfer.operator.state import names
-from kubeinfer.operator.state.engine_state import build_key, parse_termination_message
+from kubeinfer.operator.state.build_attempt import parse_termination_message
+from kubeinfer.operator.state.engine_state import build_key
 
 READY, ENGINE = ConditionType.READY, ConditionType.ENGINE_READY
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE

@@ -20,11 +20,8 @@ import yaml
 from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
 from kubeinfer.contract.runtime_config import DEFAULT_MAX_REQUEST_BYTES, request_bytes_limit
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY
-from kubeinfer.operator.state.engine_state import (
-    ANNOTATION_INPUT_BYTES_PER_ROW,
-    BuildReport,
-    parse_build_report,
-)
+from kubeinfer.operator.state.build_attempt import BuildReport, parse_build_report
+from kubeinfer.operator.state.engine_state import ANNOTATION_INPUT_BYTES_PER_ROW
 
 
 def rendered_limit(cluster: Cluster) -> int:
