@@ -39,8 +39,8 @@ from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_spec
 from kubeinfer.operator.kube import apply
 from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, POD_MONITOR, ApiError, KubeClient
-from kubeinfer.operator.kube.gather import gather, owner_ref_from_body, stored_status
-from kubeinfer.operator.kube.gather_load import gather_load, pods_lister
+from kubeinfer.operator.kube.gather import owner_ref_from_body, stored_status
+from kubeinfer.operator.kube.observe import gather, pods_lister
 from kubeinfer.operator.metrics.factory import MetricsSources
 from kubeinfer.operator.reconcile.decide import decide, decide_forbidden, decide_invalid
 from kubeinfer.operator.settings import OperatorSettings
@@ -165,13 +165,13 @@ class Reconciler:
             decision = decide_invalid(owner, current, invalid, self.clock())
             await self._carry_out(body, decision, current)
             raise
-        observed = await gather(self.client, body, spec)
         now = self.clock()
         key = (namespace, name)
-        observed = await gather_load(
+        observed = await gather(
             self.client,
             self.metrics,
-            observed,
+            body,
+            spec,
             self._histories.get(key, ScalingHistory()),
             await self._serves_pod_monitors(),
             now,

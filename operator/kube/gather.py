@@ -23,25 +23,8 @@ from kubeinfer.operator.kube.client import (
     KubeObject,
 )
 from kubeinfer.operator.state import names
-from kubeinfer.operator.state.names import (
-    COMPONENT_BUILD,
-    LABEL_COMPONENT,
-    LABEL_INSTANCE,
-    LABEL_MANAGED_BY,
-    MANAGED_BY,
-)
 from kubeinfer.operator.state.snapshot import ObservedState, OwnerRef
 from pydantic import ValidationError
-
-
-def children_selector(owner_name: str) -> str:
-    """The label selector every child of one InferenceDeployment matches."""
-    return f"{LABEL_INSTANCE}={owner_name},{LABEL_MANAGED_BY}={MANAGED_BY}"
-
-
-def build_pods_selector(owner_name: str) -> str:
-    """The label selector of the object's build pods (their Job template's labels)."""
-    return f"{children_selector(owner_name)},{LABEL_COMPONENT}={COMPONENT_BUILD}"
 
 
 def owner_ref_from_body(body: dict[str, Any]) -> OwnerRef:
@@ -74,12 +57,12 @@ def _named(objects: list[KubeObject], name: str) -> KubeObject | None:
     return next((o for o in objects if o["metadata"]["name"] == name), None)
 
 
-async def gather(
+async def gather_children(
     client: KubeClient, body: dict[str, Any], spec: InferenceDeploymentSpec
 ) -> ObservedState:
     """Reads every child of the InferenceDeployment in `body` and its build Jobs' pods."""
     owner = owner_ref_from_body(body)
-    selector = children_selector(owner.name)
+    selector = names.children_selector(owner.name)
     kinds = (PVC, CONFIGMAP, DEPLOYMENT, SERVICE, JOB)
     listed = await asyncio.gather(*(client.list(k, owner.namespace, selector) for k in kinds))
     pvcs, configmaps, deployments, services, jobs = (
@@ -91,7 +74,7 @@ async def gather(
         # By the labels the operator gives every build pod's template, not the Job
         # controller's: it labels pods `batch.kubernetes.io/job-name` only since 1.27 and
         # `job-name` before (engine_state matches a pod to its Job by either).
-        pods = await client.list(POD, owner.namespace, build_pods_selector(owner.name))
+        pods = await client.list(POD, owner.namespace, names.build_pods_selector(owner.name))
         pods.sort(key=lambda o: o["metadata"]["name"])
     runtime, candidate = names.runtime_name(owner.name), names.candidate_name(owner.name)
     return ObservedState(

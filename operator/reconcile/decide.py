@@ -157,19 +157,17 @@ def _available(deployment: KubeObject | None) -> bool:
     return int(((deployment or {}).get("status") or {}).get("availableReplicas") or 0) > 0
 
 
-def _runtime_children(
+def _serving_children(
     observed: ObservedState,
     settings: OperatorSettings,
-    plan: RolloutPlan,
+    serving: ServingEngine,
     engine: EngineState,
     replicas: int,
-) -> tuple[list[KubeObject], KubeObject | None]:
-    """The serving runtime's children (and its Deployment), the mirror target, the
-    PodMonitor where the cluster has them, and the shadow candidate's children when the
-    plan runs one."""
-    spec, owner, serving = observed.spec, observed.owner, plan.serving
-    if serving is None:
-        return [], None
+) -> tuple[KubeObject, KubeObject, list[KubeObject]]:
+    """The serving runtime's ConfigMap and Deployment, then its Service and the PodMonitor
+    where the cluster has them. They depend only on the serving engine, which a
+    promotion finishing leaves as it is, so they are rendered once per pass."""
+    spec, owner = observed.spec, observed.owner
     is_current = serving.build_key == engine.build_key and serving.digest == engine.digest
     serving_bytes = input_bytes_for(engine, serving)
     config = _serving_config(observed, settings, serving, is_current, serving_bytes)
@@ -181,33 +179,42 @@ def _runtime_children(
     deployment = build.build_runtime_deployment(
         owner, spec, settings, configmap, replicas, pod_monitors=monitors
     )
-    target = plan.candidate if plan.mirror else None
-    children = [
-        configmap,
-        build.build_mirror_configmap(
-            owner, spec, serving.version, (target.version, target.digest) if target else None
-        ),
-        deployment,
-        build.build_service(owner, serving.version),
-    ]
+    others = [build.build_service(owner, serving.version)]
     if monitors:
-        children.append(build_pod_monitor(owner, serving.version, settings.pod_monitor_labels))
-    if plan.candidate is not None:
-        candidate, role = plan.candidate, names.ROLE_CANDIDATE
-        candidate_bytes = input_bytes_for(engine, candidate)
-        config = build.runtime_config(
-            spec, settings, candidate.version, candidate.digest, role, candidate_bytes
-        )
-        configmap = build.build_runtime_configmap(
-            owner, config, candidate.build_key, _spec_image(spec, settings), role, candidate_bytes
-        )
-        replicas = spec.rollout.shadow.replicas
-        children += [
-            configmap,
-            build.build_runtime_deployment(owner, spec, settings, configmap, replicas, role),
-            build.build_service(owner, candidate.version, role),
-        ]
-    return children, deployment
+        others.append(build_pod_monitor(owner, serving.version, settings.pod_monitor_labels))
+    return configmap, deployment, others
+
+
+def _shadow_children(
+    observed: ObservedState,
+    settings: OperatorSettings,
+    plan: RolloutPlan,
+    serving: ServingEngine,
+    engine: EngineState,
+) -> tuple[KubeObject, list[KubeObject]]:
+    """The serving version's mirror file (naming no target unless the plan mirrors) and
+    the shadow candidate's children when the plan runs one."""
+    spec, owner = observed.spec, observed.owner
+    target = plan.candidate if plan.mirror else None
+    mirror = build.build_mirror_configmap(
+        owner, spec, serving.version, (target.version, target.digest) if target else None
+    )
+    if plan.candidate is None:
+        return mirror, []
+    candidate, role = plan.candidate, names.ROLE_CANDIDATE
+    candidate_bytes = input_bytes_for(engine, candidate)
+    config = build.runtime_config(
+        spec, settings, candidate.version, candidate.digest, role, candidate_bytes
+    )
+    configmap = build.build_runtime_configmap(
+        owner, config, candidate.build_key, _spec_image(spec, settings), role, candidate_bytes
+    )
+    replicas = spec.rollout.shadow.replicas
+    return mirror, [
+        configmap,
+        build.build_runtime_deployment(owner, spec, settings, configmap, replicas, role),
+        build.build_service(owner, candidate.version, role),
+    ]
 
 
 def _candidate_leftovers(observed: ObservedState, plan: RolloutPlan) -> tuple[tuple[str, str], ...]:
@@ -276,13 +283,18 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         replicas = recommendation.replicas
     else:
         replicas = build.desired_replicas(spec)
-    runtime, deployment = _runtime_children(observed, settings, plan, engine, replicas)
+    deployment = None
+    if plan.serving is not None:
+        configmap, deployment, others = _serving_children(
+            observed, settings, plan.serving, engine, replicas
+        )
     rollout = rollout_progress(observed.deployment, deployment, replicas)
-    finished = promotion_complete(plan, rollout.complete)
-    if finished is not plan:  # the roll to the promoted engine is done: the candidate goes
-        plan = finished
-        runtime, deployment = _runtime_children(observed, settings, plan, engine, replicas)
-    children += runtime
+    # Once the roll to a promoted engine is done, the candidate goes.
+    plan = promotion_complete(plan, rollout.complete)
+    if plan.serving is not None and deployment is not None:
+        # The mirror file before the Deployment whose pods mount it.
+        mirror, candidate = _shadow_children(observed, settings, plan, plan.serving, engine)
+        children += [configmap, mirror, deployment, *others, *candidate]
     scaling = None
     if recommendation is not None:
         scaling = scaling_report(

@@ -148,3 +148,13 @@ def candidate_selector(owner: str) -> dict[str, str]:
 def selector_string(selector: dict[str, str]) -> str:
     """`k=v,k=v` in key order, as the scale subresource and HPAs read it."""
     return ",".join(f"{key}={selector[key]}" for key in sorted(selector))
+
+
+def children_selector(owner_name: str) -> str:
+    """The label selector every child of one InferenceDeployment matches."""
+    return f"{LABEL_INSTANCE}={owner_name},{LABEL_MANAGED_BY}={MANAGED_BY}"
+
+
+def build_pods_selector(owner_name: str) -> str:
+    """The label selector of the object's build pods (their Job template's labels)."""
+    return f"{children_selector(owner_name)},{LABEL_COMPONENT}={COMPONENT_BUILD}"

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from kopf import ConnectionInfo
 from kubeinfer.operator.kube.client import KubeClient
-from kubeinfer.operator.kube.gather_load import pods_lister
+from kubeinfer.operator.kube.observe import pods_lister
 from kubeinfer.operator.metrics import queries as q
 from kubeinfer.operator.metrics.direct import DirectRead
 from kubeinfer.operator.metrics.prometheus import PrometheusSource

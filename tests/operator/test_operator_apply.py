@@ -36,10 +36,11 @@ from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus, Phase
 from kubeinfer.operator.api.v1alpha1.validation import parse_spec
 from kubeinfer.operator.kube import apply
 from kubeinfer.operator.kube.client import CONFIGMAP, INFERENCE_DEPLOYMENT, ApiError, KubeClient
-from kubeinfer.operator.kube.gather import children_selector, gather, owner_ref_from_body
+from kubeinfer.operator.kube.gather import gather_children, owner_ref_from_body
 from kubeinfer.operator.reconciler import Reconciler
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.names import children_selector
 from kubeinfer.operator.state.snapshot import Event
 from operator_harness import IDS, Model, World, eventually, manifest
 
@@ -201,7 +202,7 @@ async def test_gather_keeps_children_both_labelled_and_owned(
     unlabelled["metadata"]["labels"] = {}
     await client.apply(unlabelled)
 
-    observed = await gather(client, owner, parse_spec(owner["spec"]))
+    observed = await gather_children(client, owner, parse_spec(owner["spec"]))
     assert observed.configmap["metadata"]["name"] == names.runtime_name("resnet")
     assert observed.deployment is None and observed.job_pods == ()
     assert [j["metadata"]["name"] for j in observed.jobs] == ["resnet-build-1"], (

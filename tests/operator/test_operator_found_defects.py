@@ -122,7 +122,7 @@ async def test_a_build_pod_with_only_the_legacy_job_label_is_gathered(
     import kopf
     from kubeinfer.operator.api.v1alpha1.validation import parse_spec
     from kubeinfer.operator.kube.client import KubeClient
-    from kubeinfer.operator.kube.gather import gather
+    from kubeinfer.operator.kube.gather import gather_children
 
     async with start_operator(world):
         world.create(from_missing_claim_spec(tiny))
@@ -148,7 +148,7 @@ async def test_a_build_pod_with_only_the_legacy_job_label_is_gathered(
         server=world.cluster.server, ca_path=str(world.cluster.ca_file), token=world.token()
     )
     async with KubeClient(connection) as client:
-        observed = await gather(client, body, parse_spec(body["spec"]))
+        observed = await gather_children(client, body, parse_spec(body["spec"]))
     assert "legacy-build-pod" in [p["metadata"]["name"] for p in observed.job_pods]
 
 

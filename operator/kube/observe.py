@@ -1,9 +1,12 @@
-"""The gather step's second half: what the pure decisions need beyond the objects
-themselves. A running shadow's aggregates and an autoscaled object's load come from the
-metrics source (Prometheus, or the pods' own /metrics); the serving pods are counted from
-the API; the runtime pods (serving and shadow candidate) are listed for their container
-statuses, where a runtime that cannot start says why; the PodMonitor is read where the
-cluster serves PodMonitors.
+"""One reconcile pass's whole gather step: the children (`gather.gather_children`), then
+what the pure decisions need beyond the objects themselves, so the decisions get one
+complete `ObservedState`. A running shadow's aggregates and an autoscaled object's load
+come from the metrics source the reconciler owns (Prometheus, or the pods' own
+/metrics); the serving pods are counted from the API; the runtime pods (serving and
+shadow candidate) are listed for their container statuses, where a runtime that cannot
+start says why; the PodMonitor is read where the cluster serves PodMonitors. Which
+candidate's aggregates are read comes from the object's own stored status, read in the
+same GET as its spec.
 
 Nothing is read that the decision will not use: an object without a shadow, without
 autoscaling, without PodMonitors and whose Deployments are settled (every pod updated
@@ -18,8 +21,9 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.kube.client import POD, POD_MONITOR, KubeClient, KubeObject
-from kubeinfer.operator.kube.gather import children_selector
+from kubeinfer.operator.kube.gather import gather_children
 from kubeinfer.operator.metrics.direct import ListPods
 from kubeinfer.operator.metrics.factory import MetricsSources
 from kubeinfer.operator.metrics.queries import Scope
@@ -46,17 +50,20 @@ def pods_lister(client: KubeClient) -> ListPods:
     return list_pods
 
 
-async def gather_load(
+async def gather(
     client: KubeClient,
     sources: MetricsSources,
-    observed: ObservedState,
+    body: dict[str, Any],
+    spec: InferenceDeploymentSpec,
     history: ScalingHistory,
     pod_monitors: bool,
     now: datetime,
 ) -> ObservedState:
-    """`observed` with the shadow's aggregates, the load and the pods, the autoscaler's
-    `history`, and the PodMonitor (when `pod_monitors`: the cluster serves them and the
-    settings allow them)."""
+    """Everything one pass decides from, for the InferenceDeployment in `body` (whose
+    `spec` is already parsed): its children, the shadow's aggregates, the load and the
+    pods, the autoscaler's `history`, and the PodMonitor (when `pod_monitors`: the
+    cluster serves them and the settings allow them)."""
+    observed = await gather_children(client, body, spec)
     owner = observed.owner
     source = sources.for_object(observed.spec.monitoring.prometheus.url)
     scope = Scope(owner.namespace, owner.name)
@@ -79,7 +86,7 @@ async def gather_load(
         )
         update["scaling_history"] = history
     if pod_monitors:
-        found = await client.list(POD_MONITOR, owner.namespace, children_selector(owner.name))
+        found = await client.list(POD_MONITOR, owner.namespace, names.children_selector(owner.name))
         name = names.runtime_name(owner.name)
         update["pod_monitor"] = next(
             (m for m in found if m["metadata"]["name"] == name and _owned(m, owner.uid)), None
