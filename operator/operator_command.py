@@ -84,7 +84,7 @@ def scope_of(args: argparse.Namespace, settings: OperatorSettings) -> tuple[bool
     """(cluster-wide?, namespaces) from the flags, then the settings."""
     if args.all_namespaces:
         return True, []
-    namespaces = list(args.namespace or settings.namespaces)
+    namespaces = list(args.namespace or settings.watching.namespaces)
     return not namespaces, namespaces
 
 
@@ -167,9 +167,9 @@ def election_of(args: argparse.Namespace, settings: OperatorSettings) -> Electio
         namespace=namespace,
         name=args.lease_name,
         identity=f"{host}_{uuid.uuid4().hex[:8]}",
-        lease_duration_seconds=settings.leader_election_lease_duration_seconds,
-        renew_deadline_seconds=settings.leader_election_renew_deadline_seconds,
-        retry_period_seconds=settings.leader_election_retry_period_seconds,
+        lease_duration_seconds=settings.leader_election.lease_duration_seconds,
+        renew_deadline_seconds=settings.leader_election.renew_deadline_seconds,
+        retry_period_seconds=settings.leader_election.retry_period_seconds,
     )
 
 
