@@ -48,6 +48,7 @@ NOT_CORES = [
 
 FAST_TESTS = [
     "tests/operator/test_decide_build.py",
+    "tests/operator/test_decide_build_attempt.py",
     "tests/operator/test_decide_cache_claim.py",
     "tests/operator/test_decide_children.py",
     "tests/operator/test_decide_drift.py",
@@ -56,6 +57,7 @@ FAST_TESTS = [
     "tests/operator/test_decide_properties.py",
     "tests/operator/test_decide_request_limit.py",
     "tests/operator/test_decide_scaling.py",
+    "tests/operator/test_decide_situation.py",
     "tests/operator/test_decide_status.py",
     "tests/operator/test_render.py",
     "tests/operator/test_rollout_progress.py",
