@@ -3,7 +3,9 @@
 Configuration is a `RuntimeConfig`: from `--config FILE` (YAML or JSON, camelCase, the
 form the operator renders into the runtime's ConfigMap), then flags override it field by
 field, then the result is validated as a whole, so a bad value is reported the same way
-whichever way it came. Nothing heavy is imported until the command runs.
+whichever way it came. Each flag can also be set by `KUBEINFER_SERVE_<FLAG>`
+(`KUBEINFER_SERVE_MAX_BATCH_SIZE=8`); the flag wins (pydantic-settings' CLI source over
+its environment source, `ServeSettings`). Nothing heavy is imported until the command runs.
 
 Exit codes: 0 after a clean drain; 2 for an invalid configuration; 1 when the engine
 cannot be loaded; 3 (`EXIT_ENGINE_INCOMPATIBLE`, defined beside `EngineIncompatibleError`
@@ -26,7 +28,16 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    CliSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 if TYPE_CHECKING:
     from kubeinfer.contract.runtime_config import RuntimeConfig
@@ -40,86 +51,174 @@ TERMINATION_MESSAGE_LIMIT = 4000
 """Kubernetes keeps at most 4096 bytes of a termination message."""
 
 
-def _sizes(text: str) -> list[int]:
+class Into:
+    """Marks a `ServeSettings` field that overrides this field of the RuntimeConfig
+    (camelCase, dotted)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+class ServeSettings(BaseSettings):
+    """`kubeinfer serve`'s flags, each also read from `KUBEINFER_SERVE_<FLAG>` (`--max-batch-size`:
+    `KUBEINFER_SERVE_MAX_BATCH_SIZE`); a flag wins over its variable. A field marked
+    `Into(path)` overrides that field of the `--config` file; unset ones leave it alone."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KUBEINFER_SERVE_",
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        protected_namespaces=(),
+        cli_kebab_case=True,
+        cli_hide_none_type=True,
+    )
+
+    config: Path | None = None
+    """RuntimeConfig as YAML or JSON (camelCase)"""
+    onnx: Path | None = None
+    """ONNX model file to serve"""
+    engine: str | None = None
+    """serve this engine (sha256:...) from --cache"""
+    cache: Path | None = None
+    """the engine cache's root"""
+    termination_message_path: Path | None = None
+    """where to write why serving did not start (default: /dev/termination-log, when that
+    file exists, as the kubelet creates it)"""
+
+    model_name: Annotated[str | None, Into("modelName")] = None
+    """served model name (the {name} in the v2 routes)"""
+    model_version: Annotated[str | None, Into("modelVersion")] = None
+    """served model version"""
+    host: Annotated[str | None, Into("host")] = None
+    """listen address"""
+    port: Annotated[int | None, Into("httpPort")] = None
+    """HTTP port of the v2 API and /metrics"""
+    max_batch_size: Annotated[int | None, Into("batching.maxBatchSize")] = None
+    """largest batch, in rows"""
+    max_queue_delay_microseconds: Annotated[
+        int | None, Into("batching.maxQueueDelayMicroseconds")
+    ] = None
+    """longest a request waits for a larger batch (only when that can help)"""
+    preferred_batch_sizes: Annotated[
+        list[int] | None, NoDecode, Into("batching.preferredBatchSizes")
+    ] = None
+    """comma-separated batch sizes the engine runs best at"""
+    execution_slots: Annotated[int | None, Into("batching.executionSlots")] = None
+    """batches run concurrently"""
+    max_queue_size: Annotated[int | None, Into("batching.maxQueueSize")] = None
+    """queued requests before 503"""
+    default_timeout_milliseconds: Annotated[
+        int | None, Into("batching.defaultTimeoutMilliseconds")
+    ] = None
+    """deadline of a request without a timeout parameter"""
+    max_request_bytes: Annotated[int | None, Into("maxRequestBytes")] = None
+    """largest request body, inflated (413 beyond, before reading it when declared)"""
+    header_read_timeout_seconds: Annotated[float | None, Into("headerReadTimeoutSeconds")] = None
+    """a request head must be complete this long after it started"""
+    body_read_timeout_seconds: Annotated[float | None, Into("bodyReadTimeoutSeconds")] = None
+    """longest pause within a request body (408 beyond)"""
+    engine_stuck_liveness_seconds: Annotated[float | None, Into("engineStuckLivenessSeconds")] = (
+        None
+    )
+    """liveness fails when a batch stuck past its deadlines has not returned in this long"""
+    drain_grace_period_seconds: Annotated[float | None, Into("drainGracePeriodSeconds")] = None
+    """time to answer queued requests after SIGTERM"""
+    intra_op_threads: Annotated[int | None, Into("intraOpThreads")] = None
+    """ONNX Runtime intra-op threads"""
+    mirror_target_file: Annotated[str | None, Into("mirrorTargetFile")] = None
+    """a MirrorFile (YAML/JSON) naming a shadow candidate to mirror answered requests to;
+    re-read while serving (missing or empty: no mirroring)"""
+    mirror_poll_interval_milliseconds: Annotated[
+        int | None, Into("mirrorPollIntervalMilliseconds")
+    ] = None
+    """how often the mirror target file is re-read"""
+
+    @field_validator("preferred_batch_sizes", mode="before")
+    @classmethod
+    def _split_sizes(cls, value: Any) -> Any:
+        """`4,8` (one flag or variable, as before) as well as a repeated flag."""
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list):
+            return [part.strip() for item in value for part in str(item).split(",") if part.strip()]
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The flags (put first by pydantic-settings), then the environment; no .env or
+        secrets files: `--config` is the file."""
+        return init_settings, env_settings
+
+
+SETTINGS_SOURCE = "serve_settings_source"
+"""Where `register` leaves the parser's CliSettingsSource in the parsed arguments."""
+
+
+def settings_from_args(args: argparse.Namespace) -> ServeSettings:
+    """The flags parsed by `kubeinfer serve`'s parser, over `KUBEINFER_SERVE_*`; raises
+    ValueError naming each bad flag and its variable."""
+    source: CliSettingsSource[argparse.ArgumentParser] = getattr(args, SETTINGS_SOURCE)
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-
-
-# flag, config path (camelCase, dotted), argparse type, help
-_FIELD_FLAGS: tuple[tuple[str, str, Any, str], ...] = (
-    ("--model-name", "modelName", str, "served model name (the {name} in the v2 routes)"),
-    ("--model-version", "modelVersion", str, "served model version"),
-    ("--host", "host", str, "listen address"),
-    ("--port", "httpPort", int, "HTTP port of the v2 API and /metrics"),
-    ("--max-batch-size", "batching.maxBatchSize", int, "largest batch, in rows"),
-    ("--max-queue-delay-microseconds", "batching.maxQueueDelayMicroseconds", int,
-     "longest a request waits for a larger batch (only when that can help)"),
-    ("--preferred-batch-sizes", "batching.preferredBatchSizes", _sizes,
-     "comma-separated batch sizes the engine runs best at"),
-    ("--execution-slots", "batching.executionSlots", int, "batches run concurrently"),
-    ("--max-queue-size", "batching.maxQueueSize", int, "queued requests before 503"),
-    ("--default-timeout-milliseconds", "batching.defaultTimeoutMilliseconds", int,
-     "deadline of a request without a timeout parameter"),
-    ("--max-request-bytes", "maxRequestBytes", int,
-     "largest request body, inflated (413 beyond, before reading it when declared)"),
-    ("--header-read-timeout-seconds", "headerReadTimeoutSeconds", float,
-     "a request head must be complete this long after it started"),
-    ("--body-read-timeout-seconds", "bodyReadTimeoutSeconds", float,
-     "longest pause within a request body (408 beyond)"),
-    ("--engine-stuck-liveness-seconds", "engineStuckLivenessSeconds", float,
-     "liveness fails when a batch stuck past its deadlines has not returned in this long"),
-    ("--drain-grace-period-seconds", "drainGracePeriodSeconds", float,
-     "time to answer queued requests after SIGTERM"),
-    ("--intra-op-threads", "intraOpThreads", int, "ONNX Runtime intra-op threads"),
-    ("--mirror-target-file", "mirrorTargetFile", str,
-     "a MirrorFile (YAML/JSON) naming a shadow candidate to mirror answered requests to; "
-     "re-read while serving (missing or empty: no mirroring)"),
-    ("--mirror-poll-interval-milliseconds", "mirrorPollIntervalMilliseconds", int,
-     "how often the mirror target file is re-read"),
-)  # fmt: skip
+        return ServeSettings(_cli_settings_source=source(parsed_args=args))
+    except ValidationError as error:
+        problems = []
+        for e in error.errors(include_url=False):
+            name = str(e["loc"][0]) if e["loc"] else ""
+            flag = f"--{name.replace('_', '-')} (KUBEINFER_SERVE_{name.upper()})"
+            problems.append(f"{flag}: {e['msg']}")
+        raise ValueError("\n".join(problems)) from None
 
 
 def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
     """The RuntimeConfig from `--config` and the flags; raises ValueError (with every
-    problem, one per line) when the file or the result is invalid."""
+    problem, one per line) when a flag, the file or the result is invalid."""
+    return config_from_settings(settings_from_args(args))
+
+
+def config_from_settings(settings: ServeSettings) -> RuntimeConfig:
+    """The RuntimeConfig from `settings.config`'s file with the other settings over it."""
     import yaml
     from kubeinfer.contract.runtime_config import RuntimeConfig
-    from pydantic import ValidationError
 
     data: dict[str, Any] = {}
-    if args.config is not None:
+    if settings.config is not None:
         try:
-            loaded = yaml.safe_load(Path(args.config).read_text())
+            loaded = yaml.safe_load(settings.config.read_text())
         except OSError as error:
-            raise ValueError(f"cannot read {args.config}: {error.strerror or error}") from None
+            raise ValueError(f"cannot read {settings.config}: {error.strerror or error}") from None
         except yaml.YAMLError as error:
-            raise ValueError(f"{args.config}: not valid YAML/JSON: {error}") from None
+            raise ValueError(f"{settings.config}: not valid YAML/JSON: {error}") from None
         if not isinstance(loaded, dict):
-            raise ValueError(f"{args.config}: expected a mapping of RuntimeConfig fields")
+            raise ValueError(f"{settings.config}: expected a mapping of RuntimeConfig fields")
         data = loaded
-    for flag, path, _, _ in _FIELD_FLAGS:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is None:
+    for name, field in ServeSettings.model_fields.items():
+        value = getattr(settings, name)
+        into = next((mark.path for mark in field.metadata if isinstance(mark, Into)), None)
+        if into is None or value is None:
             continue
-        *parents, leaf = path.split(".")
+        *parents, leaf = into.split(".")
         node = data
         for parent in parents:
             node = node.setdefault(parent, {})
             if not isinstance(node, dict):
                 raise ValueError(f"{parent} must be a mapping")
         node[leaf] = value
-    if args.onnx is not None:  # an engine flag replaces the file's engine section whole
-        data["engine"] = {"onnxPath": str(args.onnx)}
-    if args.engine is not None:  # a cache digest: `kubeinfer build` prints it
-        if args.onnx is not None:
+    if settings.onnx is not None:  # an engine flag replaces the file's engine section whole
+        data["engine"] = {"onnxPath": str(settings.onnx)}
+    if settings.engine is not None:  # a cache digest: `kubeinfer build` prints it
+        if settings.onnx is not None:
             raise ValueError("give either --onnx or --engine, not both")
-        data["engine"] = {"digest": args.engine}
-        if args.cache is not None:
-            data["engine"]["cacheDirectory"] = str(args.cache)
+        data["engine"] = {"digest": settings.engine}
+        if settings.cache is not None:
+            data["engine"]["cacheDirectory"] = str(settings.cache)
     try:
         config = RuntimeConfig.model_validate(data)
     except ValidationError as error:
@@ -183,11 +282,10 @@ def gpu_memory_reader() -> GpuMemoryReader | None:
     return reader.read if reader.read() is not None else None
 
 
-def _fail_to_start(args: argparse.Namespace, message: str, code: int) -> int:
+def _fail_to_start(path: Path | None, message: str, code: int) -> int:
     """Says why serving did not start, on stderr and in the termination message (the
     given path, else the kubelet's default file where it exists)."""
     print(f"kubeinfer serve: {message}", file=sys.stderr)
-    path = args.termination_message_path
     if path is None and Path(TERMINATION_LOG).is_file():
         path = Path(TERMINATION_LOG)
     if path is not None:
@@ -205,9 +303,16 @@ def run(args: argparse.Namespace) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        config = config_from_args(args)
+        settings = settings_from_args(args)
+    except ValueError as error:  # a bad flag: its own value may still name the path
+        raw = getattr(args, "termination_message_path", None)
+        path = Path(raw) if isinstance(raw, str) and raw else None
+        return _fail_to_start(path, f"invalid configuration:\n{error}", 2)
+    path = settings.termination_message_path
+    try:
+        config = config_from_settings(settings)
     except ValueError as error:
-        return _fail_to_start(args, f"invalid configuration:\n{error}", 2)
+        return _fail_to_start(path, f"invalid configuration:\n{error}", 2)
     try:
         engine = load_engine_for(config)
     except Exception as error:  # any load failure is a clean exit with its message
@@ -217,8 +322,8 @@ def run(args: argparse.Namespace) -> int:
         )
 
         if isinstance(error, EngineIncompatibleError):
-            return _fail_to_start(args, str(error), EXIT_ENGINE_INCOMPATIBLE)
-        return _fail_to_start(args, f"cannot load the engine: {error}", 1)
+            return _fail_to_start(path, str(error), EXIT_ENGINE_INCOMPATIBLE)
+        return _fail_to_start(path, f"cannot load the engine: {error}", 1)
 
     import asyncio
 
@@ -248,21 +353,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--config", type=Path, metavar="FILE", help="RuntimeConfig as YAML or JSON (camelCase)"
-    )
-    parser.add_argument("--onnx", type=Path, metavar="PATH", help="ONNX model file to serve")
-    parser.add_argument(
-        "--engine", metavar="DIGEST", help="serve this engine (sha256:...) from --cache"
-    )
-    parser.add_argument("--cache", type=Path, metavar="DIR", help="the engine cache's root")
-    parser.add_argument(
-        "--termination-message-path",
-        type=Path,
-        metavar="PATH",
-        help=f"where to write why serving did not start (default: {TERMINATION_LOG}, "
-        "when that file exists, as the kubelet creates it)",
-    )
-    for flag, _, type_, help_ in _FIELD_FLAGS:
-        parser.add_argument(flag, type=type_, default=None, help=help_)
-    parser.set_defaults(handler=run)
+    source = CliSettingsSource[argparse.ArgumentParser](ServeSettings, root_parser=parser)
+    parser.set_defaults(handler=run, **{SETTINGS_SOURCE: source})

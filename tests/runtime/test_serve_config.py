@@ -72,3 +72,48 @@ def test_an_unreadable_or_invalid_file_is_reported(tmp_path: Path) -> None:
     bad.write_text("- a list\n")
     with pytest.raises(ValueError, match="mapping"):
         config_from_args(parse("--config", str(bad)))
+
+
+def test_flags_also_come_from_kubeinfer_serve_variables_and_a_flag_wins(monkeypatch) -> None:
+    monkeypatch.setenv("KUBEINFER_SERVE_MODEL_NAME", "from-env")
+    monkeypatch.setenv("KUBEINFER_SERVE_PORT", "9001")
+    monkeypatch.setenv("KUBEINFER_SERVE_PREFERRED_BATCH_SIZES", "2,4")
+    monkeypatch.setenv("KUBEINFER_SERVE_ONNX", "/models/env.onnx")
+    config = config_from_args(parse("--port", "8001", "--max-batch-size", "4"))
+    assert config.model_name == "from-env" and config.http_port == 8001
+    assert config.batching.preferred_batch_sizes == [2, 4] and config.batching.max_batch_size == 4
+    assert config.engine.onnx_path == "/models/env.onnx"
+
+
+def test_a_flag_given_twice_or_with_commas_lists_its_sizes() -> None:
+    argv = ("--model-name", "m", "--onnx", "/m.onnx", "--max-batch-size", "16")
+    sizes = ("--preferred-batch-sizes", "4", "--preferred-batch-sizes", "8,16")
+    assert config_from_args(parse(*argv, *sizes)).batching.preferred_batch_sizes == [4, 8, 16]
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "message"),
+    [
+        (("--port", "http"), {}, "--port (KUBEINFER_SERVE_PORT): Input should be a valid integer"),
+        ((), {"KUBEINFER_SERVE_MAX_BATCH_SIZE": "many"}, "--max-batch-size (KUBEINFER_SERVE_"),
+        (("--preferred-batch-sizes", "4,x"), {}, "--preferred-batch-sizes (KUBEINFER_SERVE_"),
+    ],
+)
+def test_a_bad_flag_or_variable_is_named(
+    argv: tuple[str, ...], environ: dict[str, str], message: str, monkeypatch
+) -> None:
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as raised:
+        config_from_args(parse("--model-name", "m", "--onnx", "/m.onnx", *argv))
+    assert str(raised.value).startswith(message), raised.value
+
+
+def test_the_help_lists_every_flag(capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse("--help")
+    shown = capsys.readouterr().out
+    for flag in ("--config", "--onnx", "--engine", "--cache", "--termination-message-path",
+                 "--model-name", "--port", "--max-batch-size", "--preferred-batch-sizes",
+                 "--mirror-poll-interval-milliseconds"):  # fmt: skip
+        assert flag in shown, flag
