@@ -6,13 +6,13 @@ class, per slice) and the previous verdict: the same inputs always give the same
 so it is table-tested without a server.
 
 How it decides, in two sentences: a group (the whole traffic, one reference class, one
-slice) drifts when even the upper confidence bound of its top-1 agreement is below its
-threshold, the lower of its floor (minTop1Agreement for the whole traffic,
-minClassAgreement for a class or a slice) and its build baseline (the calibration
-agreement at its own lower bound); each bound is one-sided at falseAlarmBudget divided
-by the number of tests made, and a group with fewer than minSamples samples is not
-tested. A drifting group recovers only when its lower bound is back at or above its
-threshold, so a group whose agreement sits on the threshold does not flap.
+slice) with at least minSamples samples drifts when even the upper confidence bound of
+its top-1 agreement is below its threshold, the lower of its floor (minTop1Agreement for
+the whole traffic, minClassAgreement for a class or a slice) and its build baseline
+(taken at the baseline's own lower bound); every bound is one-sided and exact, at
+falseAlarmBudget divided by the number of tests made. A drifting group recovers only
+when its lower bound is back at or above its threshold, so a group whose agreement sits
+on its threshold does not flap.
 
 Why each part:
 - The floor is what the user accepts; the baseline only lowers the bar for a class the
@@ -23,6 +23,9 @@ Why each part:
   slice (which has no calibration rows of its own), is held to the overall baseline.
 - A slice is held to the per-group floor, minClassAgreement, not to minTop1Agreement: it
   is a sub-population, and may by nature lean on the weaker classes.
+- "The upper bound is below the threshold" is decided as the exact binomial test it is
+  equivalent to: so few agreements (or fewer) would have less than the per-test
+  probability if the group were at its threshold (`bounds` says why exact, not Wilson).
 - Bonferroni, not Holm-Bonferroni, across the tests: the verdict asks whether any group
   drifted, and Holm's first step, the only one that answer depends on, is Bonferroni's
   test; Holm would only add groups to the list, at levels that depend on the other
@@ -48,7 +51,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from kubeinfer.operator.quality.bounds import Bounds, mean_bounds, one_sided_z, wilson_bounds
+from kubeinfer.operator.quality.bounds import (
+    Bounds,
+    at_least_probability,
+    at_most_probability,
+    exact_bounds,
+    mean_bounds,
+    one_sided_z,
+)
 
 
 class QualityState(StrEnum):
@@ -194,12 +204,12 @@ class QualityThresholds:
 
 @dataclass(frozen=True)
 class GroupJudgement:
-    """One group's figures and whether it drifts. Bounds are None without samples."""
+    """One group's figures and whether it drifts."""
 
     group: QualityGroup
     samples: int
-    top1_agreement: float | None
-    bounds: Bounds | None
+    top1_agreements: int
+    per_test_false_alarm: float
     floor: float
     baseline: float
     baseline_lower_bound: float
@@ -208,17 +218,30 @@ class GroupJudgement:
     drifting: bool
 
     @property
-    def margin(self) -> float:
-        """How far the upper bound is above the threshold (negative: drifting for sure)."""
-        return (self.bounds.upper if self.bounds else 1.0) - self.threshold
+    def top1_agreement(self) -> float | None:
+        return self.top1_agreements / self.samples if self.samples else None
+
+    @property
+    def bounds(self) -> Bounds | None:
+        """The exact one-sided bounds at the per-test level; None without samples."""
+        if not self.samples:
+            return None
+        return exact_bounds(self.top1_agreements, self.samples, self.per_test_false_alarm)
+
+    @property
+    def chance_at_threshold(self) -> float:
+        """How likely so few agreements (or fewer) are if the group were at its threshold:
+        the smaller, the surer it is below."""
+        return at_most_probability(self.top1_agreements, self.samples, self.threshold)
 
     def describe(self, floor_name: str) -> str:
-        if self.top1_agreement is None or self.bounds is None:
+        agreement, bounds = self.top1_agreement, self.bounds
+        if agreement is None or bounds is None:
             figures = "no samples in the window"
         else:
             figures = (
-                f"top-1 agreement {self.top1_agreement:.4f} on {self.samples} samples "
-                f"(bounds {self.bounds.lower:.4f}..{self.bounds.upper:.4f})"
+                f"top-1 agreement {agreement:.4f} on {self.samples} samples "
+                f"(bounds {bounds.lower:.4f}..{bounds.upper:.4f})"
             )
         baseline = f"build baseline {self.baseline:.4f}"
         if self.baseline_lower_bound < self.baseline:
@@ -262,11 +285,12 @@ def judge_quality(
     )
     tests = len(tested) + int(difference_tested)
     per_test = thresholds.false_alarm_budget / max(1, tests)
-    z = one_sided_z(per_test)
     judgements = [
-        _judge_group(g, thresholds, baseline, window, z, g in was_drifting) for g in groups
+        _judge_group(g, thresholds, baseline, window, per_test, g in was_drifting) for g in groups
     ]
-    too_large = _difference_too_large(thresholds, window.overall, z, difference_was_too_large)
+    too_large = _difference_too_large(
+        thresholds, window.overall, one_sided_z(per_test), difference_was_too_large
+    )
     drifting = tuple(j for j in judgements if j.drifting)
     by_group = {j.group: j for j in judgements}
     verdict = QualityVerdict(
@@ -305,33 +329,33 @@ def _judge_group(
     thresholds: QualityThresholds,
     baseline: QualityBaseline,
     window: WindowTallies,
-    z: float,
+    per_test_false_alarm: float,
     was_drifting: bool,
 ) -> GroupJudgement:
     reference = baseline.for_group(group)
+    baseline_lower = reference.top1_agreement
     if reference.samples:
         reference_agreements = round(reference.top1_agreement * reference.samples)
-        baseline_lower = wilson_bounds(reference_agreements, reference.samples, z).lower
-        baseline_lower = min(baseline_lower, reference.top1_agreement)
-    else:
-        baseline_lower = reference.top1_agreement
+        measured = exact_bounds(reference_agreements, reference.samples, per_test_false_alarm)
+        baseline_lower = min(baseline_lower, measured.lower)
     floor = thresholds.floor(group)
     threshold = min(floor, baseline_lower)
-    tally = window.tally(group)
-    samples = tally.samples if tally else 0
-    bounds = wilson_bounds(tally.top1_agreements, samples, z) if tally and samples else None
-    tested = bounds is not None and samples >= thresholds.min_samples
-    if not tested or bounds is None:
+    tally = window.tally(group) or AgreementTally(0, 0)
+    agreements, samples = tally.top1_agreements, tally.samples
+    tested = samples >= thresholds.min_samples
+    if not tested:
         drifting = was_drifting  # too few samples is no evidence either way
     elif was_drifting:
-        drifting = bounds.lower < threshold  # back only when confidently back
+        # Back only when confidently back: the lower bound at or above the threshold.
+        drifting = at_least_probability(agreements, samples, threshold) > per_test_false_alarm
     else:
-        drifting = bounds.upper < threshold
+        # The upper bound below the threshold.
+        drifting = at_most_probability(agreements, samples, threshold) < per_test_false_alarm
     return GroupJudgement(
         group=group,
         samples=samples,
-        top1_agreement=tally.top1_agreement if tally else None,
-        bounds=bounds,
+        top1_agreements=agreements,
+        per_test_false_alarm=per_test_false_alarm,
         floor=floor,
         baseline=reference.top1_agreement,
         baseline_lower_bound=baseline_lower,
@@ -360,9 +384,9 @@ def _difference_too_large(
 
 
 def _worst(judgements: Iterable[GroupJudgement], kind: GroupKind) -> GroupJudgement | None:
-    """The tested group of this kind whose upper bound is least above its threshold."""
+    """The tested group of this kind surest to be below its threshold."""
     candidates = [j for j in judgements if j.group.kind == kind and j.tested]
-    return min(candidates, key=lambda j: (j.margin, j.group.name), default=None)
+    return min(candidates, key=lambda j: (j.chance_at_threshold, j.group.name), default=None)
 
 
 def _with_outcome(
