@@ -36,6 +36,7 @@ CORES = [
     "kubeinfer/operator/rollout/shadow.py",
     "kubeinfer/operator/state/*.py",
     "kubeinfer/operator/scaling/*.py",
+    "kubeinfer/operator/quality/*.py",
     "kubeinfer/runtime/batching/policy.py",
     "kubeinfer/runtime/batching/assembler.py",
 ]
@@ -72,6 +73,8 @@ FAST_TESTS = [
     "tests/operator/test_shadow_promotion.py",
     "tests/operator/test_shadow_rollout.py",
     "tests/operator/test_shadow_verdict.py",
+    "tests/operator/test_quality_verdict.py",
+    "tests/operator/test_quality_verdict_bounds.py",
     "tests/runtime/test_batching_policy.py",
     "tests/runtime/test_assembler_and_codec.py",
     "tests/api/test_conditions.py",
