@@ -98,7 +98,7 @@ class Sample:
     desired: int
     ready: int
     starting: int
-    queue_depth_per_replica: float | None
+    requests_in_progress_per_replica: float | None
     replicas: int
     reason: str
 
@@ -126,7 +126,7 @@ def needed_pods(setup: Setup) -> int:
     """Pods at which the burst's queue depth per replica is at its target."""
     burst_rps = setup.workload.idle_rps * setup.workload.burst_factor
     in_system = burst_rps * setup.pod.service_seconds
-    return math.ceil(round(in_system / setup.spec.target_queue_depth_per_replica, 9))
+    return math.ceil(round(in_system / setup.spec.target_requests_in_progress_per_replica, 9))
 
 
 def direction_changes(counts: list[int]) -> int:

@@ -9,8 +9,8 @@ changes; at each step's end the demo runs the cluster's own kubectl):
 1. apply an InferenceDeployment of a generated model (a `file://` source): the operator
    builds its engine in a Job and rolls out a runtime pod: BuildingEngine, then Ready;
 2. requests answered at its local endpoint, checked against ONNX Runtime in-process;
-3. a burst of load on a heavier model: the autoscaler scales up on queue depth, and back
-   down once the burst is over and its window has passed;
+3. a burst of load on a heavier model: the autoscaler scales up on the requests in
+   progress, and back down once the burst is over and its window has passed;
 4. a new version, int8, with `strategy: Shadow`: live traffic mirrored to the candidate
    and compared request by request (the agreement read from the status as it grows),
    then Promoted, the serving pods rolled to it;
@@ -243,7 +243,7 @@ class Demo:
                 "enabled": True,
                 "minReplicas": 1,
                 "maxReplicas": 3,
-                "targetQueueDepthPerReplica": 4,
+                "targetRequestsInProgressPerReplica": 4,
                 "scaleDownStabilizationSeconds": 6,
                 "scaleDownMaxPercent": 100,
                 "scaleDownPeriodSeconds": 5,

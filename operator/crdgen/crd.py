@@ -67,7 +67,7 @@ def build_crd() -> dict[str, Any]:
         "type": "object",
         "description": "InferenceDeployment serves one ONNX model on Kubernetes: it builds "
         "(or pins) an optimised engine, runs dynamic-batching runtime pods, shadow-tests new "
-        "versions and autoscales on queue depth and GPU memory.",
+        "versions and autoscales on requests in progress and GPU memory.",
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object."},

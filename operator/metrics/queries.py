@@ -177,8 +177,8 @@ class Query:
 
     @property
     def label(self) -> str:
-        """How messages name this query: `queue_depth_per_replica`, or with an override
-        `queue_depth_per_replica (PromQL of spec.monitoring.queries.queueDepthPerReplica)`."""
+        """How messages name this query: its name, or with an override its name and
+        `(PromQL of spec.monitoring.queries.<field>)`."""
         return f"{self.name} (PromQL of {self.overridden_by})" if self.overridden_by else self.name
 
     def overridden(self, template: str, field_path: str) -> Query:
@@ -289,11 +289,11 @@ QUEUE_DEPTH = NamedQuery(
     "queue_depth", "Requests waiting in the batch queues of all serving pods, now.",
     series.QUEUE_DEPTH.name, SUM_NOW,
 )  # fmt: skip
-QUEUE_DEPTH_PER_REPLICA = NamedQuery(
-    "queue_depth_per_replica",
+REQUESTS_IN_PROGRESS_PER_REPLICA = NamedQuery(
+    "requests_in_progress_per_replica",
     "Requests received and not yet answered (queued, running, or waiting on the runtime's "
     "event loop) per serving pod, now: the autoscaler's load signal (override: "
-    "spec.monitoring.queries.queueDepthPerReplica).",
+    "spec.monitoring.queries.requestsInProgressPerReplica).",
     series.REQUESTS_IN_PROGRESS.name, MEAN_PER_POD_NOW,
 )  # fmt: skip
 GPU_MEMORY_USED_RATIO = NamedQuery(
@@ -311,7 +311,7 @@ SHADOW_QUERIES: tuple[NamedQuery, ...] = (
     SHADOW_PRIMARY_P99, SHADOW_CANDIDATE_P99,
 )  # fmt: skip
 GENERAL_QUERIES: tuple[NamedQuery, ...] = (
-    REQUEST_P99, QUEUE_DEPTH, QUEUE_DEPTH_PER_REPLICA, GPU_MEMORY_USED_RATIO,
+    REQUEST_P99, QUEUE_DEPTH, REQUESTS_IN_PROGRESS_PER_REPLICA, GPU_MEMORY_USED_RATIO,
 )  # fmt: skip
 NAMED_QUERIES: dict[str, NamedQuery] = {
     query.name: query for query in (*SHADOW_QUERIES, *GENERAL_QUERIES)

@@ -1,7 +1,7 @@
 """`read_scaling_signals`: the autoscaler's figures for one InferenceDeployment, from
 either metrics source, in one read.
 
-Three named queries: `queue_depth_per_replica` (the load signal: the mean over the pods of
+Three named queries: `requests_in_progress_per_replica` (the load signal: the mean over the pods of
 `kubeinfer_requests_in_progress`, requests received and not yet answered, whatever they
 wait on), `gpu_memory_used_ratio` (memory pressure) and `request_p99_seconds` (for the
 status only). The object's `spec.monitoring.queries` may replace the first two's PromQL;
@@ -35,7 +35,7 @@ OVERRIDES_PATH = "spec.monitoring." + (MonitoringSpec.model_fields["queries"].al
 """Where the overrides live in the object, for messages."""
 
 _OVERRIDABLE = (
-    (q.QUEUE_DEPTH_PER_REPLICA, "queue_depth_per_replica"),
+    (q.REQUESTS_IN_PROGRESS_PER_REPLICA, "requests_in_progress_per_replica"),
     (q.GPU_MEMORY_USED_RATIO, "gpu_memory_used_ratio"),
 )
 """Each overridable row and its `QueryOverrides` field."""
@@ -44,7 +44,7 @@ _OVERRIDABLE = (
 def scaling_queries(
     scope: Scope, overrides: QueryOverrides, p99_window_seconds: int = P99_WINDOW_SECONDS
 ) -> list[Query]:
-    """(queue depth per replica, GPU memory used ratio, request p99) over `scope`, with
+    """(requests in progress per replica, GPU memory used ratio, request p99) over `scope`, with
     the object's PromQL where it sets one. Pure."""
     bound = []
     for row, attribute in _OVERRIDABLE:
@@ -76,7 +76,7 @@ async def read_scaling_signals(
 
 
 VALID_RANGES = {
-    "queue depth per replica": (0.0, math.inf),
+    "requests in progress per replica": (0.0, math.inf),
     "GPU memory used ratio": (0.0, 1.0),
     "p99 latency (seconds)": (0.0, math.inf),
 }
@@ -97,6 +97,6 @@ def checked_signals(
             readings[name] = None
     depth, gpu_ratio, p99 = readings.values()
     return ScalingSignals(
-        queue_depth_per_replica=depth, gpu_memory_used_ratio=gpu_ratio, p99_seconds=p99,
+        requests_in_progress_per_replica=depth, gpu_memory_used_ratio=gpu_ratio, p99_seconds=p99,
         set_aside=tuple(notes),
     )  # fmt: skip

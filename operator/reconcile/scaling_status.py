@@ -73,7 +73,7 @@ def scaling_report(
     metrics = previous_metrics
     if signals is not None and not signals.error:
         metrics = MetricsStatus(
-            queue_depth_per_replica=_rounded(signals.queue_depth_per_replica),
+            requests_in_progress_per_replica=_rounded(signals.requests_in_progress_per_replica),
             gpu_memory_used_ratio=_rounded(signals.gpu_memory_used_ratio),
             p99_milliseconds=_rounded(signals.p99_seconds and signals.p99_seconds * 1e3),
             read_time=now,

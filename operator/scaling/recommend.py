@@ -39,7 +39,7 @@ from kubeinfer.operator.scaling import rate_limits, stabilization, startup
 from kubeinfer.operator.scaling.signals import (
     GPU_MEMORY,
     NO_SIGNAL,
-    QUEUE_DEPTH,
+    REQUESTS_IN_PROGRESS,
     Proposal,
     Unmeasured,
     pods_word,
@@ -83,7 +83,7 @@ def _within_range(spec: AutoscalingSpec, replicas: int) -> ConditionValue:
 
 def _largest(proposals: tuple[Proposal, ...], current: int) -> tuple[int, str]:
     """The largest recommendation and its signal (the first on a tie); the current count,
-    from no signal, when none has a say. With the queue depth unread, GPU memory alone has
+    from no signal, when none has a say. With the requests in progress unread, GPU memory alone has
     a say, and it never calls for fewer pods than now: nothing removes one."""
     best: Proposal | None = None
     for proposal in proposals:
@@ -135,10 +135,10 @@ def _unmeasured(
 
 
 def _gpu_floor(proposals: tuple[Proposal, ...], current: int) -> ConditionValue | None:
-    """GpuMemoryHigh when GPU memory above its watermark keeps a count the queue depth
+    """GpuMemoryHigh when GPU memory above its watermark keeps a count the requests in progress
     would lower (a scale-up on GPU memory is no limit: ScalingActive names the signal)."""
     gpu = next((p for p in proposals if p.signal == GPU_MEMORY), None)
-    queue = next((p for p in proposals if p.signal == QUEUE_DEPTH), None)
+    queue = next((p for p in proposals if p.signal == REQUESTS_IN_PROGRESS), None)
     if gpu is None or queue is None or gpu.replicas != current or queue.replicas is None:
         return None
     if queue.replicas >= current:
@@ -146,7 +146,9 @@ def _gpu_floor(proposals: tuple[Proposal, ...], current: int) -> ConditionValue 
     return (
         TRUE,
         Reason.GPU_MEMORY_HIGH,
-        _sentence(f"{gpu.message}; the queue depth alone calls for {pods_word(queue.replicas)}"),
+        _sentence(
+            f"{gpu.message}; the requests in progress alone call for {pods_word(queue.replicas)}"
+        ),
     )
 
 

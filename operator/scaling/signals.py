@@ -14,9 +14,9 @@ it calls for `ceil(ready * ratio)` and at least one pod more than now; above the
 within tolerance it calls for the current count, which (the largest recommendation wins)
 keeps the count from falling; at or below the watermark it has no say.
 
-Without a ready pod nothing can be measured (the queue depth is a mean over ready pods),
+Without a ready pod nothing can be measured (the requests in progress are a mean over ready pods),
 so no signal is read and the count is held; so is it when the metrics source failed or
-every signal is missing: missing data never scales down. With the queue depth missing and
+every signal is missing: missing data never scales down. With the requests in progress missing and
 GPU memory read, GPU memory alone decides, and (it only pushes up) the count cannot fall:
 as the HPA does with some metrics invalid, it may scale up, never down.
 """
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals, ServingPods
 
-QUEUE_DEPTH = "queueDepthPerReplica"
+REQUESTS_IN_PROGRESS = "requestsInProgressPerReplica"
 GPU_MEMORY = "gpuMemoryUsedRatio"
 NO_SIGNAL = "none"
 
@@ -39,7 +39,7 @@ class Proposal:
     """One signal's recommendation."""
 
     signal: str
-    """QUEUE_DEPTH or GPU_MEMORY."""
+    """REQUESTS_IN_PROGRESS or GPU_MEMORY."""
 
     replicas: int | None
     """The count this signal calls for; None where it has no say (GPU memory at or below
@@ -73,8 +73,8 @@ def _ratio_replicas(ready: int, ratio: float) -> int:
 
 
 def queue_proposal(spec: AutoscalingSpec, value: float, pods: ServingPods) -> Proposal:
-    """Queue depth per replica against targetQueueDepthPerReplica."""
-    target = spec.target_queue_depth_per_replica
+    """Requests in progress per replica against targetRequestsInProgressPerReplica."""
+    target = spec.target_requests_in_progress_per_replica
     ratio = value / target
     current = pods.desired
     if abs(ratio - 1) <= spec.tolerance:
@@ -84,9 +84,9 @@ def queue_proposal(spec: AutoscalingSpec, value: float, pods: ServingPods) -> Pr
     else:
         replicas = min(current, _ratio_replicas(pods.ready, ratio))
     return Proposal(
-        QUEUE_DEPTH,
+        REQUESTS_IN_PROGRESS,
         replicas,
-        f"queue depth per replica {figure(value)} (target {figure(target)}) calls for "
+        f"requests in progress per replica {figure(value)} (target {figure(target)}) calls for "
         f"{pods_word(replicas)}",
     )
 
@@ -121,20 +121,26 @@ def gpu_proposal(spec: AutoscalingSpec, value: float, pods: ServingPods) -> Prop
 def propose(
     spec: AutoscalingSpec, signals: ScalingSignals, pods: ServingPods
 ) -> tuple[Proposal, ...] | Unmeasured:
-    """Every signal's recommendation (queue depth first), or why none could be read."""
+    """Every signal's recommendation (requests in progress first), or why none could be read."""
     if signals.error:
         return Unmeasured(f"The metrics could not be read: {signals.error}")
     if pods.ready <= 0:
         starting = f" ({pods.starting} starting)" if pods.starting else ""
         return Unmeasured(f"No serving pod is ready to measure{starting}")
-    queue, gpu = signals.queue_depth_per_replica, signals.gpu_memory_used_ratio
+    queue, gpu = signals.requests_in_progress_per_replica, signals.gpu_memory_used_ratio
     if queue is None and gpu is None:
-        return Unmeasured("Neither queue depth nor GPU memory could be read from the pods")
+        return Unmeasured(
+            "Neither the requests in progress nor GPU memory could be read from the pods"
+        )
     proposals: list[Proposal] = []
     if queue is not None:
         proposals.append(queue_proposal(spec, queue, pods))
     else:
-        proposals.append(Proposal(QUEUE_DEPTH, None, "queue depth per replica could not be read"))
+        proposals.append(
+            Proposal(
+                REQUESTS_IN_PROGRESS, None, "requests in progress per replica could not be read"
+            )
+        )
     if gpu is not None:
         proposals.append(gpu_proposal(spec, gpu, pods))
     return tuple(proposals)

@@ -1,7 +1,7 @@
 """Startup awareness: pods that are starting are capacity on its way. Pure.
 
 Why: a runtime pod serves nothing until its engine is loaded, often a minute or more. A
-scale-up decided on a burst cannot show in the queue depth before its pods are ready, and
+scale-up decided on a burst cannot show in the requests in progress before its pods are ready, and
 meanwhile the queue on the pods already serving keeps growing, since the same demand still
 falls on them alone. A plain HorizontalPodAutoscaler reads that growth as new demand and
 scales up again, each pass of the startup time: the cascade of kubernetes/kubernetes#29989
@@ -24,7 +24,7 @@ allows). It is in progress in two phases:
    `UNMEASURED_STARTUP_SECONDS` before any was measured). The signals cannot reflect the
    coming capacity, so they are no evidence of more demand.
 2. Draining: the committed pods are ready (or all pods set are), and the queue that built
-   meanwhile is still above target. Its total (queue depth per replica x ready) is
+   meanwhile is still above target. Its total (requests in progress per replica x ready) is
    remembered (`ScalingHistory.backlog`); the first reading after the pods arrive is held
    (they may have arrived just before the pass), then the hold lasts while the total
    falls fast enough to be back at target within one startup time: a pod added now would
@@ -127,17 +127,17 @@ def _drain(
 ) -> tuple[Backlog, str] | None:
     """In the draining phase: this pass' backlog reading and why it holds, or None when
     the commitment is over (the backlog is gone, or it does not drain fast enough, or the
-    queue depth could not be read)."""
-    depth = signals.queue_depth_per_replica
+    requests in progress could not be read)."""
+    depth = signals.requests_in_progress_per_replica
     if depth is None:
         return None
     total = depth * pods.ready
-    at_target = spec.target_queue_depth_per_replica * (1 + spec.tolerance) * pods.ready
+    at_target = spec.target_requests_in_progress_per_replica * (1 + spec.tolerance) * pods.ready
     if total <= at_target:  # also without a ready pod: then there is nothing to drain
         return None
     reading = (now, total)
     startup = _startup_words(pods)
-    depth_words = f"queue depth per replica {figure(depth)}"
+    depth_words = f"requests in progress per replica {figure(depth)}"
     previous = history.backlog
     if previous is None:
         return reading, (

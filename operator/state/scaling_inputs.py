@@ -19,7 +19,7 @@ from kubeinfer.operator.api.v1alpha1.conditions import ConditionValue
 class ScalingSignals:
     """The load, read from the serving pods' metrics in one pass."""
 
-    queue_depth_per_replica: float | None = None
+    requests_in_progress_per_replica: float | None = None
     """Requests queued or running per ready serving pod (the mean over the ready pods);
     None when it could not be read."""
 
@@ -87,7 +87,7 @@ class ScalingHistory:
 
     backlog: tuple[datetime, float] | None = None
     """With startup awareness, once a committed scale-up's pods are ready: when, and how
-    many requests were queued or running over the ready pods (queue depth per replica x
+    many requests were queued or running over the ready pods (requests in progress per replica x
     ready) at the previous pass, to tell the backlog built during the startup draining
     from demand that grows."""
 
@@ -103,7 +103,7 @@ class Recommendation:
     """What the signals call for, before stabilization, rate limits and bounds."""
 
     signal: str
-    """Which signal decided: `queueDepthPerReplica`, `gpuMemoryUsedRatio`, or `none`."""
+    """Which signal decided: `requestsInProgressPerReplica`, `gpuMemoryUsedRatio`, or `none`."""
 
     active: ConditionValue
     """The ScalingActive condition."""

@@ -142,7 +142,7 @@ def test_strict_integers_refuse_strings_and_booleans_as_the_crd_does() -> None:
         "spec.autoscaling.tolerance",
     }
     # a number field takes an integer, as JSON Schema's `number` does
-    document["spec"]["autoscaling"] = {"tolerance": 0, "targetQueueDepthPerReplica": 4}
+    document["spec"]["autoscaling"] = {"tolerance": 0, "targetRequestsInProgressPerReplica": 4}
     assert parse_inference_deployment(document).spec.autoscaling.tolerance == 0.0
 
 

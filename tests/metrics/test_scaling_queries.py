@@ -1,5 +1,5 @@
-"""The autoscaler's queries, pure: `queue_depth_per_replica` in both forms, the placeholders
-of `spec.monitoring.queries` overrides, and which PromQL `scaling_queries` binds.
+"""The autoscaler's queries, pure: `requests_in_progress_per_replica` in both forms, the
+placeholders of `spec.monitoring.queries` overrides, and which PromQL `scaling_queries` binds.
 
 Covers: the PromQL form sums each pod's `kubeinfer_requests_in_progress` series before
 averaging over pods (so a pod counts once, whatever other labels its series carry); the
@@ -47,12 +47,12 @@ def pod(name: str, in_progress: int, **batcher: int) -> PodSamples:
     return parse_exposition(name, exposition(in_progress, **batcher))
 
 
-def test_queue_depth_per_replica_sums_each_pod_then_averages() -> None:
+def test_requests_in_progress_per_replica_sums_each_pod_then_averages() -> None:
     selector = SCOPE.promql_labels({})
-    assert q.QUEUE_DEPTH_PER_REPLICA.bind(SCOPE).promql == (
+    assert q.REQUESTS_IN_PROGRESS_PER_REPLICA.bind(SCOPE).promql == (
         f"avg(sum by (namespace, pod) (kubeinfer_requests_in_progress{{{selector}}}))"
     )
-    reduce = q.QUEUE_DEPTH_PER_REPLICA.bind(SCOPE).reduce
+    reduce = q.REQUESTS_IN_PROGRESS_PER_REPLICA.bind(SCOPE).reduce
     # The batcher's gauges see only part of what is in progress (none of what runs inline
     # or waits on the event loop); the signal reads the in-progress gauge alone.
     busy = pod("a", 4, answered=2, queued=1, running=1)
@@ -63,7 +63,7 @@ def test_queue_depth_per_replica_sums_each_pod_then_averages() -> None:
 def test_a_pods_series_are_summed_before_the_mean_over_pods() -> None:
     """Two series in one pod (other label values) are one pod of their sum, not two."""
     two = PodSamples("two", pod("two", 2).samples + pod("two", 1, model="n").samples)
-    reduce = q.QUEUE_DEPTH_PER_REPLICA.bind(SCOPE).reduce
+    reduce = q.REQUESTS_IN_PROGRESS_PER_REPLICA.bind(SCOPE).reduce
     assert reduce([two, pod("one", 1)]) == 2  # (2 + 1 + 1) / 2 pods
 
 
@@ -74,7 +74,7 @@ def test_a_pod_without_the_series_is_left_out_as_promqls_avg_leaves_it() -> None
     )
     old = parse_exposition("old", without + "\n")
     assert old.samples  # its other series are there
-    reduce = q.QUEUE_DEPTH_PER_REPLICA.bind(SCOPE).reduce
+    reduce = q.REQUESTS_IN_PROGRESS_PER_REPLICA.bind(SCOPE).reduce
     assert reduce([pod("a", 4), old]) == 4
     assert reduce([old]) is None
 
@@ -93,27 +93,28 @@ def test_placeholders_become_escaped_string_contents(template: str, expected: st
 
 def test_overrides_replace_the_promql_and_name_their_field() -> None:
     overrides = QueryOverrides(
-        queue_depth_per_replica='2 * avg(kubeinfer_requests_in_progress{pod=~"$pods"})',
+        requests_in_progress_per_replica='2 * avg(kubeinfer_requests_in_progress{pod=~"$pods"})',
         gpu_memory_used_ratio='max(my_ratio{namespace="$namespace"})',
     )
     depth, gpu, p99 = scaling_queries(SCOPE, overrides)
     assert depth.promql == f'2 * avg(kubeinfer_requests_in_progress{{pod=~"{SCOPE.pod_regex}"}})'
-    assert depth.overridden_by == "spec.monitoring.queries.queueDepthPerReplica"
+    assert depth.overridden_by == "spec.monitoring.queries.requestsInProgressPerReplica"
     assert depth.label == (
-        "queue_depth_per_replica (PromQL of spec.monitoring.queries.queueDepthPerReplica)"
+        "requests_in_progress_per_replica "
+        "(PromQL of spec.monitoring.queries.requestsInProgressPerReplica)"
     )
     assert gpu.promql == 'max(my_ratio{namespace="serving"})'
     assert gpu.overridden_by == "spec.monitoring.queries.gpuMemoryUsedRatio"
     assert (p99.name, p99.overridden_by) == ("request_p99_seconds", "")
     # The direct read's form is the built-in one.
     pods = [pod("a", 4), pod("b", 1)]
-    assert depth.reduce(pods) == q.QUEUE_DEPTH_PER_REPLICA.bind(SCOPE).reduce(pods) == 2.5
+    assert depth.reduce(pods) == q.REQUESTS_IN_PROGRESS_PER_REPLICA.bind(SCOPE).reduce(pods) == 2.5
 
 
 def test_without_overrides_the_built_in_queries_are_bound() -> None:
     bound = scaling_queries(SCOPE, QueryOverrides(), p99_window_seconds=45)
     assert bound == [
-        q.QUEUE_DEPTH_PER_REPLICA.bind(SCOPE),
+        q.REQUESTS_IN_PROGRESS_PER_REPLICA.bind(SCOPE),
         q.GPU_MEMORY_USED_RATIO.bind(SCOPE),
         q.REQUEST_P99.bind(SCOPE, window_seconds=45),
     ]
@@ -126,8 +127,12 @@ def test_without_overrides_the_built_in_queries_are_bound() -> None:
     [
         ((2.0, 0.5, 0.1), (2.0, 0.5, 0.1), []),
         ((2.0, 40.0, 0.1), (2.0, None, 0.1), ["GPU memory used ratio of 40, which must be 0..1"]),
-        ((-1.0, 0.5, 0.1), (None, 0.5, 0.1), ["queue depth per replica of -1"]),
-        ((float("inf"), None, None), (None, None, None), ["queue depth per replica of inf"]),
+        ((-1.0, 0.5, 0.1), (None, 0.5, 0.1), ["requests in progress per replica of -1"]),
+        (
+            (float("inf"), None, None),
+            (None, None, None),
+            ["requests in progress per replica of inf"],
+        ),
         ((1.0, float("nan"), -0.5), (1.0, None, None), ["ratio of nan", "(seconds) of -0.5"]),
         ((None, None, None), (None, None, None), []),
     ],
@@ -137,7 +142,7 @@ def test_readings_outside_their_range_are_set_aside_and_said(
     readings: tuple, kept: tuple, said: list[str]
 ) -> None:
     signals = checked_signals(*readings, "Prometheus at http://p:9090")
-    assert (signals.queue_depth_per_replica, signals.gpu_memory_used_ratio,
+    assert (signals.requests_in_progress_per_replica, signals.gpu_memory_used_ratio,
             signals.p99_seconds) == kept  # fmt: skip
     assert len(signals.set_aside) == len(said)
     for note, words in zip(signals.set_aside, said, strict=True):

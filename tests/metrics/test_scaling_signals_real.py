@@ -322,7 +322,7 @@ async def test_under_load_both_sources_read_requests_in_progress(
                     series["metric"]["pod"] for series in prometheus.query(in_progress_now)
                 }
                 if seen_in_progress == set(LOAD_PODS) and all(
-                    s.queue_depth_per_replica and s.p99_seconds for s in reading
+                    s.requests_in_progress_per_replica and s.p99_seconds for s in reading
                 ):
                     break
                 assert time.monotonic() < deadline, f"no reading under load: {readings}"
@@ -333,15 +333,18 @@ async def test_under_load_both_sources_read_requests_in_progress(
     for reading in readings:
         for s in reading:
             assert s.error == "" and s.gpu_memory_used_ratio is None  # CPU pods: no GPU
-            assert s.queue_depth_per_replica is not None
-            assert 0 <= s.queue_depth_per_replica <= CLIENTS
+            assert s.requests_in_progress_per_replica is not None
+            assert 0 <= s.requests_in_progress_per_replica <= CLIENTS
     from_prometheus, from_pods = readings[-1]
-    assert from_prometheus.queue_depth_per_replica and from_pods.queue_depth_per_replica
+    assert (
+        from_prometheus.requests_in_progress_per_replica
+        and from_pods.requests_in_progress_per_replica
+    )
     assert from_prometheus.p99_seconds and from_pods.p99_seconds
     # A quiet moment: every request answered, then a scrape; both read the same 0.
     await asyncio.to_thread(prometheus.wait_for_scrape_after, time.time())
     quiet = (await signals(source, LOAD), await signals(direct, LOAD))
-    assert [s.queue_depth_per_replica for s in quiet] == [0, 0]
+    assert [s.requests_in_progress_per_replica for s in quiet] == [0, 0]
 
 
 async def test_a_fixed_load_reads_the_same_from_both_sources(
@@ -349,7 +352,7 @@ async def test_a_fixed_load_reads_the_same_from_both_sources(
 ) -> None:
     from_prometheus = await signals(PrometheusSource(prometheus.url, TIMEOUT), HELD)
     from_pods = await signals(direct, HELD)
-    expected = ScalingSignals(queue_depth_per_replica=2.5)  # (1 + 3 + 1 + 0) / 2
+    expected = ScalingSignals(requests_in_progress_per_replica=2.5)  # (1 + 3 + 1 + 0) / 2
     assert from_prometheus == from_pods == expected
 
 
@@ -360,14 +363,14 @@ async def test_gpu_memory_comes_from_the_runtimes_exporter(
     from_pods = await signals(direct, GPU)
     assert from_prometheus == from_pods
     assert from_prometheus.gpu_memory_used_ratio == pytest.approx(52 / 80)
-    assert from_prometheus.queue_depth_per_replica == 0 and from_prometheus.error == ""
+    assert from_prometheus.requests_in_progress_per_replica == 0 and from_prometheus.error == ""
 
 
 async def test_overrides_are_prometheus_only(
     prometheus: PrometheusServer, direct: DirectRead
 ) -> None:
     doubled = QueryOverrides(
-        queue_depth_per_replica=(
+        requests_in_progress_per_replica=(
             '2 * avg(sum by (pod) (kubeinfer_requests_in_progress{namespace="$namespace",'
             'pod=~"${pods}"}))'
         ),
@@ -378,8 +381,8 @@ async def test_overrides_are_prometheus_only(
     )
     source = PrometheusSource(prometheus.url, TIMEOUT)
     held_from_prometheus = await signals(source, HELD, doubled)
-    assert held_from_prometheus.queue_depth_per_replica == 5.0
-    assert (await signals(direct, HELD, doubled)).queue_depth_per_replica == 2.5
+    assert held_from_prometheus.requests_in_progress_per_replica == 5.0
+    assert (await signals(direct, HELD, doubled)).requests_in_progress_per_replica == 2.5
     gpu_from_prometheus = await signals(source, GPU, doubled)
     assert gpu_from_prometheus.gpu_memory_used_ratio == pytest.approx(30 / 80)
     assert (await signals(direct, GPU, doubled)).gpu_memory_used_ratio == pytest.approx(52 / 80)
@@ -388,13 +391,13 @@ async def test_overrides_are_prometheus_only(
 async def test_placeholders_reach_prometheus_as_the_values(prometheus: PrometheusServer) -> None:
     odd = Scope('it"s\\odd', "steady")
     (query, *_) = scaling_queries(
-        odd, QueryOverrides(queue_depth_per_replica='label_replace(vector(1), "v", '
+        odd, QueryOverrides(requests_in_progress_per_replica='label_replace(vector(1), "v", '
                                                     '"$namespace $pods", "", "")'),
     )  # fmt: skip
     (series,) = prometheus.query(query.promql)
     assert series["metric"]["v"] == f"{odd.namespace} {odd.pod_regex}"
     (query, *_) = scaling_queries(
-        HELD, QueryOverrides(queue_depth_per_replica='count(up{namespace="$namespace",'
+        HELD, QueryOverrides(requests_in_progress_per_replica='count(up{namespace="$namespace",'
                                                      'pod=~"$pods"})'),
     )  # fmt: skip
     assert prometheus.query(query.promql)[0]["value"][1] == str(len(HELD_PODS))
@@ -413,34 +416,33 @@ async def test_placeholders_reach_prometheus_as_the_values(prometheus: Prometheu
 async def test_a_broken_override_is_unavailable_naming_its_field(
     prometheus: PrometheusServer, direct: DirectRead, override: str, reason: str
 ) -> None:
-    overrides = QueryOverrides(queue_depth_per_replica=override)
+    overrides = QueryOverrides(requests_in_progress_per_replica=override)
     source = PrometheusSource(prometheus.url, TIMEOUT)
     named = (
-        r"query queue_depth_per_replica \(PromQL of "
-        r"spec\.monitoring\.queries\.queueDepthPerReplica\) failed: "
+        r"query requests_in_progress_per_replica \(PromQL of "
+        r"spec\.monitoring\.queries\.requestsInProgressPerReplica\) failed: "
     )
     with pytest.raises(MetricsUnavailable, match=f"^{named}{reason}"):
         await source.evaluate(scaling_queries(HELD, overrides), datetime.now(UTC))
     read = await signals(source, HELD, overrides)
-    assert (read.queue_depth_per_replica, read.gpu_memory_used_ratio, read.p99_seconds) == (
-        None, None, None,
-    )  # fmt: skip
+    figures = (read.requests_in_progress_per_replica, read.gpu_memory_used_ratio, read.p99_seconds)
+    assert figures == (None, None, None)
     assert read.error.startswith(f"Prometheus at {prometheus.url}: ")
-    assert "spec.monitoring.queries.queueDepthPerReplica" in read.error
-    assert (await signals(direct, HELD, overrides)).queue_depth_per_replica == 2.5
+    assert "spec.monitoring.queries.requestsInProgressPerReplica" in read.error
+    assert (await signals(direct, HELD, overrides)).requests_in_progress_per_replica == 2.5
 
 
 async def test_a_stopped_prometheus_is_an_error_and_back_gives_figures_again(
     prometheus: PrometheusServer,
 ) -> None:
     source = PrometheusSource(prometheus.url, TIMEOUT)
-    assert await signals(source, HELD) == ScalingSignals(queue_depth_per_replica=2.5)
+    assert await signals(source, HELD) == ScalingSignals(requests_in_progress_per_replica=2.5)
     prometheus.stop()
     try:
         down = await signals(source, HELD)
     finally:
         prometheus.start()  # its TSDB kept the held pods' last scrapes: figures at once
-    figures = (down.queue_depth_per_replica, down.gpu_memory_used_ratio, down.p99_seconds)
+    figures = (down.requests_in_progress_per_replica, down.gpu_memory_used_ratio, down.p99_seconds)
     assert figures == (None, None, None)
     # Whichever of the three queries failed first.
     assert re.fullmatch(
@@ -448,4 +450,4 @@ async def test_a_stopped_prometheus_is_an_error_and_back_gives_figures_again(
         r"cannot connect \(Connection refused\)",
         down.error,
     ), down.error
-    assert await signals(source, HELD) == ScalingSignals(queue_depth_per_replica=2.5)
+    assert await signals(source, HELD) == ScalingSignals(requests_in_progress_per_replica=2.5)

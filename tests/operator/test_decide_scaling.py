@@ -13,7 +13,12 @@ from decide_scenarios import DIGEST_A, SETTINGS, T0, Cluster, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals, ServingPods
 
-SCALING = {"enabled": True, "minReplicas": 1, "maxReplicas": 6, "targetQueueDepthPerReplica": 4}
+SCALING = {
+    "enabled": True,
+    "minReplicas": 1,
+    "maxReplicas": 6,
+    "targetRequestsInProgressPerReplica": 4,
+}
 
 
 def autoscaled(**scaling) -> Cluster:
@@ -27,7 +32,9 @@ def replicas(cluster: Cluster) -> int:
 
 
 def load(cluster: Cluster, depth: float | None, ready: int, error: str = "") -> None:
-    cluster.signals = ScalingSignals(queue_depth_per_replica=depth, p99_seconds=0.012, error=error)
+    cluster.signals = ScalingSignals(
+        requests_in_progress_per_replica=depth, p99_seconds=0.012, error=error
+    )
     cluster.serving_pods = ServingPods(
         desired=replicas(cluster), ready=ready, starting=0, startup_seconds=20.0
     )
@@ -43,7 +50,7 @@ def test_the_queue_depth_sets_the_deployment_replicas_and_the_status_says_why():
     assert status.replicas == 3 and status.autoscaling.desired_replicas == 3
     assert status.autoscaling.last_scale_time == T0 + timedelta(minutes=5)
     assert status.autoscaling.pod_startup_seconds == 20.0
-    assert status.metrics.queue_depth_per_replica == 12
+    assert status.metrics.requests_in_progress_per_replica == 12
     assert status.metrics.p99_milliseconds == 12.0
     active = cluster.condition(ConditionType.SCALING_ACTIVE)
     assert (active.status, active.reason) == (ConditionStatus.TRUE, Reason.VALID_METRIC_FOUND)
@@ -75,7 +82,9 @@ def test_missing_metrics_hold_the_count_and_say_why():
     active = cluster.condition(ConditionType.SCALING_ACTIVE)
     assert (active.status, active.reason) == (ConditionStatus.FALSE, Reason.METRICS_UNAVAILABLE)
     assert "cannot connect" in active.message
-    assert cluster.status.metrics.queue_depth_per_replica == 12, "the last figures are kept"
+    assert cluster.status.metrics.requests_in_progress_per_replica == 12, (
+        "the last figures are kept"
+    )
     load(cluster, depth=0, ready=3)
     cluster.reconcile(T0 + timedelta(minutes=61))
     assert cluster.condition(ConditionType.SCALING_ACTIVE).status == ConditionStatus.TRUE

@@ -7,7 +7,7 @@ service discovery as a ServiceAccount of the namespace, keeping the pods whose
 API). Closed-loop clients drive the ready serving pods at their own addresses, as the
 Service would.
 
-One scenario, in order: load arrives → the count goes up to what the queue depth calls
+One scenario, in order: load arrives → the count goes up to what the requests in progress call
 for, and ScalingActive/ScalingLimited, status.metrics and an Event say why; Prometheus
 stops → the count holds, even when the load goes, and ScalingActive says why; Prometheus
 comes back → the idle pods are seen and the count comes down after the (short)
@@ -15,11 +15,11 @@ stabilization window. Throughout, the operator writes the Deployment, never the 
 was given.
 
 Closed-loop clients keep a fixed number of requests outstanding, and a long batching
-delay keeps them queued at the server, so the queue depth per ready pod is about the
+delay keeps them queued at the server, so the requests in progress per ready pod are about the
 clients divided by the ready pods (a little less: each client spends some time on its own
 side): 24 clients at a target of 3 call for about 8 pods, held at maxReplicas 3. (Fewer
 clients per pod would not queue at all: a lone small batch on an idle runtime runs at
-once, so the queue would vanish at 3 pods and the count would fall back; queue depth is
+once, so the queue would vanish at 3 pods and the count would fall back; requests in progress are
 a load signal only where there is a queue.)
 
 The machine is small and shared, so the waits are long: they bound a failure's time, not
@@ -83,7 +83,7 @@ def autoscaled(model: Model, prometheus: str) -> dict[str, Any]:
             "enabled": True,
             "minReplicas": 1,
             "maxReplicas": MAX_REPLICAS,
-            "targetQueueDepthPerReplica": 3,
+            "targetRequestsInProgressPerReplica": 3,
             "scaleDownStabilizationSeconds": 5,
             "scaleDownMaxPercent": 100,
             "scaleDownPeriodSeconds": 1,
@@ -274,9 +274,11 @@ async def scale_through_an_outage(
         ups = await eventually(
             lambda: events(world, "ScaledUp"), within=60, what="the scale-up's Event"
         )  # one, or two where the pods started in two steps
-        assert all("Queue depth per replica" in e["message"] for e in ups), ups
+        assert all("Requests in progress per replica" in e["message"] for e in ups), ups
         await eventually(
-            lambda: (status(world).get("metrics") or {}).get("queueDepthPerReplica") is not None,
+            lambda: (
+                (status(world).get("metrics") or {}).get("requestsInProgressPerReplica") is not None
+            ),
             within=60,
             what="status.metrics",
         )
@@ -320,6 +322,6 @@ async def scale_through_an_outage(
     downs = await eventually(
         lambda: events(world, "ScaledDown"), within=60, what="the scale-down's Event"
     )
-    assert all("queue depth per replica" in e["message"].lower() for e in downs), downs
+    assert all("requests in progress per replica" in e["message"].lower() for e in downs), downs
     # The real ReplicaSet controller takes the surplus pods away; one stays serving.
     await scraped_as_serving(world, prometheus, 1)

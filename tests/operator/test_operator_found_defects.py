@@ -3,8 +3,8 @@ real control plane:
 
 - a metric reading that makes no sense (a GPU memory used ratio of 40, as a mislabelled
   series gives) used to fail every pass, since the status cannot hold it, so nothing
-  scaled, not even on queue depth: now that one figure is set aside, ScalingActive says
-  so, and the queue depth still scales the runtime. A real Prometheus evaluates the
+  scaled, not even on the requests in progress: now that one figure is set aside, ScalingActive says
+  so, and the requests in progress still scale the runtime. A real Prometheus evaluates the
   object's query overrides, which stand for the mislabelled series (`vector(40)`);
 - moving the engine cache to another claim (`engine.cache.existingClaim`) used to strand
   the engine: the claim was not part of the build key, so the new pods mounted a claim
@@ -37,12 +37,12 @@ async def test_a_reading_out_of_range_is_set_aside_and_the_others_still_scale(
                 "enabled": True,
                 "minReplicas": 1,
                 "maxReplicas": 2,
-                "targetQueueDepthPerReplica": 3,
+                "targetRequestsInProgressPerReplica": 3,
             },
             monitoring={
                 "prometheus": {"url": prometheus.url},
                 "queries": {
-                    "queueDepthPerReplica": "vector(6)",
+                    "requestsInProgressPerReplica": "vector(6)",
                     "gpuMemoryUsedRatio": "vector(40)",
                 },
             },
@@ -57,7 +57,7 @@ async def test_a_reading_out_of_range_is_set_aside_and_the_others_still_scale(
                     == 2
                 ),
                 90,
-                "the queue depth to call for 2 pods",
+                "the requests in progress to call for 2 pods",
             )
             infd = world.infd()
     active = condition(infd, "ScalingActive")
@@ -65,7 +65,7 @@ async def test_a_reading_out_of_range_is_set_aside_and_the_others_still_scale(
     assert "GPU memory used ratio of 40" in active["message"], active["message"]
     assert "set aside" in active["message"]
     metrics = infd["status"]["metrics"]
-    assert metrics["queueDepthPerReplica"] == 6
+    assert metrics["requestsInProgressPerReplica"] == 6
     assert metrics.get("gpuMemoryUsedRatio") is None
     deployment = world.kube.get("apps/v1", "deployments", names.runtime_name("resnet"))
     assert deployment["spec"]["replicas"] == 2

@@ -15,7 +15,7 @@ from kubeinfer.operator.scaling.signals import figure, propose
 from kubeinfer.operator.state.scaling_inputs import ScaleEvent, ScalingSignals, ServingPods
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
-QUEUE, GPU = "queueDepthPerReplica", "gpuMemoryUsedRatio"
+QUEUE, GPU = "requestsInProgressPerReplica", "gpuMemoryUsedRatio"
 
 
 def ago(seconds: float) -> datetime:

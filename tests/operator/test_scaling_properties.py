@@ -31,7 +31,7 @@ def specs(draw) -> AutoscalingSpec:
         enabled=True,
         min_replicas=low,
         max_replicas=low + draw(st.integers(0, 30)),
-        target_queue_depth_per_replica=draw(st.sampled_from([1, 8, 32])),
+        target_requests_in_progress_per_replica=draw(st.sampled_from([1, 8, 32])),
         gpu_memory_high_watermark=draw(st.sampled_from([0.5, 0.9])),
         tolerance=draw(st.sampled_from([0, 0.1])),
         scale_up_stabilization_seconds=draw(st.sampled_from([0, 30, 60])),
@@ -56,7 +56,7 @@ class Step:
 
 @st.composite
 def readings(draw) -> ScalingSignals:
-    """Mostly a queue depth (with GPU memory or not); the rest split between GPU memory
+    """Mostly requests in progress (with GPU memory or not); the rest split between GPU memory
     alone, nothing, and an error, which the missing-data checks need."""
     kind = draw(st.sampled_from(["queue"] * 6 + ["gpu", "nothing", "error"]))
     gpu = draw(st.none() | st.floats(0, 1)) if kind == "queue" else draw(st.floats(0, 1))
@@ -82,7 +82,9 @@ steps = st.builds(
 
 
 def missing(signals: ScalingSignals, pods: ServingPods) -> bool:
-    unread = signals.queue_depth_per_replica is None and signals.gpu_memory_used_ratio is None
+    unread = (
+        signals.requests_in_progress_per_replica is None and signals.gpu_memory_used_ratio is None
+    )
     return bool(signals.error) or pods.ready == 0 or unread
 
 

@@ -25,7 +25,7 @@ from kubeinfer.operator.state.scaling_inputs import (
 
 NOW = datetime(2026, 1, 1, 12, tzinfo=UTC)
 BASE = {"enabled": True, "minReplicas": 1, "maxReplicas": 20}
-QUEUE, GPU, NONE = "queueDepthPerReplica", "gpuMemoryUsedRatio", "none"
+QUEUE, GPU, NONE = "requestsInProgressPerReplica", "gpuMemoryUsedRatio", "none"
 
 
 def spec_of(**fields) -> AutoscalingSpec:
@@ -94,7 +94,7 @@ ROWS = [
     row({"gpuMemoryHighWatermark": 0.8, **FREE_DOWN}, ScalingSignals(1, 0.85), serving(4), 4,
         GPU, Reason.GPU_MEMORY_HIGH, id="gpu-memory-floor-holds"),
     # Exactly at its tolerance above the watermark (0.625 / 0.5 = 1.25) GPU memory keeps
-    # the count, as the queue's tolerance does; and with the queue depth not calling for
+    # the count, as the queue's tolerance does; and with the requests in progress not calling for
     # fewer pods, keeping them is no limit (DesiredWithinRange, not GpuMemoryHigh).
     row({"gpuMemoryHighWatermark": 0.5, "tolerance": 0.25}, ScalingSignals(8, 0.625),
         serving(4), 4, QUEUE, WITHIN, id="gpu-memory-exactly-at-tolerance-keeps"),
@@ -108,11 +108,11 @@ ROWS = [
         WITHIN, id="largest-wins-queue"),
     row({"gpuMemoryHighWatermark": 0.5}, ScalingSignals(9.5, 0.95), serving(4), 8, GPU,
         WITHIN, id="largest-wins-gpu"),
-    # A tie goes to the first signal, the queue depth: ceil(4 x 10 / 8) = ceil(4 x 0.95 /
+    # A tie goes to the first signal, the requests in progress: ceil(4 x 10 / 8) = ceil(4 x 0.95 /
     # 0.8) = 5.
     row({"gpuMemoryHighWatermark": 0.8}, ScalingSignals(10, 0.95), serving(4), 5, QUEUE,
         WITHIN, id="tie-goes-to-queue-depth"),
-    # The queue depth unread, GPU memory read: it may add pods, nothing removes one.
+    # The requests in progress unread, GPU memory read: it may add pods, nothing removes one.
     row(FREE_DOWN, ScalingSignals(None, 0.3), serving(4), 4, NONE, WITHIN,
         id="queue-unread-gpu-low-holds"),
     row({"gpuMemoryHighWatermark": 0.8}, ScalingSignals(None, 0.95), serving(4), 5, GPU,
@@ -204,7 +204,9 @@ ROWS = [
 
 def unavailable(signals: ScalingSignals, pods: ServingPods) -> bool:
     """The brief's definition of missing data: an error, no ready pod, or no signal."""
-    unread = signals.queue_depth_per_replica is None and signals.gpu_memory_used_ratio is None
+    unread = (
+        signals.requests_in_progress_per_replica is None and signals.gpu_memory_used_ratio is None
+    )
     return bool(signals.error) or pods.ready == 0 or unread
 
 
@@ -233,7 +235,7 @@ def test_messages_give_each_signal_against_its_target():
     spec = spec_of(gpuMemoryHighWatermark=0.9)
     result = recommend(spec, ran_before(), ScalingSignals(23.5, 0.5), serving(2), NOW)
     assert result.active[2] == (
-        "Queue depth per replica 23.5 (target 8) calls for 6 pods; "
+        "Requests in progress per replica 23.5 (target 8) calls for 6 pods; "
         "GPU memory used 0.5 is within its high watermark 0.9."
     )
     limited = recommend(spec, ran_before(), ScalingSignals(80), serving(2), NOW).limited
@@ -291,39 +293,39 @@ def test_the_count_follows_the_signals_again_once_they_return():
 MESSAGES = [
     # Within range: the figure against its target, and the count against both bounds.
     ({}, ran_before(), ScalingSignals(8.2), serving(4),
-     "Queue depth per replica 8.2 (target 8) calls for 4 pods.",
+     "Requests in progress per replica 8.2 (target 8) calls for 4 pods.",
      "4 pods, within minReplicas 1 and maxReplicas 20."),
     # Each bound names the count wanted and the bound.
     ({"minReplicas": 3, **FREE_DOWN}, ran_before(), ScalingSignals(1), serving(6),
-     "Queue depth per replica 1 (target 8) calls for 1 pod.",
+     "Requests in progress per replica 1 (target 8) calls for 1 pod.",
      "1 pod wanted; minReplicas is 3."),
     ({"maxReplicas": 5}, ran_before(), ScalingSignals(80), serving(4),
-     "Queue depth per replica 80 (target 8) calls for 40 pods.",
+     "Requests in progress per replica 80 (target 8) calls for 40 pods.",
      "8 pods wanted; maxReplicas is 5."),
     # Each window names the recommendation, its setting and the extremum it kept.
     ({"scaleUpStabilizationSeconds": 60}, ran_before((30, 3)), ScalingSignals(24), serving(2),
-     "Queue depth per replica 24 (target 8) calls for 6 pods.",
+     "Requests in progress per replica 24 (target 8) calls for 6 pods.",
      "6 pods recommended; scaling up only to the lowest recommendation over "
      "scaleUpStabilizationSeconds 60: 3."),
     ({"scaleDownMaxPercent": 100}, ran_before((299, 5), (100, 4)), ScalingSignals(2),
      serving(6),
-     "Queue depth per replica 2 (target 8) calls for 2 pods.",
+     "Requests in progress per replica 2 (target 8) calls for 2 pods.",
      "2 pods recommended; scaling down only to the highest recommendation over "
      "scaleDownStabilizationSeconds 300: 5."),
     # The down limit names its settings and what they allow.
     ({"scaleDownStabilizationSeconds": 0}, ran_before(), ScalingSignals(0.5), serving(8),
-     "Queue depth per replica 0.5 (target 8) calls for 1 pod.",
+     "Requests in progress per replica 0.5 (target 8) calls for 1 pod.",
      "1 pod wanted; scaleDownMaxPercent 50 % per scaleDownPeriodSeconds 60 allows 4."),
-    # GPU memory: what it keeps, and what the queue depth alone would do.
+    # GPU memory: what it keeps, and what the requests in progress alone would do.
     ({"gpuMemoryHighWatermark": 0.8, **FREE_DOWN}, ran_before(), ScalingSignals(1, 0.85),
      serving(4),
-     "Queue depth per replica 1 (target 8) calls for 1 pod; GPU memory used 0.85 (high "
+     "Requests in progress per replica 1 (target 8) calls for 1 pod; GPU memory used 0.85 (high "
      "watermark 0.8) keeps at least 4 pods.",
-     "GPU memory used 0.85 (high watermark 0.8) keeps at least 4 pods; the queue depth "
-     "alone calls for 1 pod."),
+     "GPU memory used 0.85 (high watermark 0.8) keeps at least 4 pods; the requests in progress "
+     "alone call for 1 pod."),
     ({"gpuMemoryHighWatermark": 0.8}, ran_before(), ScalingSignals(None, 0.95), serving(4),
-     "Queue depth per replica could not be read; GPU memory used 0.95 (high watermark 0.8) "
-     "calls for at least 5 pods.",
+     "Requests in progress per replica could not be read; GPU memory used 0.95 (high "
+     "watermark 0.8) calls for at least 5 pods.",
      "5 pods, within minReplicas 1 and maxReplicas 20."),
     # Missing data: why, and what was done with the count.
     ({"maxReplicas": 5}, ran_before(), ScalingSignals(error="connection refused"), serving(7),
@@ -339,8 +341,8 @@ MESSAGES = [
      "on missing data.",
      "3 pods, within minReplicas 1 and maxReplicas 20."),
     ({}, ran_before(), ScalingSignals(None, None), serving(6),
-     "Neither queue depth nor GPU memory could be read from the pods; the count is held at "
-     "6 pods, never scaled down on missing data.",
+     "Neither the requests in progress nor GPU memory could be read from the pods; the count "
+     "is held at 6 pods, never scaled down on missing data.",
      "6 pods, within minReplicas 1 and maxReplicas 20."),
 ]  # fmt: skip
 

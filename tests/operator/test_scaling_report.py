@@ -19,7 +19,7 @@ SPEC = make_spec(autoscaling={"enabled": True, "minReplicas": 1, "maxReplicas": 
 ACTIVE = (
     ConditionStatus.TRUE,
     Reason.VALID_METRIC_FOUND,
-    "Queue depth per replica 2 (target 8) calls for 1 pod.",
+    "Requests in progress per replica 2 (target 8) calls for 1 pod.",
 )
 WITHIN = (ConditionStatus.FALSE, Reason.DESIRED_WITHIN_RANGE, "2 pods, within ...")
 EARLIER = T0 - timedelta(minutes=10)
@@ -27,7 +27,11 @@ EARLIER = T0 - timedelta(minutes=10)
 
 def recommended(replicas: int, desired: int | None = None) -> Recommendation:
     return Recommendation(
-        replicas, replicas if desired is None else desired, "queueDepthPerReplica", ACTIVE, WITHIN
+        replicas,
+        replicas if desired is None else desired,
+        "requestsInProgressPerReplica",
+        ACTIVE,
+        WITHIN,
     )
 
 
@@ -39,8 +43,8 @@ def test_a_scale_down_is_a_normal_scaled_down_event_naming_the_counts_and_why():
         Event(
             "Normal",
             Reason.SCALED_DOWN,
-            "Scaled the runtime from 4 to 2 pods (queueDepthPerReplica): Queue depth per "
-            "replica 2 (target 8) calls for 1 pod.",
+            "Scaled the runtime from 4 to 2 pods (requestsInProgressPerReplica): Requests in "
+            "progress per replica 2 (target 8) calls for 1 pod.",
         ),
     )
     assert report.autoscaling.last_scale_time == T0
@@ -62,7 +66,7 @@ def test_the_figures_are_written_rounded_with_when_they_were_read():
     pods = ServingPods(4, 4, 0, startup_seconds=20.4321)
     report = scaling_report(SPEC, recommended(4), signals, pods, None, None, T0)
     assert report.metrics == MetricsStatus(
-        queue_depth_per_replica=12.346,
+        requests_in_progress_per_replica=12.346,
         gpu_memory_used_ratio=0.932,
         p99_milliseconds=12.346,
         read_time=T0,

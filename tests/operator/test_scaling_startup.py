@@ -99,7 +99,7 @@ ROWS = [
     # startup: within it, held.
     row(committed(6, (15, 192)), 28, pods(6, 6), 6, STARTING, 6,
         id="backlog-gone-exactly-within-a-startup-held", tolerance=0.5),
-    # The queue depth not read (GPU memory read, within tolerance of its watermark): the
+    # The requests in progress not read (GPU memory read, within tolerance of its watermark): the
     # drain cannot be followed, the commitment is over and GPU memory keeps the count.
     row(committed(6), ScalingSignals(None, 0.95), pods(6, 6), 6, WITHIN, None,
         id="queue-unread-ends-drain"),
@@ -168,13 +168,13 @@ def test_the_draining_phase_remembers_each_reading():
     assert second.replicas == 6 and second.history.backlog == (later, 360)
     assert first.limited[2] == (
         "The signals call for 60 pods; held at 6 pods while the queue that built while they "
-        "started is read once more now that they are ready (queue depth per replica 80; "
+        "started is read once more now that they are ready (requests in progress per replica 80; "
         "startup measured 60 s)."
     )
     assert second.limited[2] == (
         "The signals call for 45 pods; held at 6 pods while the queue that built while they "
-        "started drains fast enough to be gone before another pod could start (queue depth "
-        "per replica 60, down from 80 at the last pass; startup measured 60 s)."
+        "started drains fast enough to be gone before another pod could start (requests in "
+        "progress per replica 60, down from 80 at the last pass; startup measured 60 s)."
     )
 
 

@@ -1,5 +1,5 @@
 """`kubeinfer_requests_in_progress`: the inference requests `DataPlane.infer` has started
-and not yet answered, the autoscaler's load signal (`queue_depth_per_replica`), read as a
+and not yet answered, the autoscaler's load signal (`requests_in_progress_per_replica`), read as a
 scrape reads it, from the app's own /metrics.
 
 Covers, on the app from `create_app` with the real ONNX Runtime engine behind the gate

@@ -330,8 +330,10 @@ class QueryOverrides(ApiModel):
     series, makes the autoscaler hold the count, with the field named in the status.
     Without Prometheus (the pods' own /metrics), the built-in definitions apply."""
 
-    queue_depth_per_replica: str | None = Field(default=None, min_length=1, max_length=4096)
-    """Replaces `queue_depth_per_replica`: requests received and not yet answered per
+    requests_in_progress_per_replica: str | None = Field(
+        default=None, min_length=1, max_length=4096
+    )
+    """Replaces `requests_in_progress_per_replica`: requests received and not yet answered per
     pod. The built-in is `avg(sum by (namespace, pod)
     (kubeinfer_requests_in_progress{...}))`, over every pod Prometheus scrapes; with
     kube-state-metrics, `avg((<the same sum>) and on (namespace, pod)
@@ -356,7 +358,7 @@ class MonitoringSpec(ApiModel):
 
 
 class AutoscalingSpec(ApiModel):
-    """Scaling on queue depth and GPU memory pressure, with the semantics of Kubernetes'
+    """Scaling on requests in progress and GPU memory pressure, with the semantics of Kubernetes'
     HorizontalPodAutoscaler (tolerance, stabilization windows, rate limits per direction),
     and aware that runtime pods take time to load their engine."""
 
@@ -379,7 +381,7 @@ class AutoscalingSpec(ApiModel):
     max_replicas: int = Field(default=4, ge=1, le=1000)
     """Most pods."""
 
-    target_queue_depth_per_replica: float = Field(default=8, gt=0, le=100_000)
+    target_requests_in_progress_per_replica: float = Field(default=8, gt=0, le=100_000)
     """Requests queued or running per ready pod that the autoscaler aims for (the mean over
     the serving pods): it calls for ready pods x depth / target, rounded up, as Kubernetes'
     HorizontalPodAutoscaler computes a pods metric."""
@@ -388,7 +390,7 @@ class AutoscalingSpec(ApiModel):
     """GPU memory used ratio (0..1, the highest over the pods' GPUs) above which the
     autoscaler never removes a pod; above it by more than `tolerance`, it adds pods (ready
     pods x used / watermark, rounded up, and at least one). GPU memory never removes pods:
-    the queue depth does."""
+    the requests in progress do."""
 
     tolerance: float = Field(default=0.1, ge=0, le=1)
     """A signal within this relative distance of its target changes nothing (0.1: 10 %),
@@ -467,7 +469,7 @@ class InferenceDeploymentSpec(ApiModel):
     """How new versions replace the serving one."""
 
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
-    """Autoscaling on queue depth and GPU memory pressure."""
+    """Autoscaling on requests in progress and GPU memory pressure."""
 
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
     """Where the operator reads the runtime pods' metrics."""

@@ -94,7 +94,7 @@ class CandidateStatus(VersionStatus):
 class MetricsStatus(ApiModel):
     """The load figures the operator last read from the serving pods' metrics."""
 
-    queue_depth_per_replica: float | None = Field(default=None, ge=0)
+    requests_in_progress_per_replica: float | None = Field(default=None, ge=0)
     """Requests queued or running per ready serving pod (the mean over the pods)."""
 
     gpu_memory_used_ratio: float | None = Field(default=None, ge=0, le=1)
