@@ -46,6 +46,7 @@ from kubeinfer.operator.kube.resources import (
     SERVICE,
     ResourceType,
 )
+from kubeinfer.operator.state.snapshot import KubeObject
 from kubernetes.aio.client import ApiClient, Configuration
 from kubernetes.aio.dynamic import DynamicClient
 from kubernetes.aio.dynamic.exceptions import DynamicApiError
@@ -69,7 +70,6 @@ __all__ = [
     "Vault",
 ]
 
-KubeObject = dict[str, Any]
 
 JsonPatch = list[dict[str, Any]]
 """An RFC 6902 patch: its operations, in order. (An alias, since `KubeClient.list`

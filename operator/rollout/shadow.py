@@ -145,8 +145,10 @@ def _manual(previous: CandidateStatus, gate: tuple[str, str] | None) -> Verdict 
     if gate is None or gate[1] != previous.engine_digest:
         return None
     if gate[0] == "promote":
-        return Verdict(ShadowVerdict.PASSED, "ManualPromotion", "Promoted by `kubeinfer promote`.")
-    return Verdict(ShadowVerdict.ABORTED, "ManualAbort", "Aborted by `kubeinfer abort`.")
+        return Verdict(
+            ShadowVerdict.PASSED, Reason.MANUAL_PROMOTION, "Promoted by `kubeinfer promote`."
+        )
+    return Verdict(ShadowVerdict.ABORTED, Reason.MANUAL_ABORT, "Aborted by `kubeinfer abort`.")
 
 
 def plan_rollout(

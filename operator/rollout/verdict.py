@@ -28,24 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from kubeinfer.operator.api.v1alpha1.conditions import Reason
 from kubeinfer.operator.api.v1alpha1.enums import ShadowVerdict
 from kubeinfer.operator.api.v1alpha1.inference_deployment import ShadowSpec
 from kubeinfer.operator.state.shadow_readings import ShadowAggregates
-
-
-class Reasons:
-    """The verdict's reasons (CamelCase words, as condition reasons are)."""
-
-    RUNNING = "ShadowRunning"
-    METRICS_UNAVAILABLE = "MetricsUnavailable"
-    OUTPUT_MISMATCH = "OutputMismatch"
-    DIFFERENCE_TOO_LARGE = "DifferenceTooLarge"
-    TOP1_TOO_LOW = "Top1AgreementTooLow"
-    LATENCY_REGRESSION = "LatencyRegression"
-    NO_LATENCY = "LatencyNotMeasured"
-    INSUFFICIENT_SAMPLES = "InsufficientSamples"
-    THRESHOLDS_MET = "ThresholdsMet"
-    ENGINE_INCOMPATIBLE = "EngineIncompatible"
 
 
 @dataclass(frozen=True)
@@ -53,13 +39,13 @@ class Verdict:
     """Pending, Passed or Failed, with a reason and the figures that led to it."""
 
     outcome: ShadowVerdict
-    reason: str
+    reason: Reason
     message: str
 
 
 def engine_incompatible(message: str) -> Verdict:
     """The candidate's pods cannot load its engine (`message` says why): Failed now."""
-    return Verdict(ShadowVerdict.FAILED, Reasons.ENGINE_INCOMPATIBLE, message)
+    return Verdict(ShadowVerdict.FAILED, Reason.ENGINE_INCOMPATIBLE, message)
 
 
 def latency_regression_percent(aggregates: ShadowAggregates) -> float | None:
@@ -107,20 +93,20 @@ def judge(
         if deadline_passed:
             return Verdict(
                 ShadowVerdict.FAILED,
-                Reasons.INSUFFICIENT_SAMPLES,
+                Reason.INSUFFICIENT_SAMPLES,
                 f"No aggregates could be read in {shadow.max_duration_seconds} s "
                 "(maxDurationSeconds); the candidate is rolled back.",
             )
         return Verdict(
             ShadowVerdict.PENDING,
-            Reasons.METRICS_UNAVAILABLE,
+            Reason.METRICS_UNAVAILABLE,
             "The shadow's metrics cannot be read; the verdict waits.",
         )
     figures = summary(aggregates)
     if aggregates.mismatches:
         return Verdict(
             ShadowVerdict.FAILED,
-            Reasons.OUTPUT_MISMATCH,
+            Reason.OUTPUT_MISMATCH,
             f"{aggregates.mismatches} compared requests got outputs of another name, shape "
             f"or datatype from the candidate ({figures}).",
         )
@@ -128,7 +114,7 @@ def judge(
     if aggregates.max_abs_difference is not None and aggregates.max_abs_difference > limit:
         return Verdict(
             ShadowVerdict.FAILED,
-            Reasons.DIFFERENCE_TOO_LARGE,
+            Reason.DIFFERENCE_TOO_LARGE,
             f"Max |diff| {aggregates.max_abs_difference:.3g} is above "
             f"maxAbsoluteOutputDifference {limit:g} ({figures}).",
         )
@@ -140,13 +126,13 @@ def judge(
     if deadline_passed:
         return Verdict(
             ShadowVerdict.FAILED,
-            Reasons.INSUFFICIENT_SAMPLES,
+            Reason.INSUFFICIENT_SAMPLES,
             f"{aggregates.compared} of minSamples {shadow.min_samples} requests compared in "
             f"maxDurationSeconds {shadow.max_duration_seconds} ({figures}).",
         )
     return Verdict(
         ShadowVerdict.PENDING,
-        Reasons.RUNNING,
+        Reason.SHADOW_RUNNING,
         f"{aggregates.compared} of {shadow.min_samples} samples ({figures}).",
     )
 
@@ -158,7 +144,7 @@ def _judge_complete(shadow: ShadowSpec, aggregates: ShadowAggregates, figures: s
     if agreement is not None and agreement < thresholds.min_top1_agreement:
         return Verdict(
             ShadowVerdict.FAILED,
-            Reasons.TOP1_TOO_LOW,
+            Reason.TOP1_AGREEMENT_TOO_LOW,
             f"Top-1 agreement {agreement:.4f} is below minTop1Agreement "
             f"{thresholds.min_top1_agreement:g} ({figures}).",
         )
@@ -168,19 +154,19 @@ def _judge_complete(shadow: ShadowSpec, aggregates: ShadowAggregates, figures: s
         # series are incomplete (e.g. a scrape in between), so wait rather than judge.
         return Verdict(
             ShadowVerdict.PENDING,
-            Reasons.NO_LATENCY,
+            Reason.LATENCY_NOT_MEASURED,
             f"The p99 latencies are not available yet ({figures}).",
         )
     limit = thresholds.max_p99_latency_regression_percent
     if regression > limit:
         return Verdict(
             ShadowVerdict.FAILED,
-            Reasons.LATENCY_REGRESSION,
+            Reason.LATENCY_REGRESSION,
             f"The candidate's p99 is {regression:.1f} % above serving's, more than "
             f"maxP99LatencyRegressionPercent {limit:g} ({figures}).",
         )
     return Verdict(
         ShadowVerdict.PASSED,
-        Reasons.THRESHOLDS_MET,
+        Reason.THRESHOLDS_MET,
         f"All thresholds met on {aggregates.compared} requests ({figures}).",
     )

@@ -15,6 +15,8 @@ from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSigna
 from kubeinfer.operator.state.shadow_readings import ShadowReading
 
 KubeObject = dict[str, Any]
+"""An API object as the API server sends it (JSON decoded): what the operator reads and
+writes. The one definition; the client and every decision use it."""
 
 
 @dataclass(frozen=True)

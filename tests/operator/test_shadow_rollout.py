@@ -24,7 +24,6 @@ from kubeinfer.operator.rollout.shadow import (
     shadow_replaced_event,
     trial_key,
 )
-from kubeinfer.operator.rollout.verdict import Reasons
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.engine_state import ServingEngine
 from kubeinfer.operator.state.shadow_readings import ShadowAggregates, ShadowReading
@@ -177,7 +176,7 @@ def test_a_failed_candidate_is_rolled_back_and_not_tried_again():
     cluster.reading = ShadowReading(BAD)
     decision = cluster.reconcile(T0 + timedelta(minutes=12))
     record = cluster.status.candidate
-    assert (record.verdict, record.reason) == (ShadowVerdict.FAILED, Reasons.DIFFERENCE_TOO_LARGE)
+    assert (record.verdict, record.reason) == (ShadowVerdict.FAILED, Reason.DIFFERENCE_TOO_LARGE)
     assert record.max_absolute_difference == 3.0
     assert not cluster.has("Deployment", CANDIDATE)
     assert cluster.get("Deployment") == serving_before and served(cluster) == DIGEST_A
@@ -213,7 +212,7 @@ def test_too_few_samples_by_the_deadline_is_a_rollback():
     assert cluster.status.candidate.verdict == ShadowVerdict.PENDING
     assert cluster.status.candidate.samples == 3
     cluster.reconcile(T0 + timedelta(minutes=25))  # started at 10:31, 600 s max
-    assert cluster.status.candidate.reason == Reasons.INSUFFICIENT_SAMPLES
+    assert cluster.status.candidate.reason == Reason.INSUFFICIENT_SAMPLES
     assert not cluster.has("Deployment", CANDIDATE)
 
 
@@ -235,7 +234,7 @@ def test_the_candidate_record_carries_every_figure_in_its_unit():
     )
     cluster.reconcile(T0 + timedelta(minutes=12))
     record = cluster.status.candidate
-    assert record.reason == Reasons.OUTPUT_MISMATCH
+    assert record.reason == Reason.OUTPUT_MISMATCH
     # Errors and timeouts are both answers the candidate did not give; p99s in ms.
     assert (record.samples, record.mismatches, record.dropped, record.candidate_errors) == (
         20, 1, 4, 5,
@@ -273,7 +272,7 @@ def test_unreadable_metrics_keep_the_candidate_pending_and_say_why():
     cluster.reconcile(T0 + timedelta(minutes=12))
     record = cluster.status.candidate
     assert record.verdict == ShadowVerdict.PENDING
-    assert record.reason == Reasons.METRICS_UNAVAILABLE
+    assert record.reason == Reason.METRICS_UNAVAILABLE
     assert "did not answer" in record.message
     assert cluster.has("Deployment", CANDIDATE) and served(cluster) == DIGEST_A
     assert cluster.status.phase == Phase.SHADOWING

@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kubeinfer.operator.api.v1alpha1.conditions import Reason
 from kubeinfer.operator.api.v1alpha1.enums import ShadowVerdict
 from kubeinfer.operator.api.v1alpha1.inference_deployment import ShadowSpec
 from kubeinfer.operator.rollout.verdict import (
-    Reasons,
     judge,
     latency_regression_percent,
     summary,
@@ -51,36 +51,36 @@ def with_(**changes) -> ShadowAggregates:
     ("aggregates", "seconds", "outcome", "reason"),
     [
         # Enough samples, every threshold met.
-        (GOOD, 60, PASSED, Reasons.THRESHOLDS_MET),
+        (GOOD, 60, PASSED, Reason.THRESHOLDS_MET),
         # A classification-free model: top-1 does not apply, the rest decides.
-        (with_(top1_rows=0, top1_agreements=0), 60, PASSED, Reasons.THRESHOLDS_MET),
+        (with_(top1_rows=0, top1_agreements=0), 60, PASSED, Reason.THRESHOLDS_MET),
         # The candidate is faster: a negative regression passes.
-        (with_(candidate_p99_seconds=0.005), 60, PASSED, Reasons.THRESHOLDS_MET),
+        (with_(candidate_p99_seconds=0.005), 60, PASSED, Reason.THRESHOLDS_MET),
         # Exactly at the limits passes (limits are inclusive).
         (
             with_(max_abs_difference=0.05, top1_agreements=99, candidate_p99_seconds=0.011),
             60,
             PASSED,
-            Reasons.THRESHOLDS_MET,
+            Reason.THRESHOLDS_MET,
         ),
         # Too few samples yet: wait, whatever the figures so far.
-        (with_(compared=99, top1_agreements=50), 60, PENDING, Reasons.RUNNING),
+        (with_(compared=99, top1_agreements=50), 60, PENDING, Reason.SHADOW_RUNNING),
         # The largest difference can only grow: broken before minSamples fails at once.
-        (with_(compared=3, max_abs_difference=0.5), 1, FAILED, Reasons.DIFFERENCE_TOO_LARGE),
+        (with_(compared=3, max_abs_difference=0.5), 1, FAILED, Reason.DIFFERENCE_TOO_LARGE),
         # One request of another shape or datatype fails it at once, whatever the rest.
-        (with_(compared=1, mismatches=1), 1, FAILED, Reasons.OUTPUT_MISMATCH),
+        (with_(compared=1, mismatches=1), 1, FAILED, Reason.OUTPUT_MISMATCH),
         # Ratios and percentiles are judged at minSamples.
-        (with_(top1_agreements=98), 60, FAILED, Reasons.TOP1_TOO_LOW),
-        (with_(candidate_p99_seconds=0.0111), 60, FAILED, Reasons.LATENCY_REGRESSION),
+        (with_(top1_agreements=98), 60, FAILED, Reason.TOP1_AGREEMENT_TOO_LOW),
+        (with_(candidate_p99_seconds=0.0111), 60, FAILED, Reason.LATENCY_REGRESSION),
         # The deadline without minSamples fails (rolled back, never promoted).
-        (with_(compared=99), 600, FAILED, Reasons.INSUFFICIENT_SAMPLES),
-        (with_(compared=0, max_abs_difference=None), 601, FAILED, Reasons.INSUFFICIENT_SAMPLES),
+        (with_(compared=99), 600, FAILED, Reason.INSUFFICIENT_SAMPLES),
+        (with_(compared=0, max_abs_difference=None), 601, FAILED, Reason.INSUFFICIENT_SAMPLES),
         # Latencies missing at minSamples: wait, and fail at the deadline.
-        (with_(candidate_p99_seconds=None), 60, PENDING, Reasons.NO_LATENCY),
-        (with_(candidate_p99_seconds=None), 600, FAILED, Reasons.NO_LATENCY),
+        (with_(candidate_p99_seconds=None), 60, PENDING, Reason.LATENCY_NOT_MEASURED),
+        (with_(candidate_p99_seconds=None), 600, FAILED, Reason.LATENCY_NOT_MEASURED),
         # Metrics that cannot be read: wait; at the deadline, fail.
-        (None, 60, PENDING, Reasons.METRICS_UNAVAILABLE),
-        (None, 600, FAILED, Reasons.INSUFFICIENT_SAMPLES),
+        (None, 60, PENDING, Reason.METRICS_UNAVAILABLE),
+        (None, 600, FAILED, Reason.INSUFFICIENT_SAMPLES),
     ],
 )
 def test_the_verdict_table(aggregates, seconds, outcome, reason):
@@ -134,7 +134,7 @@ def test_a_p99_regression_exactly_at_the_limit_passes():
     )
     at_limit = with_(primary_p99_seconds=0.0625, candidate_p99_seconds=0.078125)
     verdict = judge(shadow, at_limit, T0, T0 + timedelta(seconds=60))
-    assert (verdict.outcome, verdict.reason) == (PASSED, Reasons.THRESHOLDS_MET)
+    assert (verdict.outcome, verdict.reason) == (PASSED, Reason.THRESHOLDS_MET)
     slower = with_(primary_p99_seconds=0.0625, candidate_p99_seconds=0.0782)
     assert judge(shadow, slower, T0, T0 + timedelta(seconds=60)).outcome == FAILED
 
