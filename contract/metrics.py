@@ -184,8 +184,8 @@ SHADOW_TOP1_AGREEMENTS = Series(
     SHADOW_LABELS,
     "Compared rows whose argmax agreed.",
 )
-SHADOW_PRIMARY_DURATION = Series(
-    "kubeinfer_shadow_primary_duration_seconds",
+SHADOW_SERVING_DURATION = Series(
+    "kubeinfer_shadow_serving_duration_seconds",
     "histogram",
     SHADOW_LABELS,
     "This runtime's own server time of each compared request.",

@@ -189,7 +189,7 @@ class MirrorPolicy(ApiModel):
     are dropped, so a mirror never holds more memory than this."""
 
     timeout_milliseconds: int = Field(default=2000, ge=1, le=600_000)
-    """Longest the primary waits for the candidate's answer to one mirrored request."""
+    """Longest the serving runtime waits for the candidate's answer to one mirrored request."""
 
 
 class MirrorTarget(ApiModel):

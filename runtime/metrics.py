@@ -43,7 +43,7 @@ operator reads these names:
 | kubeinfer_shadow_cosine_similarity | histogram | per request, the worst row's cosine |
 | kubeinfer_shadow_top1_rows_total | counter | rows of outputs with classes compared |
 | kubeinfer_shadow_top1_agreements_total | counter | of those, rows whose argmax agreed |
-| kubeinfer_shadow_primary_duration_seconds | histogram | this runtime's server time |
+| kubeinfer_shadow_serving_duration_seconds | histogram | this runtime's server time |
 | kubeinfer_shadow_candidate_duration_seconds | histogram | the candidate's server time |
 
 `outcome` is `compared`, `dropped` (no room in the mirror's queue), `candidate_error` (a

@@ -269,9 +269,9 @@ SHADOW_TOP1_AGREEMENTS = NamedQuery(
     "shadow_top1_agreements", "Of those rows, the ones whose argmax agreed.",
     series.SHADOW_TOP1_AGREEMENTS.total, SUM_SO_FAR, per_candidate=True,
 )  # fmt: skip
-SHADOW_PRIMARY_P99 = NamedQuery(
-    "shadow_primary_p99_seconds", "p99 of the serving runtime's time on mirrored requests.",
-    series.SHADOW_PRIMARY_DURATION.name, P99_SO_FAR, per_candidate=True,
+SHADOW_SERVING_P99 = NamedQuery(
+    "shadow_serving_p99_seconds", "p99 of the serving runtime's time on mirrored requests.",
+    series.SHADOW_SERVING_DURATION.name, P99_SO_FAR, per_candidate=True,
 )  # fmt: skip
 SHADOW_CANDIDATE_P99 = NamedQuery(
     "shadow_candidate_p99_seconds", "p99 of the candidate's own time on the same requests.",
@@ -308,7 +308,7 @@ GPU_MEMORY_USED_RATIO = NamedQuery(
 SHADOW_QUERIES: tuple[NamedQuery, ...] = (
     SHADOW_COMPARED, SHADOW_MISMATCHES, SHADOW_DROPPED, SHADOW_CANDIDATE_ERRORS,
     SHADOW_TIMEOUTS, SHADOW_MAX_ABS_DIFFERENCE, SHADOW_TOP1_ROWS, SHADOW_TOP1_AGREEMENTS,
-    SHADOW_PRIMARY_P99, SHADOW_CANDIDATE_P99,
+    SHADOW_SERVING_P99, SHADOW_CANDIDATE_P99,
 )  # fmt: skip
 GENERAL_QUERIES: tuple[NamedQuery, ...] = (
     REQUEST_P99, QUEUE_DEPTH, REQUESTS_IN_PROGRESS_PER_REPLICA, GPU_MEMORY_USED_RATIO,

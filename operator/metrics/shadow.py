@@ -55,6 +55,6 @@ async def read_shadow_aggregates(
         max_abs_difference=values[q.SHADOW_MAX_ABS_DIFFERENCE.name] if compared else None,
         top1_rows=count(q.SHADOW_TOP1_ROWS),
         top1_agreements=count(q.SHADOW_TOP1_AGREEMENTS),
-        primary_p99_seconds=values[q.SHADOW_PRIMARY_P99.name],
+        serving_p99_seconds=values[q.SHADOW_SERVING_P99.name],
         candidate_p99_seconds=values[q.SHADOW_CANDIDATE_P99.name],
     )

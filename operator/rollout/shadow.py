@@ -130,7 +130,7 @@ def _record(
             candidate_errors=aggregates.candidate_errors + aggregates.timeouts,
             top1_agreement=aggregates.top1_agreement,
             max_absolute_difference=aggregates.max_abs_difference,
-            serving_p99_milliseconds=_milliseconds(aggregates.primary_p99_seconds),
+            serving_p99_milliseconds=_milliseconds(aggregates.serving_p99_seconds),
             candidate_p99_milliseconds=_milliseconds(aggregates.candidate_p99_seconds),
         )
     return previous.model_copy(update=update)

@@ -51,7 +51,7 @@ def engine_incompatible(message: str) -> Verdict:
 def latency_regression_percent(aggregates: ShadowAggregates) -> float | None:
     """How much slower the candidate's p99 is than serving's, in percent (negative:
     faster); None when either was not measured."""
-    serving, candidate = aggregates.primary_p99_seconds, aggregates.candidate_p99_seconds
+    serving, candidate = aggregates.serving_p99_seconds, aggregates.candidate_p99_seconds
     if serving is None or candidate is None:
         return None
     if serving <= 0:
@@ -66,10 +66,10 @@ def summary(aggregates: ShadowAggregates) -> str:
         parts.append(f"max |diff| {aggregates.max_abs_difference:.3g}")
     if aggregates.top1_agreement is not None:
         parts.append(f"top-1 agreement {aggregates.top1_agreement:.4f}")
-    if aggregates.primary_p99_seconds is not None and aggregates.candidate_p99_seconds is not None:
+    if aggregates.serving_p99_seconds is not None and aggregates.candidate_p99_seconds is not None:
         parts.append(
             f"p99 {aggregates.candidate_p99_seconds * 1e3:.2f} ms vs serving "
-            f"{aggregates.primary_p99_seconds * 1e3:.2f} ms"
+            f"{aggregates.serving_p99_seconds * 1e3:.2f} ms"
         )
     lost = aggregates.candidate_errors + aggregates.timeouts
     if lost:

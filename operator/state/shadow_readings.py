@@ -41,7 +41,7 @@ class ShadowAggregates:
     top1_agreements: int = 0
     """Of those rows, the ones whose argmax agreed."""
 
-    primary_p99_seconds: float | None = None
+    serving_p99_seconds: float | None = None
     """p99 latency of the serving runtime on the mirrored requests."""
 
     candidate_p99_seconds: float | None = None

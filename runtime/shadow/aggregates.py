@@ -48,7 +48,7 @@ class ShadowMetrics:
         self.cosine_similarity = family(series.SHADOW_COSINE_SIMILARITY, r)
         self.top1_rows = family(series.SHADOW_TOP1_ROWS, r)
         self.top1_agreements = family(series.SHADOW_TOP1_AGREEMENTS, r)
-        self.primary_duration = family(series.SHADOW_PRIMARY_DURATION, r)
+        self.serving_duration = family(series.SHADOW_SERVING_DURATION, r)
         self.candidate_duration = family(series.SHADOW_CANDIDATE_DURATION, r)
 
     def remove(self, values: tuple[str, ...]) -> None:
@@ -58,7 +58,7 @@ class ShadowMetrics:
         for metric in (
             self.mismatches, self.max_abs_difference, self.abs_difference,
             self.cosine_similarity, self.top1_rows, self.top1_agreements,
-            self.primary_duration, self.candidate_duration,
+            self.serving_duration, self.candidate_duration,
         ):  # fmt: skip
             _remove(metric, values)
 
@@ -106,7 +106,7 @@ class RunningAggregates:
         self._cosine_series = metrics.cosine_similarity.labels(*v)
         self._rows_series = metrics.top1_rows.labels(*v)
         self._agreements_series = metrics.top1_agreements.labels(*v)
-        self._primary_series = metrics.primary_duration.labels(*v)
+        self._serving_series = metrics.serving_duration.labels(*v)
         self._candidate_series = metrics.candidate_duration.labels(*v)
         self._closed = False
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
@@ -118,7 +118,7 @@ class RunningAggregates:
         self._valued = 0  # compared requests that were not mismatches
         self.top1_rows = 0
         self.top1_agreements = 0
-        self._primary = _LatencyBuckets()
+        self._serving = _LatencyBuckets()
         self._candidate = _LatencyBuckets()
 
     @property
@@ -133,15 +133,15 @@ class RunningAggregates:
         self._outcome_series[outcome].inc()
 
     def record_comparison(
-        self, comparison: RequestComparison, primary_seconds: float, candidate_seconds: float
+        self, comparison: RequestComparison, serving_seconds: float, candidate_seconds: float
     ) -> None:
         """A compared request: its comparison and both sides' server times."""
         if self._closed:
             return
         self.outcomes["compared"] += 1
         self._outcome_series["compared"].inc()
-        self._primary.observe(primary_seconds)
-        self._primary_series.observe(primary_seconds)
+        self._serving.observe(serving_seconds)
+        self._serving_series.observe(serving_seconds)
         self._candidate.observe(candidate_seconds)
         self._candidate_series.observe(candidate_seconds)
         if comparison.mismatch is not None:
@@ -198,7 +198,7 @@ class RunningAggregates:
                 "agreement": self.top1_agreements / self.top1_rows if self.top1_rows else None,
             },
             "latency": {
-                "primaryP99Seconds": self._primary.quantile(0.99),
+                "servingP99Seconds": self._serving.quantile(0.99),
                 "candidateP99Seconds": self._candidate.quantile(0.99),
             },
         }
@@ -218,5 +218,5 @@ def inactive_status(serving_version: str) -> dict[str, Any]:
         "minCosineSimilarity": None,
         "meanCosineSimilarity": None,
         "top1": {"rows": 0, "agreements": 0, "agreement": None},
-        "latency": {"primaryP99Seconds": None, "candidateP99Seconds": None},
+        "latency": {"servingP99Seconds": None, "candidateP99Seconds": None},
     }

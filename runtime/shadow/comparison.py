@@ -49,25 +49,25 @@ class RequestComparison:
 
 
 def _kind_mismatch(
-    name: str, primary: tuple[str, np.ndarray], candidate: tuple[str, np.ndarray]
+    name: str, serving: tuple[str, np.ndarray], candidate: tuple[str, np.ndarray]
 ) -> str | None:
-    (p_type, p_data), (c_type, c_data) = primary, candidate
-    if p_type != c_type:
-        return f"output {name!r}: datatype {c_type}, the serving model answers {p_type}"
-    if p_data.shape != c_data.shape:
+    (s_type, s_data), (c_type, c_data) = serving, candidate
+    if s_type != c_type:
+        return f"output {name!r}: datatype {c_type}, the serving model answers {s_type}"
+    if s_data.shape != c_data.shape:
         return (
             f"output {name!r}: shape {list(c_data.shape)}, the serving model answers "
-            f"{list(p_data.shape)}"
+            f"{list(s_data.shape)}"
         )
     return None
 
 
-def compare_request(primary: Outputs, candidate: Outputs) -> RequestComparison:
-    """The candidate's outputs against the serving engine's (`primary`) for one request."""
-    missing = sorted(set(primary) - set(candidate))
+def compare_request(serving: Outputs, candidate: Outputs) -> RequestComparison:
+    """The candidate's outputs against the serving engine's for one request."""
+    missing = sorted(set(serving) - set(candidate))
     if missing:
         return RequestComparison(mismatch=f"output {missing[0]!r} is missing from the answer")
-    extra = sorted(set(candidate) - set(primary))
+    extra = sorted(set(candidate) - set(serving))
     if extra:
         return RequestComparison(
             mismatch=f"output {extra[0]!r} is not an output of the serving model"
@@ -75,11 +75,11 @@ def compare_request(primary: Outputs, candidate: Outputs) -> RequestComparison:
     max_diff = sum_diff = 0.0
     elements = rows = agreements = 0
     min_cosine = 1.0
-    for name in sorted(primary):
-        problem = _kind_mismatch(name, primary[name], candidate[name])
+    for name in sorted(serving):
+        problem = _kind_mismatch(name, serving[name], candidate[name])
         if problem is not None:
             return RequestComparison(mismatch=problem)
-        reference, answer = primary[name][1], candidate[name][1]
+        reference, answer = serving[name][1], candidate[name][1]
         if reference.ndim == 0:  # a scalar output: one row of one element
             reference, answer = reference.reshape(1), answer.reshape(1)
         if reference.shape[0] == 0:

@@ -60,10 +60,10 @@ class MirroredRequest:
     inputs: Outputs
     """Its decoded inputs by name, as (datatype, array)."""
 
-    primary: Outputs
+    serving: Outputs
     """This runtime's outputs by name, as (datatype, array)."""
 
-    primary_seconds: float
+    serving_seconds: float
     """This runtime's server time for it."""
 
     nbytes: int
@@ -148,7 +148,7 @@ class Mirror:
             for i in range(concurrency)
         ]
 
-    def offer(self, inputs: Outputs, primary: Outputs, primary_seconds: float) -> None:
+    def offer(self, inputs: Outputs, serving: Outputs, serving_seconds: float) -> None:
         """Samples one answered request and queues it if there is room (else `dropped`).
         Never blocks; the arrays are kept as they are (the caller does not reuse them)."""
         if self._closed or not self._sampler.take():
@@ -156,12 +156,12 @@ class Mirror:
         if self._unreachable():
             self._aggregates.record_outcome("candidate_error")  # not tried: see the module
             return
-        nbytes = tensor_bytes(inputs, primary)
+        nbytes = tensor_bytes(inputs, serving)
         if self._queue.qsize() >= self._max_queue or self._queued_bytes + nbytes > self._max_bytes:
             self._aggregates.record_outcome("dropped")
             return
         self._queued_bytes += nbytes
-        self._queue.put_nowait(MirroredRequest(inputs, primary, primary_seconds, nbytes))
+        self._queue.put_nowait(MirroredRequest(inputs, serving, serving_seconds, nbytes))
 
     async def close(self) -> None:
         """Cancels the work in flight, discards the queue, closes the connections."""
@@ -254,12 +254,12 @@ class Mirror:
             self._failed("candidate_error", f"unreadable answer: {error}")
             return
         candidate = {o.name: (o.datatype, o.data) for o in answer.outputs}
-        comparison = compare_request(request.primary, candidate)
+        comparison = compare_request(request.serving, candidate)
         if self._closed:
             return
         candidate_seconds = parse_server_timing(timing)
         self._aggregates.record_comparison(
             comparison,
-            request.primary_seconds,
+            request.serving_seconds,
             round_trip if candidate_seconds is None else candidate_seconds,
         )

@@ -6,25 +6,25 @@ A script, not a test (nothing here is named test_*, so pytest never collects it)
     .venv/bin/python tests/benchmarks/bench_shadow.py [--quick] [--rounds 3] [--no-pin]
         [--model small-mlp|memory-bound-mlp]
 
-The primary serves a demo MLP's fp32 engine (the overhead-bound small one by default, where
+The serving serves a demo MLP's fp32 engine (the overhead-bound small one by default, where
 a served request costs the least and the mirror's own cost shows the most), the candidate
 its int8 engine, both built through the engine cache and started as `kubeinfer serve`
-processes on loopback; the primary's `--mirror-target-file` is rewritten between runs
+processes on loopback; the serving's `--mirror-target-file` is rewritten between runs
 (atomically, as kubelet does) to mirror 0 % (an empty file: mirroring off), 10 % or 100 %,
 and each run starts once /v2/shadow shows the new share. 32 closed-loop clients (the cheap raw-HTTP
 generator in `loadgen.py`) send single-item JSON requests. The three shares run in
 `--rounds` interleaved rounds, in a rotating order, so drift on a shared machine falls
 on every share alike; each figure is the median over the rounds.
 
-Per share: throughput, p50/p99 at the client, the primary's and the candidate's CPU per
-primary request (from /proc), and what /v2/shadow counted (compared, dropped). The
-primary's CPU per request is the cost of the mirror itself (encoding the candidate's
+Per share: throughput, p50/p99 at the client, the serving's and the candidate's CPU per
+serving request (from /proc), and what /v2/shadow counted (compared, dropped). The
+serving's CPU per request is the cost of the mirror itself (encoding the candidate's
 request, the HTTP client, decoding and comparing), which throughput alone hides on a
 2-core machine where the candidate takes its CPU from the same cores.
 
-Pinning (`--pin`, the default): the primary runs alone on CPU 0, the candidate and this
+Pinning (`--pin`, the default): the serving runs alone on CPU 0, the candidate and this
 load generator share CPU 1, each server with one ONNX Runtime thread, so the candidate's
-work does not take the primary's core and the throughput ratio shows the mirror's own
+work does not take the serving's core and the throughput ratio shows the mirror's own
 cost; with `--no-pin` all share both cores (two threads each), as an unpinned pod would.
 """
 
@@ -72,9 +72,9 @@ def shadow_status(port: int) -> dict:
 
 
 def set_share(
-    mirror_file: Path, primary_port: int, candidate_port: int, share: int, model: str
+    mirror_file: Path, serving_port: int, candidate_port: int, share: int, model: str
 ) -> None:
-    """Rewrites the mirror file for `share` % and waits until the primary shows it."""
+    """Rewrites the mirror file for `share` % and waits until the serving shows it."""
     content = "" if share == 0 else json.dumps({"target": {
         "url": f"http://{HOST}:{candidate_port}", "modelName": model,
         "candidateVersion": "int8", "candidateDigest": f"bench-{share}-{time.monotonic_ns()}",
@@ -85,11 +85,11 @@ def set_share(
     os.replace(staging, mirror_file)
     deadline = time.monotonic() + 10
     while True:
-        status = shadow_status(primary_port)
+        status = shadow_status(serving_port)
         if (share == 0 and not status["active"]) or status["trafficPercent"] == share:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the primary did not take the {share} % target: {status}")
+            raise RuntimeError(f"the serving did not take the {share} % target: {status}")
         time.sleep(0.02)
 
 
@@ -99,7 +99,7 @@ class Run:
     throughput: float
     p50_ms: float
     p99_ms: float
-    primary_cpu_ms: float
+    serving_cpu_ms: float
     candidate_cpu_ms: float
     compared: int
     dropped: int
@@ -108,21 +108,21 @@ class Run:
     max_abs_difference: float | None
 
 
-def one_run(args, share, primary, candidate, mirror_file, requests) -> Run:
-    set_share(mirror_file, primary.spec.port, candidate.spec.port, share, args.model)
+def one_run(args, share, serving, candidate, mirror_file, requests) -> Run:
+    set_share(mirror_file, serving.spec.port, candidate.spec.port, share, args.model)
     marks: dict[str, tuple[float, float]] = {}
 
     def mark(name: str) -> None:
-        marks[name] = (process_cpu_seconds(primary.process.pid),
+        marks[name] = (process_cpu_seconds(serving.process.pid),
                        process_cpu_seconds(candidate.process.pid))  # fmt: skip
 
     result = asyncio.run(
         run_closed_loop(
-            HOST, primary.spec.port, requests, args.clients, args.warmup, args.duration,
+            HOST, serving.spec.port, requests, args.clients, args.warmup, args.duration,
             on_window_start=lambda: mark("start"), on_window_end=lambda: mark("end"),
         )
     )  # fmt: skip
-    status = shadow_status(primary.spec.port)
+    status = shadow_status(serving.spec.port)
     done = max(1, result.completed + result.errors)
     (p0, c0), (p1, c1) = marks["start"], marks["end"]
     run = Run(
@@ -130,7 +130,7 @@ def one_run(args, share, primary, candidate, mirror_file, requests) -> Run:
         throughput=result.throughput,
         p50_ms=result.percentile_ms(50),
         p99_ms=result.percentile_ms(99),
-        primary_cpu_ms=(p1 - p0) / done * 1000,
+        serving_cpu_ms=(p1 - p0) / done * 1000,
         candidate_cpu_ms=(c1 - c0) / done * 1000,
         compared=status["requests"]["compared"],
         dropped=status["requests"]["dropped"],
@@ -139,7 +139,7 @@ def one_run(args, share, primary, candidate, mirror_file, requests) -> Run:
         max_abs_difference=status["maxAbsDifference"],
     )
     print(f"  {share:>3} %: {run.throughput:7.0f} req/s  p50 {run.p50_ms:6.2f} ms  "
-          f"p99 {run.p99_ms:6.2f} ms  primary CPU {run.primary_cpu_ms:5.3f} ms/req  "
+          f"p99 {run.p99_ms:6.2f} ms  serving CPU {run.serving_cpu_ms:5.3f} ms/req  "
           f"candidate CPU {run.candidate_cpu_ms:5.3f} ms/req  compared {run.compared}  "
           f"dropped {run.dropped}  errors {run.errors}", flush=True)  # fmt: skip
     return run
@@ -151,14 +151,14 @@ def table(runs: list[Run]) -> str:
     def median(share: int, field: str) -> float:
         return statistics.median(getattr(r, field) for r in by_share[share])
 
-    base_throughput, base_cpu = median(0, "throughput"), median(0, "primary_cpu_ms")
+    base_throughput, base_cpu = median(0, "throughput"), median(0, "serving_cpu_ms")
     lines = [
-        "| mirrored | req/s | vs 0 % | p50 ms | p99 ms | primary CPU ms/req | vs 0 % "
+        "| mirrored | req/s | vs 0 % | p50 ms | p99 ms | serving CPU ms/req | vs 0 % "
         "| candidate CPU ms/req | compared | dropped |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for share in SHARES:
-        throughput, cpu = median(share, "throughput"), median(share, "primary_cpu_ms")
+        throughput, cpu = median(share, "throughput"), median(share, "serving_cpu_ms")
         lines.append(
             f"| {share} % | {throughput:.0f} | {throughput / base_throughput:.3f} "
             f"| {median(share, 'p50_ms'):.2f} | {median(share, 'p99_ms'):.2f} "
@@ -181,7 +181,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--pin",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="primary alone on CPU 0; candidate and load generator on CPU 1",
+        help="serving alone on CPU 0; candidate and load generator on CPU 1",
     )
     args = parser.parse_args(argv)
     args.duration = args.duration or (2.0 if args.quick else 5.0)
@@ -210,12 +210,12 @@ def main(argv: list[str] | None = None) -> int:
     mirror_file = work / "mirror" / "target.json"
     mirror_file.parent.mkdir(parents=True, exist_ok=True)
     mirror_file.write_text("")
-    primary_spec = kubeinfer_spec(
+    serving_spec = kubeinfer_spec(
         model, args.model, threads, engine=(digests["fp32"], work / "cache"),
         extra_args=("--execution-slots", "1", "--mirror-target-file", str(mirror_file),
                     "--mirror-poll-interval-milliseconds", "100"),
     )  # fmt: skip
-    primary_spec.label = "primary"
+    serving_spec.label = "serving"
     candidate_spec = kubeinfer_spec(
         model, args.model, threads, engine=(digests["int8"], work / "cache"),
         extra_args=("--execution-slots", "1"),
@@ -224,24 +224,24 @@ def main(argv: list[str] | None = None) -> int:
     items = np.random.default_rng(7).standard_normal((16, width)).astype(np.float32)
     print(f"kubeinfer shadow benchmark: {args.model}, {args.clients} closed-loop clients, "
           f"{args.rounds} rounds of {args.warmup:g} s + {args.duration:g} s per share, "
-          f"{'pinned: primary CPU 0, candidate + load CPU 1' if pinned else 'unpinned'}, "
+          f"{'pinned: serving CPU 0, candidate + load CPU 1' if pinned else 'unpinned'}, "
           f"{threads} ONNX Runtime thread(s) per server", flush=True)  # fmt: skip
     log_dir = work / "logs"
     runs: list[Run] = []
-    with ServerProcess(primary_spec, log_dir) as primary, \
+    with ServerProcess(serving_spec, log_dir) as serving, \
             ServerProcess(candidate_spec, log_dir) as candidate:  # fmt: skip
-        assert primary.process is not None and candidate.process is not None
+        assert serving.process is not None and candidate.process is not None
         if pinned:
-            pin(primary.process.pid, {0})
+            pin(serving.process.pid, {0})
             pin(candidate.process.pid, {1})
             os.sched_setaffinity(0, {1})
-        requests = [encode_json_infer(HOST, primary_spec.port, args.model, "input", x)
+        requests = [encode_json_infer(HOST, serving_spec.port, args.model, "input", x)
                     for x in items]  # fmt: skip
         for index in range(args.rounds):
             order = SHARES[index % 3 :] + SHARES[: index % 3]
             print(f"round {index + 1}", flush=True)
             for share in order:
-                runs.append(one_run(args, share, primary, candidate, mirror_file, requests))
+                runs.append(one_run(args, share, serving, candidate, mirror_file, requests))
     print("\n" + table(runs))
     last = [r for r in runs if r.share == 100][-1]
     print(f"\n(compared and dropped: summed over the rounds, warm-up included; the int8 "

@@ -181,10 +181,10 @@ async def test_both_sources_read_what_the_runtimes_counted(
     assert expected.compared == sum(REQUESTS) - too_large  # nothing dropped or late here
     assert expected.top1_rows > expected.top1_agreements > 0  # other weights: some disagree
     for aggregates in (from_prometheus, direct):
-        p99s = aggregates.primary_p99_seconds, aggregates.candidate_p99_seconds
+        p99s = aggregates.serving_p99_seconds, aggregates.candidate_p99_seconds
         assert all(p is not None and 0 < p < 1 for p in p99s), p99s
-        assert replace(aggregates, primary_p99_seconds=None, candidate_p99_seconds=None) == expected
-    assert direct.primary_p99_seconds == pytest.approx(from_prometheus.primary_p99_seconds)
+        assert replace(aggregates, serving_p99_seconds=None, candidate_p99_seconds=None) == expected
+    assert direct.serving_p99_seconds == pytest.approx(from_prometheus.serving_p99_seconds)
     assert direct.candidate_p99_seconds == pytest.approx(from_prometheus.candidate_p99_seconds)
 
 

@@ -40,7 +40,7 @@ GOOD = ShadowAggregates(
     max_abs_difference=0.001,
     top1_rows=60,
     top1_agreements=60,
-    primary_p99_seconds=0.01,
+    serving_p99_seconds=0.01,
     candidate_p99_seconds=0.01,
 )
 BAD = ShadowAggregates(compared=5, max_abs_difference=3.0)
@@ -228,7 +228,7 @@ def test_the_candidate_record_carries_every_figure_in_its_unit():
             max_abs_difference=0.002,
             top1_rows=20,
             top1_agreements=19,
-            primary_p99_seconds=0.0125,
+            serving_p99_seconds=0.0125,
             candidate_p99_seconds=0.015,
         )
     )

@@ -37,7 +37,7 @@ GOOD = ShadowAggregates(
     max_abs_difference=0.01,
     top1_rows=100,
     top1_agreements=100,
-    primary_p99_seconds=0.010,
+    serving_p99_seconds=0.010,
     candidate_p99_seconds=0.0105,
 )
 PASSED, FAILED, PENDING = ShadowVerdict.PASSED, ShadowVerdict.FAILED, ShadowVerdict.PENDING
@@ -132,10 +132,10 @@ def test_a_p99_regression_exactly_at_the_limit_passes():
             )
         }
     )
-    at_limit = with_(primary_p99_seconds=0.0625, candidate_p99_seconds=0.078125)
+    at_limit = with_(serving_p99_seconds=0.0625, candidate_p99_seconds=0.078125)
     verdict = judge(shadow, at_limit, T0, T0 + timedelta(seconds=60))
     assert (verdict.outcome, verdict.reason) == (PASSED, Reason.THRESHOLDS_MET)
-    slower = with_(primary_p99_seconds=0.0625, candidate_p99_seconds=0.0782)
+    slower = with_(serving_p99_seconds=0.0625, candidate_p99_seconds=0.0782)
     assert judge(shadow, slower, T0, T0 + timedelta(seconds=60)).outcome == FAILED
 
 
@@ -149,7 +149,7 @@ def test_the_summary_names_every_figure_in_its_unit():
         max_abs_difference=0.0123,
         top1_rows=100,
         top1_agreements=99,
-        primary_p99_seconds=0.0125,
+        serving_p99_seconds=0.0125,
         candidate_p99_seconds=0.0135,
     )
     assert summary(aggregates) == (
@@ -163,7 +163,7 @@ def test_the_summary_names_every_figure_in_its_unit():
 
 def test_latency_regression_is_relative_to_serving():
     assert latency_regression_percent(with_(candidate_p99_seconds=0.012)) == pytest.approx(20)
-    assert latency_regression_percent(with_(primary_p99_seconds=None)) is None
+    assert latency_regression_percent(with_(serving_p99_seconds=None)) is None
 
 
 @pytest.mark.parametrize(
@@ -177,7 +177,7 @@ def test_latency_regression_is_relative_to_serving():
     ],
 )
 def test_a_zero_serving_p99_is_judged_without_dividing_by_it(candidate_p99, regression, outcome):
-    aggregates = with_(primary_p99_seconds=0.0, candidate_p99_seconds=candidate_p99)
+    aggregates = with_(serving_p99_seconds=0.0, candidate_p99_seconds=candidate_p99)
     assert latency_regression_percent(aggregates) == regression
     assert judge(SHADOW, aggregates, T0, T0 + timedelta(seconds=60)).outcome == outcome
 
@@ -189,7 +189,7 @@ aggregates_strategy = st.builds(
     max_abs_difference=st.none() | st.floats(0, 1),
     top1_rows=st.integers(0, 300),
     top1_agreements=st.integers(0, 300),
-    primary_p99_seconds=st.none() | st.floats(0.0001, 1),
+    serving_p99_seconds=st.none() | st.floats(0.0001, 1),
     candidate_p99_seconds=st.none() | st.floats(0.0001, 1),
 ).filter(lambda a: a.top1_agreements <= a.top1_rows)
 

@@ -172,14 +172,14 @@ def test_status_and_metrics_say_the_same_thing() -> None:
     assert series(scraped, "kubeinfer_shadow_top1_rows_total")[None] == 80
     assert series(scraped, "kubeinfer_shadow_top1_agreements_total")[None] == 72
     latency = status["latency"]
-    assert latency["primaryP99Seconds"] == p99_from_scrape(
-        scraped, "kubeinfer_shadow_primary_duration_seconds"
+    assert latency["servingP99Seconds"] == p99_from_scrape(
+        scraped, "kubeinfer_shadow_serving_duration_seconds"
     )
     assert latency["candidateP99Seconds"] == p99_from_scrape(
         scraped, "kubeinfer_shadow_candidate_duration_seconds"
     )
     # 41 observations (the mismatch too) with the largest at 0.5 s: p99 in its bucket
-    assert 0.4 < latency["primaryP99Seconds"] <= 0.5 * 2 ** (1 / 6)
+    assert 0.4 < latency["servingP99Seconds"] <= 0.5 * 2 ** (1 / 6)
 
 
 def test_closing_a_candidate_removes_its_series_and_only_its() -> None:
@@ -204,7 +204,7 @@ def test_nothing_compared_yet_is_null_rather_than_zero() -> None:
     assert status["active"] and status["candidate"]["digest"] == TARGET.candidate_digest
     assert status["maxAbsDifference"] is None and status["meanCosineSimilarity"] is None
     assert status["top1"]["agreement"] is None
-    assert status["latency"] == {"primaryP99Seconds": None, "candidateP99Seconds": None}
+    assert status["latency"] == {"servingP99Seconds": None, "candidateP99Seconds": None}
 
 
 # --------------------------------------------------------------------------- target file

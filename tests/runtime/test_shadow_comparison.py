@@ -83,12 +83,12 @@ def test_all_zero_rows_are_identical_and_zero_against_non_zero_shares_nothing() 
 
 
 def test_several_outputs_report_the_worst_of_them() -> None:
-    primary = {"a": ("FP32", LOGITS), "b": ("FP32", np.ones((4, 2), np.float32))}
+    serving = {"a": ("FP32", LOGITS), "b": ("FP32", np.ones((4, 2), np.float32))}
     candidate = {
         "a": ("FP32", LOGITS + 0.1),
         "b": ("FP32", np.array([[1, 1], [1, -1]] * 2, np.float32)),
     }
-    result = compare_request(primary, candidate)
+    result = compare_request(serving, candidate)
     assert result.max_abs_difference == pytest.approx(2.0)
     assert result.min_cosine == pytest.approx(0.0, abs=1e-12)  # [1,1] against [1,-1]
     assert result.top1_rows == 8 and result.elements == 48

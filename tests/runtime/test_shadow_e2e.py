@@ -1,6 +1,6 @@
 """Shadow mirroring between real `kubeinfer serve` processes on loopback.
 
-A primary serves the tiny demo model's fp32 engine (built into a cache with
+A serving serves the tiny demo model's fp32 engine (built into a cache with
 `build_engine`) with `--mirror-target-file`; its candidates are the int8 engine of the
 same model, the same architecture built with another seed (same tensor names, other
 weights), a candidate stopped mid-run, and a scripted server that answers too late.
@@ -15,8 +15,8 @@ Load comes from `tritonclient.http` and from the demo's async load generator. Co
   intervals (1 s is allowed for a 100 ms interval on a busy 2-core box), restarting the
   aggregates and removing the old candidate's series; an invalid file keeps the target
   and is logged once, the process serving on;
-- a candidate stopped mid-run and one slower than the mirror's timeout: every primary
-  answer is 200, errors, timeouts and drops are counted, and the primary's p99 (at the
+- a candidate stopped mid-run and one slower than the mirror's timeout: every serving
+  answer is 200, errors, timeouts and drops are counted, and the serving's p99 (at the
   client) with mirroring (100 % of requests) to either is within 10 % + 1 ms of its p99
   without in the median of 8 interleaved rounds of one run, each round's blocks compared
   with each other (the 1 ms absolute slack, and the median round, keep a shared 2-core
@@ -154,7 +154,7 @@ def wait_ready(*processes: Process) -> None:
 
 @dataclass
 class Shadows:
-    primary: Process
+    serving: Process
     int8: Process
     other: Process
     slow: Process
@@ -180,7 +180,7 @@ def shadows(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shadows]:
     mirror_file.parent.mkdir()
     slow_port = free_port()
     processes = [
-        serve(root, "primary", "--engine", digests["fp32"], "--cache", str(cache),
+        serve(root, "serving", "--engine", digests["fp32"], "--cache", str(cache),
               "--mirror-target-file", str(mirror_file),
               "--mirror-poll-interval-milliseconds", str(POLL_MS)),
         serve(root, "int8", "--engine", digests["int8"], "--cache", str(cache)),
@@ -213,15 +213,15 @@ def write_target(
 
 
 def switch(shadows: Shadows, to: Process | None, digest: str = "", **kwargs: int) -> float:
-    """Points the primary at `to` (from zero: a candidate already mirrored to is switched
+    """Points the serving at `to` (from zero: a candidate already mirrored to is switched
     off first) and returns how long until /v2/shadow showed it."""
-    current = shadows.primary.shadow()["candidate"]
+    current = shadows.serving.shadow()["candidate"]
     if to is not None and current and (current["url"], current["digest"]) == (to.url, digest):
         switch(shadows, None)
     written = time.monotonic()
     write_target(shadows, to, digest, **kwargs)
     while True:
-        status = shadows.primary.shadow()
+        status = shadows.serving.shadow()
         if (to is None and not status["active"]) or (
             to is not None
             and status["candidate"]
@@ -239,7 +239,7 @@ def infer_many(shadows: Shadows, count: int, seed: int) -> list[np.ndarray]:
     every answer must be 200."""
 
     def one(i: int) -> np.ndarray:
-        client = triton.InferenceServerClient(f"{HOST}:{shadows.primary.port}")
+        client = triton.InferenceServerClient(f"{HOST}:{shadows.serving.port}")
         x = np.random.default_rng(seed * 1000 + i).standard_normal((1 + i % 4, 16))
         tensor = triton.InferInput("input", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x.astype(np.float32), binary_data=bool(i % 2))
@@ -251,7 +251,7 @@ def infer_many(shadows: Shadows, count: int, seed: int) -> list[np.ndarray]:
 
 def wait_compared(shadows: Shadows, count: int) -> dict:
     deadline = time.monotonic() + 20
-    while (status := shadows.primary.shadow())["requests"]["compared"] < count:
+    while (status := shadows.serving.shadow())["requests"]["compared"] < count:
         assert time.monotonic() < deadline, status
         time.sleep(0.02)
     return status
@@ -262,10 +262,10 @@ def candidate_requests(candidate: Process) -> float:
                if s.name == "kubeinfer_requests_total" and s.labels["code"] == "200")  # fmt: skip
 
 
-def shadow_samples(primary: Process) -> dict[tuple, float]:
+def shadow_samples(serving: Process) -> dict[tuple, float]:
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for s in primary.metrics()
+        for s in serving.metrics()
         if s.name.startswith("kubeinfer_shadow") and not s.name.endswith("_created")
     }
 
@@ -286,10 +286,10 @@ def test_an_int8_candidate_agrees_closely_and_metrics_agree_with_v2_shadow(shado
     assert status["minCosineSimilarity"] > 0.99
     assert status["top1"]["rows"] == sum(1 + i % 4 for i in range(40))
     assert status["top1"]["agreement"] >= 0.9
-    assert status["latency"]["primaryP99Seconds"] > 0
+    assert status["latency"]["servingP99Seconds"] > 0
     assert status["latency"]["candidateP99Seconds"] > 0
 
-    samples = shadow_samples(shadows.primary)
+    samples = shadow_samples(shadows.serving)
     labels = {"model": "tiny", "serving_version": "1", "candidate_version": "2",
               "candidate_digest": shadows.digests["int8"]}  # fmt: skip
 
@@ -315,7 +315,7 @@ def test_an_int8_candidate_agrees_closely_and_metrics_agree_with_v2_shadow(shado
         name = f"kubeinfer_shadow_{histogram}"
         mean = value(name + "_sum") / value(name + "_count")
         assert mean == pytest.approx(status[key])  # fmt: skip
-    for side in ("primary", "candidate"):
+    for side in ("serving", "candidate"):
         name = f"kubeinfer_shadow_{side}_duration_seconds_bucket"
         buckets = [(float(dict(k[1])["le"]), v) for k, v in samples.items() if k[0] == name]
         assert histogram_quantile(0.99, buckets) == status["latency"][f"{side}P99Seconds"]
@@ -323,7 +323,7 @@ def test_an_int8_candidate_agrees_closely_and_metrics_agree_with_v2_shadow(shado
 
 def test_a_different_model_disagrees(shadows) -> None:
     switch(shadows, shadows.other, shadows.digests["other"])
-    assert shadows.primary.shadow()["requests"]["compared"] == 0  # another candidate: reset
+    assert shadows.serving.shadow()["requests"]["compared"] == 0  # another candidate: reset
     infer_many(shadows, 30, seed=2)
     status = wait_compared(shadows, 30)
     assert status["mismatches"] == 0  # same names, shapes and datatypes: values differ
@@ -339,12 +339,12 @@ def test_exactly_the_share_of_requests_answered_200_is_mirrored(shadows) -> None
     bad = good.replace(b'"shape": [1, 16]', b'"shape": [1, 15]')
     before = candidate_requests(shadows.int8)
     for i in range(40):
-        assert shadows.primary.request("POST", "/v2/models/tiny/infer", good)[0] == 200
+        assert shadows.serving.request("POST", "/v2/models/tiny/infer", good)[0] == 200
         if i % 3 == 0:  # refused requests are neither counted nor mirrored
-            assert shadows.primary.request("POST", "/v2/models/tiny/infer", bad)[0] == 400
+            assert shadows.serving.request("POST", "/v2/models/tiny/infer", bad)[0] == 400
     wait_compared(shadows, 10)
     time.sleep(0.1)
-    assert shadows.primary.shadow()["requests"]["compared"] == 10  # 25 % of 40, exactly
+    assert shadows.serving.shadow()["requests"]["compared"] == 10  # 25 % of 40, exactly
     assert candidate_requests(shadows.int8) - before == 10
 
 
@@ -358,10 +358,10 @@ def test_every_infer_response_carries_server_timing(shadows) -> None:
                 "parameters": {"binary_data_output": binary_output},
             }
         ).encode()
-        status, headers, _ = shadows.primary.request("POST", "/v2/models/tiny/infer", body)
+        status, headers, _ = shadows.serving.request("POST", "/v2/models/tiny/infer", body)
         assert status == 200 and 0 < parse_server_timing(headers["Server-Timing"]) < 1
         assert ("Inference-Header-Content-Length" in headers) == binary_output  # fmt: skip
-    status, headers, _ = shadows.primary.request("POST", "/v2/models/tiny/infer", b"{")
+    status, headers, _ = shadows.serving.request("POST", "/v2/models/tiny/infer", b"{")
     assert status == 400 and parse_server_timing(headers["Server-Timing"]) is not None
 
 
@@ -371,7 +371,7 @@ def test_switching_the_target_file_a_to_b_to_empty(shadows) -> None:
     infer_many(shadows, 10, seed=3)
     wait_compared(shadows, 10)
     assert switch(shadows, b, shadows.digests["other"]) < 1.0
-    digests = {dict(k[1]).get("candidate_digest") for k in shadow_samples(shadows.primary)}
+    digests = {dict(k[1]).get("candidate_digest") for k in shadow_samples(shadows.serving)}
     assert digests == {shadows.digests["other"]}  # A's series went with it
     before = {p.port: candidate_requests(p) for p in (a, b)}
     infer_many(shadows, 10, seed=4)
@@ -383,8 +383,8 @@ def test_switching_the_target_file_a_to_b_to_empty(shadows) -> None:
     infer_many(shadows, 10, seed=5)
     time.sleep(0.2)
     assert candidate_requests(b) == before[b.port] + 10  # nothing mirrored any more
-    assert shadows.primary.shadow()["candidate"] is None
-    assert shadow_samples(shadows.primary) == {}
+    assert shadows.serving.shadow()["candidate"] is None
+    assert shadow_samples(shadows.serving) == {}
 
 
 def test_an_invalid_file_keeps_the_target_and_is_logged_once(shadows) -> None:
@@ -396,18 +396,18 @@ def test_an_invalid_file_keeps_the_target_and_is_logged_once(shadows) -> None:
     infer_many(shadows, 10, seed=6)
     status = wait_compared(shadows, 10)
     assert status["candidate"]["digest"] == shadows.digests["int8"]  # still mirrored
-    log = shadows.primary.log.read_text()
+    log = shadows.serving.log.read_text()
     reports = [line for line in log.splitlines() if "Ignored the mirror target file" in line]
     assert len(reports) == 1, reports
     assert "target.url" in reports[0] and "target.trafficPercent" in reports[0]
-    assert shadows.primary.process.poll() is None
+    assert shadows.serving.process.poll() is None
 
 
 def rounds(shadows: Shadows, conditions: dict[str, Process | None], count: int, seconds: float):
     """`count` rounds of one block per condition (in a rotating order), each block 4
     closed-loop clients for `seconds`. Returns each condition's p99 per round, the
     shadow's outcome counts summed per condition, and the status codes seen."""
-    url = f"{shadows.primary.url}/v2/models/tiny/infer"
+    url = f"{shadows.serving.url}/v2/models/tiny/infer"
     body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
                                    "data": [0.25] * 16}]}).encode()  # fmt: skip
     p99s: dict[str, list[float]] = {c: [] for c in conditions}
@@ -425,7 +425,7 @@ def rounds(shadows: Shadows, conditions: dict[str, Process | None], count: int, 
             p99s[condition].append(result.percentile_milliseconds(99) / 1000)
             codes |= set(result.codes)
             if to is not None:
-                counts = shadows.primary.shadow()["requests"]
+                counts = shadows.serving.shadow()["requests"]
                 total = outcomes.setdefault(condition, dict.fromkeys(counts, 0))
                 for key, count_ in counts.items():
                     total[key] += count_
@@ -433,7 +433,7 @@ def rounds(shadows: Shadows, conditions: dict[str, Process | None], count: int, 
     return p99s, outcomes, codes
 
 
-def test_broken_candidates_cost_the_primary_nothing(shadows, tmp_path: Path) -> None:
+def test_broken_candidates_cost_the_serving_nothing(shadows, tmp_path: Path) -> None:
     doomed = serve(tmp_path, "doomed", "--onnx", str(shadows.model))
     wait_ready(doomed)
     switch(shadows, doomed, "sha256:doomed")
@@ -452,7 +452,7 @@ def test_broken_candidates_cost_the_primary_nothing(shadows, tmp_path: Path) -> 
     stop.set()
     loader.join(60)
     assert not loader.is_alive() and sum(answered) >= 16
-    status = shadows.primary.shadow()
+    status = shadows.serving.shadow()
     assert status["requests"]["compared"] > 0 and status["requests"]["candidateError"] > 0
 
     conditions = {"off": None, "slow": shadows.slow, "dead": doomed}
@@ -464,7 +464,7 @@ def test_broken_candidates_cost_the_primary_nothing(shadows, tmp_path: Path) -> 
         excess = [on / (off * 1.10 + 0.001) for on, off in zip(p99[broken], p99["off"],
                                                                 strict=True)]  # fmt: skip
         assert np.median(excess) <= 1.0, (broken, p99)
-    log = shadows.primary.log.read_text()
+    log = shadows.serving.log.read_text()
     assert "Traceback" not in log
 
 
@@ -477,23 +477,23 @@ def test_sigterm_is_not_held_up_by_mirrored_work(shadows, tmp_path: Path) -> Non
         "url": stuck.url, "modelName": "tiny", "candidateVersion": "2",
         "trafficPercent": 100, "policy": {"timeoutMilliseconds": 30_000},
     }}))  # fmt: skip
-    primary = serve(tmp_path, "primary", "--onnx", str(shadows.model),
+    serving = serve(tmp_path, "serving", "--onnx", str(shadows.model),
                     "--mirror-target-file", str(mirror_file))  # fmt: skip
-    wait_ready(primary, stuck)
+    wait_ready(serving, stuck)
     body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
                                    "data": [0.5] * 16}]}).encode()  # fmt: skip
     for _ in range(8):
-        assert primary.request("POST", "/v2/models/tiny/infer", body)[0] == 200
-    assert primary.shadow()["requests"] == {
+        assert serving.request("POST", "/v2/models/tiny/infer", body)[0] == 200
+    assert serving.shadow()["requests"] == {
         "compared": 0,
         "dropped": 0,
         "candidateError": 0,
         "timeout": 0,
     }  # 8 in the slow candidate's hands
     signalled = time.monotonic()
-    assert primary.stop() == 0
+    assert serving.stop() == 0
     assert time.monotonic() - signalled < 5  # not the 30 s the mirror would have waited
-    assert "Traceback" not in primary.log.read_text()
+    assert "Traceback" not in serving.log.read_text()
     stuck.process.kill()
     stuck.process.wait()
 

@@ -3,7 +3,7 @@ kubeinfer app on the tiny demo model, and scripted aiohttp candidates that are s
 or answer wrongly):
 
 - what goes to the candidate: a v2 request with binary inputs and `binary_data_output`,
-  the mirror's timeout as its `timeout` parameter, decoding to exactly the primary's
+  the mirror's timeout as its `timeout` parameter, decoding to exactly the serving's
   inputs; the codec's request/response pair round-trips and refuses a garbled answer;
 - a kubeinfer candidate of the same model is compared output by output, its latency
   taken from its Server-Timing; without that header the round trip stands in;
@@ -126,7 +126,7 @@ async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
 
 
 INPUTS = {"input": ("FP32", X)}
-PRIMARY = {"logits": ("FP32", LOGITS)}
+SERVING = {"logits": ("FP32", LOGITS)}
 
 
 # --------------------------------------------------------------------------- the codec
@@ -185,7 +185,7 @@ async def test_the_candidate_gets_binary_inputs_and_is_asked_for_binary_outputs(
     mirror = Mirror(to, aggregates)
     await mirror.start()
     try:
-        mirror.offer(INPUTS, PRIMARY, 0.003)
+        mirror.offer(INPUTS, SERVING, 0.003)
         await until(lambda: aggregates.outcomes["compared"] == 1)
     finally:
         await mirror.close()
@@ -208,14 +208,14 @@ async def test_a_kubeinfer_candidate_is_compared_and_timed_by_its_server_timing(
     try:
         slot = engine.create_slot()
         slot.input_views(2)["input"][:] = X
-        primary = {"logits": ("FP32", slot.run(2)["logits"].copy())}
+        serving = {"logits": ("FP32", slot.run(2)["logits"].copy())}
         slot.close()
         to = target(url)
         aggregates = aggregates_for(to)
         mirror = Mirror(to, aggregates)
         await mirror.start()
         for _ in range(5):
-            mirror.offer(INPUTS, primary, 0.0001)
+            mirror.offer(INPUTS, serving, 0.0001)
         await until(lambda: aggregates.outcomes["compared"] == 5)
         await mirror.close()
     finally:
@@ -243,12 +243,12 @@ async def test_the_candidates_latency_is_its_own_server_timing(scripted) -> None
     mirror = Mirror(to, aggregates)
     await mirror.start()
     for _ in range(3):
-        mirror.offer(INPUTS, PRIMARY, 0.002)
+        mirror.offer(INPUTS, SERVING, 0.002)
     await until(lambda: aggregates.outcomes["compared"] == 3)
     await mirror.close()
     latency = aggregates.status()["latency"]
     assert 0.123 / 2 ** (1 / 6) < latency["candidateP99Seconds"] <= 0.123 * 2 ** (1 / 6)
-    assert latency["primaryP99Seconds"] <= 0.002 * 2 ** (1 / 6)
+    assert latency["servingP99Seconds"] <= 0.002 * 2 ** (1 / 6)
 
 
 async def test_without_server_timing_the_round_trip_stands_in(scripted) -> None:
@@ -258,7 +258,7 @@ async def test_without_server_timing_the_round_trip_stands_in(scripted) -> None:
     aggregates = aggregates_for(to)
     mirror = Mirror(to, aggregates)
     await mirror.start()
-    mirror.offer(INPUTS, PRIMARY, 0.001)
+    mirror.offer(INPUTS, SERVING, 0.001)
     await until(lambda: aggregates.outcomes["compared"] == 1)
     await mirror.close()
     assert aggregates.status()["latency"]["candidateP99Seconds"] >= 0.06 / 2 ** (1 / 6)
@@ -274,7 +274,7 @@ async def test_a_slow_candidate_times_out_and_what_does_not_fit_is_dropped(scrip
     try:
         started = time.perf_counter()
         for _ in range(10):  # one each: none of these waits for the candidate
-            mirror.offer(INPUTS, PRIMARY, 0.001)
+            mirror.offer(INPUTS, SERVING, 0.001)
         assert time.perf_counter() - started < 0.05
         assert aggregates.outcomes["dropped"] == 8 and mirror.queued == 2
         await until(lambda: aggregates.outcomes["timeout"] == 2, seconds=3)
@@ -294,7 +294,7 @@ async def test_queued_bytes_are_bounded(scripted) -> None:
     await mirror.start()
     try:
         for _ in range(5):
-            mirror.offer(big, PRIMARY, 0.001)
+            mirror.offer(big, SERVING, 0.001)
         assert mirror.queued == 1 and mirror.queued_bytes == 512 + LOGITS.nbytes
         assert aggregates.outcomes["dropped"] == 4
     finally:
@@ -323,7 +323,7 @@ async def test_a_failing_candidate_is_counted_and_logged_once_without_traceback(
     mirror = Mirror(to, aggregates)
     await mirror.start()
     for _ in range(20):
-        mirror.offer(INPUTS, PRIMARY, 0.001)
+        mirror.offer(INPUTS, SERVING, 0.001)
         await asyncio.sleep(0)
     await until(lambda: aggregates.outcomes["candidate_error"] == 20)
     await mirror.close()
@@ -349,7 +349,7 @@ async def test_a_refusing_candidate_is_not_retried_until_its_backoff_ends(
         return len([r for r in caplog.records if r.levelno == logging.DEBUG])
 
     async def offer_and_settle() -> None:
-        mirror.offer(INPUTS, PRIMARY, 0.001)
+        mirror.offer(INPUTS, SERVING, 0.001)
         await until(lambda: mirror.queued == 0)
         await asyncio.sleep(0.05)
 
@@ -395,12 +395,12 @@ async def test_close_cancels_work_in_flight_at_once_and_records_nothing_after(sc
     mirror = Mirror(to, aggregates)
     await mirror.start()
     for _ in range(6):
-        mirror.offer(INPUTS, PRIMARY, 0.001)
+        mirror.offer(INPUTS, SERVING, 0.001)
     await asyncio.wait_for(candidate.arrived.wait(), 5)
     started = time.perf_counter()
     await mirror.close()
     assert time.perf_counter() - started < 1.0
-    mirror.offer(INPUTS, PRIMARY, 0.001)  # a closed mirror takes nothing
+    mirror.offer(INPUTS, SERVING, 0.001)  # a closed mirror takes nothing
     await asyncio.sleep(0.05)
     assert aggregates.outcomes == dict.fromkeys(aggregates.outcomes, 0)
 
@@ -424,7 +424,7 @@ async def test_the_controller_keeps_aggregates_for_a_new_share_and_restarts_for_
     assert controller.status()["active"] is False and controller.status()["candidate"] is None
     first = target(url, percent=100)
     await controller.apply(first)
-    controller.offer(INPUTS, PRIMARY, 0.001)
+    controller.offer(INPUTS, SERVING, 0.001)
     await until(lambda: controller.status()["requests"]["compared"] == 1)
 
     await controller.apply(first.model_copy(update={"traffic_percent": 50}))
@@ -440,7 +440,7 @@ async def test_the_controller_keeps_aggregates_for_a_new_share_and_restarts_for_
     await controller.apply(None)
     assert controller.status()["active"] is False and not controller.active
     assert _series_digests(registry) == set()
-    controller.offer(INPUTS, PRIMARY, 0.001)  # mirroring off: nothing happens
+    controller.offer(INPUTS, SERVING, 0.001)  # mirroring off: nothing happens
     await controller.stop()
     await controller.apply(first)  # after stop, nothing starts again
     assert not controller.active
