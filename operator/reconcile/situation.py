@@ -20,7 +20,7 @@ and Degraded tell the rest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from kubeinfer.operator.api.v1alpha1.conditions import (
@@ -106,14 +106,20 @@ class Situation:
 
 
 def situation_of(facts: Facts) -> Situation:
-    """The first situation of the chain that applies."""
+    """The first situation of the chain that applies, with Ready's message when the spec's
+    engine serves on every replica."""
+    situation = _first_that_applies(facts)
+    if not facts.ready:
+        return situation
+    serves = (
+        f"Version {facts.version} (engine {facts.engine.digest}) serves on "
+        f"{facts.replicas} of {facts.replicas} pods."
+    )
+    return replace(situation, serves=serves)
+
+
+def _first_that_applies(facts: Facts) -> Situation:
     engine, failure, rollout, shadow = facts.engine, facts.failure, facts.rollout, facts.shadow
-    serves = ""
-    if facts.ready:
-        serves = (
-            f"Version {facts.version} (engine {engine.digest}) serves on "
-            f"{facts.replicas} of {facts.replicas} pods."
-        )
     said_of_rollout = f"{rollout.message}."
     if engine.phase == EnginePhase.FAILED:
         return Situation(
@@ -122,7 +128,6 @@ def situation_of(facts: Facts) -> Situation:
             engine.message,
             keeps_serving=facts.keeps_serving,
             still_serving=facts.serving is not None,
-            serves=serves,
         )
     if engine.phase == EnginePhase.BUILDING:
         # A new image rolls the pods before its engine is built, and they refuse the old
@@ -133,7 +138,6 @@ def situation_of(facts: Facts) -> Situation:
             engine.message,
             keeps_serving=facts.keeps_serving,
             meanwhile=f" Meanwhile: {failure.message}" if failure else "",
-            serves=serves,
         )
     if failure is not None:
         return Situation(
@@ -142,19 +146,14 @@ def situation_of(facts: Facts) -> Situation:
             failure.message,
             keeps_serving=facts.keeps_serving,
             still_serving=rollout.ready_replicas > 0,
-            serves=serves,
         )
     if rollout.stalled:
-        return Situation(
-            SituationKind.ROLLOUT_STALLED, Reason.ROLLOUT_STALLED, said_of_rollout, serves=serves
-        )
+        return Situation(SituationKind.ROLLOUT_STALLED, Reason.ROLLOUT_STALLED, said_of_rollout)
     if shadow.progress is not None:
         _, reason, message = shadow.progress
-        return Situation(SituationKind.SHADOW, reason, message, serves=serves, shadow=shadow)
-    if serves:
-        return Situation(
-            SituationKind.ROLLED_OUT, Reason.ROLLOUT_COMPLETE, said_of_rollout, serves=serves
-        )
+        return Situation(SituationKind.SHADOW, reason, message, shadow=shadow)
+    if facts.ready:
+        return Situation(SituationKind.ROLLED_OUT, Reason.ROLLOUT_COMPLETE, said_of_rollout)
     return Situation(
         SituationKind.ROLLING_OUT,
         Reason.ROLLING_OUT,

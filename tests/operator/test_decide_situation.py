@@ -146,8 +146,13 @@ def test_the_spec_served_on_every_replica_is_said_whatever_the_situation():
     assert situation_of(facts()) == Situation(
         SituationKind.ROLLED_OUT, Reason.ROLLOUT_COMPLETE, f"{ROLLED}.", serves=ready
     )
-    for changes in ({"failure": CRASHING}, {"rollout": replace(COMPLETE, stalled=True)}):
-        assert situation_of(facts(**changes)).serves == ready
+    for changes, kind in (
+        ({"failure": CRASHING}, SituationKind.RUNTIME_FAILING),
+        ({"rollout": replace(COMPLETE, stalled=True)}, SituationKind.ROLLOUT_STALLED),
+        ({"shadow": PROMOTING}, SituationKind.SHADOW),  # the roll to the promoted engine is done
+    ):
+        situation = situation_of(facts(**changes))
+        assert (situation.kind, situation.serves) == (kind, ready)
     assert situation_of(facts(rollout=IN_PROGRESS)).serves == ""
 
 

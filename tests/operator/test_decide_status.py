@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from decide_scenarios import DIGEST_A, SETTINGS, T0, Cluster, make_spec
+from decide_scenarios import DIGEST_A, DIGEST_B, SETTINGS, T0, Cluster, make_spec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Phase
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_spec
@@ -243,3 +243,22 @@ def test_with_autoscaling_the_replicas_an_autoscaler_set_are_kept_within_bounds(
         cluster.reconcile(T0 + timedelta(minutes=5))
         assert cluster.get("Deployment")["spec"]["replicas"] == kept
         assert cluster.status.replicas == kept
+
+
+def test_engine_ready_tells_only_of_the_engine_while_an_older_version_serves():
+    def shadowed(version: str):
+        uri = f"https://models.example.com/mlp-{version}.onnx"
+        return make_spec(
+            model={"version": version, "source": {"uri": uri}}, rollout={"strategy": "Shadow"}
+        )
+
+    cluster = Cluster(shadowed("1"))
+    cluster.build_to_ready()
+    cluster.update_spec(shadowed("2"))
+    cluster.reconcile(T0 + timedelta(minutes=5))
+    (job,) = [j for j in cluster.jobs() if "status" not in j]
+    cluster.succeed_job(job["metadata"]["name"], DIGEST_B, at=T0 + timedelta(minutes=6))
+    cluster.reconcile(T0 + timedelta(minutes=7))  # built: a candidate while version 1 serves
+    engine = cluster.condition(ConditionType.ENGINE_READY)
+    assert (engine.status, engine.reason) == (TRUE, Reason.ENGINE_BUILT)
+    assert engine.message == f"Engine {DIGEST_B} was built by Job {job['metadata']['name']}."
