@@ -70,9 +70,9 @@ class OperatorContext:
     def __post_init__(self) -> None:
         self.client = KubeClient(
             self.vault,
-            field_manager=self.settings.field_manager,
-            timeout_seconds=self.settings.api_timeout_seconds,
-            page_size=self.settings.api_page_size,
+            field_manager=self.settings.api.field_manager,
+            timeout_seconds=self.settings.api.timeout_seconds,
+            page_size=self.settings.api.page_size,
         )
         self.reconciler = Reconciler(self.client, self.settings)
 

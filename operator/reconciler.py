@@ -134,13 +134,15 @@ class Reconciler:
                 self._schedule(namespace, name, None)  # only a new spec can help
                 raise
             except Exception:
-                self._schedule(namespace, name, self.settings.resync_interval_seconds)
+                self._schedule(namespace, name, self.settings.requeue.resync_interval_seconds)
                 raise
             if outcome.decision is None:
                 self._forget(key)
             else:
                 delay = outcome.decision.requeue_after_seconds
-                self._schedule(namespace, name, delay or self.settings.resync_interval_seconds)
+                self._schedule(
+                    namespace, name, delay or self.settings.requeue.resync_interval_seconds
+                )
             return outcome
 
     def _forget(self, key: tuple[str, str]) -> None:
@@ -226,7 +228,7 @@ class Reconciler:
         """Whether to create PodMonitors: the settings allow it and the cluster serves the
         API (discovery is cached for DISCOVERY_SECONDS; a failed discovery keeps the last
         answer, so a hiccup never rolls the pods' scrape annotations back and forth)."""
-        if self.settings.pod_monitors == "off":
+        if self.settings.metrics.pod_monitors == "off":
             return False
         clock = asyncio.get_running_loop().time()
         if self._pod_monitors is not None and clock - self._pod_monitors[0] < DISCOVERY_SECONDS:

@@ -27,8 +27,8 @@ class MetricsSources:
 
     def for_object(self, prometheus_url: str | None) -> MetricsSource:
         """The source for an object whose spec names `prometheus_url` (or None)."""
-        url = (prometheus_url or self.settings.prometheus_url or "").rstrip("/")
-        timeout = self.settings.metrics_timeout_seconds
+        url = (prometheus_url or self.settings.metrics.prometheus_url or "").rstrip("/")
+        timeout = self.settings.metrics.timeout_seconds
         if url:
             if url not in self._prometheus:
                 self._prometheus[url] = PrometheusSource(url, timeout)

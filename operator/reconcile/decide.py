@@ -66,7 +66,7 @@ from pydantic import ValidationError
 
 
 def _spec_image(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> str:
-    return settings.image_for(spec.runtime.image, spec.engine.backend == Backend.TENSORRT)
+    return settings.images.image_for(spec.runtime.image, spec.engine.backend == Backend.TENSORRT)
 
 
 def _serving_image(
@@ -181,7 +181,9 @@ def _serving_children(
     )
     others = [build.build_service(owner, serving.version)]
     if monitors:
-        others.append(build_pod_monitor(owner, serving.version, settings.pod_monitor_labels))
+        others.append(
+            build_pod_monitor(owner, serving.version, settings.metrics.pod_monitor_labels)
+        )
     return configmap, deployment, others
 
 
@@ -310,15 +312,16 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         observed, engine, plan, report(spec, plan), rollout, replicas, now, scaling
     )
 
+    polls = settings.requeue
     requeue: float | None = None
     if engine.phase == EnginePhase.BUILDING:
-        requeue = settings.build_poll_seconds
+        requeue = polls.build_poll_seconds
     elif engine.phase == EnginePhase.FAILED and engine.retry_at is not None:
         requeue = max(1.0, (engine.retry_at - now).total_seconds())
     if plan.shadowing or plan.promoting:
-        requeue = min(requeue or settings.shadow_poll_seconds, settings.shadow_poll_seconds)
+        requeue = min(requeue or polls.shadow_poll_seconds, polls.shadow_poll_seconds)
     if spec.autoscaling.enabled:
-        requeue = min(requeue or settings.autoscale_poll_seconds, settings.autoscale_poll_seconds)
+        requeue = min(requeue or polls.autoscale_poll_seconds, polls.autoscale_poll_seconds)
 
     events = transition_events(observed.status.conditions, status.conditions)
     if plan.replaced is not None:

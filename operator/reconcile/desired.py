@@ -171,8 +171,10 @@ def build_engine_job(
         resources["limits"] = {GPU_RESOURCE: "1"}
     container: dict[str, Any] = {
         "name": "build",
-        "image": settings.image_for(spec.runtime.image, spec.engine.backend == Backend.TENSORRT),
-        "imagePullPolicy": settings.image_pull_policy,
+        "image": settings.images.image_for(
+            spec.runtime.image, spec.engine.backend == Backend.TENSORRT
+        ),
+        "imagePullPolicy": settings.images.pull_policy,
         "command": ["kubeinfer"],
         "args": argv,
         "env": [{"name": "HOME", "value": "/tmp"}],
@@ -200,9 +202,9 @@ def build_engine_job(
     }
     body = {
         "spec": {
-            "backoffLimit": settings.build_backoff_limit,
-            "activeDeadlineSeconds": settings.build_active_deadline_seconds,
-            "ttlSecondsAfterFinished": settings.build_ttl_seconds_after_finished,
+            "backoffLimit": settings.build.backoff_limit,
+            "activeDeadlineSeconds": settings.build.active_deadline_seconds,
+            "ttlSecondsAfterFinished": settings.build.ttl_seconds_after_finished,
             "template": {
                 # No version label: a Job's template is immutable, and a version bump with
                 # the same engine inputs reuses the Job.
@@ -248,7 +250,7 @@ def runtime_config(
         engine=EngineSource(digest=digest, cache_directory=CACHE_MOUNT),
         batching=spec.runtime.batching,
         http_port=HTTP_PORT,
-        drain_grace_period_seconds=settings.drain_grace_period_seconds,
+        drain_grace_period_seconds=settings.pods.drain_grace_period_seconds,
         mirror_target_file=f"{MIRROR_MOUNT}/{MIRROR_KEY}" if role == names.ROLE_SERVING else None,
         max_request_bytes=max_request_bytes,
     )
@@ -372,7 +374,7 @@ def build_runtime_deployment(
     container: dict[str, Any] = {
         "name": "runtime",
         "image": meta["annotations"][names.ANNOTATION_RUNTIME_IMAGE],
-        "imagePullPolicy": settings.image_pull_policy,
+        "imagePullPolicy": settings.images.pull_policy,
         "command": ["kubeinfer"],
         "args": ["serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
         "env": [{"name": "HOME", "value": "/tmp"}],
@@ -381,7 +383,7 @@ def build_runtime_deployment(
         "startupProbe": probe("/v2/health/live", 5, 120),
         "livenessProbe": probe("/v2/health/live", 10, 3),
         "readinessProbe": probe("/v2/health/ready", 5, 2),
-        "lifecycle": {"preStop": {"sleep": {"seconds": settings.pre_stop_sleep_seconds}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": settings.pods.pre_stop_sleep_seconds}}},
         "securityContext": _container_security(),
         # `kubeinfer serve` writes why it could not start there (exit 3: an engine built
         # by another backend version), and the status reports it from the pod's status.
@@ -428,7 +430,7 @@ def build_runtime_deployment(
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "securityContext": _pod_security(),
-                    "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
+                    "terminationGracePeriodSeconds": settings.pods.termination_grace_period_seconds,
                     **_placement(spec),
                     "containers": [container],
                     "volumes": volumes,

@@ -114,7 +114,7 @@ def build_inputs(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> d
         return {"pin": engine.pin}
     calibration = engine.calibration
     inputs = {
-        "image": settings.image_for(spec.runtime.image, engine.backend == Backend.TENSORRT),
+        "image": settings.images.image_for(spec.runtime.image, engine.backend == Backend.TENSORRT),
         "model": {"uri": spec.model.source.uri, "sha256": spec.model.source.sha256},
         "backend": str(engine.backend),
         "precision": str(engine.precision),
@@ -178,8 +178,8 @@ def backoff_seconds(attempt: int, settings: OperatorSettings) -> float:
     """Delay after failed attempt `attempt` (0-based): doubling from the base, capped."""
     return float(
         min(
-            settings.build_backoff_seconds * 2 ** min(attempt, 30),
-            settings.build_backoff_max_seconds,
+            settings.build.backoff_seconds * 2 ** min(attempt, 30),
+            settings.build.backoff_max_seconds,
         )
     )
 

@@ -191,7 +191,7 @@ async def test_the_source_is_the_objects_prometheus_then_the_operators_then_the_
 
     plain = MetricsSources(OperatorSettings(), list_pods)
     with_default = MetricsSources(
-        OperatorSettings(prometheus_url="http://prometheus.monitoring:9090"), list_pods
+        OperatorSettings(metrics={"prometheus_url": "http://prometheus.monitoring:9090"}), list_pods
     )
     own = with_default.for_object("http://mine:9090/")
     assert isinstance(own, PrometheusSource) and own.url == "http://mine:9090"
@@ -200,7 +200,7 @@ async def test_the_source_is_the_objects_prometheus_then_the_operators_then_the_
     assert default.description == "Prometheus at http://prometheus.monitoring:9090"
     direct = plain.for_object(None)
     assert isinstance(direct, DirectRead)
-    assert direct.timeout_seconds == OperatorSettings().metrics_timeout_seconds
+    assert direct.timeout_seconds == OperatorSettings().metrics.timeout_seconds
     # Made once, kept: one session per Prometheus (and one direct reader) per operator.
     assert with_default.for_object("http://mine:9090") is own
     assert with_default.for_object(None) is default and plain.for_object(None) is direct

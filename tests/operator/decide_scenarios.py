@@ -26,7 +26,18 @@ from kubeinfer.operator.state.shadow_readings import ShadowReading
 from kubeinfer.operator.state.snapshot import Decision, KubeObject, ObservedState, OwnerRef
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
-SETTINGS = OperatorSettings(build_backoff_seconds=30, build_backoff_max_seconds=600)
+SETTINGS = OperatorSettings(build={"backoff_seconds": 30, "backoff_max_seconds": 600})
+
+
+def tuned(settings: OperatorSettings, **groups: dict[str, Any]) -> OperatorSettings:
+    """`settings` with some fields of some groups changed (validated, unlike a plain
+    `model_copy`): `tuned(FAST, requeue={"resync_interval_seconds": 3})`."""
+    dumped = settings.model_dump()
+    return OperatorSettings.model_validate(
+        {**dumped, **{group: {**dumped[group], **fields} for group, fields in groups.items()}}
+    )
+
+
 KUBERNETES_VERSION = "1.33"
 DIGEST_A = "sha256:" + "a" * 64
 DIGEST_B = "sha256:" + "b" * 64

@@ -53,12 +53,9 @@ WATCHED = {
 }
 
 FAST = OperatorSettings(
-    resync_interval_seconds=0.5,
-    build_poll_seconds=0.5,
-    build_backoff_seconds=0.5,
-    build_backoff_max_seconds=1,
-    pre_stop_sleep_seconds=0,
-    drain_grace_period_seconds=2,
+    requeue={"resync_interval_seconds": 0.5, "build_poll_seconds": 0.5},
+    build={"backoff_seconds": 0.5, "backoff_max_seconds": 1},
+    pods={"pre_stop_sleep_seconds": 0, "drain_grace_period_seconds": 2},
 )
 
 

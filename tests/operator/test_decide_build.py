@@ -506,7 +506,7 @@ def test_a_failed_job_without_a_readable_attempt_number_counts_as_the_first(labe
         labels[names.LABEL_BUILD_ATTEMPT] = label
     cluster.fail_job(job["metadata"]["name"], "BackoffLimitExceeded", "m", "error: x")
     decision = cluster.reconcile(T0 + timedelta(seconds=1))
-    assert decision.requeue_after_seconds == pytest.approx(SETTINGS.build_backoff_seconds - 1)
+    assert decision.requeue_after_seconds == pytest.approx(SETTINGS.build.backoff_seconds - 1)
     (retry,) = [o for o in cluster.reconcile(T0 + timedelta(minutes=5)).apply if o["kind"] == "Job"]
     assert retry["metadata"]["labels"][names.LABEL_BUILD_ATTEMPT] == "1"
 
@@ -622,7 +622,7 @@ def test_a_failed_job_without_a_condition_time_backs_off_from_its_start():
     del condition["lastTransitionTime"]
     job["status"]["startTime"] = "2026-01-01T12:00:10Z"
     decision = cluster.reconcile(T0 + timedelta(seconds=20))
-    assert decision.requeue_after_seconds == pytest.approx(SETTINGS.build_backoff_seconds - 10)
+    assert decision.requeue_after_seconds == pytest.approx(SETTINGS.build.backoff_seconds - 10)
     del job["status"]["startTime"]  # no time at all: nothing to back off from
     (retry,) = [
         o for o in cluster.reconcile(T0 + timedelta(seconds=21)).apply if o["kind"] == "Job"

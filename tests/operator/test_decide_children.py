@@ -6,7 +6,7 @@ claim; names that stay valid for the longest owner name; deterministic output.
 from __future__ import annotations
 
 import yaml
-from decide_scenarios import DIGEST_A, SETTINGS, T0, Cluster, make_spec, validate_kubernetes
+from decide_scenarios import DIGEST_A, SETTINGS, T0, Cluster, make_spec, tuned, validate_kubernetes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
@@ -57,7 +57,7 @@ def test_runtime_pods_serve_probe_and_drain_before_they_are_killed():
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     pause = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-    drain = SETTINGS.drain_grace_period_seconds
+    drain = SETTINGS.pods.drain_grace_period_seconds
     assert pod["terminationGracePeriodSeconds"] > pause + drain
     strategy = deployment["spec"]["strategy"]
     assert strategy["type"] == "RollingUpdate"
@@ -69,7 +69,7 @@ def test_runtime_pods_serve_probe_and_drain_before_they_are_killed():
 
 
 def test_the_runtime_drains_for_the_operators_grace_period_and_only_serving_pods_mirror():
-    settings = SETTINGS.model_copy(update={"drain_grace_period_seconds": 7})
+    settings = tuned(SETTINGS, pods={"drain_grace_period_seconds": 7})
     cluster = Cluster(make_spec())
     cluster.reconcile(T0, settings)
     (job,) = cluster.jobs()
@@ -108,19 +108,19 @@ def test_gpu_runtime_pods_request_gpus_on_the_product_they_were_built_for():
     (container,) = pod["containers"]
     assert container["resources"]["limits"] == {"memory": "8Gi", "nvidia.com/gpu": "2"}
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
-    assert container["image"] == SETTINGS.gpu_runtime_image, "TensorRT runs in the GPU image"
+    assert container["image"] == SETTINGS.images.gpu_runtime, "TensorRT runs in the GPU image"
 
 
 def test_runtime_pods_run_the_image_for_their_backend_unless_the_spec_names_one():
     for sections, image in (
-        ({}, SETTINGS.runtime_image),
+        ({}, SETTINGS.images.runtime),
         ({"engine": {"backend": "tensorrt"}, "runtime": {"resources": {"gpus": 1}}}, None),
         ({"runtime": {"image": "registry.example.com/own:1"}}, "registry.example.com/own:1"),
     ):
         (container,) = ready_cluster(**sections).get("Deployment")["spec"]["template"]["spec"][
             "containers"
         ]
-        assert container["image"] == (image or SETTINGS.gpu_runtime_image), sections
+        assert container["image"] == (image or SETTINGS.images.gpu_runtime), sections
 
 
 def test_the_service_exposes_http_and_metrics_on_the_runtime_pods():

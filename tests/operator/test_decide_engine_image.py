@@ -36,7 +36,7 @@ from datetime import timedelta
 
 import pytest
 import yaml
-from decide_scenarios import DIGEST_A, DIGEST_B, SETTINGS, T0, Cluster, make_spec
+from decide_scenarios import DIGEST_A, DIGEST_B, SETTINGS, T0, Cluster, make_spec, tuned
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.api.v1alpha1.enums import Phase, ShadowVerdict
 from kubeinfer.operator.reconcile.desired import (
@@ -122,12 +122,12 @@ def runtime_image(cluster: Cluster) -> str:
 def test_the_operators_default_image_for_the_backend_is_a_build_input():
     onnx = make_spec()
     tensorrt = make_spec(engine={"backend": "tensorrt"}, runtime={"resources": {"gpus": 1}})
-    for spec, its_own in ((onnx, "runtime_image"), (tensorrt, "gpu_runtime_image")):
-        for setting in ("runtime_image", "gpu_runtime_image"):
+    for spec, its_own in ((onnx, "runtime"), (tensorrt, "gpu_runtime")):
+        for setting in ("runtime", "gpu_runtime"):
             cluster = Cluster(spec)
             cluster.build_to_ready(DIGEST_A)
             (built,) = cluster.jobs()
-            upgraded = SETTINGS.model_copy(update={setting: NEW_IMAGE})
+            upgraded = tuned(SETTINGS, images={setting: NEW_IMAGE})
             cluster.reconcile(T0 + timedelta(minutes=10), settings=upgraded)
             new = [job for job in cluster.jobs() if job is not built and "status" not in job]
             assert len(new) == (setting == its_own), (spec.engine.backend, setting)

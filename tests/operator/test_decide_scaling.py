@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from decide_scenarios import DIGEST_A, SETTINGS, T0, Cluster, make_spec
+from decide_scenarios import DIGEST_A, SETTINGS, T0, Cluster, make_spec, tuned
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals, ServingPods
 
@@ -128,7 +128,7 @@ def test_a_pod_monitor_replaces_the_scrape_annotations_where_the_cluster_serves_
 
 
 def test_the_pod_monitor_carries_the_labels_a_prometheus_selects_on():
-    settings = SETTINGS.model_copy(update={"pod_monitor_labels": {"release": "kps"}})
+    settings = tuned(SETTINGS, metrics={"pod_monitor_labels": {"release": "kps"}})
     cluster = Cluster(make_spec())
     cluster.pod_monitors = True
     cluster.reconcile(T0, settings)

@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
-from kubeinfer.operator.settings import OperatorSettings
+from decide_scenarios import tuned
 from kubeinfer.operator.state import names
 from kubeinfer.runtime.demo_models import build_mlp
 from operator_harness import (
@@ -56,9 +56,7 @@ from prometheus_harness import DiscoveringPrometheus, running_prometheus_with_ku
 
 pytestmark = pytest.mark.slow
 
-SCALING_FAST = OperatorSettings(
-    **{**FAST.model_dump(), "autoscale_poll_seconds": 0.5, "metrics_timeout_seconds": 2}
-)
+SCALING_FAST = tuned(FAST, requeue={"autoscale_poll_seconds": 0.5}, metrics={"timeout_seconds": 2})
 OWNER = "resnet"
 RUNTIME = names.runtime_name(OWNER)
 CLIENTS = 24
@@ -303,7 +301,7 @@ async def scale_through_an_outage(
             what="ScalingActive=False MetricsUnavailable",
         )
     # ...and still holds once the load is gone: missing data never scales down.
-    await asyncio.sleep(4 * SCALING_FAST.autoscale_poll_seconds + 5)
+    await asyncio.sleep(4 * SCALING_FAST.requeue.autoscale_poll_seconds + 5)
     assert replicas(world) == MAX_REPLICAS
     assert scaling_active(world)["status"] == "False"
     assert set(codes) == {200}, codes

@@ -181,7 +181,7 @@ async def test_a_fixed_connection_raises_the_401(world: World) -> None:
 
 
 async def test_the_reconciler_forgets_an_object_once_it_is_gone(world: World, tiny: Model) -> None:
-    settings = OperatorSettings(resync_interval_seconds=60)
+    settings = OperatorSettings(requeue={"resync_interval_seconds": 60})
     async with KubeClient(connection(world, world.token())) as client:
         reconciler = Reconciler(client, settings)
         try:

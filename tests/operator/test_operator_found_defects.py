@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from decide_scenarios import tuned
 from kubeinfer.operator.state import names
 from operator_harness import FAST, Model, World, condition, eventually, manifest, start_operator
 from prometheus_harness import running_prometheus
@@ -47,7 +48,7 @@ async def test_a_reading_out_of_range_is_set_aside_and_the_others_still_scale(
                 },
             },
         )
-        async with start_operator(world, FAST.model_copy(update={"autoscale_poll_seconds": 0.5})):
+        async with start_operator(world, tuned(FAST, requeue={"autoscale_poll_seconds": 0.5})):
             world.create(spec)
             await eventually(
                 lambda: (

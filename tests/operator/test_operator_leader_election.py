@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from decide_scenarios import tuned
 from kubeinfer.operator.kube.leader_election import Election, LeadershipLost
 from operator_harness import (
     FAST,
@@ -103,7 +104,7 @@ async def test_a_leader_whose_lease_is_taken_stops_requeues_included(
     election = Election(world.namespace, world.lease_name, "replica-a", **TIMINGS)
     # A resync that comes due after kopf has stopped: only the reconciler's own closing
     # can cancel it.
-    settings = FAST.model_copy(update={"resync_interval_seconds": 3})
+    settings = tuned(FAST, requeue={"resync_interval_seconds": 3})
     async with start_operator(world, settings, election=election) as task:
         world.create(manifest(tiny, engine={"pin": PIN}))
         await eventually(lambda: world.one("apps/v1", "deployments"), what="the children")

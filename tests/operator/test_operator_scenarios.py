@@ -41,6 +41,7 @@ from typing import Any
 
 import kopf
 import pytest
+from decide_scenarios import tuned
 from kubeinfer.operator.kube.client import KubeClient
 from kubeinfer.operator.reconciler import Reconciler
 from kubeinfer.operator.state import names
@@ -476,7 +477,7 @@ async def test_where_the_cluster_serves_pod_monitors_one_scrapes_the_serving_pod
 async def test_all_children_exist_within_a_second_of_create(world: World, tiny: Model) -> None:
     pin = "sha256:" + "0" * 64  # never served here: only the children are timed
     # A slow resync: only the create handler and child events can make it fast.
-    async with start_operator(world, FAST.model_copy(update={"resync_interval_seconds": 60})):
+    async with start_operator(world, tuned(FAST, requeue={"resync_interval_seconds": 60})):
         started = time.monotonic()
         world.create(manifest(tiny, engine={"pin": pin}))
         await eventually(lambda: runtime_children_exist(world) and world.children(PVCS), 5)

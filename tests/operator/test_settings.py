@@ -82,20 +82,7 @@ def test_a_bad_value_is_reported_by_its_variable(environ: dict[str, str], messag
 def test_the_constructor_reads_the_process_environment(monkeypatch) -> None:
     monkeypatch.setenv("KUBEINFER_SHADOW_POLL_SECONDS", "3")
     monkeypatch.setenv("KUBEINFER_API__TIMEOUT_SECONDS", "9")
-    settings = OperatorSettings(autoscale_poll_seconds=1)  # arguments win, the rest is read
+    settings = OperatorSettings(requeue={"autoscale_poll_seconds": 1})  # arguments win
     assert settings.requeue.shadow_poll_seconds == 3 and settings.api.timeout_seconds == 9
     assert settings.requeue.autoscale_poll_seconds == 1
     assert OperatorSettings.from_env().requeue.shadow_poll_seconds == 3
-
-
-def test_flat_python_names_still_read_construct_and_copy() -> None:
-    settings = OperatorSettings.from_env({})
-    faster = settings.model_copy(update={"metrics_timeout_seconds": 2, "build_poll_seconds": 1})
-    assert faster.metrics.timeout_seconds == faster.metrics_timeout_seconds == 2
-    assert faster.requeue.build_poll_seconds == faster.build_poll_seconds == 1
-    assert faster.api == settings.api  # the rest is kept
-    rebuilt = OperatorSettings.model_validate(
-        {**faster.model_dump(), "drain_grace_period_seconds": 7}
-    )
-    assert rebuilt.pods.drain_grace_period_seconds == 7 and rebuilt.metrics.timeout_seconds == 2
-    assert rebuilt.termination_grace_period_seconds == 5 + 7 + 10
