@@ -382,6 +382,13 @@ def start_local_cluster(directory: Path) -> Iterator[LocalCluster]:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+        # And discovery naming the short name: the aggregated discovery document is
+        # rebuilt a moment after the storage answers, later the larger the schema, and
+        # until then `kubectl get infd` says the server has no such resource type.
+        while "resource type" in local.kubectl("get", "infd", "-A", "-o", "name", check=False):
+            if time.monotonic() > deadline:
+                raise AssertionError("discovery did not name infd within 60 s")
+            time.sleep(0.2)
         yield local
     finally:
         api_client.close()

@@ -37,3 +37,11 @@ class ShadowVerdict(StrEnum):
     FAILED = "Failed"
     ABORTED = "Aborted"
     PROMOTED = "Promoted"
+
+
+class DriftAction(StrEnum):
+    """What the operator does when the quality watch finds drift."""
+
+    ALERT = "Alert"
+    """Degraded=True with reason QualityDrift, a Warning Event, the figures in the status;
+    serving is untouched."""
