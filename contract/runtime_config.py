@@ -164,7 +164,8 @@ class RuntimeConfig(ApiModel):
 
     mirror_target_file: str | None = None
     """A file holding a `MirrorFile` (YAML or JSON) that the runtime re-reads every
-    mirrorPollIntervalMilliseconds: a shadow candidate to mirror live requests to. A
+    mirrorPollIntervalMilliseconds: a shadow candidate and a quality watch's reference to
+    mirror live requests to. A
     missing or empty file means no mirroring; an invalid one is logged and leaves the
     previous target in place."""
 
@@ -216,10 +217,43 @@ class MirrorTarget(ApiModel):
     """Queue, concurrency and timeout of the mirror."""
 
 
+class QualityWatch(ApiModel):
+    """The quality watch of a serving runtime: a share of its answered requests mirrored to
+    its own model version's reference-precision engine (the `reference`, through the same
+    mirror as a shadow candidate), compared request by request, and tallied overall, per
+    reference top-1 class and per slice, under the role `quality`."""
+
+    reference: MirrorTarget
+    """The reference engine's runtime; its `trafficPercent` is the watch's samplePercent,
+    its `candidateVersion` and `candidateDigest` name the reference engine."""
+
+    slice_header: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$", max_length=128
+    )
+    """A request header whose value names the sub-population a request belongs to (a
+    tenant, a locale); none: no slices."""
+
+    max_slices: int = Field(default=16, ge=1, le=256)
+    """Distinct slice values tallied under their own name; later ones count as `other`, so
+    a header nobody controls cannot grow the series without bound."""
+
+    window_seconds: int = Field(default=3600, ge=60, le=7 * 86400)
+    """The sliding window the exemplars are kept over (the verdict's window)."""
+
+    max_exemplars: int = Field(default=16, ge=0, le=1024)
+    """Inputs kept that disagreed most with the reference in the window."""
+
+    max_exemplar_bytes: int = Field(default=8 * 1024 * 1024, ge=0, le=1024**3)
+    """Bytes of input tensors the exemplars may hold, in all."""
+
+
 class MirrorFile(ApiModel):
     """The content of the mirror target file a serving runtime re-reads while it runs (the
     operator renders it into a ConfigMap of its own, mounted as a directory, so a shadow
-    starts and ends without restarting the serving pods)."""
+    or a quality watch starts and ends without restarting the serving pods)."""
 
     target: MirrorTarget | None = None
-    """The candidate to mirror to; none: mirroring is off."""
+    """The shadow candidate to mirror to; none: no shadow."""
+
+    quality_watch: QualityWatch | None = None
+    """The quality watch; none: no watch. It runs beside a shadow, with a mirror of its own."""

@@ -77,6 +77,7 @@ async def gather_children(
         pods = await client.list(POD, owner.namespace, names.build_pods_selector(owner.name))
         pods.sort(key=lambda o: o["metadata"]["name"])
     runtime, candidate = names.runtime_name(owner.name), names.candidate_name(owner.name)
+    reference = names.reference_name(owner.name)
     return ObservedState(
         owner=owner,
         spec=spec,
@@ -91,5 +92,8 @@ async def gather_children(
         candidate_deployment=_named(deployments, candidate),
         candidate_service=_named(services, candidate),
         mirror_configmap=_named(configmaps, names.mirror_name(owner.name)),
+        reference_configmap=_named(configmaps, reference),
+        reference_deployment=_named(deployments, reference),
+        reference_service=_named(services, reference),
         annotations=dict(body["metadata"].get("annotations") or {}),
     )

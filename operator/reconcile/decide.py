@@ -20,12 +20,14 @@ lists them all (for `kubeinfer render`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 import yaml
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.enums import Backend
+from kubeinfer.operator.quality.reference import reference_spec
 from kubeinfer.operator.reconcile import desired as build
 from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
 from kubeinfer.operator.reconcile.drift import carries
@@ -51,6 +53,7 @@ from kubeinfer.operator.state.engine_state import (
     EnginePhase,
     EngineState,
     ServingEngine,
+    build_key,
     engine_state,
     input_bytes_for,
     observed_serving,
@@ -187,19 +190,82 @@ def _serving_children(
     return configmap, deployment, others
 
 
+def _reference_engine(
+    observed: ObservedState, settings: OperatorSettings, now: datetime
+) -> EngineState | None:
+    """The quality watch's reference engine (None with the watch off): built like any
+    engine, from the reference's own spec, its Jobs kept apart from the serving engine's."""
+    if not observed.spec.quality_watch.enabled:
+        return None
+    reference = replace(observed, spec=reference_spec(observed.spec))
+    return engine_state(reference, settings, now, (build_key(observed.spec, settings),))
+
+
+def _reference_children(
+    observed: ObservedState, settings: OperatorSettings, reference: EngineState
+) -> list[KubeObject]:
+    """The reference runtime once its engine exists: one pod on CPU, its own Service
+    (the serving Service never selects it)."""
+    if reference.digest is None:
+        return []
+    spec, owner = reference_spec(observed.spec), observed.owner
+    version, role = spec.model.version, names.ROLE_REFERENCE
+    config = build.runtime_config(
+        spec, settings, version, reference.digest, role, reference.input_bytes_per_row
+    )
+    configmap = build.build_runtime_configmap(
+        owner,
+        config,
+        reference.build_key,
+        _spec_image(spec, settings),
+        role,
+        reference.input_bytes_per_row,
+    )
+    return [
+        configmap,
+        build.build_runtime_deployment(owner, spec, settings, configmap, 1, role),
+        build.build_service(owner, version, role),
+    ]
+
+
+def _watched_reference(
+    observed: ObservedState,
+    serving: ServingEngine,
+    engine: EngineState,
+    reference: EngineState | None,
+) -> tuple[str, str] | None:
+    """(version, digest) of the reference the serving pods mirror to: only while they
+    serve the spec's own engine (the reference is built from the spec's model, so during
+    a shadow of a new version the watch pauses) and the reference has a pod available."""
+    if (
+        reference is None
+        or reference.digest is None
+        or serving.digest != engine.digest
+        or not _available(observed.reference_deployment)
+    ):
+        return None
+    return observed.spec.model.version, reference.digest
+
+
 def _shadow_children(
     observed: ObservedState,
     settings: OperatorSettings,
     plan: RolloutPlan,
     serving: ServingEngine,
     engine: EngineState,
+    reference: EngineState | None,
 ) -> tuple[KubeObject, list[KubeObject]]:
-    """The serving version's mirror file (naming no target unless the plan mirrors) and
-    the shadow candidate's children when the plan runs one."""
+    """The serving version's mirror file (naming no candidate unless the plan mirrors, no
+    reference unless the watch runs) and the shadow candidate's children when the plan
+    runs one."""
     spec, owner = observed.spec, observed.owner
     target = plan.candidate if plan.mirror else None
     mirror = build.build_mirror_configmap(
-        owner, spec, serving.version, (target.version, target.digest) if target else None
+        owner,
+        spec,
+        serving.version,
+        (target.version, target.digest) if target else None,
+        _watched_reference(observed, serving, engine, reference),
     )
     if plan.candidate is None:
         return mirror, []
@@ -217,6 +283,20 @@ def _shadow_children(
         build.build_runtime_deployment(owner, spec, settings, configmap, replicas, role),
         build.build_service(owner, candidate.version, role),
     ]
+
+
+def _reference_leftovers(
+    observed: ObservedState, reference: EngineState | None
+) -> tuple[tuple[str, str], ...]:
+    """The reference's children once the watch is off."""
+    if reference is not None:
+        return ()
+    found = (
+        ("Deployment", observed.reference_deployment),
+        ("Service", observed.reference_service),
+        ("ConfigMap", observed.reference_configmap),
+    )
+    return tuple((kind, child["metadata"]["name"]) for kind, child in found if child)
 
 
 def _candidate_leftovers(observed: ObservedState, plan: RolloutPlan) -> tuple[tuple[str, str], ...]:
@@ -258,7 +338,8 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     candidate), then the children and the status they lead to."""
     now = now.replace(microsecond=0)  # metav1.Time has whole seconds
     spec, owner = observed.spec, observed.owner
-    engine = engine_state(observed, settings, now)
+    reference = _reference_engine(observed, settings, now)
+    engine = engine_state(observed, settings, now, (reference.build_key,) if reference else ())
     children: list[KubeObject] = []
 
     pvc = build.build_cache_pvc(owner, spec)
@@ -267,6 +348,12 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     if engine.job_attempt is not None:
         children.append(
             build.build_engine_job(owner, spec, settings, engine.build_key, engine.job_attempt)
+        )
+    if reference is not None and reference.job_attempt is not None:
+        children.append(
+            build.build_engine_job(
+                owner, reference_spec(spec), settings, reference.build_key, reference.job_attempt
+            )
         )
 
     plan = plan_rollout(
@@ -295,8 +382,12 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     plan = promotion_complete(plan, rollout.complete)
     if plan.serving is not None and deployment is not None:
         # The mirror file before the Deployment whose pods mount it.
-        mirror, candidate = _shadow_children(observed, settings, plan, plan.serving, engine)
+        mirror, candidate = _shadow_children(
+            observed, settings, plan, plan.serving, engine, reference
+        )
         children += [configmap, mirror, deployment, *others, *candidate]
+    if reference is not None:
+        children += _reference_children(observed, settings, reference)
     scaling = None
     if recommendation is not None:
         scaling = scaling_report(
@@ -323,6 +414,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     if spec.autoscaling.enabled:
         requeue = min(requeue or polls.autoscale_poll_seconds, polls.autoscale_poll_seconds)
 
+    stale_reference_jobs = reference.delete_jobs if reference else ()
     events = transition_events(observed.status.conditions, status.conditions)
     if plan.replaced is not None:
         events += (shadow_replaced_event(plan.replaced, plan.record),)
@@ -331,8 +423,9 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     return Decision(
         apply=tuple(child for child in children if needs_write(child, observed)),
         delete=(
-            *(("Job", name) for name in engine.delete_jobs),
+            *(("Job", name) for name in sorted({*engine.delete_jobs, *stale_reference_jobs})),
             *_candidate_leftovers(observed, plan),
+            *_reference_leftovers(observed, reference),
         ),
         status=status,
         events=events,

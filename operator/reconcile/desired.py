@@ -19,6 +19,7 @@ from kubeinfer.contract.runtime_config import (
     EngineSource,
     MirrorFile,
     MirrorTarget,
+    QualityWatch,
     RuntimeConfig,
     request_bytes_limit,
 )
@@ -257,10 +258,23 @@ def runtime_config(
 
 
 def _role_names(owner: str, role: str) -> tuple[str, str]:
-    """(children's name, component label) of the serving runtime or the candidate."""
+    """(children's name, component label) of the serving runtime, the shadow candidate or
+    the quality watch's reference."""
     if role == names.ROLE_CANDIDATE:
         return names.candidate_name(owner), names.COMPONENT_CANDIDATE
+    if role == names.ROLE_REFERENCE:
+        return names.reference_name(owner), names.COMPONENT_REFERENCE
     return names.runtime_name(owner), names.COMPONENT_RUNTIME
+
+
+def _pods_of(owner: str, role: str) -> dict[str, str]:
+    """The selector of a role's pods, for its Service (the serving Service selects the
+    serving role only, so neither a candidate nor a reference ever takes live traffic)."""
+    if role == names.ROLE_CANDIDATE:
+        return names.candidate_selector(owner)
+    if role == names.ROLE_REFERENCE:
+        return names.reference_selector(owner)
+    return names.serving_selector(owner)
 
 
 def build_runtime_configmap(
@@ -295,11 +309,13 @@ def build_mirror_configmap(
     spec: InferenceDeploymentSpec,
     serving_version: str,
     candidate: tuple[str, str] | None,
+    reference: tuple[str, str] | None = None,
 ) -> KubeObject:
-    """The serving pods' mirror target: the candidate (version, digest) behind its Service,
+    """The serving pods' mirror targets: the shadow candidate (version, digest) behind its
+    Service, or none, and the quality watch's reference (version, digest) behind its own,
     or none. A ConfigMap of its own, mounted as a directory and re-read by the runtime:
     the kubelet refreshes it in place (within its sync period, about a minute), so a
-    shadow starts and ends without a roll of the serving pods."""
+    shadow or a watch starts and ends without a roll of the serving pods."""
     target = None
     if candidate is not None:
         version, digest = candidate
@@ -311,7 +327,23 @@ def build_mirror_configmap(
             traffic_percent=spec.rollout.shadow.traffic_percent,
             policy=spec.rollout.shadow.mirror,
         )
-    text = yaml.safe_dump(MirrorFile(target=target).to_wire(), sort_keys=True)
+    watch = None
+    if reference is not None:
+        version, digest = reference
+        settings = spec.quality_watch
+        watch = QualityWatch(
+            reference=MirrorTarget(
+                url=f"http://{names.reference_name(owner.name)}.{owner.namespace}.svc:{HTTP_PORT}",
+                model_name=spec.model.name,
+                candidate_version=version,
+                candidate_digest=digest,
+                traffic_percent=settings.sample_percent,
+            ),
+            slice_header=settings.slice_header,
+            window_seconds=settings.window_seconds,
+        )
+    mirror_file = MirrorFile(target=target, quality_watch=watch)
+    text = yaml.safe_dump(mirror_file.to_wire(), sort_keys=True)
     labels = names.common_labels(owner.name, serving_version, names.COMPONENT_RUNTIME)
     body = {"data": {MIRROR_KEY: text}}
     return finish_child("v1", "ConfigMap", names.mirror_name(owner.name), owner, labels, body)
@@ -350,9 +382,8 @@ def build_runtime_deployment(
     version = meta["labels"][names.LABEL_VERSION]
     serving = role == names.ROLE_SERVING
     name, component = _role_names(owner.name, role)
-    selector = (
-        names.runtime_selector(owner.name) if serving else names.candidate_selector(owner.name)
-    )
+    # The serving Deployment's selector is immutable and older than the role label.
+    selector = names.runtime_selector(owner.name) if serving else _pods_of(owner.name, role)
     template_annotations = {
         names.ANNOTATION_CONFIG_HASH: names.stable_hash(configmap["data"]),
         names.ANNOTATION_ENGINE_DIGEST: meta["annotations"][names.ANNOTATION_ENGINE_DIGEST],
@@ -444,15 +475,12 @@ def build_runtime_deployment(
 def build_service(owner: OwnerRef, version: str, role: str = names.ROLE_SERVING) -> KubeObject:
     """The runtime's Service: `http` for inference, `metrics` for scrapers selecting a
     named port (the runtime serves /metrics on its http port). The serving Service selects
-    the serving role only; the candidate's Service (the mirror's target) its own pods."""
-    serving = role == names.ROLE_SERVING
-    selector = (
-        names.serving_selector(owner.name) if serving else names.candidate_selector(owner.name)
-    )
+    the serving role only; the candidate's and the reference's Services (the mirrors'
+    targets) their own pods."""
     body = {
         "spec": {
             "type": "ClusterIP",
-            "selector": selector,
+            "selector": _pods_of(owner.name, role),
             "ports": [
                 {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
                 {
@@ -464,8 +492,8 @@ def build_service(owner: OwnerRef, version: str, role: str = names.ROLE_SERVING)
             ],
         }
     }
-    name = names.service_name(owner.name) if serving else names.candidate_name(owner.name)
-    labels = names.common_labels(
-        owner.name, version, names.COMPONENT_RUNTIME if serving else names.COMPONENT_CANDIDATE
-    )
+    name, component = _role_names(owner.name, role)
+    if role == names.ROLE_SERVING:
+        name = names.service_name(owner.name)
+    labels = names.common_labels(owner.name, version, component)
     return finish_child("v1", "Service", name, owner, labels, body)

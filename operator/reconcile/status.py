@@ -221,6 +221,18 @@ def forbidden_status(
     return status.model_copy(update={"conditions": conditions})
 
 
+def _mounting(shadow: bool, watched: bool) -> str:
+    """Which runtime pods the CacheAttachRisk message counts, when not serving's alone."""
+    pods = [
+        "serving",
+        *(["shadow candidate"] if shadow else []),
+        *(["quality reference"] if watched else []),
+    ]
+    if len(pods) == 1:
+        return ""
+    return f" ({', '.join(pods[:-1])} and {pods[-1]})"
+
+
 def cache_attach_risk(observed: ObservedState) -> tuple[ConditionStatus, Reason, str] | None:
     """The CacheAttachRisk condition, or None where there is none. The claim the operator
     creates defaults to ReadWriteOnce, the one access mode every storage class offers, and
@@ -229,9 +241,10 @@ def cache_attach_risk(observed: ObservedState) -> tuple[ConditionStatus, Reason,
     error. The operator does not pin the pods to one node for it (that would stop the
     spreading of GPU pods, and classes such as NFS mount ReadWriteOnce volumes on several
     nodes anyway); it warns, with what to change, whenever more than one runtime pod may
-    mount the claim: more than one replica (autoscaling's maximum when autoscaling), or a
-    shadow candidate beside the serving pods. The observed claim's access modes win over
-    the spec's, since a claim's are fixed at creation. No warning for an existing claim
+    mount the claim: more than one replica (autoscaling's maximum when autoscaling), a
+    shadow candidate or the quality watch's reference beside the serving pods. The
+    observed claim's access modes win over the spec's, since a claim's are fixed at
+    creation. No warning for an existing claim
     (its access modes are the owner's choice) or pods pinned by kubernetes.io/hostname."""
     spec = observed.spec
     cache = spec.engine.cache
@@ -245,6 +258,9 @@ def cache_attach_risk(observed: ObservedState) -> tuple[ConditionStatus, Reason,
     shadow = spec.rollout.strategy == RolloutStrategy.SHADOW
     if shadow:
         pods += spec.rollout.shadow.replicas
+    watched = spec.quality_watch.enabled
+    if watched:
+        pods += 1  # the quality watch's reference pod
     if pods <= 1:
         return None
     claim = names.cache_claim_name(observed.owner.name)
@@ -252,7 +268,7 @@ def cache_attach_risk(observed: ObservedState) -> tuple[ConditionStatus, Reason,
         TRUE,
         Reason.READ_WRITE_ONCE_ACROSS_NODES,
         f"The engine cache claim {claim} is {'/'.join(modes)} and up to {pods} runtime pods"
-        f"{' (serving and shadow candidate)' if shadow else ''} mount it, plus a build Job "
+        f"{_mounting(shadow, watched)} mount it, plus a build Job "
         "while an engine builds: the volume attaches to one node, so a pod scheduled on "
         "another waits in ContainerCreating (Multi-Attach error). Set "
         "engine.cache.accessMode ReadWriteMany on a storage class that supports it, name a "

@@ -184,17 +184,31 @@ def backoff_seconds(attempt: int, settings: OperatorSettings) -> float:
     )
 
 
-def engine_state(observed: ObservedState, settings: OperatorSettings, now: datetime) -> EngineState:
-    """Where the current spec's engine stands, and which build Job must exist."""
+def engine_state(
+    observed: ObservedState,
+    settings: OperatorSettings,
+    now: datetime,
+    other_wanted_keys: tuple[str, ...] = (),
+) -> EngineState:
+    """Where the engine of `observed.spec` stands, and which build Job must exist. The
+    unfinished Jobs of other inputs are stale, except those of `other_wanted_keys` (the
+    engines the object also needs: the quality watch's reference)."""
     spec, owner = observed.spec, observed.owner.name
     key = build_key(spec, settings)
     jobs = [job for job in observed.jobs if _labels(job).get(names.LABEL_INSTANCE) == owner]
-    mine = [
-        j
-        for j in jobs
-        if _labels(j).get(names.LABEL_BUILD_KEY) == key[: names.BUILD_KEY_LABEL_LENGTH]
-    ]
-    stale = tuple(sorted(j["metadata"]["name"] for j in jobs if j not in mine and not finished(j)))
+
+    def key_of(job: KubeObject) -> str | None:
+        return _labels(job).get(names.LABEL_BUILD_KEY)
+
+    mine = [j for j in jobs if key_of(j) == key[: names.BUILD_KEY_LABEL_LENGTH]]
+    wanted = {other[: names.BUILD_KEY_LABEL_LENGTH] for other in other_wanted_keys}
+    stale = tuple(
+        sorted(
+            j["metadata"]["name"]
+            for j in jobs
+            if j not in mine and key_of(j) not in wanted and not finished(j)
+        )
+    )
     cpu_target = "cpu" if spec.engine.backend == Backend.ONNXRUNTIME else None
     previous = observed.status.engine
 
@@ -266,10 +280,14 @@ def engine_state(observed: ObservedState, settings: OperatorSettings, now: datet
 
 
 def recorded_engine(observed: ObservedState, key: str) -> ServingEngine | None:
-    """An engine built for build key `key`, where one is recorded: the serving or the
-    shadow candidate's ConfigMap, else the status' engine."""
+    """An engine built for build key `key`, where one is recorded: the serving, the
+    shadow candidate's or the quality reference's ConfigMap, else the status' engine."""
     previous = observed.status.engine
-    known = [observed_serving(observed), observed_candidate(observed)]
+    known = [
+        observed_serving(observed),
+        observed_candidate(observed),
+        _engine_of(observed.reference_configmap),
+    ]
     if previous and previous.digest and previous.build_key:
         known.append(ServingEngine("", previous.digest, previous.build_key))
     for engine in known:

@@ -26,9 +26,10 @@ LABEL_VERSION = "kubeinfer.io/version"
 LABEL_BUILD_KEY = "kubeinfer.io/build-key"
 LABEL_BUILD_ATTEMPT = "kubeinfer.io/build-attempt"
 LABEL_ROLE = "kubeinfer.io/role"
-"""On runtime pods: `serving` or `candidate`. The serving Service selects `serving` only, so
-a shadow candidate never takes live traffic through it (Argo Rollouts' experiment pods
-once did, through a stable selector that matched them)."""
+"""On runtime pods: `serving`, `candidate` or `reference`. The serving Service selects
+`serving` only, so neither a shadow candidate nor a quality reference ever takes live
+traffic through it (Argo Rollouts' experiment pods once did, through a stable selector
+that matched them)."""
 
 ANNOTATION_INPUT_HASH = "kubeinfer.io/input-hash"
 """Hash of everything the operator sets on a child; equal hashes mean nothing to write."""
@@ -50,8 +51,12 @@ COMPONENT_CANDIDATE = "candidate"
 """The shadow candidate's pods: a component of their own, so the serving Deployment's
 selector (immutable, and without the role label) never matches them."""
 
+COMPONENT_REFERENCE = "quality-reference"
+"""The quality watch's reference pods: a component of their own, like the candidate's."""
+
 ROLE_SERVING = "serving"
 ROLE_CANDIDATE = "candidate"
+ROLE_REFERENCE = "reference"
 
 MAX_NAME_LENGTH = 63
 """A label value's limit, and a Service's; Jobs label their pods with their name."""
@@ -93,6 +98,11 @@ def runtime_name(owner: str) -> str:
 def candidate_name(owner: str) -> str:
     """The shadow candidate's Deployment, ConfigMap and Service."""
     return child_name(owner, "candidate")
+
+
+def reference_name(owner: str) -> str:
+    """The quality watch's reference Deployment, ConfigMap and Service."""
+    return child_name(owner, "reference")
 
 
 def mirror_name(owner: str) -> str:
@@ -142,6 +152,16 @@ def candidate_selector(owner: str) -> dict[str, str]:
         LABEL_INSTANCE: owner,
         LABEL_COMPONENT: COMPONENT_CANDIDATE,
         LABEL_ROLE: ROLE_CANDIDATE,
+    }
+
+
+def reference_selector(owner: str) -> dict[str, str]:
+    """The quality watch's reference pods (its Deployment's and its Service's selector)."""
+    return {
+        LABEL_NAME: APP_NAME,
+        LABEL_INSTANCE: owner,
+        LABEL_COMPONENT: COMPONENT_REFERENCE,
+        LABEL_ROLE: ROLE_REFERENCE,
     }
 
 

@@ -50,6 +50,9 @@ class ObservedState:
     candidate_service: KubeObject | None = None
     """The shadow candidate's children, when one runs."""
     mirror_configmap: KubeObject | None = None
+    reference_configmap: KubeObject | None = None
+    reference_deployment: KubeObject | None = None
+    reference_service: KubeObject | None = None
     """The serving pods' mirror target (a ConfigMap of its own, so changing it rolls
     nothing)."""
     annotations: dict[str, str] = field(default_factory=dict)

@@ -54,6 +54,9 @@ def singletons(owner: str) -> dict[tuple[str, str], str]:
         ("Deployment", names.candidate_name(owner)): "candidate_deployment",
         ("Service", names.candidate_name(owner)): "candidate_service",
         ("ConfigMap", names.mirror_name(owner)): "mirror_configmap",
+        ("ConfigMap", names.reference_name(owner)): "reference_configmap",
+        ("Deployment", names.reference_name(owner)): "reference_deployment",
+        ("Service", names.reference_name(owner)): "reference_service",
         ("PodMonitor", names.runtime_name(owner)): "pod_monitor",
     }
 

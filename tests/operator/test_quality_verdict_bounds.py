@@ -97,14 +97,15 @@ def test_the_bounds_enclose_the_observed_agreement_and_invert_the_test(trials, s
     successes = round(trials * share)
     bounds = exact_bounds(successes, trials, level)
     assert 0.0 <= bounds.lower <= successes / trials <= bounds.upper <= 1.0
-    # At the bound the tail has the level's probability (that is what the bound is).
+    # At the bound the tail has the level's probability (that is what the bound is), to
+    # the bisection's precision: near a share of 1 the tail is steep in the proportion.
     if successes < trials:
         assert at_most_probability(successes, trials, bounds.upper) == pytest.approx(
-            level, rel=1e-6
+            level, rel=1e-4
         )
     if successes > 0:
         assert at_least_probability(successes, trials, bounds.lower) == pytest.approx(
-            level, rel=1e-6
+            level, rel=1e-4
         )
 
 

@@ -1,0 +1,145 @@
+"""The quality watch's children, pass by pass (`decide_scenarios.Cluster`): the reference
+engine is built by a Job of its own (ONNX Runtime, the reference precision, no
+calibration), apart from the serving engine's, neither deleting the other's; its runtime
+is one CPU pod behind a Service of its own that the serving Service never selects; the
+serving pods' mirror file names the reference only while it has a pod available and
+serving runs the spec's engine; turning the watch off removes the reference."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import yaml
+from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
+from kubeinfer.contract.runtime_config import MirrorFile
+from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType
+from kubeinfer.operator.reconcile.desired import CONFIG_KEY, HTTP_PORT, MIRROR_KEY
+from kubeinfer.operator.state import names
+
+OWNER = "demo"
+REFERENCE = names.reference_name(OWNER)
+INT8 = {
+    "precision": "int8",
+    "calibration": {"uri": "https://models.example.com/calibration.npz"},
+}
+
+
+def watched(**watch: object) -> object:
+    return make_spec(engine=INT8, qualityWatch={"enabled": True, "samplePercent": 5, **watch})
+
+
+def argument(job: dict, flag: str) -> str:
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args[args.index(flag) + 1]
+
+
+def mirror_file(cluster: Cluster) -> MirrorFile:
+    text = cluster.get("ConfigMap", names.mirror_name(OWNER))["data"][MIRROR_KEY]
+    return MirrorFile.model_validate(yaml.safe_load(text))
+
+
+def both_built(cluster: Cluster) -> tuple[dict, dict]:
+    """Both builds started on the first pass: (serving Job, reference Job)."""
+    cluster.reconcile(T0)
+    jobs = cluster.jobs()
+    assert len(jobs) == 2, [j["metadata"]["name"] for j in jobs]
+    (serving,) = [j for j in jobs if argument(j, "--precision") == "int8"]
+    (reference,) = [j for j in jobs if argument(j, "--precision") == "fp32"]
+    return serving, reference
+
+
+def test_the_reference_engine_is_built_apart_at_the_reference_precision_on_cpu():
+    cluster = Cluster(watched())
+    serving, reference = both_built(cluster)
+    assert argument(reference, "--backend") == "onnxruntime"
+    assert "--calibration" not in reference["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--calibration" in serving["spec"]["template"]["spec"]["containers"][0]["args"]
+    key = names.LABEL_BUILD_KEY
+    assert reference["metadata"]["labels"][key] != serving["metadata"]["labels"][key]
+    # Neither engine's state takes the other's running Job for a stale one.
+    decision = cluster.reconcile(T0 + timedelta(seconds=5))
+    assert not [name for kind, name in decision.delete if kind == "Job"]
+    assert len(cluster.jobs()) == 2
+
+
+def test_the_reference_runs_one_cpu_pod_that_the_serving_service_never_selects():
+    cluster = Cluster(watched(), name=OWNER)
+    serving, reference = both_built(cluster)
+    cluster.succeed_job(reference["metadata"]["name"], DIGEST_B, at=T0 + timedelta(seconds=30))
+    cluster.succeed_job(serving["metadata"]["name"], DIGEST_A, at=T0 + timedelta(seconds=60))
+    cluster.reconcile(T0 + timedelta(seconds=61))
+    deployment = cluster.get("Deployment", REFERENCE)
+    assert deployment["spec"]["replicas"] == 1
+    pod = deployment["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in str(container.get("resources", {}))
+    assert pod["metadata"]["labels"][names.LABEL_ROLE] == names.ROLE_REFERENCE
+    config = yaml.safe_load(cluster.get("ConfigMap", REFERENCE)["data"][CONFIG_KEY])
+    assert config["engine"]["digest"] == DIGEST_B
+    assert config.get("mirrorTargetFile") is None, "the reference mirrors nothing"
+    served_by = cluster.get("Service", names.service_name(OWNER))["spec"]["selector"]
+    assert not set(served_by.items()) <= set(pod["metadata"]["labels"].items())
+    reference_service = cluster.get("Service", REFERENCE)["spec"]["selector"]
+    assert set(reference_service.items()) <= set(pod["metadata"]["labels"].items())
+
+
+def test_the_mirror_names_the_reference_once_it_has_a_pod_available():
+    cluster = Cluster(watched(sliceHeader="X-Kubeinfer-Slice", windowSeconds=900), name=OWNER)
+    serving, reference = both_built(cluster)
+    cluster.succeed_job(reference["metadata"]["name"], DIGEST_B, at=T0 + timedelta(seconds=30))
+    cluster.succeed_job(serving["metadata"]["name"], DIGEST_A, at=T0 + timedelta(seconds=60))
+    cluster.reconcile(T0 + timedelta(seconds=61))
+    cluster.roll_out()
+    cluster.reconcile(T0 + timedelta(seconds=62))
+    assert mirror_file(cluster).quality_watch is None, "no reference pod available yet"
+    cluster.roll_out(name=REFERENCE)
+    cluster.reconcile(T0 + timedelta(seconds=63))
+    watch = mirror_file(cluster).quality_watch
+    assert watch is not None
+    assert watch.reference.url == f"http://{REFERENCE}.ns.svc:{HTTP_PORT}"
+    assert (watch.reference.candidate_version, watch.reference.candidate_digest) == ("1", DIGEST_B)
+    assert watch.reference.traffic_percent == 5
+    assert (watch.slice_header, watch.window_seconds) == ("X-Kubeinfer-Slice", 900)
+    assert mirror_file(cluster).target is None, "no shadow candidate"
+
+
+def test_turning_the_watch_off_removes_the_reference_and_stops_the_mirror():
+    cluster = Cluster(watched(), name=OWNER)
+    serving, reference = both_built(cluster)
+    cluster.succeed_job(reference["metadata"]["name"], DIGEST_B, at=T0 + timedelta(seconds=30))
+    cluster.succeed_job(serving["metadata"]["name"], DIGEST_A, at=T0 + timedelta(seconds=60))
+    cluster.reconcile(T0 + timedelta(seconds=61))
+    cluster.roll_out()
+    cluster.roll_out(name=REFERENCE)
+    cluster.reconcile(T0 + timedelta(seconds=62))
+    assert mirror_file(cluster).quality_watch is not None
+    cluster.update_spec(make_spec(engine=INT8, qualityWatch={"enabled": False}))
+    decision = cluster.reconcile(T0 + timedelta(seconds=70))
+    assert {("Deployment", REFERENCE), ("Service", REFERENCE), ("ConfigMap", REFERENCE)} <= set(
+        decision.delete
+    )
+    assert mirror_file(cluster).quality_watch is None
+    # The serving engine is unchanged by the watch: no new build, no roll.
+    assert not [j for j in cluster.jobs() if "status" not in j]
+
+
+def test_a_reference_found_in_its_configmap_is_not_built_again():
+    cluster = Cluster(watched(), name=OWNER)
+    serving, reference = both_built(cluster)
+    cluster.succeed_job(reference["metadata"]["name"], DIGEST_B, at=T0 + timedelta(seconds=30))
+    cluster.succeed_job(serving["metadata"]["name"], DIGEST_A, at=T0 + timedelta(seconds=60))
+    cluster.reconcile(T0 + timedelta(seconds=61))
+    for job in cluster.jobs():  # the Jobs' TTL passed
+        cluster.delete("Job", job["metadata"]["name"])
+    cluster.reconcile(T0 + timedelta(hours=2))
+    assert cluster.jobs() == []
+    config = yaml.safe_load(cluster.get("ConfigMap", REFERENCE)["data"][CONFIG_KEY])
+    assert config["engine"]["digest"] == DIGEST_B
+
+
+def test_the_reference_pod_counts_among_the_pods_on_a_read_write_once_cache():
+    cluster = Cluster(watched(), name=OWNER)
+    cluster.reconcile(T0)
+    risk = cluster.condition(ConditionType.CACHE_ATTACH_RISK)
+    assert risk.status == ConditionStatus.TRUE
+    assert "up to 2 runtime pods (serving and quality reference)" in risk.message
