@@ -51,6 +51,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from kubeinfer.operator.api.v1alpha1.conditions import Reason
 from kubeinfer.operator.quality.bounds import (
     Bounds,
     at_least_probability,
@@ -64,15 +65,6 @@ from kubeinfer.operator.quality.bounds import (
 class QualityState(StrEnum):
     HEALTHY = "Healthy"
     DRIFTING = "Drifting"
-    INSUFFICIENT_SAMPLES = "InsufficientSamples"
-
-
-class Reasons:
-    """The verdict's reasons (CamelCase words, as condition reasons are)."""
-
-    HEALTHY = "QualityHealthy"
-    DRIFT = "QualityDrift"
-    DIFFERENCE_TOO_LARGE = "MeanAbsoluteDifferenceTooLarge"
     INSUFFICIENT_SAMPLES = "InsufficientSamples"
 
 
@@ -257,7 +249,7 @@ class QualityVerdict:
     """Healthy, Drifting or InsufficientSamples, with the figures that led to it."""
 
     state: QualityState
-    reason: str
+    reason: Reason
     message: str
     drifting: tuple[GroupJudgement, ...] = ()
     overall: GroupJudgement | None = None
@@ -267,17 +259,33 @@ class QualityVerdict:
     tests: int = 0
     per_test_false_alarm: float = 0.0
 
+    @property
+    def memory(self) -> QualityMemory:
+        """What the next evaluation must know of this one."""
+        return QualityMemory(
+            frozenset(j.group for j in self.drifting), self.mean_absolute_difference_too_large
+        )
+
+
+@dataclass(frozen=True)
+class QualityMemory:
+    """What one verdict hands to the next (its hysteresis): the groups found drifting, and
+    whether the mean difference was too large. Small enough for the status to keep."""
+
+    drifting: frozenset[QualityGroup] = frozenset()
+    difference_too_large: bool = False
+
 
 def judge_quality(
     thresholds: QualityThresholds,
     baseline: QualityBaseline,
     window: WindowTallies,
-    previous: QualityVerdict | None = None,
+    previous: QualityMemory | None = None,
 ) -> QualityVerdict:
-    """The verdict on one window of tallies; `previous` is the last verdict given on this
-    engine (None on its first evaluation), read only for what was drifting."""
-    was_drifting = {judgement.group for judgement in previous.drifting} if previous else set()
-    difference_was_too_large = bool(previous and previous.mean_absolute_difference_too_large)
+    """The verdict on one window of tallies; `previous` is what the last verdict given on
+    this engine left (`QualityVerdict.memory`; None on its first evaluation)."""
+    was_drifting = set(previous.drifting) if previous else set()
+    difference_was_too_large = bool(previous and previous.difference_too_large)
     groups = _groups(window, was_drifting)
     tested = [g for g in groups if _samples(window, g) >= thresholds.min_samples]
     difference_tested = (
@@ -295,7 +303,7 @@ def judge_quality(
     by_group = {j.group: j for j in judgements}
     verdict = QualityVerdict(
         state=QualityState.HEALTHY,
-        reason=Reasons.HEALTHY,
+        reason=Reason.QUALITY_HEALTHY,
         message="",
         drifting=drifting,
         overall=by_group.get(OVERALL),
@@ -411,13 +419,13 @@ def _with_outcome(
         parts = [j.describe(thresholds.floor_name(j.group)) for j in verdict.drifting]
         if verdict.mean_absolute_difference_too_large:
             parts.append(difference)
-        state, reason = QualityState.DRIFTING, Reasons.DRIFT
+        state, reason = QualityState.DRIFTING, Reason.QUALITY_DRIFT
         message = f"Top-1 agreement drifted: {'; '.join(parts)}. {level}."
     elif verdict.mean_absolute_difference_too_large:
-        state, reason = QualityState.DRIFTING, Reasons.DIFFERENCE_TOO_LARGE
+        state, reason = QualityState.DRIFTING, Reason.MEAN_ABSOLUTE_DIFFERENCE_TOO_LARGE
         message = f"The mean absolute difference drifted: {difference}. {level}."
     elif verdict.tests == 0:
-        state, reason = QualityState.INSUFFICIENT_SAMPLES, Reasons.INSUFFICIENT_SAMPLES
+        state, reason = QualityState.INSUFFICIENT_SAMPLES, Reason.INSUFFICIENT_SAMPLES
         message = (
             f"{window.overall.samples} of minSamples {thresholds.min_samples} samples in "
             "the window; nothing is judged yet."
@@ -432,7 +440,7 @@ def _with_outcome(
             )
             if j is not None
         ]
-        state, reason = QualityState.HEALTHY, Reasons.HEALTHY
+        state, reason = QualityState.HEALTHY, Reason.QUALITY_HEALTHY
         message = f"No drift: {'; '.join([*named, difference])}. {level}."
     return replace(verdict, state=state, reason=reason, message=message)
 

@@ -4,7 +4,7 @@ conditions and phase. Pure.
 One chain, most pressing first, picks the single situation that applies (`situation_of`):
 
     build failed > building > runtime pods failing > rollout stalled > a shadow rollout's
-    say > rolled out > rolling out
+    say > quality drift > rolled out > rolling out
 
 and one table (`summary_conditions`) turns that situation into Ready, Progressing,
 Degraded, Reconciling, Stalled and the phase. The order is written once, so the
@@ -47,6 +47,7 @@ class SituationKind(StrEnum):
     RUNTIME_FAILING = "RuntimeFailing"
     ROLLOUT_STALLED = "RolloutStalled"
     SHADOW = "Shadow"
+    QUALITY_DRIFT = "QualityDrift"
     ROLLED_OUT = "RolledOut"
     ROLLING_OUT = "RollingOut"
 
@@ -64,6 +65,8 @@ class Facts:
     rollout: RolloutProgress
     shadow: ShadowReport
     replicas: int
+    quality_drift: str | None = None
+    """The quality watch's message when it finds the served engine drifting, else None."""
 
     @property
     def current(self) -> bool:
@@ -152,6 +155,15 @@ def _first_that_applies(facts: Facts) -> Situation:
     if shadow.progress is not None:
         _, reason, message = shadow.progress
         return Situation(SituationKind.SHADOW, reason, message, shadow=shadow)
+    if facts.current and facts.quality_drift is not None:
+        # Judged while the spec's engine serves, rolled out or scaling: a scale-up must
+        # not clear the condition and raise it again.
+        return Situation(
+            SituationKind.QUALITY_DRIFT,
+            Reason.QUALITY_DRIFT,
+            facts.quality_drift,
+            meanwhile="" if rollout.complete else said_of_rollout,
+        )
     if facts.ready:
         return Situation(SituationKind.ROLLED_OUT, Reason.ROLLOUT_COMPLETE, said_of_rollout)
     return Situation(
@@ -198,6 +210,18 @@ def summary_conditions(situation: Situation) -> SummaryConditions:
             shadow = situation.shadow
             ready, progressing = (FALSE, *said), shadow.progress or (FALSE, *said)
             degraded, phase = shadow.degraded or AS_EXPECTED, shadow.phase or Phase.DEPLOYING
+        case SituationKind.QUALITY_DRIFT:
+            # The spec's engine serves; its answers drift from the reference's. Progressing
+            # says what the rollout does (`meanwhile`: the rollout's sentence while it
+            # rolls).
+            rolling = bool(situation.meanwhile)
+            ready = (FALSE, Reason.ROLLING_OUT, situation.meanwhile)
+            progressing = (
+                (TRUE, Reason.ROLLING_OUT, situation.meanwhile)
+                if rolling
+                else (FALSE, Reason.ROLLOUT_COMPLETE, "The spec's engine serves on every pod.")
+            )
+            degraded, phase = (TRUE, *said), Phase.DEPLOYING if rolling else Phase.READY
         case SituationKind.ROLLED_OUT:
             ready, progressing = (TRUE, Reason.READY, situation.serves), (FALSE, *said)
             degraded, phase = AS_EXPECTED, Phase.READY
@@ -206,7 +230,12 @@ def summary_conditions(situation: Situation) -> SummaryConditions:
             degraded, phase = AS_EXPECTED, Phase.DEPLOYING
     if situation.serves:  # whatever else the situation says: see the module's docstring
         ready, phase = (TRUE, Reason.READY, situation.serves), Phase.READY
-    if degraded[0] == TRUE:
+    if degraded[0] == TRUE and situation.kind == SituationKind.QUALITY_DRIFT:
+        # Drift is no reconcile failure: the object is reconciled, its engine's answers
+        # moved. kstatus' Stalled (what a Flux health check fails on) stays False.
+        reconciling = progressing if progressing[0] == TRUE else (FALSE, *progressing[1:])
+        stalled = AS_EXPECTED
+    elif degraded[0] == TRUE:
         reconciling, stalled = (FALSE, degraded[1], degraded[2]), degraded
     else:
         reconciling = progressing if progressing[0] == TRUE else (FALSE, *progressing[1:])

@@ -69,6 +69,7 @@ WARNING_REASONS = frozenset(
         Reason.READ_WRITE_ONCE_ACROSS_NODES,
         Reason.ENGINE_INCOMPATIBLE,
         Reason.RUNTIME_FAILING,
+        Reason.QUALITY_DRIFT,
     }
 )
 HOSTNAME_LABEL = "kubernetes.io/hostname"

@@ -214,7 +214,7 @@ def time_to_detect(
         slot = step % buckets
         cells[slot], agreements[slot] = draw_cells(rng, int(rng.poisson(compared_mean)), dropped)
         tallies = tallies_of(cells.sum(0), agreements.sum(0))
-        previous = judge_quality(thresholds, baseline, tallies, previous)
+        previous = judge_quality(thresholds, baseline, tallies, previous.memory)
         if any(judgement.group == target for judgement in previous.drifting):
             return float(step * EVALUATION_SECONDS)
     return None

@@ -60,6 +60,8 @@ def facts(**changes: object) -> Facts:
     return replace(served, **changes)
 
 
+DRIFT = "Class 'cat': top-1 agreement 0.81 over 900 rows (threshold 0.9)."
+
 EVERYTHING_WRONG = {
     "engine": BUILD_FAILED,
     "failure": CRASHING,
@@ -76,6 +78,10 @@ EVERYTHING_WRONG = {
         ({**EVERYTHING_WRONG, "engine": BUILT}, SituationKind.RUNTIME_FAILING),
         ({"rollout": STALLED, "shadow": TESTING}, SituationKind.ROLLOUT_STALLED),
         ({"shadow": TESTING}, SituationKind.SHADOW),
+        ({"shadow": TESTING, "quality_drift": DRIFT}, SituationKind.SHADOW),
+        ({"quality_drift": DRIFT}, SituationKind.QUALITY_DRIFT),
+        ({"quality_drift": DRIFT, "rollout": IN_PROGRESS}, SituationKind.QUALITY_DRIFT),
+        ({"quality_drift": DRIFT, "serving": OLD}, SituationKind.ROLLING_OUT),  # not judged
         ({}, SituationKind.ROLLED_OUT),
         ({"rollout": IN_PROGRESS}, SituationKind.ROLLING_OUT),
         ({"serving": OLD}, SituationKind.ROLLING_OUT),  # complete, but the older engine's
@@ -277,6 +283,36 @@ TABLE = [
             reconciling=(FALSE, Reason.SHADOW_FAILED, "Version 2 failed its shadow test."),
             stalled=(TRUE, Reason.SHADOW_FAILED, "Version 2 failed its shadow test."),
             phase=Phase.DEGRADED,
+        ),
+    ),
+    (
+        said(SituationKind.QUALITY_DRIFT, Reason.QUALITY_DRIFT, DRIFT, serves=SERVES),
+        SummaryConditions(  # it serves: Ready; not a reconcile failure: Stalled stays False
+            ready=(TRUE, Reason.READY, SERVES),
+            progressing=(
+                FALSE,
+                Reason.ROLLOUT_COMPLETE,
+                "The spec's engine serves on every pod.",
+            ),
+            degraded=(TRUE, Reason.QUALITY_DRIFT, DRIFT),
+            reconciling=(
+                FALSE,
+                Reason.ROLLOUT_COMPLETE,
+                "The spec's engine serves on every pod.",
+            ),
+            stalled=AS_EXPECTED,
+            phase=Phase.READY,
+        ),
+    ),
+    (
+        said(SituationKind.QUALITY_DRIFT, Reason.QUALITY_DRIFT, DRIFT, meanwhile="2 of 3."),
+        SummaryConditions(  # scaling up meanwhile: the condition stays, Progressing says so
+            ready=(FALSE, Reason.ROLLING_OUT, "2 of 3."),
+            progressing=(TRUE, Reason.ROLLING_OUT, "2 of 3."),
+            degraded=(TRUE, Reason.QUALITY_DRIFT, DRIFT),
+            reconciling=(TRUE, Reason.ROLLING_OUT, "2 of 3."),
+            stalled=AS_EXPECTED,
+            phase=Phase.DEPLOYING,
         ),
     ),
     (

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kubeinfer.operator.api.v1alpha1.conditions import Reason
 from kubeinfer.operator.quality.verdict import (
     OVERALL,
     AgreementTally,
@@ -24,7 +25,6 @@ from kubeinfer.operator.quality.verdict import (
     QualityState,
     QualityThresholds,
     QualityVerdict,
-    Reasons,
     WindowTallies,
     judge_quality,
 )
@@ -90,62 +90,72 @@ def drifting(verdict: QualityVerdict) -> set[QualityGroup]:
                 slices={"acme": tally(1000, 0.97), "other": tally(4000, 0.97)},
             ),
             HEALTHY,
-            Reasons.HEALTHY,
+            Reason.QUALITY_HEALTHY,
             set(),
         ),
         # A handful of samples never alarms, however bad they look.
         (
             window(tally(50, 0.2), {"cat": tally(50, 0.2)}, {}),
             INSUFFICIENT,
-            Reasons.INSUFFICIENT_SAMPLES,
+            Reason.INSUFFICIENT_SAMPLES,
             set(),
         ),
-        (window(classes={"cat": tally(99, 0.0)}), HEALTHY, Reasons.HEALTHY, set()),
-        (window(slices={"acme": tally(99, 0.0)}), HEALTHY, Reasons.HEALTHY, set()),
+        (window(classes={"cat": tally(99, 0.0)}), HEALTHY, Reason.QUALITY_HEALTHY, set()),
+        (window(slices={"acme": tally(99, 0.0)}), HEALTHY, Reason.QUALITY_HEALTHY, set()),
         # One class drifts while the overall agreement holds above minTop1Agreement: the
         # aggregate hides it, the class is caught and named.
         (
             window(tally(5000, 0.96), {"cat": tally(4500, 0.975), "dog": tally(500, 0.80)}),
             DRIFTING,
-            Reasons.DRIFT,
+            Reason.QUALITY_DRIFT,
             {cls("dog")},
         ),
         # A slice is held to minClassAgreement, not to the whole traffic's floor.
         (
             window(slices={"acme": tally(3000, 0.935), "other": tally(2000, 0.99)}),
             HEALTHY,
-            Reasons.HEALTHY,
+            Reason.QUALITY_HEALTHY,
             set(),
         ),
         # One slice drifts: named.
         (
             window(slices={"acme": tally(600, 0.85), "other": tally(4400, 0.985)}),
             DRIFTING,
-            Reasons.DRIFT,
+            Reason.QUALITY_DRIFT,
             {sl("acme")},
         ),
         # The whole traffic drifts: overall, and each class, named.
         (
             window(tally(5000, 0.90), {"cat": tally(5000, 0.90)}, {"other": tally(5000, 0.90)}),
             DRIFTING,
-            Reasons.DRIFT,
+            Reason.QUALITY_DRIFT,
             {OVERALL, cls("cat"), sl("other")},
         ),
         # A class whose build baseline is below the floor is held to its baseline: at it,
         # it is quantisation's expected disagreement, not drift; well below, it drifts.
-        (window(classes={"rare": tally(2000, 0.90)}), HEALTHY, Reasons.HEALTHY, set()),
-        (window(classes={"rare": tally(2000, 0.80)}), DRIFTING, Reasons.DRIFT, {cls("rare")}),
+        (window(classes={"rare": tally(2000, 0.90)}), HEALTHY, Reason.QUALITY_HEALTHY, set()),
+        (
+            window(classes={"rare": tally(2000, 0.80)}),
+            DRIFTING,
+            Reason.QUALITY_DRIFT,
+            {cls("rare")},
+        ),
         # Just below the floor, but not significantly so: no alarm.
-        (window(classes={"dog": tally(300, 0.92)}), HEALTHY, Reasons.HEALTHY, set()),
+        (window(classes={"dog": tally(300, 0.92)}), HEALTHY, Reason.QUALITY_HEALTHY, set()),
         # A class the report does not name is held to the overall baseline (and floor).
-        (window(classes={"new": tally(1000, 0.94)}), HEALTHY, Reasons.HEALTHY, set()),
-        (window(classes={"new": tally(1000, 0.85)}), DRIFTING, Reasons.DRIFT, {cls("new")}),
+        (window(classes={"new": tally(1000, 0.94)}), HEALTHY, Reason.QUALITY_HEALTHY, set()),
+        (window(classes={"new": tally(1000, 0.85)}), DRIFTING, Reason.QUALITY_DRIFT, {cls("new")}),
         # The mean absolute difference, on its point estimate without a sum of squares:
         # at the limit passes, above fails.
-        (window(tally(5000, 0.97, 0.05)), HEALTHY, Reasons.HEALTHY, set()),
-        (window(tally(5000, 0.97, 0.051)), DRIFTING, Reasons.DIFFERENCE_TOO_LARGE, set()),
+        (window(tally(5000, 0.97, 0.05)), HEALTHY, Reason.QUALITY_HEALTHY, set()),
+        (
+            window(tally(5000, 0.97, 0.051)),
+            DRIFTING,
+            Reason.MEAN_ABSOLUTE_DIFFERENCE_TOO_LARGE,
+            set(),
+        ),
         # Too few samples to judge the mean either.
-        (window(tally(99, 0.97, 0.5), {}, {}), INSUFFICIENT, Reasons.INSUFFICIENT_SAMPLES, set()),
+        (window(tally(99, 0.97, 0.5), {}, {}), INSUFFICIENT, Reason.INSUFFICIENT_SAMPLES, set()),
     ],
 )
 def test_the_verdict_table(tallies, state, reason, drifted):
@@ -193,7 +203,7 @@ def test_a_drifting_group_recovers_only_when_confidently_back():
     previous = None
     for class_tally, expected in sequence:
         tallies = window(classes={"dog": class_tally})
-        verdict = judge_quality(THRESHOLDS, BASELINE, tallies, previous)
+        verdict = judge_quality(THRESHOLDS, BASELINE, tallies, previous and previous.memory)
         assert verdict.state == expected, (class_tally, verdict.message)
         previous = verdict
     memoryless = judge_quality(THRESHOLDS, BASELINE, window(classes={"dog": tally(1000, 0.94)}))
@@ -202,7 +212,7 @@ def test_a_drifting_group_recovers_only_when_confidently_back():
 
 def test_a_drifting_group_without_samples_stays_drifting_and_is_named():
     before = judge_quality(THRESHOLDS, BASELINE, window(classes={"dog": tally(500, 0.5)}))
-    after = judge_quality(THRESHOLDS, BASELINE, window(classes={}), before)
+    after = judge_quality(THRESHOLDS, BASELINE, window(classes={}), before.memory)
     assert drifting(after) == {cls("dog")}
     assert "class 'dog': no samples in the window" in after.message
 
@@ -222,10 +232,10 @@ def test_the_mean_difference_with_its_spread_does_not_flap():
     ]
     previous = None
     for overall, expected in sequence:
-        verdict = judge_quality(THRESHOLDS, BASELINE, window(overall), previous)
+        verdict = judge_quality(THRESHOLDS, BASELINE, window(overall), previous and previous.memory)
         assert verdict.state == expected, verdict.message
         if expected == DRIFTING:
-            assert verdict.reason == Reasons.DIFFERENCE_TOO_LARGE
+            assert verdict.reason == Reason.MEAN_ABSOLUTE_DIFFERENCE_TOO_LARGE
         previous = verdict
     # The bounded mean is one more test in the correction.
     assert verdict.tests == 4
@@ -386,7 +396,7 @@ def test_no_group_drifts_on_too_few_samples_and_memory_only_holds_a_drift(tallie
     if all(t.samples < THRESHOLDS.min_samples for t in every_tally):
         assert fresh.state == INSUFFICIENT
     previous = judge_quality(THRESHOLDS, BASELINE, before)
-    remembered = judge_quality(THRESHOLDS, BASELINE, tallies, previous)
+    remembered = judge_quality(THRESHOLDS, BASELINE, tallies, previous and previous.memory)
     assert drifting(fresh) <= drifting(remembered) <= drifting(fresh) | drifting(previous)
     assert (remembered.state == DRIFTING) >= (fresh.state == DRIFTING)
 

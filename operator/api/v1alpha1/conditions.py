@@ -63,6 +63,10 @@ class Reason(StrEnum):
     SHADOW_FAILED = "ShadowFailed"
     SHADOW_ABORTED = "ShadowAborted"
     SHADOW_PROMOTED = "ShadowPromoted"
+    QUALITY_DRIFT = "QualityDrift"
+    """The quality watch found the served engine's answers drifting from its reference's."""
+    QUALITY_HEALTHY = "QualityHealthy"
+    MEAN_ABSOLUTE_DIFFERENCE_TOO_LARGE = "MeanAbsoluteDifferenceTooLarge"
     OUTPUT_MISMATCH = "OutputMismatch"
     """The shadow verdict's reasons from here to MANUAL_ABORT: a candidate's outputs differ
     from the serving engine's in name, shape or datatype."""
