@@ -40,18 +40,21 @@ Why each part:
   both ways, as the shadow verdict does; a mean of per-sample averages over minSamples
   samples or more moves little from one evaluation to the next.
 - A group in the previous verdict's drifting list that has too few samples now stays
-  drifting: too few samples is no evidence that it recovered. Only `previous.drifting`
-  and `previous.mean_absolute_difference_too_large` are read, so the caller can rebuild
-  a previous verdict from what it stored.
+  drifting: too few samples is no evidence that it recovered. What is read of the
+  previous verdict is its `QualityMemory`, small enough for the status to keep.
+
+The tallies themselves (`AgreementTally`, `WindowTallies`) are what the gather step
+reads, so they live with the other readings, in `state.quality_readings`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
 from kubeinfer.operator.api.v1alpha1.conditions import Reason
+from kubeinfer.operator.api.v1alpha1.enums import QualityGroupKind as GroupKind
+from kubeinfer.operator.api.v1alpha1.enums import QualityState
 from kubeinfer.operator.quality.bounds import (
     Bounds,
     at_least_probability,
@@ -60,83 +63,12 @@ from kubeinfer.operator.quality.bounds import (
     mean_bounds,
     one_sided_z,
 )
-
-
-class QualityState(StrEnum):
-    HEALTHY = "Healthy"
-    DRIFTING = "Drifting"
-    INSUFFICIENT_SAMPLES = "InsufficientSamples"
-
-
-class GroupKind(StrEnum):
-    OVERALL = "overall"
-    CLASS = "class"
-    SLICE = "slice"
-
-
-@dataclass(frozen=True, order=True)
-class QualityGroup:
-    """What a tally counts: the whole traffic, one reference top-1 class, or one slice."""
-
-    kind: GroupKind
-    name: str
-
-    def __str__(self) -> str:
-        return "overall" if self.kind == GroupKind.OVERALL else f"{self.kind} '{self.name}'"
-
-
-OVERALL = QualityGroup(GroupKind.OVERALL, "")
-
-
-@dataclass(frozen=True)
-class AgreementTally:
-    """One group's counts over the window. Sums rather than means, so tallies from
-    several pods and scrapes add up."""
-
-    samples: int
-    top1_agreements: int
-    absolute_difference_sum: float = 0.0
-    """Sum over the samples of each sample's mean |candidate - reference|."""
-    absolute_difference_square_sum: float | None = None
-    """Sum of the squares of the same per-sample values; None when not collected."""
-    kl_divergence_sum: float | None = None
-    """Sum over the samples of KL(reference || candidate); None when not collected."""
-
-    def __post_init__(self) -> None:
-        if self.samples < 0 or not 0 <= self.top1_agreements <= self.samples:
-            raise ValueError(
-                f"{self.top1_agreements} agreements out of {self.samples} samples is no tally"
-            )
-
-    @property
-    def top1_agreement(self) -> float | None:
-        return self.top1_agreements / self.samples if self.samples else None
-
-    @property
-    def mean_absolute_difference(self) -> float | None:
-        return self.absolute_difference_sum / self.samples if self.samples else None
-
-    @property
-    def mean_kl_divergence(self) -> float | None:
-        if not self.samples or self.kl_divergence_sum is None:
-            return None
-        return self.kl_divergence_sum / self.samples
-
-
-@dataclass(frozen=True)
-class WindowTallies:
-    """The last windowSeconds of sampled traffic. Class keys are the reference's top-1
-    class; slice keys are the slice header's values (with `other` for the rest)."""
-
-    overall: AgreementTally
-    by_class: Mapping[str, AgreementTally] = field(default_factory=dict)
-    by_slice: Mapping[str, AgreementTally] = field(default_factory=dict)
-
-    def tally(self, group: QualityGroup) -> AgreementTally | None:
-        if group.kind == GroupKind.OVERALL:
-            return self.overall
-        groups = self.by_class if group.kind == GroupKind.CLASS else self.by_slice
-        return groups.get(group.name)
+from kubeinfer.operator.state.quality_readings import (
+    OVERALL,
+    AgreementTally,
+    QualityGroup,
+    WindowTallies,
+)
 
 
 @dataclass(frozen=True)

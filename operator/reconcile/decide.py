@@ -27,7 +27,9 @@ import yaml
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.enums import Backend
+from kubeinfer.operator.quality import report as quality
 from kubeinfer.operator.quality.reference import reference_spec
+from kubeinfer.operator.quality.report import QualityReport
 from kubeinfer.operator.reconcile import desired as build
 from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
 from kubeinfer.operator.reconcile.drift import carries
@@ -247,6 +249,36 @@ def _watched_reference(
     return observed.spec.model.version, reference.digest
 
 
+def _quality_report(
+    observed: ObservedState,
+    serving: ServingEngine | None,
+    engine: EngineState,
+    reference: EngineState | None,
+    now: datetime,
+) -> QualityReport:
+    """The quality watch's status and drift for this pass (`quality.report`)."""
+    if reference is None:
+        return QualityReport()
+    watch, previous = observed.spec.quality_watch, observed.status.quality_watch
+    if reference.digest is None:
+        return quality.waiting(
+            watch, previous, None, f"The reference engine is not ready: {reference.message}"
+        )
+    if serving is None or _watched_reference(observed, serving, engine, reference) is None:
+        why = (
+            "The serving pods do not run the spec's engine yet."
+            if serving is None or serving.digest != engine.digest
+            else f"The reference runtime {names.reference_name(observed.owner.name)} has no "
+            "pod available yet."
+        )
+        return quality.waiting(watch, previous, reference.digest, why)
+    reading = observed.quality
+    if reading is None or reading.window is None:
+        why = reading.error if reading and reading.error else "No figures were read yet."
+        return quality.unreadable(watch, previous, reference.digest, why)
+    return quality.judged(watch, previous, reference.digest, reading.window, now)
+
+
 def _shadow_children(
     observed: ObservedState,
     settings: OperatorSettings,
@@ -399,8 +431,9 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
             observed.status.metrics,
             now,
         )
+    watch_report = _quality_report(observed, plan.serving, engine, reference, now)
     status = compute_status(
-        observed, engine, plan, report(spec, plan), rollout, replicas, now, scaling
+        observed, engine, plan, report(spec, plan), rollout, replicas, now, scaling, watch_report
     )
 
     polls = settings.requeue
@@ -413,6 +446,8 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         requeue = min(requeue or polls.shadow_poll_seconds, polls.shadow_poll_seconds)
     if spec.autoscaling.enabled:
         requeue = min(requeue or polls.autoscale_poll_seconds, polls.autoscale_poll_seconds)
+    if reference is not None:  # the watch's window slides: judged as often as a shadow
+        requeue = min(requeue or polls.shadow_poll_seconds, polls.shadow_poll_seconds)
 
     stale_reference_jobs = reference.delete_jobs if reference else ()
     events = transition_events(observed.status.conditions, status.conditions)

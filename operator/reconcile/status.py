@@ -45,6 +45,7 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     RolloutStrategy,
     VersionStatus,
 )
+from kubeinfer.operator.quality.report import QualityReport
 from kubeinfer.operator.reconcile.rollout_progress import RolloutProgress as RolloutProgress
 from kubeinfer.operator.reconcile.rollout_progress import rollout_progress as rollout_progress
 from kubeinfer.operator.reconcile.scaling_status import ScalingReport
@@ -93,10 +94,12 @@ def compute_status(
     replicas: int,
     now: datetime,
     scaling: ScalingReport | None = None,
+    quality: QualityReport | None = None,
 ) -> InferenceDeploymentStatus:
     """The whole status for this pass; `plan.serving` is the engine the desired runtime
     runs, `shadow` what a shadow rollout adds, `scaling` what the autoscaler adds (None:
-    autoscaling is off)."""
+    autoscaling is off), `quality` what the quality watch adds (None: it is off)."""
+    quality = quality or QualityReport()
     spec, generation = observed.spec, observed.owner.generation
     serving = plan.serving
     previous = observed.status
@@ -109,6 +112,7 @@ def compute_status(
         rollout=rollout,
         shadow=shadow,
         replicas=replicas,
+        quality_drift=quality.drift,
     )
     summary = summary_conditions(situation_of(facts))
     engine_status, engine_reason = ENGINE_READY[engine.phase]
@@ -183,6 +187,7 @@ def compute_status(
             "candidate": plan.record,
             "autoscaling": scaling.autoscaling if scaling else None,
             "metrics": scaling.metrics if scaling else previous.metrics,
+            "quality_watch": quality.status,
         }
     )
 

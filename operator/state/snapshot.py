@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
+from kubeinfer.operator.state.quality_readings import QualityReading
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.state.shadow_readings import ShadowReading
 
@@ -50,11 +51,12 @@ class ObservedState:
     candidate_service: KubeObject | None = None
     """The shadow candidate's children, when one runs."""
     mirror_configmap: KubeObject | None = None
+    """The serving pods' mirror target (a ConfigMap of its own, so changing it rolls
+    nothing)."""
     reference_configmap: KubeObject | None = None
     reference_deployment: KubeObject | None = None
     reference_service: KubeObject | None = None
-    """The serving pods' mirror target (a ConfigMap of its own, so changing it rolls
-    nothing)."""
+    """The quality watch's reference runtime (its own children, like the candidate's)."""
     annotations: dict[str, str] = field(default_factory=dict)
     """The InferenceDeployment's annotations (the shadow's manual gate is one)."""
     shadow: ShadowReading | None = None
@@ -72,6 +74,9 @@ class ObservedState:
     """The shadow candidate's pods, listed only while its Deployment is not settled."""
     scaling_history: ScalingHistory = field(default_factory=ScalingHistory)
     """The autoscaler's memory of this object (kept by the reconciler between passes)."""
+    quality: QualityReading | None = None
+    """The quality watch's window of tallies, read by the gather step while the serving
+    pods mirror to the reference; None when nothing was read."""
     pod_monitor: KubeObject | None = None
     """The PodMonitor the operator created, if any."""
     pod_monitors_available: bool = False

@@ -41,18 +41,20 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
+from kubeinfer.operator.api.v1alpha1.enums import QualityGroupKind as GroupKind
+from kubeinfer.operator.api.v1alpha1.enums import QualityState
 from kubeinfer.operator.quality.bounds import exact_bounds, one_sided_z
 from kubeinfer.operator.quality.verdict import (
-    AgreementTally,
     BaselineAgreement,
-    GroupKind,
     QualityBaseline,
-    QualityGroup,
-    QualityState,
     QualityThresholds,
     QualityVerdict,
-    WindowTallies,
     judge_quality,
+)
+from kubeinfer.operator.state.quality_readings import (
+    AgreementTally,
+    QualityGroup,
+    WindowTallies,
 )
 
 CLASS_SHARES = np.array([0.20, 0.15, 0.12, 0.10, 0.10, 0.09, 0.08, 0.06, 0.06, 0.04])

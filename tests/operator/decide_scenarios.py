@@ -21,6 +21,7 @@ from kubeinfer.operator.reconcile.decide import decide
 from kubeinfer.operator.rollout.shadow import metrics_query
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.quality_readings import QualityReading
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.state.shadow_readings import ShadowReading
 from kubeinfer.operator.state.snapshot import Decision, KubeObject, ObservedState, OwnerRef
@@ -112,6 +113,8 @@ class Cluster:
         self.pod_monitors = False
         self.runtime_pods: list[KubeObject] = []
         self.candidate_pods: list[KubeObject] = []
+        self.quality: QualityReading | None = None
+        """The quality watch's window the gather step reads in the next passes."""
         """The serving and candidate pods the gather step lists (see `runtime_pod`)."""
 
     # -- the object itself --------------------------------------------------------------
@@ -144,6 +147,7 @@ class Cluster:
             pod_monitors_available=self.pod_monitors,
             runtime_pods=tuple(copy.deepcopy(self.runtime_pods)),
             candidate_pods=tuple(copy.deepcopy(self.candidate_pods)),
+            quality=self.quality,
             **singles,
         )
 

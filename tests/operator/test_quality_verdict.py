@@ -15,18 +15,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kubeinfer.operator.api.v1alpha1.conditions import Reason
+from kubeinfer.operator.api.v1alpha1.enums import QualityGroupKind as GroupKind
+from kubeinfer.operator.api.v1alpha1.enums import QualityState
 from kubeinfer.operator.quality.verdict import (
-    OVERALL,
-    AgreementTally,
     BaselineAgreement,
-    GroupKind,
     QualityBaseline,
-    QualityGroup,
-    QualityState,
     QualityThresholds,
     QualityVerdict,
-    WindowTallies,
     judge_quality,
+)
+from kubeinfer.operator.state.quality_readings import (
+    OVERALL,
+    AgreementTally,
+    QualityGroup,
+    WindowTallies,
 )
 
 THRESHOLDS = QualityThresholds(

@@ -12,9 +12,11 @@ from datetime import timedelta
 import yaml
 from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
 from kubeinfer.contract.runtime_config import MirrorFile
-from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType
+from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
+from kubeinfer.operator.api.v1alpha1.enums import QualityState
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY, HTTP_PORT, MIRROR_KEY
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.quality_readings import AgreementTally, QualityReading, WindowTallies
 
 OWNER = "demo"
 REFERENCE = names.reference_name(OWNER)
@@ -143,3 +145,92 @@ def test_the_reference_pod_counts_among_the_pods_on_a_read_write_once_cache():
     risk = cluster.condition(ConditionType.CACHE_ATTACH_RISK)
     assert risk.status == ConditionStatus.TRUE
     assert "up to 2 runtime pods (serving and quality reference)" in risk.message
+
+
+# -- the status and the condition ---------------------------------------------------------
+
+
+def watching(cluster: Cluster) -> None:
+    """Both engines built, both runtimes rolled out: the serving pods mirror."""
+    serving, reference = both_built(cluster)
+    cluster.succeed_job(reference["metadata"]["name"], DIGEST_B, at=T0 + timedelta(seconds=30))
+    cluster.succeed_job(serving["metadata"]["name"], DIGEST_A, at=T0 + timedelta(seconds=60))
+    cluster.reconcile(T0 + timedelta(seconds=61))
+    cluster.roll_out()
+    cluster.roll_out(name=REFERENCE)
+    cluster.reconcile(T0 + timedelta(seconds=62))
+
+
+def reading(overall: tuple[int, int], **classes: tuple[int, int]) -> QualityReading:
+    """(rows, agreements) overall and per class."""
+    return QualityReading(
+        WindowTallies(
+            AgreementTally(*overall),
+            {name: AgreementTally(*tally) for name, tally in classes.items()},
+        )
+    )
+
+
+def test_the_watch_waits_for_its_reference_and_says_why():
+    cluster = Cluster(watched(), name=OWNER)
+    cluster.reconcile(T0)
+    status = cluster.status.quality_watch
+    assert status is not None and status.state == QualityState.PENDING
+    assert status.message.startswith("The reference engine is not ready: Job ")
+    assert cluster.condition(ConditionType.DEGRADED).status == ConditionStatus.FALSE
+
+
+def test_a_class_that_drifts_degrades_the_object_once_and_recovery_clears_it():
+    cluster = Cluster(watched(minSamples=100, minClassAgreement=0.9), name=OWNER)
+    watching(cluster)
+    cluster.quality = reading((2000, 1980), **{"3": (400, 398)})
+    cluster.reconcile(T0 + timedelta(minutes=5))
+    status = cluster.status.quality_watch
+    assert status.state == QualityState.HEALTHY and status.samples == 2000
+    assert status.top1_agreement == 0.99 and status.reference_engine_digest == DIGEST_B
+    assert status.last_evaluated == T0 + timedelta(minutes=5)
+    assert cluster.condition(ConditionType.DEGRADED).status == ConditionStatus.FALSE
+
+    # Class 3 drifts while the whole traffic holds above minTop1Agreement.
+    cluster.quality = reading((2000, 1920), **{"3": (400, 320)})
+    decision = cluster.reconcile(T0 + timedelta(minutes=6))
+    degraded = cluster.condition(ConditionType.DEGRADED)
+    assert (degraded.status, degraded.reason) == (ConditionStatus.TRUE, Reason.QUALITY_DRIFT)
+    assert "class '3'" in degraded.message and "0.8000" in degraded.message
+    assert cluster.condition(ConditionType.READY).status == ConditionStatus.TRUE
+    assert cluster.condition(ConditionType.STALLED).status == ConditionStatus.FALSE
+    assert [(e.type, e.reason) for e in decision.events] == [("Warning", Reason.QUALITY_DRIFT)]
+    status = cluster.status.quality_watch
+    assert status.state == QualityState.DRIFTING
+    assert (status.worst_class.name, status.worst_class.samples) == ("3", 400)
+    assert [(g.kind, g.name) for g in status.drifting] == [("class", "3")]
+
+    # No figures this pass (Prometheus down): the drift stays, no Event either way.
+    cluster.quality = QualityReading(error="Prometheus at http://p:9090: connection refused")
+    decision = cluster.reconcile(T0 + timedelta(minutes=7))
+    assert cluster.condition(ConditionType.DEGRADED).reason == Reason.QUALITY_DRIFT
+    assert decision.events == ()
+
+    # Just above the threshold is not yet back (hysteresis): still drifting.
+    cluster.quality = reading((2000, 1960), **{"3": (400, 362)})
+    cluster.reconcile(T0 + timedelta(minutes=8))
+    assert cluster.condition(ConditionType.DEGRADED).reason == Reason.QUALITY_DRIFT
+
+    # Significantly back: cleared, with an Event.
+    cluster.quality = reading((4000, 3960), **{"3": (2000, 1990)})
+    decision = cluster.reconcile(T0 + timedelta(minutes=9))
+    assert cluster.condition(ConditionType.DEGRADED).status == ConditionStatus.FALSE
+    assert cluster.status.quality_watch.state == QualityState.HEALTHY
+    assert any(e.type == "Normal" for e in decision.events)
+
+
+def test_turning_the_watch_off_drops_its_status_and_its_condition():
+    cluster = Cluster(watched(minSamples=100), name=OWNER)
+    watching(cluster)
+    cluster.quality = reading((2000, 1500))
+    cluster.reconcile(T0 + timedelta(minutes=5))
+    assert cluster.condition(ConditionType.DEGRADED).reason == Reason.QUALITY_DRIFT
+    cluster.update_spec(make_spec(engine=INT8))
+    cluster.reconcile(T0 + timedelta(minutes=6))
+    assert cluster.status.quality_watch is None
+    assert cluster.condition(ConditionType.DEGRADED).status == ConditionStatus.FALSE

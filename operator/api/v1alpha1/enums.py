@@ -45,3 +45,20 @@ class DriftAction(StrEnum):
     ALERT = "Alert"
     """Degraded=True with reason QualityDrift, a Warning Event, the figures in the status;
     serving is untouched."""
+
+
+class QualityState(StrEnum):
+    """Where the quality watch stands (`status.qualityWatch.state`)."""
+
+    PENDING = "Pending"
+    HEALTHY = "Healthy"
+    DRIFTING = "Drifting"
+    INSUFFICIENT_SAMPLES = "InsufficientSamples"
+
+
+class QualityGroupKind(StrEnum):
+    """What a quality tally counts: all traffic, one reference top-1 class, one slice."""
+
+    OVERALL = "overall"
+    CLASS = "class"
+    SLICE = "slice"

@@ -6,7 +6,14 @@ from datetime import datetime
 
 from kubeinfer.contract.api_model import ApiModel
 from kubeinfer.operator.api.v1alpha1.conditions import Condition
-from kubeinfer.operator.api.v1alpha1.enums import Backend, Phase, Precision, ShadowVerdict
+from kubeinfer.operator.api.v1alpha1.enums import (
+    Backend,
+    Phase,
+    Precision,
+    QualityGroupKind,
+    QualityState,
+    ShadowVerdict,
+)
 from pydantic import Field
 
 
@@ -122,6 +129,73 @@ class AutoscalingStatus(ApiModel):
     ones), measured from the pods: how long capacity takes to arrive."""
 
 
+class QualityGroupRef(ApiModel):
+    """A sub-population the quality watch judges: a reference top-1 class or a slice."""
+
+    kind: QualityGroupKind
+    """overall, class (the reference's top-1 class index) or slice (the slice header's
+    value, or `other`)."""
+
+    name: str = Field(default="", max_length=64)
+    """The class or the slice; empty for overall."""
+
+
+class QualityGroupStatus(QualityGroupRef):
+    """One group's figures over the window."""
+
+    samples: int = Field(ge=0)
+    """Compared rows in the window."""
+
+    top1_agreement: float = Field(ge=0, le=1)
+    """Share of them whose top-1 class agreed with the reference's."""
+
+    threshold: float = Field(ge=0, le=1)
+    """What it is judged against: the lower of its floor and its build baseline's bound."""
+
+
+class QualityWatchStatus(ApiModel):
+    """The quality watch's last evaluation."""
+
+    state: QualityState = QualityState.PENDING
+    """Pending (the reference is being built or started, or no figure was read yet),
+    Healthy, Drifting, or InsufficientSamples (fewer than minSamples compared rows)."""
+
+    message: str = Field(default="", max_length=4096)
+    """What the evaluation found, with its figures."""
+
+    reference_engine_digest: str | None = Field(default=None, max_length=71)
+    """The reference engine (the served model at referencePrecision)."""
+
+    window_seconds: int = Field(default=0, ge=0)
+    """The sliding window judged."""
+
+    samples: int = Field(default=0, ge=0)
+    """Compared rows in the window, over every serving pod."""
+
+    top1_agreement: float | None = Field(default=None, ge=0, le=1)
+    """Overall top-1 agreement with the reference in the window."""
+
+    mean_absolute_difference: float | None = Field(default=None, ge=0)
+    """Mean over compared requests of their largest absolute element difference."""
+
+    worst_class: QualityGroupStatus | None = None
+    """The class with the lowest agreement among those with minSamples rows."""
+
+    worst_slice: QualityGroupStatus | None = None
+    """The slice with the lowest agreement among those with minSamples rows."""
+
+    drifting: list[QualityGroupRef] = Field(default_factory=list, max_length=64)
+    """The groups found drifting: each recovers only once significantly back above its
+    threshold, so the condition does not flap at the boundary."""
+
+    mean_absolute_difference_too_large: bool = False
+    """Whether the mean difference was above maxMeanAbsoluteDifference (with the same
+    hysteresis)."""
+
+    last_evaluated: datetime | None = None
+    """When the operator last judged the window."""
+
+
 class InferenceDeploymentStatus(ApiModel):
     """The observed state, written only by the operator."""
 
@@ -166,3 +240,6 @@ class InferenceDeploymentStatus(ApiModel):
 
     autoscaling: AutoscalingStatus | None = None
     """The autoscaler's view, while autoscaling is enabled."""
+
+    quality_watch: QualityWatchStatus | None = None
+    """The quality watch's view, while the watch is enabled."""

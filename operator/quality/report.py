@@ -1,0 +1,159 @@
+"""What the quality watch adds to one pass: its status and, when it finds drift, the
+message of the Degraded condition. Pure.
+
+The verdict (`verdict.judge_quality`) judges a window of tallies; this module decides
+when there is a window to judge and what to say when there is none:
+
+- the watch off: no status (it goes from the object) and no drift;
+- the reference engine building or failing, or its pod not yet available, or the
+  serving pods not running the spec's engine (a shadow of a new version under way): the
+  watch waits, with the reason in its message;
+- the metrics source unable to answer: the last figures are kept with the reason.
+
+In the last two cases a drift already found stays found: no new evidence is no
+recovery, so a reference pod restarting or a Prometheus hiccup never clears the
+condition only for it to be raised again. Only a window judged healthy (significantly
+back above every threshold, the verdict's hysteresis) clears it.
+
+The baseline is the build's accuracy report's overall top-1 agreement when the engine
+recorded one; until the build reports agreement per class, every class is held to the
+floors alone (`minClassAgreement`), and so is a serving engine without a report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from kubeinfer.operator.api.v1alpha1.enums import QualityState
+from kubeinfer.operator.api.v1alpha1.inference_deployment import QualityWatchSpec
+from kubeinfer.operator.api.v1alpha1.status import (
+    QualityGroupRef,
+    QualityGroupStatus,
+    QualityWatchStatus,
+)
+from kubeinfer.operator.quality.verdict import (
+    BaselineAgreement,
+    GroupJudgement,
+    QualityBaseline,
+    QualityMemory,
+    QualityThresholds,
+    QualityVerdict,
+    judge_quality,
+)
+from kubeinfer.operator.state.quality_readings import QualityGroup, WindowTallies
+
+NO_BASELINE = QualityBaseline(BaselineAgreement(1.0))
+"""Without a build report: every group is held to its floor alone."""
+
+
+@dataclass(frozen=True)
+class QualityReport:
+    """The watch's status (None: the watch is off) and, when it finds drift, the message
+    of Degraded=True reason QualityDrift."""
+
+    status: QualityWatchStatus | None = None
+    drift: str | None = None
+
+
+def thresholds_of(watch: QualityWatchSpec) -> QualityThresholds:
+    """The verdict's thresholds, from the spec (no maxMeanAbsoluteDifference: unbounded)."""
+    return QualityThresholds(
+        min_samples=watch.min_samples,
+        min_top1_agreement=watch.min_top1_agreement,
+        min_class_agreement=watch.min_class_agreement,
+        max_mean_absolute_difference=(
+            float("inf")
+            if watch.max_mean_absolute_difference is None
+            else watch.max_mean_absolute_difference
+        ),
+    )
+
+
+def memory_of(status: QualityWatchStatus | None) -> QualityMemory | None:
+    """What the last verdict left, as the status kept it."""
+    if status is None:
+        return None
+    return QualityMemory(
+        frozenset(QualityGroup(g.kind, g.name) for g in status.drifting),
+        status.mean_absolute_difference_too_large,
+    )
+
+
+def _drift_of(status: QualityWatchStatus) -> str | None:
+    return status.message if status.state == QualityState.DRIFTING else None
+
+
+def waiting(
+    watch: QualityWatchSpec,
+    previous: QualityWatchStatus | None,
+    reference_digest: str | None,
+    why: str,
+) -> QualityReport:
+    """No window to judge this pass, for the reason `why` (a sentence). A drift found
+    before stays, with its figures; otherwise the watch is Pending."""
+    if previous is not None and previous.state == QualityState.DRIFTING:
+        status = previous.model_copy(update={"reference_engine_digest": reference_digest})
+        return QualityReport(status, _drift_of(status))
+    status = QualityWatchStatus(
+        state=QualityState.PENDING,
+        message=why,
+        reference_engine_digest=reference_digest,
+        window_seconds=watch.window_seconds,
+    )
+    return QualityReport(status)
+
+
+def unreadable(
+    watch: QualityWatchSpec, previous: QualityWatchStatus | None, reference_digest: str, why: str
+) -> QualityReport:
+    """The metrics source could not answer: the last figures stay, the message says why."""
+    if previous is None or previous.state == QualityState.PENDING:
+        return waiting(watch, previous, reference_digest, why)
+    if previous.state == QualityState.DRIFTING:
+        return QualityReport(previous, _drift_of(previous))
+    status = previous.model_copy(update={"message": f"{why} The figures are the last read."})
+    return QualityReport(status)
+
+
+def _group_status(judgement: GroupJudgement | None) -> QualityGroupStatus | None:
+    if judgement is None or judgement.top1_agreement is None:
+        return None
+    return QualityGroupStatus(
+        kind=judgement.group.kind,
+        name=judgement.group.name,
+        samples=judgement.samples,
+        top1_agreement=judgement.top1_agreement,
+        threshold=judgement.threshold,
+    )
+
+
+def judged(
+    watch: QualityWatchSpec,
+    previous: QualityWatchStatus | None,
+    reference_digest: str,
+    window: WindowTallies,
+    now: datetime,
+    baseline: QualityBaseline = NO_BASELINE,
+) -> QualityReport:
+    """The verdict on this pass's window, as the status records it."""
+    verdict: QualityVerdict = judge_quality(
+        thresholds_of(watch), baseline, window, memory_of(previous)
+    )
+    status = QualityWatchStatus(
+        state=verdict.state,
+        message=verdict.message,
+        reference_engine_digest=reference_digest,
+        window_seconds=watch.window_seconds,
+        samples=window.overall.samples,
+        top1_agreement=window.overall.top1_agreement,
+        mean_absolute_difference=window.overall.mean_absolute_difference,
+        worst_class=_group_status(verdict.worst_class),
+        worst_slice=_group_status(verdict.worst_slice),
+        drifting=[QualityGroupRef(kind=j.group.kind, name=j.group.name) for j in verdict.drifting][
+            :64
+        ],
+        mean_absolute_difference_too_large=verdict.mean_absolute_difference_too_large,
+        last_evaluated=now,
+    )
+    return QualityReport(status, _drift_of(status))

@@ -1,0 +1,87 @@
+"""What the gather step reads for the quality watch: the serving pods' tallies of their
+comparisons with the reference over the watch's sliding window, overall, per reference
+top-1 class and per slice (`quality.verdict` judges them), or why none could be read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kubeinfer.operator.api.v1alpha1.enums import QualityGroupKind as GroupKind
+
+
+@dataclass(frozen=True, order=True)
+class QualityGroup:
+    """What a tally counts: the whole traffic, one reference top-1 class, or one slice."""
+
+    kind: GroupKind
+    name: str
+
+    def __str__(self) -> str:
+        return "overall" if self.kind == GroupKind.OVERALL else f"{self.kind} '{self.name}'"
+
+
+OVERALL = QualityGroup(GroupKind.OVERALL, "")
+
+
+@dataclass(frozen=True)
+class AgreementTally:
+    """One group's counts over the window. Sums rather than means, so tallies from
+    several pods and scrapes add up."""
+
+    samples: int
+    top1_agreements: int
+    absolute_difference_sum: float = 0.0
+    """Sum over the samples of each sample's mean |candidate - reference|."""
+    absolute_difference_square_sum: float | None = None
+    """Sum of the squares of the same per-sample values; None when not collected."""
+    kl_divergence_sum: float | None = None
+    """Sum over the samples of KL(reference || candidate); None when not collected."""
+
+    def __post_init__(self) -> None:
+        if self.samples < 0 or not 0 <= self.top1_agreements <= self.samples:
+            raise ValueError(
+                f"{self.top1_agreements} agreements out of {self.samples} samples is no tally"
+            )
+
+    @property
+    def top1_agreement(self) -> float | None:
+        return self.top1_agreements / self.samples if self.samples else None
+
+    @property
+    def mean_absolute_difference(self) -> float | None:
+        return self.absolute_difference_sum / self.samples if self.samples else None
+
+    @property
+    def mean_kl_divergence(self) -> float | None:
+        if not self.samples or self.kl_divergence_sum is None:
+            return None
+        return self.kl_divergence_sum / self.samples
+
+
+@dataclass(frozen=True)
+class WindowTallies:
+    """The last windowSeconds of sampled traffic. Class keys are the reference's top-1
+    class; slice keys are the slice header's values (with `other` for the rest)."""
+
+    overall: AgreementTally
+    by_class: Mapping[str, AgreementTally] = field(default_factory=dict)
+    by_slice: Mapping[str, AgreementTally] = field(default_factory=dict)
+
+    def tally(self, group: QualityGroup) -> AgreementTally | None:
+        if group.kind == GroupKind.OVERALL:
+            return self.overall
+        groups = self.by_class if group.kind == GroupKind.CLASS else self.by_slice
+        return groups.get(group.name)
+
+
+@dataclass(frozen=True)
+class QualityReading:
+    """One pass's read of the watch's window: the tallies, or `error` saying why there are
+    none (the source could not answer). `covered_seconds` is how much of the window the
+    tallies span (less than the window while the history of a direct read is young)."""
+
+    window: WindowTallies | None = None
+    error: str = ""
+    covered_seconds: float | None = None
