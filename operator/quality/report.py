@@ -15,9 +15,10 @@ recovery, so a reference pod restarting or a Prometheus hiccup never clears the
 condition only for it to be raised again. Only a window judged healthy (significantly
 back above every threshold, the verdict's hysteresis) clears it.
 
-The baseline is the build's accuracy report's overall top-1 agreement when the engine
-recorded one; until the build reports agreement per class, every class is held to the
-floors alone (`minClassAgreement`), and so is a serving engine without a report.
+The baseline is the build's own top-1 agreement with fp32 on its validation rows,
+overall and per reference class (`BuildAgreement`, recorded on the runtime ConfigMap);
+a class the build did not report is held to the overall figure, and an engine without
+a report (fp32, pinned, or built before builds reported it) to the floors alone.
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ from kubeinfer.operator.quality.verdict import (
     QualityVerdict,
     judge_quality,
 )
-from kubeinfer.operator.state.quality_readings import QualityGroup, WindowTallies
+from kubeinfer.operator.state.quality_readings import (
+    BuildAgreement,
+    QualityGroup,
+    WindowTallies,
+)
 
 NO_BASELINE = QualityBaseline(BaselineAgreement(1.0))
 """Without a build report: every group is held to its floor alone."""
@@ -54,6 +59,18 @@ class QualityReport:
 
     status: QualityWatchStatus | None = None
     drift: str | None = None
+
+
+def baseline_of(agreement: BuildAgreement) -> QualityBaseline:
+    """The verdict's baseline from the build's agreement, each figure with its row count
+    (so the verdict holds it at its lower bound)."""
+    return QualityBaseline(
+        BaselineAgreement(agreement.agreements / agreement.rows, agreement.rows),
+        {
+            name: BaselineAgreement(agreements / rows, rows)
+            for name, (rows, agreements) in agreement.by_class.items()
+        },
+    )
 
 
 def thresholds_of(watch: QualityWatchSpec) -> QualityThresholds:

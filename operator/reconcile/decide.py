@@ -55,6 +55,7 @@ from kubeinfer.operator.state.engine_state import (
     EnginePhase,
     EngineState,
     ServingEngine,
+    agreement_for,
     build_key,
     engine_state,
     input_bytes_for,
@@ -178,7 +179,12 @@ def _serving_children(
     config = _serving_config(observed, settings, serving, is_current, serving_bytes)
     image = _serving_image(observed, settings, serving, is_current)
     configmap = build.build_runtime_configmap(
-        owner, config, serving.build_key, image, input_bytes_per_row=serving_bytes
+        owner,
+        config,
+        serving.build_key,
+        image,
+        input_bytes_per_row=serving_bytes,
+        agreement=agreement_for(engine, serving),
     )
     monitors = observed.pod_monitors_available
     deployment = build.build_runtime_deployment(
@@ -276,7 +282,9 @@ def _quality_report(
     if reading is None or reading.window is None:
         why = reading.error if reading and reading.error else "No figures were read yet."
         return quality.unreadable(watch, previous, reference.digest, why)
-    return quality.judged(watch, previous, reference.digest, reading.window, now)
+    agreement = agreement_for(engine, serving)
+    baseline = quality.NO_BASELINE if agreement is None else quality.baseline_of(agreement)
+    return quality.judged(watch, previous, reference.digest, reading.window, now, baseline)
 
 
 def _shadow_children(
@@ -307,7 +315,13 @@ def _shadow_children(
         spec, settings, candidate.version, candidate.digest, role, candidate_bytes
     )
     configmap = build.build_runtime_configmap(
-        owner, config, candidate.build_key, _spec_image(spec, settings), role, candidate_bytes
+        owner,
+        config,
+        candidate.build_key,
+        _spec_image(spec, settings),
+        role,
+        candidate_bytes,
+        agreement_for(engine, candidate),
     )
     replicas = spec.rollout.shadow.replicas
     return mirror, [

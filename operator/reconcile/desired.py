@@ -11,6 +11,7 @@ Spec fields never reach a shell: containers run the `kubeinfer` CLI with an argv
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -29,7 +30,11 @@ from kubeinfer.operator.reconcile.child_meta import finish_child
 from kubeinfer.operator.reconcile.desired_monitoring import scrape_annotations
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state import names
-from kubeinfer.operator.state.engine_state import ANNOTATION_INPUT_BYTES_PER_ROW
+from kubeinfer.operator.state.engine_state import (
+    ANNOTATION_AGREEMENT,
+    ANNOTATION_INPUT_BYTES_PER_ROW,
+)
+from kubeinfer.operator.state.quality_readings import BuildAgreement
 from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
 
 CACHE_MOUNT = "/cache"
@@ -284,11 +289,12 @@ def build_runtime_configmap(
     image: str,
     role: str = names.ROLE_SERVING,
     input_bytes_per_row: int | None = None,
+    agreement: BuildAgreement | None = None,
 ) -> KubeObject:
     """The runtime's config as YAML; its annotations record which engine inputs the
     digest was built from, the image it runs in (read by the Deployment's builder, and
     by `decide` to keep an older engine in the image that built it), and the engine's
-    input size (read back by `engine_state`)."""
+    input size and build agreement (read back by `engine_state`)."""
     text = yaml.safe_dump(config.to_wire(), sort_keys=True)
     annotations = {
         names.ANNOTATION_ENGINE_DIGEST: config.engine.digest or "",
@@ -298,6 +304,10 @@ def build_runtime_configmap(
         annotations[names.ANNOTATION_BUILD_KEY] = build_key
     if input_bytes_per_row is not None:
         annotations[ANNOTATION_INPUT_BYTES_PER_ROW] = str(input_bytes_per_row)
+    if agreement is not None:
+        annotations[ANNOTATION_AGREEMENT] = json.dumps(
+            agreement.to_wire(), sort_keys=True, separators=(",", ":")
+        )
     name, component = _role_names(owner.name, role)
     labels = names.common_labels(owner.name, config.model_version, component)
     body = {"data": {CONFIG_KEY: text}}

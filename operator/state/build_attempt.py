@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.quality_readings import BuildAgreement, parse_build_agreement
 from kubeinfer.operator.state.snapshot import KubeObject
 
 BUILD_CONTAINER = "build"
@@ -49,6 +50,9 @@ class BuildReport:
     digest: str | None = None
     target: str | None = None
     input_bytes_per_row: int | None = None
+    agreement: BuildAgreement | None = None
+    """The build's top-1 agreement with fp32 (reduced-precision builds with validation
+    data only)."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +141,8 @@ def parse_termination_message(message: str | None) -> tuple[str | None, str | No
 
 def parse_build_report(message: str | None) -> BuildReport:
     """The build's report from its termination message (`parse_termination_message`),
-    with `inputBytesPerRow` when it is a positive integer."""
+    with `inputBytesPerRow` when it is a positive integer and `accuracy` (the top-1
+    agreement with fp32, overall and per class) when it makes sense."""
     if not message:
         return BuildReport(None)
     try:
@@ -151,6 +156,7 @@ def parse_build_report(message: str | None) -> BuildReport:
                 digest,
                 target if isinstance(target, str) else None,
                 positive_int(document.get("inputBytesPerRow")),
+                parse_build_agreement(document.get("accuracy")),
             )
     match = DIGEST_PATTERN.search(message)
     return BuildReport(match.group(0) if match else None)

@@ -38,6 +38,7 @@ show the deleted Job as the new attempt's outcome.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -55,9 +56,13 @@ from kubeinfer.operator.state.build_attempt import (
     pods_of,
     positive_int,
 )
+from kubeinfer.operator.state.quality_readings import BuildAgreement, parse_build_agreement
 from kubeinfer.operator.state.snapshot import KubeObject, ObservedState
 
 ANNOTATION_INPUT_BYTES_PER_ROW = "kubeinfer.io/input-bytes-per-row"
+ANNOTATION_AGREEMENT = "kubeinfer.io/engine-top1-agreement"
+"""On the runtime ConfigMap: the build's top-1 agreement with fp32 (`BuildAgreement`'s
+JSON), so the quality watch's baseline outlives the build Job."""
 
 
 class EnginePhase(StrEnum):
@@ -75,6 +80,7 @@ class ServingEngine:
     digest: str
     build_key: str | None
     input_bytes_per_row: int | None = None
+    agreement: BuildAgreement | None = None
 
 
 @dataclass(frozen=True)
@@ -92,10 +98,20 @@ class EngineState:
     retry_at: datetime | None = None
     delete_jobs: tuple[str, ...] = ()
     input_bytes_per_row: int | None = None
+    agreement: BuildAgreement | None = None
+    """The build's top-1 agreement with fp32, where the build reported one."""
 
     @property
     def ready(self) -> bool:
         return self.digest is not None
+
+
+def agreement_for(engine: EngineState, serving: ServingEngine) -> BuildAgreement | None:
+    """The build agreement of the engine `serving` names: the current engine's, or what
+    its own ConfigMap recorded."""
+    if serving.digest == engine.digest and engine.agreement is not None:
+        return engine.agreement
+    return serving.agreement
 
 
 def input_bytes_for(engine: EngineState, serving: ServingEngine) -> int | None:
@@ -166,8 +182,16 @@ def _engine_of(child: KubeObject | None) -> ServingEngine | None:
             digest,
             annotations.get(names.ANNOTATION_BUILD_KEY),
             positive_int(annotations.get(ANNOTATION_INPUT_BYTES_PER_ROW)),
+            _recorded_agreement(annotations.get(ANNOTATION_AGREEMENT)),
         )
     return None
+
+
+def _recorded_agreement(text: str | None) -> BuildAgreement | None:
+    try:
+        return parse_build_agreement(json.loads(text)) if text else None
+    except ValueError:
+        return None
 
 
 def _pod_template(deployment: KubeObject | None) -> KubeObject | None:
@@ -234,6 +258,7 @@ def engine_state(
             message=f"Engine {recorded.digest} was built for these inputs.",
             delete_jobs=stale,
             input_bytes_per_row=recorded.input_bytes_per_row,
+            agreement=recorded.agreement,
         )
 
     if not mine:
@@ -260,6 +285,7 @@ def engine_state(
             message=f"Engine {report.digest} was built by Job {job_name}.",
             delete_jobs=stale,
             input_bytes_per_row=report.input_bytes_per_row,
+            agreement=report.agreement,
         )
 
     retry_at = (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from kubeinfer.operator.api.v1alpha1.enums import QualityGroupKind as GroupKind
 
@@ -85,3 +86,52 @@ class QualityReading:
     window: WindowTallies | None = None
     error: str = ""
     covered_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class BuildAgreement:
+    """The build's own top-1 agreement with fp32 on its validation rows (its accuracy
+    report, through the build Job's termination message): overall and per reference
+    top-1 class, as (rows, agreements). The quality watch's baseline: the disagreement
+    quantisation already showed at build time is not drift. A class the build did not
+    report (the message is bounded) falls back to the overall figure."""
+
+    rows: int
+    agreements: int
+    by_class: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The compact JSON form, as the build writes it (`byClass`: class -> [rows,
+        agreements])."""
+        return {
+            "rows": self.rows,
+            "agreements": self.agreements,
+            "byClass": {name: list(tally) for name, tally in sorted(self.by_class.items())},
+        }
+
+
+def _tally(value: Any) -> tuple[int, int] | None:
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        return None
+    rows, agreements = value
+    if type(rows) is not int or type(agreements) is not int or not 0 <= agreements <= rows:
+        return None
+    return rows, agreements
+
+
+def parse_build_agreement(document: Any) -> BuildAgreement | None:
+    """A `BuildAgreement` from its JSON form, or None when there is none or it makes no
+    sense (agreements above rows, a negative count); a class entry that makes no sense is
+    left out, so the class falls back to the overall figure."""
+    if not isinstance(document, dict):
+        return None
+    overall = _tally([document.get("rows"), document.get("agreements")])
+    if overall is None or overall[0] == 0:
+        return None
+    classes = document.get("byClass")
+    by_class = {
+        str(name): tally
+        for name, value in (classes.items() if isinstance(classes, dict) else ())
+        if (tally := _tally(value)) is not None and tally[0] > 0
+    }
+    return BuildAgreement(overall[0], overall[1], by_class)

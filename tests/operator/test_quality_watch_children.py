@@ -7,8 +7,10 @@ serving runs the spec's engine; turning the watch off removes the reference."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
+import pytest
 import yaml
 from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
 from kubeinfer.contract.runtime_config import MirrorFile
@@ -16,7 +18,14 @@ from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, Conditio
 from kubeinfer.operator.api.v1alpha1.enums import QualityState
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY, HTTP_PORT, MIRROR_KEY
 from kubeinfer.operator.state import names
-from kubeinfer.operator.state.quality_readings import AgreementTally, QualityReading, WindowTallies
+from kubeinfer.operator.state.engine_state import ANNOTATION_AGREEMENT
+from kubeinfer.operator.state.quality_readings import (
+    AgreementTally,
+    BuildAgreement,
+    QualityReading,
+    WindowTallies,
+    parse_build_agreement,
+)
 
 OWNER = "demo"
 REFERENCE = names.reference_name(OWNER)
@@ -234,3 +243,76 @@ def test_turning_the_watch_off_drops_its_status_and_its_condition():
     cluster.reconcile(T0 + timedelta(minutes=6))
     assert cluster.status.quality_watch is None
     assert cluster.condition(ConditionType.DEGRADED).status == ConditionStatus.FALSE
+
+
+# -- the build's agreement as the baseline ------------------------------------------------
+
+
+def built_with_agreement(by_class: dict[str, list[int]]) -> str:
+    accuracy = {"output": "probabilities", "rows": 2000, "agreements": 1960, "byClass": by_class}
+    return json.dumps({"digest": DIGEST_A, "accuracy": accuracy})
+
+
+def test_the_build_agreement_is_recorded_and_lowers_the_bar_for_a_class_it_measured_low():
+    low_at_build = {"7": [400, 300]}  # quantisation already changed class 7 at build time
+    cluster = Cluster(watched(minSamples=100, minClassAgreement=0.9), name=OWNER)
+    serving, reference = both_built(cluster)
+    cluster.succeed_job(reference["metadata"]["name"], DIGEST_B, at=T0 + timedelta(seconds=30))
+    cluster.succeed_job(
+        serving["metadata"]["name"], built_with_agreement(low_at_build), T0 + timedelta(seconds=60)
+    )
+    cluster.reconcile(T0 + timedelta(seconds=61))
+    annotations = cluster.get("ConfigMap", names.runtime_name(OWNER))["metadata"]["annotations"]
+    assert json.loads(annotations[ANNOTATION_AGREEMENT]) == {
+        "rows": 2000,
+        "agreements": 1960,
+        "byClass": low_at_build,
+    }
+    for job in cluster.jobs():  # the Jobs' TTL passed: the ConfigMap still says it
+        cluster.delete("Job", job["metadata"]["name"])
+    cluster.roll_out()
+    cluster.roll_out(name=REFERENCE)
+    cluster.reconcile(T0 + timedelta(seconds=62))
+    # Live, class 7 agrees as it did at build time: below the floor, yet no drift.
+    cluster.quality = reading((2000, 1950), **{"7": (400, 296)})
+    cluster.reconcile(T0 + timedelta(minutes=5))
+    assert cluster.status.quality_watch.state == QualityState.HEALTHY
+    assert cluster.status.quality_watch.worst_class.threshold < 0.75
+    # Well below its build figure: drift.
+    cluster.quality = reading((2000, 1900), **{"7": (400, 200)})
+    cluster.reconcile(T0 + timedelta(minutes=6))
+    assert cluster.condition(ConditionType.DEGRADED).reason == Reason.QUALITY_DRIFT
+
+
+def test_without_a_build_agreement_the_floors_alone_judge():
+    cluster = Cluster(watched(minSamples=100, minClassAgreement=0.9), name=OWNER)
+    watching(cluster)
+    cluster.quality = reading((2000, 1950), **{"7": (400, 296)})
+    cluster.reconcile(T0 + timedelta(minutes=5))
+    assert cluster.condition(ConditionType.DEGRADED).reason == Reason.QUALITY_DRIFT
+    assert cluster.status.quality_watch.worst_class.threshold == 0.9
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        ({"rows": 10, "agreements": 9}, BuildAgreement(10, 9)),
+        (
+            {"rows": 10, "agreements": 9, "byClass": {"1": [4, 4], "2": [6, 5]}},
+            BuildAgreement(10, 9, {"1": (4, 4), "2": (6, 5)}),
+        ),
+        # A class entry that makes no sense is left out (it falls back to the overall).
+        (
+            {"rows": 10, "agreements": 9, "byClass": {"1": [4, 5], "2": "x", "3": [0, 0]}},
+            BuildAgreement(10, 9),
+        ),
+        ({"rows": 10, "agreements": 11}, None),
+        ({"rows": 0, "agreements": 0}, None),
+        ({"rows": "10", "agreements": 9}, None),
+        ({"rows": True, "agreements": 0}, None),
+        ([10, 9], None),
+        (None, None),
+    ],
+)
+def test_a_build_agreement_is_read_only_when_it_makes_sense(document, expected):
+    assert parse_build_agreement(document) == expected
