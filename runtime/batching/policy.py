@@ -4,9 +4,10 @@
 arrival time and deadline of each waiting request, oldest first), the execution slots
 and a monotonic `now`, and returns a `Decision`: which requests have expired (answered
 with a timeout, never executed) and then either `Flush(count)` (run the first `count`
-requests as one batch now) or `WaitUntil(t)` (nothing to do before monotonic time `t`,
-or before the next event when `t` is None). No asyncio, no clock: the queue supplies
-`now`, so table tests drive time by hand.
+requests as one batch now, on the event loop or in a worker thread) or `WaitUntil(t)`
+(nothing to do before monotonic time `t`, or before the next event when `t` is None).
+No asyncio, no clock: the scheduler supplies `now`, and the slot runner what it has
+measured of small batches (`SmallBatchSpeed`), so table tests drive both by hand.
 
 The rules, in order:
 
@@ -24,13 +25,20 @@ The rules, in order:
    execution slot batches form purely while that slot is busy.
 4. While draining (after SIGTERM) nothing waits: everything queued goes as fast as slots
    free up.
+5. A flushed batch runs inline, on the event loop, only when it is small (at most
+   `SMALL_BATCH_ROWS` rows), no other batch is running, and the model's small batches
+   are known (measured) to take less than `inline_below_seconds`: handing a batch that
+   short to a worker thread and back costs more than the batch itself (two thread
+   wake-ups). Never while another batch runs: the loop would stall every other
+   request's reading and answering behind it. Everything else runs in a worker thread,
+   since the engine blocks and the event loop must not.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kubeinfer.contract.runtime_config import BatchingPolicy
 
@@ -44,12 +52,46 @@ class Pending:
     deadline: float
 
 
+SMALL_BATCH_ROWS = 4
+"""A batch of at most this many rows is small: it may run inline (rule 5), and its compute
+time is what `SmallBatchSpeed` averages."""
+
+
+@dataclass(frozen=True, slots=True)
+class SmallBatchSpeed:
+    """What is known of the model's small batches: the moving average of their compute
+    seconds (None until one has run), and the bound under which one may run inline."""
+
+    inline_below_seconds: float = 0.0
+    average_seconds: float | None = None
+
+    def measured(self, rows: int, compute_seconds: float) -> SmallBatchSpeed:
+        """With one more finished batch counted: only small batches that took measurable
+        time (a failed batch reports none), weighting the latest by a fifth, so a model
+        that slows down (a busier GPU) leaves the inline path within a few batches."""
+        if rows > SMALL_BATCH_ROWS or compute_seconds <= 0:
+            return self
+        average = self.average_seconds
+        if average is not None:
+            compute_seconds = 0.8 * average + 0.2 * compute_seconds
+        return replace(self, average_seconds=compute_seconds)
+
+    def fast(self) -> bool:
+        return self.average_seconds is not None and self.average_seconds < self.inline_below_seconds
+
+
+NEVER_MEASURED = SmallBatchSpeed()
+"""Nothing measured and no bound: every batch runs in a worker thread."""
+
+
 @dataclass(frozen=True, slots=True)
 class Flush:
-    """Run the first `count` (non-expired) queued requests as one batch now."""
+    """Run the first `count` (non-expired) queued requests as one batch now: on the event
+    loop when `inline`, else in a worker thread."""
 
     count: int
     rows: int
+    inline: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +118,11 @@ def _min(a: float | None, b: float | None) -> float | None:
     return min(a, b)
 
 
+def runs_inline(rows: int, busy_slots: int, small_batches: SmallBatchSpeed) -> bool:
+    """Rule 5: a small batch, alone, of a model whose small batches are known fast."""
+    return busy_slots == 0 and rows <= SMALL_BATCH_ROWS and small_batches.fast()
+
+
 def next_decision(
     policy: BatchingPolicy,
     pending: Sequence[Pending],
@@ -83,6 +130,8 @@ def next_decision(
     busy_slots: int,
     now: float,
     draining: bool = False,
+    *,
+    small_batches: SmallBatchSpeed = NEVER_MEASURED,
 ) -> Decision:
     """The batcher's next step; see the module docstring for the rules."""
     expired = tuple(i for i, p in enumerate(pending) if p.deadline <= now)
@@ -99,18 +148,19 @@ def next_decision(
         if rows + p.rows > max_rows and count > 0:
             break
         count, rows = count + 1, rows + p.rows
+    flush = Flush(count, rows, runs_inline(rows, busy_slots, small_batches))
     if count < len(live) or rows >= max_rows or draining:
-        return Decision(expired, Flush(count, rows))
+        return Decision(expired, flush)
 
     # Waiting can help only while another batch is in flight (requests are arriving and
     # would otherwise go in a small batch competing with it) and a better size is ahead:
     # the next preferred size, or maxBatchSize when none is configured.
     preferred = policy.preferred_batch_sizes  # sorted and unique (BatchingPolicy)
     if busy_slots == 0 or rows in preferred:
-        return Decision(expired, Flush(count, rows))
+        return Decision(expired, flush)
     if preferred and bisect.bisect_right(preferred, rows) == len(preferred):
-        return Decision(expired, Flush(count, rows))  # past the largest preferred size
+        return Decision(expired, flush)  # past the largest preferred size
     flush_at = live[0].arrived_at + policy.max_queue_delay_microseconds / 1e6
     if now >= flush_at:
-        return Decision(expired, Flush(count, rows))
+        return Decision(expired, flush)
     return Decision(expired, WaitUntil(_min(flush_at, earliest_deadline)))

@@ -6,7 +6,9 @@ maxBatchSize; requests carrying their own batch dimension count by rows and are 
 split; waiting (up to maxQueueDelayMicroseconds after the oldest arrival, and never past
 a request's deadline) happens only while another batch runs and a better size is ahead;
 expired requests are reported and left out of the batch; draining never waits. Then a
-property test of the invariants over random queues.
+property test of the invariants over random queues. Then rule 5, as tables: a flush runs
+inline only when small, alone and known fast, from the moving average of small batches'
+compute time (which only small batches with a measured time move).
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.batching.policy import (
+    SMALL_BATCH_ROWS,
     Decision,
     Flush,
     Pending,
+    SmallBatchSpeed,
     WaitUntil,
     next_decision,
+    runs_inline,
 )
 
 FAR = 1e9  # a deadline that never matters
@@ -169,3 +174,106 @@ def test_invariants(pending, free, busy, now, preferred, draining) -> None:
 
 def test_preferred_sizes_are_kept_sorted_and_unique_so_decisions_need_no_sort() -> None:
     assert BatchingPolicy(preferred_batch_sizes=[16, 4, 8, 4]).preferred_batch_sizes == [4, 8, 16]
+
+
+# Rule 5: inline or in a worker thread. The slot runner measures small batches; the policy
+# decides from that measurement, the rows and the slots busy.
+FAST = SmallBatchSpeed(inline_below_seconds=0.0025, average_seconds=0.001)
+
+
+@dataclass(frozen=True)
+class InlineCase:
+    name: str
+    rows: int
+    busy: int
+    speed: SmallBatchSpeed
+    inline: bool
+
+
+INLINE_CASES = [
+    InlineCase("a small batch, alone, of a model known fast runs inline",
+               rows=1, busy=0, speed=FAST, inline=True),
+    InlineCase("four rows are still small",
+               rows=4, busy=0, speed=FAST, inline=True),
+    InlineCase("five rows go to a worker thread",
+               rows=5, busy=0, speed=FAST, inline=False),
+    InlineCase("while another batch runs, a worker thread: the loop must not stall",
+               rows=1, busy=1, speed=FAST, inline=False),
+    InlineCase("before any small batch is measured, a worker thread",
+               rows=1, busy=0, speed=SmallBatchSpeed(0.0025), inline=False),
+    InlineCase("small batches measured slower than the bound go to a worker thread",
+               rows=1, busy=0, speed=SmallBatchSpeed(0.0025, 0.003), inline=False),
+    InlineCase("measured exactly at the bound is not below it",
+               rows=1, busy=0, speed=SmallBatchSpeed(0.0025, 0.0025), inline=False),
+    InlineCase("a zero bound never runs inline",
+               rows=1, busy=0, speed=SmallBatchSpeed(0.0, 0.000001), inline=False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", INLINE_CASES, ids=[c.name for c in INLINE_CASES])
+def test_runs_inline(case: InlineCase) -> None:
+    assert runs_inline(case.rows, case.busy, case.speed) is case.inline
+
+
+@pytest.mark.parametrize("case", INLINE_CASES, ids=[c.name for c in INLINE_CASES])
+def test_the_flush_decision_says_inline_or_thread(case: InlineCase) -> None:
+    # A queue that fills maxBatchSize flushes whether or not a batch is in flight.
+    rules = policy(max_batch=case.rows)
+    decision = next_decision(
+        rules, [p(rows=case.rows)], 1, case.busy, 0.0, small_batches=case.speed
+    )
+    assert decision == Decision((), Flush(1, case.rows, inline=case.inline))
+
+
+def test_without_a_measurement_every_flush_goes_to_a_worker_thread() -> None:
+    decision = next_decision(policy(), [p()], 1, 0, 0.0)
+    assert decision.action == Flush(1, 1, inline=False)
+
+
+@dataclass(frozen=True)
+class SpeedCase:
+    name: str
+    before: float | None
+    rows: int
+    seconds: float
+    after: float | None
+
+
+SPEED_CASES = [
+    SpeedCase("the first small batch sets the average",
+              before=None, rows=1, seconds=0.002, after=0.002),
+    SpeedCase("a later one weighs a fifth",
+              before=1.0, rows=2, seconds=2.0, after=1.2),
+    SpeedCase("four rows count as small",
+              before=1.0, rows=4, seconds=2.0, after=1.2),
+    SpeedCase("five rows do not count",
+              before=1.0, rows=5, seconds=2.0, after=1.0),
+    SpeedCase("a batch that failed (no compute time) does not count",
+              before=1.0, rows=1, seconds=0.0, after=1.0),
+    SpeedCase("nor does it start the average",
+              before=None, rows=1, seconds=0.0, after=None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SPEED_CASES, ids=[c.name for c in SPEED_CASES])
+def test_small_batch_speed_is_a_moving_average(case: SpeedCase) -> None:
+    speed = SmallBatchSpeed(inline_below_seconds=0.0025, average_seconds=case.before)
+    measured = speed.measured(case.rows, case.seconds)
+    assert measured.average_seconds == pytest.approx(case.after)
+    assert measured.inline_below_seconds == 0.0025
+
+
+@given(
+    pending=queues,
+    free=st.integers(0, 3),
+    busy=st.integers(0, 3),
+    now=st.floats(0, 2),
+    average=st.none() | st.floats(0, 0.01),
+    draining=st.booleans(),
+)
+def test_inline_only_alone_small_and_known_fast(pending, free, busy, now, average, draining):
+    speed = SmallBatchSpeed(inline_below_seconds=0.0025, average_seconds=average)
+    action = next_decision(policy(), pending, free, busy, now, draining, small_batches=speed).action
+    if isinstance(action, Flush) and action.inline:
+        assert busy == 0 and action.rows <= SMALL_BATCH_ROWS
+        assert average is not None and average < 0.0025
