@@ -1,2 +1,3 @@
-"""The dynamic batcher: a pure policy (when to flush), a pure assembler (how to pack and
-split) and the asyncio queue that applies them to an engine's execution slots."""
+"""The dynamic batcher: a pure policy (when to flush, inline or in a thread), a pure
+assembler (how to pack and split), and the asyncio mechanism that applies them to an
+engine's execution slots (`queue.Batcher`: admission, scheduler, slot runner)."""

@@ -10,11 +10,11 @@ While one is stuck the runtime is not ready, so Kubernetes stops routing to it; 
 not returned `liveness_seconds` after it got stuck, the runtime is not live either, so
 Kubernetes restarts the pod. A stuck batch that returns clears both.
 
-Not watched: a batch small and fast enough to run inline on the event loop (at most 4
-rows, when such batches have measured under 2.5 ms: see `queue`). If one of those hangs,
-the event loop hangs with it, the health probes get no answer at all, and Kubernetes
-restarts the pod once the liveness probe's failureThreshold is reached; its requests get
-no error first.
+Not watched: a batch small and fast enough to run inline on the event loop
+(`policy.runs_inline`: at most 4 rows, alone, when such batches have measured under the
+inline bound). If one of those hangs, the event loop hangs with it, the health probes
+get no answer at all, and Kubernetes restarts the pod once the liveness probe's
+failureThreshold is reached; its requests get no error first.
 """
 
 from __future__ import annotations

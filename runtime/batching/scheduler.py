@@ -1,0 +1,285 @@
+"""The batcher's scheduler: the queue of admitted requests, one future per request, and
+the one task that asks the policy what to do and does it.
+
+Each step takes the queue as it stands (requests whose caller went away dropped), asks
+`policy.next_decision` with the clock's `now` and the slot runner's free slots and
+measured speed, answers the requests it found expired with `DeadlineExceeded` (never
+run), and either flushes a batch onto a slot (inline or in a worker thread, as the
+decision says) and decides again, or sleeps until the time the decision names or the
+next event: a request queued that could change the decision, or a batch finished.
+
+A batch finishing in a worker thread neither answers its requests nor starts the next
+batch itself: it leaves its outcome for the scheduler and wakes it, and the scheduler's
+next pass starts what the freed slot can take and answers the finished batch, in that
+order and without yielding in between. Answering wakes every handler of the batch; were
+they woken before the next batch started, the loop would encode all their responses
+while the engine sat idle (the engine measured ~80% busy that way, ~96% this way).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from kubeinfer.contract.runtime_config import BatchingPolicy
+from kubeinfer.runtime.batching.admission import Admission
+from kubeinfer.runtime.batching.observer import BatchObserver
+from kubeinfer.runtime.batching.policy import Flush, Pending, WaitUntil, next_decision
+from kubeinfer.runtime.batching.slot_runner import (
+    BatchFailed,
+    BatchOutcome,
+    Outputs,
+    SlotLease,
+    SlotRunner,
+)
+from kubeinfer.runtime.batching.watchdog import batch_bound
+from kubeinfer.runtime.protocol.errors import (
+    EngineFailed,
+    EngineTimeout,
+    InferenceServerError,
+    NotReady,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    inputs: Mapping[str, np.ndarray]
+    view: Pending
+    future: asyncio.Future[Outputs]
+    admission: Admission
+
+
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    """A batch that ran, waiting for the scheduler to answer its requests."""
+
+    batch: list[_Request]
+    outcome: BatchOutcome
+
+
+class Scheduler:
+    """Queues requests and flushes them in batches onto the slot runner's slots."""
+
+    def __init__(
+        self,
+        policy: BatchingPolicy,
+        runner: SlotRunner,
+        *,
+        clock: Callable[[], float],
+        observer: BatchObserver,
+    ) -> None:
+        self._policy = policy
+        self._runner = runner
+        self._clock = clock
+        self._observer = observer
+        self._queue: deque[_Request] = deque()
+        self._finished: deque[_Finished] = deque()
+        self.draining = False
+        """Nothing waits for a better batch size any more (policy rule 4)."""
+        self._stopped = False
+        self._wakeup: asyncio.Event | None = None
+        self._next_wake: float | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._batches: set[asyncio.Task[None]] = set()
+        self._stuck_batches: set[asyncio.Task[None]] = set()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing queued, and every finished batch answered."""
+        return not self._queue and not self._finished
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._stopped
+
+    def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.create_task(self._schedule(), name="kubeinfer-batcher")
+
+    def enqueue(
+        self, inputs: Mapping[str, np.ndarray], rows: int, admission: Admission
+    ) -> asyncio.Future[Outputs]:
+        """Queues one request; its future gets its outputs or its error."""
+        assert self._wakeup is not None, "enqueue before start"
+        request = _Request(
+            inputs,
+            # Queued now (the policy's delay and the queue histogram count from here);
+            # the deadline counts from the request's arrival.
+            Pending(rows, self._clock(), admission.deadline),
+            asyncio.get_running_loop().create_future(),
+            admission,
+        )
+        admission.stage = "waiting"
+        self._queue.append(request)
+        # Wake the scheduler only when it could act: a slot is free, or this request's
+        # deadline comes before the time it already plans to wake at.
+        if (
+            self._runner.free_slots
+            or self._next_wake is None
+            or request.view.deadline < self._next_wake
+        ):
+            self._wakeup.set()
+        return request.future
+
+    def drain(self) -> None:
+        """From now on nothing waits: everything queued runs as slots free up."""
+        self.draining = True
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def stop(self, timeout_seconds: float) -> None:
+        """Stops scheduling and fails whatever is queued; waits up to `timeout_seconds`
+        for the running batches (not for a stuck one: its requests are answered)."""
+        self._stopped = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._fail_queued(NotReady("the server stopped"))
+        self._answer_finished()
+        running = self._batches - self._stuck_batches
+        if running:
+            await asyncio.wait(running, timeout=timeout_seconds)
+
+    async def _schedule(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            self._wakeup.clear()
+            wait_until: float | None
+            try:
+                wait_until = self._flush_ready()
+            except Exception:  # a bug here must not leave callers waiting forever
+                log.exception("Batch scheduler failed; failing the queued requests")
+                self._fail_queued(EngineFailed("internal batching error"))
+                wait_until = None
+            self._answer_finished()  # after the freed slots took the next batches
+            self._next_wake = wait_until
+            await self._sleep_until(wait_until)
+
+    async def _sleep_until(self, wait_until: float | None) -> None:
+        assert self._wakeup is not None
+        if wait_until is None:
+            await self._wakeup.wait()
+            return
+        # A timer that sets the same event: cheaper than wait_for's task per wait.
+        timer = asyncio.get_running_loop().call_later(
+            max(0.0, wait_until - self._clock()), self._wakeup.set
+        )
+        try:
+            await self._wakeup.wait()
+        finally:
+            timer.cancel()
+
+    def _flush_ready(self) -> float | None:
+        """Flushes batches until the policy says wait; returns the monotonic time to wake
+        at (None: at the next event)."""
+        while True:
+            action = self._step()
+            if isinstance(action, WaitUntil):
+                return action.at
+
+    def _step(self) -> Flush | WaitUntil:
+        """One policy decision, applied."""
+        queue = self._queue
+        if any(r.future.done() for r in queue):  # callers that went away
+            self._queue = queue = deque(r for r in queue if not r.future.done())
+        now = self._clock()
+        decision = next_decision(
+            self._policy,
+            [r.view for r in queue],
+            self._runner.free_slots,
+            self._runner.busy_slots,
+            now,
+            self.draining,
+            small_batches=self._runner.small_batches,
+        )
+        if decision.expired:
+            expired = set(decision.expired)
+            kept: deque[_Request] = deque()
+            for index, request in enumerate(queue):
+                if index in expired:
+                    request.future.set_exception(
+                        request.admission.expired(now, request.view.arrived_at)
+                    )
+                else:
+                    kept.append(request)
+            self._queue = queue = kept
+        action = decision.action
+        if isinstance(action, Flush):
+            batch = [queue.popleft() for _ in range(action.count)]
+            self._observer.queue_depth(len(queue))
+            self._start(batch, action, now)
+        else:
+            self._observer.queue_depth(len(queue))
+        return action
+
+    def _start(self, batch: list[_Request], flush: Flush, now: float) -> None:
+        lease = self._runner.take(len(batch))
+        for request in batch:
+            request.admission.stage = "running"
+        self._observer.batch_started(flush.rows, [now - r.view.arrived_at for r in batch])
+        inputs = [r.inputs for r in batch]
+        if flush.inline:
+            outcome = self._runner.run_inline(lease, inputs, flush.rows)
+            self._finished.append(_Finished(batch, outcome))
+            return
+        task = asyncio.create_task(self._run_in_thread(lease, batch, flush.rows))
+        self._batches.add(task)
+        task.add_done_callback(self._batches.discard)
+
+    async def _run_in_thread(self, lease: SlotLease, batch: list[_Request], rows: int) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def answer_stuck(error: EngineTimeout) -> None:
+            self._stuck_batches.add(task)
+            _answer(batch, BatchFailed(error))
+
+        outcome = await self._runner.run_in_thread(
+            lease,
+            [r.inputs for r in batch],
+            rows,
+            bound=batch_bound(r.view.deadline for r in batch),
+            oldest_arrival=min(r.admission.arrived_at for r in batch),
+            on_stuck=answer_stuck,
+        )
+        self._stuck_batches.discard(task)
+        if self._stopped:  # no scheduler to start the next batch first: answer now
+            _answer(batch, outcome)
+            return
+        self._finished.append(_Finished(batch, outcome))
+        assert self._wakeup is not None
+        self._wakeup.set()
+
+    def _answer_finished(self) -> None:
+        while self._finished:
+            finished = self._finished.popleft()
+            _answer(finished.batch, finished.outcome)
+
+    def _fail_queued(self, error: InferenceServerError) -> None:
+        while self._queue:
+            request = self._queue.popleft()
+            if not request.future.done():
+                request.future.set_exception(error)
+
+
+def _answer(batch: list[_Request], outcome: BatchOutcome) -> None:
+    """Every request of a batch gets its outputs, or the batch's one error; a request
+    answered already (its caller gone, or the watchdog's timeout) is skipped."""
+    if isinstance(outcome, BatchFailed):
+        for request in batch:
+            if not request.future.done():
+                request.future.set_exception(outcome.error)
+        return
+    for request, outputs in zip(batch, outcome.outputs, strict=True):
+        if not request.future.done():
+            request.future.set_result(outputs)
