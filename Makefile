@@ -53,7 +53,8 @@ test: $(STAMP)
 STRICT_TYPED := kubeinfer/contract kubeinfer/operator/api kubeinfer/operator/state \
 	kubeinfer/operator/reconcile kubeinfer/operator/rollout kubeinfer/operator/scaling \
 	kubeinfer/operator/quality \
-	kubeinfer/runtime/batching/policy.py kubeinfer/runtime/batching/assembler.py
+	kubeinfer/runtime/batching/policy.py kubeinfer/runtime/batching/assembler.py \
+	kubeinfer/runtime/batching/admission.py
 TYPED := kubeinfer/operator kubeinfer/runtime kubeinfer/cluster kubeinfer/cli kubeinfer/contract
 
 lint: $(STAMP)

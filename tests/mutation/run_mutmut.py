@@ -2,8 +2,8 @@
 
 The cores are the decisions that are pure by design (docs/STYLE: gather → decide → apply):
 the reconcile decisions, the shadow verdict and rollout plan, the autoscaler's
-recommendation, and the batcher's flush policy and assembler. Each is mutated and its
-fast, server-free tests run against every mutant.
+recommendation, and the batcher's flush policy, assembler and admission rules. Each is
+mutated and its fast, server-free tests run against every mutant.
 
 Why a staging folder: mutmut names a mutant by its file's path (`operator/x.py` →
 `operator.x`) while the code runs as `kubeinfer.operator.x` (pyproject.toml's
@@ -39,6 +39,7 @@ CORES = [
     "kubeinfer/operator/quality/*.py",
     "kubeinfer/runtime/batching/policy.py",
     "kubeinfer/runtime/batching/assembler.py",
+    "kubeinfer/runtime/batching/admission.py",
 ]
 """What is mutated: the pure decision modules (globs in the staged layout)."""
 
@@ -77,6 +78,7 @@ FAST_TESTS = [
     "tests/operator/test_quality_verdict_bounds.py",
     "tests/runtime/test_batching_policy.py",
     "tests/runtime/test_assembler_and_codec.py",
+    "tests/runtime/test_batch_admission_rules.py",
     "tests/api/test_conditions.py",
 ]
 """The tests run against each mutant: the cores' own tests, none of which starts a
