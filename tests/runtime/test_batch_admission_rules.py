@@ -32,7 +32,8 @@ def admissions(max_queue_size: int = 3, default_timeout_ms: int = 2000) -> Admis
 
 def test_nothing_is_admitted_before_the_batcher_opens() -> None:
     gate = Admissions(BatchingPolicy())
-    with pytest.raises(NotReady, match="not started"):
+    assert gate.accepting is False and gate.draining is False
+    with pytest.raises(NotReady, match=r"^not started$"):
         gate.admit(0.0, 0, RUNNING)
     assert gate.unqueued == 0
 
@@ -40,8 +41,8 @@ def test_nothing_is_admitted_before_the_batcher_opens() -> None:
 def test_draining_refuses_and_says_it_is_shutting_down() -> None:
     gate = admissions()
     gate.stop(draining=True)
-    assert not gate.accepting and gate.draining
-    with pytest.raises(NotReady, match="shutting down"):
+    assert gate.accepting is False and gate.draining is True
+    with pytest.raises(NotReady, match=r"^the server is shutting down$"):
         gate.admit(0.0, 0, RUNNING)
     gate.stop(draining=False)  # closing after a drain: still a shutdown
     assert gate.draining
@@ -50,8 +51,8 @@ def test_draining_refuses_and_says_it_is_shutting_down() -> None:
 def test_a_stop_without_a_drain_is_not_a_drain() -> None:
     gate = admissions()
     gate.stop(draining=False)
-    assert not gate.accepting and not gate.draining
-    with pytest.raises(NotReady):
+    assert gate.accepting is False and gate.draining is False
+    with pytest.raises(NotReady, match=r"^not started$"):
         gate.admit(0.0, 0, RUNNING)
 
 
@@ -84,7 +85,7 @@ def test_a_place_is_given_back_once() -> None:
     first, second = gate.admit(0.0, 0, RUNNING), gate.admit(0.0, 0, RUNNING)
     gate.release(first)
     gate.release(first)
-    assert gate.unqueued == 1 and not first.holds_place and second.holds_place
+    assert gate.unqueued == 1 and first.holds_place is False and second.holds_place
     gate.release(second)
     assert gate.unqueued == 0
 
