@@ -282,6 +282,14 @@ class OperatorSettings(BaseSettings):
         """Arguments, then the environment in both forms; no .env or secrets files."""
         return init_settings, Environment(settings_cls)
 
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with `update` validated: pydantic's own copy takes any key silently, so
+        a misspelt or ungrouped field (`shadow_poll_seconds` for
+        `requeue.shadow_poll_seconds`) would change nothing without a word."""
+        if not update:
+            return super().model_copy(deep=deep)
+        return self.model_validate({**self.model_dump(), **update})
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:
         """The settings from `environ` (default `os.environ`) alone; raises InvalidSettings

@@ -218,12 +218,8 @@ async def test_failed_build_reports_the_reason_and_retries_after_backoff(
     broken = Model(model_directory / f"{world.namespace}.onnx")
     broken.path.write_bytes(b"not an ONNX model")
     # Failure times have whole seconds: a 3 s backoff leaves the failure visible for >= 2 s.
-    slow_retry = FAST.model_copy(
-        update={
-            "build_backoff_seconds": 3,
-            "build_backoff_max_seconds": 3,
-            "build_backoff_limit": 0,
-        }
+    slow_retry = tuned(
+        FAST, build={"backoff_seconds": 3, "backoff_max_seconds": 3, "backoff_limit": 0}
     )
     spec = manifest(broken)
     del spec["spec"]["model"]["source"]["sha256"]  # the file will be fixed in place
@@ -289,12 +285,8 @@ async def test_failed_build_of_a_new_version_keeps_the_old_one_serving(
 ) -> None:
     broken = model_directory / f"{world.namespace}-broken.onnx"
     broken.write_bytes(b"\x00" * 64)
-    no_retry = FAST.model_copy(
-        update={
-            "build_backoff_seconds": 60,
-            "build_backoff_max_seconds": 60,
-            "build_backoff_limit": 0,
-        }
+    no_retry = tuned(
+        FAST, build={"backoff_seconds": 60, "backoff_max_seconds": 60, "backoff_limit": 0}
     )
     try:
         async with start_operator(world, no_retry):

@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from decide_scenarios import tuned
 from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
 from kubeinfer.operator.state import names
 from kubeinfer.runtime.building.calibration import write_demo_samples
@@ -50,14 +51,13 @@ from operator_harness import (
 
 pytestmark = pytest.mark.slow
 
-SHADOW_FAST = FAST.model_copy(
-    update={
-        "shadow_poll_seconds": 0.5,
-        # A pod being deleted keeps serving this long before it drains: the test's clients,
-        # like kube-proxy, stop sending to it once they see it terminating, so a rolled
-        # pod never answers a live request with its draining 503.
-        "pre_stop_sleep_seconds": 3,
-    }
+SHADOW_FAST = tuned(
+    FAST,
+    requeue={"shadow_poll_seconds": 0.5},
+    # A pod being deleted keeps serving this long before it drains: the test's clients,
+    # like kube-proxy, stop sending to it once they see it terminating, so a rolled pod
+    # never answers a live request with its draining 503.
+    pods={"pre_stop_sleep_seconds": 3},
 )
 RUNTIME = names.runtime_name("resnet")
 CANDIDATE = names.candidate_name("resnet")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from kubeinfer.operator.settings import FLAT_NAMES, InvalidSettings, OperatorSettings
+from pydantic import ValidationError
 
 
 def test_unset_variables_keep_the_defaults() -> None:
@@ -86,3 +87,12 @@ def test_the_constructor_reads_the_process_environment(monkeypatch) -> None:
     assert settings.requeue.shadow_poll_seconds == 3 and settings.api.timeout_seconds == 9
     assert settings.requeue.autoscale_poll_seconds == 1
     assert OperatorSettings.from_env().requeue.shadow_poll_seconds == 3
+
+
+def test_a_copy_refuses_a_field_it_does_not_have() -> None:
+    settings = OperatorSettings.from_env({})
+    with pytest.raises(ValidationError, match="shadow_poll_seconds"):
+        settings.model_copy(update={"shadow_poll_seconds": 0.5})
+    copied = settings.model_copy(update={"requeue": {"shadow_poll_seconds": 0.5}})
+    assert copied.requeue.shadow_poll_seconds == 0.5
+    assert copied.build == settings.build
