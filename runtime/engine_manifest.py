@@ -27,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from kubeinfer.contract.api_model import ApiModel
+from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
 from pydantic import Field
 
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
@@ -129,6 +129,25 @@ class TensorInfo(ApiModel):
     shape: list[int]
 
 
+class ClassAgreement(ApiModel):
+    """The rows whose reference top-1 was one class, and how many the candidate agreed on."""
+
+    rows: int = Field(ge=1)
+    """Rows whose reference argmax is this class."""
+
+    agreements: int = Field(ge=0)
+    """Of those, the rows whose candidate argmax is the same class."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="self.agreements <= self.rows",
+            message="agreements cannot exceed rows",
+            field="agreements",
+            holds=lambda m: m.agreements <= m.rows,
+        ),
+    )
+
+
 class OutputAccuracy(ApiModel):
     """The candidate against the reference on one output."""
 
@@ -150,6 +169,14 @@ class OutputAccuracy(ApiModel):
     top1_agreement: float | None = None
     """Share of rows whose argmax over the last axis matches the reference (outputs whose
     last axis has 2 or more classes only)."""
+
+    top1_rows: int | None = Field(default=None, ge=1)
+    """Rows compared for `top1Agreement` (every leading position); absent in manifests
+    written before it was recorded."""
+
+    top1_by_class: dict[str, ClassAgreement] | None = None
+    """Per reference top-1 class (the decimal index of the reference's argmax), its rows
+    and agreements; the rows add up to `top1Rows`. Absent where `top1Rows` is."""
 
 
 class AccuracyReport(ApiModel):

@@ -20,6 +20,10 @@ whose dimension 0 is the batch ("rows"):
   dimension before it), the argmax over the last axis per row, rows being every position
   of the leading dimensions (`[batch, classes]`: one per sample; `[batch, tokens, vocab]`:
   one per token). Other shapes (a single score per row, a flat vector) have no top-1.
+- top-1 agreement by class: the same rows grouped by the reference's top-1 class (its
+  argmax over the last axis), each class with its rows and agreements
+  (`top1_by_reference_class`), so a disagreement concentrated on a few classes is not
+  averaged away.
 """
 
 from __future__ import annotations
@@ -41,6 +45,27 @@ def top1_matches(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray | N
     if not has_classes(reference.shape):
         return None
     return (reference.argmax(axis=-1) == candidate.argmax(axis=-1)).ravel()
+
+
+def top1_by_reference_class(
+    reference: np.ndarray, candidate: np.ndarray
+) -> dict[int, tuple[int, int]] | None:
+    """Per reference top-1 class (the argmax of the reference's row over the last axis),
+    the rows of that class and how many of them the candidate's argmax agrees with, as
+    `{class: (rows, agreements)}`; only classes with a row appear, so the rows add up to
+    the number of rows `top1_matches` compares. None when the shape has no classes."""
+    if not has_classes(reference.shape):
+        return None
+    if reference.shape != candidate.shape:
+        raise ValueError(f"shapes differ: {reference.shape} and {candidate.shape}")
+    classes = reference.argmax(axis=-1).ravel()
+    agrees = classes == candidate.argmax(axis=-1).ravel()
+    present, index, rows = np.unique(classes, return_inverse=True, return_counts=True)
+    agreements = np.bincount(index[agrees], minlength=present.size)
+    return {
+        int(label): (int(count), int(agreed))
+        for label, count, agreed in zip(present, rows, agreements, strict=True)
+    }
 
 
 @dataclass(frozen=True, slots=True)

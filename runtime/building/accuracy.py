@@ -19,7 +19,12 @@ the shadow comparison of a rollout uses too. Per output (samples along dimension
   `[samples, tokens, vocab]`) whose argmax over the last axis is the reference's. There
   are no labels at build time, so "top-1 drop" is `1 - top1Agreement`: the share of rows
   whose predicted class the lower precision changed. It bounds the fall in top-1
-  accuracy against any labels.
+  accuracy against any labels. `top1Rows` is how many rows that is, and `top1ByClass`
+  the same rows per reference top-1 class (the decimal index of the fp32 reference's
+  argmax): `{"3": {"rows": 40, "agreements": 39}, ...}`, the rows adding up to
+  `top1Rows`. Quantisation rarely costs every class alike; the quality watch takes
+  these counts, through the build's termination message (`termination_accuracy`), as
+  its baseline per class, so the disagreement the build already showed is not drift.
 
 A candidate producing NaN or an infinity where the reference does not is an error, not a
 difference to report.
@@ -27,11 +32,13 @@ difference to report.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
-from kubeinfer.runtime.engine_manifest import AccuracyReport, OutputAccuracy
-from kubeinfer.runtime.output_statistics import compare_arrays
+from kubeinfer.runtime.engine_manifest import AccuracyReport, ClassAgreement, OutputAccuracy
+from kubeinfer.runtime.output_statistics import compare_arrays, top1_by_reference_class
 
 
 def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray) -> OutputAccuracy:
@@ -49,6 +56,7 @@ def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray) -> O
             f"output {name!r}: the candidate has NaN or infinite values where the reference has not"
         )
     top1 = None if statistics.top1 is None else float(np.mean(statistics.top1))
+    by_class = top1_by_reference_class(reference, candidate)
     return OutputAccuracy(
         name=name,
         max_abs_diff=statistics.max_abs_difference,
@@ -56,6 +64,13 @@ def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray) -> O
         cosine_similarity=float(statistics.cosines.mean()),
         min_cosine_similarity=float(statistics.cosines.min()),
         top1_agreement=top1,
+        top1_rows=None if statistics.top1 is None else int(statistics.top1.size),
+        top1_by_class=None
+        if by_class is None
+        else {
+            str(label): ClassAgreement(rows=rows, agreements=agreements)
+            for label, (rows, agreements) in by_class.items()
+        },
     )
 
 
@@ -105,3 +120,60 @@ def gate_violations(
                     f"{output.top1_agreement:.4f}) exceeds --max-top1-drop {max_top1_drop}"
                 )
     return violations
+
+
+TERMINATION_ACCURACY_BUDGET_BYTES = 3000
+"""Most bytes the termination message's `accuracy` object takes as compact JSON: the
+rest of the message is a few hundred bytes, and Kubernetes keeps at most 4096."""
+
+
+def compact_json(value: Any) -> str:
+    """The termination message's JSON form (sorted keys, no spaces): what the accuracy
+    object's budget is measured in."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def measures_quantisation(precision: str, report: AccuracyReport | None) -> bool:
+    """Whether the report is a baseline for the quality watch: a reduced precision
+    measured on real inputs (validation or held-out calibration samples). An fp32 engine
+    compared with the fp32 reference measures nothing a watch would judge, and seeded
+    synthetic inputs (no data given) have a class mix no traffic has."""
+    return report is not None and precision != "fp32" and report.validation_source != "synthetic"
+
+
+def termination_accuracy(
+    report: AccuracyReport | None, budget_bytes: int = TERMINATION_ACCURACY_BUDGET_BYTES
+) -> dict[str, Any] | None:
+    """The top-1 agreement of the report's first output with classes, bounded for a
+    termination message: `{"output": name, "rows": N, "agreements": A, "byClass":
+    {"3": [rows, agreements], ...}}`, at most `budget_bytes` as `compact_json`.
+
+    Classes go in by their row count, most rows first (ties by class index), for as
+    long as they fit the budget; a class left out (a model with thousands of classes)
+    falls back to the overall figure wherever the object is read. None without a
+    report, without an output with classes, for a report written before per-class
+    counts were recorded, or when even the overall figure would not fit."""
+    if report is None:
+        return None
+    output = next((o for o in report.outputs if o.top1_by_class is not None), None)
+    if output is None or output.top1_by_class is None or output.top1_rows is None:
+        return None
+    classes = output.top1_by_class
+    accuracy: dict[str, Any] = {
+        "output": output.name,
+        "rows": output.top1_rows,
+        "agreements": sum(c.agreements for c in classes.values()),
+        "byClass": {},
+    }
+    size = len(compact_json(accuracy))
+    if size > budget_bytes:
+        return None
+    for label in sorted(classes, key=lambda name: (-classes[name].rows, len(name), name)):
+        entry = [classes[label].rows, classes[label].agreements]
+        # `"label":[rows,agreements]`, and a comma before every entry but the first.
+        cost = len(compact_json({label: entry})) - 2 + (1 if accuracy["byClass"] else 0)
+        if size + cost > budget_bytes:
+            break
+        accuracy["byClass"][label] = entry
+        size += cost
+    return accuracy
