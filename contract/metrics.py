@@ -15,8 +15,17 @@ from typing import Literal
 
 MODEL_LABELS = ("model", "version")
 """Every serving series: the model and version a runtime pod serves."""
-SHADOW_LABELS = ("model", "serving_version", "candidate_version", "candidate_digest")
-"""Every shadow series: the serving pod's view of one candidate (its engine digest)."""
+SHADOW_LABELS = ("model", "serving_version", "candidate_version", "candidate_digest", "role")
+"""Every mirror series: the serving pod's view of one mirror target (its engine digest),
+and the target's role, so a shadow candidate and a quality watch's reference running at
+once (even on the same engine) are never mixed."""
+MIRROR_ROLES = ("shadow", "quality")
+"""`role`: a shadow candidate (judged to replace the serving engine), or the quality
+watch's reference (the serving version at reference precision, judging the serving
+engine)."""
+OTHER_SLICE = "other"
+"""The `slice` of requests past the watch's maxSlices distinct values, and of requests
+without the slice header."""
 GPU_LABELS = ("device", "name")
 
 LATENCY_BUCKETS = (
@@ -39,6 +48,13 @@ SHADOW_DIFFERENCE_BUCKETS = (
 SHADOW_COSINE_BUCKETS = (
     0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.998, 0.999, 0.9995, 0.9999, 0.99999,
     1.0,
+)  # fmt: skip
+
+# Per-request KL divergence in nats: 1-2-5 steps from what float rounding leaves (1e-6) to
+# answers that share nothing (10).
+SHADOW_KL_BUCKETS = (
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 0.001, 0.002, 0.005, 0.01, 0.02,
+    0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
 )  # fmt: skip
 
 
@@ -183,6 +199,39 @@ SHADOW_TOP1_AGREEMENTS = Series(
     "counter",
     SHADOW_LABELS,
     "Compared rows whose argmax agreed.",
+)
+SHADOW_CLASS_TOP1_ROWS = Series(
+    "kubeinfer_shadow_class_top1_rows",
+    "counter",
+    (*SHADOW_LABELS, "reference_class"),
+    "Compared rows by the trusted side's top-1 class (the serving engine's for a shadow, "
+    "the reference's for a quality watch).",
+)
+SHADOW_CLASS_TOP1_AGREEMENTS = Series(
+    "kubeinfer_shadow_class_top1_agreements",
+    "counter",
+    (*SHADOW_LABELS, "reference_class"),
+    "Of those, the rows whose argmax agreed.",
+)
+SHADOW_SLICE_TOP1_ROWS = Series(
+    "kubeinfer_shadow_slice_top1_rows",
+    "counter",
+    (*SHADOW_LABELS, "slice"),
+    "Compared rows by the request's slice (the quality watch's slice header).",
+)
+SHADOW_SLICE_TOP1_AGREEMENTS = Series(
+    "kubeinfer_shadow_slice_top1_agreements",
+    "counter",
+    (*SHADOW_LABELS, "slice"),
+    "Of those, the rows whose argmax agreed.",
+)
+SHADOW_KL_DIVERGENCE = Series(
+    "kubeinfer_shadow_kl_divergence",
+    "histogram",
+    SHADOW_LABELS,
+    "Per compared request whose outputs are probabilities or logits, the mean over its rows "
+    "of KL(trusted || other) of their softmax distributions, in nats.",
+    SHADOW_KL_BUCKETS,
 )
 SHADOW_SERVING_DURATION = Series(
     "kubeinfer_shadow_serving_duration_seconds",

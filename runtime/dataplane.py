@@ -16,9 +16,11 @@ has not returned within `engineStuckLivenessSeconds` (`batching.watchdog`).
 that is (an answer, an error, or its client leaving), exactly once; a request refused at
 admission is never counted.
 
-A request answered 200 is offered, after its answer is ready, to the shadow mirror
-(`kubeinfer.runtime.shadow`) with its decoded inputs, its outputs and its server time:
-an offer never awaits and never raises, so mirroring adds no wait and no failure here.
+A request answered 200 is offered, after its answer is ready, to the mirrors
+(`kubeinfer.runtime.shadow`: a shadow candidate, a quality watch's reference) with its
+decoded inputs, its outputs, its server time and the raw value of the watch's slice header
+(which the transport reads while a watch names one, `ShadowController.slice_header`): an
+offer never awaits and never raises, so mirroring adds no wait and no failure here.
 """
 
 from __future__ import annotations
@@ -194,10 +196,15 @@ class DataPlane:
             return await self.infer_admitted(admission, body, header_length)
 
     async def infer_admitted(
-        self, admission: Admission, body: bytes, header_length: int | None
+        self,
+        admission: Admission,
+        body: bytes,
+        header_length: int | None,
+        slice_value: str | None = None,
     ) -> InferResult:
         """Runs one admitted v2 infer request; returns the response body, the binary
-        header length and the server time (from its arrival)."""
+        header length and the server time (from its arrival). `slice_value` goes to the
+        mirrors only."""
         admission.stage = "waiting"
         (payload, response_header_length), inputs, results = await self._infer(
             admission, body, header_length
@@ -207,7 +214,7 @@ class DataPlane:
         shadow = self.shadow
         if shadow is not None and shadow.active:
             outputs = {n: (self._output_datatypes[n], array) for n, array in results.items()}
-            shadow.offer(inputs, outputs, seconds)
+            shadow.offer(inputs, outputs, seconds, slice_value)
         return InferResult(payload, response_header_length, seconds)
 
     async def _infer(

@@ -28,11 +28,13 @@ on the engine). A request refused at admission (503) is never counted in progres
 
 The GPU gauges come from `kubeinfer.runtime.gpu_memory` (NVML), read at scrape time.
 
-While this runtime mirrors requests to a shadow candidate (`kubeinfer.runtime.shadow`),
-it also exports what it compared. Every series is labelled `model`, `serving_version`,
-`candidate_version`, `candidate_digest`, and exists from the moment the candidate's target
-is read (the max gauge from the first comparison) until the target changes or goes; the
-operator reads these names:
+While this runtime mirrors requests to a shadow candidate or a quality watch's reference
+(`kubeinfer.runtime.shadow`), it also exports what it compared. Every series is labelled
+`model`, `serving_version`, `candidate_version`, `candidate_digest` and `role` (`shadow`
+for a candidate, `quality` for a watch's reference, whose version and digest fill the
+candidate labels), and exists from the moment the target is read (the max gauge from the
+first comparison, the per class and per slice series from their first row) until the
+target changes or goes; the operator reads these names:
 
 | name | type | meaning |
 |---|---|---|
@@ -43,6 +45,11 @@ operator reads these names:
 | kubeinfer_shadow_cosine_similarity | histogram | per request, the worst row's cosine |
 | kubeinfer_shadow_top1_rows_total | counter | rows of outputs with classes compared |
 | kubeinfer_shadow_top1_agreements_total | counter | of those, rows whose argmax agreed |
+| kubeinfer_shadow_class_top1_rows_total | counter | top-1 rows by `reference_class` |
+| kubeinfer_shadow_class_top1_agreements_total | counter | of those, rows that agreed |
+| kubeinfer_shadow_slice_top1_rows_total | counter | top-1 rows by `slice` (quality only) |
+| kubeinfer_shadow_slice_top1_agreements_total | counter | of those, rows that agreed |
+| kubeinfer_shadow_kl_divergence | histogram | per request, mean KL(trusted ‖ other), nats |
 | kubeinfer_shadow_serving_duration_seconds | histogram | this runtime's server time |
 | kubeinfer_shadow_candidate_duration_seconds | histogram | the candidate's server time |
 
@@ -52,8 +59,14 @@ in kind when one is missing, or differs in shape or datatype, or holds NaN or an
 where the other holds a number. Both duration histograms cover the same compared
 requests, each side's own server time (`Server-Timing`), in `SHADOW_LATENCY_BUCKETS`.
 
+`reference_class` is the trusted side's top-1 class of a row: the serving engine's for a
+shadow, the reference's for a quality watch. `slice` is the watch's slice header's value,
+sanitized, the first maxSlices values by name and the rest (and a missing header) as
+`other`; a shadow has no slices.
+
 Mismatched requests are counted as compared and as mismatches only: they are observed in
-neither the difference nor the cosine histograms, nor in top-1. `histogram_quantile` is
+neither the difference nor the cosine histograms, nor in top-1, per class, per slice or
+KL. `histogram_quantile` is
 Prometheus' estimator, for the runtime's `/v2/shadow` and for the operator reading
 scraped buckets, so every reader of these histograms gets the same p99.
 """

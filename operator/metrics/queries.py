@@ -202,7 +202,8 @@ class NamedQuery:
     matchers: tuple[tuple[str, str], ...] = ()
     """Fixed label matchers (e.g. outcome="compared")."""
     per_candidate: bool = False
-    """Selects the series of one shadow candidate (label `candidate_digest`)."""
+    """Selects the series of one shadow candidate (labels `candidate_digest` and
+    `role="shadow"`)."""
     denominator: str = ""
     """The second metric of a ratio (MAX_RATIO_NOW)."""
 
@@ -218,6 +219,7 @@ class NamedQuery:
             if candidate_digest is None:
                 raise ValueError(f"query {self.name} needs a candidate_digest")
             matchers["candidate_digest"] = candidate_digest
+            matchers["role"] = "shadow"  # a quality watch's reference has series too
         labels = scope.promql_labels(matchers)
         promql = self.aggregation.promql.format(
             series=f"{self.metric}{{{labels}}}",

@@ -10,7 +10,13 @@ Routes (also under `/v2/models/{name}/versions/{version}/...`):
 `GET /v2/health/live`, `GET /v2/health/ready`, `GET /v2`, `GET /v2/models/{name}`,
 `GET /v2/models/{name}/ready`, `POST /v2/models/{name}/infer`, `GET /metrics`, and
 `GET /v2/shadow` (the running aggregates of the shadow candidate this runtime mirrors to,
-see `kubeinfer.runtime.shadow`).
+see `kubeinfer.runtime.shadow`), `GET /v2/quality` (the quality watch's running figures,
+JSON) and `GET /v2/quality/exemplars` (the watch's worst input rows of its window, an
+`.npz` as `application/octet-stream`, see `kubeinfer.runtime.shadow.exemplars`).
+
+While a quality watch names a slice header, the infer route reads that one header's raw
+value and hands it to the data plane (one dictionary lookup; the mirror sanitizes and
+bounds it, and only for the requests it samples).
 
 Every infer response carries `Server-Timing: infer;dur=<ms>`, the server's own time for
 the request (the span of `kubeinfer_request_duration_seconds`): a shadow mirror reads a
@@ -150,7 +156,10 @@ async def infer(request: web.Request) -> web.Response:
                     admission.deadline, inflate, body, encoding, limit,
                     dataplane.limits.max_json_values, header_length,
                 )  # fmt: skip
-            result = await dataplane.infer_admitted(admission, body, header_length)
+            shadow_ = dataplane.shadow
+            slice_header = shadow_.slice_header if shadow_ is not None else None
+            slice_value = request.headers.get(slice_header) if slice_header else None
+            result = await dataplane.infer_admitted(admission, body, header_length, slice_value)
     except InferenceServerError as error:
         return _error(error, time.monotonic() - arrived)
     except ClientGone as gone:
@@ -176,6 +185,25 @@ async def shadow(request: web.Request) -> web.Response:
     controller = request.app[DATAPLANE].shadow
     assert controller is not None  # create_app always makes one
     return _json(controller.status())
+
+
+async def quality(request: web.Request) -> web.Response:
+    controller = request.app[DATAPLANE].shadow
+    assert controller is not None  # create_app always makes one
+    return _json(controller.quality_status())
+
+
+async def quality_exemplars(request: web.Request) -> web.Response:
+    controller = request.app[DATAPLANE].shadow
+    assert controller is not None
+    return web.Response(
+        body=controller.quality_exemplars(),
+        headers={
+            "Content-Type": "application/octet-stream",
+            "Content-Disposition": 'attachment; filename="exemplars.npz"',
+            "Cache-Control": "no-store",
+        },
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -260,5 +288,7 @@ def create_app(
         app.router.add_get(prefix + "/ready", model_ready)
         app.router.add_post(prefix + "/infer", infer)
     app.router.add_get("/v2/shadow", shadow)
+    app.router.add_get("/v2/quality", quality)
+    app.router.add_get("/v2/quality/exemplars", quality_exemplars)
     app.router.add_get("/metrics", metrics)
     return app

@@ -1,4 +1,4 @@
-"""The running aggregates of one shadow candidate, and the shadow metrics that export them.
+"""The running aggregates of one mirror target, and the mirror metrics that export them.
 
 `ShadowMetrics` holds the metric families (names and meanings: the series in
 `kubeinfer.contract.metrics`), registered once in the app's registry. `RunningAggregates`
@@ -6,7 +6,16 @@ is one candidate's tally: every outcome, comparison and latency is recorded in i
 the same time, in that candidate's series of the families, so `GET /v2/shadow` (its
 `status()`) and `/metrics` say the same thing. When the candidate goes (another target,
 or none), `close()` removes its series: a new candidate starts from zero and never
-inherits another's figures.
+inherits another's figures. Every series carries the target's `role` (`MIRROR_ROLES`):
+`shadow` for a candidate, `quality` for a quality watch's reference
+(`kubeinfer.runtime.shadow.quality`, which adds slices and exemplars), so both can run at
+once, even against the same engine, without mixing.
+
+Besides the /v2/shadow figures, each compared request's top-1 rows are tallied by the
+trusted side's class (`kubeinfer_shadow_class_top1_*`, label `reference_class`; the first
+`MAX_CLASS_LABELS` classes seen by name, later ones as `other`, so a vocabulary-sized
+output cannot grow the series without bound) and its mean KL divergence is observed
+(`kubeinfer_shadow_kl_divergence`).
 
 The /v2/shadow figures are defined over what the metrics carry: `meanAbsDifference` and
 `meanCosineSimilarity` are the means of the per-request values the two histograms observe
@@ -18,17 +27,23 @@ them. `minCosineSimilarity` (the worst row seen) is the one figure kept here onl
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from typing import Any
 
 from kubeinfer.contract import metrics as series
-from kubeinfer.contract.metrics import SHADOW_LATENCY_BUCKETS, histogram_quantile
+from kubeinfer.contract.metrics import OTHER_SLICE, SHADOW_LATENCY_BUCKETS, histogram_quantile
 from kubeinfer.contract.metrics import SHADOW_OUTCOMES as OUTCOMES
 from kubeinfer.contract.runtime_config import MirrorTarget
 from kubeinfer.runtime.metrics import family
-from kubeinfer.runtime.shadow.comparison import RequestComparison
+from kubeinfer.runtime.shadow.comparison import Outputs, RequestComparison, Trusted
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-_OUTCOME_KEYS = {
+MAX_CLASS_LABELS = 1024
+"""Distinct `reference_class` values tallied by name per target; later ones count as
+`other` (`OTHER_SLICE`'s word)."""
+
+OUTCOME_KEYS = {
+    # outcome label -> the key /v2/shadow and /v2/quality count it under
     "compared": "compared",
     "dropped": "dropped",
     "candidate_error": "candidateError",
@@ -50,17 +65,31 @@ class ShadowMetrics:
         self.top1_agreements = family(series.SHADOW_TOP1_AGREEMENTS, r)
         self.serving_duration = family(series.SHADOW_SERVING_DURATION, r)
         self.candidate_duration = family(series.SHADOW_CANDIDATE_DURATION, r)
+        self.class_rows = family(series.SHADOW_CLASS_TOP1_ROWS, r)
+        self.class_agreements = family(series.SHADOW_CLASS_TOP1_AGREEMENTS, r)
+        self.slice_rows = family(series.SHADOW_SLICE_TOP1_ROWS, r)
+        self.slice_agreements = family(series.SHADOW_SLICE_TOP1_AGREEMENTS, r)
+        self.kl_divergence = family(series.SHADOW_KL_DIVERGENCE, r)
 
-    def remove(self, values: tuple[str, ...]) -> None:
-        """Removes every series of one candidate (`values` in `LABELS` order)."""
+    def remove(
+        self, values: tuple[str, ...], classes: Iterable[str] = (), slices: Iterable[str] = ()
+    ) -> None:
+        """Removes every series of one target (`values` in `SHADOW_LABELS` order), its
+        `classes` and `slices` included."""
         for outcome in OUTCOMES:
             _remove(self.requests, (*values, outcome))
         for metric in (
             self.mismatches, self.max_abs_difference, self.abs_difference,
             self.cosine_similarity, self.top1_rows, self.top1_agreements,
-            self.serving_duration, self.candidate_duration,
+            self.serving_duration, self.candidate_duration, self.kl_divergence,
         ):  # fmt: skip
             _remove(metric, values)
+        for label in classes:
+            _remove(self.class_rows, (*values, label))
+            _remove(self.class_agreements, (*values, label))
+        for label in slices:
+            _remove(self.slice_rows, (*values, label))
+            _remove(self.slice_agreements, (*values, label))
 
 
 def _remove(family: Counter | Gauge | Histogram, values: tuple[str, ...]) -> None:
@@ -89,16 +118,49 @@ class _LatencyBuckets:
         return histogram_quantile(q, cumulative)
 
 
+class _Tally:
+    """Top-1 rows and agreements of one class or slice, in memory and in its two series."""
+
+    __slots__ = ("_agreements_series", "_rows_series", "agreements", "rows")
+
+    def __init__(self, rows_series: Counter, agreements_series: Counter) -> None:
+        self.rows = self.agreements = 0
+        self._rows_series, self._agreements_series = rows_series, agreements_series
+
+    def add(self, rows: int, agreements: int) -> None:
+        self.rows += rows
+        self.agreements += agreements
+        self._rows_series.inc(rows)
+        self._agreements_series.inc(agreements)
+
+    def status(self) -> dict[str, Any]:
+        agreement = self.agreements / self.rows if self.rows else None
+        return {"rows": self.rows, "agreements": self.agreements, "agreement": agreement}
+
+
 class RunningAggregates:
-    """One candidate's shadow figures since its target was read (see the module)."""
+    """One target's figures since it was read (see the module)."""
+
+    trusted: Trusted = "serving"
+    """Whose answer the comparison trusts: the serving engine's, judging a candidate."""
+    per_row: bool = False
+    """Whether the comparison computes per row figures (the quality watch's exemplars)."""
 
     def __init__(
-        self, target: MirrorTarget, model: str, serving_version: str, metrics: ShadowMetrics
+        self,
+        target: MirrorTarget,
+        model: str,
+        serving_version: str,
+        metrics: ShadowMetrics,
+        role: str = "shadow",
     ) -> None:
         self.target = target
         self.serving_version = serving_version
+        self.role = role
         self._metrics = metrics
-        self._values = (model, serving_version, target.candidate_version, target.candidate_digest)
+        self._values = (
+            model, serving_version, target.candidate_version, target.candidate_digest, role,
+        )  # fmt: skip
         v = self._values
         self._outcome_series = {o: metrics.requests.labels(*v, o) for o in OUTCOMES}
         self._mismatch_series = metrics.mismatches.labels(*v)
@@ -108,7 +170,14 @@ class RunningAggregates:
         self._agreements_series = metrics.top1_agreements.labels(*v)
         self._serving_series = metrics.serving_duration.labels(*v)
         self._candidate_series = metrics.candidate_duration.labels(*v)
+        self._kl_series = metrics.kl_divergence.labels(*v)
         self._closed = False
+        self.answered = 0
+        """Requests answered 200 offered while this target was mirrored to (sampled or not)."""
+        self.classes: dict[str, _Tally] = {}
+        self.slices: dict[str, _Tally] = {}
+        self._sum_kl = 0.0
+        self._kl_requests = 0
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.mismatches = 0
         self.max_abs_difference: float | None = None
@@ -133,9 +202,16 @@ class RunningAggregates:
         self._outcome_series[outcome].inc()
 
     def record_comparison(
-        self, comparison: RequestComparison, serving_seconds: float, candidate_seconds: float
+        self,
+        comparison: RequestComparison,
+        serving_seconds: float,
+        candidate_seconds: float,
+        *,
+        slice_value: str | None = None,
+        inputs: Outputs | None = None,
     ) -> None:
-        """A compared request: its comparison and both sides' server times."""
+        """A compared request: its comparison and both sides' server times (`slice_value`,
+        the raw slice header, and `inputs` serve the quality watch's subclass)."""
         if self._closed:
             return
         self.outcomes["compared"] += 1
@@ -165,12 +241,44 @@ class RunningAggregates:
             self.top1_agreements += comparison.top1_agreements
             self._rows_series.inc(comparison.top1_rows)
             self._agreements_series.inc(comparison.top1_agreements)
+        for label, rows, agreements in comparison.class_tallies:
+            self._class_tally(label).add(rows, agreements)
+        if comparison.kl_divergence is not None:
+            self._sum_kl += comparison.kl_divergence
+            self._kl_requests += 1
+            self._kl_series.observe(comparison.kl_divergence)
+
+    @property
+    def mean_kl_divergence(self) -> float | None:
+        return self._sum_kl / self._kl_requests if self._kl_requests else None
+
+    def _class_tally(self, label: int) -> _Tally:
+        name = str(label)
+        tally = self.classes.get(name)
+        if tally is None:
+            if len(self.classes) >= MAX_CLASS_LABELS and name not in self.classes:
+                name = OTHER_SLICE
+                tally = self.classes.get(name)
+            if tally is None:
+                m, v = self._metrics, self._values
+                tally = _Tally(m.class_rows.labels(*v, name), m.class_agreements.labels(*v, name))
+                self.classes[name] = tally
+        return tally
+
+    def slice_tally(self, name: str) -> _Tally:
+        """The tally of one (already bounded) slice name, made on first use."""
+        tally = self.slices.get(name)
+        if tally is None:
+            m, v = self._metrics, self._values
+            tally = _Tally(m.slice_rows.labels(*v, name), m.slice_agreements.labels(*v, name))
+            self.slices[name] = tally
+        return tally
 
     def close(self) -> None:
         """Removes this candidate's series; later records are ignored."""
         if not self._closed:
             self._closed = True
-            self._metrics.remove(self._values)
+            self._metrics.remove(self._values, self.classes, self.slices)
 
     def status(self) -> dict[str, Any]:
         """The `GET /v2/shadow` body for this candidate (null where there is no data)."""
@@ -186,7 +294,7 @@ class RunningAggregates:
                 "digest": target.candidate_digest,
             },
             "trafficPercent": target.traffic_percent,
-            "requests": {_OUTCOME_KEYS[o]: n for o, n in self.outcomes.items()},
+            "requests": {OUTCOME_KEYS[o]: n for o, n in self.outcomes.items()},
             "mismatches": self.mismatches,
             "maxAbsDifference": self.max_abs_difference,
             "meanAbsDifference": self._sum_difference / valued if valued else None,
@@ -211,7 +319,7 @@ def inactive_status(serving_version: str) -> dict[str, Any]:
         "servingVersion": serving_version,
         "candidate": None,
         "trafficPercent": None,
-        "requests": dict.fromkeys(_OUTCOME_KEYS.values(), 0),
+        "requests": dict.fromkeys(OUTCOME_KEYS.values(), 0),
         "mismatches": 0,
         "maxAbsDifference": None,
         "meanAbsDifference": None,

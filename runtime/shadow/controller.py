@@ -1,14 +1,20 @@
-"""The shadow of one serving runtime: which candidate it mirrors to, and its figures.
+"""The mirrors of one serving runtime: which targets it mirrors to, and their figures.
 
 `ShadowController` is the data plane's one entry point (`offer`, after a request was
-answered 200) and the source of `GET /v2/shadow` (`status`). It follows the mirror target
-file (`TargetWatcher`) and owns the current candidate's `Mirror` and `RunningAggregates`:
+answered 200) and the source of `GET /v2/shadow` (`status`), `GET /v2/quality`
+(`quality_status`) and `GET /v2/quality/exemplars` (`quality_exemplars`). It follows the
+mirror target file (`TargetWatcher`, the whole `MirrorFile`) and drives one mirror per
+role (`MIRROR_ROLES`), each a `Mirror` (its own bounded queue, workers and client) with
+its `RunningAggregates`: the shadow candidate (`target`, role `shadow`) and the quality
+watch's reference (`qualityWatch.reference`, role `quality`, `QualityAggregates`). The two
+never share a queue: a reference that cannot keep up drops its own samples. For each:
 
-- another candidate (URL, model name, version or digest changed): the old mirror is
-  closed (work in flight cancelled, queue discarded, connections closed), its series are
-  removed from the registry, and the new candidate starts from zero;
-- the same candidate with another share or policy: a new mirror with the new settings,
-  the aggregates carried over;
+- another target (URL, model name, version or digest changed; for a watch, also another
+  slice header or maxSlices): the old mirror is closed (work in flight cancelled, queue
+  discarded, connections closed), its series are removed from the registry, and the new
+  target starts from zero;
+- the same target with another share or policy (a watch: also other exemplar bounds or
+  window): a new mirror with the new settings, the aggregates carried over;
 - no target: mirroring stops and the figures go.
 
 `stop()` (on SIGTERM's drain and on app cleanup) cancels all mirrored work at once: it is
@@ -23,18 +29,38 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kubeinfer.contract.runtime_config import MirrorTarget, RuntimeConfig
+from kubeinfer.contract.runtime_config import MirrorFile, MirrorTarget, QualityWatch, RuntimeConfig
 from kubeinfer.runtime.shadow.aggregates import RunningAggregates, ShadowMetrics, inactive_status
 from kubeinfer.runtime.shadow.comparison import Outputs
+from kubeinfer.runtime.shadow.exemplars import encode_exemplars
 from kubeinfer.runtime.shadow.mirror import Mirror
-from kubeinfer.runtime.shadow.target import TargetWatcher, same_candidate
+from kubeinfer.runtime.shadow.quality import QualityAggregates, inactive_quality_status
+from kubeinfer.runtime.shadow.target import TargetWatcher, parse_mirror_content, same_candidate
 from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
 
+class _RoleMirror:
+    """One role's current mirror and aggregates."""
+
+    __slots__ = ("aggregates", "mirror", "role")
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.mirror: Mirror | None = None
+        self.aggregates: RunningAggregates | None = None
+
+
+def _same_watch(a: QualityWatch, b: QualityWatch) -> bool:
+    """Whether a watch's figures carry over: the same reference, sliced the same way."""
+    return same_candidate(a.reference, b.reference) and (a.slice_header, a.max_slices) == (
+        b.slice_header, b.max_slices,
+    )  # fmt: skip
+
+
 class ShadowController:
-    """Mirrors this runtime's answered requests to the candidate the target file names."""
+    """Mirrors this runtime's answered requests to the targets the target file names."""
 
     def __init__(
         self,
@@ -42,39 +68,50 @@ class ShadowController:
         registry: CollectorRegistry,
         *,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         log_interval_seconds: float = 60.0,
     ) -> None:
         self._model = config.model_name
         self._serving_version = config.model_version
         self._metrics = ShadowMetrics(registry)
-        self._clock = clock
+        self._clock, self._wall_clock = clock, wall_clock
         self._log_interval = log_interval_seconds
         self._watcher = (
             TargetWatcher(
                 config.mirror_target_file,
                 config.mirror_poll_interval_milliseconds / 1000,
-                self.apply,
+                self.apply_file,
+                parse_mirror_content,
             )
             if config.mirror_target_file
             else None
         )
-        self._mirror: Mirror | None = None
-        self._aggregates: RunningAggregates | None = None
+        self._shadow = _RoleMirror("shadow")
+        self._quality = _RoleMirror("quality")
+        self._watch: QualityWatch | None = None
+        self.slice_header: str | None = None
+        """The header the data plane reads a request's slice from while a watch with
+        slices runs (None: read none)."""
         self._stopped = False
         self._offer_failures = 0
         self._applying = asyncio.Lock()  # one change of target at a time
 
     @property
     def active(self) -> bool:
-        return self._mirror is not None
+        return self._shadow.mirror is not None or self._quality.mirror is not None
 
     @property
     def mirror(self) -> Mirror | None:
-        return self._mirror
+        """The shadow candidate's mirror."""
+        return self._shadow.mirror
+
+    @property
+    def quality_mirror(self) -> Mirror | None:
+        return self._quality.mirror
 
     async def start(self) -> None:
         """Reads the target file once (mirroring from the first request if it names a
-        candidate), then keeps watching it."""
+        target), then keeps watching it."""
         if self._watcher is not None:
             await self._watcher.start()
 
@@ -83,65 +120,128 @@ class ShadowController:
         self._stopped = True
         if self._watcher is not None:
             await self._watcher.stop()
-        await self.apply(None)
+        await self.apply_file(MirrorFile())
+
+    async def apply_file(self, file: MirrorFile) -> None:
+        """Makes the file's shadow target and quality watch the mirrored ones."""
+        async with self._applying:
+            await self._apply_shadow(file.target)
+            await self._apply_watch(file.quality_watch)
 
     async def apply(self, target: MirrorTarget | None) -> None:
-        """Makes `target` the mirrored candidate (None: none); see the module for what
-        carries over."""
+        """Makes `target` the shadow candidate (None: none), the watch left as it is; see
+        the module for what carries over."""
         async with self._applying:
-            await self._apply(target)
+            await self._apply_shadow(target)
 
-    async def _apply(self, target: MirrorTarget | None) -> None:
-        if self._stopped and target is not None:
-            return
-        old_mirror, old_aggregates = self._mirror, self._aggregates
-        if target is not None and old_mirror is not None and old_mirror.target == target:
-            return
-        same = same_candidate(target, old_aggregates.target if old_aggregates else None)
-        self._mirror = None  # offers stop at once, before any await below
-        if old_mirror is not None:
-            await old_mirror.close()
-        if old_aggregates is not None and not same:
-            old_aggregates.close()
-            self._aggregates = None
-        if target is None:
-            if old_aggregates is not None:
-                log.info("Stopped mirroring url=%s", old_aggregates.target.url)
-            return
-        if self._aggregates is None:
-            self._aggregates = RunningAggregates(
-                target, self._model, self._serving_version, self._metrics
-            )
-        self._aggregates.target = target
-        mirror = Mirror(
-            target, self._aggregates, clock=self._clock, log_interval_seconds=self._log_interval
-        )
-        await mirror.start()
-        self._mirror = mirror
-        log.info(
-            "Started mirroring url=%s model=%s candidate_version=%s candidate_digest=%s "
-            "traffic_percent=%d kept_aggregates=%s",
-            target.url, target.model_name, target.candidate_version, target.candidate_digest,
-            target.traffic_percent, same,
+    async def apply_watch(self, watch: QualityWatch | None) -> None:
+        """Makes `watch` the quality watch (None: none), the shadow left as it is."""
+        async with self._applying:
+            await self._apply_watch(watch)
+
+    async def _apply_shadow(self, target: MirrorTarget | None) -> None:
+        old = self._shadow.aggregates
+        keep = same_candidate(target, old.target if old else None)
+        await self._switch(
+            self._shadow, target, keep,
+            lambda t: RunningAggregates(t, self._model, self._serving_version, self._metrics),
         )  # fmt: skip
 
-    def offer(self, inputs: Outputs, outputs: Outputs, seconds: float) -> None:
-        """Offers a request answered 200 (its decoded inputs, its outputs, its server
-        time) to the current mirror, if any. Never raises and never blocks: the caller is
-        the request path."""
-        mirror = self._mirror
-        if mirror is None:
+    async def _apply_watch(self, watch: QualityWatch | None) -> None:
+        old = self._quality.aggregates
+        keep = (
+            watch is not None
+            and isinstance(old, QualityAggregates)
+            and _same_watch(watch, old.watch)
+        )
+        if keep and isinstance(old, QualityAggregates) and watch is not None:
+            old.configure(watch)
+
+        def make(_: MirrorTarget) -> RunningAggregates:
+            assert watch is not None
+            return QualityAggregates(
+                watch, self._model, self._serving_version, self._metrics,
+                clock=self._clock, wall_clock=self._wall_clock,
+            )  # fmt: skip
+
+        await self._switch(self._quality, watch.reference if watch else None, keep, make)
+        self._watch = watch if self._quality.mirror is not None else None
+        self.slice_header = self._watch.slice_header if self._watch else None
+
+    async def _switch(
+        self,
+        slot: _RoleMirror,
+        target: MirrorTarget | None,
+        keep: bool,
+        make: Callable[[MirrorTarget], RunningAggregates],
+    ) -> None:
+        if self._stopped and target is not None:
             return
-        try:
-            mirror.offer(inputs, outputs, seconds)
-        except Exception:
-            self._offer_failures += 1
-            if self._offer_failures == 1 or self._offer_failures % 10_000 == 0:
-                log.warning("Failed to offer a request to the mirror failures=%d",
-                            self._offer_failures, exc_info=True)  # fmt: skip
+        old_mirror, old_aggregates = slot.mirror, slot.aggregates
+        if target is not None and old_mirror is not None and old_mirror.target == target and keep:
+            return
+        slot.mirror = None  # offers stop at once, before any await below
+        if old_mirror is not None:
+            await old_mirror.close()
+        if old_aggregates is not None and not keep:
+            old_aggregates.close()
+            slot.aggregates = None
+        if target is None:
+            if old_aggregates is not None:
+                log.info("Stopped mirroring role=%s url=%s", slot.role, old_aggregates.target.url)
+            return
+        if slot.aggregates is None:
+            slot.aggregates = make(target)
+        slot.aggregates.target = target
+        mirror = Mirror(
+            target, slot.aggregates, clock=self._clock, log_interval_seconds=self._log_interval
+        )
+        await mirror.start()
+        slot.mirror = mirror
+        log.info(
+            "Started mirroring role=%s url=%s model=%s candidate_version=%s "
+            "candidate_digest=%s traffic_percent=%d kept_aggregates=%s",
+            slot.role, target.url, target.model_name, target.candidate_version,
+            target.candidate_digest, target.traffic_percent, keep,
+        )  # fmt: skip
+
+    def offer(
+        self, inputs: Outputs, outputs: Outputs, seconds: float, slice_value: str | None = None
+    ) -> None:
+        """Offers a request answered 200 (its decoded inputs, its outputs, its server
+        time, the raw value of the watch's slice header) to the current mirrors, if any.
+        Never raises and never blocks: the caller is the request path."""
+        for slot in (self._shadow, self._quality):
+            mirror, aggregates = slot.mirror, slot.aggregates
+            if mirror is None or aggregates is None:
+                continue
+            aggregates.answered += 1
+            try:
+                mirror.offer(inputs, outputs, seconds, slice_value)
+            except Exception:
+                self._offer_failures += 1
+                if self._offer_failures == 1 or self._offer_failures % 10_000 == 0:
+                    log.warning("Failed to offer a request to the mirror role=%s failures=%d",
+                                slot.role, self._offer_failures, exc_info=True)  # fmt: skip
 
     def status(self) -> dict[str, Any]:
-        """The `GET /v2/shadow` body."""
-        if self._aggregates is None:
+        """The `GET /v2/shadow` body (the shadow candidate only)."""
+        aggregates = self._shadow.aggregates
+        if aggregates is None:
             return inactive_status(self._serving_version)
-        return self._aggregates.status()
+        return aggregates.status()
+
+    def quality_status(self) -> dict[str, Any]:
+        """The `GET /v2/quality` body."""
+        aggregates = self._quality.aggregates
+        if not isinstance(aggregates, QualityAggregates):
+            return inactive_quality_status(self._serving_version)
+        return aggregates.status()
+
+    def quality_exemplars(self) -> bytes:
+        """The `GET /v2/quality/exemplars` body: an `.npz` (`encode_exemplars`), empty of
+        exemplars while no watch runs."""
+        aggregates = self._quality.aggregates
+        if not isinstance(aggregates, QualityAggregates):
+            return encode_exemplars([])
+        return aggregates.exemplars_npz()

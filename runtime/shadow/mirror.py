@@ -1,4 +1,6 @@
-"""The mirror of one candidate: a bounded queue, its own workers and HTTP client.
+"""The mirror of one target (a shadow candidate, or a quality watch's reference): a
+bounded queue, its own workers and HTTP client. Each target has a mirror of its own, so a
+reference that cannot keep up drops its own samples and never delays the candidate's.
 
 Beside the request path, never in it (Envoy's request mirroring: fire and forget): the
 data plane answers its caller first, then `offer`s the request's decoded inputs and its
@@ -68,6 +70,9 @@ class MirroredRequest:
 
     nbytes: int
     """Bytes of tensors it holds (inputs and outputs)."""
+
+    slice_value: str | None = None
+    """The raw value of the quality watch's slice header, if the request had one."""
 
 
 def tensor_bytes(*groups: Outputs) -> int:
@@ -148,7 +153,13 @@ class Mirror:
             for i in range(concurrency)
         ]
 
-    def offer(self, inputs: Outputs, serving: Outputs, serving_seconds: float) -> None:
+    def offer(
+        self,
+        inputs: Outputs,
+        serving: Outputs,
+        serving_seconds: float,
+        slice_value: str | None = None,
+    ) -> None:
         """Samples one answered request and queues it if there is room (else `dropped`).
         Never blocks; the arrays are kept as they are (the caller does not reuse them)."""
         if self._closed or not self._sampler.take():
@@ -161,7 +172,9 @@ class Mirror:
             self._aggregates.record_outcome("dropped")
             return
         self._queued_bytes += nbytes
-        self._queue.put_nowait(MirroredRequest(inputs, serving, serving_seconds, nbytes))
+        self._queue.put_nowait(
+            MirroredRequest(inputs, serving, serving_seconds, nbytes, slice_value)
+        )
 
     async def close(self) -> None:
         """Cancels the work in flight, discards the queue, closes the connections."""
@@ -254,12 +267,17 @@ class Mirror:
             self._failed("candidate_error", f"unreadable answer: {error}")
             return
         candidate = {o.name: (o.datatype, o.data) for o in answer.outputs}
-        comparison = compare_request(request.serving, candidate)
+        aggregates = self._aggregates
+        comparison = compare_request(
+            request.serving, candidate, trusted=aggregates.trusted, per_row=aggregates.per_row
+        )
         if self._closed:
             return
         candidate_seconds = parse_server_timing(timing)
-        self._aggregates.record_comparison(
+        aggregates.record_comparison(
             comparison,
             request.serving_seconds,
             round_trip if candidate_seconds is None else candidate_seconds,
+            slice_value=request.slice_value,
+            inputs=request.inputs,
         )

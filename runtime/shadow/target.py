@@ -1,5 +1,6 @@
-"""The mirror target file: reading it (`parse_mirror_file`, pure) and watching it
-(`TargetWatcher`, a periodic task).
+"""The mirror target file: reading it (`parse_mirror_content` for the whole `MirrorFile`,
+`parse_mirror_file` for its shadow target; pure) and watching it (`TargetWatcher`, a
+periodic task).
 
 The operator renders a `MirrorFile` into a ConfigMap mounted as a directory in the serving
 pods. Kubelet updates such a file by swapping a symlink atomically, which inotify on the
@@ -7,8 +8,9 @@ file itself does not see, so the watcher re-reads the content every poll interva
 hundred bytes, read in a worker thread, never on a request's path) and acts only when the
 bytes changed:
 
-- missing or empty file, or `target: null`: mirroring is off;
-- a valid target: handed to `on_target` (which decides whether it is another candidate);
+- missing or empty file, or `target: null` (and no `qualityWatch`): mirroring is off;
+- a valid content: handed to `on_target` (which decides whether it is another candidate,
+  or another watch);
 - anything else (not YAML/JSON, a field the `MirrorFile` model refuses, unreadable): one
   WARNING with the reason, and the previous target stays in place. The same bad content
   is not reported again; a fix, or another bad content, is acted on at the next poll.
@@ -20,6 +22,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import yaml
 from kubeinfer.contract.runtime_config import MirrorFile, MirrorTarget
@@ -32,21 +35,21 @@ class MirrorFileError(ValueError):
     """The mirror target file cannot be used; the message says why."""
 
 
-def parse_mirror_file(content: bytes) -> MirrorTarget | None:
-    """The target in a mirror file's content (YAML or JSON, camelCase); None when the
-    content is empty or has no target. Raises `MirrorFileError`."""
+def parse_mirror_content(content: bytes) -> MirrorFile:
+    """A mirror file's content (YAML or JSON, camelCase); empty content is a file naming
+    nothing. Raises `MirrorFileError`."""
     if not content.strip():
-        return None
+        return MirrorFile()
     try:
         loaded = yaml.safe_load(content)
     except yaml.YAMLError as error:
         raise MirrorFileError(f"not valid YAML/JSON: {error}") from None
     if loaded is None:
-        return None
+        return MirrorFile()
     if not isinstance(loaded, dict):
         raise MirrorFileError(f"expected a mapping with a target, got {type(loaded).__name__}")
     try:
-        return MirrorFile.model_validate(loaded).target
+        return MirrorFile.model_validate(loaded)
     except ValidationError as error:
         problems = [
             f"{'.'.join(str(p) for p in e['loc']) or 'file'}: {e['msg']}" for e in error.errors()
@@ -54,6 +57,12 @@ def parse_mirror_file(content: bytes) -> MirrorTarget | None:
         raise MirrorFileError("; ".join(problems)) from None
     except ValueError as error:  # a cross-field rule
         raise MirrorFileError(str(error)) from None
+
+
+def parse_mirror_file(content: bytes) -> MirrorTarget | None:
+    """The shadow target in a mirror file's content; None when the content is empty or
+    has no target. Raises `MirrorFileError`."""
+    return parse_mirror_content(content).target
 
 
 def same_candidate(a: MirrorTarget | None, b: MirrorTarget | None) -> bool:
@@ -76,20 +85,27 @@ def _read(path: Path) -> bytes:
         return _MISSING
 
 
-class TargetWatcher:
-    """Re-reads `path` every `interval_seconds` and awaits `on_target(target)` when the file
-    holds another valid target (or none). `start()` reads once before returning, so a
-    target present at startup is mirrored from the first request."""
+Parsed = TypeVar("Parsed")
+
+
+class TargetWatcher(Generic[Parsed]):
+    """Re-reads `path` every `interval_seconds` and awaits `on_target(parse(content))` when
+    the file holds another valid content (a missing file: `parse(b"")`). `start()` reads
+    once before returning, so a target present at startup is mirrored from the first
+    request. `parse` is `parse_mirror_file` (the shadow target) unless given, e.g.
+    `parse_mirror_content` for the whole file."""
 
     def __init__(
         self,
         path: str | Path,
         interval_seconds: float,
-        on_target: Callable[[MirrorTarget | None], Awaitable[None]],
+        on_target: Callable[[Parsed], Awaitable[None]],
+        parse: Callable[[bytes], Parsed] = parse_mirror_file,  # type: ignore[assignment]
     ) -> None:
         self.path = Path(path)
         self._interval = interval_seconds
         self._on_target = on_target
+        self._parse = parse
         self._last: bytes | str | None = None  # content, or an error's text
         self._task: asyncio.Task[None] | None = None
 
@@ -106,7 +122,7 @@ class TargetWatcher:
             self._invalid(content)
             return
         try:
-            target = None if content == _MISSING else parse_mirror_file(content)
+            target = self._parse(b"" if content == _MISSING else content)
         except MirrorFileError as error:
             self._invalid(str(error))
             return

@@ -109,7 +109,7 @@ def test_queries_bind_only_with_their_arguments() -> None:
     assert bound.promql == (
         'sum(max_over_time(kubeinfer_shadow_requests_total{namespace="ns",'
         f'pod=~"demo-runtime-{S}{{1,10}}-{S}{{5}}",outcome="dropped",'
-        'candidate_digest="sha256:ab"}[90s]))'
+        'candidate_digest="sha256:ab",role="shadow"}[90s]))'
     )
     assert q.QUEUE_DEPTH.bind(scope).promql.startswith("sum(kubeinfer_queue_depth{")
     assert set(q.NAMED_QUERIES) >= {query.name for query in q.SHADOW_QUERIES}

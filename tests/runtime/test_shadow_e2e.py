@@ -291,7 +291,7 @@ def test_an_int8_candidate_agrees_closely_and_metrics_agree_with_v2_shadow(shado
 
     samples = shadow_samples(shadows.serving)
     labels = {"model": "tiny", "serving_version": "1", "candidate_version": "2",
-              "candidate_digest": shadows.digests["int8"]}  # fmt: skip
+              "candidate_digest": shadows.digests["int8"], "role": "shadow"}  # fmt: skip
 
     def value(name: str, **extra: str) -> float:
         return samples[(name, tuple(sorted({**labels, **extra}.items())))]
