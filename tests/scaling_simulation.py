@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
+from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 

@@ -10,13 +10,13 @@ everything that applies to builds (back-off, the cache, the accuracy report) app
 
 from __future__ import annotations
 
+from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.api.v1alpha1.enums import Backend
 from kubeinfer.operator.api.v1alpha1.inference_deployment import (
-    AutoscalingSpec,
     InferenceDeploymentSpec,
-    QualityWatchSpec,
     RolloutSpec,
 )
+from kubeinfer.operator.api.v1alpha1.quality_watch import QualityWatchSpec
 
 
 def reference_spec(spec: InferenceDeploymentSpec) -> InferenceDeploymentSpec:

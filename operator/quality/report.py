@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kubeinfer.operator.api.v1alpha1.enums import QualityState
-from kubeinfer.operator.api.v1alpha1.inference_deployment import QualityWatchSpec
+from kubeinfer.operator.api.v1alpha1.quality_watch import QualityWatchSpec
 from kubeinfer.operator.api.v1alpha1.status import (
     QualityGroupRef,
     QualityGroupStatus,

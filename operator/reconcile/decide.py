@@ -20,19 +20,25 @@ lists them all (for `kubeinfer render`).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime
 
 import yaml
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.enums import Backend
-from kubeinfer.operator.quality import report as quality
 from kubeinfer.operator.quality.reference import reference_spec
-from kubeinfer.operator.quality.report import QualityReport
 from kubeinfer.operator.reconcile import desired as build
+from kubeinfer.operator.reconcile.decide_quality import (
+    quality_report,
+    reference_children,
+    reference_engine,
+    reference_leftovers,
+    watched_reference,
+)
+from kubeinfer.operator.reconcile.desired_mirror import build_mirror_configmap
 from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
 from kubeinfer.operator.reconcile.drift import carries
+from kubeinfer.operator.reconcile.rollout_progress import available
 from kubeinfer.operator.reconcile.scaling_status import scaling_report
 from kubeinfer.operator.reconcile.status import (
     compute_status,
@@ -56,7 +62,6 @@ from kubeinfer.operator.state.engine_state import (
     EngineState,
     ServingEngine,
     agreement_for,
-    build_key,
     engine_state,
     input_bytes_for,
     observed_serving,
@@ -158,11 +163,6 @@ def needs_write(child: KubeObject, observed: ObservedState) -> bool:
     return child["kind"] not in CREATE_ONLY and not carries(existing, owned)
 
 
-def _available(deployment: KubeObject | None) -> bool:
-    """Has the Deployment at least one available pod?"""
-    return int(((deployment or {}).get("status") or {}).get("availableReplicas") or 0) > 0
-
-
 def _serving_children(
     observed: ObservedState,
     settings: OperatorSettings,
@@ -198,95 +198,6 @@ def _serving_children(
     return configmap, deployment, others
 
 
-def _reference_engine(
-    observed: ObservedState, settings: OperatorSettings, now: datetime
-) -> EngineState | None:
-    """The quality watch's reference engine (None with the watch off): built like any
-    engine, from the reference's own spec, its Jobs kept apart from the serving engine's."""
-    if not observed.spec.quality_watch.enabled:
-        return None
-    reference = replace(observed, spec=reference_spec(observed.spec))
-    return engine_state(reference, settings, now, (build_key(observed.spec, settings),))
-
-
-def _reference_children(
-    observed: ObservedState, settings: OperatorSettings, reference: EngineState
-) -> list[KubeObject]:
-    """The reference runtime once its engine exists: one pod on CPU, its own Service
-    (the serving Service never selects it)."""
-    if reference.digest is None:
-        return []
-    spec, owner = reference_spec(observed.spec), observed.owner
-    version, role = spec.model.version, names.ROLE_REFERENCE
-    config = build.runtime_config(
-        spec, settings, version, reference.digest, role, reference.input_bytes_per_row
-    )
-    configmap = build.build_runtime_configmap(
-        owner,
-        config,
-        reference.build_key,
-        _spec_image(spec, settings),
-        role,
-        reference.input_bytes_per_row,
-    )
-    return [
-        configmap,
-        build.build_runtime_deployment(owner, spec, settings, configmap, 1, role),
-        build.build_service(owner, version, role),
-    ]
-
-
-def _watched_reference(
-    observed: ObservedState,
-    serving: ServingEngine,
-    engine: EngineState,
-    reference: EngineState | None,
-) -> tuple[str, str] | None:
-    """(version, digest) of the reference the serving pods mirror to: only while they
-    serve the spec's own engine (the reference is built from the spec's model, so during
-    a shadow of a new version the watch pauses) and the reference has a pod available."""
-    if (
-        reference is None
-        or reference.digest is None
-        or serving.digest != engine.digest
-        or not _available(observed.reference_deployment)
-    ):
-        return None
-    return observed.spec.model.version, reference.digest
-
-
-def _quality_report(
-    observed: ObservedState,
-    serving: ServingEngine | None,
-    engine: EngineState,
-    reference: EngineState | None,
-    now: datetime,
-) -> QualityReport:
-    """The quality watch's status and drift for this pass (`quality.report`)."""
-    if reference is None:
-        return QualityReport()
-    watch, previous = observed.spec.quality_watch, observed.status.quality_watch
-    if reference.digest is None:
-        return quality.waiting(
-            watch, previous, None, f"The reference engine is not ready: {reference.message}"
-        )
-    if serving is None or _watched_reference(observed, serving, engine, reference) is None:
-        why = (
-            "The serving pods do not run the spec's engine yet."
-            if serving is None or serving.digest != engine.digest
-            else f"The reference runtime {names.reference_name(observed.owner.name)} has no "
-            "pod available yet."
-        )
-        return quality.waiting(watch, previous, reference.digest, why)
-    reading = observed.quality
-    if reading is None or reading.window is None:
-        why = reading.error if reading and reading.error else "No figures were read yet."
-        return quality.unreadable(watch, previous, reference.digest, why)
-    agreement = agreement_for(engine, serving)
-    baseline = quality.NO_BASELINE if agreement is None else quality.baseline_of(agreement)
-    return quality.judged(watch, previous, reference.digest, reading.window, now, baseline)
-
-
 def _shadow_children(
     observed: ObservedState,
     settings: OperatorSettings,
@@ -300,12 +211,12 @@ def _shadow_children(
     runs one."""
     spec, owner = observed.spec, observed.owner
     target = plan.candidate if plan.mirror else None
-    mirror = build.build_mirror_configmap(
+    mirror = build_mirror_configmap(
         owner,
         spec,
         serving.version,
         (target.version, target.digest) if target else None,
-        _watched_reference(observed, serving, engine, reference),
+        watched_reference(observed, serving, engine, reference),
     )
     if plan.candidate is None:
         return mirror, []
@@ -329,20 +240,6 @@ def _shadow_children(
         build.build_runtime_deployment(owner, spec, settings, configmap, replicas, role),
         build.build_service(owner, candidate.version, role),
     ]
-
-
-def _reference_leftovers(
-    observed: ObservedState, reference: EngineState | None
-) -> tuple[tuple[str, str], ...]:
-    """The reference's children once the watch is off."""
-    if reference is not None:
-        return ()
-    found = (
-        ("Deployment", observed.reference_deployment),
-        ("Service", observed.reference_service),
-        ("ConfigMap", observed.reference_configmap),
-    )
-    return tuple((kind, child["metadata"]["name"]) for kind, child in found if child)
 
 
 def _candidate_leftovers(observed: ObservedState, plan: RolloutPlan) -> tuple[tuple[str, str], ...]:
@@ -384,7 +281,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     candidate), then the children and the status they lead to."""
     now = now.replace(microsecond=0)  # metav1.Time has whole seconds
     spec, owner = observed.spec, observed.owner
-    reference = _reference_engine(observed, settings, now)
+    reference = reference_engine(observed, settings, now)
     engine = engine_state(observed, settings, now, (reference.build_key,) if reference else ())
     children: list[KubeObject] = []
 
@@ -409,7 +306,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         observed.status.candidate,
         observed.annotations,
         observed.shadow,
-        _available(observed.candidate_deployment),
+        available(observed.candidate_deployment),
         now,
         candidate_pods=observed.candidate_pods,
     )
@@ -433,7 +330,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         )
         children += [configmap, mirror, deployment, *others, *candidate]
     if reference is not None:
-        children += _reference_children(observed, settings, reference)
+        children += reference_children(observed, settings, reference)
     scaling = None
     if recommendation is not None:
         scaling = scaling_report(
@@ -445,7 +342,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
             observed.status.metrics,
             now,
         )
-    watch_report = _quality_report(observed, plan.serving, engine, reference, now)
+    watch_report = quality_report(observed, plan.serving, engine, reference, now)
     status = compute_status(
         observed, engine, plan, report(spec, plan), rollout, replicas, now, scaling, watch_report
     )
@@ -474,7 +371,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         delete=(
             *(("Job", name) for name in sorted({*engine.delete_jobs, *stale_reference_jobs})),
             *_candidate_leftovers(observed, plan),
-            *_reference_leftovers(observed, reference),
+            *reference_leftovers(observed, reference),
         ),
         status=status,
         events=events,

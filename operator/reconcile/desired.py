@@ -18,9 +18,6 @@ import yaml
 from kubeinfer.contract.runtime_config import (
     DEFAULT_MAX_REQUEST_BYTES,
     EngineSource,
-    MirrorFile,
-    MirrorTarget,
-    QualityWatch,
     RuntimeConfig,
     request_bytes_limit,
 )
@@ -312,51 +309,6 @@ def build_runtime_configmap(
     labels = names.common_labels(owner.name, config.model_version, component)
     body = {"data": {CONFIG_KEY: text}}
     return finish_child("v1", "ConfigMap", name, owner, labels, body, annotations)
-
-
-def build_mirror_configmap(
-    owner: OwnerRef,
-    spec: InferenceDeploymentSpec,
-    serving_version: str,
-    candidate: tuple[str, str] | None,
-    reference: tuple[str, str] | None = None,
-) -> KubeObject:
-    """The serving pods' mirror targets: the shadow candidate (version, digest) behind its
-    Service, or none, and the quality watch's reference (version, digest) behind its own,
-    or none. A ConfigMap of its own, mounted as a directory and re-read by the runtime:
-    the kubelet refreshes it in place (within its sync period, about a minute), so a
-    shadow or a watch starts and ends without a roll of the serving pods."""
-    target = None
-    if candidate is not None:
-        version, digest = candidate
-        target = MirrorTarget(
-            url=f"http://{names.candidate_name(owner.name)}.{owner.namespace}.svc:{HTTP_PORT}",
-            model_name=spec.model.name,
-            candidate_version=version,
-            candidate_digest=digest,
-            traffic_percent=spec.rollout.shadow.traffic_percent,
-            policy=spec.rollout.shadow.mirror,
-        )
-    watch = None
-    if reference is not None:
-        version, digest = reference
-        settings = spec.quality_watch
-        watch = QualityWatch(
-            reference=MirrorTarget(
-                url=f"http://{names.reference_name(owner.name)}.{owner.namespace}.svc:{HTTP_PORT}",
-                model_name=spec.model.name,
-                candidate_version=version,
-                candidate_digest=digest,
-                traffic_percent=settings.sample_percent,
-            ),
-            slice_header=settings.slice_header,
-            window_seconds=settings.window_seconds,
-        )
-    mirror_file = MirrorFile(target=target, quality_watch=watch)
-    text = yaml.safe_dump(mirror_file.to_wire(), sort_keys=True)
-    labels = names.common_labels(owner.name, serving_version, names.COMPONENT_RUNTIME)
-    body = {"data": {MIRROR_KEY: text}}
-    return finish_child("v1", "ConfigMap", names.mirror_name(owner.name), owner, labels, body)
 
 
 def desired_replicas(spec: InferenceDeploymentSpec) -> int:

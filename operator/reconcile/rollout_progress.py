@@ -62,3 +62,8 @@ def rollout_progress(
     if stalled:
         message += f"; {progressing.get('message') or 'progress deadline exceeded'}"
     return RolloutProgress(True, complete, available, stalled, ready, message)
+
+
+def available(deployment: KubeObject | None) -> bool:
+    """Has the Deployment at least one available pod?"""
+    return int(((deployment or {}).get("status") or {}).get("availableReplicas") or 0) > 0

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionValue, Reason
-from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
 from kubeinfer.operator.scaling import rate_limits, stabilization, startup
 from kubeinfer.operator.scaling.signals import (
     GPU_MEMORY,

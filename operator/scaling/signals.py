@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
+from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals, ServingPods
 
 REQUESTS_IN_PROGRESS = "requestsInProgressPerReplica"

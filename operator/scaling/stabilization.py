@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
+from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 
 Recommendations = tuple[tuple[datetime, int], ...]
 

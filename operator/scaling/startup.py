@@ -57,7 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
+from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.scaling.signals import figure, pods_word
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 

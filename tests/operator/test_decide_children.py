@@ -15,9 +15,9 @@ from kubeinfer.operator.reconcile.desired import (
     CONFIG_KEY,
     MIRROR_KEY,
     MIRROR_MOUNT,
-    build_mirror_configmap,
     runtime_config,
 )
+from kubeinfer.operator.reconcile.desired_mirror import build_mirror_configmap
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.snapshot import ObservedState, OwnerRef
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
+from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.scaling import rate_limits, stabilization
 from kubeinfer.operator.scaling.signals import figure, propose
 from kubeinfer.operator.state.scaling_inputs import ScaleEvent, ScalingSignals, ServingPods

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
+from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.scaling import stabilization
 from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods

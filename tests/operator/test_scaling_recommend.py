@@ -13,8 +13,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, Reason
-from kubeinfer.operator.api.v1alpha1.inference_deployment import AutoscalingSpec
 from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.state.scaling_inputs import (
     ScaleEvent,

@@ -12,9 +12,9 @@ from typing import Annotated, Literal
 
 from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
 from kubeinfer.contract.runtime_config import BatchingPolicy, MirrorPolicy
+from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.api.v1alpha1.enums import (
     Backend,
-    DriftAction,
     Phase,
     Precision,
     RolloutStrategy,
@@ -30,6 +30,7 @@ from kubeinfer.operator.api.v1alpha1.patterns import (
     QUANTITY,
     SHA256_HEX,
 )
+from kubeinfer.operator.api.v1alpha1.quality_watch import QualityWatchSpec
 from kubeinfer.operator.api.v1alpha1.status import (
     CandidateStatus,
     EngineStatus,
@@ -42,6 +43,7 @@ from pydantic import Field
 # The enums, metadata and status models live in their own modules; they are re-exported
 # here, the module that describes a whole InferenceDeployment.
 __all__ = [
+    "AutoscalingSpec",
     "Backend",
     "CandidateStatus",
     "EngineStatus",
@@ -50,6 +52,7 @@ __all__ = [
     "ObjectMeta",
     "Phase",
     "Precision",
+    "QualityWatchSpec",
     "RolloutStrategy",
     "VersionStatus",
 ]
@@ -361,137 +364,6 @@ class MonitoringSpec(ApiModel):
 
     queries: QueryOverrides = Field(default_factory=QueryOverrides)
     """PromQL overrides of the named queries, for this object."""
-
-
-class AutoscalingSpec(ApiModel):
-    """Scaling on requests in progress and GPU memory pressure, with the semantics of Kubernetes'
-    HorizontalPodAutoscaler (tolerance, stabilization windows, rate limits per direction),
-    and aware that runtime pods take time to load their engine."""
-
-    cross_field_rules = (
-        CrossFieldRule(
-            cel="self.minReplicas <= self.maxReplicas",
-            message="minReplicas must be at most maxReplicas",
-            field="minReplicas",
-            holds=lambda a: a.min_replicas <= a.max_replicas,
-        ),
-    )
-
-    enabled: bool = False
-    """Scale automatically; runtime.replicas (and `kubectl scale`) is then ignored, and a
-    condition says so."""
-
-    min_replicas: int = Field(default=1, ge=1, le=1000)
-    """Fewest pods."""
-
-    max_replicas: int = Field(default=4, ge=1, le=1000)
-    """Most pods."""
-
-    target_requests_in_progress_per_replica: float = Field(default=8, gt=0, le=100_000)
-    """Requests queued or running per ready pod that the autoscaler aims for (the mean over
-    the serving pods): it calls for ready pods x depth / target, rounded up, as Kubernetes'
-    HorizontalPodAutoscaler computes a pods metric."""
-
-    gpu_memory_high_watermark: float = Field(default=0.9, ge=0, le=1)
-    """GPU memory used ratio (0..1, the highest over the pods' GPUs) above which the
-    autoscaler never removes a pod; above it by more than `tolerance`, it adds pods (ready
-    pods x used / watermark, rounded up, and at least one). GPU memory never removes pods:
-    the requests in progress do."""
-
-    tolerance: float = Field(default=0.1, ge=0, le=1)
-    """A signal within this relative distance of its target changes nothing (0.1: 10 %),
-    so noise does not move the count."""
-
-    scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600)
-    """Scale up only to the lowest count recommended over this window."""
-
-    scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=3600)
-    """Scale down only to the highest count recommended over this window (a restarted
-    operator starts it over from the current count)."""
-
-    scale_up_max_percent: int = Field(default=100, ge=1, le=10_000)
-    """At most this many percent more pods per scaleUpPeriodSeconds (or
-    scaleUpMaxPods, whichever allows more)."""
-
-    scale_up_max_pods: int = Field(default=4, ge=1, le=1000)
-    """At most this many more pods per scaleUpPeriodSeconds (or scaleUpMaxPercent,
-    whichever allows more)."""
-
-    scale_up_period_seconds: int = Field(default=15, ge=1, le=1800)
-    """The period of the scale-up limits, counted from the pods set at its start."""
-
-    scale_down_max_percent: int = Field(default=50, ge=1, le=100)
-    """At most this many percent fewer pods per scaleDownPeriodSeconds."""
-
-    scale_down_period_seconds: int = Field(default=60, ge=1, le=1800)
-    """The period of the scale-down limit, counted from the pods set at its start."""
-
-    count_starting_pods: bool = True
-    """Count pods that are starting as capacity on its way: a scale-up commits to the count
-    it heads for, and while its pods load their engine (counted on for up to twice the
-    startup time measured from this object's pods, 300 s assumed before one was measured),
-    and then while the queue that built meanwhile drains fast enough to be gone before
-    another pod could start, the autoscaler adds no pods beyond that count (reason
-    PodsStarting): that queue is not new demand, so a burst does not trigger a second
-    scale-up before the first one's pods serve. A pod starting longer than that is not
-    counted on. False: Kubernetes' HorizontalPodAutoscaler's behaviour."""
-
-
-class QualityWatchSpec(ApiModel):
-    """The quality watch: the serving pods keep sending a sample of their answered
-    requests to the same model version built at `referencePrecision` (a reference runtime
-    of one pod on CPU with ONNX Runtime, whatever the serving backend), compare the two
-    answers request by request, and the operator judges the agreement over a sliding
-    window, overall, per reference top-1 class and per slice, against the build's own
-    accuracy report, so quantisation's expected disagreement is not taken for drift."""
-
-    cross_field_rules = (
-        CrossFieldRule(
-            cel="self.referencePrecision != 'int8'",
-            message="referencePrecision must be fp32 or fp16: int8 is never a reference",
-            field="referencePrecision",
-            holds=lambda q: q.reference_precision != Precision.INT8,
-        ),
-    )
-
-    enabled: bool = False
-    """Run the watch (it needs a reduced-precision engine: precision int8 or fp16)."""
-
-    sample_percent: int = Field(default=5, ge=1, le=100)
-    """Share of answered requests sent to the reference, in percent (exactly this share of
-    every hundred, per serving pod). What the reference cannot keep up with is dropped and
-    counted; the effective rate is in the status."""
-
-    window_seconds: int = Field(default=3600, ge=60, le=604_800)
-    """The sliding window the agreement is judged over."""
-
-    min_samples: int = Field(default=200, ge=10, le=10_000_000)
-    """Compared rows a group (overall, a class, a slice) needs in the window before it is
-    judged at all."""
-
-    min_top1_agreement: float = Field(default=0.95, ge=0, le=1)
-    """Floor of the overall top-1 agreement with the reference (0..1)."""
-
-    max_mean_absolute_difference: float | None = Field(default=None, gt=0)
-    """Ceiling of the mean absolute element difference from the reference over the window,
-    in the outputs' units; unset: not checked."""
-
-    min_class_agreement: float = Field(default=0.9, ge=0, le=1)
-    """Floor of the top-1 agreement within each reference top-1 class and each slice."""
-
-    slice_header: str | None = Field(
-        default=None, pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$", max_length=128
-    )
-    """A request header whose value names the sub-population a request belongs to (a
-    tenant, a locale), e.g. X-Kubeinfer-Slice. Its first distinct values are judged as
-    slices of their own; later values, and requests without it, count as `other`."""
-
-    reference_precision: Precision = Precision.FP32
-    """The precision of the reference engine (fp32 or fp16), more precise than the engine
-    served."""
-
-    on_drift: DriftAction = DriftAction.ALERT
-    """What drift does: Alert (Degraded=True, reason QualityDrift, a Warning Event)."""
 
 
 class SloSpec(ApiModel):
