@@ -76,6 +76,7 @@ FAST_TESTS = [
     "tests/operator/test_shadow_verdict.py",
     "tests/operator/test_quality_verdict.py",
     "tests/operator/test_quality_verdict_bounds.py",
+    "tests/operator/test_quality_watch_children.py",
     "tests/runtime/test_batching_policy.py",
     "tests/runtime/test_assembler_and_codec.py",
     "tests/runtime/test_batch_admission_rules.py",
