@@ -237,7 +237,7 @@ class QualityWatch(ApiModel):
     """Distinct slice values tallied under their own name; later ones count as `other`, so
     a header nobody controls cannot grow the series without bound."""
 
-    window_seconds: int = Field(default=3600, ge=60, le=7 * 86400)
+    window_seconds: int = Field(default=3600, ge=30, le=7 * 86400)
     """The sliding window the exemplars are kept over (the verdict's window)."""
 
     max_exemplars: int = Field(default=16, ge=0, le=1024)

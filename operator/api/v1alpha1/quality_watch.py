@@ -32,7 +32,7 @@ class QualityWatchSpec(ApiModel):
     every hundred, per serving pod). What the reference cannot keep up with is dropped and
     counted; the effective rate is in the status."""
 
-    window_seconds: int = Field(default=3600, ge=60, le=604_800)
+    window_seconds: int = Field(default=3600, ge=30, le=604_800)
     """The sliding window the agreement is judged over."""
 
     min_samples: int = Field(default=200, ge=10, le=10_000_000)
