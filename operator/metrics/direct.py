@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 from kubeinfer.operator.metrics.pods import PodTarget, metrics_targets
-from kubeinfer.operator.metrics.queries import Query, Scope
+from kubeinfer.operator.metrics.queries import GroupedQuery, Query, Scope
 from kubeinfer.operator.metrics.samples import PodSamples, parse_exposition
 from kubeinfer.operator.metrics.source import MetricsUnavailable
 
@@ -61,6 +61,21 @@ class DirectRead:
 
     async def evaluate(self, queries: Sequence[Query], now: datetime) -> tuple[float | None, ...]:
         """`now` is when the caller reads; a scrape can only see the present."""
+        scopes = list(dict.fromkeys(query.scope for query in queries))
+        session = self._client()
+        scraped = await asyncio.gather(*(self._scrape(session, scope) for scope in scopes))
+        by_scope = dict(zip(scopes, scraped, strict=True))
+        return tuple(query.reduce(by_scope[query.scope]) for query in queries)
+
+    @property
+    def answers_windows(self) -> bool:
+        return False  # one scrape sees the present only
+
+    async def evaluate_grouped(
+        self, queries: Sequence[GroupedQuery], now: datetime
+    ) -> tuple[dict[tuple[str, ...], float], ...]:
+        """Each query's direct form over one scrape of its scope's pods (the counts since
+        each pod started); `now` as for `evaluate`."""
         scopes = list(dict.fromkeys(query.scope for query in queries))
         session = self._client()
         scraped = await asyncio.gather(*(self._scrape(session, scope) for scope in scopes))

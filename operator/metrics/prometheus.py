@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 import requests
-from kubeinfer.operator.metrics.queries import Query
+from kubeinfer.operator.metrics.queries import GroupedQuery, Query
 from kubeinfer.operator.metrics.source import MetricsUnavailable
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
@@ -56,7 +56,40 @@ class PrometheusSource:
     async def evaluate(self, queries: Sequence[Query], now: datetime) -> tuple[float | None, ...]:
         return tuple(await asyncio.gather(*(self._one(query, now) for query in queries)))
 
+    @property
+    def answers_windows(self) -> bool:
+        return True  # a window is Prometheus' stored samples
+
+    async def evaluate_grouped(
+        self, queries: Sequence[GroupedQuery], now: datetime
+    ) -> tuple[dict[tuple[str, ...], float], ...]:
+        results = await asyncio.gather(*(self._ask(query, now) for query in queries))
+        return tuple(
+            self._groups(query, result) for query, result in zip(queries, results, strict=True)
+        )
+
+    def _groups(self, query: GroupedQuery, result: Any) -> dict[tuple[str, ...], float]:
+        """A vector's samples by their `by` labels' values ("" for a label a sample lacks,
+        as PromQL groups it); NaN kept, for the caller to judge."""
+        groups: dict[tuple[str, ...], float] = {}
+        try:
+            if result and len(result) == 2 and isinstance(result[1], str):
+                raise self._unavailable(query, "a scalar came back, expected a vector")
+            for sample in result or ():
+                labels = sample["metric"]
+                key = tuple(str(labels.get(label, "")) for label in query.by)
+                if key in groups:
+                    raise self._unavailable(query, f"two series came back for {key}")
+                groups[key] = float(sample["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            raise self._unavailable(query, "the answer is not a Prometheus vector") from None
+        return groups
+
     async def _one(self, query: Query, now: datetime) -> float | None:
+        return self._value(query, await self._ask(query, now))
+
+    async def _ask(self, query: Query | GroupedQuery, now: datetime) -> Any:
+        """The query's raw result at `now` (`custom_query`'s list)."""
         async with self._slots:
             try:
                 async with asyncio.timeout(self.timeout_seconds):
@@ -73,7 +106,7 @@ class PrometheusSource:
             except (ValueError, KeyError, TypeError):
                 reason = "the answer is not a Prometheus query result"
                 raise self._unavailable(query, reason) from None
-        return self._value(query, result)
+        return result
 
     def _value(self, query: Query, result: Any) -> float | None:
         """The single sample of an aggregated query; None for an empty result or NaN. A
@@ -92,7 +125,7 @@ class PrometheusSource:
             raise self._unavailable(query, "the answer is not a Prometheus vector") from None
         return None if math.isnan(value) else value
 
-    def _unavailable(self, query: Query, reason: str) -> MetricsUnavailable:
+    def _unavailable(self, query: Query | GroupedQuery, reason: str) -> MetricsUnavailable:
         return MetricsUnavailable(f"query {query.label} failed: {reason}")
 
 

@@ -319,3 +319,157 @@ NAMED_QUERIES: dict[str, NamedQuery] = {
     query.name: query for query in (*SHADOW_QUERIES, *GENERAL_QUERIES)
 }
 """Every named query, by name."""
+
+
+# -- grouped queries: one figure per label value -------------------------------------------
+#
+# The quality watch needs a figure per reference class and per slice, and a sliding
+# window over counters. The window's PromQL, per series S (w the window, m the margin):
+#
+#     last_over_time(S[w]) - last_over_time(S[m] offset w)    its growth since its last
+#         unless resets(S[w+m]) > 0                            sample at or before the
+#                                                              window's start, unless it
+#                                                              reset since
+#     or last_over_time(S[w])                                  else its current value
+#
+# The second line counts a series with no sample just before the window (a new pod, a
+# class first seen inside the window) or one that reset (a restarted container) from
+# zero, which is what it counted since it (re)started. Neither `increase()` nor
+# `max_over_time - min_over_time` does: both lose a new series' first sample (the counts
+# made before its first scrape), and `increase()` also extrapolates to the window's edges,
+# which gives counts that are not whole numbers and differ from the direct read's.
+# Its error: the window runs from the last scrape at or before its start to the last
+# scrape before now, so it is shifted by up to one scrape interval; a series whose last
+# sample before the window is older than the margin (a scrape gap longer than m) counts
+# all its counts since its pod started; a reset loses what the series counted inside the
+# window before it, and a reset in the margin just before the window adds the counts
+# between it and the window's start. A pod gone inside the window still counts up to its
+# last scrape (the series keeps its samples), as in the shadow's "so far" figures.
+#
+# The direct read has one scrape and no window: its form is each pod's current value,
+# since the pod started, and the caller differences reads itself (`metrics.quality`).
+
+WINDOW_BASE_MARGIN_SECONDS = 60
+"""How far before the window's start a series' last sample may lie and still be its value
+there: two scrape intervals of the common 30 s."""
+
+GROWTH_IN_WINDOW_BY = (
+    "sum by ({by}) ("
+    "(last_over_time({series}[{window}s]) - last_over_time({series}[{margin}s] offset {window}s)"
+    " unless resets({series}[{window_and_margin}s]) > 0)"
+    " or last_over_time({series}[{window}s]))"
+)
+"""A counter's growth over the window per series, summed by the `{by}` labels (the
+comment above says why this form)."""
+
+GroupedReduce = Callable[[Sequence[PodSamples]], dict[tuple[str, ...], float]]
+
+
+@dataclass(frozen=True)
+class GroupedQuery:
+    """A query answered with one figure per combination of its `by` labels' values
+    (PromQL's `sum by`), bound to a scope: ready for either source's `evaluate_grouped`."""
+
+    name: str
+    scope: Scope
+    by: tuple[str, ...]
+    promql: str
+    reduce: GroupedReduce = field(compare=False)
+    """The direct read's form, over the scope's pods' samples."""
+
+    @property
+    def label(self) -> str:
+        """How messages name this query."""
+        return self.name
+
+
+@dataclass(frozen=True)
+class GroupedNamedQuery:
+    """One row of the grouped table: a mirror counter's growth over a window, per pod and
+    per value of `group_label`; the direct read's form is its current value per pod and
+    value, since each pod started."""
+
+    name: str
+    meaning: str
+    metric: str
+    group_label: str = ""
+    """The label the figure is split by besides the pod; empty for none."""
+
+    @property
+    def by(self) -> tuple[str, ...]:
+        return (samples.POD_LABEL, self.group_label) if self.group_label else (samples.POD_LABEL,)
+
+    def bind(
+        self, scope: Scope, *, window_seconds: int, candidate_digest: str, role: str
+    ) -> GroupedQuery:
+        """This row over `scope`'s series of the mirror target `candidate_digest` in `role`
+        (`shadow` or `quality`), over a window of `window_seconds` (whole seconds, at
+        least 1)."""
+        if window_seconds < 1:
+            raise ValueError(f"query {self.name} needs a window of at least 1 second")
+        matchers = {"candidate_digest": candidate_digest, "role": role}
+        by, metric = self.by, self.metric
+        promql = GROWTH_IN_WINDOW_BY.format(
+            by=", ".join(by),
+            series=f"{metric}{{{scope.promql_labels(matchers)}}}",
+            window=int(window_seconds),
+            margin=WINDOW_BASE_MARGIN_SECONDS,
+            window_and_margin=int(window_seconds) + WINDOW_BASE_MARGIN_SECONDS,
+        )
+
+        def reduce(pods: Sequence[PodSamples]) -> dict[tuple[str, ...], float]:
+            return samples.sum_by(pods, metric, matchers, by)
+
+        return GroupedQuery(self.name, scope, by, promql, reduce)
+
+
+# The quality watch's rows: the serving pods' comparisons with the watch's reference
+# (`candidate_digest` is the reference engine's digest, `role` is `quality`).
+QUALITY_TOP1_ROWS = GroupedNamedQuery(
+    "quality_top1_rows", "Rows compared with the reference (argmax over the last axis).",
+    series.SHADOW_TOP1_ROWS.total,
+)  # fmt: skip
+QUALITY_TOP1_AGREEMENTS = GroupedNamedQuery(
+    "quality_top1_agreements", "Of those rows, the ones whose argmax agreed.",
+    series.SHADOW_TOP1_AGREEMENTS.total,
+)  # fmt: skip
+QUALITY_DIFFERENCE_SUM = GroupedNamedQuery(
+    "quality_abs_difference_sum",
+    "Sum over compared requests of each one's largest element difference.",
+    f"{series.SHADOW_ABS_DIFFERENCE.name}_sum",
+)  # fmt: skip
+QUALITY_DIFFERENCE_COUNT = GroupedNamedQuery(
+    "quality_abs_difference_count", "Compared requests with a difference observed.",
+    f"{series.SHADOW_ABS_DIFFERENCE.name}_count",
+)  # fmt: skip
+QUALITY_KL_SUM = GroupedNamedQuery(
+    "quality_kl_divergence_sum",
+    "Sum over compared requests of each one's mean KL(reference || serving), in nats.",
+    f"{series.SHADOW_KL_DIVERGENCE.name}_sum",
+)  # fmt: skip
+QUALITY_KL_COUNT = GroupedNamedQuery(
+    "quality_kl_divergence_count", "Compared requests with a KL divergence observed.",
+    f"{series.SHADOW_KL_DIVERGENCE.name}_count",
+)  # fmt: skip
+QUALITY_CLASS_TOP1_ROWS = GroupedNamedQuery(
+    "quality_class_top1_rows", "Compared rows, by the reference's top-1 class.",
+    series.SHADOW_CLASS_TOP1_ROWS.total, "reference_class",
+)  # fmt: skip
+QUALITY_CLASS_TOP1_AGREEMENTS = GroupedNamedQuery(
+    "quality_class_top1_agreements", "Of those, the rows whose argmax agreed, by class.",
+    series.SHADOW_CLASS_TOP1_AGREEMENTS.total, "reference_class",
+)  # fmt: skip
+QUALITY_SLICE_TOP1_ROWS = GroupedNamedQuery(
+    "quality_slice_top1_rows", "Compared rows, by the request's slice.",
+    series.SHADOW_SLICE_TOP1_ROWS.total, "slice",
+)  # fmt: skip
+QUALITY_SLICE_TOP1_AGREEMENTS = GroupedNamedQuery(
+    "quality_slice_top1_agreements", "Of those, the rows whose argmax agreed, by slice.",
+    series.SHADOW_SLICE_TOP1_AGREEMENTS.total, "slice",
+)  # fmt: skip
+
+QUALITY_QUERIES: tuple[GroupedNamedQuery, ...] = (
+    QUALITY_TOP1_ROWS, QUALITY_TOP1_AGREEMENTS, QUALITY_DIFFERENCE_SUM,
+    QUALITY_DIFFERENCE_COUNT, QUALITY_KL_SUM, QUALITY_KL_COUNT, QUALITY_CLASS_TOP1_ROWS,
+    QUALITY_CLASS_TOP1_AGREEMENTS, QUALITY_SLICE_TOP1_ROWS, QUALITY_SLICE_TOP1_AGREEMENTS,
+)  # fmt: skip

@@ -101,3 +101,24 @@ def mean_per_pod_of(pods: Sequence[PodSamples], name: str, matchers: Matchers) -
         if (found := matching([pod], name, matchers))
     ]
     return sum(totals) / len(totals) if totals else None
+
+
+POD_LABEL = "pod"
+"""The label Prometheus' scrape attaches with the pod's name; in a direct read, the pod the
+samples came from."""
+
+
+def sum_by(
+    pods: Sequence[PodSamples], name: str, matchers: Matchers, by: Sequence[str]
+) -> dict[tuple[str, ...], float]:
+    """PromQL `sum by (<by>) (<name>{...})`: one sum per combination of the `by` labels'
+    values (a label a series lacks counts as "", as in PromQL); `pod` is the pod the
+    samples came from, as Prometheus labels them. Empty when no series matches."""
+    sums: dict[tuple[str, ...], float] = {}
+    for pod in pods:
+        for sample in matching([pod], name, matchers):
+            key = tuple(
+                pod.pod if label == POD_LABEL else sample.labels.get(label, "") for label in by
+            )
+            sums[key] = sums.get(key, 0.0) + sample.value
+    return sums

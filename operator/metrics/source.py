@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
-from kubeinfer.operator.metrics.queries import Query
+from kubeinfer.operator.metrics.queries import GroupedQuery, Query
 
 
 class MetricsUnavailable(Exception):
@@ -37,4 +37,21 @@ class MetricsSource(Protocol):
         """Each query's value at `now`, in order; None where no series matched (or the
         figure is undefined, e.g. a quantile of no observations). Raises
         MetricsUnavailable, never a partial answer."""
+        ...
+
+    @property
+    def answers_windows(self) -> bool:
+        """Whether the source keeps the past itself (Prometheus' stored samples), so a
+        grouped query's window is the source's; False for a source that sees only the
+        present (the direct read), whose answers are counts since each pod started, which
+        the caller differences against its own earlier reads."""
+        ...
+
+    async def evaluate_grouped(
+        self, queries: Sequence[GroupedQuery], now: datetime
+    ) -> tuple[dict[tuple[str, ...], float], ...]:
+        """Each grouped query's figures at `now`, in order: one per combination of its
+        `by` labels' values (empty where no series matched). A figure is as the source
+        computed it, NaN included: judging it is the caller's. Raises MetricsUnavailable,
+        never a partial answer."""
         ...

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from kubeinfer.operator.api.v1alpha1.enums import QualityGroupKind as GroupKind
@@ -86,6 +88,47 @@ class QualityReading:
     window: WindowTallies | None = None
     error: str = ""
     covered_seconds: float | None = None
+    set_aside: tuple[str, ...] = ()
+    """Readings that made no sense (agreements above rows, a negative or NaN count), each
+    said in a sentence: the group is left out of the tallies as if unread, the others
+    still count (a bad overall reading leaves an empty overall tally)."""
+
+
+class QualityCounter(StrEnum):
+    """One of a group's cumulative counters, as the serving pods export them."""
+
+    ROWS = "rows"
+    AGREEMENTS = "agreements"
+    DIFFERENCE_SUM = "difference_sum"
+    """The per-request largest |difference| histogram's `_sum` (overall only)."""
+    DIFFERENCE_COUNT = "difference_count"
+    KL_SUM = "kl_sum"
+    """The per-request KL divergence histogram's `_sum` (overall only)."""
+    KL_COUNT = "kl_count"
+
+
+CounterKey = tuple[QualityGroup, QualityCounter]
+
+
+@dataclass(frozen=True)
+class QualitySnapshot:
+    """One direct read of the serving pods' cumulative counters (since each pod started),
+    and when it was taken."""
+
+    time: datetime
+    by_pod: Mapping[str, Mapping[CounterKey, float]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QualityHistory:
+    """What a direct read's sliding window looks back on: the reconciler keeps it between
+    passes, one per object, in memory (as the autoscaler's `ScalingHistory`); a restarted
+    operator starts with an empty one, and its window fills again. Snapshots are oldest
+    first, thinned to a few per window (`metrics.quality` says how), and belong to one
+    reference engine: its digest, since another reference's series start from zero."""
+
+    reference_digest: str = ""
+    snapshots: tuple[QualitySnapshot, ...] = ()
 
 
 @dataclass(frozen=True)
