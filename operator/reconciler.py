@@ -44,6 +44,7 @@ from kubeinfer.operator.kube.observe import gather, pods_lister
 from kubeinfer.operator.metrics.factory import MetricsSources
 from kubeinfer.operator.reconcile.decide import decide, decide_forbidden, decide_invalid
 from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.operator.state.quality_readings import QualityHistory
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory
 from kubeinfer.operator.state.snapshot import Decision
 
@@ -90,6 +91,8 @@ class Reconciler:
         self._passes: set[asyncio.Future[Outcome]] = set()
         self._histories: dict[tuple[str, str], ScalingHistory] = {}
         """The autoscaler's memory per object (as the HPA controller keeps it: in memory)."""
+        self._quality_histories: dict[tuple[str, str], QualityHistory] = {}
+        """The quality watch's past counts per object, for a direct read's window."""
         self._pod_monitors: tuple[float, bool] | None = None
         """(when, whether) the cluster serves PodMonitors, rediscovered every few minutes."""
         self.metrics = MetricsSources(settings, pods_lister(client))
@@ -98,7 +101,13 @@ class Reconciler:
 
     def tracked(self) -> set[tuple[str, str]]:
         """The (namespace, name) of every object the reconciler keeps something for."""
-        return {*self._locks, *self._requeues, *self._queued, *self._histories}
+        return {
+            *self._locks,
+            *self._requeues,
+            *self._queued,
+            *self._histories,
+            *self._quality_histories,
+        }
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
         """One pass. Raises InvalidManifest (after recording it in the status) for a spec
@@ -152,6 +161,7 @@ class Reconciler:
         lock yet, and would otherwise take a new one while this pass still holds the old)."""
         self._schedule(*key, None)
         self._histories.pop(key, None)
+        self._quality_histories.pop(key, None)
         if key not in self._queued:
             self._locks.pop(key, None)
 
@@ -177,7 +187,12 @@ class Reconciler:
             self._histories.get(key, ScalingHistory()),
             await self._serves_pod_monitors(),
             now,
+            self._quality_histories.get(key),
         )
+        if spec.quality_watch.enabled:
+            self._quality_histories[key] = observed.quality_history
+        else:
+            self._quality_histories.pop(key, None)
         decision = decide(observed, self.settings, now)
         if decision.scaling_history is not None:
             self._histories[key] = decision.scaling_history

@@ -26,12 +26,14 @@ from kubeinfer.operator.kube.client import POD, POD_MONITOR, KubeClient, KubeObj
 from kubeinfer.operator.kube.gather import gather_children
 from kubeinfer.operator.metrics.direct import ListPods
 from kubeinfer.operator.metrics.factory import MetricsSources
+from kubeinfer.operator.metrics.quality import read_quality_tallies
 from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.scaling import read_scaling_signals
 from kubeinfer.operator.metrics.shadow import read_shadow_aggregates
 from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
 from kubeinfer.operator.rollout.shadow import ShadowQuery, metrics_query
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.quality_readings import QualityHistory
 from kubeinfer.operator.state.runtime_failures import unsettled
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory
 from kubeinfer.operator.state.serving_pods import serving_pods
@@ -58,11 +60,13 @@ async def gather(
     history: ScalingHistory,
     pod_monitors: bool,
     now: datetime,
+    quality_history: QualityHistory | None = None,
 ) -> ObservedState:
     """Everything one pass decides from, for the InferenceDeployment in `body` (whose
     `spec` is already parsed): its children, the shadow's aggregates, the load and the
-    pods, the autoscaler's `history`, and the PodMonitor (when `pod_monitors`: the
-    cluster serves them and the settings allow them)."""
+    pods, the autoscaler's `history`, the quality watch's window (with the direct read's
+    `quality_history`, returned updated in the observed state) and the PodMonitor (when
+    `pod_monitors`: the cluster serves them and the settings allow them)."""
     observed = await gather_children(client, body, spec)
     owner = observed.owner
     source = sources.for_object(observed.spec.monitoring.prometheus.url)
@@ -85,6 +89,12 @@ async def gather(
             source, scope, observed.spec.monitoring.queries, now
         )
         update["scaling_history"] = history
+    reference_digest = _engine_digest(observed.reference_configmap)
+    if observed.spec.quality_watch.enabled and reference_digest:
+        window = observed.spec.quality_watch.window_seconds
+        update["quality"], update["quality_history"] = await read_quality_tallies(
+            source, scope, reference_digest, window, now, quality_history or QualityHistory()
+        )
     if pod_monitors:
         found = await client.list(POD_MONITOR, owner.namespace, names.children_selector(owner.name))
         name = names.runtime_name(owner.name)
@@ -92,6 +102,13 @@ async def gather(
             (m for m in found if m["metadata"]["name"] == name and _owned(m, owner.uid)), None
         )
     return replace(observed, **update)  # type: ignore[arg-type]
+
+
+def _engine_digest(configmap: KubeObject | None) -> str | None:
+    """The engine a runtime ConfigMap names (its annotation), or None."""
+    annotations = ((configmap or {}).get("metadata") or {}).get("annotations") or {}
+    digest = annotations.get(names.ANNOTATION_ENGINE_DIGEST)
+    return digest if isinstance(digest, str) and digest else None
 
 
 def _by_name(pods: list[KubeObject]) -> tuple[KubeObject, ...]:

@@ -152,14 +152,16 @@ def judged(
     window: WindowTallies,
     now: datetime,
     baseline: QualityBaseline = NO_BASELINE,
+    notes: tuple[str, ...] = (),
 ) -> QualityReport:
-    """The verdict on this pass's window, as the status records it."""
+    """The verdict on this pass's window, as the status records it; `notes` (sentences:
+    readings set aside, a window not yet covered) follow the verdict's message."""
     verdict: QualityVerdict = judge_quality(
         thresholds_of(watch), baseline, window, memory_of(previous)
     )
     status = QualityWatchStatus(
         state=verdict.state,
-        message=verdict.message,
+        message=" ".join((verdict.message, *notes))[:4096],
         reference_engine_digest=reference_digest,
         window_seconds=watch.window_seconds,
         samples=window.overall.samples,

@@ -7,12 +7,12 @@ so it is table-tested without a server.
 
 How it decides, in two sentences: a group (the whole traffic, one reference class, one
 slice) with at least minSamples samples drifts when even the upper confidence bound of
-its top-1 agreement is below its threshold, the lower of its floor (minTop1Agreement for
-the whole traffic, minClassAgreement for a class or a slice) and its build baseline
-(taken at the baseline's own lower bound); every bound is one-sided and exact, at
-falseAlarmBudget divided by the number of tests made. A drifting group recovers only
-when its lower bound is back at or above its threshold, so a group whose agreement sits
-on its threshold does not flap.
+its top-1 agreement is below its threshold: its floor (minTop1Agreement for the whole
+traffic, minClassAgreement for a class or a slice), or, where the build itself measured
+the group below that floor, the build baseline taken at its own lower bound; every bound
+is one-sided and exact, at falseAlarmBudget divided by the number of tests made. A
+drifting group recovers only when its lower bound is back at or above its threshold, so
+a group whose agreement sits on its threshold does not flap.
 
 Why each part:
 - The floor is what the user accepts; the baseline only lowers the bar for a class the
@@ -167,13 +167,13 @@ class GroupJudgement:
                 f"top-1 agreement {agreement:.4f} on {self.samples} samples "
                 f"(bounds {bounds.lower:.4f}..{bounds.upper:.4f})"
             )
-        baseline = f"build baseline {self.baseline:.4f}"
-        if self.baseline_lower_bound < self.baseline:
-            baseline += f", {self.baseline_lower_bound:.4f} at its lower bound"
-        return (
-            f"{self.group}: {figures}, threshold {self.threshold:.4f} "
-            f"(the lower of {floor_name} {self.floor:g} and {baseline})"
-        )
+        if self.baseline >= self.floor:
+            bar = f"{floor_name} {self.floor:g}; build baseline {self.baseline:.4f}"
+        else:
+            bar = f"the lower of {floor_name} {self.floor:g} and build baseline {self.baseline:.4f}"
+            if self.baseline_lower_bound < self.baseline:
+                bar += f", {self.baseline_lower_bound:.4f} at its lower bound"
+        return f"{self.group}: {figures}, threshold {self.threshold:.4f} ({bar})"
 
 
 @dataclass(frozen=True)
@@ -279,7 +279,10 @@ def _judge_group(
         measured = exact_bounds(reference_agreements, reference.samples, per_test_false_alarm)
         baseline_lower = min(baseline_lower, measured.lower)
     floor = thresholds.floor(group)
-    threshold = min(floor, baseline_lower)
+    # The baseline only lowers the bar for a group the build itself measured below its
+    # floor: a build at or above it leaves the floor as the bar, however few its rows
+    # (the lower bound of a perfect build on a dozen rows would otherwise undo the floor).
+    threshold = floor if reference.top1_agreement >= floor else min(floor, baseline_lower)
     tally = window.tally(group) or AgreementTally(0, 0)
     agreements, samples = tally.top1_agreements, tally.samples
     tested = samples >= thresholds.min_samples

@@ -115,7 +115,13 @@ def quality_report(
         return quality.unreadable(watch, previous, reference.digest, why)
     agreement = agreement_for(engine, serving)
     baseline = quality.NO_BASELINE if agreement is None else quality.baseline_of(agreement)
-    return quality.judged(watch, previous, reference.digest, reading.window, now, baseline)
+    notes = reading.set_aside
+    covered = reading.covered_seconds
+    if covered is not None and covered < watch.window_seconds:
+        notes += (
+            f"The counts cover {covered:.0f} s of the {watch.window_seconds} s window so far.",
+        )
+    return quality.judged(watch, previous, reference.digest, reading.window, now, baseline, notes)
 
 
 def reference_leftovers(

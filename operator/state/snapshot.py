@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
-from kubeinfer.operator.state.quality_readings import QualityReading
+from kubeinfer.operator.state.quality_readings import QualityHistory, QualityReading
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.state.shadow_readings import ShadowReading
 
@@ -77,6 +77,9 @@ class ObservedState:
     quality: QualityReading | None = None
     """The quality watch's window of tallies, read by the gather step while the serving
     pods mirror to the reference; None when nothing was read."""
+    quality_history: QualityHistory = field(default_factory=QualityHistory)
+    """The direct read's past counts for the watch's window (kept by the reconciler
+    between passes; empty with Prometheus, which keeps its own)."""
     pod_monitor: KubeObject | None = None
     """The PodMonitor the operator created, if any."""
     pod_monitors_available: bool = False

@@ -410,3 +410,12 @@ def test_a_class_the_report_does_not_name_is_held_to_the_overall_baseline():
     verdict = judge_quality(THRESHOLDS, low, window(tally(5000, 0.96), {"new": tally(2000, 0.90)}))
     assert verdict.state == HEALTHY, verdict.message
     assert verdict.worst_class is not None and verdict.worst_class.threshold == 0.90
+
+
+def test_a_build_at_or_above_its_floor_on_few_rows_leaves_the_floor_as_the_bar():
+    # A perfect build on 13 validation rows: its lower bound is far below the floor, yet
+    # the build showed no disagreement to excuse. Live traffic at 0.60 drifts.
+    few_rows = QualityBaseline(overall=BaselineAgreement(1.0, samples=13))
+    verdict = judge_quality(THRESHOLDS, few_rows, window(tally(5000, 0.60)))
+    assert verdict.state == QualityState.DRIFTING
+    assert verdict.overall is not None and verdict.overall.threshold == 0.95

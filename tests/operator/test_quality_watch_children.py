@@ -316,3 +316,17 @@ def test_without_a_build_agreement_the_floors_alone_judge():
 )
 def test_a_build_agreement_is_read_only_when_it_makes_sense(document, expected):
     assert parse_build_agreement(document) == expected
+
+
+def test_readings_set_aside_and_a_young_window_are_said_in_the_status():
+    cluster = Cluster(watched(minSamples=100, windowSeconds=600), name=OWNER)
+    watching(cluster)
+    cluster.quality = QualityReading(
+        WindowTallies(AgreementTally(2000, 1990)),
+        covered_seconds=120,
+        set_aside=("Class 9: 5 agreements out of 3 rows make no sense; set aside.",),
+    )
+    cluster.reconcile(T0 + timedelta(minutes=5))
+    message = cluster.status.quality_watch.message
+    assert "Class 9: 5 agreements out of 3 rows make no sense; set aside." in message
+    assert "The counts cover 120 s of the 600 s window so far." in message

@@ -1,0 +1,159 @@
+"""The quality watch end to end on the real control plane: the real operator builds the
+serving int8 engine and its fp32 reference in real build Jobs, runs the reference as a
+pod of its own (`kubeinfer serve`, run by the node agent), writes the reference into the
+serving pods' mirror file, reads the serving pods' own /metrics and judges the window:
+
+- in-distribution traffic: Healthy, Degraded False, the figures in status.qualityWatch;
+- traffic the int8 engine's calibrated ranges clip (every input scaled far beyond the
+  calibration data): Degraded=True with reason QualityDrift, a Warning Event, Ready still
+  True (the engine serves; its answers moved);
+- in-distribution traffic again for longer than the window: the condition clears.
+
+Agreement figures depend on the CPU (with or without VNNI), so the assertions are on
+the verdict, with thresholds far from both regimes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from decide_scenarios import tuned
+from kubeinfer.operator.state import names
+from kubeinfer.runtime.building.calibration import write_demo_samples
+from operator_harness import FAST, Model, World, condition, eventually, manifest, start_operator
+from test_operator_shadow_rollout import ready_urls
+
+pytestmark = pytest.mark.slow
+
+QUALITY_FAST = tuned(FAST, requeue={"shadow_poll_seconds": 0.5})
+OWNER = "resnet"
+REFERENCE = names.reference_name(OWNER)
+WINDOW_SECONDS = 30
+SHIFT = 6.0  # far outside the calibration data (standard normal): int8 clips
+
+
+def digest_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def watch_status(world: World) -> dict[str, Any]:
+    return ((world.infd() or {}).get("status") or {}).get("qualityWatch") or {}
+
+
+def degraded(world: World) -> dict[str, Any]:
+    return condition(world.infd(), "Degraded") or {}
+
+
+@contextlib.asynccontextmanager
+async def traffic(world: World, scale: list[float]) -> AsyncIterator[Counter[int | str]]:
+    """Two clients sending 4-row requests to the serving Service's ready pods, every input
+    multiplied by `scale[0]` (read at each request, so the caller can change it)."""
+    codes: Counter[int | str] = Counter()
+    rows = np.random.default_rng(3).standard_normal((256, 16)).astype(np.float32)
+
+    async def client(index: int) -> None:
+        async with aiohttp.ClientSession() as session:
+            for count in range(10**9):
+                endpoints = await asyncio.to_thread(ready_urls, world, names.service_name(OWNER))
+                if not endpoints:
+                    await asyncio.sleep(0.1)
+                    continue
+                start = (index * 97 + count * 4) % (len(rows) - 4)
+                batch = rows[start : start + 4] * scale[0]
+                body = {"inputs": [{"name": "input", "shape": [4, 16], "datatype": "FP32",
+                                    "data": batch.ravel().tolist()}]}  # fmt: skip
+                url = endpoints[count % len(endpoints)]
+                try:
+                    async with session.post(f"{url}/v2/models/resnet/infer", json=body) as answer:
+                        await answer.read()
+                        codes[answer.status] += 1
+                except (aiohttp.ClientError, OSError) as error:
+                    codes[type(error).__name__] += 1
+                await asyncio.sleep(0.01)
+
+    tasks = [asyncio.create_task(client(i)) for i in range(2)]
+    try:
+        yield codes
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_drift_degrades_the_object_and_recovery_clears_it(
+    world: World, tiny: Model, model_directory: Path
+) -> None:
+    calibration = write_demo_samples(
+        tiny.path, model_directory / f"{world.namespace}-calibration.npz", count=64
+    )
+    spec = manifest(
+        tiny,
+        engine={
+            "precision": "int8",
+            "calibration": {"uri": f"file://{calibration}", "sha256": digest_of(calibration)},
+        },
+        qualityWatch={
+            "enabled": True,
+            "samplePercent": 100,
+            "windowSeconds": WINDOW_SECONDS,
+            "minSamples": 40,
+            # Far from both regimes: in distribution int8 agrees on nearly every row, the
+            # clipped inputs on far fewer.
+            "minTop1Agreement": 0.85,
+            "minClassAgreement": 0.0,
+        },
+    )
+    scale = [1.0]
+    async with start_operator(world, QUALITY_FAST):
+        world.create(spec)
+        await eventually(
+            lambda: (condition(world.infd(), "Ready") or {}).get("status") == "True",
+            within=120,
+            what="the int8 engine built and Ready",
+        )
+        await eventually(
+            lambda: ready_urls(world, REFERENCE), within=120, what="the fp32 reference running"
+        )
+        async with traffic(world, scale) as codes:
+            healthy = await eventually(
+                lambda: watch_status(world).get("state") == "Healthy" and watch_status(world),
+                within=120,
+                what="the watch Healthy on in-distribution traffic",
+            )
+            assert healthy["top1Agreement"] >= 0.85 and healthy["samples"] >= 40
+            assert healthy["referenceEngineDigest"].startswith("sha256:")
+            assert degraded(world).get("status") == "False"
+
+            scale[0] = SHIFT
+            try:
+                drift = await eventually(
+                    lambda: degraded(world).get("reason") == "QualityDrift" and degraded(world),
+                    within=90,
+                    what="Degraded QualityDrift on clipped inputs",
+                )
+            except AssertionError as error:
+                raise AssertionError(f"{error}; the watch said {watch_status(world)}") from None
+            assert drift["status"] == "True"
+            assert "top-1 agreement" in drift["message"]
+            assert (condition(world.infd(), "Ready") or {}).get("status") == "True"
+            events = world.events()
+            assert any(
+                e.get("reason") == "QualityDrift" and e.get("type") == "Warning" for e in events
+            ), events
+
+            scale[0] = 1.0
+            await eventually(
+                lambda: degraded(world).get("status") == "False",
+                within=WINDOW_SECONDS * 3,
+                what="the drift cleared once the window holds in-distribution traffic only",
+            )
+        assert set(codes) == {200}, codes
