@@ -2,7 +2,7 @@
 
 `next_decision(policy, pending, free_slots, busy_slots, now)` looks at the queue (rows,
 arrival time and deadline of each waiting request, oldest first), the execution slots
-and a monotonic `now`, and returns a `Decision`: which requests have expired (answered
+and a monotonic `now`, and returns a `FlushDecision`: which requests have expired (answered
 with a timeout, never executed) and then either `Flush(count)` (run the first `count`
 requests as one batch now, on the event loop or in a worker thread) or `WaitUntil(t)`
 (nothing to do before monotonic time `t`, or before the next event when `t` is None).
@@ -103,7 +103,7 @@ class WaitUntil:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class FlushDecision:
     expired: tuple[int, ...]
     """Positions (in `pending`) of requests past their deadline: answer them with a
     timeout and remove them before applying `action`, whose counts exclude them."""
@@ -132,13 +132,13 @@ def next_decision(
     draining: bool = False,
     *,
     small_batches: SmallBatchSpeed = NEVER_MEASURED,
-) -> Decision:
+) -> FlushDecision:
     """The batcher's next step; see the module docstring for the rules."""
     expired = tuple(i for i, p in enumerate(pending) if p.deadline <= now)
     live = [p for p in pending if p.deadline > now] if expired else pending
     earliest_deadline = min((p.deadline for p in live), default=None)
     if not live or free_slots <= 0:
-        return Decision(expired, WaitUntil(earliest_deadline))
+        return FlushDecision(expired, WaitUntil(earliest_deadline))
 
     # The longest prefix that fits in one batch (at least one request: admission refuses
     # requests with more rows than maxBatchSize).
@@ -150,17 +150,17 @@ def next_decision(
         count, rows = count + 1, rows + p.rows
     flush = Flush(count, rows, runs_inline(rows, busy_slots, small_batches))
     if count < len(live) or rows >= max_rows or draining:
-        return Decision(expired, flush)
+        return FlushDecision(expired, flush)
 
     # Waiting can help only while another batch is in flight (requests are arriving and
     # would otherwise go in a small batch competing with it) and a better size is ahead:
     # the next preferred size, or maxBatchSize when none is configured.
     preferred = policy.preferred_batch_sizes  # sorted and unique (BatchingPolicy)
     if busy_slots == 0 or rows in preferred:
-        return Decision(expired, flush)
+        return FlushDecision(expired, flush)
     if preferred and bisect.bisect_right(preferred, rows) == len(preferred):
-        return Decision(expired, flush)  # past the largest preferred size
+        return FlushDecision(expired, flush)  # past the largest preferred size
     flush_at = live[0].arrived_at + policy.max_queue_delay_microseconds / 1e6
     if now >= flush_at:
-        return Decision(expired, flush)
-    return Decision(expired, WaitUntil(_min(flush_at, earliest_deadline)))
+        return FlushDecision(expired, flush)
+    return FlushDecision(expired, WaitUntil(_min(flush_at, earliest_deadline)))

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.batching.policy import (
     SMALL_BATCH_ROWS,
-    Decision,
     Flush,
+    FlushDecision,
     Pending,
     SmallBatchSpeed,
     WaitUntil,
@@ -53,71 +53,71 @@ class Case:
     free: int
     busy: int
     now: float
-    expected: Decision
+    expected: FlushDecision
     draining: bool = False
 
 
 CASES = [
     Case("an empty queue waits for the next event",
          policy(), [], free=2, busy=0, now=0.0,
-         expected=Decision((), WaitUntil(None))),
+         expected=FlushDecision((), WaitUntil(None))),
     Case("a lone request on an idle server runs at once",
          policy(), [p()], free=2, busy=0, now=0.0,
-         expected=Decision((), Flush(1, 1))),
+         expected=FlushDecision((), Flush(1, 1))),
     Case("a lone request on an idle server runs at once even below a preferred size",
          policy(preferred=(4, 8)), [p()], free=2, busy=0, now=0.0,
-         expected=Decision((), Flush(1, 1))),
+         expected=FlushDecision((), Flush(1, 1))),
     Case("without a free slot requests keep queueing until the earliest deadline",
          policy(), [p(deadline=5.0), p(deadline=3.0)], free=0, busy=2, now=1.0,
-         expected=Decision((), WaitUntil(3.0))),
+         expected=FlushDecision((), WaitUntil(3.0))),
     Case("with one slot, the free slot takes everything queued at once",
          policy(), [p(), p(), p()], free=1, busy=0, now=0.0,
-         expected=Decision((), Flush(3, 3))),
+         expected=FlushDecision((), Flush(3, 3))),
     Case("a queue longer than maxBatchSize sends maxBatchSize at once, even while busy",
          policy(), [p() for _ in range(10)], free=1, busy=1, now=0.0,
-         expected=Decision((), Flush(8, 8))),
+         expected=FlushDecision((), Flush(8, 8))),
     Case("a request with its own batch dimension counts by rows and is never split",
          policy(), [p(rows=5), p(rows=4)], free=1, busy=1, now=0.0,
-         expected=Decision((), Flush(1, 5))),
+         expected=FlushDecision((), Flush(1, 5))),
     Case("a request larger than maxBatchSize (admission refuses those) still runs alone",
          policy(), [p(rows=9), p()], free=1, busy=0, now=0.0,
-         expected=Decision((), Flush(1, 9))),
+         expected=FlushDecision((), Flush(1, 9))),
     Case("requests whose rows add up to maxBatchSize go at once",
          policy(), [p(rows=3), p(rows=5)], free=1, busy=1, now=0.0,
-         expected=Decision((), Flush(2, 8))),
+         expected=FlushDecision((), Flush(2, 8))),
     Case("while another batch runs, a small batch waits for more until the delay",
          policy(), [p(arrived=0.0), p(arrived=0.0002)], free=1, busy=1, now=0.0005,
-         expected=Decision((), WaitUntil(0.001))),
+         expected=FlushDecision((), WaitUntil(0.001))),
     Case("once the oldest request has waited the delay, the batch goes",
          policy(), [p(arrived=0.0), p(arrived=0.0002)], free=1, busy=1, now=0.001,
-         expected=Decision((), Flush(2, 2))),
+         expected=FlushDecision((), Flush(2, 2))),
     Case("reaching a preferred size flushes at once while another batch runs",
          policy(preferred=(4,)), [p() for _ in range(4)], free=1, busy=1, now=0.0,
-         expected=Decision((), Flush(4, 4))),
+         expected=FlushDecision((), Flush(4, 4))),
     Case("between preferred sizes the batcher waits for the next one",
          policy(preferred=(2, 4)), [p(), p(), p()], free=1, busy=1, now=0.0,
-         expected=Decision((), WaitUntil(0.001))),
+         expected=FlushDecision((), WaitUntil(0.001))),
     Case("past the largest preferred size waiting cannot help: flush",
          policy(preferred=(2, 4)), [p() for _ in range(5)], free=1, busy=1, now=0.0,
-         expected=Decision((), Flush(5, 5))),
+         expected=FlushDecision((), Flush(5, 5))),
     Case("a wait never runs past a queued request's deadline",
          policy(preferred=(4,)), [p(deadline=0.0006)], free=1, busy=1, now=0.0,
-         expected=Decision((), WaitUntil(0.0006))),
+         expected=FlushDecision((), WaitUntil(0.0006))),
     Case("a request past its deadline is expired and left out of the batch",
          policy(), [p(deadline=0.5), p(deadline=10.0)], free=1, busy=0, now=1.0,
-         expected=Decision((0,), Flush(1, 1))),
+         expected=FlushDecision((0,), Flush(1, 1))),
     Case("a deadline equal to now has passed",
          policy(), [p(deadline=1.0)], free=1, busy=0, now=1.0,
-         expected=Decision((0,), WaitUntil(None))),
+         expected=FlushDecision((0,), WaitUntil(None))),
     Case("expired requests are reported even when no slot is free",
          policy(), [p(deadline=0.5), p(deadline=4.0)], free=0, busy=2, now=1.0,
-         expected=Decision((0,), WaitUntil(4.0))),
+         expected=FlushDecision((0,), WaitUntil(4.0))),
     Case("while draining nothing waits",
          policy(preferred=(4,)), [p()], free=1, busy=1, now=0.0, draining=True,
-         expected=Decision((), Flush(1, 1))),
+         expected=FlushDecision((), Flush(1, 1))),
     Case("a zero queue delay never waits",
          policy(delay_us=0), [p()], free=1, busy=1, now=0.0,
-         expected=Decision((), Flush(1, 1))),
+         expected=FlushDecision((), Flush(1, 1))),
 ]  # fmt: skip
 
 
@@ -132,7 +132,7 @@ def test_next_decision(case: Case) -> None:
 def test_the_batcher_is_not_draining_unless_it_says_so() -> None:
     # The documented five-argument call: a small batch while another runs still waits.
     decision = next_decision(policy(preferred=(4,)), [p()], 1, 1, 0.0)
-    assert decision == Decision((), WaitUntil(0.001))
+    assert decision == FlushDecision((), WaitUntil(0.001))
 
 
 queues = st.lists(
@@ -225,7 +225,7 @@ def test_the_flush_decision_says_inline_or_thread(case: InlineCase) -> None:
     decision = next_decision(
         rules, [p(rows=case.rows)], 1, case.busy, 0.0, small_batches=case.speed
     )
-    assert decision == Decision((), Flush(1, case.rows, inline=case.inline))
+    assert decision == FlushDecision((), Flush(1, case.rows, inline=case.inline))
 
 
 def test_without_a_measurement_every_flush_goes_to_a_worker_thread() -> None:
