@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from kubeinfer.operator.api.v1alpha1.enums import QualityState
+from kubeinfer.operator.api.v1alpha1.enums import DriftAction, QualityState
 from kubeinfer.operator.api.v1alpha1.quality_watch import QualityWatchSpec
 from kubeinfer.operator.api.v1alpha1.status import (
     QualityGroupRef,
@@ -97,8 +97,12 @@ def memory_of(status: QualityWatchStatus | None) -> QualityMemory | None:
     )
 
 
-def _drift_of(status: QualityWatchStatus) -> str | None:
-    return status.message if status.state == QualityState.DRIFTING else None
+def _drift_of(watch: QualityWatchSpec, status: QualityWatchStatus) -> str | None:
+    """The Degraded condition's message when the watch finds drift and its action raises
+    the condition (`onDrift: Alert`, the one action so far), else None."""
+    if status.state != QualityState.DRIFTING or watch.on_drift != DriftAction.ALERT:
+        return None
+    return status.message
 
 
 def waiting(
@@ -111,7 +115,7 @@ def waiting(
     before stays, with its figures; otherwise the watch is Pending."""
     if previous is not None and previous.state == QualityState.DRIFTING:
         status = previous.model_copy(update={"reference_engine_digest": reference_digest})
-        return QualityReport(status, _drift_of(status))
+        return QualityReport(status, _drift_of(watch, status))
     status = QualityWatchStatus(
         state=QualityState.PENDING,
         message=why,
@@ -128,7 +132,7 @@ def unreadable(
     if previous is None or previous.state == QualityState.PENDING:
         return waiting(watch, previous, reference_digest, why)
     if previous.state == QualityState.DRIFTING:
-        return QualityReport(previous, _drift_of(previous))
+        return QualityReport(previous, _drift_of(watch, previous))
     status = previous.model_copy(update={"message": f"{why} The figures are the last read."})
     return QualityReport(status)
 
@@ -175,4 +179,4 @@ def judged(
         mean_absolute_difference_too_large=verdict.mean_absolute_difference_too_large,
         last_evaluated=now,
     )
-    return QualityReport(status, _drift_of(status))
+    return QualityReport(status, _drift_of(watch, status))
