@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench crds clean mutate
+.PHONY: demo test test-demo lint bench crds clean mutate
 
 # The virtual environment is rebuilt only when the dependencies change.
 $(STAMP): pyproject.toml
@@ -46,6 +46,12 @@ test: $(STAMP)
 		prometheus >/dev/null 2>&1; }; }; } || echo "prometheus not installed: its tests will skip"
 	$(BIN)/kubeinfer cluster build
 	$(BIN)/python -m pytest -q
+
+# `make demo`'s whole story, checked: every step passed, nothing left running. Apart from
+# `make test` to keep the suite under ten minutes on two cores; CI runs both.
+test-demo: $(STAMP)
+	$(BIN)/kubeinfer cluster build
+	$(BIN)/python -m pytest -q -m demo tests/test_demo.py
 
 # Types: strict on the contract and the pure cores (every decision of the operator, the
 # batcher's policy and assembler), then the default checks on every source package, through

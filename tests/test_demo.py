@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.demo
 def test_the_demo_tells_the_story_through_the_operator(model_directory: Path) -> None:
     workdir = model_directory / "demo"
     command = [sys.executable, "-m", "kubeinfer.cli.main", "demo", "--workdir", str(workdir)]
