@@ -1,0 +1,304 @@
+"""A closed-loop HTTP load generator cheap enough to share 2 cores with the server it drives.
+
+N clients each own one keep-alive connection and send single-item requests back to back
+for a fixed duration after a warm-up; every completion inside the measured window is
+counted and its latency kept. The client speaks raw HTTP/1.1 over an asyncio Protocol with
+request bytes encoded once before the run (aiohttp's client costs several times more CPU
+per request, which on a 2-core machine is taken straight from the server under test). The
+CPU the generator itself burned is reported per request so a reader can tell whether the
+client, rather than the server, was the limit.
+
+Only what a v2 server answers is parsed: a status line, headers with Content-Length, and a
+body. Chunked responses are refused with a clear error rather than mis-parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class LoadGenError(RuntimeError):
+    """The server answered something the generator cannot read, or closed the connection."""
+
+
+# --------------------------------------------------------------------------- request bodies
+
+
+@dataclass(frozen=True)
+class EncodedRequest:
+    """One pre-encoded HTTP request: the exact bytes written to the socket."""
+
+    raw: bytes
+    body_bytes: int
+
+
+def _http_request(host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    lines = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Connection: keep-alive",
+        f"Content-Length: {len(body)}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def encode_json_infer(
+    host: str, port: int, model: str, input_name: str, item: np.ndarray
+) -> EncodedRequest:
+    """A v2 JSON request carrying one item (a batch of 1) of FP32 data."""
+    batch = item.reshape(1, *item.shape).astype(np.float32)
+    body = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": input_name,
+                    "shape": list(batch.shape),
+                    "datatype": "FP32",
+                    "data": batch.ravel().tolist(),
+                }
+            ]
+        }
+    ).encode()
+    path = f"/v2/models/{model}/infer"
+    raw = _http_request(host, port, path, body, {"Content-Type": "application/json"})
+    return EncodedRequest(raw, len(body))
+
+
+def encode_binary_infer(
+    host: str, port: int, model: str, input_name: str, output_name: str, item: np.ndarray
+) -> EncodedRequest:
+    """A request in Triton's binary tensor extension: a JSON header of
+    `Inference-Header-Content-Length` bytes, then the raw input; the output is asked for
+    in binary too (what `tritonclient.http` sends with `binary_data=True`)."""
+    batch = np.ascontiguousarray(item.reshape(1, *item.shape), dtype=np.float32)
+    data = batch.tobytes()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": input_name,
+                    "shape": list(batch.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(data)},
+                }
+            ],
+            "outputs": [{"name": output_name, "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    body = header + data
+    raw = _http_request(
+        host,
+        port,
+        f"/v2/models/{model}/infer",
+        body,
+        {
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(len(header)),
+        },
+    )
+    return EncodedRequest(raw, len(body))
+
+
+# --------------------------------------------------------------------------- the connection
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive connection with at most one request in flight (closed loop)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._transport: asyncio.Transport | None = None
+        self._waiter: asyncio.Future[Response] | None = None
+        self._head: tuple[int, dict[str, str], int] | None = None  # status, headers, end
+        self._lost: Exception | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = LoadGenError(f"server closed the connection: {exc or 'EOF'}")
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(self._lost)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        if self._waiter is None:
+            return
+        if self._head is None:
+            end = self._buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            try:
+                self._head = _parse_head(bytes(self._buf[:end]), end + 4)
+            except LoadGenError as error:
+                self._waiter.set_exception(error)
+                return
+        status, headers, body_start = self._head
+        body_end = body_start + int(headers["content-length"])
+        if len(self._buf) < body_end:
+            return
+        body = bytes(self._buf[body_start:body_end])
+        del self._buf[:body_end]
+        self._head = None
+        waiter, self._waiter = self._waiter, None
+        waiter.set_result(Response(status, headers, body))
+
+    def send(self, raw: bytes) -> asyncio.Future[Response]:
+        if self._lost is not None:
+            raise self._lost
+        assert self._transport is not None and self._waiter is None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self._transport.write(raw)
+        return self._waiter
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+def _parse_head(head: bytes, body_start: int) -> tuple[int, dict[str, str], int]:
+    lines = head.decode("latin-1").split("\r\n")
+    try:
+        status = int(lines[0].split(" ", 2)[1])
+    except (IndexError, ValueError) as error:
+        raise LoadGenError(f"not an HTTP status line: {lines[0]!r}") from error
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "content-length" not in headers:
+        raise LoadGenError(
+            f"response without Content-Length (chunked?); the load generator needs it: {headers}"
+        )
+    return status, headers, body_start
+
+
+async def open_connection(host: str, port: int) -> Connection:
+    loop = asyncio.get_running_loop()
+    _, protocol = await loop.create_connection(Connection, host, port)
+    return protocol
+
+
+async def request_once(host: str, port: int, raw: bytes) -> Response:
+    """One request on a fresh connection (checks, metadata)."""
+    conn = await open_connection(host, port)
+    try:
+        return await conn.send(raw)
+    finally:
+        conn.close()
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class RunResult:
+    clients: int
+    window_s: float
+    completed: int
+    errors: int
+    latencies_s: np.ndarray
+    client_cpu_s: float
+    error_samples: list[str] = field(default_factory=list)
+
+    @property
+    def throughput(self) -> float:
+        return self.completed / self.window_s
+
+    def percentile_ms(self, q: float) -> float:
+        if not len(self.latencies_s):
+            return float("nan")
+        return float(np.percentile(self.latencies_s, q) * 1000)
+
+    @property
+    def client_cpu_us_per_request(self) -> float:
+        done = self.completed + self.errors
+        return self.client_cpu_s / done * 1e6 if done else float("nan")
+
+
+async def run_closed_loop(
+    host: str,
+    port: int,
+    requests: Sequence[EncodedRequest],
+    clients: int,
+    warmup_s: float,
+    duration_s: float,
+    on_window_start: Callable[[], object] | None = None,
+    on_window_end: Callable[[], object] | None = None,
+) -> RunResult:
+    """Drives `clients` closed-loop clients for `warmup_s + duration_s`; only completions
+    inside the last `duration_s` count. The optional hooks run (in a thread, so a blocking
+    metrics scrape does not stall the clients' loop) at the window's edges."""
+    conns = [await open_connection(host, port) for _ in range(clients)]
+    loop = asyncio.get_running_loop()
+    start = time.perf_counter()
+    window_start = start + warmup_s
+    window_end = window_start + duration_s
+    latencies: list[float] = []
+    counters = {"errors": 0}
+    error_samples: list[str] = []
+    raws = [r.raw for r in requests]
+
+    async def client(index: int, conn: Connection) -> None:
+        i = index
+        n = len(raws)
+        perf = time.perf_counter
+        record = latencies.append
+        while True:
+            t0 = perf()
+            if t0 >= window_end:
+                return
+            response = await conn.send(raws[i % n])
+            t1 = perf()
+            i += 1
+            if response.status != 200:
+                if window_start <= t1 < window_end:
+                    counters["errors"] += 1
+                if len(error_samples) < 5:
+                    error_samples.append(f"{response.status}: {response.body[:200]!r}")
+                continue
+            if window_start <= t1 < window_end:
+                record(t1 - t0)
+
+    async def hooks() -> tuple[float, float]:
+        await asyncio.sleep(max(0.0, window_start - time.perf_counter()))
+        cpu0 = time.process_time()
+        if on_window_start is not None:
+            await loop.run_in_executor(None, on_window_start)
+        await asyncio.sleep(max(0.0, window_end - time.perf_counter()))
+        cpu1 = time.process_time()
+        if on_window_end is not None:
+            await loop.run_in_executor(None, on_window_end)
+        return cpu0, cpu1
+
+    try:
+        hook_task = asyncio.ensure_future(hooks())
+        await asyncio.gather(*(client(i, c) for i, c in enumerate(conns)))
+        cpu0, cpu1 = await hook_task
+    finally:
+        for conn in conns:
+            conn.close()
+    return RunResult(
+        clients=clients,
+        window_s=duration_s,
+        completed=len(latencies),
+        errors=counters["errors"],
+        latencies_s=np.asarray(latencies),
+        client_cpu_s=cpu1 - cpu0,
+        error_samples=error_samples,
+    )
