@@ -31,6 +31,7 @@ from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.scaling import read_scaling_signals
 from kubeinfer.operator.metrics.shadow import read_shadow_aggregates
 from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
+from kubeinfer.operator.quality.report import window_to_read
 from kubeinfer.operator.rollout.shadow import ShadowQuery, metrics_query
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.quality_readings import QualityHistory
@@ -91,10 +92,16 @@ async def gather(
         update["scaling_history"] = history
     reference_digest = _engine_digest(observed.reference_configmap)
     if observed.spec.quality_watch.enabled and reference_digest:
-        window = observed.spec.quality_watch.window_seconds
-        update["quality"], update["quality_history"] = await read_quality_tallies(
-            source, scope, reference_digest, window, now, quality_history or QualityHistory()
+        window = window_to_read(
+            observed.spec.quality_watch,
+            observed.status.quality_watch,
+            _engine_digest(observed.configmap),
+            now,
         )
+        if window is not None:
+            update["quality"], update["quality_history"] = await read_quality_tallies(
+                source, scope, reference_digest, window, now, quality_history or QualityHistory()
+            )
     if pod_monitors:
         found = await client.list(POD_MONITOR, owner.namespace, names.children_selector(owner.name))
         name = names.runtime_name(owner.name)

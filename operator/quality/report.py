@@ -26,13 +26,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from kubeinfer.operator.api.v1alpha1.enums import DriftAction, QualityState
+from kubeinfer.operator.api.v1alpha1.enums import QualityState
 from kubeinfer.operator.api.v1alpha1.quality_watch import QualityWatchSpec
 from kubeinfer.operator.api.v1alpha1.status import (
     QualityGroupRef,
     QualityGroupStatus,
     QualityWatchStatus,
 )
+from kubeinfer.operator.quality.fallback import FallbackReport
 from kubeinfer.operator.quality.verdict import (
     BaselineAgreement,
     GroupJudgement,
@@ -59,6 +60,8 @@ class QualityReport:
 
     status: QualityWatchStatus | None = None
     drift: str | None = None
+    fallback: str | None = None
+    """Set while serving runs (or rolls to) the fallback engine: what to say of it."""
 
 
 def baseline_of(agreement: BuildAgreement) -> QualityBaseline:
@@ -97,12 +100,11 @@ def memory_of(status: QualityWatchStatus | None) -> QualityMemory | None:
     )
 
 
-def _drift_of(watch: QualityWatchSpec, status: QualityWatchStatus) -> str | None:
-    """The Degraded condition's message when the watch finds drift and its action raises
-    the condition (`onDrift: Alert`, the one action so far), else None."""
-    if status.state != QualityState.DRIFTING or watch.on_drift != DriftAction.ALERT:
-        return None
-    return status.message
+def _drift_of(status: QualityWatchStatus) -> str | None:
+    """The Degraded condition's message when the watch finds drift, else None: both
+    onDrift actions raise the condition (Fallback also rolls serving, from the next pass,
+    `quality.fallback`)."""
+    return status.message if status.state == QualityState.DRIFTING else None
 
 
 def waiting(
@@ -115,7 +117,7 @@ def waiting(
     before stays, with its figures; otherwise the watch is Pending."""
     if previous is not None and previous.state == QualityState.DRIFTING:
         status = previous.model_copy(update={"reference_engine_digest": reference_digest})
-        return QualityReport(status, _drift_of(watch, status))
+        return QualityReport(status, _drift_of(status))
     status = QualityWatchStatus(
         state=QualityState.PENDING,
         message=why,
@@ -129,10 +131,12 @@ def unreadable(
     watch: QualityWatchSpec, previous: QualityWatchStatus | None, reference_digest: str, why: str
 ) -> QualityReport:
     """The metrics source could not answer: the last figures stay, the message says why."""
-    if previous is None or previous.state == QualityState.PENDING:
+    if previous is None:
         return waiting(watch, previous, reference_digest, why)
+    if previous.state == QualityState.PENDING:  # keeps when the watch began
+        return QualityReport(previous.model_copy(update={"message": why}))
     if previous.state == QualityState.DRIFTING:
-        return QualityReport(previous, _drift_of(watch, previous))
+        return QualityReport(previous, _drift_of(previous))
     status = previous.model_copy(update={"message": f"{why} The figures are the last read."})
     return QualityReport(status)
 
@@ -157,6 +161,7 @@ def judged(
     now: datetime,
     baseline: QualityBaseline = NO_BASELINE,
     notes: tuple[str, ...] = (),
+    engine_digest: str | None = None,
 ) -> QualityReport:
     """The verdict on this pass's window, as the status records it; `notes` (sentences:
     readings set aside, a window not yet covered) follow the verdict's message."""
@@ -178,5 +183,50 @@ def judged(
         ],
         mean_absolute_difference_too_large=verdict.mean_absolute_difference_too_large,
         last_evaluated=now,
+        engine_digest=engine_digest,
+        watching_since=previous.watching_since if previous else now,
     )
-    return QualityReport(status, _drift_of(watch, status))
+    return QualityReport(status, _drift_of(status))
+
+
+def starting(
+    watch: QualityWatchSpec, reference_digest: str, engine_digest: str, now: datetime
+) -> QualityReport:
+    """The serving pods begin comparing `engine_digest` with the reference on this pass:
+    the window is judged from the next one, reaching back no further than now."""
+    status = QualityWatchStatus(
+        state=QualityState.PENDING,
+        message=f"The watch begins comparing engine {engine_digest} with the reference.",
+        reference_engine_digest=reference_digest,
+        window_seconds=watch.window_seconds,
+        engine_digest=engine_digest,
+        watching_since=now,
+    )
+    return QualityReport(status)
+
+
+def window_to_read(
+    watch: QualityWatchSpec,
+    previous: QualityWatchStatus | None,
+    serving_digest: str | None,
+    now: datetime,
+) -> int | None:
+    """The window the gather step reads, in seconds: the spec's, cut at when the watch
+    began on the engine serving (`watching_since`); None where it has not begun on that
+    engine (nothing of it to read yet)."""
+    if previous is None or previous.watching_since is None:
+        return None
+    if serving_digest is None or previous.engine_digest != serving_digest:
+        return None
+    elapsed = int((now - previous.watching_since).total_seconds())
+    return max(1, min(watch.window_seconds, elapsed))
+
+
+def fallen_back(previous: QualityWatchStatus, report: FallbackReport) -> QualityReport:
+    """Serving runs (or rolls to) the fallback engine: nothing is compared meanwhile (the
+    serving answers are the reference's precision); the last verdict's figures stay, with
+    the latch, and the drift stays raised with what was done about it."""
+    status = previous.model_copy(
+        update={"fallback": report.latch, "message": report.message, "state": QualityState.DRIFTING}
+    )
+    return QualityReport(status, report.message, report.message)

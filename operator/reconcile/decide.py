@@ -26,9 +26,12 @@ import yaml
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.enums import Backend
+from kubeinfer.operator.quality.fallback import fallback_spec
 from kubeinfer.operator.quality.reference import reference_spec
 from kubeinfer.operator.reconcile import desired as build
 from kubeinfer.operator.reconcile.decide_quality import (
+    fallback_engine,
+    fallback_key,
     quality_report,
     reference_children,
     reference_engine,
@@ -282,7 +285,9 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     now = now.replace(microsecond=0)  # metav1.Time has whole seconds
     spec, owner = observed.spec, observed.owner
     reference = reference_engine(observed, settings, now)
-    engine = engine_state(observed, settings, now, (reference.build_key,) if reference else ())
+    others = (*((reference.build_key,) if reference else ()), *fallback_key(spec, settings))
+    engine = engine_state(observed, settings, now, others)
+    held, fallback = fallback_engine(observed, settings, now, engine, reference)
     children: list[KubeObject] = []
 
     pvc = build.build_cache_pvc(owner, spec)
@@ -299,17 +304,31 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
             )
         )
 
-    plan = plan_rollout(
-        spec,
-        engine,
-        observed_serving(observed),
-        observed.status.candidate,
-        observed.annotations,
-        observed.shadow,
-        available(observed.candidate_deployment),
-        now,
-        candidate_pods=observed.candidate_pods,
-    )
+    if fallback is not None and fallback is not reference and fallback.job_attempt is not None:
+        children.append(
+            build.build_engine_job(
+                owner, fallback_spec(spec), settings, fallback.build_key, fallback.job_attempt
+            )
+        )
+
+    if fallback is not None:
+        # Drift with onDrift Fallback: serving rolls to the fallback engine once it exists.
+        plan = plan_rollout(
+            fallback_spec(spec), fallback, observed_serving(observed),
+            observed.status.candidate, {}, None, False, now,
+        )  # fmt: skip
+    else:
+        plan = plan_rollout(
+            spec,
+            engine,
+            observed_serving(observed),
+            observed.status.candidate,
+            observed.annotations,
+            observed.shadow,
+            available(observed.candidate_deployment),
+            now,
+            candidate_pods=observed.candidate_pods,
+        )
     recommendation = _recommendation(observed, now)
     if recommendation is not None:
         replicas = recommendation.replicas
@@ -317,8 +336,8 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         replicas = build.desired_replicas(spec)
     deployment = None
     if plan.serving is not None:
-        configmap, deployment, others = _serving_children(
-            observed, settings, plan.serving, engine, replicas
+        configmap, deployment, served = _serving_children(
+            observed, settings, plan.serving, fallback or engine, replicas
         )
     rollout = rollout_progress(observed.deployment, deployment, replicas)
     # Once the roll to a promoted engine is done, the candidate goes.
@@ -328,7 +347,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         mirror, candidate = _shadow_children(
             observed, settings, plan, plan.serving, engine, reference
         )
-        children += [configmap, mirror, deployment, *others, *candidate]
+        children += [configmap, mirror, deployment, *served, *candidate]
     if reference is not None:
         children += reference_children(observed, settings, reference)
     scaling = None
@@ -342,7 +361,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
             observed.status.metrics,
             now,
         )
-    watch_report = quality_report(observed, plan.serving, engine, reference, now)
+    watch_report = quality_report(observed, plan.serving, engine, reference, now, held)
     status = compute_status(
         observed, engine, plan, report(spec, plan), rollout, replicas, now, scaling, watch_report
     )
@@ -353,6 +372,8 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         requeue = polls.build_poll_seconds
     elif engine.phase == EnginePhase.FAILED and engine.retry_at is not None:
         requeue = max(1.0, (engine.retry_at - now).total_seconds())
+    if fallback is not None and fallback.phase == EnginePhase.BUILDING:
+        requeue = polls.build_poll_seconds
     if plan.shadowing or plan.promoting:
         requeue = min(requeue or polls.shadow_poll_seconds, polls.shadow_poll_seconds)
     if spec.autoscaling.enabled:
@@ -361,6 +382,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         requeue = min(requeue or polls.shadow_poll_seconds, polls.shadow_poll_seconds)
 
     stale_reference_jobs = reference.delete_jobs if reference else ()
+    stale_fallback_jobs = fallback.delete_jobs if fallback else ()
     events = transition_events(observed.status.conditions, status.conditions)
     if plan.replaced is not None:
         events += (shadow_replaced_event(plan.replaced, plan.record),)
@@ -369,7 +391,12 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     return Decision(
         apply=tuple(child for child in children if needs_write(child, observed)),
         delete=(
-            *(("Job", name) for name in sorted({*engine.delete_jobs, *stale_reference_jobs})),
+            *(
+                ("Job", name)
+                for name in sorted(
+                    {*engine.delete_jobs, *stale_reference_jobs, *stale_fallback_jobs}
+                )
+            ),
             *_candidate_leftovers(observed, plan),
             *reference_leftovers(observed, reference),
         ),

@@ -12,7 +12,10 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
+from kubeinfer.operator.quality import fallback
 from kubeinfer.operator.quality import report as quality
+from kubeinfer.operator.quality.fallback import FallbackReport
 from kubeinfer.operator.quality.reference import reference_spec
 from kubeinfer.operator.quality.report import QualityReport
 from kubeinfer.operator.reconcile import desired as build
@@ -25,6 +28,7 @@ from kubeinfer.operator.state.engine_state import (
     agreement_for,
     build_key,
     engine_state,
+    observed_serving,
 )
 from kubeinfer.operator.state.snapshot import KubeObject, ObservedState
 
@@ -33,11 +37,13 @@ def reference_engine(
     observed: ObservedState, settings: OperatorSettings, now: datetime
 ) -> EngineState | None:
     """The quality watch's reference engine (None with the watch off): built like any
-    engine, from the reference's own spec, its Jobs kept apart from the serving engine's."""
+    engine, from the reference's own spec, its Jobs kept apart from the serving engine's
+    (and a fallback's)."""
     if not observed.spec.quality_watch.enabled:
         return None
     reference = replace(observed, spec=reference_spec(observed.spec))
-    return engine_state(reference, settings, now, (build_key(observed.spec, settings),))
+    others = (build_key(observed.spec, settings), *fallback_key(observed.spec, settings))
+    return engine_state(reference, settings, now, others)
 
 
 def reference_children(
@@ -86,17 +92,56 @@ def watched_reference(
     return observed.spec.model.version, reference.digest
 
 
+def fallback_key(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> tuple[str, ...]:
+    """The build key of a fallback engine built apart from the reference (TensorRT), when
+    the spec asks for a fallback on drift: its Jobs are no one else's stale ones."""
+    if not fallback.wanted(spec) or fallback.uses_reference_engine(spec):
+        return ()
+    return (build_key(fallback.fallback_spec(spec), settings),)
+
+
+def fallback_engine(
+    observed: ObservedState,
+    settings: OperatorSettings,
+    now: datetime,
+    engine: EngineState,
+    reference: EngineState | None,
+) -> tuple[FallbackReport | None, EngineState | None]:
+    """The fallback this pass holds (`quality.fallback`), and its engine: the reference
+    engine on ONNX Runtime, else the fallback spec's own (built like any engine)."""
+    spec = observed.spec
+    latch = fallback.fallback_latch(
+        spec, observed.status.quality_watch, engine, observed_serving(observed), now
+    )
+    if latch is None or reference is None:
+        return None, None
+    if fallback.uses_reference_engine(spec):
+        state = reference
+    else:
+        others = (engine.build_key, reference.build_key)
+        state = engine_state(
+            replace(observed, spec=fallback.fallback_spec(spec)), settings, now, others
+        )
+    return fallback.fallback_report(spec, latch, state), state
+
+
 def quality_report(
     observed: ObservedState,
     serving: ServingEngine | None,
     engine: EngineState,
     reference: EngineState | None,
     now: datetime,
+    held: FallbackReport | None = None,
 ) -> QualityReport:
-    """The quality watch's status and drift for this pass (`quality.report`)."""
+    """The quality watch's status and drift for this pass (`quality.report`); `held`, the
+    fallback this pass holds."""
     if reference is None:
         return QualityReport()
     watch, previous = observed.spec.quality_watch, observed.status.quality_watch
+    if previous is not None and held is not None:
+        return quality.fallen_back(previous, held)
+    if previous is not None and previous.fallback is not None:
+        previous = None  # a fallback ended: the engine now served is watched afresh
     if reference.digest is None:
         return quality.waiting(
             watch, previous, None, f"The reference engine is not ready: {reference.message}"
@@ -109,6 +154,12 @@ def quality_report(
             "pod available yet."
         )
         return quality.waiting(watch, previous, reference.digest, why)
+    if previous is not None and (
+        previous.engine_digest != serving.digest or previous.watching_since is None
+    ):
+        previous = None  # figures of another engine, or none: this one is watched afresh
+    if previous is None:
+        return quality.starting(watch, reference.digest, serving.digest, now)
     reading = observed.quality
     if reading is None or reading.window is None:
         why = reading.error if reading and reading.error else "No figures were read yet."
@@ -121,7 +172,9 @@ def quality_report(
         notes += (
             f"The counts cover {covered:.0f} s of the {watch.window_seconds} s window so far.",
         )
-    return quality.judged(watch, previous, reference.digest, reading.window, now, baseline, notes)
+    return quality.judged(
+        watch, previous, reference.digest, reading.window, now, baseline, notes, serving.digest
+    )
 
 
 def reference_leftovers(

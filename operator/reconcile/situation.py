@@ -4,7 +4,7 @@ conditions and phase. Pure.
 One chain, most pressing first, picks the single situation that applies (`situation_of`):
 
     build failed > building > runtime pods failing > rollout stalled > a shadow rollout's
-    say > quality drift > rolled out > rolling out
+    say > quality fallback > quality drift > rolled out > rolling out
 
 and one table (`summary_conditions`) turns that situation into Ready, Progressing,
 Degraded, Reconciling, Stalled and the phase. The order is written once, so the
@@ -47,6 +47,7 @@ class SituationKind(StrEnum):
     RUNTIME_FAILING = "RuntimeFailing"
     ROLLOUT_STALLED = "RolloutStalled"
     SHADOW = "Shadow"
+    QUALITY_FALLBACK = "QualityFallback"
     QUALITY_DRIFT = "QualityDrift"
     ROLLED_OUT = "RolledOut"
     ROLLING_OUT = "RollingOut"
@@ -67,6 +68,8 @@ class Facts:
     replicas: int
     quality_drift: str | None = None
     """The quality watch's message when it finds the served engine drifting, else None."""
+    fallback: str | None = None
+    """What serving falling back to the reference-precision engine says, while it does."""
 
     @property
     def current(self) -> bool:
@@ -155,6 +158,15 @@ def _first_that_applies(facts: Facts) -> Situation:
     if shadow.progress is not None:
         _, reason, message = shadow.progress
         return Situation(SituationKind.SHADOW, reason, message, shadow=shadow)
+    if facts.fallback is not None:
+        # The spec's engine drifted and serving runs (or rolls to) the fallback engine.
+        return Situation(
+            SituationKind.QUALITY_FALLBACK,
+            Reason.QUALITY_DRIFT,
+            facts.fallback,
+            meanwhile="" if rollout.complete else said_of_rollout,
+            still_serving=True,
+        )
     if facts.current and facts.quality_drift is not None:
         # Judged while the spec's engine serves, rolled out or scaling: a scale-up must
         # not clear the condition and raise it again.
@@ -172,6 +184,9 @@ def _first_that_applies(facts: Facts) -> Situation:
         said_of_rollout,
         keeps_serving=facts.keeps_serving,
     )
+
+
+QUALITY_SITUATIONS = (SituationKind.QUALITY_DRIFT, SituationKind.QUALITY_FALLBACK)
 
 
 @dataclass(frozen=True)
@@ -222,6 +237,17 @@ def summary_conditions(situation: Situation) -> SummaryConditions:
                 else (FALSE, Reason.ROLLOUT_COMPLETE, "The spec's engine serves on every pod.")
             )
             degraded, phase = (TRUE, *said), Phase.DEPLOYING if rolling else Phase.READY
+        case SituationKind.QUALITY_FALLBACK:
+            # Ready says whether the spec's engine serves: it does not, by the operator's
+            # choice, until the spec changes; Degraded carries the drift and the fallback.
+            rolling = bool(situation.meanwhile)
+            ready = (FALSE, Reason.QUALITY_FALLBACK, situation.message)
+            progressing = (
+                (TRUE, Reason.ROLLING_OUT, situation.meanwhile)
+                if rolling
+                else (FALSE, Reason.ROLLOUT_COMPLETE, "The fallback engine serves on every pod.")
+            )
+            degraded, phase = (TRUE, *said), Phase.DEGRADED
         case SituationKind.ROLLED_OUT:
             ready, progressing = (TRUE, Reason.READY, situation.serves), (FALSE, *said)
             degraded, phase = AS_EXPECTED, Phase.READY
@@ -230,7 +256,7 @@ def summary_conditions(situation: Situation) -> SummaryConditions:
             degraded, phase = AS_EXPECTED, Phase.DEPLOYING
     if situation.serves:  # whatever else the situation says: see the module's docstring
         ready, phase = (TRUE, Reason.READY, situation.serves), Phase.READY
-    if degraded[0] == TRUE and situation.kind == SituationKind.QUALITY_DRIFT:
+    if degraded[0] == TRUE and situation.kind in QUALITY_SITUATIONS:
         # Drift is no reconcile failure: the object is reconciled, its engine's answers
         # moved. kstatus' Stalled (what a Flux health check fails on) stays False.
         reconciling = progressing if progressing[0] == TRUE else (FALSE, *progressing[1:])

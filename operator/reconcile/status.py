@@ -71,6 +71,7 @@ WARNING_REASONS = frozenset(
         Reason.ENGINE_INCOMPATIBLE,
         Reason.RUNTIME_FAILING,
         Reason.QUALITY_DRIFT,
+        Reason.QUALITY_FALLBACK,
     }
 )
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -113,6 +114,7 @@ def compute_status(
         shadow=shadow,
         replicas=replicas,
         quality_drift=quality.drift,
+        fallback=quality.fallback,
     )
     summary = summary_conditions(situation_of(facts))
     engine_status, engine_reason = ENGINE_READY[engine.phase]

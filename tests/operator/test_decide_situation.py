@@ -61,6 +61,7 @@ def facts(**changes: object) -> Facts:
 
 
 DRIFT = "Class 'cat': top-1 agreement 0.81 over 900 rows (threshold 0.9)."
+FELL = "The int8 engine drifted; serving falls back to the fp32 engine."
 
 EVERYTHING_WRONG = {
     "engine": BUILD_FAILED,
@@ -82,6 +83,12 @@ EVERYTHING_WRONG = {
         ({"quality_drift": DRIFT}, SituationKind.QUALITY_DRIFT),
         ({"quality_drift": DRIFT, "rollout": IN_PROGRESS}, SituationKind.QUALITY_DRIFT),
         ({"quality_drift": DRIFT, "serving": OLD}, SituationKind.ROLLING_OUT),  # not judged
+        (
+            {"quality_drift": DRIFT, "serving": OLD, "fallback": FELL},
+            SituationKind.QUALITY_FALLBACK,
+        ),
+        ({"fallback": FELL, "shadow": TESTING}, SituationKind.SHADOW),
+        ({"fallback": FELL, "failure": CRASHING}, SituationKind.RUNTIME_FAILING),
         ({}, SituationKind.ROLLED_OUT),
         ({"rollout": IN_PROGRESS}, SituationKind.ROLLING_OUT),
         ({"serving": OLD}, SituationKind.ROLLING_OUT),  # complete, but the older engine's
@@ -174,6 +181,7 @@ BLOCKED = ShadowReport(
 )
 PROMOTING = ShadowReport(progress=(TRUE, Reason.PROMOTING, "Version 2 passed."))
 
+FALLEN_BACK = "The fallback engine serves on every pod."
 TABLE = [
     (
         said(SituationKind.BUILD_FAILED, Reason.ENGINE_BUILD_FAILED, "Boom.", **OLDER),
@@ -313,6 +321,34 @@ TABLE = [
             reconciling=(TRUE, Reason.ROLLING_OUT, "2 of 3."),
             stalled=AS_EXPECTED,
             phase=Phase.DEPLOYING,
+        ),
+    ),
+    (
+        said(SituationKind.QUALITY_FALLBACK, Reason.QUALITY_DRIFT, FELL, still_serving=True),
+        SummaryConditions(  # the spec's engine does not serve: not Ready, nor a failure
+            ready=(FALSE, Reason.QUALITY_FALLBACK, FELL),
+            progressing=(FALSE, Reason.ROLLOUT_COMPLETE, FALLEN_BACK),
+            degraded=(TRUE, Reason.QUALITY_DRIFT, FELL),
+            reconciling=(FALSE, Reason.ROLLOUT_COMPLETE, FALLEN_BACK),
+            stalled=AS_EXPECTED,
+            phase=Phase.DEGRADED,
+        ),
+    ),
+    (
+        said(
+            SituationKind.QUALITY_FALLBACK,
+            Reason.QUALITY_DRIFT,
+            FELL,
+            meanwhile="1 of 3.",
+            still_serving=True,
+        ),
+        SummaryConditions(  # rolling to the fallback engine
+            ready=(FALSE, Reason.QUALITY_FALLBACK, FELL),
+            progressing=(TRUE, Reason.ROLLING_OUT, "1 of 3."),
+            degraded=(TRUE, Reason.QUALITY_DRIFT, FELL),
+            reconciling=(TRUE, Reason.ROLLING_OUT, "1 of 3."),
+            stalled=AS_EXPECTED,
+            phase=Phase.DEGRADED,
         ),
     ),
     (

@@ -66,6 +66,8 @@ class Reason(StrEnum):
     QUALITY_DRIFT = "QualityDrift"
     """The quality watch found the served engine's answers drifting from its reference's."""
     QUALITY_HEALTHY = "QualityHealthy"
+    QUALITY_FALLBACK = "QualityFallback"
+    """Serving runs the reference-precision engine in place of the spec's, which drifted."""
     MEAN_ABSOLUTE_DIFFERENCE_TOO_LARGE = "MeanAbsoluteDifferenceTooLarge"
     OUTPUT_MISMATCH = "OutputMismatch"
     """The shadow verdict's reasons from here to MANUAL_ABORT: a candidate's outputs differ

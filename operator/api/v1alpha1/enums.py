@@ -46,6 +46,10 @@ class DriftAction(StrEnum):
     """Degraded=True with reason QualityDrift, a Warning Event, the figures in the status;
     serving is untouched."""
 
+    FALLBACK = "Fallback"
+    """As Alert, and serving rolls to the model built at the watch's referencePrecision,
+    where it stays until the drifting engine's inputs change or onDrift changes."""
+
 
 class QualityState(StrEnum):
     """Where the quality watch stands (`status.qualityWatch.state`)."""

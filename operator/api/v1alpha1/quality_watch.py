@@ -61,4 +61,9 @@ class QualityWatchSpec(ApiModel):
     served."""
 
     on_drift: DriftAction = DriftAction.ALERT
-    """What drift does: Alert (Degraded=True, reason QualityDrift, a Warning Event)."""
+    """What drift does: Alert (Degraded=True, reason QualityDrift, a Warning Event), or
+    Fallback (as Alert, and serving rolls to the served model built at
+    referencePrecision by the serving backend: on ONNX Runtime the reference engine
+    itself, on TensorRT a build of its own). A fallback holds, whatever the watch reads
+    meanwhile, until the drifted engine's inputs change (a new calibration set, a new model
+    version) or onDrift is set back to Alert: it never flaps between the two engines."""

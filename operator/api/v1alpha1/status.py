@@ -153,6 +153,30 @@ class QualityGroupStatus(QualityGroupRef):
     """What it is judged against: the lower of its floor and its build baseline's bound."""
 
 
+class QualityFallbackStatus(ApiModel):
+    """Serving fell back to the reference-precision engine (onDrift: Fallback): the
+    operator's memory of the episode, so it holds until the drifted engine's inputs
+    change, whatever the watch reads meanwhile."""
+
+    precision: Precision
+    """The fallback engine's precision (the watch's referencePrecision)."""
+
+    engine_digest: str | None = Field(default=None, max_length=71)
+    """The fallback engine; unset while it is being built."""
+
+    drifted_engine_digest: str = Field(max_length=71)
+    """The spec's engine that drifted."""
+
+    drifted_build_key: str = Field(max_length=64)
+    """Its engine inputs' key: the fallback holds while the spec's engine inputs are these."""
+
+    since: datetime
+    """When the operator decided to fall back."""
+
+    drift: str = Field(default="", max_length=4096)
+    """The watch's finding that led to it."""
+
+
 class QualityWatchStatus(ApiModel):
     """The quality watch's last evaluation."""
 
@@ -194,6 +218,17 @@ class QualityWatchStatus(ApiModel):
 
     last_evaluated: datetime | None = None
     """When the operator last judged the window."""
+
+    engine_digest: str | None = Field(default=None, max_length=71)
+    """The served engine these figures judge (a new engine starts a new watch)."""
+
+    watching_since: datetime | None = None
+    """When the watch began comparing that engine with the reference: the window never
+    reaches back before it, so another engine's answers never count in its figures."""
+
+    fallback: QualityFallbackStatus | None = None
+    """Set while serving runs the reference-precision engine after drift (onDrift:
+    Fallback)."""
 
 
 class InferenceDeploymentStatus(ApiModel):
