@@ -104,7 +104,14 @@ async def test_moving_the_cache_to_another_claim_builds_the_engine_there(
         await eventually(lambda: ready_at(world, 2), 120, "Ready on the new claim")
     engines_b = list((world.cluster.claim_directory(world.namespace, "cache-b")).rglob("*"))
     assert engines_b, "the engine was built into the new claim"
-    pods = [p for p in world.pods() if p["metadata"]["labels"].get(names.LABEL_ROLE)]
+    # A pod of the old claim may still be terminating (out of the Service's endpoints,
+    # its phase still Running through its grace period): only the live ones count.
+    pods = [
+        p
+        for p in world.pods()
+        if p["metadata"]["labels"].get(names.LABEL_ROLE)
+        and not p["metadata"].get("deletionTimestamp")
+    ]
     claims = {
         v["persistentVolumeClaim"]["claimName"]
         for p in pods

@@ -7,7 +7,10 @@ serving pods' mirror file, reads the serving pods' own /metrics and judges the w
 - traffic the int8 engine's calibrated ranges clip (every input scaled far beyond the
   calibration data): Degraded=True with reason QualityDrift, a Warning Event, Ready still
   True (the engine serves; its answers moved);
-- in-distribution traffic again for longer than the window: the condition clears.
+- in-distribution traffic again for longer than the window: the condition clears;
+- with onDrift Fallback, the drift rolls serving to the fp32 engine (the reference's,
+  on ONNX Runtime) and the object says so; onDrift set back to Alert serves the int8
+  engine again, watched afresh, and in-distribution traffic clears the condition.
 
 Agreement figures depend on the CPU (with or without VNNI), so the assertions are on
 the verdict, with thresholds far from both regimes.
@@ -89,13 +92,12 @@ async def traffic(world: World, scale: list[float]) -> AsyncIterator[Counter[int
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def test_drift_degrades_the_object_and_recovery_clears_it(
-    world: World, tiny: Model, model_directory: Path
-) -> None:
+def watched_int8(world: World, tiny: Model, model_directory: Path, **watch: Any) -> dict:
+    """The tiny model at int8, watched against fp32 on every request over a short window."""
     calibration = write_demo_samples(
         tiny.path, model_directory / f"{world.namespace}-calibration.npz", count=64
     )
-    spec = manifest(
+    return manifest(
         tiny,
         engine={
             "precision": "int8",
@@ -110,8 +112,25 @@ async def test_drift_degrades_the_object_and_recovery_clears_it(
             # clipped inputs on far fewer.
             "minTop1Agreement": 0.85,
             "minClassAgreement": 0.0,
+            **watch,
         },
     )
+
+
+def served_engine(world: World) -> str:
+    """The engine the serving runtime's ConfigMap names."""
+    (configmap,) = [
+        c
+        for c in world.children(("v1", "configmaps"))
+        if c["metadata"]["name"] == names.runtime_name(OWNER)
+    ]
+    return str(configmap["metadata"]["annotations"][names.ANNOTATION_ENGINE_DIGEST])
+
+
+async def test_drift_degrades_the_object_and_recovery_clears_it(
+    world: World, tiny: Model, model_directory: Path
+) -> None:
+    spec = watched_int8(world, tiny, model_directory)
     scale = [1.0]
     async with start_operator(world, QUALITY_FAST):
         world.create(spec)
@@ -155,5 +174,66 @@ async def test_drift_degrades_the_object_and_recovery_clears_it(
                 lambda: degraded(world).get("status") == "False",
                 within=WINDOW_SECONDS * 3,
                 what="the drift cleared once the window holds in-distribution traffic only",
+            )
+        assert set(codes) == {200}, codes
+
+
+async def test_fallback_serves_the_fp32_engine_until_on_drift_is_alert_again(
+    world: World, tiny: Model, model_directory: Path
+) -> None:
+    spec = watched_int8(world, tiny, model_directory, onDrift="Fallback")
+    scale = [SHIFT]  # drifting from the start: the watch's first window already shows it
+    async with start_operator(world, QUALITY_FAST):
+        world.create(spec)
+        await eventually(
+            lambda: (condition(world.infd(), "Ready") or {}).get("status") == "True",
+            within=120,
+            what="the int8 engine built and Ready",
+        )
+        int8 = served_engine(world)
+        await eventually(
+            lambda: ready_urls(world, REFERENCE), within=120, what="the fp32 reference running"
+        )
+        async with traffic(world, scale) as codes:
+            fallback = await eventually(
+                lambda: (
+                    watch_status(world).get("fallback", {}).get("engineDigest")
+                    and watch_status(world)["fallback"]
+                ),
+                within=120,
+                what="serving falling back to fp32",
+            )
+            assert fallback["precision"] == "fp32" and fallback["driftedEngineDigest"] == int8
+            assert fallback["engineDigest"] == watch_status(world)["referenceEngineDigest"]
+            assert served_engine(world) == fallback["engineDigest"]
+            ready = await eventually(
+                lambda: (
+                    (condition(world.infd(), "Progressing") or {}).get("status") == "False"
+                    and condition(world.infd(), "Ready")
+                ),
+                within=60,
+                what="the fallback engine on every pod",
+            )
+            assert (ready["status"], ready["reason"]) == ("False", "QualityFallback")
+            assert degraded(world).get("reason") == "QualityDrift"
+            assert world.infd()["status"]["phase"] == "Degraded"
+            assert any(e.get("reason") == "QualityFallback" for e in world.events())
+            # Whatever the traffic does now, serving stays on the fallback.
+            scale[0] = 1.0
+            await asyncio.sleep(3)
+            assert served_engine(world) == fallback["engineDigest"]
+
+            world.patch_spec({"qualityWatch": {"onDrift": "Alert"}})
+            await eventually(
+                lambda: served_engine(world) == int8, within=30, what="int8 serving again"
+            )
+            await eventually(
+                lambda: (
+                    watch_status(world).get("state") == "Healthy"
+                    and degraded(world).get("status") == "False"
+                    and (condition(world.infd(), "Ready") or {}).get("status") == "True"
+                ),
+                within=WINDOW_SECONDS * 3,
+                what="the int8 engine watched afresh and healthy on in-distribution traffic",
             )
         assert set(codes) == {200}, codes
