@@ -1,12 +1,18 @@
-"""A closed-loop HTTP load generator cheap enough to share 2 cores with the server it drives.
+"""An HTTP load generator cheap enough to share 2 cores with the server it drives.
 
-N clients each own one keep-alive connection and send single-item requests back to back
-for a fixed duration after a warm-up; every completion inside the measured window is
-counted and its latency kept. The client speaks raw HTTP/1.1 over an asyncio Protocol with
-request bytes encoded once before the run (aiohttp's client costs several times more CPU
-per request, which on a 2-core machine is taken straight from the server under test). The
-CPU the generator itself burned is reported per request so a reader can tell whether the
-client, rather than the server, was the limit.
+Closed loop (`run_closed_loop`): N clients each own one keep-alive connection and send
+requests back to back for a fixed duration after a warm-up; every completion inside the
+measured window is counted and its latency kept. Open loop (`run_open_loop`): requests
+leave at the times of a schedule (a rate's arrivals, a recorded trace) whatever the
+server's pace, each on an idle connection (a new one when none is idle), and a request's
+latency counts from the time it was due, so a server that falls behind is charged for the
+wait it caused (no coordinated omission).
+
+The client speaks raw HTTP/1.1 over an asyncio Protocol with request bytes encoded once
+before the run (aiohttp's client costs several times more CPU per request, which on a
+2-core machine is taken straight from the server under test). The CPU the generator itself
+burned is reported per request so a reader can tell whether the client, rather than the
+server, was the limit.
 
 Only what a v2 server answers is parsed: a status line, headers with Content-Length, and a
 body. Chunked responses are refused with a clear error rather than mis-parsed.
@@ -36,6 +42,8 @@ class EncodedRequest:
 
     raw: bytes
     body_bytes: int
+    rows: int = 1
+    """Items along the batch dimension: the completions' rows are counted by this."""
 
 
 def _http_request(host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
@@ -69,6 +77,29 @@ def encode_json_infer(
     path = f"/v2/models/{model}/infer"
     raw = _http_request(host, port, path, body, {"Content-Type": "application/json"})
     return EncodedRequest(raw, len(body))
+
+
+def encode_json_tensors(
+    host: str, port: int, model: str, tensors: Sequence[tuple[str, str, np.ndarray]]
+) -> EncodedRequest:
+    """A v2 JSON request of several inputs, each `(name, v2 datatype, array)`; the arrays
+    share their first (batch) dimension, which becomes the request's `rows`."""
+    body = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": name,
+                    "shape": list(array.shape),
+                    "datatype": datatype,
+                    "data": array.ravel().tolist(),
+                }
+                for name, datatype, array in tensors
+            ]
+        }
+    ).encode()
+    path = f"/v2/models/{model}/infer"
+    raw = _http_request(host, port, path, body, {"Content-Type": "application/json"})
+    return EncodedRequest(raw, len(body), rows=int(tensors[0][2].shape[0]))
 
 
 def encode_binary_infer(
@@ -117,7 +148,7 @@ class Response:
 
 
 class Connection(asyncio.Protocol):
-    """One keep-alive connection with at most one request in flight (closed loop)."""
+    """One keep-alive connection with at most one request in flight."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
@@ -165,6 +196,11 @@ class Connection(asyncio.Protocol):
         self._waiter = asyncio.get_running_loop().create_future()
         self._transport.write(raw)
         return self._waiter
+
+    @property
+    def usable(self) -> bool:
+        """Open, and no request in flight on it."""
+        return self._lost is None and self._waiter is None
 
     def close(self) -> None:
         if self._transport is not None:
@@ -215,6 +251,8 @@ class RunResult:
     latencies_s: np.ndarray
     client_cpu_s: float
     error_samples: list[str] = field(default_factory=list)
+    completed_rows: int = 0
+    """Rows (items along the batch dimension) of the completions counted in `completed`."""
 
     @property
     def throughput(self) -> float:
@@ -231,6 +269,55 @@ class RunResult:
         return self.client_cpu_s / done * 1e6 if done else float("nan")
 
 
+class _Tally:
+    """What a run counts inside its window: latencies of answered requests, their rows,
+    and errors (a few of them kept as samples)."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.rows = 0
+        self.errors = 0
+        self.error_samples: list[str] = []
+
+    def error(self, counted: bool, sample: str) -> None:
+        if counted:
+            self.errors += 1
+        if len(self.error_samples) < 5:
+            self.error_samples.append(sample)
+
+    def result(self, clients: int, window_s: float, cpu_s: float) -> RunResult:
+        return RunResult(
+            clients=clients,
+            window_s=window_s,
+            completed=len(self.latencies),
+            errors=self.errors,
+            latencies_s=np.asarray(self.latencies),
+            client_cpu_s=cpu_s,
+            error_samples=self.error_samples,
+            completed_rows=self.rows,
+        )
+
+
+async def _window_hooks(
+    window_start: float,
+    window_end: float,
+    on_window_start: Callable[[], object] | None,
+    on_window_end: Callable[[], object] | None,
+) -> float:
+    """Runs the hooks at the window's edges (in a thread, so a blocking metrics scrape
+    does not stall the clients' loop); returns the generator's CPU seconds in the window."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, window_start - time.perf_counter()))
+    cpu0 = time.process_time()
+    if on_window_start is not None:
+        await loop.run_in_executor(None, on_window_start)
+    await asyncio.sleep(max(0.0, window_end - time.perf_counter()))
+    cpu1 = time.process_time()
+    if on_window_end is not None:
+        await loop.run_in_executor(None, on_window_end)
+    return cpu1 - cpu0
+
+
 async def run_closed_loop(
     host: str,
     port: int,
@@ -242,63 +329,141 @@ async def run_closed_loop(
     on_window_end: Callable[[], object] | None = None,
 ) -> RunResult:
     """Drives `clients` closed-loop clients for `warmup_s + duration_s`; only completions
-    inside the last `duration_s` count. The optional hooks run (in a thread, so a blocking
-    metrics scrape does not stall the clients' loop) at the window's edges."""
+    inside the last `duration_s` count. Client `i` sends `requests[i]`, then the next one,
+    cycling through them. The optional hooks run at the window's edges."""
     conns = [await open_connection(host, port) for _ in range(clients)]
-    loop = asyncio.get_running_loop()
     start = time.perf_counter()
     window_start = start + warmup_s
     window_end = window_start + duration_s
-    latencies: list[float] = []
-    counters = {"errors": 0}
-    error_samples: list[str] = []
+    tally = _Tally()
     raws = [r.raw for r in requests]
+    rows = [r.rows for r in requests]
 
     async def client(index: int, conn: Connection) -> None:
         i = index
         n = len(raws)
         perf = time.perf_counter
-        record = latencies.append
+        record = tally.latencies.append
         while True:
             t0 = perf()
             if t0 >= window_end:
                 return
             response = await conn.send(raws[i % n])
             t1 = perf()
+            sent_rows = rows[i % n]
             i += 1
+            in_window = window_start <= t1 < window_end
             if response.status != 200:
-                if window_start <= t1 < window_end:
-                    counters["errors"] += 1
-                if len(error_samples) < 5:
-                    error_samples.append(f"{response.status}: {response.body[:200]!r}")
+                tally.error(in_window, f"{response.status}: {response.body[:200]!r}")
                 continue
-            if window_start <= t1 < window_end:
+            if in_window:
                 record(t1 - t0)
-
-    async def hooks() -> tuple[float, float]:
-        await asyncio.sleep(max(0.0, window_start - time.perf_counter()))
-        cpu0 = time.process_time()
-        if on_window_start is not None:
-            await loop.run_in_executor(None, on_window_start)
-        await asyncio.sleep(max(0.0, window_end - time.perf_counter()))
-        cpu1 = time.process_time()
-        if on_window_end is not None:
-            await loop.run_in_executor(None, on_window_end)
-        return cpu0, cpu1
+                tally.rows += sent_rows
 
     try:
-        hook_task = asyncio.ensure_future(hooks())
+        hook_task = asyncio.ensure_future(
+            _window_hooks(window_start, window_end, on_window_start, on_window_end)
+        )
         await asyncio.gather(*(client(i, c) for i, c in enumerate(conns)))
-        cpu0, cpu1 = await hook_task
+        cpu_s = await hook_task
     finally:
         for conn in conns:
             conn.close()
-    return RunResult(
-        clients=clients,
-        window_s=duration_s,
-        completed=len(latencies),
-        errors=counters["errors"],
-        latencies_s=np.asarray(latencies),
-        client_cpu_s=cpu1 - cpu0,
-        error_samples=error_samples,
+    return tally.result(clients, duration_s, cpu_s)
+
+
+async def run_open_loop(
+    host: str,
+    port: int,
+    requests: Sequence[EncodedRequest],
+    schedule: Sequence[tuple[float, int]],
+    warmup_s: float,
+    duration_s: float,
+    drain_timeout_s: float = 10.0,
+    max_outstanding: int = 4096,
+    on_window_start: Callable[[], object] | None = None,
+    on_window_end: Callable[[], object] | None = None,
+) -> RunResult:
+    """Sends `requests[index]` at each `(offset_s, index)` of `schedule` (offsets from the
+    run's start, ascending) until `warmup_s + duration_s`; only requests due inside the
+    last `duration_s` count, with their latency from when they were due. Requests still
+    unanswered `drain_timeout_s` after the window count as errors, and so does an arrival
+    that finds `max_outstanding` requests in flight (the server is hopelessly behind).
+    `clients` in the result is the most connections the run opened."""
+    loop = asyncio.get_running_loop()
+    start = time.perf_counter()
+    window_start = start + warmup_s
+    window_end = window_start + duration_s
+    tally = _Tally()
+    idle: list[Connection] = []
+    in_flight: dict[asyncio.Task[None], float] = {}
+    opened = 0
+
+    async def one(due: float, request: EncodedRequest) -> None:
+        nonlocal opened
+        counted = window_start <= due < window_end
+        while idle and not idle[-1].usable:
+            idle.pop().close()
+        if idle:
+            conn = idle.pop()
+        else:
+            try:
+                conn = await open_connection(host, port)
+            except OSError as error:
+                tally.error(counted, f"cannot connect: {error}")
+                return
+            opened += 1
+        try:
+            response = await conn.send(request.raw)
+        except LoadGenError as error:
+            conn.close()
+            tally.error(counted, str(error))
+            return
+        except asyncio.CancelledError:
+            conn.close()  # its answer would arrive on a connection nobody reads
+            raise
+        finished = time.perf_counter()
+        if response.headers.get("connection", "").lower() == "close":
+            conn.close()
+        else:
+            idle.append(conn)
+        if response.status != 200:
+            tally.error(counted, f"{response.status}: {response.body[:200]!r}")
+        elif counted:
+            tally.latencies.append(finished - due)
+            tally.rows += request.rows
+
+    hook_task = asyncio.ensure_future(
+        _window_hooks(window_start, window_end, on_window_start, on_window_end)
     )
+    try:
+        for offset_s, index in schedule:
+            due = start + offset_s
+            if due >= window_end:
+                break
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if len(in_flight) >= max_outstanding:
+                tally.error(
+                    window_start <= due < window_end,
+                    f"{max_outstanding} requests were in flight: the server is far behind",
+                )
+                continue
+            task = loop.create_task(one(due, requests[index]))
+            in_flight[task] = due
+            task.add_done_callback(in_flight.pop)
+        cpu_s = await hook_task
+        if in_flight:
+            await asyncio.wait(list(in_flight), timeout=drain_timeout_s)
+        for task, due in list(in_flight.items()):
+            task.cancel()
+            tally.error(
+                window_start <= due < window_end,
+                f"no answer within {drain_timeout_s:g} s after the window",
+            )
+    finally:
+        hook_task.cancel()
+        for conn in idle:
+            conn.close()
+    return tally.result(opened, duration_s, cpu_s)
