@@ -51,6 +51,7 @@ from kubeinfer.operator.state.quality_readings import (
     QualityHistory,
     QualityReading,
     QualitySnapshot,
+    RequestTally,
     WindowTallies,
 )
 
@@ -72,6 +73,8 @@ COUNTERS: tuple[tuple[GroupedNamedQuery, GroupKind, QualityCounter], ...] = (
     (q.QUALITY_CLASS_TOP1_AGREEMENTS, GroupKind.CLASS, QualityCounter.AGREEMENTS),
     (q.QUALITY_SLICE_TOP1_ROWS, GroupKind.SLICE, QualityCounter.ROWS),
     (q.QUALITY_SLICE_TOP1_AGREEMENTS, GroupKind.SLICE, QualityCounter.AGREEMENTS),
+    (q.QUALITY_REQUESTS_SAMPLED, GroupKind.OVERALL, QualityCounter.REQUESTS_SAMPLED),
+    (q.QUALITY_REQUESTS_COMPARED, GroupKind.OVERALL, QualityCounter.REQUESTS_COMPARED),
 )
 """Each grouped query, and the group kind and counter its figures are."""
 
@@ -228,9 +231,26 @@ def checked_tallies(counts: Counts, where: str) -> tuple[WindowTallies, tuple[st
             overall,
             {g.name: t for g, t in tallies.items() if g.kind == GroupKind.CLASS},
             {g.name: t for g, t in tallies.items() if g.kind == GroupKind.SLICE},
+            _requests(counts, where, notes),
         ),
         tuple(notes),
     )
+
+
+def _requests(counts: Counts, where: str, notes: list[str]) -> RequestTally | None:
+    """The requests sampled for the reference in the window and how many of them were
+    compared; None (with a sentence) when the figures make no sense."""
+    if (OVERALL, QualityCounter.REQUESTS_SAMPLED) not in counts:
+        return None  # no request sampled in the window (or a runtime that counts none)
+    sampled = counts.get((OVERALL, QualityCounter.REQUESTS_SAMPLED), 0.0)
+    compared = counts.get((OVERALL, QualityCounter.REQUESTS_COMPARED), 0.0)
+    if not (_count(sampled) and _count(compared) and compared <= sampled):
+        notes.append(
+            f"{where} gave {compared:g} requests compared out of {sampled:g} sampled in the "
+            "window, which makes no sense: set aside"
+        )
+        return None
+    return RequestTally(round(sampled), round(compared))
 
 
 def _count(value: float) -> bool:

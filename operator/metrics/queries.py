@@ -394,6 +394,9 @@ class GroupedNamedQuery:
     metric: str
     group_label: str = ""
     """The label the figure is split by besides the pod; empty for none."""
+    outcome: str = ""
+    """Counts only the series of this `outcome` (the mirror's requests); empty: every
+    series."""
 
     @property
     def by(self) -> tuple[str, ...]:
@@ -408,6 +411,8 @@ class GroupedNamedQuery:
         if window_seconds < 1:
             raise ValueError(f"query {self.name} needs a window of at least 1 second")
         matchers = {"candidate_digest": candidate_digest, "role": role}
+        if self.outcome:
+            matchers["outcome"] = self.outcome
         by, metric = self.by, self.metric
         promql = GROWTH_IN_WINDOW_BY.format(
             by=", ".join(by),
@@ -468,8 +473,18 @@ QUALITY_SLICE_TOP1_AGREEMENTS = GroupedNamedQuery(
     series.SHADOW_SLICE_TOP1_AGREEMENTS.total, "slice",
 )  # fmt: skip
 
+QUALITY_REQUESTS_SAMPLED = GroupedNamedQuery(
+    "quality_requests_sampled", "Answered requests sampled for the reference, whatever "
+    "became of them.", series.SHADOW_REQUESTS.total,
+)  # fmt: skip
+QUALITY_REQUESTS_COMPARED = GroupedNamedQuery(
+    "quality_requests_compared", "Of those, the ones compared (not dropped, failed or late).",
+    series.SHADOW_REQUESTS.total, outcome="compared",
+)  # fmt: skip
+
 QUALITY_QUERIES: tuple[GroupedNamedQuery, ...] = (
     QUALITY_TOP1_ROWS, QUALITY_TOP1_AGREEMENTS, QUALITY_DIFFERENCE_SUM,
     QUALITY_DIFFERENCE_COUNT, QUALITY_KL_SUM, QUALITY_KL_COUNT, QUALITY_CLASS_TOP1_ROWS,
     QUALITY_CLASS_TOP1_AGREEMENTS, QUALITY_SLICE_TOP1_ROWS, QUALITY_SLICE_TOP1_AGREEMENTS,
+    QUALITY_REQUESTS_SAMPLED, QUALITY_REQUESTS_COMPARED,
 )  # fmt: skip

@@ -153,6 +153,13 @@ def _group_status(judgement: GroupJudgement | None) -> QualityGroupStatus | None
     )
 
 
+def _effective_percent(watch: QualityWatchSpec, window: WindowTallies) -> float | None:
+    if window.requests is None:
+        return None
+    percent = window.requests.effective_percent(watch.sample_percent)
+    return None if percent is None else round(percent, 3)
+
+
 def judged(
     watch: QualityWatchSpec,
     previous: QualityWatchStatus | None,
@@ -174,6 +181,7 @@ def judged(
         reference_engine_digest=reference_digest,
         window_seconds=watch.window_seconds,
         samples=window.overall.samples,
+        effective_sample_percent=_effective_percent(watch, window),
         top1_agreement=window.overall.top1_agreement,
         mean_absolute_difference=window.overall.mean_absolute_difference,
         worst_class=_group_status(verdict.worst_class),

@@ -64,6 +64,21 @@ class AgreementTally:
 
 
 @dataclass(frozen=True)
+class RequestTally:
+    """The requests the serving pods sampled for the reference over the window, and how
+    many of them were compared (the rest were dropped by a full queue, failed or late)."""
+
+    sampled: int
+    compared: int
+
+    def effective_percent(self, sample_percent: int) -> float | None:
+        """The share of answered requests compared, in percent: sampling takes exactly
+        `sample_percent` of every hundred, so it is that share scaled by the compared
+        part of the sampled."""
+        return sample_percent * self.compared / self.sampled if self.sampled else None
+
+
+@dataclass(frozen=True)
 class WindowTallies:
     """The last windowSeconds of sampled traffic. Class keys are the reference's top-1
     class; slice keys are the slice header's values (with `other` for the rest)."""
@@ -71,6 +86,8 @@ class WindowTallies:
     overall: AgreementTally
     by_class: Mapping[str, AgreementTally] = field(default_factory=dict)
     by_slice: Mapping[str, AgreementTally] = field(default_factory=dict)
+    requests: RequestTally | None = None
+    """The requests sampled and compared; None where not read."""
 
     def tally(self, group: QualityGroup) -> AgreementTally | None:
         if group.kind == GroupKind.OVERALL:
@@ -105,6 +122,9 @@ class QualityCounter(StrEnum):
     KL_SUM = "kl_sum"
     """The per-request KL divergence histogram's `_sum` (overall only)."""
     KL_COUNT = "kl_count"
+    REQUESTS_SAMPLED = "requests_sampled"
+    """Answered requests sampled for the reference, whatever became of them (overall only)."""
+    REQUESTS_COMPARED = "requests_compared"
 
 
 CounterKey = tuple[QualityGroup, QualityCounter]

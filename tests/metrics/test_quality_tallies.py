@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
 import pytest
+from kubeinfer.contract import metrics as series
 from kubeinfer.operator.api.v1alpha1.enums import QualityGroupKind as GroupKind
 from kubeinfer.operator.metrics import queries as q
 from kubeinfer.operator.metrics.quality import (
@@ -38,6 +39,7 @@ from kubeinfer.operator.state.quality_readings import (
     QualityHistory,
     QualityReading,
     QualitySnapshot,
+    RequestTally,
     WindowTallies,
 )
 from prometheus_client.samples import Sample
@@ -171,6 +173,7 @@ def overall_counts(rows_: float, agreements: float, diff: tuple = (1.0, 4.0)) ->
 
 
 NAN = math.nan
+SAMPLED, COMPARED = QualityCounter.REQUESTS_SAMPLED, QualityCounter.REQUESTS_COMPARED
 # (what, counts, expected tallies, the start of each sentence set aside)
 CHECK_CASES = [
     ("an empty window: no samples, no groups",
@@ -195,6 +198,13 @@ CHECK_CASES = [
     ("rows without any difference observed set the overall tally aside",
      {**overall_counts(10, 8, (0.0, 0.0))}, WindowTallies(AgreementTally(0, 0)),
      ["P gave a difference sum of 0 over 0 requests beside 10 compared rows"]),
+    ("the requests sampled and compared are tallied",
+     {**overall_counts(10, 8), (OVERALL, SAMPLED): 40.0, (OVERALL, COMPARED): 30.0},
+     WindowTallies(AgreementTally(10, 8, 2.5), requests=RequestTally(40, 30)), []),
+    ("more requests compared than sampled are set aside, the rest count",
+     {**overall_counts(10, 8), (OVERALL, SAMPLED): 4.0, (OVERALL, COMPARED): 30.0},
+     WindowTallies(AgreementTally(10, 8, 2.5)),
+     ["P gave 30 requests compared out of 4 sampled"]),
     ("a negative difference sets the overall tally aside",
      {**overall_counts(10, 8, (-1.0, 4.0))}, WindowTallies(AgreementTally(0, 0)),
      ["P gave a difference sum of -1 over 4 requests"]),
@@ -336,3 +346,23 @@ async def test_a_source_that_cannot_answer_gives_its_reason_and_keeps_the_histor
     reading, kept = await read_quality_tallies(source, SCOPE, DIGEST, WINDOW, at(60), old)
     assert reading == QualityReading(error="fake: pod a did not answer")
     assert kept is old
+
+
+def test_the_compared_requests_are_the_mirror_requests_of_that_outcome_only() -> None:
+    query = q.QUALITY_REQUESTS_COMPARED.bind(
+        SCOPE, window_seconds=300, candidate_digest=DIGEST, role="quality"
+    )
+    assert 'role="quality",outcome="compared"}' in query.promql
+    name = series.SHADOW_REQUESTS.total
+    mine = {"candidate_digest": DIGEST, "role": "quality"}
+    pods = [
+        PodSamples("p1", (Sample(name, {**mine, "outcome": "compared"}, 7.0),
+                          Sample(name, {**mine, "outcome": "dropped"}, 3.0))),
+    ]  # fmt: skip
+    assert query.reduce(pods) == {("p1",): 7.0}
+    sampled = q.QUALITY_REQUESTS_SAMPLED.bind(
+        SCOPE, window_seconds=300, candidate_digest=DIGEST, role="quality"
+    )
+    assert sampled.reduce(pods) == {("p1",): 10.0}
+    assert RequestTally(10, 7).effective_percent(5) == 3.5
+    assert RequestTally(0, 0).effective_percent(5) is None

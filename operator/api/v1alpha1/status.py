@@ -196,6 +196,11 @@ class QualityWatchStatus(ApiModel):
     samples: int = Field(default=0, ge=0)
     """Compared rows in the window, over every serving pod."""
 
+    effective_sample_percent: float | None = Field(default=None, ge=0, le=100)
+    """The share of answered requests compared with the reference over the window, in
+    percent: samplePercent, less what the reference could not keep up with (dropped,
+    failed or late)."""
+
     top1_agreement: float | None = Field(default=None, ge=0, le=1)
     """Overall top-1 agreement with the reference in the window."""
 
