@@ -3,7 +3,8 @@
 Each subcommand lives in the package that owns its concept and registers itself here
 through a `register(subparsers)` function: the operator's (`operator`, `validate`,
 `render`, `crds`, `rbac`, `promote`, `abort`), the runtime's (`serve`, `build`), the
-local cluster's (`cluster`), the local mode's (`up`, `down`) and the demo (`demo`). A
+local cluster's (`cluster`), the local mode's (`up`, `down`), the demo (`demo`) and the
+batcher's tuning sweep (`tune`). A
 handler imports what it needs when it runs, so `kubeinfer validate` never loads ONNX Runtime and
 `kubeinfer serve` never loads kopf. Handlers return the process exit code.
 """
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 
 from kubeinfer.cli.demo import command as demo_command
 from kubeinfer.cli.local import commands as local_commands
+from kubeinfer.cli.tune import command as tune_command
 from kubeinfer.cluster import commands as cluster_commands
 from kubeinfer.operator import commands as operator_commands
 from kubeinfer.runtime import commands as runtime_commands
@@ -32,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_commands.register(subparsers)
     local_commands.register(subparsers)
     demo_command.register(subparsers)
+    tune_command.register(subparsers)
     return parser
 
 

@@ -1,0 +1,198 @@
+"""What a tuning sweep decides from its measurements: the sweep's grid, the
+throughput/p99 frontier, the setting that meets the SLO at the highest throughput, and
+what serving at that setting costs. Pure: values in, values out.
+
+A point counts only when every request of its window succeeded: a setting that drops or
+refuses requests has no p99 worth comparing (the failures would have been the slowest
+requests), so it is reported but is never on the frontier nor chosen.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kubeinfer.contract.runtime_config import BatchingPolicy
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    """One point of the sweep: the static batching settings a server runs with."""
+
+    max_queue_delay_microseconds: int
+    max_batch_size: int
+    execution_slots: int
+
+    def batching_policy(self) -> BatchingPolicy:
+        return BatchingPolicy(
+            max_batch_size=self.max_batch_size,
+            max_queue_delay_microseconds=self.max_queue_delay_microseconds,
+            execution_slots=self.execution_slots,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"maxQueueDelayMicroseconds={self.max_queue_delay_microseconds} "
+            f"maxBatchSize={self.max_batch_size} executionSlots={self.execution_slots}"
+        )
+
+
+def sweep_grid(
+    queue_delays_us: Sequence[int], max_batch_sizes: Sequence[int], execution_slots: Sequence[int]
+) -> list[Setting]:
+    """Every combination, in a stable order (batch size, then slots, then queue delay, so
+    consecutive points differ in the queue delay first, as the seeds sweep it). Each value
+    is checked against the `BatchingPolicy` bounds, so a value `kubeinfer serve` would
+    refuse is refused here, before anything starts."""
+    grid = [
+        Setting(delay, size, slots)
+        for size, slots, delay in itertools.product(
+            sorted(set(max_batch_sizes)), sorted(set(execution_slots)), sorted(set(queue_delays_us))
+        )
+    ]
+    for setting in grid:
+        setting.batching_policy()  # raises pydantic's ValidationError, naming the field
+    return grid
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one point of the sweep measured in its window."""
+
+    setting: Setting
+    window_seconds: float
+    completed: int
+    """Requests answered 200 in the window."""
+
+    completed_rows: int
+    errors: int
+    """Requests in the window that failed (any other status, a lost connection, no answer)."""
+
+    p50_milliseconds: float
+    p99_milliseconds: float
+    server_cpu_seconds: float | None = None
+    """CPU the server process used in the window (None where it cannot be read)."""
+
+    mean_batch_rows: float | None = None
+    """The batches' mean size in the window, from the server's own histogram."""
+
+    failure: str | None = None
+    """Why the point has no figures (its server did not start, the run broke)."""
+
+    error_sample: str | None = None
+    """The first failed request's answer, when some failed."""
+
+    @property
+    def requests_per_second(self) -> float:
+        return self.completed / self.window_seconds
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.completed_rows / self.window_seconds
+
+    @property
+    def succeeded(self) -> bool:
+        """Every request in the window answered, and some were."""
+        return self.failure is None and self.errors == 0 and self.completed > 0
+
+    @property
+    def requests_per_cpu_second(self) -> float | None:
+        """Requests answered per second of the server's CPU (a core-second)."""
+        if not self.server_cpu_seconds:
+            return None
+        return self.completed / self.server_cpu_seconds
+
+
+def meets_slo(point: Measurement, slo_p99_milliseconds: float) -> bool:
+    return point.succeeded and point.p99_milliseconds <= slo_p99_milliseconds
+
+
+def dominates(a: Measurement, b: Measurement) -> bool:
+    """`a` is at least as good as `b` on both axes (throughput up, p99 down) and better
+    on one."""
+    at_least = (
+        a.requests_per_second >= b.requests_per_second and a.p99_milliseconds <= b.p99_milliseconds
+    )
+    better = (
+        a.requests_per_second > b.requests_per_second or a.p99_milliseconds < b.p99_milliseconds
+    )
+    return at_least and better
+
+
+def pareto_frontier(points: Sequence[Measurement]) -> list[Measurement]:
+    """The points no other point dominates (among those that succeeded), by throughput
+    ascending: the best p99 each throughput can have. Points with equal figures are all
+    kept."""
+    usable = [p for p in points if p.succeeded]
+    frontier = [p for p in usable if not any(dominates(q, p) for q in usable)]
+    return sorted(frontier, key=lambda p: (p.requests_per_second, p.p99_milliseconds, p.setting))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The point that meets the SLO at the highest throughput, or, when none does, the
+    one that came closest."""
+
+    point: Measurement | None
+    meets_slo: bool
+    reason: str
+
+
+def choose(points: Sequence[Measurement], slo_p99_milliseconds: float) -> Choice:
+    """Among the points that meet the SLO, the highest throughput (ties: the lower p99,
+    then the smaller setting). None meets it: the succeeded point with the lowest p99,
+    else the point that failed the fewest requests."""
+    meeting = [p for p in points if meets_slo(p, slo_p99_milliseconds)]
+    if meeting:
+        best = max(
+            meeting,
+            key=lambda p: (p.requests_per_second, -p.p99_milliseconds, _negated(_size(p))),
+        )
+        return Choice(best, True, f"the highest throughput with p99 <= {slo_p99_milliseconds:g} ms")
+    succeeded = [p for p in points if p.succeeded]
+    if succeeded:
+        closest = min(succeeded, key=lambda p: (p.p99_milliseconds, _size(p)))
+        return Choice(
+            closest,
+            False,
+            f"no point has p99 <= {slo_p99_milliseconds:g} ms; the lowest p99 was "
+            f"{closest.p99_milliseconds:.2f} ms",
+        )
+    measured = [p for p in points if p.failure is None and p.completed + p.errors > 0]
+    if measured:
+        fewest = min(measured, key=lambda p: (p.errors / (p.completed + p.errors), _size(p)))
+        return Choice(
+            fewest,
+            False,
+            "every point failed requests; the fewest failed at "
+            f"{fewest.errors} of {fewest.completed + fewest.errors}",
+        )
+    return Choice(None, False, "no point was measured")
+
+
+def _size(point: Measurement) -> tuple[int, int, int]:
+    """Orders ties toward the smaller setting: less waiting, fewer slots, smaller batches
+    (less memory held for the same figures)."""
+    s = point.setting
+    return (s.max_queue_delay_microseconds, s.execution_slots, s.max_batch_size)
+
+
+def _negated(key: tuple[int, int, int]) -> tuple[int, int, int]:
+    return (-key[0], -key[1], -key[2])
+
+
+def cost_per_thousand_inferences(node_cost_per_hour: float, rows_per_second: float) -> float:
+    """What 1,000 inferences (rows) cost on a node of `node_cost_per_hour` serving them at
+    `rows_per_second` (the node doing nothing else)."""
+    if rows_per_second <= 0:
+        return math.inf
+    return node_cost_per_hour / 3600 / rows_per_second * 1000
+
+
+def eta_seconds(points_done: int, points_total: int, elapsed_seconds: float) -> float | None:
+    """Time left at the mean pace of the points done so far (None before the first)."""
+    if points_done <= 0:
+        return None
+    return elapsed_seconds / points_done * (points_total - points_done)
