@@ -1,6 +1,7 @@
-"""The runtime's Prometheus series, named once: the runtime registers them, the operator's
-named queries read them (through Prometheus or a pod's /metrics), and a dashboard or an
-alert would quote them. A `Series` is a family's name, type, labels, help and buckets;
+"""The runtime's Prometheus series, and the operator's own, named once: the runtime
+registers its series, the operator's named queries read them (through Prometheus or a
+pod's /metrics), and the chart's dashboard and alerts (`kubeinfer.cli.monitoring`) quote
+them. A `Series` is a family's name, type, labels, help and buckets;
 counters are exported with `_total` (`Series.total`), histograms with `_bucket`, `_sum`
 and `_count`. Also here: the buckets' reasons, and `histogram_quantile`, which both the
 runtime (for /v2/shadow) and the operator's direct read compute as Prometheus does.
@@ -246,6 +247,44 @@ SHADOW_CANDIDATE_DURATION = Series(
     SHADOW_LABELS,
     "The candidate's own server time (its Server-Timing) of each compared request.",
     SHADOW_LATENCY_BUCKETS,
+)
+
+
+# -- the operator's own series (its /metrics, `kubeinfer operator --metrics-port`) ----------
+# Each InferenceDeployment's state as the operator's last pass wrote it, as kube-state-
+# metrics exports a Deployment's and Flux its objects' (`gotk_reconcile_condition`): what
+# an alert or a dashboard needs of the status without reading the API. Only the replica
+# holding the leader Lease exports them. Their `namespace` is the object's: a scrape keeps
+# it with `honorLabels` (the chart's PodMonitor sets it).
+OBJECT_LABELS = ("namespace", "name")
+INFERENCE_DEPLOYMENT_CONDITION = Series(
+    "kubeinfer_inferencedeployment_condition",
+    "gauge",
+    (*OBJECT_LABELS, "type", "status", "reason"),
+    "1 for each condition in the InferenceDeployment's status, labelled with its type, "
+    "status and reason.",
+)
+INFERENCE_DEPLOYMENT_REPLICAS = Series(
+    "kubeinfer_inferencedeployment_replicas",
+    "gauge",
+    OBJECT_LABELS,
+    "Serving pods desired (status.replicas, what the scale subresource reads).",
+)
+INFERENCE_DEPLOYMENT_READY_REPLICAS = Series(
+    "kubeinfer_inferencedeployment_ready_replicas",
+    "gauge",
+    OBJECT_LABELS,
+    "Serving pods ready (status.readyReplicas).",
+)
+METRICS_READERS = ("shadow", "quality", "scaling")
+"""What the operator reads from the serving pods' metrics: the shadow verdict's aggregates,
+the quality watch's window, the autoscaler's signals."""
+INFERENCE_DEPLOYMENT_METRICS_UNAVAILABLE = Series(
+    "kubeinfer_inferencedeployment_metrics_unavailable",
+    "gauge",
+    (*OBJECT_LABELS, "reader"),
+    "1 when the operator's last read of the serving pods' metrics for this reader failed "
+    "(the decision it feeds waits or holds), 0 when it was read.",
 )
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import kopf
 from kubeinfer.operator.api.v1alpha1.resource import GROUP, PLURAL, VERSION
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest
+from kubeinfer.operator.exporter import StatusBoard
 from kubeinfer.operator.kube.client import (
     CONFIGMAP,
     DEPLOYMENT,
@@ -64,6 +65,7 @@ class OperatorContext:
 
     settings: OperatorSettings
     vault: Vault
+    board: StatusBoard | None = None
     client: KubeClient = field(init=False)
     reconciler: Reconciler = field(init=False)
 
@@ -74,7 +76,7 @@ class OperatorContext:
             timeout_seconds=self.settings.api.timeout_seconds,
             page_size=self.settings.api.page_size,
         )
-        self.reconciler = Reconciler(self.client, self.settings)
+        self.reconciler = Reconciler(self.client, self.settings, board=self.board)
 
     async def close(self) -> None:
         """Stops the reconciler (its requeues included); the vault, which holds the
@@ -118,11 +120,13 @@ def register(
     settings: OperatorSettings,
     login: Login | None = None,
     vault: Vault | None = None,
+    board: StatusBoard | None = None,
 ) -> OperatorContext:
     """Adds every handler to `registry`. `login` returns the API credentials (default:
     kubeconfig or the in-cluster service account, as kopf finds them); `vault` is the
-    credentials vault given to `kopf.operator` (a new one by default)."""
-    context = OperatorContext(settings, vault if vault is not None else Vault())
+    credentials vault given to `kopf.operator` (a new one by default); `board` receives
+    each pass's status, for the operator's /metrics."""
+    context = OperatorContext(settings, vault if vault is not None else Vault(), board)
     owner = (GROUP, VERSION, PLURAL)
 
     @kopf.on.login(registry=registry)

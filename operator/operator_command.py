@@ -33,6 +33,7 @@ from kubeinfer.operator.settings import InvalidSettings, OperatorSettings
 
 if TYPE_CHECKING:
     import kopf
+    from kubeinfer.operator.exporter import StatusBoard
     from kubeinfer.operator.handlers import Login
     from kubeinfer.operator.kube.leader_election import Election
 
@@ -76,6 +77,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--liveness", metavar="URL", help="serve a liveness probe, e.g. http://0.0.0.0:8080/healthz"
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve the operator's own metrics at :PORT/metrics (each InferenceDeployment's "
+        "conditions and replicas); off by default",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="log at debug level")
     parser.set_defaults(handler=_run)
 
@@ -95,6 +103,7 @@ async def run_operator(
     namespaces: Collection[str],
     election: Election | None = None,
     liveness_endpoint: str | None = None,
+    metrics_port: int | None = None,
     login: Login | None = None,
     kopf_settings: kopf.OperatorSettings | None = None,
     stop_flag: asyncio.Event | None = None,
@@ -102,9 +111,34 @@ async def run_operator(
 ) -> None:
     """Runs kopf with the operator's handlers until `stop_flag` is set or kopf stops (the
     other `kopf.operator` options pass through). With `election`, kopf runs only while
-    this replica holds the Lease (LeadershipLost is raised when it loses it). `login` and
-    `kopf_settings` replace kopf's credential discovery and default settings (the tests
-    use both)."""
+    this replica holds the Lease (LeadershipLost is raised when it loses it). With
+    `metrics_port`, the operator's own metrics are served there for the whole run, standby
+    included (`kubeinfer.operator.exporter`). `login` and `kopf_settings` replace kopf's
+    credential discovery and default settings (the tests use both)."""
+    if metrics_port is not None:
+        from kubeinfer.operator.exporter import StatusBoard, board_registry, serve_metrics
+
+        board = StatusBoard()
+        async with serve_metrics(board_registry(board), metrics_port):
+            await _run_operator(settings, clusterwide, namespaces, election, liveness_endpoint,
+                                login, kopf_settings, stop_flag, board, kopf_options)  # fmt: skip
+        return
+    await _run_operator(settings, clusterwide, namespaces, election, liveness_endpoint, login,
+                        kopf_settings, stop_flag, None, kopf_options)  # fmt: skip
+
+
+async def _run_operator(
+    settings: OperatorSettings,
+    clusterwide: bool,
+    namespaces: Collection[str],
+    election: Election | None,
+    liveness_endpoint: str | None,
+    login: Login | None,
+    kopf_settings: kopf.OperatorSettings | None,
+    stop_flag: asyncio.Event | None,
+    board: StatusBoard | None,
+    kopf_options: dict[str, Any],
+) -> None:
     import kopf
     from kubeinfer.operator.handlers import configure_kopf, register
     from kubeinfer.operator.kube.client import Vault
@@ -116,7 +150,7 @@ async def run_operator(
     async def run_kopf(stop: asyncio.Event | None) -> None:
         vault = Vault()  # kopf logs in into it; the operator's client reads it
         registry = kopf.OperatorRegistry()
-        context = register(registry, settings, login=login_fn, vault=vault)
+        context = register(registry, settings, login=login_fn, vault=vault, board=board)
         try:
             await kopf.operator(
                 registry=registry,
@@ -132,6 +166,8 @@ async def run_operator(
         finally:  # also when cancelled: no requeue of the reconciler's outlives kopf
             await context.close()
             await vault.close()
+            if board is not None:  # a standby reports no object
+                board.clear()
 
     if election is None:
         await run_kopf(stop_flag)
@@ -179,6 +215,7 @@ async def _serve(
     clusterwide: bool,
     namespaces: list[str],
     liveness: str | None,
+    metrics_port: int | None = None,
 ) -> None:
     """`run_operator` with SIGTERM and SIGINT stopping it, also while a standby (kopf,
     once running, installs its own handlers for both)."""
@@ -192,6 +229,7 @@ async def _serve(
         namespaces=namespaces,
         election=election,
         liveness_endpoint=liveness,
+        metrics_port=metrics_port,
         stop_flag=stop if election is not None else None,
     )
 
@@ -221,7 +259,9 @@ def _run(args: argparse.Namespace) -> int:
     from kubeinfer.operator.kube.leader_election import LeadershipLost
 
     try:
-        asyncio.run(_serve(settings, election, clusterwide, namespaces, args.liveness))
+        asyncio.run(
+            _serve(settings, election, clusterwide, namespaces, args.liveness, args.metrics_port)
+        )
     except LeadershipLost as lost:
         print(f"kubeinfer operator: {lost}; exiting to restart as a standby", file=sys.stderr)
         return 1

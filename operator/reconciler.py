@@ -37,6 +37,7 @@ from typing import Any
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_spec
+from kubeinfer.operator.exporter import Report, StatusBoard, metrics_readers
 from kubeinfer.operator.kube import apply
 from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, POD_MONITOR, ApiError, KubeClient
 from kubeinfer.operator.kube.gather import owner_ref_from_body, stored_status
@@ -46,7 +47,7 @@ from kubeinfer.operator.reconcile.decide import decide, decide_forbidden, decide
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state.quality_readings import QualityHistory
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory
-from kubeinfer.operator.state.snapshot import Decision
+from kubeinfer.operator.state.snapshot import Decision, ObservedState
 
 logger = logging.getLogger(__name__)
 
@@ -80,8 +81,11 @@ class Reconciler:
         client: KubeClient,
         settings: OperatorSettings,
         clock: Callable[[], datetime] = utc_now,
+        board: StatusBoard | None = None,
     ) -> None:
         self.client = client
+        self.board = board if board is not None else StatusBoard()
+        """What each object's last pass wrote, for the operator's /metrics."""
         self.settings = settings
         self.clock = clock
         self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
@@ -162,6 +166,7 @@ class Reconciler:
         self._schedule(*key, None)
         self._histories.pop(key, None)
         self._quality_histories.pop(key, None)
+        self.board.forget(key)
         if key not in self._queued:
             self._locks.pop(key, None)
 
@@ -209,11 +214,15 @@ class Reconciler:
             refused = decide_forbidden(owner, decision, observed.status, error.message, now)
             await self._carry_out(body, refused, observed.status)
             raise
-        writes += await self._carry_out(body, decision, observed.status)
+        writes += await self._carry_out(body, decision, observed.status, observed)
         return Outcome(decision, writes)
 
     async def _carry_out(
-        self, body: dict[str, Any], decision: Decision, current: InferenceDeploymentStatus
+        self,
+        body: dict[str, Any],
+        decision: Decision,
+        current: InferenceDeploymentStatus,
+        observed: ObservedState | None = None,
     ) -> int:
         """Writes the status if it changed, then the events; returns the writes made.
 
@@ -236,6 +245,8 @@ class Reconciler:
                 version = fresh["metadata"]["resourceVersion"]
                 await apply.patch_status(self.client, owner, decision.status, version)
             writes += 1
+        readers = metrics_readers(observed) if observed is not None else ()
+        self.board.record((owner.namespace, owner.name), Report(decision.status, readers))
         await apply.post_events(self.client, owner, decision.events, self.clock())
         return writes + len(decision.events)
 

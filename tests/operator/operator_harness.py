@@ -225,10 +225,12 @@ async def start_operator(
     *,
     election: Election | None = None,
     tokens: Callable[[], str | None] | None = None,
+    metrics_port: int | None = None,
 ) -> AsyncIterator[asyncio.Task[None]]:
     """Runs the operator as `kubeinfer operator` does (`run_operator`) until the block
     ends, logged in as its ServiceAccount (a fresh token at each login, or what `tokens`
-    returns); with `election`, as a replica that must win the Lease first. Yields the
+    returns); with `election`, as a replica that must win the Lease first; with
+    `metrics_port`, serving its own metrics there. Yields the
     operator's task (done early when, say, the Lease was lost)."""
     issue = tokens or world.token
 
@@ -248,6 +250,7 @@ async def start_operator(
             clusterwide=False,
             namespaces=[world.namespace],
             election=election,
+            metrics_port=metrics_port,
             login=login,
             kopf_settings=kopf_settings(),
             stop_flag=stop,
