@@ -22,39 +22,62 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kubeinfer.operator.api.v1alpha1.resource import GROUP, PLURAL, VERSION
 from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
 
 if TYPE_CHECKING:
-    from kubernetes.client import CustomObjectsApi
+    from kubernetes.client import ApiClient, CustomObjectsApi
 
 
 class GateRefused(Exception):
     """The command cannot act; the message says why, in one line."""
 
 
-def _client(kubeconfig: str | None, context: str | None) -> tuple[CustomObjectsApi, str]:
-    """The custom objects API and the namespace of the current context."""
+def connect(kubeconfig: str | None, context: str | None) -> tuple[ApiClient, str]:
+    """An API client and the namespace of the current context, found as kubectl finds
+    them (see the module). `kubectl infd` connects the same way."""
     from kubernetes import client, config
 
     try:
-        config.load_kube_config(config_file=kubeconfig, context=context)
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+        api_client = config.new_client_from_config(config_file=kubeconfig, context=context)
+        contexts, active = config.list_kube_config_contexts(config_file=kubeconfig)
         if context is not None:
-            contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)
             active = next(c for c in contexts if c["name"] == context)
         namespace = (active.get("context") or {}).get("namespace") or "default"
     except (config.ConfigException, OSError, StopIteration) as error:
         if kubeconfig is not None or context is not None:
             raise GateRefused(f"cannot load the kubeconfig: {error}") from None
+        configuration = client.Configuration()
         try:
-            config.load_incluster_config()
+            config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
             raise GateRefused(f"no Kubernetes credentials: {error}") from None
-        namespace = "default"
-    return client.CustomObjectsApi(), namespace
+        api_client, namespace = client.ApiClient(configuration), "default"
+    return api_client, namespace
+
+
+def gate_patch(body: dict[str, Any], action: str, digest: str | None) -> tuple[dict[str, Any], str]:
+    """The merge patch that sets the gate on the InferenceDeployment `body` (what the
+    commands, and Argo CD's promote and abort actions, write), and the digest it names.
+    GateRefused when there is no candidate under test, or it is not engine `digest`."""
+    metadata = body.get("metadata") or {}
+    where = f"{metadata.get('namespace')}/{metadata.get('name')}"
+    candidate = (body.get("status") or {}).get("candidate") or {}
+    current = candidate.get("engineDigest")
+    if not current or candidate.get("verdict") != "Pending":
+        verdict = candidate.get("verdict") or "none"
+        raise GateRefused(
+            f"inferencedeployment {where} has no candidate under shadow test "
+            f"(last verdict: {verdict})"
+        )
+    if digest is not None and digest != current:
+        raise GateRefused(
+            f"the candidate of {where} is now engine {current} (version "
+            f"{candidate.get('version')}), not {digest}: nothing done"
+        )
+    return {"metadata": {"annotations": {GATE_ANNOTATION: f"{action} {current}"}}}, str(current)
 
 
 def set_gate(
@@ -73,32 +96,22 @@ def set_gate(
         ) from None
     if not isinstance(body, dict):  # the client types a custom object as `object`
         raise GateRefused(f"the API server answered the read with no object: {body!r}")
-    candidate = (body.get("status") or {}).get("candidate") or {}
-    current = candidate.get("engineDigest")
-    if not current or candidate.get("verdict") != "Pending":
-        verdict = candidate.get("verdict") or "none"
-        raise GateRefused(
-            f"inferencedeployment {namespace}/{name} has no candidate under shadow test "
-            f"(last verdict: {verdict})"
-        )
-    if digest is not None and digest != current:
-        raise GateRefused(
-            f"the candidate of {namespace}/{name} is now engine {current} (version "
-            f"{candidate.get('version')}), not {digest}: nothing done"
-        )
-    patch = {"metadata": {"annotations": {GATE_ANNOTATION: f"{action} {current}"}}}
+    patch, current = gate_patch(body, action, digest)
     try:
         api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
     except ApiException as error:
         raise GateRefused(
             f"the API server refused the write: {error.status} {error.reason}"
         ) from None
-    return str(current)
+    return current
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        api, namespace = _client(args.kubeconfig, args.context)
+        from kubernetes.client import CustomObjectsApi
+
+        api_client, namespace = connect(args.kubeconfig, args.context)
+        api = CustomObjectsApi(api_client)
         digest = set_gate(api, args.namespace or namespace, args.name, args.action, args.digest)
     except GateRefused as refused:
         print(f"kubeinfer {args.action}: {refused}", file=sys.stderr)
