@@ -40,6 +40,13 @@ from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
+QUALITY_GATHER_SECONDS = 0.1
+"""How long a quality watch's mirror holds a sample for others to go with it to the
+reference as one request. The HTTP client and the comparison cost the serving runtime's
+CPU per request sent, far more than per row; a watch judges windows of 30 s or more, so
+a sample that waits this long costs its verdict nothing. A shadow sends each request
+alone: its latency is judged against the serving side's."""
+
 
 class _RoleMirror:
     """One role's current mirror and aggregates."""
@@ -72,6 +79,7 @@ class ShadowController:
         log_interval_seconds: float = 60.0,
     ) -> None:
         self._model = config.model_name
+        self._max_batch_rows = config.batching.max_batch_size  # the reference's too
         self._serving_version = config.model_version
         self._metrics = ShadowMetrics(registry)
         self._clock, self._wall_clock = clock, wall_clock
@@ -193,9 +201,12 @@ class ShadowController:
         if slot.aggregates is None:
             slot.aggregates = make(target)
         slot.aggregates.target = target
+        gather = slot.role == "quality"
         mirror = Mirror(
-            target, slot.aggregates, clock=self._clock, log_interval_seconds=self._log_interval
-        )
+            target, slot.aggregates, clock=self._clock, log_interval_seconds=self._log_interval,
+            gather_rows=self._max_batch_rows if gather else 1,
+            gather_seconds=QUALITY_GATHER_SECONDS if gather else 0.0,
+        )  # fmt: skip
         await mirror.start()
         slot.mirror = mirror
         log.info(

@@ -13,7 +13,19 @@ for the callers.
 
 The request to the candidate is built from the decoded inputs with Triton's binary tensor
 extension both ways (`encode_infer_request`), so the comparison sees the candidate's exact
-floats and neither side formats JSON numbers. The candidate's latency is its own server
+floats and neither side formats JSON numbers.
+
+A mirror made with `gather_rows` above 1 (a quality watch's: the reference runs the same
+batching, so it takes that many rows) sends several sampled requests as one: a worker
+takes the first queued request, waits up to `gather_seconds` for others (less once a
+full batch, or half of what the queue may hold, is queued; one worker gathers at a time
+while the others send), and stacks the rows of those that have the same inputs and
+outputs past dimension 0 (`stack_key`), up to `gather_rows` rows; the answer's rows are
+then compared request by request (`compare_requests`). The HTTP client and the numpy
+calls of a comparison cost the serving CPU per request sent, far more than per row, so
+this is what keeps the watch cheap; each request of a gathered batch gets the batch's
+latency from the reference, a figure nothing judges for a watch. A shadow's mirror
+sends each request alone, as its latency is compared with the serving side's. The candidate's latency is its own server
 time from its `Server-Timing` header, the same span this runtime reports for itself;
 when a candidate sends none, the round trip measured here stands in (it includes the
 network, so it flatters the serving side: a reason to keep candidates on kubeinfer).
@@ -46,7 +58,12 @@ from kubeinfer.runtime.protocol.v2_types import (
     parse_server_timing,
 )
 from kubeinfer.runtime.shadow.aggregates import RunningAggregates
-from kubeinfer.runtime.shadow.comparison import Outputs, compare_request
+from kubeinfer.runtime.shadow.comparison import (
+    Outputs,
+    compare_requests,
+    request_rows,
+    stack_requests,
+)
 from kubeinfer.runtime.shadow.sampling import Sampler
 
 log = logging.getLogger(__name__)
@@ -73,6 +90,19 @@ class MirroredRequest:
 
     slice_value: str | None = None
     """The raw value of the quality watch's slice header, if the request had one."""
+
+    def stack_key(self) -> tuple[int, tuple[object, ...]] | None:
+        """Its rows and what requests sent with it as one must share (the names,
+        datatypes and shapes past dimension 0 of its inputs and outputs), or None when
+        its tensors do not all have the same rows."""
+        rows = request_rows(self.inputs)
+        if not rows or request_rows(self.serving) != rows:
+            return None
+        return rows, tuple(
+            (name, datatype, array.shape[1:], array.dtype)
+            for group in (self.inputs, self.serving)
+            for name, (datatype, array) in sorted(group.items())
+        )
 
 
 def tensor_bytes(*groups: Outputs) -> int:
@@ -114,6 +144,8 @@ class Mirror:
         *,
         clock: Callable[[], float] = time.monotonic,
         log_interval_seconds: float = 60.0,
+        gather_rows: int = 1,
+        gather_seconds: float = 0.0,
     ) -> None:
         policy = target.policy
         self.target = target
@@ -132,6 +164,11 @@ class Mirror:
         self._closed = False
         self._unreachable_until: float | None = None
         self._backoff = _BACKOFF_SECONDS[0]
+        self._gather_rows, self._gather_seconds = gather_rows, gather_seconds
+        self._gathering = asyncio.Lock()  # one worker gathers at a time, the others send
+        self._gathered: asyncio.Future[None] | None = None  # set: stop waiting for more
+        self._gathered_rows = 0  # the rows of the gather waiting for more
+        self._carried: MirroredRequest | None = None  # taken, but not of the last gather
 
     @property
     def queued(self) -> int:
@@ -175,6 +212,8 @@ class Mirror:
         self._queue.put_nowait(
             MirroredRequest(inputs, serving, serving_seconds, nbytes, slice_value)
         )
+        if self._gathered is not None and self._enough_queued():
+            _resolve(self._gathered)
 
     async def close(self) -> None:
         """Cancels the work in flight, discards the queue, closes the connections."""
@@ -190,25 +229,79 @@ class Mirror:
         while not self._queue.empty():
             self._queue.get_nowait()
         self._queued_bytes = 0
+        self._carried = None
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     async def _work(self) -> None:
         while not self._closed:
-            request = await self._queue.get()
-            self._queued_bytes -= request.nbytes
+            batch = await self._next_batch()
             try:
-                await self._mirror(request)
+                await self._mirror(batch)
             except asyncio.CancelledError:
                 raise
             except Exception as error:  # a bug of ours must not kill the worker
-                self._failed("candidate_error", f"{type(error).__name__}: {error}")
+                self._failed("candidate_error", f"{type(error).__name__}: {error}", len(batch))
 
-    def _failed(self, outcome: str, reason: str) -> None:
+    async def _take(self) -> MirroredRequest:
+        request = await self._queue.get()
+        self._queued_bytes -= request.nbytes
+        return request
+
+    def _enough_queued(self) -> bool:
+        """Whether a gather stops waiting: with its first request's rows, a full batch is
+        queued (each request has a row at least), or half of what the queue may hold (so
+        gathering never makes the queue drop)."""
+        queued = self._queue.qsize()
+        return (
+            self._gathered_rows + queued >= self._gather_rows
+            or queued * 2 >= self._max_queue
+            or self._queued_bytes * 2 >= self._max_bytes
+        )
+
+    async def _next_batch(self) -> list[MirroredRequest]:
+        """The next requests to send as one: with `gather_rows` above 1, those queued
+        within `gather_seconds` of the first (or until enough are queued) that stack with
+        it, up to `gather_rows` rows in all; otherwise the next request alone."""
+        if self._gather_rows <= 1:
+            return [await self._take()]
+        async with self._gathering:
+            first, self._carried = self._carried or await self._take(), None
+            stack = first.stack_key()
+            if stack is None:
+                return [first]
+            rows, key = stack
+            self._gathered_rows = rows
+            if self._gather_seconds > 0 and not self._enough_queued():
+                await self._wait_for_more()
+            batch = [first]
+            while rows < self._gather_rows and not self._queue.empty():
+                request = self._queue.get_nowait()
+                self._queued_bytes -= request.nbytes
+                other = request.stack_key()
+                if other is None or other[1] != key or rows + other[0] > self._gather_rows:
+                    self._carried = request  # the first of the next gather
+                    break
+                batch.append(request)
+                rows += other[0]
+            return batch
+
+    async def _wait_for_more(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._gathered = gathered = loop.create_future()
+        timer = loop.call_later(self._gather_seconds, _resolve, gathered)
+        try:
+            await gathered
+        finally:
+            timer.cancel()
+            self._gathered = None
+
+    def _failed(self, outcome: str, reason: str, requests: int = 1) -> None:
         if self._closed:
             return
-        self._aggregates.record_outcome(outcome)
+        for _ in range(requests):
+            self._aggregates.record_outcome(outcome)
         self._failures.failed(outcome, reason)
 
     def _unreachable(self) -> bool:
@@ -221,13 +314,17 @@ class Mirror:
         self._unreachable_until = None
         return False
 
-    async def _mirror(self, request: MirroredRequest) -> None:
+    async def _mirror(self, batch: list[MirroredRequest]) -> None:
+        """Sends the batch's requests as one (their input rows stacked) and compares each
+        request's outputs with its rows of the answer."""
         assert self._session is not None
+        count = len(batch)
         if self._unreachable():  # queued before the refusal
-            self._aggregates.record_outcome("candidate_error")
+            self._failed("candidate_error", "refused a moment ago", count)
             return
+        stacked = batch[0].inputs if count == 1 else stack_requests([r.inputs for r in batch])
         inputs = [InferInput(name, datatype, data) for name, (datatype, data) in
-                  request.inputs.items()]  # fmt: skip
+                  stacked.items()]  # fmt: skip
         body, header_length = encode_infer_request(
             inputs, timeout_microseconds=int(self._timeout * 1e6)
         )
@@ -243,41 +340,48 @@ class Mirror:
                 answer_header = response.headers.get(HEADER_LENGTH_HEADER)
                 timing = response.headers.get(SERVER_TIMING_HEADER)
         except TimeoutError:
-            self._failed("timeout", f"no answer within {self._timeout:g}s")
+            self._failed("timeout", f"no answer within {self._timeout:g}s", count)
             return
         except aiohttp.ClientConnectorError as error:  # refused, unresolvable, unreachable
             now = self._clock()
             if self._unreachable_until is None or now >= self._unreachable_until:
                 self._unreachable_until = now + self._backoff  # several refused at once:
                 self._backoff = min(self._backoff * 2, _BACKOFF_SECONDS[1])  # one window
-            self._failed("candidate_error", f"{type(error).__name__}: {error}")
+            self._failed("candidate_error", f"{type(error).__name__}: {error}", count)
             return
         except (aiohttp.ClientError, OSError) as error:
-            self._failed("candidate_error", f"{type(error).__name__}: {error}")
+            self._failed("candidate_error", f"{type(error).__name__}: {error}", count)
             return
         self._backoff = _BACKOFF_SECONDS[0]  # it answered: the next refusal starts over
         round_trip = self._clock() - started
         if status != 200:
-            self._failed("candidate_error", f"HTTP {status}: {payload[:200]!r}")
+            self._failed("candidate_error", f"HTTP {status}: {payload[:200]!r}", count)
             return
         try:
             length = int(answer_header) if answer_header is not None else None
             answer = decode_infer_response(payload, length)
         except ValueError as error:  # InvalidResponse, or a bad header length
-            self._failed("candidate_error", f"unreadable answer: {error}")
+            self._failed("candidate_error", f"unreadable answer: {error}", count)
             return
         candidate = {o.name: (o.datatype, o.data) for o in answer.outputs}
         aggregates = self._aggregates
-        comparison = compare_request(
-            request.serving, candidate, trusted=aggregates.trusted, per_row=aggregates.per_row
-        )
+        comparisons = compare_requests(
+            [r.serving for r in batch], candidate,
+            trusted=aggregates.trusted, per_row=aggregates.per_row,
+        )  # fmt: skip
         if self._closed:
             return
         candidate_seconds = parse_server_timing(timing)
-        aggregates.record_comparison(
-            comparison,
-            request.serving_seconds,
-            round_trip if candidate_seconds is None else candidate_seconds,
-            slice_value=request.slice_value,
-            inputs=request.inputs,
-        )
+        for request, comparison in zip(batch, comparisons, strict=True):
+            aggregates.record_comparison(
+                comparison,
+                request.serving_seconds,
+                round_trip if candidate_seconds is None else candidate_seconds,
+                slice_value=request.slice_value,
+                inputs=request.inputs,
+            )
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
