@@ -24,7 +24,8 @@ loop (its format: `kubeinfer.cli.tune.traffic`).
 
 Exit codes: 0 with a setting that meets the SLO; 1 when none does (the closest point is
 printed, marked as such) or no point could be measured; 2 for bad arguments or a model
-that cannot be served.
+that cannot be served; 130 when interrupted (Ctrl-C), after reporting the points measured
+so far.
 """
 
 from __future__ import annotations
@@ -231,7 +232,9 @@ def run(args: argparse.Namespace) -> int:
             mix = traffic.parse_rows_mix(args.rows or "1")
             largest = mix.largest
             shares = zip(mix.rows, mix.shares, strict=True)
-            sizes = ", ".join(f"{rows} rows {share:.0%}" for rows, share in shares)
+            sizes = ", ".join(
+                f"{rows} row{'' if rows == 1 else 's'} {share:.0%}" for rows, share in shares
+            )
             if args.concurrency is not None:
                 shape = sweep.ClosedLoop(args.concurrency, mix)
                 described = f"{args.concurrency} closed-loop clients, {sizes}"
@@ -294,12 +297,17 @@ def _sweep(
     )
     points = []
     started = time.monotonic()
+    interrupted = False
     with tempfile.TemporaryDirectory(prefix="kubeinfer-tune-logs-") as logs:
-        for index, setting in enumerate(grid, start=1):
-            point = sweep.measure_point(engine, setting, shape, timing, options, Path(logs))
-            points.append(point)
-            eta = decide.eta_seconds(index, len(grid), time.monotonic() - started)
-            _progress(report.progress_line(index, len(grid), point, args.slo_p99_ms, eta))
+        try:
+            for index, setting in enumerate(grid, start=1):
+                point = sweep.measure_point(engine, setting, shape, timing, options, Path(logs))
+                points.append(point)
+                eta = decide.eta_seconds(index, len(grid), time.monotonic() - started)
+                _progress(report.progress_line(index, len(grid), point, args.slo_p99_ms, eta))
+        except KeyboardInterrupt:  # the point's server is stopped on the way out
+            interrupted = True
+            _progress(f"Interrupted: the report covers the {len(points)} points measured")
     frontier = decide.pareto_frontier(points)
     choice = decide.choose(points, args.slo_p99_ms)
     context = report.Context(
@@ -307,7 +315,7 @@ def _sweep(
         traffic=described,
         engine=f"{key.backend} {key.precision} {engine.digest}",
         window=f"{args.duration_seconds:g} s measured after {args.warmup_seconds:g} s warm-up "
-        "per point",
+        "per point" + (f" (interrupted after {len(points)} of {len(grid)})" if interrupted else ""),
         gpu_engine=key.backend == "tensorrt",
         node_cost_per_hour=args.node_cost_per_hour,
         max_queue_size=args.max_queue_size,
@@ -316,4 +324,6 @@ def _sweep(
         print(json.dumps(report.json_report(points, frontier, choice, context), indent=2))
     else:
         print(report.text_report(points, frontier, choice, context), end="")
+    if interrupted:
+        return 130
     return 0 if choice.meets_slo else 1

@@ -177,7 +177,8 @@ class Connection(asyncio.Protocol):
             try:
                 self._head = _parse_head(bytes(self._buf[:end]), end + 4)
             except LoadGenError as error:
-                self._waiter.set_exception(error)
+                if not self._waiter.done():
+                    self._waiter.set_exception(error)
                 return
         status, headers, body_start = self._head
         body_end = body_start + int(headers["content-length"])
@@ -187,7 +188,8 @@ class Connection(asyncio.Protocol):
         del self._buf[:body_end]
         self._head = None
         waiter, self._waiter = self._waiter, None
-        waiter.set_result(Response(status, headers, body))
+        if not waiter.done():  # cancelled: the run was interrupted, nobody reads it
+            waiter.set_result(Response(status, headers, body))
 
     def send(self, raw: bytes) -> asyncio.Future[Response]:
         if self._lost is not None:

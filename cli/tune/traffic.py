@@ -164,8 +164,3 @@ def replay_trace(trace: Sequence[Arrival], until_seconds: float) -> list[Arrival
             arrivals.append(Arrival(offset, arrival.rows))
         play += 1
     return arrivals
-
-
-def offered_rate(arrivals: Sequence[Arrival], until_seconds: float) -> float:
-    """Requests per second that a schedule offers."""
-    return len(arrivals) / until_seconds if until_seconds > 0 else 0.0
