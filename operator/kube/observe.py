@@ -86,10 +86,12 @@ async def gather(
         update["candidate_pods"] = _by_name(await client.list(POD, owner.namespace, selector))
     if autoscaled:
         update["serving_pods"] = serving_pods(pods, observed.deployment, now)
+        update["scaling_history"] = history
+    objective = observed.spec.slo.p99_latency_milliseconds is not None
+    if autoscaled or (objective and observed.deployment is not None):
         update["scaling_signals"] = await read_scaling_signals(
             source, scope, observed.spec.monitoring.queries, now
         )
-        update["scaling_history"] = history
     reference_digest = _engine_digest(observed.reference_configmap)
     if observed.spec.quality_watch.enabled and reference_digest:
         window = window_to_read(

@@ -19,6 +19,7 @@ other figures still count: one mislabelled series must not stop scaling on the o
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime
 
 from kubeinfer.operator.api.v1alpha1.inference_deployment import MonitoringSpec, QueryOverrides
@@ -72,7 +73,9 @@ async def read_scaling_signals(
         depth, gpu_ratio, p99 = await source.evaluate(queries, now)
     except MetricsUnavailable as error:
         return ScalingSignals(error=f"{source.description}: {error}")
-    return checked_signals(depth, gpu_ratio, p99, source.description)
+    signals = checked_signals(depth, gpu_ratio, p99, source.description)
+    window = p99_window_seconds if source.answers_windows else None
+    return replace(signals, p99_window_seconds=window)
 
 
 VALID_RANGES = {

@@ -43,6 +43,7 @@ from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
 from kubeinfer.operator.reconcile.drift import carries
 from kubeinfer.operator.reconcile.rollout_progress import available
 from kubeinfer.operator.reconcile.scaling_status import scaling_report
+from kubeinfer.operator.reconcile.slo_status import SloReport, slo_report
 from kubeinfer.operator.reconcile.status import (
     compute_status,
     forbidden_status,
@@ -69,7 +70,12 @@ from kubeinfer.operator.state.engine_state import (
     input_bytes_for,
     observed_serving,
 )
-from kubeinfer.operator.state.scaling_inputs import Recommendation, ScalingSignals, ServingPods
+from kubeinfer.operator.state.scaling_inputs import (
+    Recommendation,
+    ScalingSignals,
+    ServingPods,
+    SloMiss,
+)
 from kubeinfer.operator.state.snapshot import (
     Decision,
     KubeObject,
@@ -267,7 +273,25 @@ def _no_pods(observed: ObservedState) -> ServingPods:
     )
 
 
-def _recommendation(observed: ObservedState, now: datetime) -> Recommendation | None:
+def _slo_miss(observed: ObservedState, slo: SloReport | None, now: datetime) -> SloMiss | None:
+    """The objective missed, for the autoscaler: for how long since the later of the miss'
+    start and the count's last change (a windowed p99 lags a scale-up)."""
+    if slo is None or slo.status.met is not False or slo.status.p99_milliseconds is None:
+        return None
+    since = slo.status.missed_since or now
+    scaled = observed.status.autoscaling.last_scale_time if observed.status.autoscaling else None
+    if scaled is not None and scaled > since:
+        since = scaled
+    return SloMiss(
+        slo.status.p99_milliseconds / 1e3,
+        slo.status.objective_p99_milliseconds / 1e3,
+        max(0.0, (now - since).total_seconds()),
+    )
+
+
+def _recommendation(
+    observed: ObservedState, now: datetime, slo: SloReport | None = None
+) -> Recommendation | None:
     """The autoscaler's count, once the serving Deployment exists (a new one starts at
     minReplicas); None with autoscaling off."""
     scaling = observed.spec.autoscaling
@@ -275,7 +299,8 @@ def _recommendation(observed: ObservedState, now: datetime) -> Recommendation | 
         return None
     signals = observed.scaling_signals or ScalingSignals(error="The signals were not read.")
     pods = observed.serving_pods or _no_pods(observed)
-    return recommend(scaling, observed.scaling_history, signals, pods, now)
+    slo_miss = _slo_miss(observed, slo, now)
+    return recommend(scaling, observed.scaling_history, signals, pods, now, slo_miss)
 
 
 def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -> Decision:
@@ -329,7 +354,8 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
             now,
             candidate_pods=observed.candidate_pods,
         )
-    recommendation = _recommendation(observed, now)
+    slo = slo_report(spec.slo, observed.scaling_signals, observed.status.slo, now)
+    recommendation = _recommendation(observed, now, slo)
     if recommendation is not None:
         replicas = recommendation.replicas
     else:
@@ -363,8 +389,9 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         )
     watch_report = quality_report(observed, plan.serving, engine, reference, now, held)
     status = compute_status(
-        observed, engine, plan, report(spec, plan), rollout, replicas, now, scaling, watch_report
-    )
+        observed, engine, plan, report(spec, plan), rollout, replicas, now, scaling, watch_report,
+        slo,
+    )  # fmt: skip
 
     polls = settings.requeue
     requeue: float | None = None

@@ -50,6 +50,7 @@ from kubeinfer.operator.reconcile.rollout_progress import RolloutProgress as Rol
 from kubeinfer.operator.reconcile.rollout_progress import rollout_progress as rollout_progress
 from kubeinfer.operator.reconcile.scaling_status import ScalingReport
 from kubeinfer.operator.reconcile.situation import Facts, situation_of, summary_conditions
+from kubeinfer.operator.reconcile.slo_status import SloReport
 from kubeinfer.operator.rollout.report import ShadowReport
 from kubeinfer.operator.rollout.shadow import RolloutPlan
 from kubeinfer.operator.state import names
@@ -72,6 +73,7 @@ WARNING_REASONS = frozenset(
         Reason.RUNTIME_FAILING,
         Reason.QUALITY_DRIFT,
         Reason.QUALITY_FALLBACK,
+        Reason.SLO_MISSED,
     }
 )
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -96,6 +98,7 @@ def compute_status(
     now: datetime,
     scaling: ScalingReport | None = None,
     quality: QualityReport | None = None,
+    slo: SloReport | None = None,
 ) -> InferenceDeploymentStatus:
     """The whole status for this pass; `plan.serving` is the engine the desired runtime
     runs, `shadow` what a shadow rollout adds, `scaling` what the autoscaler adds (None:
@@ -158,6 +161,10 @@ def compute_status(
     else:
         scaling_types = (ConditionType.SCALING_ACTIVE, ConditionType.SCALING_LIMITED)
         conditions = [c for c in conditions if c.type not in scaling_types]
+    if slo is not None:
+        values.append((ConditionType.SLO_MET, slo.condition))
+    else:
+        conditions = [c for c in conditions if c.type != ConditionType.SLO_MET]
     for type_, (status, reason, message) in values:
         conditions = set_condition(conditions, type_, status, reason, message, generation, now)
 
@@ -190,6 +197,7 @@ def compute_status(
             "autoscaling": scaling.autoscaling if scaling else None,
             "metrics": scaling.metrics if scaling else previous.metrics,
             "quality_watch": quality.status,
+            "slo": slo.status if slo else None,
         }
     )
 

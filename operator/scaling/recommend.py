@@ -5,10 +5,11 @@
 HPA lacks, each in a module named for it:
 
 1. `signals`: each signal's recommendation (usage ratio against its target, tolerance,
-   GPU memory only pushing up); the largest wins and names the deciding signal. Metrics
-   that failed, or none read, or no ready pod to read them from: the count is held
-   (ScalingActive False, MetricsUnavailable), never scaled down on missing data, and
-   nothing is recorded, so the autoscaler resumes by itself when the signals return.
+   GPU memory and a sustained SLO miss only pushing up); the largest wins and names the
+   deciding signal. Metrics that failed, or none read, or no ready pod to read them
+   from: the count is held (ScalingActive False, MetricsUnavailable), never scaled down
+   on missing data, and nothing is recorded, so the autoscaler resumes by itself when
+   the signals return.
 2. `startup`: with `countStartingPods`, a recommendation above the count a scale-up in
    progress heads for is held while its pods start, and then while the queue that built
    meanwhile drains (PodsStarting).
@@ -51,6 +52,7 @@ from kubeinfer.operator.state.scaling_inputs import (
     ScalingHistory,
     ScalingSignals,
     ServingPods,
+    SloMiss,
 )
 
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
@@ -158,10 +160,12 @@ def recommend(
     signals: ScalingSignals,
     pods: ServingPods,
     now: datetime,
+    slo_miss: SloMiss | None = None,
 ) -> Recommendation:
-    """The count to set now, why, and the history for the next pass (see the module)."""
+    """The count to set now, why, and the history for the next pass (see the module);
+    `slo_miss`, the latency objective missed, for the SLO signal."""
     current = pods.desired
-    proposals = propose(spec, signals, pods)
+    proposals = propose(spec, signals, pods, slo_miss)
     if isinstance(proposals, Unmeasured):
         return _unmeasured(spec, history, pods, proposals, now)
     raw, signal = _largest(proposals, current)

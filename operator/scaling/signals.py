@@ -27,10 +27,11 @@ import math
 from dataclasses import dataclass
 
 from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
-from kubeinfer.operator.state.scaling_inputs import ScalingSignals, ServingPods
+from kubeinfer.operator.state.scaling_inputs import ScalingSignals, ServingPods, SloMiss
 
 REQUESTS_IN_PROGRESS = "requestsInProgressPerReplica"
 GPU_MEMORY = "gpuMemoryUsedRatio"
+SLO_MISS = "p99LatencyAboveObjective"
 NO_SIGNAL = "none"
 
 
@@ -118,8 +119,33 @@ def gpu_proposal(spec: AutoscalingSpec, value: float, pods: ServingPods) -> Prop
     )
 
 
+def slo_proposal(spec: AutoscalingSpec, miss: SloMiss, pods: ServingPods) -> Proposal:
+    """The p99 above its objective, once missed for scaleUpOnSloMissAfterSeconds: the HPA's
+    ratio (p99 / objective) and at least one pod more, beyond tolerance; within tolerance
+    it keeps the count. Like GPU memory it only ever pushes up."""
+    after = spec.scale_up_on_slo_miss_after_seconds or 0
+    ratio = miss.p99_seconds / miss.objective_seconds
+    figures = (
+        f"p99 {figure(miss.p99_seconds * 1e3)} ms (objective "
+        f"{figure(miss.objective_seconds * 1e3)} ms)"
+    )
+    if miss.missed_for_seconds < after:
+        return Proposal(
+            SLO_MISS, None, f"{figures} not yet missed for scaleUpOnSloMissAfterSeconds {after}"
+        )
+    figures += f" missed for scaleUpOnSloMissAfterSeconds {after}"
+    current = pods.desired
+    if ratio - 1 <= spec.tolerance:
+        return Proposal(SLO_MISS, current, f"{figures} keeps at least {pods_word(current)}")
+    replicas = max(current + 1, _ratio_replicas(pods.ready, ratio))
+    return Proposal(SLO_MISS, replicas, f"{figures} calls for at least {pods_word(replicas)}")
+
+
 def propose(
-    spec: AutoscalingSpec, signals: ScalingSignals, pods: ServingPods
+    spec: AutoscalingSpec,
+    signals: ScalingSignals,
+    pods: ServingPods,
+    slo_miss: SloMiss | None = None,
 ) -> tuple[Proposal, ...] | Unmeasured:
     """Every signal's recommendation (requests in progress first), or why none could be read."""
     if signals.error:
@@ -143,4 +169,6 @@ def propose(
         )
     if gpu is not None:
         proposals.append(gpu_proposal(spec, gpu, pods))
+    if slo_miss is not None and spec.scale_up_on_slo_miss_after_seconds is not None:
+        proposals.append(slo_proposal(spec, slo_miss, pods))
     return tuple(proposals)

@@ -28,7 +28,10 @@ class ScalingSignals:
     GPU (not an error) or when it could not be read."""
 
     p99_seconds: float | None = None
-    """The serving pods' recent p99 request latency (for the status; no scaling signal)."""
+    """The serving pods' recent p99 request latency (the status, and the SLO signal)."""
+
+    p99_window_seconds: int | None = None
+    """The window the p99 covers; None: since each pod started (the direct read)."""
 
     error: str = ""
     """Why the signals could not be read (the metrics source's message); empty when they
@@ -38,6 +41,17 @@ class ScalingSignals:
     """Readings that made no sense (a ratio of 40 from a mislabelled series, a negative
     depth), each said in a sentence: the figure is left out as if unread, and the others
     still count."""
+
+
+@dataclass(frozen=True)
+class SloMiss:
+    """The latency objective missed: the p99 read, the objective, and for how long it has
+    been missed since the count last changed (a p99 over a window lags a scale-up, so the
+    time runs again from each change)."""
+
+    p99_seconds: float
+    objective_seconds: float
+    missed_for_seconds: float
 
 
 @dataclass(frozen=True)

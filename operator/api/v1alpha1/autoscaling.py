@@ -45,6 +45,12 @@ class AutoscalingSpec(ApiModel):
     """A signal within this relative distance of its target changes nothing (0.1: 10 %),
     so noise does not move the count."""
 
+    scale_up_on_slo_miss_after_seconds: int | None = Field(default=None, ge=0, le=3600)
+    """Also scale up once the p99 has been above spec.slo.p99LatencyMilliseconds for this
+    long (the SLOMet condition False): ready pods x p99 / objective, rounded up, and at
+    least one pod more. Like GPU memory, a met SLO never removes pods. Unset: the SLO is
+    no scaling signal."""
+
     scale_up_stabilization_seconds: int = Field(default=0, ge=0, le=3600)
     """Scale up only to the lowest count recommended over this window."""
 

@@ -25,6 +25,8 @@ class ConditionType(StrEnum):
     STALLED = "Stalled"
     SCALING_ACTIVE = "ScalingActive"
     SCALING_LIMITED = "ScalingLimited"
+    SLO_MET = "SLOMet"
+    """Present while spec.slo sets an objective: whether the serving pods' p99 meets it."""
     CACHE_ATTACH_RISK = "CacheAttachRisk"
     """Present (True) only while the engine cache claim is ReadWriteOnce and the pods that
     mount it may land on more than one node."""
@@ -63,6 +65,9 @@ class Reason(StrEnum):
     SHADOW_FAILED = "ShadowFailed"
     SHADOW_ABORTED = "ShadowAborted"
     SHADOW_PROMOTED = "ShadowPromoted"
+    SLO_MET = "SLOMet"
+    SLO_MISSED = "SLOMissed"
+    SLO_UNMEASURED = "SLOUnmeasured"
     QUALITY_DRIFT = "QualityDrift"
     """The quality watch found the served engine's answers drifting from its reference's."""
     QUALITY_HEALTHY = "QualityHealthy"

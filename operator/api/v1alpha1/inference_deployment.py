@@ -367,10 +367,13 @@ class MonitoringSpec(ApiModel):
 
 
 class SloSpec(ApiModel):
-    """Service level objectives that status reports against."""
+    """Service level objectives: the status reports the serving pods' p99 against them
+    (`status.slo`, the SLOMet condition), and the autoscaler may scale up on a sustained
+    miss (autoscaling.scaleUpOnSloMissAfterSeconds)."""
 
     p99_latency_milliseconds: float | None = Field(default=None, gt=0, le=3_600_000)
-    """Target p99 request latency in milliseconds."""
+    """Objective for the serving pods' p99 request latency (arrival to response), in
+    milliseconds."""
 
 
 class InferenceDeploymentSpec(ApiModel):
@@ -402,6 +405,17 @@ class InferenceDeploymentSpec(ApiModel):
                     s.engine.precision == Precision.FP16
                     and s.quality_watch.reference_precision == Precision.FP32
                 )
+            ),
+        ),
+        CrossFieldRule(
+            cel="!has(self.autoscaling.scaleUpOnSloMissAfterSeconds) || "
+            "has(self.slo.p99LatencyMilliseconds)",
+            message="autoscaling.scaleUpOnSloMissAfterSeconds needs an objective: "
+            "slo.p99LatencyMilliseconds",
+            field="autoscaling.scaleUpOnSloMissAfterSeconds",
+            holds=lambda s: (
+                s.autoscaling.scale_up_on_slo_miss_after_seconds is None
+                or s.slo.p99_latency_milliseconds is not None
             ),
         ),
     )

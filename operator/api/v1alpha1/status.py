@@ -114,6 +114,30 @@ class MetricsStatus(ApiModel):
     """When these figures were read."""
 
 
+class SloStatus(ApiModel):
+    """The serving pods' p99 against spec.slo, as last read."""
+
+    objective_p99_milliseconds: float = Field(gt=0)
+    """spec.slo.p99LatencyMilliseconds."""
+
+    p99_milliseconds: float | None = Field(default=None, ge=0)
+    """The serving pods' p99 request latency (arrival to response); unset when it could not
+    be measured (no request answered, the metrics unreadable)."""
+
+    window_seconds: int | None = Field(default=None, ge=1)
+    """The window the p99 covers; unset: since each serving pod started (the direct read of
+    the pods' metrics has no past)."""
+
+    met: bool | None = None
+    """Whether the p99 is within the objective; unset when not measured."""
+
+    missed_since: datetime | None = None
+    """When the p99 was first read above the objective, in the miss going on now."""
+
+    last_evaluated: datetime | None = None
+    """When the operator last read the p99 against the objective."""
+
+
 class AutoscalingStatus(ApiModel):
     """What the autoscaler decided last, and what it knows of the pods."""
 
@@ -283,3 +307,6 @@ class InferenceDeploymentStatus(ApiModel):
 
     quality_watch: QualityWatchStatus | None = None
     """The quality watch's view, while the watch is enabled."""
+
+    slo: SloStatus | None = None
+    """The p99 against spec.slo, while an objective is set."""
