@@ -1,0 +1,254 @@
+"""The chart's alert rules (`helm/kubeinfer/files/monitoring/prometheus-rules.yaml`,
+rendered from `kubeinfer.cli.monitoring.alerts`) run by Prometheus' own rule engine
+(`promtool test rules`, from the same Debian package as the server) on series shaped as
+the operator and the runtime export them, one alert at a time:
+
+- the operator's verdicts: a failed build, a failed shadow, quality drift fire at once on
+  the matching condition, never on the same type with another status or reason; scaling
+  held at maxReplicas fires only after 15 minutes; metrics unavailable names its reader
+  and fires after 10 minutes, not for a reader that reads;
+- the quality watch's plain thresholds: a class and a slice below 90 % agreement over an
+  hour on 200 rows or more fire, healthy ones and a class with too few rows do not; a
+  reference losing most samples fires its own alert.
+
+Series names come from the contract, so a renamed series fails here; promtool also checks
+the rendered annotations."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubeinfer.cli.monitoring.render import RULES
+from kubeinfer.contract import metrics as series
+
+ROOT = Path(__file__).resolve().parents[2]
+RULE_FILE = ROOT / RULES
+OBJECT = 'namespace="serving", name="clf"'
+QUALITY = (
+    'namespace="serving", model="resnet", serving_version="1", candidate_version="1", '
+    'candidate_digest="sha256:ref", role="quality"'
+)
+DESCRIBE = "`kubectl describe infd -n serving clf`"
+
+
+def promtool() -> str:
+    binary = shutil.which("promtool")
+    if binary is None:
+        message = "promtool is not installed (it comes with Debian's prometheus package)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}: CI must run the real-Prometheus tests", pytrace=False)
+        pytest.skip(message)
+    return binary
+
+
+def counter(name: str, labels: str, per_minute: float, minutes: int = 120) -> dict[str, str]:
+    """A counter growing by `per_minute` each minute, as promtool's series notation."""
+    return {"series": f"{name}{{{labels}}}", "values": f"0+{per_minute}x{minutes}"}
+
+
+def gauge(name: str, labels: str, values: str) -> dict[str, str]:
+    return {"series": f"{name}{{{labels}}}", "values": values}
+
+
+def condition(type_: str, status: str, reason: str, values: str = "1x60") -> dict[str, str]:
+    labels = f'{OBJECT}, type="{type_}", status="{status}", reason="{reason}"'
+    return gauge(series.INFERENCE_DEPLOYMENT_CONDITION.name, labels, values)
+
+
+def run_promtool(tmp_path: Path, inputs: list[dict[str, str]], cases: list[dict[str, Any]]) -> None:
+    tool = promtool()
+    spec = {
+        "rule_files": [str(RULE_FILE)],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": inputs, "alert_rule_test": cases}],
+    }
+    path = tmp_path / "tests.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = subprocess.run([tool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def firing(alert: str, at: str, labels: dict[str, str], annotations: dict[str, str]) -> dict:
+    expected = {"exp_labels": labels, "exp_annotations": annotations}
+    return {"eval_time": at, "alertname": alert, "exp_alerts": [expected]}
+
+
+def silent(alert: str, at: str) -> dict[str, Any]:
+    return {"eval_time": at, "alertname": alert, "exp_alerts": []}
+
+
+def test_promtool_accepts_the_rule_file() -> None:
+    result = subprocess.run(
+        [promtool(), "check", "rules", str(RULE_FILE)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+OPERATOR_VERDICTS = [
+    (
+        "KubeinferEngineBuildFailed",
+        ("EngineReady", "False", "EngineBuildFailed"),
+        ("EngineReady", "False", "EngineBuilding"),
+        "InferenceDeployment serving/clf: its engine build failed",
+        "The build Job failed; the operator retries after its backoff, and a version already "
+        f"serving keeps serving. The build's own message: {DESCRIBE}.",
+    ),
+    (
+        "KubeinferShadowFailed",
+        ("ShadowPassed", "False", "ShadowFailed"),
+        ("ShadowPassed", "False", "ShadowAborted"),
+        "InferenceDeployment serving/clf: the candidate failed its shadow test",
+        "A threshold broke (or maxDurationSeconds passed without minSamples): the candidate "
+        "was rolled back and is not tried again until the spec changes. Its figures against "
+        f"the thresholds: {DESCRIBE} (status.candidate).",
+    ),
+    (
+        "KubeinferQualityDrift",
+        ("Degraded", "True", "QualityDrift"),
+        ("Degraded", "False", "QualityDrift"),
+        "InferenceDeployment serving/clf: the served engine drifts from its reference",
+        "The quality watch found a class or a slice significantly below its threshold. The "
+        f"groups and figures: {DESCRIBE} (status.qualityWatch); the worst inputs: GET "
+        "/v2/quality/exemplars on a serving pod.",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("alert", "matching", "other", "summary", "description"),
+    OPERATOR_VERDICTS,
+    ids=[case[0] for case in OPERATOR_VERDICTS],
+)
+def test_an_operator_verdict_fires_at_once_on_its_condition_only(
+    tmp_path: Path,
+    alert: str,
+    matching: tuple[str, str, str],
+    other: tuple[str, str, str],
+    summary: str,
+    description: str,
+) -> None:
+    # The matching condition from minute 10; the same type otherwise before it.
+    inputs = [condition(*other, values="1x9 _x50"), condition(*matching, values="_x9 1x50")]
+    labels = {"namespace": "serving", "name": "clf", "severity": "warning"}
+    annotations = {"summary": summary, "description": description}
+    run_promtool(tmp_path, inputs, [silent(alert, "5m"), firing(alert, "10m", labels, annotations)])
+
+
+def test_scaling_held_at_max_replicas_fires_after_fifteen_minutes(tmp_path: Path) -> None:
+    alert = "KubeinferScalingLimitedAtMax"
+    inputs = [
+        condition("ScalingLimited", "True", "TooManyReplicas"),
+        # Another object held at its minimum: no alert for it.
+        gauge(
+            series.INFERENCE_DEPLOYMENT_CONDITION.name,
+            'namespace="serving", name="small", type="ScalingLimited", status="True", '
+            'reason="TooFewReplicas"',
+            "1x60",
+        ),
+    ]
+    labels = {"namespace": "serving", "name": "clf", "severity": "warning"}
+    annotations = {
+        "summary": "InferenceDeployment serving/clf: the load asks for more replicas than "
+        "maxReplicas",
+        "description": "The autoscaler is held at spec.autoscaling.maxReplicas; latency grows "
+        "with the load from here. Raise maxReplicas or add capacity.",
+    }
+    run_promtool(
+        tmp_path, inputs, [silent(alert, "14m"), firing(alert, "16m", labels, annotations)]
+    )
+
+
+def test_metrics_unavailable_names_its_reader_after_ten_minutes(tmp_path: Path) -> None:
+    alert = "KubeinferMetricsUnavailable"
+    name = series.INFERENCE_DEPLOYMENT_METRICS_UNAVAILABLE.name
+    inputs = [
+        gauge(name, f'{OBJECT}, reader="scaling"', "1x60"),
+        gauge(name, f'{OBJECT}, reader="shadow"', "0x60"),
+    ]
+    labels = {"namespace": "serving", "name": "clf", "reader": "scaling", "severity": "warning"}
+    annotations = {
+        "summary": "InferenceDeployment serving/clf: the operator cannot read the serving "
+        "pods' metrics (scaling)",
+        "description": "What the reader decides waits meanwhile: a shadow verdict waits, the "
+        "autoscaler holds the count (never scales down), the quality watch judges nothing. "
+        "Check spec.monitoring.prometheus.url (or the chart's prometheus.url) and that "
+        "Prometheus scrapes the serving pods with their namespace and pod labels.",
+    }
+    run_promtool(tmp_path, inputs, [silent(alert, "9m"), firing(alert, "11m", labels, annotations)])
+
+
+QUALITY_DESCRIPTION = (
+    "Top-1 agreement of the served engine with its full-precision reference, over the last "
+    "hour, for the rows the reference puts in this class. See `kubectl get infd -n serving "
+    "-o jsonpath='{.items[*].status.qualityWatch}'` and GET /v2/quality/exemplars on a "
+    "serving pod."
+)
+
+
+def test_the_quality_rules_fire_on_a_falling_class_a_falling_slice_and_a_reference_behind(
+    tmp_path: Path,
+) -> None:
+    rows, agreements = (
+        series.SHADOW_CLASS_TOP1_ROWS.total,
+        series.SHADOW_CLASS_TOP1_AGREEMENTS.total,
+    )
+    slice_rows, slice_agreements = (
+        series.SHADOW_SLICE_TOP1_ROWS.total,
+        series.SHADOW_SLICE_TOP1_AGREEMENTS.total,
+    )
+    requests = series.SHADOW_REQUESTS.total
+    inputs = [
+        # Class 3 at 80 %, class 1 at 99 %, class 7 at 50 % but on too few rows.
+        counter(rows, f'{QUALITY}, reference_class="3"', 10),
+        counter(agreements, f'{QUALITY}, reference_class="3"', 8),
+        counter(rows, f'{QUALITY}, reference_class="1"', 100),
+        counter(agreements, f'{QUALITY}, reference_class="1"', 99),
+        counter(rows, f'{QUALITY}, reference_class="7"', 1),
+        counter(agreements, f'{QUALITY}, reference_class="7"', 0.5),
+        # Slice acme at 70 %, the rest at 99 %.
+        counter(slice_rows, f'{QUALITY}, slice="acme"', 10),
+        counter(slice_agreements, f'{QUALITY}, slice="acme"', 7),
+        counter(slice_rows, f'{QUALITY}, slice="other"', 100),
+        counter(slice_agreements, f'{QUALITY}, slice="other"', 99),
+        # Of every 10 sampled requests, 7 dropped.
+        counter(requests, f'{QUALITY}, outcome="compared"', 3),
+        counter(requests, f'{QUALITY}, outcome="dropped"', 7),
+    ]
+    common = {"namespace": "serving", "model": "resnet", "serving_version": "1"}
+    cases = [
+        firing(
+            "KubeinferQualityClassAgreementLow",
+            "90m",
+            {**common, "reference_class": "3", "severity": "warning"},
+            {
+                "summary": "resnet v1: class 3 agrees with its reference on 80% of rows",
+                "description": QUALITY_DESCRIPTION,
+            },
+        ),
+        firing(
+            "KubeinferQualitySliceAgreementLow",
+            "90m",
+            {**common, "slice": "acme", "severity": "warning"},
+            {"summary": "resnet v1: slice acme agrees with its reference on 70% of rows"},
+        ),
+        firing(
+            "KubeinferQualityReferenceBehind",
+            "90m",
+            {**common, "severity": "info"},
+            {
+                "summary": "resnet v1: the quality reference loses 70% of the sampled requests",
+                "description": "Dropped (queue full), timed out or refused: the watch's "
+                "effective sample rate is below what samplePercent asks, so drift takes longer "
+                "to see.",
+            },
+        ),
+        # Not yet: the hour's window is short of 200 rows, then `for` holds.
+        silent("KubeinferQualityClassAgreementLow", "10m"),
+    ]
+    run_promtool(tmp_path, inputs, cases)
