@@ -4,74 +4,88 @@ and 5 % of its requests to a real fp32 reference, side by side in one run.
 A script, not a test (nothing here is named test_*, so pytest never collects it):
 
     .venv/bin/python tests/benchmarks/bench_quality_watch.py [--quick] [--rounds 3]
-        [--no-pin] [--model small-mlp|memory-bound-mlp]
+        [--no-pin] [--model small-mlp|memory-bound-mlp] [--shares 0,1,5]
+        [--baseline TREE]
 
-The harness is `bench_shadow.py`'s (the same servers, pinning, load generator and CPU
-accounting); only the roles turn around: the serving serves a demo MLP's int8 engine and
-the reference its fp32 engine, both built through the engine cache and started as
-`kubeinfer serve` processes on loopback. The serving's `--mirror-target-file` is rewritten
-between runs (atomically, as kubelet does) to hold no watch (an empty file) or a
-`qualityWatch` at 1 % or 5 % with a slice header (which the load's requests do not carry:
-they count as `other`, and the header is looked up on every request) and the default
-exemplar buffer (16 rows), so every per request cost the watch adds is in the figures;
-each run starts once /v2/quality shows the new share. The three conditions run in
-`--rounds` interleaved rounds, in a rotating order; each figure is the median over the
-rounds, and the ratios are against no watch.
+The harness is `mirror_harness.py`'s (shared with `bench_shadow.py`: the same servers,
+pinning, load generator and CPU accounting); only the roles turn around: the serving
+serves a demo MLP's int8 engine and the reference its fp32 engine, both built through the
+engine cache and started as `kubeinfer serve` processes on loopback. The serving's
+`--mirror-target-file` is rewritten between runs (atomically, as kubelet does) to hold no
+watch (an empty file) or a `qualityWatch` at each share of `--shares` with a slice header
+(which the load's requests do not carry: they count as `other`, and the header is looked
+up on every request) and the default exemplar buffer (16 rows), so every per request cost
+the watch adds is in the figures; each run starts once /v2/quality shows the new share.
+
+`--baseline TREE` runs a second serving from the kubeinfer source tree at TREE (say
+`git archive <commit> runtime contract cli operator cluster | tar -x -C TREE`), beside
+this checkout's, on the same CPU, against the same reference, so a change's before and
+after come from one run. Every (serving, share) condition runs in each of `--rounds`
+interleaved rounds, in a rotating order; each figure is the median over the rounds, and
+the ratios are against the same serving with no watch.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import statistics
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-from bench_shadow import MODELS, parse_args, pin, process_cpu_seconds
-from kubeinfer.runtime.building.calibration import write_demo_samples
-from kubeinfer.runtime.building.engine_build import build_engine
-from loadgen import encode_json_infer, run_closed_loop
-from servers import HOST, REPO, ServerProcess, http_get, kubeinfer_spec
+from mirror_harness import (
+    build_engines,
+    from_tree,
+    get_json,
+    measure,
+    median,
+    parse_args,
+    pin,
+    pinned_threads,
+    requests_for,
+    rotations,
+    wait_until,
+    write_mirror_file,
+)
+from servers import HOST, REPO, ServerProcess, kubeinfer_spec
 
-SHARES = (0, 1, 5)  # 0: no watch
+THIS = "this checkout"
 
 
 def quality_status(port: int) -> dict:
-    status, body = http_get(f"http://{HOST}:{port}/v2/quality")
-    assert status == 200, body
-    return json.loads(body)
+    return get_json(port, "/v2/quality")
 
 
 def set_share(mirror_file: Path, serving_port: int, reference_port: int, share: int,
               model: str) -> None:  # fmt: skip
     """Rewrites the mirror file for a watch at `share` % (0: none) and waits for it."""
-    content = "" if share == 0 else json.dumps({"qualityWatch": {
+    write_mirror_file(mirror_file, None if share == 0 else {"qualityWatch": {
         "reference": {"url": f"http://{HOST}:{reference_port}", "modelName": model,
                       "candidateVersion": "fp32",
                       "candidateDigest": f"bench-{share}-{time.monotonic_ns()}",
                       "trafficPercent": share},
         "sliceHeader": "X-Tenant",
     }})  # fmt: skip
-    staging = mirror_file.with_suffix(".tmp")
-    staging.write_text(content)
-    os.replace(staging, mirror_file)
-    deadline = time.monotonic() + 10
-    while True:
-        status = quality_status(serving_port)
-        if (share == 0 and not status["active"]) or status["samplePercent"] == share:
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the serving did not take the {share} % watch: {status}")
-        time.sleep(0.02)
+    wait_until(
+        lambda: quality_status(serving_port),
+        lambda s: (share == 0 and not s["active"]) or s["samplePercent"] == share,
+        f"the serving did not take the {share} % watch",
+    )
+
+
+@dataclass
+class Serving:
+    label: str
+    process: ServerProcess
+    mirror_file: Path
+    requests: list[bytes]
 
 
 @dataclass
 class Run:
+    serving: str
     share: int
     throughput: float
     p50_ms: float
@@ -83,125 +97,149 @@ class Run:
     agreement: float | None
 
 
-def one_run(args: argparse.Namespace, share: int, serving: ServerProcess,
-            reference: ServerProcess, mirror_file: Path, requests: list[bytes]) -> Run:  # fmt: skip
-    assert serving.process is not None
-    set_share(mirror_file, serving.spec.port, reference.spec.port, share, args.model)
-    marks: dict[str, float] = {}
-    pid = serving.process.pid
-    result = asyncio.run(
-        run_closed_loop(
-            HOST, serving.spec.port, requests, args.clients, args.warmup, args.duration,
-            on_window_start=lambda: marks.__setitem__("start", process_cpu_seconds(pid)),
-            on_window_end=lambda: marks.__setitem__("end", process_cpu_seconds(pid)),
-        )
-    )  # fmt: skip
-    status = quality_status(serving.spec.port)
-    done = max(1, result.completed + result.errors)
+def one_run(
+    args: argparse.Namespace, serving: Serving, share: int, reference: ServerProcess
+) -> Run:
+    process = serving.process
+    assert process.process is not None
+    set_share(serving.mirror_file, process.spec.port, reference.spec.port, share, args.model)
+    window = measure(args, process.spec.port, serving.requests, [process.process.pid])
+    status = quality_status(process.spec.port)
     run = Run(
+        serving=serving.label,
         share=share,
-        throughput=result.throughput,
-        p50_ms=result.percentile_ms(50),
-        p99_ms=result.percentile_ms(99),
-        serving_cpu_ms=(marks["end"] - marks["start"]) / done * 1000,
+        throughput=window.throughput,
+        p50_ms=window.p50_ms,
+        p99_ms=window.p99_ms,
+        serving_cpu_ms=window.cpu_ms[0],
         compared=status["requests"]["compared"],
         dropped=status["requests"]["dropped"],
         effective_rate=status["effectiveSampleRate"],
         agreement=status["top1"]["agreement"],
     )
-    print(f"  {share:>3} %: {run.throughput:7.0f} req/s  p50 {run.p50_ms:6.2f} ms  "
-          f"p99 {run.p99_ms:6.2f} ms  serving CPU {run.serving_cpu_ms:5.3f} ms/req  "
-          f"compared {run.compared}  dropped {run.dropped}  effective rate "
-          f"{run.effective_rate}", flush=True)  # fmt: skip
+    print(f"  {serving.label[:24]:>24} {share:>3} %: {run.throughput:7.0f} req/s  "
+          f"p50 {run.p50_ms:6.2f} ms  p99 {run.p99_ms:6.2f} ms  "
+          f"serving CPU {run.serving_cpu_ms:5.3f} ms/req  compared {run.compared}  "
+          f"dropped {run.dropped}  effective rate {run.effective_rate}", flush=True)  # fmt: skip
     return run
 
 
-def table(runs: list[Run]) -> str:
-    by_share = {share: [r for r in runs if r.share == share] for share in SHARES}
-
-    def median(share: int, field: str) -> float:
-        return statistics.median(getattr(r, field) for r in by_share[share])
-
-    base_throughput, base_cpu = median(0, "throughput"), median(0, "serving_cpu_ms")
-    base_p99 = median(0, "p99_ms")
+def table(runs: list[Run], shares: tuple[int, ...]) -> str:
     lines = [
-        "| watch | req/s | vs none | p50 ms | p99 ms | p99 vs none | serving CPU ms/req "
-        "| vs none | compared | dropped | effective rate |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| serving | watch | req/s | vs none | p50 ms | p99 ms | p99 vs none "
+        "| serving CPU ms/req | vs none | compared | dropped | effective rate |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for share in SHARES:
-        throughput, cpu = median(share, "throughput"), median(share, "serving_cpu_ms")
-        p99 = median(share, "p99_ms")
-        rates = [r.effective_rate for r in by_share[share] if r.effective_rate is not None]
-        lines.append(
-            f"| {'none' if share == 0 else f'{share} %'} | {throughput:.0f} "
-            f"| {throughput / base_throughput:.3f} | {median(share, 'p50_ms'):.2f} "
-            f"| {p99:.2f} | {p99 / base_p99:.3f} | {cpu:.3f} | {cpu / base_cpu:.3f} "
-            f"| {sum(r.compared for r in by_share[share])} "
-            f"| {sum(r.dropped for r in by_share[share])} "
-            f"| {statistics.median(rates) if rates else 0:.4f} |"
-        )
+    for label in dict.fromkeys(r.serving for r in runs):
+        mine = [r for r in runs if r.serving == label]
+
+        def med(share: int, field: str, of: list[Run] = mine) -> float:
+            return median([getattr(r, field) for r in of if r.share == share])
+
+        base_throughput, base_cpu, base_p99 = (
+            med(0, "throughput"), med(0, "serving_cpu_ms"), med(0, "p99_ms"),
+        )  # fmt: skip
+        for share in shares:
+            runs_at = [r for r in mine if r.share == share]
+            throughput, cpu, p99 = (
+                med(share, "throughput"), med(share, "serving_cpu_ms"), med(share, "p99_ms"),
+            )  # fmt: skip
+            rates = [r.effective_rate for r in runs_at if r.effective_rate is not None]
+            lines.append(
+                f"| {label} | {'none' if share == 0 else f'{share} %'} | {throughput:.0f} "
+                f"| {throughput / base_throughput:.3f} | {med(share, 'p50_ms'):.2f} "
+                f"| {p99:.2f} | {p99 / base_p99:.3f} | {cpu:.3f} | {cpu / base_cpu:.3f} "
+                f"| {sum(r.compared for r in runs_at)} | {sum(r.dropped for r in runs_at)} "
+                f"| {median(rates) if rates else 0:.4f} |"
+            )
     return "\n".join(lines)
 
 
+def spreads(runs: list[Run], shares: tuple[int, ...]) -> str:
+    """Each round's throughput ratio against the same round's no watch, so the noise of
+    the machine shows beside the medians."""
+    lines = []
+    for label in dict.fromkeys(r.serving for r in runs):
+        mine = [r for r in runs if r.serving == label]
+        none = [r.throughput for r in mine if r.share == 0]
+        for share in shares[1:]:
+            ratios = [r.throughput / base for r, base in
+                      zip([r for r in mine if r.share == share], none, strict=True)]  # fmt: skip
+            lines.append(f"{label}, {share} %: per round " +
+                         " ".join(f"{x:.3f}" for x in ratios))  # fmt: skip
+    return "\n".join(lines)
+
+
+def more_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shares", default="0,1,5", help="sampling shares in percent, 0 (no watch) first"
+    )
+    parser.add_argument(
+        "--baseline", type=Path, metavar="TREE", help="also run an older tree's serving"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    pinned = args.pin and len(os.sched_getaffinity(0)) >= 2
-    threads = 1 if pinned else (os.cpu_count() or 1)
+    args = parse_args("kubeinfer quality watch benchmark", argv, more_options)
+    shares = tuple(int(s) for s in args.shares.split(","))
+    if shares[0] != 0:
+        raise SystemExit("--shares must start with 0 (no watch): the ratios are against it")
+    pinned, threads = pinned_threads(args)
     work = REPO / ".bench" / "quality-watch"
-    builder, width = MODELS[args.model]
-    model = work / f"{args.model}.onnx"
-    if not model.exists():
-        builder(model)
-    calibration = write_demo_samples(model, work / f"{args.model}-calibration.npz", count=160)
-    digests = {
-        precision: build_engine(str(model), "onnxruntime", precision, work / "cache",
-                                calibration=str(calibration) if precision == "int8" else None,
-                                max_batch_size=32).digest
-        for precision in ("fp32", "int8")
-    }  # fmt: skip
-    mirror_file = work / "mirror" / "mirror.json"
-    mirror_file.parent.mkdir(parents=True, exist_ok=True)
-    mirror_file.write_text("")
-    serving_spec = kubeinfer_spec(
-        model, args.model, threads, engine=(digests["int8"], work / "cache"),
-        extra_args=("--execution-slots", "1", "--mirror-target-file", str(mirror_file),
-                    "--mirror-poll-interval-milliseconds", "100"),
-    )  # fmt: skip
-    serving_spec.label = "serving"
+    engines = build_engines(work, args.model)
+    trees = [(THIS, None)] + ([(f"baseline {args.baseline}", args.baseline)]
+                              if args.baseline else [])  # fmt: skip
+    specs = []
+    for index, (label, tree) in enumerate(trees):
+        mirror_file = work / "mirror" / f"mirror-{index}.json"
+        mirror_file.parent.mkdir(parents=True, exist_ok=True)
+        mirror_file.write_text("")
+        spec = kubeinfer_spec(
+            engines.model, args.model, threads, engine=(engines.digests["int8"], engines.cache),
+            extra_args=("--execution-slots", "1", "--mirror-target-file", str(mirror_file),
+                        "--mirror-poll-interval-milliseconds", "100"),
+        )  # fmt: skip
+        spec.label = f"serving-{index}"
+        if tree is not None:
+            spec = from_tree(spec, tree, work / "baseline-package")
+        specs.append((label, spec, mirror_file))
     reference_spec = kubeinfer_spec(
-        model, args.model, threads, engine=(digests["fp32"], work / "cache"),
+        engines.model, args.model, threads, engine=(engines.digests["fp32"], engines.cache),
         extra_args=("--execution-slots", "1"),
     )  # fmt: skip
     reference_spec.label = "reference"
-    items = np.random.default_rng(7).standard_normal((16, width)).astype(np.float32)
-    print(f"kubeinfer quality watch benchmark: {args.model} int8 serving, fp32 reference, "
-          f"{args.clients} closed-loop clients, {args.rounds} rounds of {args.warmup:g} s + "
-          f"{args.duration:g} s per condition, "
+    print(f"kubeinfer quality watch benchmark: {args.model} int8 serving ({len(trees)} "
+          f"tree(s)), fp32 reference, {args.clients} closed-loop clients, {args.rounds} "
+          f"rounds of {args.warmup:g} s + {args.duration:g} s per condition, "
           f"{'pinned: serving CPU 0, reference + load CPU 1' if pinned else 'unpinned'}, "
-          f"{threads} ONNX Runtime thread(s) per server", flush=True)  # fmt: skip
+          f"{threads} ONNX Runtime thread(s) per server; load average before "
+          f"{os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
     log_dir = work / "logs"
     runs: list[Run] = []
-    with ServerProcess(serving_spec, log_dir) as serving, \
-            ServerProcess(reference_spec, log_dir) as reference:  # fmt: skip
-        assert serving.process is not None and reference.process is not None
+    with ExitStack() as running:
+        reference = running.enter_context(ServerProcess(reference_spec, log_dir))
+        servings = [Serving(label, running.enter_context(ServerProcess(spec, log_dir)),
+                            mirror_file, requests_for(spec.port, args.model, engines.width))
+                    for label, spec, mirror_file in specs]  # fmt: skip
+        assert reference.process is not None
         if pinned:
-            pin(serving.process.pid, {0})
+            for serving in servings:
+                assert serving.process.process is not None
+                pin(serving.process.process.pid, {0})
             pin(reference.process.pid, {1})
             os.sched_setaffinity(0, {1})
-        requests = [encode_json_infer(HOST, serving_spec.port, args.model, "input", x)
-                    for x in items]  # fmt: skip
-        for index in range(args.rounds):
-            order = SHARES[index % 3 :] + SHARES[: index % 3]
+        conditions = [(serving, share) for serving in servings for share in shares]
+        for index, order in rotations(conditions, args.rounds):
             print(f"round {index + 1}", flush=True)
-            for share in order:
-                runs.append(one_run(args, share, serving, reference, mirror_file, requests))
-    print("\n" + table(runs))
-    last = [r for r in runs if r.share == 5][-1]
+            for serving, share in order:
+                runs.append(one_run(args, serving, share, reference))
+    print("\n" + table(runs, shares))
+    print("\n" + spreads(runs, shares))
+    last = [r for r in runs if r.share == max(shares)][-1]
     print(f"\n(compared and dropped: summed over the rounds, warm-up included; effective "
           f"rate: compared / answered since the watch started, median over the rounds; the "
-          f"int8 serving against fp32 in the last 5 % run: top-1 agreement "
-          f"{last.agreement})")  # fmt: skip
+          f"int8 serving against fp32 in the last {last.share} % run: top-1 agreement "
+          f"{last.agreement}; load average after {os.getloadavg()[0]:.2f})")  # fmt: skip
     return 0
 
 
