@@ -43,8 +43,9 @@ class QualityWatchSpec(ApiModel):
     """Floor of the overall top-1 agreement with the reference (0..1)."""
 
     max_mean_absolute_difference: float | None = Field(default=None, gt=0)
-    """Ceiling of the mean absolute element difference from the reference over the window,
-    in the outputs' units; unset: not checked."""
+    """Ceiling of the mean absolute difference from the reference over the window: the
+    mean over compared requests of each one's largest absolute element difference, in the
+    outputs' units (status.qualityWatch.meanAbsoluteDifference); unset: not checked."""
 
     min_class_agreement: float = Field(default=0.9, ge=0, le=1)
     """Floor of the top-1 agreement within each reference top-1 class and each slice."""
