@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from kubeinfer.cli.tune.sweep import Traffic
 
 DEFAULT_QUEUE_DELAYS_US = "0,1000,4000"
-DEFAULT_MAX_BATCH_SIZES = "8,32"
 DEFAULT_EXECUTION_SLOTS = "1,2"
 
 
@@ -128,8 +127,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-batch-sizes",
         type=_int_list,
         metavar="LIST",
-        default=DEFAULT_MAX_BATCH_SIZES,
-        help=f"maxBatchSize values (default {DEFAULT_MAX_BATCH_SIZES})",
+        help="maxBatchSize values (default 8,32, each raised to the largest request's rows)",
     )
     add(
         "--execution-slots",
@@ -206,11 +204,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.warmup_seconds < 0:
         return _error(f"--warmup-seconds must be at least 0, not {args.warmup_seconds:g}")
-    try:
-        grid = decide.sweep_grid(args.queue_delays_us, args.max_batch_sizes, args.execution_slots)
-    except ValidationError as error:
-        first = error.errors()[0]
-        return _error(f"{'.'.join(map(str, first['loc']))}: {first['msg']} (a swept value)")
     until = args.warmup_seconds + args.duration_seconds
     rng = np.random.default_rng(args.seed)
     try:
@@ -244,6 +237,12 @@ def run(args: argparse.Namespace) -> int:
                 described = f"{args.rate:g} requests/s, Poisson arrivals, {sizes}"
     except traffic.TrafficError as error:
         return _error(str(error))
+    batch_sizes = args.max_batch_sizes or decide.default_max_batch_sizes(largest)
+    try:
+        grid = decide.sweep_grid(args.queue_delays_us, batch_sizes, args.execution_slots)
+    except ValidationError as error:
+        first = error.errors()[0]
+        return _error(f"{'.'.join(map(str, first['loc']))}: {first['msg']} (a swept value)")
     smallest_batch = min(s.max_batch_size for s in grid)
     if largest > smallest_batch:
         return _error(

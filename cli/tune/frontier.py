@@ -39,6 +39,15 @@ class Setting:
         )
 
 
+DEFAULT_MAX_BATCH_SIZES = (8, 32)
+
+
+def default_max_batch_sizes(largest_request_rows: int) -> list[int]:
+    """The batch sizes swept when none are given: 8 and 32, each raised to the largest
+    request's rows (a smaller maxBatchSize would refuse that request)."""
+    return sorted({max(size, largest_request_rows) for size in DEFAULT_MAX_BATCH_SIZES})
+
+
 def sweep_grid(
     queue_delays_us: Sequence[int], max_batch_sizes: Sequence[int], execution_slots: Sequence[int]
 ) -> list[Setting]:
@@ -77,6 +86,10 @@ class Measurement:
 
     mean_batch_rows: float | None = None
     """The batches' mean size in the window, from the server's own histogram."""
+
+    load_cpu_seconds: float | None = None
+    """CPU the load generator used in the window: beside the server's, it tells whether
+    the client rather than the server was the limit (they share the machine)."""
 
     failure: str | None = None
     """Why the point has no figures (its server did not start, the run broke)."""

@@ -189,6 +189,7 @@ def point_json(point: Measurement, frontier: Sequence[Measurement], slo: float) 
         "p99Milliseconds": _number(point.p99_milliseconds),
         "meanBatchRows": _number(point.mean_batch_rows),
         "serverCpuSeconds": _number(point.server_cpu_seconds),
+        "loadCpuSeconds": _number(point.load_cpu_seconds),
         "meetsSlo": meets_slo(point, slo),
         "onFrontier": point in frontier,
         "failure": point.failure,

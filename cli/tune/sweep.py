@@ -345,6 +345,7 @@ def measure_point(
         p99_milliseconds=run.percentile_ms(99),
         server_cpu_seconds=cpu,
         mean_batch_rows=mean_batch,
+        load_cpu_seconds=run.client_cpu_s,
         failure=None if run.completed or run.errors else "no request was answered in the window",
         error_sample=run.error_samples[0] if run.error_samples else None,
     )
