@@ -200,7 +200,7 @@ def prometheus_config(world_ports: dict[str, tuple[str, int]], exporter_port: in
                             "labels": {"namespace": namespace, "pod": pod},
                         }
                         for pod, (namespace, port) in world_ports.items()
-                    ],  # fmt: skip
+                    ],
                 },
                 {
                     # As the chart's operator PodMonitor: the series' own namespace wins.
@@ -214,7 +214,7 @@ def prometheus_config(world_ports: dict[str, tuple[str, int]], exporter_port: in
                                 "pod": "kubeinfer-operator-0",
                             },
                         }
-                    ],  # fmt: skip
+                    ],
                 },
             ],
         },
