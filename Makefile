@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-demo lint bench crds clean mutate
+.PHONY: demo test test-demo lint bench crds protos clean mutate
 
 # The virtual environment is rebuilt only when the dependencies change.
 $(STAMP): pyproject.toml
@@ -84,6 +84,11 @@ mutate: $(STAMP)
 
 crds: $(STAMP)
 	$(BIN)/kubeinfer crds --write
+
+# The gRPC stubs from the vendored Open Inference Protocol .proto (checked in; a test
+# fails when they are out of date with it).
+protos: $(STAMP)
+	$(BIN)/python tests/runtime/grpc_stubgen.py
 
 clean:
 	rm -rf $(VENV) .bench .demo .mutmut build *.egg-info

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 BatchSize = Annotated[int, Field(ge=1, le=1024)]
 
@@ -132,6 +132,17 @@ class RuntimeConfig(ApiModel):
 
     http_port: int = Field(default=8000, ge=1, le=65535)
     """Port of the v2 inference API and /metrics."""
+
+    grpc_port: int | None = Field(default=None, ge=1, le=65535)
+    """Port of the Open Inference Protocol's gRPC service (`inference.GRPCInferenceService`)
+    beside the HTTP API, on the same data plane; none: no gRPC."""
+
+    @field_validator("grpc_port")
+    @classmethod
+    def _grpc_port_apart(cls, port: int | None, info: ValidationInfo) -> int | None:
+        if port is not None and port == info.data.get("http_port"):
+            raise ValueError(f"grpcPort {port} is the httpPort; each needs its own port")
+        return port
 
     max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024)
     """Largest request body accepted, after inflation when compressed; larger ones are

@@ -1,12 +1,14 @@
 """The data plane: live / ready / metadata / infer, independent of any transport.
 
-The HTTP routes (and a gRPC service, should one come) are thin wrappers over this class:
-a request is first `admitted` (on its arrival, before its body is read: an unknown model
-is a 404 and a server that cannot take it a 503, without reading a byte of the body),
-then the transport reads the body and passes it to `infer` with the binary-extension
-header length, and gets bytes back; every failure comes out as an `InferenceServerError`
-carrying its status. The request's deadline counts from its admission, through reading,
-decoding (a large body on a worker thread, `CodecPool`), queueing and running.
+The HTTP routes and the gRPC service are thin wrappers over this class: a request is
+first `admitted` (on its arrival, before its body is read: an unknown model is a 404 and
+a server that cannot take it a 503, without reading a byte of the body), then the
+transport decodes it and both go the same way from there, `infer_decoded` (REST through
+`infer_admitted`, which decodes a body with the binary-extension header length), getting
+back the answer in the transport's own encoding; every failure comes out as an
+`InferenceServerError` carrying its status. The request's deadline counts from its
+admission, through reading, decoding (a large body on a worker thread, `CodecPool`),
+queueing and running.
 
 Readiness is the batcher's admission: false before start, from the moment draining
 begins, and while a batch is stuck on the engine; liveness is false once a stuck batch
@@ -28,8 +30,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, TypeVar
 
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.batching.assembler import check_inputs
@@ -50,12 +52,15 @@ from kubeinfer.runtime.protocol.tensor_codec import (
     decode_infer_request,
     encode_infer_response,
 )
-from kubeinfer.runtime.protocol.v2_types import InferOutput, InferResponse
+from kubeinfer.runtime.protocol.v2_types import InferOutput, InferRequest, InferResponse
 from kubeinfer.runtime.shadow.controller import ShadowController
 
 SERVER_NAME = "kubeinfer"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ("binary_tensor_data",)
+
+Encoded = TypeVar("Encoded")
+"""A transport's wire form of an answer (`DataPlane.infer_decoded`)."""
 
 
 def _tensor_metadata(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
@@ -202,25 +207,11 @@ class DataPlane:
         header_length: int | None,
         slice_value: str | None = None,
     ) -> InferResult:
-        """Runs one admitted v2 infer request; returns the response body, the binary
+        """Runs one admitted v2 infer request from its HTTP body (JSON, or with the binary
+        extension): decoded, then `infer_decoded`. Returns the response body, the binary
         header length and the server time (from its arrival). `slice_value` goes to the
         mirrors only."""
         admission.stage = "waiting"
-        (payload, response_header_length), inputs, results = await self._infer(
-            admission, body, header_length
-        )
-        seconds = self._clock() - admission.arrived_at
-        self.metrics.request_answered(200, seconds)
-        shadow = self.shadow
-        if shadow is not None and shadow.active:
-            outputs = {n: (self._output_datatypes[n], array) for n, array in results.items()}
-            shadow.offer(inputs, outputs, seconds, slice_value)
-        return InferResult(payload, response_header_length, seconds)
-
-    async def _infer(
-        self, admission: Admission, body: bytes, header_length: int | None
-    ) -> tuple[tuple[bytes, int | None], dict[str, tuple[str, Any]], dict[str, Any]]:
-        """(encoded response, decoded inputs as (datatype, array), every output's array)."""
         json_bytes = len(body) if header_length is None else header_length
         if json_bytes >= OFFLOAD_BYTES:  # binary tensors are views: no work to move
             request = await self.codec.run(
@@ -228,6 +219,32 @@ class DataPlane:
             )
         else:
             request = decode_infer_request(body, header_length, self.limits)
+        (payload, response_header_length), seconds = await self.infer_decoded(
+            admission, request, self._encode_http, slice_value
+        )
+        return InferResult(payload, response_header_length, seconds)
+
+    async def _encode_http(self, response: InferResponse) -> tuple[bytes, int | None]:
+        json_tensor_bytes = sum(o.data.nbytes for o in response.outputs if not o.binary)
+        if json_tensor_bytes >= OFFLOAD_BYTES // 4:
+            # JSON writes about 4 bytes of text per byte of float32 (a quarter of the
+            # threshold's worth of tensors makes a body of about the threshold).
+            return await self.codec.run(math.inf, encode_infer_response, response)
+        return encode_infer_response(response)
+
+    async def infer_decoded(
+        self,
+        admission: Admission,
+        request: InferRequest,
+        encode: Callable[[InferResponse], Awaitable[Encoded]],
+        slice_value: str | None = None,
+    ) -> tuple[Encoded, float]:
+        """The path of every admitted infer request once its transport has decoded it
+        (REST's body, gRPC's message): its inputs checked against the model's, its own
+        timeout applied, queued in the batcher, its answer built and encoded by the
+        transport's `encode`, counted as answered and offered to the mirrors. Returns the
+        encoded answer and the server time (from its arrival)."""
+        admission.stage = "waiting"
         inputs = {}
         for tensor in request.inputs:
             if tensor.name in inputs:
@@ -273,11 +290,11 @@ class DataPlane:
                     request.binary_data_output if binary is None else binary,
                 )
             )
-        json_tensor_bytes = sum(o.data.nbytes for o in response.outputs if not o.binary)
-        if json_tensor_bytes >= OFFLOAD_BYTES // 4:
-            # JSON writes about 4 bytes of text per byte of float32 (a quarter of the
-            # threshold's worth of tensors makes a body of about the threshold).
-            encoded = await self.codec.run(math.inf, encode_infer_response, response)
-        else:
-            encoded = encode_infer_response(response)
-        return encoded, inputs, results
+        encoded = await encode(response)
+        seconds = self._clock() - admission.arrived_at
+        self.metrics.request_answered(200, seconds)
+        shadow = self.shadow
+        if shadow is not None and shadow.active:
+            outputs = {n: (self._output_datatypes[n], array) for n, array in results.items()}
+            shadow.offer(inputs, outputs, seconds, slice_value)
+        return encoded, seconds

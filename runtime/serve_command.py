@@ -24,6 +24,7 @@ container's termination message, where the kubelet reports it in the pod's statu
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -40,6 +41,7 @@ from pydantic_settings import (
 )
 
 if TYPE_CHECKING:
+    from aiohttp import web
     from kubeinfer.contract.runtime_config import RuntimeConfig
     from kubeinfer.runtime.engines.base import Engine
     from kubeinfer.runtime.metrics import GpuMemoryReader
@@ -94,6 +96,8 @@ class ServeSettings(BaseSettings):
     """listen address"""
     port: Annotated[int | None, Into("httpPort")] = None
     """HTTP port of the v2 API and /metrics"""
+    grpc_port: Annotated[int | None, Into("grpcPort")] = None
+    """port of the v2 API over gRPC (inference.GRPCInferenceService); unset: no gRPC"""
     max_batch_size: Annotated[int | None, Into("batching.maxBatchSize")] = None
     """largest batch, in rows"""
     max_queue_delay_microseconds: Annotated[
@@ -325,14 +329,14 @@ def run(args: argparse.Namespace) -> int:
             return _fail_to_start(path, str(error), EXIT_ENGINE_INCOMPATIBLE)
         return _fail_to_start(path, f"cannot load the engine: {error}", 1)
 
-    import asyncio
-
     from kubeinfer.runtime.http.app import DATAPLANE, create_app
-    from kubeinfer.runtime.http.server import serve
 
     app = create_app(config, engine, gpu_memory=gpu_memory_reader())
     try:
-        code = asyncio.run(serve(app, config))
+        code = asyncio.run(serve_transports(app, config))
+    except CannotListen as error:
+        engine.close()
+        return _fail_to_start(path, str(error), 1)
     except BaseException:
         engine.close()
         raise
@@ -344,6 +348,41 @@ def run(args: argparse.Namespace) -> int:
         os._exit(code)
     engine.close()
     return code
+
+
+class CannotListen(OSError):
+    """A port of the configuration cannot be listened on (a start-up error)."""
+
+
+async def serve_transports(app: web.Application, config: RuntimeConfig) -> int:
+    """Serves the app over HTTP until SIGTERM and its drain (`http.server.serve`), and
+    the same data plane over gRPC when `grpcPort` is set: the gRPC server listens first
+    (a port taken is a start-up error) and begins its own drain when the HTTP server's
+    begins, and the process exits once both are done."""
+    from kubeinfer.runtime.http.app import DATAPLANE
+    from kubeinfer.runtime.http.server import serve
+
+    if config.grpc_port is None:
+        return await serve(app, config)
+    from kubeinfer.runtime.grpc_service.server import GrpcServer
+
+    grpc_server = GrpcServer(app[DATAPLANE], config)
+    try:
+        await grpc_server.start()
+    except OSError as error:
+        raise CannotListen(str(error)) from None
+    stop = asyncio.Event()
+
+    async def stop_grpc_on_drain() -> None:
+        await stop.wait()
+        await grpc_server.stop(config.drain_grace_period_seconds)
+
+    stopping = asyncio.create_task(stop_grpc_on_drain())
+    try:
+        return await serve(app, config, stop=stop)
+    finally:
+        stop.set()  # also when serving failed: the gRPC server must not outlive it
+        await stopping
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -1,10 +1,17 @@
 """Domain errors of the data plane, each carrying its HTTP status, and the one place that
-turns any of them into a response.
+turns any of them into a response of either transport.
 
 The data plane, the codec and the batcher raise these; the HTTP transport catches
-`InferenceServerError` and calls `error_response_parts` (and nothing else decides a status
-code), so a new transport (gRPC) maps the same exceptions in one more place only. The
-body is always `{"error": "..."}`, the shape the Open Inference Protocol and Triton use.
+`InferenceServerError` and calls `error_response_parts`, the gRPC transport
+`grpc_error_parts` (and nothing else decides a status code). The HTTP body is always
+`{"error": "..."}`, the shape the Open Inference Protocol and Triton use; over gRPC the
+message is the status details.
+
+The gRPC code follows from the HTTP status (`GRPC_STATUS_BY_HTTP_STATUS`), so one error
+has one meaning on both: a refusal worth retrying later (503) is UNAVAILABLE, the code
+gRPC clients retry, with the same Retry-After as trailing metadata; a deadline passed
+(504, and 408 for a body that did not come in time) is DEADLINE_EXCEEDED. The requests
+metric counts both transports' answers by this HTTP status.
 """
 
 from __future__ import annotations
@@ -109,3 +116,23 @@ def error_response_parts(error: InferenceServerError) -> tuple[int, bytes, dict[
     """(status, JSON body, headers) for an error: the single status mapping of the server."""
     body = json.dumps({"error": error.message}).encode()
     return error.status, body, {"Content-Type": "application/json", **error.headers}
+
+
+GRPC_STATUS_BY_HTTP_STATUS = {
+    400: "INVALID_ARGUMENT",
+    404: "NOT_FOUND",
+    408: "DEADLINE_EXCEEDED",
+    413: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+"""The name of the `grpc.StatusCode` of each status the server answers (a name, so that
+this module, and REST, never import grpc)."""
+
+
+def grpc_error_parts(error: InferenceServerError) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+    """(gRPC status code name, details, trailing metadata) for an error: the gRPC side of
+    the single status mapping (metadata keys are lower case, as gRPC requires)."""
+    code = GRPC_STATUS_BY_HTTP_STATUS.get(error.status, "INTERNAL")
+    return code, error.message, tuple((k.lower(), v) for k, v in error.headers.items())

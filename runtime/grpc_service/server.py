@@ -1,0 +1,66 @@
+"""The gRPC server's lifecycle beside the HTTP server's: started on `grpcPort` before the
+HTTP server, stopped when its drain begins.
+
+Options: a message may be as large as an HTTP body (`maxRequestBytes`; larger ones are
+refused by gRPC with RESOURCE_EXHAUSTED before they reach the service); answers are not
+limited (a full batch of outputs may be large); SO_REUSEPORT is off, so a second server
+on the same port fails to start rather than silently sharing the port's connections.
+
+The drain (`stop`, when SIGTERM has begun the HTTP server's): new RPCs are refused at
+once (gRPC's GOAWAY: clients reconnect elsewhere, as Kubernetes' endpoints have already
+dropped the pod as unready), while those in flight are answered, within
+`drainGracePeriodSeconds` like REST's. Their requests were admitted by the same batcher,
+whose drain waits for them too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from kubeinfer.contract.runtime_config import RuntimeConfig
+from kubeinfer.runtime.dataplane import DataPlane
+from kubeinfer.runtime.grpc_service.open_inference_grpc_pb2_grpc import (
+    add_GRPCInferenceServiceServicer_to_server,
+)
+from kubeinfer.runtime.grpc_service.service import InferenceService
+
+log = logging.getLogger(__name__)
+
+
+def listen_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class GrpcServer:
+    """`inference.GRPCInferenceService` of one data plane on `config.grpc_port`."""
+
+    def __init__(self, dataplane: DataPlane, config: RuntimeConfig) -> None:
+        assert config.grpc_port is not None
+        self._config = config
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", config.max_request_bytes),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane), self._server)
+        self.port: int | None = None
+
+    async def start(self) -> int:
+        """Binds and starts serving; returns the port. Raises OSError when the port
+        cannot be bound."""
+        address = listen_address(self._config.host, self._config.grpc_port or 0)
+        try:
+            self.port = self._server.add_insecure_port(address)
+        except RuntimeError as error:  # grpc says "Failed to bind to address ..."
+            raise OSError(f"cannot listen on {address} (gRPC): {error}") from None
+        await self._server.start()
+        log.info("Started serving gRPC model=%s address=%s", self._config.model_name, address)
+        return self.port
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Refuses new RPCs and answers those in flight, for at most `grace_seconds`."""
+        await self._server.stop(grace_seconds)
+        log.info("Stopped serving gRPC model=%s", self._config.model_name)

@@ -1,0 +1,134 @@
+"""`inference.GRPCInferenceService` over the data plane: thin, as the HTTP routes are.
+
+Each RPC calls the `DataPlane` method its REST route calls; ModelInfer is admitted
+(`DataPlane.admitted`: an unknown model, a full queue or a draining server are refused
+before anything else), decoded (`codec.from_model_infer_request`), and from there goes
+the one path REST's requests go (`DataPlane.infer_decoded`): batching, deadlines,
+the requests metrics, the mirrors. Every `InferenceServerError` becomes its gRPC status
+through `errors.grpc_error_parts`, with its message as the details; anything else is
+logged and answered INTERNAL, as REST answers a 500.
+
+The request's deadline is the sooner of its `timeout` parameter (or the default) and the
+client's gRPC deadline: a request whose client has stopped waiting is dropped from the
+queue, never executed. A client that cancels is counted as cancelled, as on REST.
+
+While a quality watch names a slice header, its value is read from the request's
+metadata (gRPC's headers, lower case).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NoReturn
+
+import grpc
+from kubeinfer.runtime.dataplane import DataPlane
+from kubeinfer.runtime.grpc_service import open_inference_grpc_pb2 as pb
+from kubeinfer.runtime.grpc_service.codec import (
+    from_model_infer_request,
+    to_model_infer_response,
+    to_model_metadata_response,
+    typed_elements,
+)
+from kubeinfer.runtime.grpc_service.open_inference_grpc_pb2_grpc import (
+    GRPCInferenceServiceServicer,
+)
+from kubeinfer.runtime.protocol.errors import InferenceServerError, grpc_error_parts
+from kubeinfer.runtime.protocol.v2_types import InferResponse
+
+log = logging.getLogger(__name__)
+
+TYPED_OFFLOAD_ELEMENTS = 256 * 1024
+"""Typed contents of this many elements or more are converted on a codec worker thread
+(each element is a Python object to numpy: milliseconds that would hold the event loop);
+raw contents are views of the message, never moved."""
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: InferenceServerError) -> NoReturn:
+    code, details, trailing = grpc_error_parts(error)
+    await context.abort(grpc.StatusCode[code], details, trailing_metadata=trailing)
+    raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+async def _encode(response: InferResponse) -> pb.ModelInferResponse:
+    return to_model_infer_response(response)
+
+
+class InferenceService(GRPCInferenceServiceServicer):
+    """The gRPC service of one data plane."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self._dataplane = dataplane
+
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        return pb.ServerLiveResponse(live=self._dataplane.live())
+
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        return pb.ServerReadyResponse(ready=self._dataplane.ready())
+
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        try:
+            ready = self._dataplane.model_ready(request.name, request.version or None)
+        except InferenceServerError as error:
+            await _abort(context, error)
+        return pb.ModelReadyResponse(ready=ready)
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        return pb.ServerMetadataResponse(**self._dataplane.server_metadata())
+
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        try:
+            metadata = self._dataplane.model_metadata(request.name, request.version or None)
+        except InferenceServerError as error:
+            await _abort(context, error)
+        return to_model_metadata_response(metadata)
+
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        dataplane = self._dataplane
+        try:
+            with dataplane.admitted(request.model_name, request.model_version or None) as admission:
+                admission.stage = "waiting"  # the message is read: decoding, then queued
+                if typed_elements(request) >= TYPED_OFFLOAD_ELEMENTS:
+                    decoded = await dataplane.codec.run(
+                        admission.deadline, from_model_infer_request, request, dataplane.limits
+                    )
+                else:
+                    decoded = from_model_infer_request(request, dataplane.limits)
+                remaining = context.time_remaining()
+                if remaining is not None:  # the client's deadline, if sooner, is the request's
+                    client = int((dataplane.clock() - admission.arrived_at + remaining) * 1e6)
+                    default = dataplane.config.batching.default_timeout_milliseconds * 1000
+                    own = decoded.timeout_microseconds or default
+                    decoded.timeout_microseconds = max(1, min(own, client))
+                answer, _ = await dataplane.infer_decoded(
+                    admission, decoded, _encode, self._slice_value(context)
+                )
+        except InferenceServerError as error:
+            await _abort(context, error)
+        except Exception:
+            log.exception("Request failed unexpectedly method=ModelInfer")
+            await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+        return answer
+
+    def _slice_value(self, context: grpc.aio.ServicerContext) -> str | None:
+        shadow = self._dataplane.shadow
+        header = shadow.slice_header if shadow is not None else None
+        if not header:
+            return None
+        key = header.lower()
+        for name, value in context.invocation_metadata() or ():
+            if name == key:
+                return value if isinstance(value, str) else None
+        return None
