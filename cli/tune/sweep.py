@@ -28,7 +28,14 @@ from kubeinfer.cli.tune.load import (
     run_closed_loop,
     run_open_loop,
 )
-from kubeinfer.cli.tune.server import HOST, ServerFailed, ServerProcess, ServerSpec, free_port
+from kubeinfer.cli.tune.server import (
+    HOST,
+    ServerFailed,
+    ServerProcess,
+    ServerSpec,
+    free_port,
+    http_get,
+)
 from kubeinfer.cli.tune.traffic import Arrival, RowsMix, sample_rows
 
 if TYPE_CHECKING:
@@ -250,8 +257,6 @@ class _Snapshot:
 
 
 def _snapshot(server: ServerProcess) -> _Snapshot:
-    from kubeinfer.cli.tune.server import http_get
-
     assert server.process is not None and server.spec.metrics_url is not None
     histogram = None
     try:

@@ -600,6 +600,7 @@ def test_a_tiny_sweep_end_to_end_from_onnx_then_from_its_engine(tmp_path: Path) 
         (p["failed"], p["failure"], p["errorSample"]) for p in points
     ]
     assert all(p["serverCpuSeconds"] > 0 and p["loadCpuSeconds"] > 0 for p in points)
+    assert all(1 <= p["meanBatchRows"] <= 4 for p in points)  # the server's own histogram
     # 200 requests/s offered for the 1 s window, every one answered
     assert all(abs(p["requestsPerSecond"] - 200) <= 2 for p in points), points
     closest = min(points, key=lambda p: p["p99Milliseconds"])
