@@ -7,10 +7,11 @@ values.yaml and values.schema.json carry it like every other value.
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
 LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$"
-LABELS_SCHEMA = {
+LABELS_SCHEMA: JsonDict = {
     "propertyNames": {"pattern": LABEL_KEY, "maxLength": 316},
     "additionalProperties": {"type": "string", "pattern": LABEL_VALUE, "maxLength": 63},
 }
