@@ -87,7 +87,7 @@ def _parameter(parameters: Any, name: str, kind: str, where: str) -> Any:
     parameter = parameters[name]
     given = parameter.WhichOneof("parameter_choice")
     if given != kind:
-        raise InvalidRequest(f"{where}parameters.{name} must be a {kind} (got {given})")
+        raise InvalidRequest(f"{where}parameters.{name} must be given as {kind}, not {given}")
     return getattr(parameter, kind)
 
 
