@@ -9,6 +9,7 @@ is an `ApiModel` (`kubeinfer.contract.api_model`), with its cross-field rules.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
@@ -32,6 +33,16 @@ def request_bytes_limit(input_bytes_per_row: int, max_batch_size: int) -> int:
         1024,
         input_bytes_per_row * max_batch_size * JSON_BYTES_PER_TENSOR_BYTE + REQUEST_HEADER_BYTES,
     )
+
+
+class BatchingPolicyKind(StrEnum):
+    """Who sets the batcher's queue delay and preferred batch size."""
+
+    STATIC = "Static"
+    """The configured maxQueueDelayMicroseconds and preferredBatchSizes, always."""
+    ADAPTIVE = "Adaptive"
+    """The runtime, online, from its measured compute time per batch size and arrival
+    rate, to keep p99 under the SLO less sloMarginPercent at the highest throughput."""
 
 
 class BatchingPolicy(ApiModel):
@@ -81,6 +92,21 @@ class BatchingPolicy(ApiModel):
     """Deadline of a request that sets no `timeout` parameter; a request still queued at its
     deadline is answered with a timeout error and never executed."""
 
+    policy: BatchingPolicyKind = BatchingPolicyKind.STATIC
+    """Static: the queue delay and preferred batch sizes above, always. Adaptive (needs
+    slo.p99LatencyMilliseconds): the runtime chooses its queue delay and one preferred
+    batch size online, from its own measured compute time per batch size and the arrival
+    rate, for the highest throughput whose predicted p99 stays under the SLO less
+    sloMarginPercent; maxQueueDelayMicroseconds and preferredBatchSizes apply until its
+    first batch is measured. Adaptive acts where a batch can wait for a free slot: with one
+    execution slot, batches form only while that slot is busy, under either policy."""
+
+    slo_margin_percent: int = Field(default=20, ge=0, le=90)
+    """With policy Adaptive, the share of the SLO kept out of the batcher's aim, in percent:
+    the batcher sees its queue and compute time only, not reading, decoding and answering
+    a request, nor the network; and its predictions err. A share of the SLO keeps the
+    same meaning whatever the SLO."""
+
 
 class EngineSource(ApiModel):
     """Which engine a runtime serves: an ONNX file as it is, or an engine from the
@@ -115,6 +141,18 @@ class RuntimeConfig(ApiModel):
     """Everything `kubeinfer serve` needs: the operator renders this model, serialized,
     into the runtime's ConfigMap; flags override it field by field."""
 
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="self.batching.policy != 'Adaptive' || has(self.sloP99LatencyMilliseconds)",
+            message="batching policy Adaptive needs sloP99LatencyMilliseconds",
+            field="batching.policy",
+            holds=lambda c: (
+                c.batching.policy != BatchingPolicyKind.ADAPTIVE
+                or c.slo_p99_latency_milliseconds is not None
+            ),
+        ),
+    )
+
     model_name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
     """The served model's name (the {name} in /v2/models/{name}/infer)."""
 
@@ -126,6 +164,10 @@ class RuntimeConfig(ApiModel):
 
     batching: BatchingPolicy = Field(default_factory=BatchingPolicy)
     """The dynamic batcher's policy."""
+
+    slo_p99_latency_milliseconds: float | None = Field(default=None, gt=0, le=3_600_000)
+    """The p99 latency objective (the InferenceDeployment's slo.p99LatencyMilliseconds):
+    exported as kubeinfer_slo_p99_latency_seconds, and held by batching policy Adaptive."""
 
     host: str = "0.0.0.0"
     """Address the HTTP server listens on."""

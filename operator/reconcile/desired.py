@@ -252,6 +252,7 @@ def runtime_config(
         model_version=version,
         engine=EngineSource(digest=digest, cache_directory=CACHE_MOUNT),
         batching=spec.runtime.batching,
+        slo_p99_latency_milliseconds=spec.slo.p99_latency_milliseconds,
         http_port=HTTP_PORT,
         drain_grace_period_seconds=settings.pods.drain_grace_period_seconds,
         mirror_target_file=f"{MIRROR_MOUNT}/{MIRROR_KEY}" if role == names.ROLE_SERVING else None,

@@ -11,7 +11,7 @@ import re
 from typing import Annotated, Literal
 
 from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
-from kubeinfer.contract.runtime_config import BatchingPolicy, MirrorPolicy
+from kubeinfer.contract.runtime_config import BatchingPolicy, BatchingPolicyKind, MirrorPolicy
 from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.api.v1alpha1.enums import (
     Backend,
@@ -391,6 +391,16 @@ class InferenceDeploymentSpec(ApiModel):
             message="backend tensorrt needs runtime.resources.gpus of at least 1",
             field="runtime.resources.gpus",
             holds=lambda s: s.engine.backend != Backend.TENSORRT or s.runtime.resources.gpus >= 1,
+        ),
+        CrossFieldRule(
+            cel="self.runtime.batching.policy != 'Adaptive' || "
+            "has(self.slo.p99LatencyMilliseconds)",
+            message="runtime.batching.policy Adaptive needs slo.p99LatencyMilliseconds",
+            field="runtime.batching.policy",
+            holds=lambda s: (
+                s.runtime.batching.policy != BatchingPolicyKind.ADAPTIVE
+                or s.slo.p99_latency_milliseconds is not None
+            ),
         ),
         CrossFieldRule(
             cel="!self.qualityWatch.enabled || self.engine.precision == 'int8' || "
