@@ -60,7 +60,7 @@ STRICT_TYPED := kubeinfer/contract kubeinfer/operator/api kubeinfer/operator/sta
 	kubeinfer/operator/reconcile kubeinfer/operator/rollout kubeinfer/operator/scaling \
 	kubeinfer/operator/quality \
 	kubeinfer/runtime/batching/policy.py kubeinfer/runtime/batching/assembler.py \
-	kubeinfer/runtime/batching/admission.py \
+	kubeinfer/runtime/batching/admission.py kubeinfer/runtime/batching/adaptive.py \
 	kubeinfer/cli/tune/frontier.py kubeinfer/cli/tune/traffic.py kubeinfer/cli/tune/report.py
 TYPED := kubeinfer/operator kubeinfer/runtime kubeinfer/cluster kubeinfer/cli kubeinfer/contract
 

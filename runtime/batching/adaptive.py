@@ -1,0 +1,329 @@
+"""SLO-driven adaptive batching: the queue delay and preferred batch size to run with next,
+decided from what the batcher measured itself. Pure: no asyncio, no clock.
+
+The batcher keeps a `MeasuredLoad`: its compute time per batch-size bucket
+(`ComputeProfile`, a smoothed mean and mean deviation per power-of-two bucket, as TCP
+estimates its round-trip time, RFC 6298) and the arrival rate of rows (`ArrivalRate`, an
+exponentially decayed count). `next_setting` turns that, the rows queued now and the
+latency target (the SLO's p99 less its margin) into a `BatchSetting`, which
+`BatchSetting.applied_to` makes into the `BatchingPolicy` that `policy.next_decision`
+reads. The flush rules are the static policy's: only the two values change.
+
+The latency model, per candidate batch size `b` (powers of two, and maxBatchSize):
+
+    predicted p99 = delay + 2 * compute_p99(b) + backlog(b)
+
+A request may wait `delay` for its batch to fill, then for the batch ahead of it on a
+slot, then for its own (hence twice the compute time); `backlog(b)` is the time the slots
+take to clear the rows queued now in batches of `b`. A size is feasible when the budget
+left for waiting (target - 2 * compute_p99(b) - backlog(b)) is not negative and the rows
+it still waits for are expected to arrive within it. Throughput is what the objective
+maximises, and it is the arrival rate whenever a size serves that rate (and the queue,
+within the target) with room to spare (its slots busy at most UTILISATION_LIMIT of the
+time): then the smallest such feasible size wins, the lowest latency at the same
+throughput; otherwise the feasible size with the most rows per second of compute. The
+delay is what waiting for it needs (twice the expected fill time), never more than the
+budget.
+
+When no size is feasible there are two cases. A backlog that no size clears within the
+target (the server is behind): the most efficient size, no delay, to catch up fastest.
+Otherwise the SLO is below what the engine can do: the smallest predicted latency, no
+delay. Before any batch has been measured the configured static values stay in force.
+
+Predictions stay on the cautious side: below the smallest measured size a batch is taken
+to cost as much as that size, above the largest it is taken to cost proportionally more
+(no gain from batching that was not seen). Larger batches are measured anyway when a
+queue builds (a flush takes up to maxBatchSize), and then become choices.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from kubeinfer.contract.runtime_config import BatchingPolicy
+
+MEAN_GAIN = 1 / 8
+"""Weight of a new batch's compute time in its bucket's mean (RFC 6298's alpha)."""
+DEVIATION_GAIN = 1 / 4
+"""Weight of a new batch's distance from the mean in the bucket's deviation (beta)."""
+TAIL_DEVIATIONS = 4
+"""Compute time's tail estimate: the mean plus this many mean deviations (RFC 6298's K)."""
+ARRIVAL_WINDOW_SECONDS = 0.5
+"""Time constant of the arrival rate: a change of rate shows within about this long."""
+FILL_SLACK = 2.0
+"""The delay allows this many times the expected time for the preferred size to fill, so
+that a batch under an irregular arrival process still usually fills."""
+UTILISATION_LIMIT = 0.5
+"""A batch size serves the arrival rate when its slots would be busy at most this share of
+the time: beyond it queues build in bursts, which the model's one batch ahead of a request
+no longer covers."""
+DECISION_INTERVAL_SECONDS = 0.02
+"""How often the batcher asks for a new setting: often enough to follow a burst within a
+few batches, rarely enough to cost nothing next to them."""
+MAX_QUEUE_DELAY_MICROSECONDS = 1_000_000
+"""The largest delay chosen (maxQueueDelayMicroseconds' own bound)."""
+
+
+def bucket_of(rows: int) -> int:
+    """The power-of-two bucket of a batch: 1 -> 0, 2 -> 1, 3..4 -> 2, 5..8 -> 3, ..."""
+    return (rows - 1).bit_length()
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeEstimate:
+    """What the batches of one bucket took: smoothed rows, compute seconds and deviation."""
+
+    rows: float
+    seconds: float
+    deviation_seconds: float
+
+    @property
+    def tail_seconds(self) -> float:
+        return self.seconds + TAIL_DEVIATIONS * self.deviation_seconds
+
+    def measured(self, rows: int, seconds: float) -> ComputeEstimate:
+        deviation = abs(seconds - self.seconds)
+        return ComputeEstimate(
+            self.rows + MEAN_GAIN * (rows - self.rows),
+            self.seconds + MEAN_GAIN * (seconds - self.seconds),
+            self.deviation_seconds + DEVIATION_GAIN * (deviation - self.deviation_seconds),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ComputePrediction:
+    """The predicted compute time of one batch size: its mean and its tail (p99)."""
+
+    seconds: float
+    tail_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeProfile:
+    """The batcher's compute time per batch-size bucket, as measured by its own batches."""
+
+    buckets: tuple[ComputeEstimate, ...] = ()
+    """By bucket (`bucket_of`), those measured; sorted by bucket, hence by rows."""
+    bucket_ids: tuple[int, ...] = ()
+
+    def measured(self, rows: int, seconds: float) -> ComputeProfile:
+        """With one more batch counted (a failed batch, with no time, is not)."""
+        if rows < 1 or seconds <= 0:
+            return self
+        bucket = bucket_of(rows)
+        ids = list(self.bucket_ids)
+        estimates = list(self.buckets)
+        if bucket in ids:
+            at = ids.index(bucket)
+            estimates[at] = estimates[at].measured(rows, seconds)
+        else:
+            # The first batch of a bucket: the deviation starts at half the time (RFC 6298),
+            # so one lucky batch does not make a size look dependable.
+            at = sum(1 for i in ids if i < bucket)
+            ids.insert(at, bucket)
+            estimates.insert(at, ComputeEstimate(float(rows), seconds, seconds / 2))
+        return ComputeProfile(tuple(estimates), tuple(ids))
+
+    def predict(self, rows: int) -> ComputePrediction | None:
+        """The compute time of a batch of `rows`; None before any batch was measured.
+        Between measured buckets, linear; below the smallest, that bucket's time; above the
+        largest, proportional to rows (no gain from batching that was not measured)."""
+        points = self.buckets
+        if not points:
+            return None
+        first, last = points[0], points[-1]
+        if rows <= first.rows:
+            return ComputePrediction(first.seconds, first.tail_seconds)
+        if rows >= last.rows:
+            scale = rows / last.rows
+            return ComputePrediction(last.seconds * scale, last.tail_seconds * scale)
+        for low, high in itertools.pairwise(points):
+            if rows <= high.rows:
+                share = (rows - low.rows) / (high.rows - low.rows)
+                return ComputePrediction(
+                    low.seconds + share * (high.seconds - low.seconds),
+                    low.tail_seconds + share * (high.tail_seconds - low.tail_seconds),
+                )
+        raise AssertionError("unreachable: rows is within the measured range")
+
+
+@dataclass(frozen=True, slots=True)
+class ArrivalRate:
+    """Rows arriving per second: an exponentially decayed count of the rows queued, with
+    time constant ARRIVAL_WINDOW_SECONDS."""
+
+    decayed_rows: float = 0.0
+    at: float | None = None
+
+    def arrived(self, rows: int, now: float) -> ArrivalRate:
+        return ArrivalRate(self._decayed(now) + rows, now)
+
+    def rows_per_second(self, now: float) -> float:
+        return self._decayed(now) / ARRIVAL_WINDOW_SECONDS
+
+    def _decayed(self, now: float) -> float:
+        if self.at is None:
+            return 0.0
+        return self.decayed_rows * math.exp(-max(0.0, now - self.at) / ARRIVAL_WINDOW_SECONDS)
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredLoad:
+    """Everything the batcher measures for the adaptive policy."""
+
+    compute: ComputeProfile = ComputeProfile()
+    arrivals: ArrivalRate = ArrivalRate()
+
+    def arrived(self, rows: int, now: float) -> MeasuredLoad:
+        return replace(self, arrivals=self.arrivals.arrived(rows, now))
+
+    def batch_ran(self, rows: int, compute_seconds: float) -> MeasuredLoad:
+        return replace(self, compute=self.compute.measured(rows, compute_seconds))
+
+
+class SettingReason(StrEnum):
+    """Why the adaptive policy chose its setting."""
+
+    UNMEASURED = "Unmeasured"
+    """No batch measured yet: the configured static values apply."""
+    WITHIN_SLO = "WithinSlo"
+    """A batch size whose predicted p99 is within the target: the smallest that serves the
+    load with room to spare, or else the most efficient."""
+    BEHIND = "Behind"
+    """The queue holds more than any batch size clears within the target: the most
+    efficient size, no delay, to catch up."""
+    SLO_UNREACHABLE = "SloUnreachable"
+    """Even the fastest batch is predicted over the target: the lowest latency there is."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSetting:
+    """The two values the adaptive policy sets, and what it predicted for them."""
+
+    queue_delay_microseconds: int
+    preferred_batch_size: int
+    reason: SettingReason
+    predicted_p99_seconds: float | None = None
+
+    @staticmethod
+    def of_policy(policy: BatchingPolicy) -> BatchSetting:
+        """The static policy's own values: its delay, and the size it waits for (its largest
+        preferred size, or maxBatchSize)."""
+        sizes = policy.preferred_batch_sizes
+        return BatchSetting(
+            policy.max_queue_delay_microseconds,
+            sizes[-1] if sizes else policy.max_batch_size,
+            SettingReason.UNMEASURED,
+        )
+
+    def applied_to(self, policy: BatchingPolicy) -> BatchingPolicy:
+        """`policy` with this delay and preferred size; unchanged while unmeasured."""
+        if self.reason is SettingReason.UNMEASURED:
+            return policy
+        return policy.model_copy(
+            update={
+                "max_queue_delay_microseconds": self.queue_delay_microseconds,
+                "preferred_batch_sizes": [self.preferred_batch_size],
+            }
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyTarget:
+    """What the adaptive policy holds: the batcher's p99 under `seconds` (the SLO less its
+    margin), with batches of at most `max_batch_size` rows on `execution_slots` slots."""
+
+    seconds: float
+    max_batch_size: int
+    execution_slots: int
+
+    @staticmethod
+    def of_slo(
+        slo_p99_latency_milliseconds: float,
+        margin_percent: float,
+        max_batch_size: int,
+        execution_slots: int,
+    ) -> LatencyTarget:
+        return LatencyTarget(
+            slo_p99_latency_milliseconds / 1000 * (1 - margin_percent / 100),
+            max_batch_size,
+            execution_slots,
+        )
+
+
+def candidate_sizes(max_batch_size: int) -> tuple[int, ...]:
+    """Powers of two below maxBatchSize, and maxBatchSize."""
+    sizes = [1 << k for k in range(max_batch_size.bit_length()) if 1 << k < max_batch_size]
+    return (*sizes, max_batch_size)
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    size: int
+    rows_per_second: float
+    compute_seconds: float  # twice the compute tail: the batch ahead, then its own
+    backlog_seconds: float
+    fill_seconds: float
+
+    def budget_seconds(self, target: LatencyTarget, backlog: bool = True) -> float:
+        """What the target leaves for waiting (negative: over it already)."""
+        return target.seconds - self.compute_seconds - (self.backlog_seconds if backlog else 0)
+
+
+def _microseconds(seconds: float) -> int:
+    return max(0, min(MAX_QUEUE_DELAY_MICROSECONDS, int(seconds * 1e6)))
+
+
+def next_setting(
+    target: LatencyTarget,
+    compute: ComputeProfile,
+    arrival_rows_per_second: float,
+    queued_rows: int,
+    unmeasured: BatchSetting,
+) -> BatchSetting:
+    """The setting to run with next; see the module docstring for the model."""
+    options: list[_Option] = []
+    for size in candidate_sizes(target.max_batch_size):
+        prediction = compute.predict(size)
+        if prediction is None:
+            return unmeasured
+        rate = arrival_rows_per_second
+        to_come = max(0, size - max(1, queued_rows))  # rows the batch still waits for
+        options.append(
+            _Option(
+                size,
+                size / prediction.seconds,
+                2 * prediction.tail_seconds,
+                math.ceil(queued_rows / size) * prediction.seconds / target.execution_slots,
+                to_come / rate if rate > 0 else (math.inf if to_come else 0.0),
+            )
+        )
+
+    def efficiency(option: _Option) -> tuple[float, int]:
+        # Highest throughput; between equals, the smaller size (the lower latency).
+        return option.rows_per_second, -option.size
+
+    feasible = [o for o in options if 0 <= o.fill_seconds <= o.budget_seconds(target)]
+    if feasible:
+        # Throughput is the arrival rate once a size serves it with room to spare: of those,
+        # the smallest (the lowest latency); with none, the most efficient.
+        # The rows to serve: those arriving, and the queue's within the target.
+        needed = arrival_rows_per_second + queued_rows / target.seconds
+        slots = target.execution_slots
+        enough = [o for o in feasible if o.rows_per_second * slots * UTILISATION_LIMIT >= needed]
+        best = min(enough, key=lambda o: o.size) if enough else max(feasible, key=efficiency)
+        budget = best.budget_seconds(target)
+        delay = _microseconds(min(budget, FILL_SLACK * best.fill_seconds))
+        predicted = best.compute_seconds + best.backlog_seconds + delay / 1e6
+        return BatchSetting(delay, best.size, SettingReason.WITHIN_SLO, predicted)
+    if queued_rows and any(o.budget_seconds(target, backlog=False) >= 0 for o in options):
+        # Some size would hold the target, but not with this queue ahead of it.
+        best = max(options, key=efficiency)
+        predicted = best.compute_seconds + best.backlog_seconds
+        return BatchSetting(0, best.size, SettingReason.BEHIND, predicted)
+    best = min(options, key=lambda o: (o.compute_seconds + o.backlog_seconds, o.size))
+    predicted = best.compute_seconds + best.backlog_seconds
+    return BatchSetting(0, best.size, SettingReason.SLO_UNREACHABLE, predicted)
