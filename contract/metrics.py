@@ -148,6 +148,27 @@ ENGINE_STUCK_BATCHES = Series(
     MODEL_LABELS,
     "Batches still running on the engine past the deadlines of all their requests.",
 )
+SLO_P99_LATENCY = Series(
+    "kubeinfer_slo_p99_latency_seconds",
+    "gauge",
+    MODEL_LABELS,
+    "The p99 latency objective this runtime serves under (slo.p99LatencyMilliseconds); "
+    "absent without one.",
+)
+BATCHING_QUEUE_DELAY = Series(
+    "kubeinfer_batching_queue_delay_seconds",
+    "gauge",
+    MODEL_LABELS,
+    "Longest a request waits for others to join its batch, as batching policy Adaptive "
+    "chose it last (absent under Static: maxQueueDelayMicroseconds applies).",
+)
+BATCHING_PREFERRED_BATCH_SIZE = Series(
+    "kubeinfer_batching_preferred_batch_size",
+    "gauge",
+    MODEL_LABELS,
+    "Rows at which a forming batch is flushed at once, as batching policy Adaptive chose "
+    "it last (absent under Static: preferredBatchSizes applies).",
+)
 GPU_MEMORY_USED = Series(
     "kubeinfer_gpu_memory_used_bytes", "gauge", GPU_LABELS, "GPU memory in use."
 )

@@ -19,6 +19,9 @@ dashboards read these names, so they are a public interface:
 | kubeinfer_requests_cancelled_total | counter (client left first) | model, version, stage |
 | kubeinfer_connections_closed_total | counter (stalled heads) | model, version, reason |
 | kubeinfer_engine_stuck_batches | gauge (running past deadlines) | model, version |
+| kubeinfer_slo_p99_latency_seconds | gauge (only with an SLO) | model, version |
+| kubeinfer_batching_queue_delay_seconds | gauge (Adaptive's delay) | model, version |
+| kubeinfer_batching_preferred_batch_size | gauge (Adaptive's size) | model, version |
 | kubeinfer_gpu_memory_used_bytes | gauge (only where a GPU exists) | device, name |
 | kubeinfer_gpu_memory_total_bytes | gauge (only where a GPU exists) | device, name |
 
@@ -134,6 +137,9 @@ class RuntimeMetrics:
         self._cancelled = family(series.REQUESTS_CANCELLED, r)
         self._connections_closed = family(series.CONNECTIONS_CLOSED, r)
         self._stuck_batches = family(series.ENGINE_STUCK_BATCHES, r).labels(*values)
+        self._slo = family(series.SLO_P99_LATENCY, r)  # a series only once there is an SLO
+        self._queue_delay = family(series.BATCHING_QUEUE_DELAY, r)  # under Adaptive only
+        self._preferred_size = family(series.BATCHING_PREFERRED_BATCH_SIZE, r)
         self._values = values
         self._by_code: dict[int, Counter] = {}
         if gpu_memory is not None:
@@ -159,6 +165,13 @@ class RuntimeMetrics:
 
     def stuck_batches(self, count: int) -> None:
         self._stuck_batches.set(count)
+
+    def slo_p99_latency(self, seconds: float) -> None:
+        self._slo.labels(*self._values).set(seconds)
+
+    def batching_setting(self, queue_delay_seconds: float, preferred_batch_size: int) -> None:
+        self._queue_delay.labels(*self._values).set(queue_delay_seconds)
+        self._preferred_size.labels(*self._values).set(preferred_batch_size)
 
     # Data plane
     def request_started(self) -> None:

@@ -23,6 +23,10 @@ class BatchObserver(Protocol):
 
     def stuck_batches(self, count: int) -> None: ...
 
+    def slo_p99_latency(self, seconds: float) -> None: ...
+
+    def batching_setting(self, queue_delay_seconds: float, preferred_batch_size: int) -> None: ...
+
 
 class NoObserver:
     """Reports nowhere (a batcher without metrics, in tests)."""
@@ -43,4 +47,10 @@ class NoObserver:
         pass
 
     def stuck_batches(self, count: int) -> None:
+        pass
+
+    def slo_p99_latency(self, seconds: float) -> None:
+        pass
+
+    def batching_setting(self, queue_delay_seconds: float, preferred_batch_size: int) -> None:
         pass

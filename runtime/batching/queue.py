@@ -10,8 +10,10 @@
 - `slot_runner`: the execution slots, their worker threads, the inline shortcut for small
   fast batches, and the watchdog's bound on a running batch.
 
-`assembler` packs and splits batches. Time comes from one injected monotonic clock, also
-read in the worker threads to time the engine's compute.
+`assembler` packs and splits batches; `adaptive` chooses the queue delay and preferred
+batch size under batching policy Adaptive, against `slo_p99_latency_milliseconds`. Time
+comes from one injected monotonic clock, also read in the worker threads to time the
+engine's compute.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 from kubeinfer.contract.runtime_config import BatchingPolicy
+from kubeinfer.runtime.batching.adaptive import BatchSetting
 from kubeinfer.runtime.batching.admission import Admission, Admissions
 from kubeinfer.runtime.batching.observer import BatchObserver, NoObserver
 from kubeinfer.runtime.batching.scheduler import Scheduler
@@ -49,6 +53,7 @@ class Batcher:
         observer: BatchObserver | None = None,
         inline_below_seconds: float = 0.0025,
         stuck_liveness_seconds: float = 60.0,
+        slo_p99_latency_milliseconds: float | None = None,
     ) -> None:
         if policy.max_batch_size > engine.max_batch_size:
             raise ValueError(
@@ -65,7 +70,23 @@ class Batcher:
             inline_below_seconds=inline_below_seconds,
             stuck_liveness_seconds=stuck_liveness_seconds,
         )
-        self._scheduler = Scheduler(policy, self._runner, clock=clock, observer=observer)
+        self._scheduler = Scheduler(
+            policy,
+            self._runner,
+            clock=clock,
+            observer=observer,
+            slo_p99_latency_milliseconds=slo_p99_latency_milliseconds,
+        )
+
+    @property
+    def batching_setting(self) -> BatchSetting:
+        """The queue delay and preferred batch size in force (policy Adaptive: its latest
+        choice; Static: the configured ones)."""
+        return self._scheduler.setting
+
+    def batching_status(self) -> dict[str, Any]:
+        """The policy and the setting in force, as JSON (the runtime's GET /v2/batching)."""
+        return self._scheduler.status()
 
     @property
     def watchdog(self) -> EngineWatchdog:

@@ -14,6 +14,12 @@ next pass starts what the freed slot can take and answers the finished batch, in
 order and without yielding in between. Answering wakes every handler of the batch; were
 they woken before the next batch started, the loop would encode all their responses
 while the engine sat idle (the engine measured ~80% busy that way, ~96% this way).
+
+With batching policy Adaptive the scheduler also measures what `adaptive.next_setting`
+needs (the rows queued, with the clock's `now`; each finished batch's rows and compute
+seconds) and, at most every DECISION_INTERVAL_SECONDS, at a step, asks it for the queue
+delay and preferred batch size that the policy's flush rules then read. With Static it
+measures nothing and the configured policy is the one read.
 """
 
 from __future__ import annotations
@@ -23,15 +29,24 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from kubeinfer.contract.runtime_config import BatchingPolicy
+from kubeinfer.contract.runtime_config import BatchingPolicy, BatchingPolicyKind
+from kubeinfer.runtime.batching.adaptive import (
+    DECISION_INTERVAL_SECONDS,
+    BatchSetting,
+    LatencyTarget,
+    MeasuredLoad,
+    next_setting,
+)
 from kubeinfer.runtime.batching.admission import Admission
 from kubeinfer.runtime.batching.observer import BatchObserver
 from kubeinfer.runtime.batching.policy import Flush, Pending, WaitUntil, next_decision
 from kubeinfer.runtime.batching.slot_runner import (
     BatchFailed,
     BatchOutcome,
+    BatchRan,
     Outputs,
     SlotLease,
     SlotRunner,
@@ -61,6 +76,7 @@ class _Finished:
 
     batch: list[_Request]
     outcome: BatchOutcome
+    rows: int
 
 
 class Scheduler:
@@ -73,8 +89,21 @@ class Scheduler:
         *,
         clock: Callable[[], float],
         observer: BatchObserver,
+        slo_p99_latency_milliseconds: float | None = None,
     ) -> None:
+        adaptive = policy.policy == BatchingPolicyKind.ADAPTIVE
+        if adaptive and slo_p99_latency_milliseconds is None:
+            raise ValueError("batching policy Adaptive needs an SLO (sloP99LatencyMilliseconds)")
+        self._configured = policy
         self._policy = policy
+        """What `policy.next_decision` reads: the configured policy, with the adaptive
+        setting's delay and preferred size under Adaptive."""
+        self._slo_p99_latency_milliseconds = slo_p99_latency_milliseconds
+        self._adaptive = adaptive
+        self._load = MeasuredLoad()
+        self.setting = BatchSetting.of_policy(policy)
+        """The queue delay and preferred batch size in force (Static: the configured ones)."""
+        self._decide_at = 0.0
         self._runner = runner
         self._clock = clock
         self._observer = observer
@@ -88,6 +117,13 @@ class Scheduler:
         self._task: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()
         self._stuck_batches: set[asyncio.Task[None]] = set()
+        # Reported only where there is something to report: Static's values are its config.
+        if slo_p99_latency_milliseconds is not None:
+            observer.slo_p99_latency(slo_p99_latency_milliseconds / 1000)
+        if adaptive:
+            observer.batching_setting(
+                self.setting.queue_delay_microseconds / 1e6, self.setting.preferred_batch_size
+            )
 
     @property
     def queued(self) -> int:
@@ -111,11 +147,14 @@ class Scheduler:
     ) -> asyncio.Future[Outputs]:
         """Queues one request; its future gets its outputs or its error."""
         assert self._wakeup is not None, "enqueue before start"
+        now = self._clock()
+        if self._adaptive:
+            self._load = self._load.arrived(rows, now)
         request = _Request(
             inputs,
             # Queued now (the policy's delay and the queue histogram count from here);
             # the deadline counts from the request's arrival.
-            Pending(rows, self._clock(), admission.deadline),
+            Pending(rows, now, admission.deadline),
             asyncio.get_running_loop().create_future(),
             admission,
         )
@@ -193,6 +232,8 @@ class Scheduler:
         if any(r.future.done() for r in queue):  # callers that went away
             self._queue = queue = deque(r for r in queue if not r.future.done())
         now = self._clock()
+        if self._adaptive and now >= self._decide_at:
+            self._adapt(now)
         decision = next_decision(
             self._policy,
             [r.view for r in queue],
@@ -222,6 +263,71 @@ class Scheduler:
             self._observer.queue_depth(len(queue))
         return action
 
+    def _adapt(self, now: float) -> None:
+        """Asks the adaptive policy for the setting to run with, from what was measured."""
+        assert self._slo_p99_latency_milliseconds is not None
+        configured = self._configured
+        target = LatencyTarget.of_slo(
+            self._slo_p99_latency_milliseconds,
+            configured.slo_margin_percent,
+            configured.max_batch_size,
+            self._runner.free_slots + self._runner.busy_slots,
+        )
+        setting = next_setting(
+            target,
+            self._load.compute,
+            self._load.arrivals.rows_per_second(now),
+            sum(r.view.rows for r in self._queue),
+            BatchSetting.of_policy(configured),
+        )
+        self._decide_at = now + DECISION_INTERVAL_SECONDS
+        if setting != self.setting:
+            changed = (
+                setting.queue_delay_microseconds != self.setting.queue_delay_microseconds
+                or setting.preferred_batch_size != self.setting.preferred_batch_size
+            )
+            self.setting = setting
+            self._policy = setting.applied_to(configured)
+            if changed:
+                self._observer.batching_setting(
+                    setting.queue_delay_microseconds / 1e6, setting.preferred_batch_size
+                )
+
+    def status(self) -> dict[str, Any]:
+        """The batching policy and the setting in force, for the status endpoint (JSON,
+        camelCase; times in milliseconds or microseconds, as named)."""
+        configured = self._configured
+        setting = self.setting
+        status: dict[str, Any] = {
+            "policy": str(configured.policy),
+            "sloP99LatencyMilliseconds": self._slo_p99_latency_milliseconds,
+            "maxBatchSize": configured.max_batch_size,
+            "queueDelayMicroseconds": setting.queue_delay_microseconds,
+            "preferredBatchSize": setting.preferred_batch_size,
+        }
+        if not self._adaptive:
+            return status
+        assert self._slo_p99_latency_milliseconds is not None
+        now = self._clock()
+        predicted = setting.predicted_p99_seconds
+        status |= {
+            "sloMarginPercent": configured.slo_margin_percent,
+            "targetP99Milliseconds": self._slo_p99_latency_milliseconds
+            * (1 - configured.slo_margin_percent / 100),
+            "reason": str(setting.reason),
+            "predictedP99Milliseconds": None if predicted is None else predicted * 1000,
+            "arrivalRowsPerSecond": self._load.arrivals.rows_per_second(now),
+            "computeByBatchSize": [
+                {
+                    "rows": estimate.rows,
+                    "meanMilliseconds": estimate.seconds * 1000,
+                    "tailMilliseconds": estimate.tail_seconds * 1000,
+                }
+                for estimate in self._load.compute.buckets
+            ],
+        }
+        return status
+
     def _start(self, batch: list[_Request], flush: Flush, now: float) -> None:
         lease = self._runner.take(len(batch))
         for request in batch:
@@ -230,7 +336,7 @@ class Scheduler:
         inputs = [r.inputs for r in batch]
         if flush.inline:
             outcome = self._runner.run_inline(lease, inputs, flush.rows)
-            self._finished.append(_Finished(batch, outcome))
+            self._finished.append(_Finished(batch, outcome, flush.rows))
             return
         task = asyncio.create_task(self._run_in_thread(lease, batch, flush.rows))
         self._batches.add(task)
@@ -256,13 +362,15 @@ class Scheduler:
         if self._stopped:  # no scheduler to start the next batch first: answer now
             _answer(batch, outcome)
             return
-        self._finished.append(_Finished(batch, outcome))
+        self._finished.append(_Finished(batch, outcome, rows))
         assert self._wakeup is not None
         self._wakeup.set()
 
     def _answer_finished(self) -> None:
         while self._finished:
             finished = self._finished.popleft()
+            if self._adaptive and isinstance(finished.outcome, BatchRan):
+                self._load = self._load.batch_ran(finished.rows, finished.outcome.compute_seconds)
             _answer(finished.batch, finished.outcome)
 
     def _fail_queued(self, error: InferenceServerError) -> None:

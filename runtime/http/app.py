@@ -12,7 +12,9 @@ Routes (also under `/v2/models/{name}/versions/{version}/...`):
 `GET /v2/shadow` (the running aggregates of the shadow candidate this runtime mirrors to,
 see `kubeinfer.runtime.shadow`), `GET /v2/quality` (the quality watch's running figures,
 JSON) and `GET /v2/quality/exemplars` (the watch's worst input rows of its window, an
-`.npz` as `application/octet-stream`, see `kubeinfer.runtime.shadow.exemplars`).
+`.npz` as `application/octet-stream`, see `kubeinfer.runtime.shadow.exemplars`), and
+`GET /v2/batching` (the batching policy and the queue delay and preferred batch size in
+force, JSON; see `kubeinfer.runtime.batching.adaptive`).
 
 While a quality watch names a slice header, the infer route reads that one header's raw
 value and hands it to the data plane (one dictionary lookup; the mirror sanitizes and
@@ -206,6 +208,10 @@ async def quality_exemplars(request: web.Request) -> web.Response:
     )
 
 
+async def batching(request: web.Request) -> web.Response:
+    return _json(request.app[DATAPLANE].batcher.batching_status())
+
+
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[DATAPLANE].metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -263,6 +269,7 @@ def create_app(
         config.batching,
         observer=metrics_,
         stuck_liveness_seconds=config.engine_stuck_liveness_seconds,
+        slo_p99_latency_milliseconds=config.slo_p99_latency_milliseconds,
     )
     shadow_ = ShadowController(config, metrics_.registry)
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=[_json_http_errors])
@@ -290,5 +297,6 @@ def create_app(
     app.router.add_get("/v2/shadow", shadow)
     app.router.add_get("/v2/quality", quality)
     app.router.add_get("/v2/quality/exemplars", quality_exemplars)
+    app.router.add_get("/v2/batching", batching)
     app.router.add_get("/metrics", metrics)
     return app
