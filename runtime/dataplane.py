@@ -45,6 +45,7 @@ from kubeinfer.runtime.protocol.errors import (
     InferenceServerError,
     InvalidRequest,
     ModelNotFound,
+    Overloaded,
 )
 from kubeinfer.runtime.protocol.json_tensors import model_json_value_limit
 from kubeinfer.runtime.protocol.tensor_codec import (
@@ -190,6 +191,18 @@ class DataPlane:
             raise
         self.metrics.request_started()
         return AdmittedRequest(self, admission)
+
+    def overloaded(self, arrived: float) -> Overloaded | None:
+        """The refusal of an infer request that arrived at `arrived` (this data plane's
+        clock) because the queue is full, counted as answered like `admitted`'s; None when
+        the queue has room or another answer applies (those requests go through
+        `admitted`). For a transport that answers this refusal before it reads, or even
+        parses, anything of the request but its target: the caller has checked that the
+        target is this model."""
+        error = self.batcher.overloaded()
+        if error is not None:
+            self.metrics.request_answered(error.status, self._clock() - arrived)
+        return error
 
     async def infer(
         self, name: str, version: str | None, body: bytes, header_length: int | None

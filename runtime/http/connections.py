@@ -18,6 +18,17 @@ other error of the server and logs it at DEBUG.
 
 The app's middleware marks each connection's requests (`request_started`,
 `request_finished`), which the head timeout and the graceful shutdown read (`is_quiet`).
+
+Under overload most requests are refusals, and a refusal through aiohttp costs about what
+a served request costs it before the handler, plus its body read into buffers only to be
+dropped. So a connection frames its requests before aiohttp's parser (`framing`): once the
+head of an infer request for this model has come, nothing of the connection is still
+being answered by aiohttp, and the queue is full, it writes the refusal itself
+(`refusal`) and drops the body as it comes, uncopied, as aiohttp's lingering would have.
+Every other request is passed on to aiohttp whole, and a connection that sends one
+outside the framed subset is aiohttp's alone from then on. The body of such a refusal
+must come within `bodyReadTimeoutSeconds` of it, and a connection idle after one is
+closed after aiohttp's keep-alive timeout, both by `HeadTimeouts`' sweep.
 """
 
 from __future__ import annotations
@@ -31,14 +42,34 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web, web_protocol
+from kubeinfer.runtime.http.framing import RequestFraming, RequestHead
+from kubeinfer.runtime.http.refusal import FastRefusals
 
 log = logging.getLogger(__name__)
 
 
-class _Connection(web_protocol.RequestHandler):
-    """One client connection (aiohttp's protocol handler, plus the times above)."""
+RECEIVE_BUFFER_BYTES = 256 * 1024
+"""What one read takes from a socket at most (asyncio's own size for a read)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+
+class _Connection(web_protocol.RequestHandler, asyncio.BufferedProtocol):
+    """One client connection: aiohttp's protocol handler, plus the times above and the
+    full queue's refusals answered here (`refusal`) on requests framed before aiohttp's
+    parser sees them (`framing`).
+
+    Reads go into the server's one receive buffer (the event loop reads one socket at a
+    time, and each read is handled before the next): the body of a refused request is
+    counted there and dropped, never copied into an object. Bytes for aiohttp are copied
+    out, a request at a time."""
+
+    def __init__(
+        self,
+        *args: Any,
+        refusals: FastRefusals | None = None,
+        receive_buffer: bytearray | None = None,
+        drop_seconds: float = 10.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.in_request = False
         self.head_started_at: float | None = None
@@ -48,17 +79,105 @@ class _Connection(web_protocol.RequestHandler):
         self.receiving = False
         """Bytes of a next request have come (it is not idle)."""
         self.last_answer_at: float | None = None
+        self.dropping_until: float | None = None
+        """While the body of a request refused here is being dropped: when that must
+        end (`bodyReadTimeoutSeconds` after the refusal, as aiohttp lingers)."""
+        self.answered_here = False
+        """The last answer was a refusal given here: aiohttp's idle timer is off and
+        `HeadTimeouts` closes the connection once it has been idle as long."""
+        self._refusals = refusals
+        self._buffer = bytearray(RECEIVE_BUFFER_BYTES) if receive_buffer is None else receive_buffer
+        self._drop_seconds = drop_seconds
+        self._framing = RequestFraming(self, framed=refusals is not None)
+        self._passed = 0  # requests passed on to aiohttp
+        self._finished = 0  # ... whose answers aiohttp has written
+        self._keep_alive = True  # aiohttp's last answer keeps the connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self.head_started_at = time.monotonic()  # its first request's head is due
 
-    def data_received(self, data: bytes) -> None:
-        if not self.in_request:
+    def get_buffer(self, sizehint: int) -> bytearray:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if not self.in_request and self.dropping_until is None:
             self.receiving = True
             if self.head_started_at is None:
                 self.head_started_at = time.monotonic()
-        super().data_received(data)
+        self._framing.feed(self._buffer, nbytes)
+
+    def data_received(self, data: bytes) -> None:
+        """Bytes read the other way (a transport without buffered reads): the same. An
+        empty call is aiohttp's own, to parse what its parser holds: passed on."""
+        if not data:
+            web_protocol.RequestHandler.data_received(self, data)
+        for start in range(0, len(data), len(self._buffer)):
+            part = data[start : start + len(self._buffer)]
+            self._buffer[: len(part)] = part
+            self.buffer_updated(len(part))
+
+    # RequestFraming's receiver
+
+    def pass_on(self, data: bytes) -> None:
+        web_protocol.RequestHandler.data_received(self, data)
+
+    def answer_here(self, head: RequestHead, more: bool) -> bool:
+        """Answers the full queue's refusal here if it is one and may be answered here;
+        else counts the request passed on to aiohttp."""
+        refusals, refusal = self._refusals, None
+        if refusals is not None and self._may_answer_here(head):
+            refusal = refusals.answer(head)
+        if refusal is None:
+            self._passed += 1
+            return False
+        transport = self.transport
+        assert transport is not None
+        transport.write(refusal)
+        self.keep_alive(True)  # aiohttp's idle timer off: it knows nothing of this answer
+        now = time.monotonic()
+        self.answered_here = True
+        self.last_answer_at = now
+        if head.content_length:
+            self.dropping_until = now + self._drop_seconds
+            self.receiving, self.head_started_at = True, None  # not quiet: more is due
+        else:
+            self._idle_or_next(more)
+        return True
+
+    def _may_answer_here(self, head: RequestHead) -> bool:
+        """Keep-alive on both sides, no answer of this connection still owed by aiohttp
+        (answers go out in order), and a client reading its answers."""
+        transport = self.transport
+        return (
+            head.keep_alive
+            and self._keep_alive
+            and self._passed == self._finished
+            and not self.writing_paused
+            and transport is not None
+            and not transport.is_closing()
+        )
+
+    def dropped(self, more: bool) -> None:
+        self.dropping_until = None
+        self._idle_or_next(more)
+
+    def _idle_or_next(self, more: bool) -> None:
+        """A refusal given here is over, body and all: idle, or a next head begun."""
+        self.receiving = more
+        self.head_started_at = time.monotonic() if more else None
+
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        """aiohttp's, then counts the answer written (a refusal given here must not
+        overtake it) and whether it keeps the connection."""
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._finished += 1
+            self._keep_alive = bool(resp.keep_alive)
+            self.answered_here = False
 
     def handle_error(
         self,
@@ -85,25 +204,54 @@ class _Connection(web_protocol.RequestHandler):
 
 
 class _Server(web.Server):
-    """aiohttp's low-level server, making `_Connection`s."""
+    """aiohttp's low-level server, making `_Connection`s, which share one receive buffer."""
 
-    def __init__(self, handler: Any, *, loop: asyncio.AbstractEventLoop, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        handler: Any,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        refusals: FastRefusals | None,
+        drop_seconds: float,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(handler, loop=loop, **kwargs)
         self._connection_loop = loop
         self._connection_options = {
             k: v for k, v in kwargs.items() if k not in ("request_factory", "handler_cancellation")
         }
+        self._refusals = refusals
+        self._drop_seconds = drop_seconds
+        self._receive_buffer = bytearray(RECEIVE_BUFFER_BYTES)
 
     def __call__(self) -> _Connection:
-        return _Connection(self, loop=self._connection_loop, **self._connection_options)
+        return _Connection(
+            self,
+            loop=self._connection_loop,
+            refusals=self._refusals,
+            receive_buffer=self._receive_buffer,
+            drop_seconds=self._drop_seconds,
+            **self._connection_options,
+        )
 
 
 class ServingRunner(web.AppRunner):
     """An AppRunner whose server makes `_Connection`s (aiohttp's `_make_server` is the
-    hook its runners override)."""
+    hook its runners override). `refusals`: the full queue's refusals its connections
+    answer themselves (None: all go through the app); `drop_seconds`: how long the body
+    of such a refusal may take to come before the connection is closed."""
 
-    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        refusals: FastRefusals | None = None,
+        drop_seconds: float = 10.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **kwargs)
+        self._refusals = refusals
+        self._drop_seconds = drop_seconds
         self._connection_options = {
             k: v for k, v in kwargs.items() if k not in ("handle_signals", "shutdown_timeout")
         }
@@ -116,6 +264,8 @@ class ServingRunner(web.AppRunner):
             server.request_handler,
             request_factory=server.request_factory,
             loop=asyncio.get_running_loop(),
+            refusals=self._refusals,
+            drop_seconds=self._drop_seconds,
             **options,
         )
 
@@ -176,9 +326,21 @@ class HeadTimeouts:
             self.sweep(time.monotonic())
 
     def sweep(self, now: float) -> int:
+        """Closes the connections whose head stalled (counted, and returned), and those
+        whose refused body has not come in time or that have been idle past aiohttp's
+        keep-alive timeout after a refusal given by the connection (`_Connection`)."""
         closed = 0
         for connection in self._server.connections:
             if not isinstance(connection, _Connection) or connection.in_request:
+                continue
+            if connection.dropping_until is not None:
+                if now > connection.dropping_until:
+                    connection.force_close()  # as aiohttp closes after lingering
+                continue
+            if connection.answered_here and not connection.receiving:
+                idle_since = connection.last_answer_at or now
+                if now - idle_since > connection.keepalive_timeout:
+                    connection.force_close()
                 continue
             started = connection.head_started_at
             if started is not None and now - started > self._timeout:

@@ -1,0 +1,195 @@
+"""Where each request on a connection starts and ends, read before aiohttp's parser sees
+the bytes (`connections`), so that a request the full queue refuses is answered, and its
+body dropped unread, without aiohttp making a request of it.
+
+Only a plain subset of HTTP/1.1 is framed here: a request line `METHOD /target HTTP/1.1`,
+header lines `name: value` of visible characters, at most one Content-Length (digits) and
+no Transfer-Encoding, Expect or Upgrade, the whole head under `MAX_HEAD_BYTES`. A request
+outside it (chunked, HTTP/1.0, a head aiohttp might read differently or refuse) is not
+framed: from its first byte on, aiohttp's parser reads the rest of the connection, as it
+read all of it before. Within the subset both parsers end a request at the same byte (the
+head's blank line, then Content-Length bytes), which keeps the connection in step.
+
+`RequestFraming` does no I/O: the connection feeds it what it reads and is called back
+with the bytes to pass on to aiohttp, each framed head to answer or pass on, and the end
+of a body it dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+HEAD_END = b"\r\n\r\n"
+
+MAX_HEAD_BYTES = 8000
+"""A head not ended within this many bytes is aiohttp's to read (every line of a framed
+head is then under aiohttp's limits of 8190 bytes a line)."""
+
+MAX_HEADER_LINES = 100
+"""Fewer than aiohttp's limit (128), for the same reason."""
+
+_REQUEST_LINE = re.compile(rb"([A-Z]{1,20}) (/[!-~]*) HTTP/1\.1\r\n")
+_HEADER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([\t -~\x80-\xff]*?)[ \t]*\r\n")
+_DIGITS = re.compile(rb"[0-9]{1,18}")
+_NOT_FRAMED = frozenset((b"transfer-encoding", b"expect", b"upgrade"))
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    """A framed request head: what the connection needs to answer or pass it on."""
+
+    method: bytes
+    target: bytes
+    """The request target as sent (path and query)."""
+    content_length: int
+    """The body's length in bytes (0 without a Content-Length)."""
+    keep_alive: bool
+    """False when the request says `Connection: close`."""
+
+    @property
+    def path(self) -> bytes:
+        return self.target.partition(b"?")[0]
+
+
+def parse_head(head: bytes) -> RequestHead | None:
+    """The request of `head` (its bytes up to and including the blank line that ends
+    it), or None when it is outside the framed subset."""
+    line = _REQUEST_LINE.match(head)
+    if line is None or len(head) > MAX_HEAD_BYTES or not head.endswith(HEAD_END):
+        return None
+    position, end = line.end(), len(head) - 2  # the blank line's CRLF
+    content_length: int | None = None
+    keep_alive = True
+    lines = 0
+    while position < end:
+        header = _HEADER_LINE.match(head, position)
+        lines += 1
+        if header is None or lines > MAX_HEADER_LINES:
+            return None
+        position = header.end()
+        name, value = header.group(1).lower(), header.group(2)
+        if name == b"content-length":
+            if content_length is not None or _DIGITS.fullmatch(value) is None:
+                return None
+            content_length = int(value)
+        elif name in _NOT_FRAMED:
+            return None
+        elif name == b"connection":
+            tokens = {token.strip().lower() for token in value.split(b",")}
+            if b"upgrade" in tokens:
+                return None
+            keep_alive = keep_alive and b"close" not in tokens
+    if position != end:
+        return None
+    return RequestHead(line.group(1), line.group(2), content_length or 0, keep_alive)
+
+
+class FramingReceiver(Protocol):
+    """What `RequestFraming` calls back (the connection)."""
+
+    def pass_on(self, data: bytes) -> None:
+        """Bytes for aiohttp's parser, in order: whole framed heads with their bodies,
+        or everything from a head outside the subset on."""
+
+    def answer_here(self, head: RequestHead, more: bool) -> bool:
+        """A framed head, before any of it is passed on: True when the receiver has
+        answered it (its body, if any, is then dropped), False to pass it on. `more`:
+        bytes after it came in the same read."""
+
+    def dropped(self, more: bool) -> None:
+        """The body of a request answered here has ended."""
+
+
+_HEAD, _BODY, _DROP, _PASS_ALL = "head", "body", "drop", "pass all"
+
+
+class RequestFraming:
+    """Splits one connection's bytes into requests (see the module): reading a head,
+    passing its body on, dropping the body of a request answered here, or passing
+    everything on once a head outside the subset came (or when `framed` is False)."""
+
+    def __init__(self, receiver: FramingReceiver, *, framed: bool = True) -> None:
+        self._receiver = receiver
+        self._state = _HEAD if framed else _PASS_ALL
+        self._head = b""  # a head begun in an earlier read
+        self._body_left = 0
+
+    @property
+    def framed(self) -> bool:
+        """Heads are still read here (none outside the subset came)."""
+        return self._state != _PASS_ALL
+
+    def feed(self, buffer: bytearray, nbytes: int) -> None:
+        """Takes the first `nbytes` of `buffer` (what one read brought)."""
+        view, position, receiver = memoryview(buffer), 0, self._receiver
+        while position < nbytes:
+            state = self._state
+            if state == _PASS_ALL:
+                receiver.pass_on(bytes(view[position:nbytes]))
+                return
+            if state != _HEAD:
+                taken = min(self._body_left, nbytes - position)
+                if state == _BODY:
+                    receiver.pass_on(bytes(view[position : position + taken]))
+                position += taken
+                self._body_left -= taken
+                if not self._body_left:
+                    self._state = _HEAD
+                    if state == _DROP:
+                        receiver.dropped(position < nbytes)
+                continue
+            begun = len(self._head)
+            head, after = self._take_head(buffer, view, position, nbytes)
+            if head is None:
+                return  # the head goes on in the next read, or all is passed on now
+            parsed = parse_head(head)
+            if parsed is None:  # outside the subset: aiohttp reads from this head on
+                self._state = _PASS_ALL
+                receiver.pass_on(head)
+                position = after
+                continue
+            if receiver.answer_here(parsed, after < nbytes):
+                position = after
+                self._body_left = parsed.content_length
+                if self._body_left:
+                    self._state = _DROP
+                continue
+            taken = min(parsed.content_length, nbytes - after)
+            if begun:  # the head began in an earlier read
+                receiver.pass_on(head + bytes(view[after : after + taken]))
+            else:  # head and body as they lie in the buffer: one copy
+                receiver.pass_on(bytes(view[position : after + taken]))
+            position = after + taken
+            self._body_left = parsed.content_length - taken
+            if self._body_left:
+                self._state = _BODY
+
+    def _take_head(
+        self, buffer: bytearray, view: memoryview, position: int, nbytes: int
+    ) -> tuple[bytes | None, int]:
+        """The head that starts at `position` (or began in an earlier read) and the
+        position after it, when it ends in this read; else None (the head is kept for
+        the next read or, past MAX_HEAD_BYTES, passed on with the rest of the read)."""
+        begun = self._head
+        stop = min(nbytes, position + MAX_HEAD_BYTES - len(begun))
+        if begun:  # look for its end across the seam too
+            data = begun + bytes(view[position:stop])
+            end = data.find(HEAD_END, max(0, len(begun) - len(HEAD_END) + 1))
+            if end >= 0:
+                self._head = b""
+                end += len(HEAD_END)
+                return data[:end], position + end - len(begun)
+            self._head = data
+        else:
+            end = buffer.find(HEAD_END, position, stop)
+            if end >= 0:
+                end += len(HEAD_END)
+                return bytes(view[position:end]), end
+            self._head = bytes(view[position:stop])
+        if len(self._head) >= MAX_HEAD_BYTES:  # aiohttp's, under its own limits
+            self._state = _PASS_ALL
+            head, self._head = self._head, b""
+            self._receiver.pass_on(head + bytes(view[stop:nbytes]))
+        return None, nbytes

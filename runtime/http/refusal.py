@@ -1,0 +1,68 @@
+"""The full queue's refusal, answered by the connection from the request's head alone.
+
+Under overload most requests are refused, and each refusal used to cost what a served
+request costs aiohttp before the handler (a request object, a task, routing, the
+middleware, a response object) plus reading its body into buffers only to drop them.
+`FastRefusals.answer` is asked by the connection (`connections`) once a framed head of
+an infer request for this model is complete and no earlier request of that connection is
+still being answered: while the data plane's queue is full, it returns the whole 503
+(Retry-After, the JSON error, Server-Timing) as bytes, counted as the route would count
+it, and the connection drops the body as it comes without parsing it.
+
+Every other request (another route or model, room in the queue, not started, draining,
+the engine stuck) gets None and goes through aiohttp and the route as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from http import HTTPStatus
+from urllib.parse import quote
+
+from kubeinfer.runtime.dataplane import DataPlane
+from kubeinfer.runtime.http.framing import RequestHead
+from kubeinfer.runtime.protocol.errors import InferenceServerError, error_response_parts
+from kubeinfer.runtime.protocol.v2_types import SERVER_TIMING_HEADER, format_server_timing
+
+
+def infer_paths(model_name: str, model_version: str) -> frozenset[bytes]:
+    """The infer route's paths for this model, as a client that quotes nothing sends them
+    (a client quoting differently goes through aiohttp's router, which is as right)."""
+    name, version = quote(model_name, safe=""), quote(model_version, safe="")
+    return frozenset(
+        (
+            f"/v2/models/{name}/infer".encode(),
+            f"/v2/models/{name}/versions/{version}/infer".encode(),
+        )
+    )
+
+
+def encode_refusal(error: InferenceServerError, seconds: float) -> bytes:
+    """`error`'s whole HTTP/1.1 response (`error_response_parts`, the one status mapping),
+    with Server-Timing as every infer answer has it; the connection stays open."""
+    status, body, headers = error_response_parts(error)
+    headers[SERVER_TIMING_HEADER] = format_server_timing(seconds)
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    lines += [f"Content-Length: {len(body)}", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + body
+
+
+class FastRefusals:
+    """Answers an infer request for this model refused because the queue is full."""
+
+    def __init__(self, dataplane: DataPlane, clock: Callable[[], float] | None = None) -> None:
+        config = dataplane.config
+        self._dataplane = dataplane
+        self._clock = clock or dataplane.clock
+        self._paths = infer_paths(config.model_name, config.model_version)
+
+    def answer(self, head: RequestHead) -> bytes | None:
+        """The refusal's bytes, or None: the request goes through aiohttp."""
+        if head.method != b"POST" or head.path not in self._paths:
+            return None
+        arrived = self._clock()
+        error = self._dataplane.overloaded(arrived)
+        if error is None:
+            return None
+        return encode_refusal(error, self._clock() - arrived)
