@@ -125,6 +125,29 @@ OPERATOR = Group(
     ),
 )
 
+SERVED = ("namespace", "model", "version")
+
+SERVING = Group(
+    "kubeinfer-serving",
+    (
+        Alert(
+            "KubeinferLatencyAboveSlo",
+            promql.quantile(0.99, series.REQUEST_DURATION, SERVED, "5m")
+            + f"\n> on ({', '.join(SERVED)})\n"
+            + promql.gauge(series.SLO_P99_LATENCY, SERVED),
+            "warning",
+            "{{ $labels.model }} v{{ $labels.version }} in {{ $labels.namespace }}: p99 "
+            "{{ $value | humanizeDuration }} over the last 5 minutes, above its objective",
+            "p99 of the serving pods' request latency (arrival to response, all pods "
+            "together) above the InferenceDeployment's slo.p99LatencyMilliseconds, which "
+            "the runtime exports as kubeinfer_slo_p99_latency_seconds. The operator's own "
+            "judgement over the SLO's window is the SLOMet condition: "
+            "`kubectl get infd -n {{ $labels.namespace }}`.",
+            for_="10m",
+        ),
+    ),
+)
+
 QUALITY_LABELS = ("namespace", "model", "serving_version")
 QUALITY = {"role": "quality"}
 
@@ -184,7 +207,7 @@ QUALITY_WATCH = Group(
     ),
 )
 
-GROUPS = (OPERATOR, QUALITY_WATCH)
+GROUPS = (OPERATOR, SERVING, QUALITY_WATCH)
 
 
 def rule_groups() -> dict[str, Any]:

@@ -69,9 +69,17 @@ SECTIONS = (
             PanelSpec(
                 "Latency by model version",
                 "p50, p95 and p99 of the time from a request's arrival to its response, over "
-                "every serving pod.",
+                "every serving pod, and the p99 objective (slo.p99LatencyMilliseconds).",
                 "s",
-                _quantiles(series.REQUEST_DURATION, VERSION, "{{model}} v{{version}}", **SERVING),
+                (
+                    *_quantiles(
+                        series.REQUEST_DURATION, VERSION, "{{model}} v{{version}}", **SERVING
+                    ),
+                    Target(
+                        promql.gauge(series.SLO_P99_LATENCY, VERSION, **SERVING),
+                        "p99 objective {{model}} v{{version}}",
+                    ),
+                ),
             ),
             PanelSpec(
                 "Requests by status code",

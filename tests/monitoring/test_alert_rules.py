@@ -252,3 +252,35 @@ def test_the_quality_rules_fire_on_a_falling_class_a_falling_slice_and_a_referen
         silent("KubeinferQualityClassAgreementLow", "10m"),
     ]
     run_promtool(tmp_path, inputs, cases)
+
+
+def test_p99_above_the_objective_fires_after_ten_minutes_for_the_version_that_misses_it(
+    tmp_path: Path,
+) -> None:
+    alert = "KubeinferLatencyAboveSlo"
+    bucket = f"{series.REQUEST_DURATION.name}_bucket"
+
+    def histogram(version: str, lowest_bound_reached: float) -> list[dict[str, str]]:
+        labels = f'namespace="serving", pod="clf-a", model="clf", version="{version}"'
+        return [
+            counter(bucket, f'{labels}, le="{le}"', 10 if float(le) >= lowest_bound_reached else 0)
+            for le in ("0.05", "0.5", "1", "+Inf")
+        ]
+
+    slo = series.SLO_P99_LATENCY.name
+    inputs = [
+        *histogram("1", 1.0),  # every request between 0.5 s and 1 s: p99 0.995 s
+        *histogram("2", 0.05),  # every request under 50 ms
+        *histogram("3", 1.0),  # as slow as v1, with no objective
+        gauge(slo, 'namespace="serving", pod="clf-a", model="clf", version="1"', "0.2x60"),
+        gauge(slo, 'namespace="serving", pod="clf-a", model="clf", version="2"', "0.2x60"),
+    ]
+    labels = {"namespace": "serving", "model": "clf", "version": "1", "severity": "warning"}
+    annotations = {
+        "summary": "clf v1 in serving: p99 995ms over the last 5 minutes, above its objective",
+        "description": "p99 of the serving pods' request latency (arrival to response, all "
+        "pods together) above the InferenceDeployment's slo.p99LatencyMilliseconds, which the "
+        "runtime exports as kubeinfer_slo_p99_latency_seconds. The operator's own judgement "
+        "over the SLO's window is the SLOMet condition: `kubectl get infd -n serving`.",
+    }
+    run_promtool(tmp_path, inputs, [silent(alert, "9m"), firing(alert, "12m", labels, annotations)])

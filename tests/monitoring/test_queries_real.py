@@ -139,5 +139,6 @@ def test_every_alert_holds_where_its_situation_was_made(world: tuple[World, floa
     assert labels("KubeinferQualityReferenceBehind", "namespace") == {"ns-b"}
     assert labels("KubeinferEngineBuildFailed", "name") == {"broken"}
     assert labels("KubeinferMetricsUnavailable", "reader") == {"scaling"}
+    assert labels("KubeinferLatencyAboveSlo", "namespace") == {"ns-a"}  # only it has an SLO
     for alert in ("KubeinferShadowFailed", "KubeinferQualityDrift", "KubeinferScalingLimitedAtMax"):
         assert labels(alert, "namespace") == {"ns-a"}, alert
