@@ -199,7 +199,7 @@ def _serving_children(
     deployment = build.build_runtime_deployment(
         owner, spec, settings, configmap, replicas, pod_monitors=monitors
     )
-    others = [build.build_service(owner, serving.version)]
+    others = [build.build_service(owner, serving.version, grpc_port=spec.runtime.grpc_port)]
     if monitors:
         others.append(
             build_pod_monitor(owner, serving.version, settings.metrics.pod_monitor_labels)
@@ -247,7 +247,7 @@ def _shadow_children(
     return mirror, [
         configmap,
         build.build_runtime_deployment(owner, spec, settings, configmap, replicas, role),
-        build.build_service(owner, candidate.version, role),
+        build.build_service(owner, candidate.version, role, spec.runtime.grpc_port),
     ]
 
 

@@ -69,7 +69,7 @@ def reference_children(
     return [
         configmap,
         build.build_runtime_deployment(owner, spec, settings, configmap, 1, role),
-        build.build_service(owner, version, role),
+        build.build_service(owner, version, role, spec.runtime.grpc_port),
     ]
 
 

@@ -254,6 +254,7 @@ def runtime_config(
         batching=spec.runtime.batching,
         slo_p99_latency_milliseconds=spec.slo.p99_latency_milliseconds,
         http_port=HTTP_PORT,
+        grpc_port=spec.runtime.grpc_port,
         drain_grace_period_seconds=settings.pods.drain_grace_period_seconds,
         mirror_target_file=f"{MIRROR_MOUNT}/{MIRROR_KEY}" if role == names.ROLE_SERVING else None,
         max_request_bytes=max_request_bytes,
@@ -372,7 +373,10 @@ def build_runtime_deployment(
         "command": ["kubeinfer"],
         "args": ["serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
         "env": [{"name": "HOME", "value": "/tmp"}],
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            *_grpc_ports(spec.runtime.grpc_port, "containerPort"),
+        ],
         # Loading an engine can take minutes; the startup probe holds liveness off until then.
         "startupProbe": probe("/v2/health/live", 5, 120),
         "livenessProbe": probe("/v2/health/live", 10, 3),
@@ -435,11 +439,21 @@ def build_runtime_deployment(
     return finish_child("apps/v1", "Deployment", name, owner, labels, body)
 
 
-def build_service(owner: OwnerRef, version: str, role: str = names.ROLE_SERVING) -> KubeObject:
+def _grpc_ports(grpc_port: int | None, key: str) -> list[dict[str, Any]]:
+    """The runtime's `grpc` port, when the spec sets one (`key`: the port's field)."""
+    if grpc_port is None:
+        return []
+    named = {"targetPort": "grpc"} if key == "port" else {}
+    return [{"name": "grpc", key: grpc_port, **named, "protocol": "TCP"}]
+
+
+def build_service(
+    owner: OwnerRef, version: str, role: str = names.ROLE_SERVING, grpc_port: int | None = None
+) -> KubeObject:
     """The runtime's Service: `http` for inference, `metrics` for scrapers selecting a
-    named port (the runtime serves /metrics on its http port). The serving Service selects
-    the serving role only; the candidate's and the reference's Services (the mirrors'
-    targets) their own pods."""
+    named port (the runtime serves /metrics on its http port), and `grpc` when the spec
+    sets a gRPC port. The serving Service selects the serving role only; the candidate's
+    and the reference's Services (the mirrors' targets) their own pods."""
     body = {
         "spec": {
             "type": "ClusterIP",
@@ -452,6 +466,7 @@ def build_service(owner: OwnerRef, version: str, role: str = names.ROLE_SERVING)
                     "targetPort": "http",
                     "protocol": "TCP",
                 },
+                *_grpc_ports(grpc_port, "port"),
             ],
         }
     }

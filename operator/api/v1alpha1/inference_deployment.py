@@ -234,6 +234,16 @@ class ResourceSpec(ApiModel):
 class RuntimeSpec(ApiModel):
     """The runtime pods: dynamic-batching inference servers."""
 
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="!has(self.grpcPort) || (self.grpcPort != 8000 && self.grpcPort != 9090)",
+            message="grpcPort must differ from the runtime's HTTP port (8000) and the "
+            "Service's metrics port (9090)",
+            field="grpcPort",
+            holds=lambda r: r.grpc_port not in (8000, 9090),
+        ),
+    )
+
     image: str | None = Field(default=None, max_length=512)
     """Runtime container image; the operator's default image when unset."""
 
@@ -256,6 +266,11 @@ class RuntimeSpec(ApiModel):
 
     batching: BatchingPolicy = Field(default_factory=BatchingPolicy)
     """The dynamic batcher's policy."""
+
+    grpc_port: int | None = Field(default=None, ge=1, le=65535)
+    """Port of the Open Inference Protocol over gRPC (inference.GRPCInferenceService) on
+    the runtime pods and their Services, beside HTTP on 8000 (Triton's clients use 8001);
+    unset: HTTP only."""
 
 
 class ShadowThresholds(ApiModel):
