@@ -40,12 +40,30 @@ def infer_paths(model_name: str, model_version: str) -> frozenset[bytes]:
 def encode_refusal(error: InferenceServerError, seconds: float) -> bytes:
     """`error`'s whole HTTP/1.1 response (`error_response_parts`, the one status mapping),
     with Server-Timing as every infer answer has it; the connection stays open."""
+    return _with_timing(_refusal_parts(error), seconds)
+
+
+def _refusal_parts(error: InferenceServerError) -> tuple[bytes, bytes]:
+    """The status line and headers but Server-Timing and Content-Length, and the body."""
     status, body, headers = error_response_parts(error)
-    headers[SERVER_TIMING_HEADER] = format_server_timing(seconds)
     lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
     lines += [f"{name}: {value}" for name, value in headers.items()]
-    lines += [f"Content-Length: {len(body)}", "", ""]
-    return "\r\n".join(lines).encode("latin-1") + body
+    return "\r\n".join(lines).encode("latin-1"), body
+
+
+def _with_timing(parts: tuple[bytes, bytes], seconds: float) -> bytes:
+    head, body = parts
+    timing = format_server_timing(seconds).encode()
+    return b"%s\r\n%s: %s\r\nContent-Length: %d\r\n\r\n%s" % (
+        head,
+        _SERVER_TIMING,
+        timing,
+        len(body),
+        body,
+    )
+
+
+_SERVER_TIMING = SERVER_TIMING_HEADER.encode()
 
 
 class FastRefusals:
@@ -56,6 +74,9 @@ class FastRefusals:
         self._dataplane = dataplane
         self._clock = clock or dataplane.clock
         self._paths = infer_paths(config.model_name, config.model_version)
+        self._parts: dict[str, tuple[bytes, bytes]] = {}
+        """Each refusal's response but its timing, by message: the full queue's is the
+        same every time, so it is encoded once."""
 
     def answer(self, head: RequestHead) -> bytes | None:
         """The refusal's bytes, or None: the request goes through aiohttp."""
@@ -65,4 +86,9 @@ class FastRefusals:
         error = self._dataplane.overloaded(arrived)
         if error is None:
             return None
-        return encode_refusal(error, self._clock() - arrived)
+        parts = self._parts.get(error.message)
+        if parts is None:
+            if len(self._parts) >= 16:
+                self._parts.clear()
+            parts = self._parts[error.message] = _refusal_parts(error)
+        return _with_timing(parts, self._clock() - arrived)
