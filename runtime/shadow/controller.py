@@ -40,7 +40,7 @@ from prometheus_client import CollectorRegistry
 
 log = logging.getLogger(__name__)
 
-QUALITY_GATHER_SECONDS = 0.1
+QUALITY_GATHER_SECONDS = 0.5
 """How long a quality watch's mirror holds a sample for others to go with it to the
 reference as one request. The HTTP client and the comparison cost the serving runtime's
 CPU per request sent, far more than per row; a watch judges windows of 30 s or more, so

@@ -13,7 +13,10 @@ for the callers.
 
 The request to the candidate is built from the decoded inputs with Triton's binary tensor
 extension both ways (`encode_infer_request`), so the comparison sees the candidate's exact
-floats and neither side formats JSON numbers.
+floats and neither side formats JSON numbers. The candidate's latency is its own server
+time from its `Server-Timing` header, the same span this runtime reports for itself;
+when a candidate sends none, the round trip measured here stands in (it includes the
+network, so it flatters the serving side: a reason to keep candidates on kubeinfer).
 
 A mirror made with `gather_rows` above 1 (a quality watch's: the reference runs the same
 batching, so it takes that many rows) sends several sampled requests as one: a worker
@@ -25,10 +28,7 @@ then compared request by request (`compare_requests`). The HTTP client and the n
 calls of a comparison cost the serving CPU per request sent, far more than per row, so
 this is what keeps the watch cheap; each request of a gathered batch gets the batch's
 latency from the reference, a figure nothing judges for a watch. A shadow's mirror
-sends each request alone, as its latency is compared with the serving side's. The candidate's latency is its own server
-time from its `Server-Timing` header, the same span this runtime reports for itself;
-when a candidate sends none, the round trip measured here stands in (it includes the
-network, so it flatters the serving side: a reason to keep candidates on kubeinfer).
+sends each request alone, as its latency is compared with the serving side's.
 
 Failures are counted by outcome (`candidate_error`, `timeout`) and logged per request at
 DEBUG only; a WARNING summarises them at most once per `log_interval_seconds`, so a
