@@ -198,6 +198,7 @@ def setup(
 ) -> Iterator[Setup]:
     from test_operator_shadow_rollout import ready_urls
 
+    assert (BIN / "kubectl-infd").exists(), f"no kubectl-infd in {BIN}: pip install -e ."
     namespace = local_cluster.new_namespace("kubectl-infd")
     world = World(local_cluster, local_cluster.admin(namespace))
     grant_operator_role(world)

@@ -134,3 +134,25 @@ def test_the_harness_opens_only_the_libraries_argo_cd_opens(tmp_path: Path) -> N
             argocd_lua.health(folder, {})
     script.write_text("return {status = 'Fine'}")
     assert argocd_lua.health(folder, {})["status"] == "Unknown"
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        ({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}, "Terminating"),
+        ({"metadata": {"generation": 2}, "status": {"observedGeneration": 1}}, "InProgress"),
+        ({"metadata": {"generation": 2}, "status": {}}, "Current"),
+        ({"metadata": {}, "status": {"conditions": [
+            {"type": "Stalled", "status": "True"}, {"type": "Reconciling", "status": "True"}]}},
+         "Failed"),
+        ({"metadata": {}, "status": {"conditions": [{"type": "Ready", "status": "False"}]}},
+         "InProgress"),
+        ({"metadata": {}, "status": {"conditions": [
+            {"type": "Ready", "status": "False"}, {"type": "Stalled", "status": "False"}]}},
+         "Current"),
+    ],
+)  # fmt: skip
+def test_kstatus_rules_in_their_documented_order(obj: dict[str, Any], expected: str) -> None:
+    """Deletion, then observedGeneration (only when present), then the first of Reconciling
+    and Stalled found True, then Ready only for objects with neither condition."""
+    assert kstatus.compute(obj).status == expected
