@@ -3,20 +3,30 @@ decided from what the batcher measured itself. Pure: no asyncio, no clock.
 
 The batcher keeps a `MeasuredLoad`: its compute time per batch-size bucket
 (`ComputeProfile`, a smoothed mean and mean deviation per power-of-two bucket, as TCP
-estimates its round-trip time, RFC 6298) and the arrival rate of rows (`ArrivalRate`, an
-exponentially decayed count). `next_setting` turns that, the rows queued now and the
-latency target (the SLO's p99 less its margin) into a `BatchSetting`, which
+estimates its round-trip time, RFC 6298), kept apart for batches that ran alone on the
+engine and batches that ran beside another (`EngineProfile`), and the arrival rate of rows
+(`ArrivalRate`, an exponentially decayed count). `next_setting` turns that, the rows queued
+now and the latency target (the SLO's p99 less its margin) into a `BatchSetting`, which
 `BatchSetting.applied_to` makes into the `BatchingPolicy` that `policy.next_decision`
 reads. The flush rules are the static policy's: only the two values change.
 
-The latency model, per candidate batch size `b` (powers of two, and maxBatchSize):
+First, whether batches should overlap at all. Two batches side by side each take longer
+than one alone; the slots are worth using together only when they still add throughput
+(`EngineProfile.parallel_slots`: slots times the ratio of a batch's time alone to its time
+beside another, from the buckets measured both ways; the configured slots until then). A
+GPU overlapping copies with compute gains; CPU threads sharing cores and memory bandwidth
+with each other and with the HTTP server mostly do not. Below OVERLAP_WORTH the policy
+serializes: a forming batch waits for the running one unless it is full (preferred size
+maxBatchSize, the longest delay), and the slots count as one in the model below.
 
-    predicted p99 = delay + 2 * compute_p99(b) + backlog(b)
+Then the latency model, per candidate batch size `b` (powers of two, and maxBatchSize):
+
+    predicted p99 = delay + compute(b) + compute_p99(b) + backlog(b)
 
 A request may wait `delay` for its batch to fill, then for the batch ahead of it on a
-slot, then for its own (hence twice the compute time); `backlog(b)` is the time the slots
-take to clear the rows queued now in batches of `b`. A size is feasible when the budget
-left for waiting (target - 2 * compute_p99(b) - backlog(b)) is not negative and the rows
+slot (at its mean), then for its own (at its tail); `backlog(b)` is the time the slots take
+to clear the rows queued now in batches of `b`. A size is feasible when the budget left for
+waiting (target - compute(b) - compute_p99(b) - backlog(b)) is not negative and the rows
 it still waits for are expected to arrive within it. Throughput is what the objective
 maximises, and it is the arrival rate whenever a size serves that rate (and the queue,
 within the target) with room to spare (its slots busy at most UTILISATION_LIMIT of the
@@ -26,9 +36,10 @@ delay is what waiting for it needs (twice the expected fill time), never more th
 budget.
 
 When no size is feasible there are two cases. A backlog that no size clears within the
-target (the server is behind): the most efficient size, no delay, to catch up fastest.
-Otherwise the SLO is below what the engine can do: the smallest predicted latency, no
-delay. Before any batch has been measured the configured static values stay in force.
+target (the server is behind): the most efficient size, waited for as its filling needs, to
+catch up fastest. Otherwise the SLO is below what the engine can do: the smallest
+predicted latency, no delay. Before any batch has been measured the configured static
+values stay in force.
 
 Predictions stay on the cautious side: below the smallest measured size a batch is taken
 to cost as much as that size, above the largest it is taken to cost proportionally more
@@ -40,8 +51,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from kubeinfer.contract.runtime_config import BatchingPolicy
 
@@ -63,6 +76,10 @@ no longer covers."""
 DECISION_INTERVAL_SECONDS = 0.02
 """How often the batcher asks for a new setting: often enough to follow a burst within a
 few batches, rarely enough to cost nothing next to them."""
+OVERLAP_WORTH = 1.25
+"""Batches overlap on the slots only where that is measured to give at least this many
+slots' worth of throughput: a batch started beside a running one slows it, which must buy
+a quarter of a slot more at least."""
 MAX_QUEUE_DELAY_MICROSECONDS = 1_000_000
 """The largest delay chosen (maxQueueDelayMicroseconds' own bound)."""
 
@@ -171,17 +188,47 @@ class ArrivalRate:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineProfile:
+    """The compute times of batches that ran alone on the engine, and of batches that ran
+    beside another (on another slot) for some of their time."""
+
+    alone: ComputeProfile = ComputeProfile()
+    beside: ComputeProfile = ComputeProfile()
+
+    def measured(self, rows: int, seconds: float, *, beside: bool) -> EngineProfile:
+        if beside:
+            return replace(self, beside=self.beside.measured(rows, seconds))
+        return replace(self, alone=self.alone.measured(rows, seconds))
+
+    def parallel_slots(self, slots: int) -> float:
+        """What `slots` slots running at once are worth, in slots of a batch alone: `slots`
+        times the median, over the buckets measured both ways, of a batch's time alone
+        over its time beside another (between 1 and `slots`; `slots` until measured)."""
+        if slots <= 1:
+            return 1.0
+        beside = dict(zip(self.beside.bucket_ids, self.beside.buckets, strict=True))
+        ratios = [
+            alone.seconds / beside[bucket].seconds
+            for bucket, alone in zip(self.alone.bucket_ids, self.alone.buckets, strict=True)
+            if bucket in beside
+        ]
+        if not ratios:
+            return float(slots)
+        return min(float(slots), max(1.0, slots * statistics.median(ratios)))
+
+
+@dataclass(frozen=True, slots=True)
 class MeasuredLoad:
     """Everything the batcher measures for the adaptive policy."""
 
-    compute: ComputeProfile = ComputeProfile()
+    engine: EngineProfile = EngineProfile()
     arrivals: ArrivalRate = ArrivalRate()
 
     def arrived(self, rows: int, now: float) -> MeasuredLoad:
         return replace(self, arrivals=self.arrivals.arrived(rows, now))
 
-    def batch_ran(self, rows: int, compute_seconds: float) -> MeasuredLoad:
-        return replace(self, compute=self.compute.measured(rows, compute_seconds))
+    def batch_ran(self, rows: int, compute_seconds: float, *, beside: bool) -> MeasuredLoad:
+        return replace(self, engine=self.engine.measured(rows, compute_seconds, beside=beside))
 
 
 class SettingReason(StrEnum):
@@ -194,7 +241,7 @@ class SettingReason(StrEnum):
     load with room to spare, or else the most efficient."""
     BEHIND = "Behind"
     """The queue holds more than any batch size clears within the target: the most
-    efficient size, no delay, to catch up."""
+    efficient size, to catch up."""
     SLO_UNREACHABLE = "SloUnreachable"
     """Even the fastest batch is predicted over the target: the lowest latency there is."""
 
@@ -207,6 +254,9 @@ class BatchSetting:
     preferred_batch_size: int
     reason: SettingReason
     predicted_p99_seconds: float | None = None
+    parallel_slots: float | None = None
+    """What the slots running at once were measured to be worth (`EngineProfile`); below
+    OVERLAP_WORTH batches are serialized."""
 
     @staticmethod
     def of_policy(policy: BatchingPolicy) -> BatchSetting:
@@ -264,7 +314,7 @@ def candidate_sizes(max_batch_size: int) -> tuple[int, ...]:
 class _Option:
     size: int
     rows_per_second: float
-    compute_seconds: float  # twice the compute tail: the batch ahead, then its own
+    compute_seconds: float  # the batch ahead at its mean, then its own at its tail
     backlog_seconds: float
     fill_seconds: float
 
@@ -272,35 +322,71 @@ class _Option:
         """What the target leaves for waiting (negative: over it already)."""
         return target.seconds - self.compute_seconds - (self.backlog_seconds if backlog else 0)
 
+    @property
+    def predicted_seconds(self) -> float:
+        return self.compute_seconds + self.backlog_seconds
+
 
 def _microseconds(seconds: float) -> int:
     return max(0, min(MAX_QUEUE_DELAY_MICROSECONDS, int(seconds * 1e6)))
 
 
-def next_setting(
+def _options(
     target: LatencyTarget,
     compute: ComputeProfile,
+    slots: float,
     arrival_rows_per_second: float,
     queued_rows: int,
-    unmeasured: BatchSetting,
-) -> BatchSetting:
-    """The setting to run with next; see the module docstring for the model."""
+) -> list[_Option] | None:
     options: list[_Option] = []
+    rate = arrival_rows_per_second
     for size in candidate_sizes(target.max_batch_size):
         prediction = compute.predict(size)
         if prediction is None:
-            return unmeasured
-        rate = arrival_rows_per_second
+            return None
         to_come = max(0, size - max(1, queued_rows))  # rows the batch still waits for
         options.append(
             _Option(
                 size,
                 size / prediction.seconds,
-                2 * prediction.tail_seconds,
-                math.ceil(queued_rows / size) * prediction.seconds / target.execution_slots,
+                prediction.seconds + prediction.tail_seconds,
+                math.ceil(queued_rows / size) * prediction.seconds / slots,
                 to_come / rate if rate > 0 else (math.inf if to_come else 0.0),
             )
         )
+    return options
+
+
+def next_setting(
+    target: LatencyTarget,
+    engine: EngineProfile,
+    arrival_rows_per_second: float,
+    queued_rows: int,
+    unmeasured: BatchSetting,
+) -> BatchSetting:
+    """The setting to run with next; see the module docstring for the model."""
+    parallel = engine.parallel_slots(target.execution_slots)
+    overlap = parallel >= OVERLAP_WORTH
+    # The times that apply: beside another batch where batches overlap, alone where they
+    # are serialized; the other kind until the one that applies is measured.
+    first, other = (engine.beside, engine.alone) if overlap else (engine.alone, engine.beside)
+    slots = parallel if overlap else 1.0
+    options = _options(
+        target, first if first.buckets else other, slots, arrival_rows_per_second, queued_rows
+    )
+    if options is None:
+        return unmeasured
+
+    def setting(delay: int, best: _Option, reason: SettingReason) -> BatchSetting:
+        if overlap:
+            predicted = best.predicted_seconds + delay / 1e6
+            return BatchSetting(delay, best.size, reason, predicted, parallel)
+        # Serialized: a forming batch waits for the running one (the wait the model counts
+        # as the batch ahead) unless it is full. The delay counts from the oldest request's
+        # arrival, so any shorter bound would let a queue that is behind start batches
+        # side by side, each slowing the other, and fall further behind.
+        serial = MAX_QUEUE_DELAY_MICROSECONDS
+        return BatchSetting(serial, target.max_batch_size, reason, best.predicted_seconds, parallel)
 
     def efficiency(option: _Option) -> tuple[float, int]:
         # Highest throughput; between equals, the smaller size (the lower latency).
@@ -309,21 +395,61 @@ def next_setting(
     feasible = [o for o in options if 0 <= o.fill_seconds <= o.budget_seconds(target)]
     if feasible:
         # Throughput is the arrival rate once a size serves it with room to spare: of those,
-        # the smallest (the lowest latency); with none, the most efficient.
-        # The rows to serve: those arriving, and the queue's within the target.
+        # the smallest (the lowest latency); with none, the most efficient. The rows to
+        # serve: those arriving, and the queue's within the target.
         needed = arrival_rows_per_second + queued_rows / target.seconds
-        slots = target.execution_slots
         enough = [o for o in feasible if o.rows_per_second * slots * UTILISATION_LIMIT >= needed]
         best = min(enough, key=lambda o: o.size) if enough else max(feasible, key=efficiency)
-        budget = best.budget_seconds(target)
-        delay = _microseconds(min(budget, FILL_SLACK * best.fill_seconds))
-        predicted = best.compute_seconds + best.backlog_seconds + delay / 1e6
-        return BatchSetting(delay, best.size, SettingReason.WITHIN_SLO, predicted)
+        delay = min(best.budget_seconds(target), FILL_SLACK * best.fill_seconds)
+        return setting(_microseconds(delay), best, SettingReason.WITHIN_SLO)
     if queued_rows and any(o.budget_seconds(target, backlog=False) >= 0 for o in options):
-        # Some size would hold the target, but not with this queue ahead of it.
+        # Some size would hold the target, but not with this queue ahead of it: the most
+        # efficient size, waited for while its rows come, up to the target.
         best = max(options, key=efficiency)
-        predicted = best.compute_seconds + best.backlog_seconds
-        return BatchSetting(0, best.size, SettingReason.BEHIND, predicted)
-    best = min(options, key=lambda o: (o.compute_seconds + o.backlog_seconds, o.size))
-    predicted = best.compute_seconds + best.backlog_seconds
-    return BatchSetting(0, best.size, SettingReason.SLO_UNREACHABLE, predicted)
+        delay = min(target.seconds, FILL_SLACK * best.fill_seconds)
+        return setting(_microseconds(delay), best, SettingReason.BEHIND)
+    best = min(options, key=lambda o: (o.predicted_seconds, o.size))
+    return setting(0, best, SettingReason.SLO_UNREACHABLE)
+
+
+def status_of(
+    policy: BatchingPolicy,
+    slo_p99_latency_milliseconds: float | None,
+    setting: BatchSetting,
+    load: MeasuredLoad | None,
+    now: float,
+) -> dict[str, Any]:
+    """The batching policy and the setting in force as JSON (the runtime's GET
+    /v2/batching; camelCase, units in the names); `load` is None under Static."""
+    status: dict[str, Any] = {
+        "policy": str(policy.policy),
+        "sloP99LatencyMilliseconds": slo_p99_latency_milliseconds,
+        "maxBatchSize": policy.max_batch_size,
+        "queueDelayMicroseconds": setting.queue_delay_microseconds,
+        "preferredBatchSize": setting.preferred_batch_size,
+    }
+    if load is None or slo_p99_latency_milliseconds is None:
+        return status
+
+    def by_size(profile: ComputeProfile) -> list[dict[str, float]]:
+        return [
+            {
+                "rows": estimate.rows,
+                "meanMilliseconds": estimate.seconds * 1000,
+                "tailMilliseconds": estimate.tail_seconds * 1000,
+            }
+            for estimate in profile.buckets
+        ]
+
+    predicted = setting.predicted_p99_seconds
+    return status | {
+        "sloMarginPercent": policy.slo_margin_percent,
+        "targetP99Milliseconds": slo_p99_latency_milliseconds
+        * (1 - policy.slo_margin_percent / 100),
+        "reason": str(setting.reason),
+        "predictedP99Milliseconds": None if predicted is None else predicted * 1000,
+        "parallelSlots": setting.parallel_slots,
+        "arrivalRowsPerSecond": load.arrivals.rows_per_second(now),
+        "computeAlone": by_size(load.engine.alone),
+        "computeBesideAnother": by_size(load.engine.beside),
+    }

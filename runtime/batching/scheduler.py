@@ -17,9 +17,10 @@ while the engine sat idle (the engine measured ~80% busy that way, ~96% this way
 
 With batching policy Adaptive the scheduler also measures what `adaptive.next_setting`
 needs (the rows queued, with the clock's `now`; each finished batch's rows and compute
-seconds) and, at most every DECISION_INTERVAL_SECONDS, at a step, asks it for the queue
-delay and preferred batch size that the policy's flush rules then read. With Static it
-measures nothing and the configured policy is the one read.
+seconds, and whether another batch ran beside it on another slot at some time) and, at
+most every DECISION_INTERVAL_SECONDS, at a step, asks it for the queue delay and preferred
+batch size that the policy's flush rules then read. With Static it measures nothing and
+the configured policy is the one read.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from kubeinfer.runtime.batching.adaptive import (
     LatencyTarget,
     MeasuredLoad,
     next_setting,
+    status_of,
 )
 from kubeinfer.runtime.batching.admission import Admission
 from kubeinfer.runtime.batching.observer import BatchObserver
@@ -70,6 +72,13 @@ class _Request:
     admission: Admission
 
 
+@dataclass(slots=True, eq=False)
+class _Overlap:
+    """Whether a batch has run beside another one (on another slot) at some time."""
+
+    beside: bool
+
+
 @dataclass(frozen=True, slots=True)
 class _Finished:
     """A batch that ran, waiting for the scheduler to answer its requests."""
@@ -77,6 +86,7 @@ class _Finished:
     batch: list[_Request]
     outcome: BatchOutcome
     rows: int
+    overlap: _Overlap
 
 
 class Scheduler:
@@ -104,6 +114,7 @@ class Scheduler:
         self.setting = BatchSetting.of_policy(policy)
         """The queue delay and preferred batch size in force (Static: the configured ones)."""
         self._decide_at = 0.0
+        self._running: list[_Overlap] = []  # of the batches in worker threads
         self._runner = runner
         self._clock = clock
         self._observer = observer
@@ -275,7 +286,7 @@ class Scheduler:
         )
         setting = next_setting(
             target,
-            self._load.compute,
+            self._load.engine,
             self._load.arrivals.rows_per_second(now),
             sum(r.view.rows for r in self._queue),
             BatchSetting.of_policy(configured),
@@ -294,39 +305,11 @@ class Scheduler:
                 )
 
     def status(self) -> dict[str, Any]:
-        """The batching policy and the setting in force, for the status endpoint (JSON,
-        camelCase; times in milliseconds or microseconds, as named)."""
-        configured = self._configured
-        setting = self.setting
-        status: dict[str, Any] = {
-            "policy": str(configured.policy),
-            "sloP99LatencyMilliseconds": self._slo_p99_latency_milliseconds,
-            "maxBatchSize": configured.max_batch_size,
-            "queueDelayMicroseconds": setting.queue_delay_microseconds,
-            "preferredBatchSize": setting.preferred_batch_size,
-        }
-        if not self._adaptive:
-            return status
-        assert self._slo_p99_latency_milliseconds is not None
-        now = self._clock()
-        predicted = setting.predicted_p99_seconds
-        status |= {
-            "sloMarginPercent": configured.slo_margin_percent,
-            "targetP99Milliseconds": self._slo_p99_latency_milliseconds
-            * (1 - configured.slo_margin_percent / 100),
-            "reason": str(setting.reason),
-            "predictedP99Milliseconds": None if predicted is None else predicted * 1000,
-            "arrivalRowsPerSecond": self._load.arrivals.rows_per_second(now),
-            "computeByBatchSize": [
-                {
-                    "rows": estimate.rows,
-                    "meanMilliseconds": estimate.seconds * 1000,
-                    "tailMilliseconds": estimate.tail_seconds * 1000,
-                }
-                for estimate in self._load.compute.buckets
-            ],
-        }
-        return status
+        """The batching policy and the setting in force, for the status endpoint."""
+        load = self._load if self._adaptive else None
+        return status_of(
+            self._configured, self._slo_p99_latency_milliseconds, self.setting, load, self._clock()
+        )
 
     def _start(self, batch: list[_Request], flush: Flush, now: float) -> None:
         lease = self._runner.take(len(batch))
@@ -334,15 +317,21 @@ class Scheduler:
             request.admission.stage = "running"
         self._observer.batch_started(flush.rows, [now - r.view.arrived_at for r in batch])
         inputs = [r.inputs for r in batch]
-        if flush.inline:
+        if flush.inline:  # alone (policy rule 5), and nothing starts before it ends
             outcome = self._runner.run_inline(lease, inputs, flush.rows)
-            self._finished.append(_Finished(batch, outcome, flush.rows))
+            self._finished.append(_Finished(batch, outcome, flush.rows, _Overlap(False)))
             return
-        task = asyncio.create_task(self._run_in_thread(lease, batch, flush.rows))
+        overlap = _Overlap(beside=bool(self._running))
+        for running in self._running:
+            running.beside = True
+        self._running.append(overlap)
+        task = asyncio.create_task(self._run_in_thread(lease, batch, flush.rows, overlap))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
 
-    async def _run_in_thread(self, lease: SlotLease, batch: list[_Request], rows: int) -> None:
+    async def _run_in_thread(
+        self, lease: SlotLease, batch: list[_Request], rows: int, overlap: _Overlap
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
 
@@ -359,10 +348,11 @@ class Scheduler:
             on_stuck=answer_stuck,
         )
         self._stuck_batches.discard(task)
+        self._running.remove(overlap)
         if self._stopped:  # no scheduler to start the next batch first: answer now
             _answer(batch, outcome)
             return
-        self._finished.append(_Finished(batch, outcome, rows))
+        self._finished.append(_Finished(batch, outcome, rows, overlap))
         assert self._wakeup is not None
         self._wakeup.set()
 
@@ -370,7 +360,9 @@ class Scheduler:
         while self._finished:
             finished = self._finished.popleft()
             if self._adaptive and isinstance(finished.outcome, BatchRan):
-                self._load = self._load.batch_ran(finished.rows, finished.outcome.compute_seconds)
+                seconds = finished.outcome.compute_seconds
+                beside = finished.overlap.beside
+                self._load = self._load.batch_ran(finished.rows, seconds, beside=beside)
             _answer(finished.batch, finished.outcome)
 
     def _fail_queued(self, error: InferenceServerError) -> None:

@@ -124,7 +124,7 @@ async def test_an_adaptive_runtime_reports_its_slo_setting_and_measurements(
         assert before["reason"] == SettingReason.UNMEASURED
         assert (before["queueDelayMicroseconds"], before["preferredBatchSize"]) == (2000, 16)
         assert before["targetP99Milliseconds"] == pytest.approx(750)
-        assert before["computeByBatchSize"] == []
+        assert before["computeAlone"] == before["computeBesideAnother"] == []
 
         for _ in range(3):
             answers = await asyncio.gather(
@@ -138,9 +138,11 @@ async def test_an_adaptive_runtime_reports_its_slo_setting_and_measurements(
         # The tiny model's batches take microseconds (a shared machine's hiccups: a few ms)
         assert status["reason"] == SettingReason.WITHIN_SLO
         assert status["arrivalRowsPerSecond"] > 0
-        measured = status["computeByBatchSize"]
+        measured = status["computeAlone"] + status["computeBesideAnother"]
         assert measured and all(m["meanMilliseconds"] > 0 for m in measured)
-        assert [m["rows"] for m in measured] == sorted(m["rows"] for m in measured)
+        alone = [m["rows"] for m in status["computeAlone"]]
+        assert alone == sorted(alone)
+        assert 1 <= status["parallelSlots"] <= 2
         assert 1 <= status["preferredBatchSize"] <= 16
         assert status["predictedP99Milliseconds"] <= 750
 
@@ -172,3 +174,25 @@ async def test_a_static_runtime_reports_its_configured_values(tiny_engine, tiny_
             assert "kubeinfer_slo_p99_latency_seconds" not in exported
         else:
             assert exported["kubeinfer_slo_p99_latency_seconds"] == pytest.approx(0.025)
+
+
+async def test_batches_are_timed_apart_alone_and_beside_another(gated) -> None:
+    policy = BatchingPolicy(policy=ADAPTIVE, execution_slots=2)
+    batcher = Batcher(gated, policy, slo_p99_latency_milliseconds=0.001, inline_below_seconds=0.0)
+    await batcher.start()
+    try:
+        await batcher.infer(rows(4), 4)  # alone
+        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)
+        gated.gate.clear()
+        first = asyncio.create_task(batcher.infer(rows(1), 1))
+        await until(lambda: gated.running == 1, "the first batch running")
+        second = asyncio.create_task(batcher.infer(rows(2), 2))  # no delay: beside it
+        await until(lambda: gated.running == 2, "the second batch running beside it")
+        gated.gate.set()
+        await asyncio.gather(first, second)
+        status = batcher.batching_status()
+        assert [m["rows"] for m in status["computeAlone"]] == [4]
+        assert [m["rows"] for m in status["computeBesideAnother"]] == [1, 2]
+    finally:
+        gated.gate.set()
+        await batcher.close()

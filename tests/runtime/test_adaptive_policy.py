@@ -1,11 +1,13 @@
 """The adaptive batching policy (`kubeinfer.runtime.batching.adaptive`), pure: what it
-measures (compute time per batch-size bucket, the arrival rate) and the setting it returns
-for a measured state, as tables; a property over random states (a setting said to be within
+measures (compute time per batch-size bucket, alone and beside another batch, the arrival
+rate), what slots running together are worth, and the setting it returns for a measured
+state, as tables; a property over random states (a setting said to be within
 the SLO is predicted within it, and is a setting the batcher can run).
 
 The tables use an engine whose batch of `b` rows takes 8 ms + 0.5 ms * b, every time
 (no deviation): per slot 118 rows/s at 1 row, 222 at 2, 400 at 4, 667 at 8, 1000 at 16,
-1333 at 32, 1600 at 64.
+1333 at 32, 1600 at 64; two slots, as fast side by side as alone unless a test says
+otherwise, maxBatchSize 64, and an SLO less its 20 % margin.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.batching.adaptive import (
     ARRIVAL_WINDOW_SECONDS,
     MAX_QUEUE_DELAY_MICROSECONDS,
+    OVERLAP_WORTH,
     ArrivalRate,
     BatchSetting,
     ComputeEstimate,
     ComputeProfile,
+    EngineProfile,
     LatencyTarget,
     SettingReason,
     bucket_of,
@@ -33,9 +37,16 @@ from kubeinfer.runtime.batching.adaptive import (
 MS = 1e-3
 
 
-def steady_profile(sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> ComputeProfile:
-    estimates = tuple(ComputeEstimate(float(b), (8 + 0.5 * b) * MS, 0.0) for b in sizes)
+def steady_profile(
+    sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), slower: float = 1.0
+) -> ComputeProfile:
+    estimates = tuple(ComputeEstimate(float(b), slower * (8 + 0.5 * b) * MS, 0.0) for b in sizes)
     return ComputeProfile(estimates, tuple(bucket_of(b) for b in sizes))
+
+
+def side_by_side(profile: ComputeProfile) -> EngineProfile:
+    """An engine whose batches take as long beside another as alone: slots add up."""
+    return EngineProfile(alone=profile, beside=profile)
 
 
 UNMEASURED = BatchSetting(2000, 64, SettingReason.UNMEASURED)
@@ -46,12 +57,12 @@ def decide(
     rate: float,
     queued: int = 0,
     *,
-    slots: int = 1,
+    slots: int = 2,
     margin: float = 20,
-    profile: ComputeProfile | None = None,
+    engine: EngineProfile | None = None,
 ) -> BatchSetting:
     target = LatencyTarget.of_slo(slo_ms, margin, 64, slots)
-    return next_setting(target, profile or steady_profile(), rate, queued, UNMEASURED)
+    return next_setting(target, engine or side_by_side(steady_profile()), rate, queued, UNMEASURED)
 
 
 # --- what is measured --------------------------------------------------------------------
@@ -161,25 +172,27 @@ WITHIN, BEHIND, UNREACHABLE = (
 
 
 @pytest.mark.parametrize(
-    ("case", "slo_ms", "rate", "queued", "slots", "delay_us", "size", "reason"),
+    ("case", "slo_ms", "rate", "queued", "delay_us", "size", "reason"),
     [
-        ("idle: a batch of one, no wait", 110, 0, 0, 1, 0, 1, WITHIN),
-        ("one row at a time serves the rate with room", 110, 50, 0, 1, 0, 1, WITHIN),
-        # 100 rows/s: 1 row (118/s per slot) has no room to spare, 2 rows (222/s) has; the
-        # delay lets 2 fill: twice the 10 ms the second row takes to come.
-        ("the smallest size that serves the rate", 110, 100, 0, 1, 20_000, 2, WITHIN),
-        ("two slots serve twice the rate", 110, 100, 0, 2, 0, 1, WITHIN),
-        # 1000 rows/s: no size has room to spare; 64 rows would leave 8 ms to wait and need
-        # 63 ms to fill; 32 rows leave 40 ms (88 - 2 * 24) and fill in 31 ms.
-        ("the most efficient size that fills within the SLO", 110, 1000, 0, 1, 40_000, 32, WITHIN),
-        ("a looser SLO lets the largest size fill", 200, 1000, 0, 1, 80_000, 64, WITHIN),
-        ("rows already queued need no wait", 110, 1000, 31, 1, 2_000, 32, WITHIN),
-        # 2 * 8.5 ms for one row is over 80 % of a 20 ms SLO
-        ("an SLO below the engine's speed: the lowest latency", 20, 500, 0, 1, 0, 1, UNREACHABLE),
-        # 400 rows queued: 64 at a time clear them in 7 * 40 ms, far past 88 ms
-        ("a backlog past the SLO: the most efficient size", 110, 500, 400, 1, 0, 64, BEHIND),
-        # 40 rows to clear within 88 ms: 8 rows on two slots serve 667 rows/s with room
-        ("the queue counts in the rate to serve", 110, 0, 40, 2, 0, 8, WITHIN),
+        ("idle: a batch of one, no wait", 110, 0, 0, 0, 1, WITHIN),
+        # two slots of one row each serve 235 rows/s, busy half the time at 118/s
+        ("one row at a time serves the rate with room", 110, 100, 0, 0, 1, WITHIN),
+        # 200 rows/s: 2 rows serve 444/s; the delay lets a batch of 2 fill: twice the 5 ms
+        # the second row takes to come
+        ("the smallest size that serves the rate", 110, 200, 0, 10_000, 2, WITHIN),
+        ("a higher rate, a larger batch", 110, 1000, 0, 30_000, 16, WITHIN),
+        # 1500 rows/s: 64 rows would serve it, but leave 8 ms to wait and need 42 ms to fill;
+        # 32 rows leave 40 ms (88 - 2 * 24) and fill in 21 ms, whose double is cut to 40.
+        ("the most efficient size that fills within the SLO", 110, 1500, 0, 40_000, 32, WITHIN),
+        ("a looser SLO lets the largest size fill", 200, 1500, 0, 80_000, 64, WITHIN),
+        # 31 rows queued: one more to come (0.7 ms), and a slot's 12 ms of backlog
+        ("rows already queued need little wait", 110, 1500, 31, 1_333, 32, WITHIN),
+        # 40 rows to clear within 88 ms: 8 rows on two slots serve 1333 rows/s, twice that
+        ("the queue counts in the rate to serve", 110, 0, 40, 0, 8, WITHIN),
+        # 8.5 ms for one row, ahead and then its own, is over 80 % of a 20 ms SLO
+        ("an SLO below the engine's speed: the lowest latency", 20, 500, 0, 0, 1, UNREACHABLE),
+        # 400 rows queued: 64 at a time on two slots clear them in 140 ms, past 88 ms
+        ("a backlog past the SLO: the most efficient size", 110, 500, 400, 0, 64, BEHIND),
     ],
 )
 def test_the_setting_for_a_measured_state(
@@ -187,48 +200,143 @@ def test_the_setting_for_a_measured_state(
     slo_ms: float,
     rate: float,
     queued: int,
-    slots: int,
     delay_us: int,
     size: int,
     reason: SettingReason,
 ) -> None:
-    setting = decide(slo_ms, rate, queued, slots=slots)
+    setting = decide(slo_ms, rate, queued)
     assert (setting.preferred_batch_size, setting.reason) == (size, reason), case
     assert setting.queue_delay_microseconds == pytest.approx(delay_us, abs=2), case
+    assert setting.parallel_slots == 2
 
 
 def test_before_any_batch_is_measured_the_configured_values_apply() -> None:
-    assert decide(110, 1000, profile=ComputeProfile()) == UNMEASURED
+    assert decide(110, 1000, engine=EngineProfile()) == UNMEASURED
 
 
 def test_the_margin_is_kept_out_of_the_budget() -> None:
-    # 1000 rows/s with a 150 ms SLO: 64 rows (80 ms of compute, 63 ms to fill) fit in it
+    # 1500 rows/s with a 150 ms SLO: 64 rows (80 ms of compute, 42 ms to fill) fit in it
     # all, not in the 120 ms left of it with 20 % kept back
-    assert decide(150, 1000, margin=0).preferred_batch_size == 64
-    assert decide(150, 1000, margin=20).preferred_batch_size == 32
-    assert decide(150, 1000, margin=90).reason is UNREACHABLE
+    assert decide(150, 1500, margin=0).preferred_batch_size == 64
+    assert decide(150, 1500, margin=20).preferred_batch_size == 32
+    assert decide(150, 1500, margin=90).reason is UNREACHABLE
 
 
 def test_the_prediction_is_the_wait_and_two_batches() -> None:
-    setting = decide(110, 100)  # 2 rows: 2 * 9 ms, and 20 ms of waiting
-    assert setting.predicted_p99_seconds == pytest.approx(0.038)
+    setting = decide(110, 200)  # 2 rows: 9 ms ahead, 9 ms its own, 10 ms of waiting
+    assert setting.predicted_p99_seconds == pytest.approx(0.028)
+
+
+def test_the_batch_ahead_counts_at_its_mean_and_its_own_at_its_tail() -> None:
+    jittery = ComputeProfile((ComputeEstimate(1.0, 10 * MS, 2 * MS),), (0,))
+    setting = decide(1000, 0, engine=side_by_side(jittery))
+    assert setting.predicted_p99_seconds == pytest.approx((10 + 10 + 4 * 2) * MS)
 
 
 def test_an_unmeasured_size_above_the_largest_is_never_waited_for() -> None:
     # Only batches of 1 and 2 were seen: 4 and more are taken to cost proportionally more,
     # so nothing beyond 2 rows looks more efficient than 2 rows.
-    setting = decide(500, 3000, profile=steady_profile((1, 2)))
+    setting = decide(500, 3000, engine=side_by_side(steady_profile((1, 2))))
     assert setting.preferred_batch_size == 2
 
 
 def test_a_noisy_engine_gets_a_smaller_batch_than_a_steady_one() -> None:
+    steady = steady_profile()
     noisy = ComputeProfile(
-        tuple(ComputeEstimate(e.rows, e.seconds, e.seconds / 4) for e in steady_profile().buckets),
-        steady_profile().bucket_ids,
+        tuple(ComputeEstimate(e.rows, e.seconds, e.seconds / 4) for e in steady.buckets),
+        steady.bucket_ids,
     )
-    steady = decide(110, 1000)
-    shaky = decide(110, 1000, profile=noisy)
-    assert shaky.preferred_batch_size < steady.preferred_batch_size
+    shaky = decide(110, 1500, engine=side_by_side(noisy))
+    assert shaky.preferred_batch_size < decide(110, 1500).preferred_batch_size
+
+
+# --- overlapping batches, or not ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("slots", "slower_beside", "parallel"),
+    [
+        (1, 1.0, 1.0),  # one slot is one slot
+        (2, None, 2.0),  # never measured side by side: the configured slots
+        (2, 1.0, 2.0),  # side by side as fast as alone: slots add up
+        (2, 1.25, 1.6),  # a GPU overlapping copies with compute
+        (2, 2.0, 1.0),  # two threads sharing the same cores: no gain
+        (2, 4.0, 1.0),  # worse than one: still counted as one
+        (4, 2.0, 2.0),
+    ],
+)
+def test_what_the_slots_are_worth_together(
+    slots: int, slower_beside: float | None, parallel: float
+) -> None:
+    beside = ComputeProfile() if slower_beside is None else steady_profile(slower=slower_beside)
+    engine = EngineProfile(alone=steady_profile(), beside=beside)
+    assert engine.parallel_slots(slots) == pytest.approx(parallel)
+
+
+def test_the_slots_worth_is_the_median_over_the_sizes_measured_both_ways() -> None:
+    alone = steady_profile((1, 8, 64, 128))
+    beside = ComputeProfile(
+        (
+            ComputeEstimate(1.0, 8.5 * MS * 1.25, 0.0),  # 0.8 of the speed alone
+            ComputeEstimate(8.0, 1.0, 0.0),  # a hiccup: far slower
+            ComputeEstimate(64.0, 40 * MS * 1.1, 0.0),  # 0.91
+        ),
+        (0, 3, 6),
+    )  # 128 rows: never beside another
+    assert EngineProfile(alone, beside).parallel_slots(2) == pytest.approx(1.6)
+
+
+def test_batches_are_measured_alone_or_beside_another() -> None:
+    engine = EngineProfile().measured(4, 0.01, beside=False).measured(8, 0.03, beside=True)
+    assert [e.rows for e in engine.alone.buckets] == [4]
+    assert [e.rows for e in engine.beside.buckets] == [8]
+
+
+def test_slots_that_do_not_add_up_serialize_the_batches() -> None:
+    # Beside another a batch takes twice as long: two slots are worth one. A forming
+    # batch then waits for the running one unless full (preferred size 64, the longest
+    # delay); the prediction is one slot's: 200 rows/s served by 4-row batches, 2 * 10 ms.
+    engine = EngineProfile(alone=steady_profile(), beside=steady_profile(slower=2.0))
+    setting = decide(110, 200, engine=engine)
+    assert setting.parallel_slots == 1.0
+    assert (setting.preferred_batch_size, setting.reason) == (64, WITHIN)
+    assert setting.queue_delay_microseconds == MAX_QUEUE_DELAY_MICROSECONDS
+    assert setting.predicted_p99_seconds == pytest.approx(0.020)
+
+
+def test_one_slot_serializes_and_counts_once() -> None:
+    # The same 200 rows/s on one slot: 4 rows now (one slot, busy at most half the time).
+    setting = decide(110, 200, slots=1, engine=EngineProfile(alone=steady_profile()))
+    assert (setting.preferred_batch_size, setting.parallel_slots) == (64, 1.0)
+    assert setting.predicted_p99_seconds == pytest.approx(0.020)
+
+
+@pytest.mark.parametrize(
+    ("slo_ms", "rate", "queued", "reason"),
+    [(110, 500, 400, BEHIND), (20, 500, 0, UNREACHABLE), (110, 0, 0, WITHIN)],
+)
+def test_serialized_batches_wait_for_the_running_one_whatever_the_reason(
+    slo_ms: float, rate: float, queued: int, reason: SettingReason
+) -> None:
+    # However old the oldest queued request (the delay counts from its arrival), a
+    # forming batch does not start beside the running one unless it is full.
+    engine = EngineProfile(alone=steady_profile(), beside=steady_profile(slower=2.0))
+    setting = decide(slo_ms, rate, queued, engine=engine)
+    assert setting.reason is reason
+    assert (setting.preferred_batch_size, setting.queue_delay_microseconds) == (
+        64,
+        MAX_QUEUE_DELAY_MICROSECONDS,
+    )
+
+
+def test_the_times_that_apply_are_those_of_how_batches_run() -> None:
+    # Overlapping: the times beside another batch; a GPU 25 % slower there gets a smaller
+    # batch for the same SLO than its times alone would give.
+    # (At 1500 rows/s and a 92 ms SLO, 32 rows take 2 * 24 ms alone and fill in 21 ms
+    # within the 73.6 ms target; at 30 ms each beside another they do not fit.)
+    engine = EngineProfile(alone=steady_profile(), beside=steady_profile(slower=1.25))
+    assert decide(92, 1500, engine=engine).preferred_batch_size == 16
+    assert decide(92, 1500, engine=side_by_side(steady_profile())).preferred_batch_size == 32
 
 
 # --- applying a setting ------------------------------------------------------------------
@@ -281,17 +389,19 @@ def test_every_setting_can_run_and_a_within_slo_one_is_predicted_within_it(
     slots: int,
     max_batch: int,
 ) -> None:
-    profile = ComputeProfile()
+    engine = EngineProfile()
     for rows, seconds, jitter in measured:
-        profile = profile.measured(rows, seconds).measured(rows, seconds + jitter)
+        engine = engine.measured(rows, seconds, beside=False)
+        engine = engine.measured(rows, seconds + jitter, beside=jitter > 0.05)
     target = LatencyTarget.of_slo(slo_ms, margin, max_batch, slots)
-    setting = next_setting(target, profile, rate, queued, UNMEASURED)
+    setting = next_setting(target, engine, rate, queued, UNMEASURED)
     assert 1 <= setting.preferred_batch_size <= max_batch
     assert 0 <= setting.queue_delay_microseconds <= MAX_QUEUE_DELAY_MICROSECONDS
     assert setting.predicted_p99_seconds is not None
+    assert setting.parallel_slots is not None and 1 <= setting.parallel_slots <= slots
     if setting.reason is WITHIN:
         assert setting.predicted_p99_seconds <= target.seconds + 1e-6
-    else:
+    if setting.reason is UNREACHABLE and setting.parallel_slots >= OVERLAP_WORTH:
         assert setting.queue_delay_microseconds == 0
 
 
@@ -301,7 +411,7 @@ def test_without_a_queue_nothing_is_behind_even_when_no_size_fills_in_time() -> 
     profile = ComputeProfile(
         (ComputeEstimate(1.0, 30 * MS, 0.0), ComputeEstimate(8.0, 10 * MS, 0.0)), (0, 3)
     )
-    target = LatencyTarget.of_slo(40, 0, 8, 1)
-    setting = next_setting(target, profile, 10, 0, UNMEASURED)
+    target = LatencyTarget.of_slo(40, 0, 8, 2)
+    setting = next_setting(target, side_by_side(profile), 10, 0, UNMEASURED)
     assert (setting.reason, setting.preferred_batch_size) == (UNREACHABLE, 8)
     assert setting.queue_delay_microseconds == 0
