@@ -15,6 +15,7 @@ operator still writes what these files hold.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -77,6 +78,7 @@ def main() -> int:
             captured, _ = asyncio.run(capture(world, tiny, models, quality=True))
         finally:
             clusters.close()
+            shutil.rmtree(models, ignore_errors=True)
 
     testdata = CUSTOMIZATION / "testdata"
     for name, obj in sorted(captured.items()):
