@@ -3,8 +3,10 @@
 - `kubeinfer demo`: the story through the real operator on a local cluster: an
   InferenceDeployment built and served, requests answered at its endpoint, a burst that
   scales it up and back down, an int8 version promoted after a shadow test on live
-  traffic, a bad candidate failed with serving untouched, `kubectl scale` with autoscaling
-  off; and every process it started gone afterwards;
+  traffic, its quality watch Healthy and then Degraded=True QualityDrift on the shifted
+  class and tenant (the figures from status.qualityWatch) with the exemplars fetched from
+  the serving pod mostly the shifted rows, a bad candidate failed with serving untouched,
+  `kubectl scale` with autoscaling off; and every process it started gone afterwards;
 - `kubeinfer demo --serving`: the runtime alone (validate, render, build through the
   cache, serve, load, the batcher's histogram from /metrics, drain).
 """
@@ -33,9 +35,14 @@ def test_the_demo_tells_the_story_through_the_operator(model_directory: Path) ->
     assert "max |diff| against ONNX Runtime in-process" in out
     assert "the runtime went from 1 to " in out and "back to 1 after the window" in out
     assert "Promoted after" in out
+    assert "windowSeconds 30: the shortest allowed, for the demo" in out
+    assert "→  Healthy" in out and "Degraded=True QualityDrift: " in out
+    assert "worst slice b: " in out and "the aggregate alone would hide it" in out
+    assert "$ curl -o exemplars.npz" in out and "stacked as a calibration file is" in out
+    assert "Healthy, then QualityDrift: class " in out and "are the shifted rows" in out
     assert "Failed (DifferenceTooLarge), serving untouched" in out
     assert "2 pods, as `kubectl scale` asked" in out
-    assert "6 of 6 steps passed" in out and out.rstrip().endswith("Demo finished.")
+    assert "7 of 7 steps passed" in out and out.rstrip().endswith("Demo finished.")
     assert processes_mentioning(workdir) == []
 
 

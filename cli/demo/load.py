@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -43,27 +43,37 @@ async def _client(
     session: aiohttp.ClientSession,
     url: str,
     bodies: Sequence[bytes],
+    headers: Sequence[Mapping[str, str]],
     until: float,
     out: list[float],
     codes: Counter[int],
 ) -> None:
-    headers = {"Content-Type": "application/json"}
     sent = 0
     while (start := time.perf_counter()) < until:
-        body = bodies[sent % len(bodies)]
+        index = sent % len(bodies)
         sent += 1
-        async with session.post(url, data=body, headers=headers) as response:
+        request_headers = {"Content-Type": "application/json", **headers[index]}
+        async with session.post(url, data=bodies[index], headers=request_headers) as response:
             await response.read()
             codes[response.status] += 1
         out.append(time.perf_counter() - start)
 
 
 async def drive(
-    url: str, body: bytes | Sequence[bytes], clients: int, seconds: float
+    url: str,
+    body: bytes | Sequence[bytes],
+    clients: int,
+    seconds: float,
+    headers: Sequence[Mapping[str, str]] | None = None,
 ) -> LoadResult:
     """Runs `clients` closed-loop clients against `url` for `seconds`; each client sends
-    the `body` (or cycles through the bodies) again and again."""
+    the `body` (or cycles through the bodies, each with its `headers` if given) again and
+    again."""
     bodies = [body] if isinstance(body, bytes) else list(body)
+    if headers is None:
+        headers = [{}] * len(bodies)
+    if len(headers) != len(bodies):
+        raise ValueError(f"{len(headers)} sets of headers for {len(bodies)} bodies")
     latencies: list[float] = []
     codes: Counter[int] = Counter()
     connector = aiohttp.TCPConnector(limit=clients, force_close=False)
@@ -71,7 +81,10 @@ async def drive(
         started = time.perf_counter()
         until = started + seconds
         await asyncio.gather(
-            *(_client(session, url, bodies, until, latencies, codes) for _ in range(clients))
+            *(
+                _client(session, url, bodies, headers, until, latencies, codes)
+                for _ in range(clients)
+            )
         )
         elapsed = time.perf_counter() - started
     return LoadResult(clients, elapsed, np.asarray(latencies), codes)

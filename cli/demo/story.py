@@ -14,9 +14,13 @@ changes; at each step's end the demo runs the cluster's own kubectl):
 4. a new version, int8, with `strategy: Shadow`: live traffic mirrored to the candidate
    and compared request by request (the agreement read from the status as it grows),
    then Promoted, the serving pods rolled to it;
-5. a bad candidate (another model behind the same tensor names): Failed, and the serving
+5. its quality watch (`quality`): the int8 engine compared with its fp32 reference on a
+   sample of live traffic, Healthy, then a drift on one class and one tenant caught
+   (Degraded=True QualityDrift) while the overall agreement holds, and the exemplars
+   behind it fetched from the serving pod;
+6. a bad candidate (another model behind the same tensor names): Failed, and the serving
    pods untouched;
-6. with autoscaling off, `kubectl scale infd` sets the pods;
+7. with autoscaling off, `kubectl scale infd` sets the pods;
 and a summary. Everything stops at the end, success or not.
 """
 
@@ -34,6 +38,7 @@ from typing import Any
 
 import numpy as np
 from kubeinfer.cli.demo.load import drive
+from kubeinfer.cli.demo.quality import WATCH, watch_quality
 from kubeinfer.cli.local.session import LocalSession
 
 NAMESPACE = "default"
@@ -378,10 +383,15 @@ class Demo:
                     "thresholds": THRESHOLDS,
                 },
             },
+            qualityWatch=WATCH,
         )
         await self.step(
             "Version 2, int8, shadow-tested on live traffic, then promoted",
             lambda step: self.shadow(step, "2", int8, passes=True),
+        )
+        await self.step(
+            "Its quality watch against fp32 on live traffic: a drift caught, and its exemplars",
+            lambda step: watch_quality(self, step),
         )
         bad = self.demo_spec(
             "3",
