@@ -291,8 +291,9 @@ def _sweep(
     options = sweep.ServerOptions(args.intra_op_threads, args.max_queue_size)
     per_point = args.warmup_seconds + args.duration_seconds
     _progress(
-        f"Sweeping {len(grid)} points of {per_point:g} s each (plus each server's start) "
-        f"against {key.backend} {key.precision} engine {engine.digest[:19]}...: {described}"
+        f"Sweeping {len(grid)} point{'' if len(grid) == 1 else 's'} of {per_point:g} s each "
+        f"(plus each server's start) against {key.backend} {key.precision} engine "
+        f"{engine.digest[:19]}...: {described}"
     )
     points = []
     started = time.monotonic()

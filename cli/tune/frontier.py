@@ -14,12 +14,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kubeinfer.contract.runtime_config import BatchingPolicy
+from kubeinfer.contract.runtime_config import BatchingPolicy, BatchingPolicyKind
 
 
 @dataclass(frozen=True, order=True)
 class Setting:
-    """One point of the sweep: the static batching settings a server runs with."""
+    """One point of the sweep: the batching settings a server runs with, under policy
+    Static (the figures hold for those settings as given; Adaptive moves them)."""
 
     max_queue_delay_microseconds: int
     max_batch_size: int
@@ -27,6 +28,7 @@ class Setting:
 
     def batching_policy(self) -> BatchingPolicy:
         return BatchingPolicy(
+            policy=BatchingPolicyKind.STATIC,
             max_batch_size=self.max_batch_size,
             max_queue_delay_microseconds=self.max_queue_delay_microseconds,
             execution_slots=self.execution_slots,

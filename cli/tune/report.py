@@ -33,6 +33,13 @@ class Context:
     max_queue_size: int | None = None
 
 
+ADAPTIVE_NOTE = (
+    "The figures hold for policy Static, as swept. With policy Adaptive (and\n"
+    "spec.slo.p99LatencyMilliseconds) the runtime sets its queue delay and preferred batch\n"
+    "size online instead; maxBatchSize and executionSlots still apply."
+)
+
+
 def format_duration(seconds: float) -> str:
     whole = max(0, round(seconds))
     return f"{whole // 60}:{whole % 60:02d}"
@@ -57,15 +64,16 @@ def progress_line(
 
 
 def batching_block(setting: Setting, max_queue_size: int | None = None) -> str:
-    """The `runtime.batching` YAML of an InferenceDeployment for the setting: the fields
-    the sweep set (and the queue size it ran with, when given); the rest keep their
-    defaults."""
+    """The `runtime.batching` YAML of an InferenceDeployment for the setting: the policy
+    and the fields the sweep set (and the queue size it ran with, when given); the rest
+    keep their defaults."""
     policy = setting.batching_policy()
-    fields = {"max_batch_size", "max_queue_delay_microseconds", "execution_slots"}
+    fields = {"policy", "max_batch_size", "max_queue_delay_microseconds", "execution_slots"}
     if max_queue_size is not None:
         policy = policy.model_copy(update={"max_queue_size": max_queue_size})
         fields.add("max_queue_size")
-    batching = policy.model_dump(by_alias=True, include=fields)
+    batching = policy.model_dump(mode="json", by_alias=True, include=fields)
+    batching = {"policy": batching.pop("policy"), **batching}
     return yaml.safe_dump({"runtime": {"batching": batching}}, sort_keys=False)
 
 
@@ -159,7 +167,7 @@ def text_report(
         )
     else:
         out.append(f"NO SETTING MEETS THE SLO: {choice.reason}. The closest point:")
-    out += ["", batching_block(point.setting, context.max_queue_size)]
+    out += ["", batching_block(point.setting, context.max_queue_size), ADAPTIVE_NOTE, ""]
     money = economics(point, context)
     if money.requests_per_cpu_second is not None:
         out.append(f"At this point: {money.requests_per_cpu_second:.0f} requests per CPU-second")

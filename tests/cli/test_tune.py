@@ -347,6 +347,7 @@ def test_the_printed_block_is_a_batching_policy_with_the_setting(queue_size: int
     setting = Setting(1500, 16, 2)
     batching = yaml.safe_load(batching_block(setting, queue_size))["runtime"]["batching"]
     policy = BatchingPolicy.model_validate(batching)
+    assert batching["policy"] == "Static"  # what the sweep measured, said in the block
     assert (
         policy.max_queue_delay_microseconds,
         policy.max_batch_size,
