@@ -37,8 +37,9 @@ demo: $(STAMP)
 # The real-Prometheus tests need Debian's prometheus: installed here when missing and we
 # are root with apt-get; never fatal (without it those tests skip, or fail under CI=true).
 # The operator's tests run on a real control plane: its binaries (kube-apiserver, etcd,
-# kube-controller-manager, kubectl) are built from their Go modules once per machine and
-# cached (`kubeinfer cluster build`, with progress); a failed build stops here, saying why.
+# kube-controller-manager, kubectl), and helm for the chart's, are built from their Go
+# modules once per machine and cached (`kubeinfer cluster build`, with progress); a failed
+# build stops here, saying why.
 test: $(STAMP)
 	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& { apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \

@@ -22,6 +22,9 @@ Prometheus is built the same way (`ensure_prometheus`): upstream's, pinned, with
 Kubernetes service discovery compiled in (its own build tags), because Debian's package
 leaves Kubernetes discovery out; `kubeinfer up` and the tests discover pods through the
 API server as a cluster's Prometheus does.
+
+So is `helm` (`ensure_helm`), from the Go module in `helm-cli/`, which pins one Helm release
+apart from the control plane's module, cached under `helm/<release>-<sources>`.
 """
 
 from __future__ import annotations
@@ -149,6 +152,25 @@ def _progress(log: Path, total: int, stop: threading.Event, started: float) -> N
             last = done
 
 
+def run_with_progress(
+    argv: list[str], cwd: Path, env: dict[str, str], log: Path, total: int = 0
+) -> int:
+    """Runs a `go build -v` or `go install -v` into `log`, saying every few seconds how
+    many of `total` packages it has compiled; its exit status."""
+    started, stop = time.monotonic(), threading.Event()
+    reporter = threading.Thread(target=_progress, args=(log, total, stop, started), daemon=True)
+    reporter.start()
+    try:
+        with log.open("w") as output:
+            result = subprocess.run(
+                argv, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT, check=False
+            )
+    finally:
+        stop.set()
+        reporter.join()
+    return result.returncode
+
+
 def build(names: list[str], destination: Path, module: Path = MODULE) -> None:
     """Builds `names` into `destination` with go, showing progress; BuildError if it fails."""
     go = find_go()
@@ -173,33 +195,11 @@ def build(names: list[str], destination: Path, module: Path = MODULE) -> None:
         raise BuildError(f"go list failed in {module}:\n{listed.stderr[-3000:]}")
     total = len(listed.stdout.split())
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=destination))
-    started, stop = time.monotonic(), threading.Event()
-    reporter = threading.Thread(target=_progress, args=(log, total, stop, started), daemon=True)
-    reporter.start()
-    try:
-        with log.open("w") as output:
-            result = subprocess.run(
-                [
-                    go,
-                    "build",
-                    "-v",
-                    "-trimpath",
-                    "-ldflags",
-                    ldflags(versions),
-                    "-o",
-                    str(staging) + "/",
-                    *packages,
-                ],
-                cwd=module,
-                env=env,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                check=False,
-            )
-    finally:
-        stop.set()
-        reporter.join()
-    if result.returncode != 0:
+    started = time.monotonic()
+    argv = [go, "build", "-v", "-trimpath", "-ldflags", ldflags(versions),
+            "-o", str(staging) + "/", *packages]  # fmt: skip
+    returncode = run_with_progress(argv, module, env, log, total)
+    if returncode != 0:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
         shutil.rmtree(staging, ignore_errors=True)
         raise BuildError(f"go build failed (full log: {log}):\n{tail}")
@@ -243,20 +243,11 @@ def _build_prometheus(destination: Path) -> None:
     env = {**os.environ, "CGO_ENABLED": "0", "GOBIN": str(staging), "GOFLAGS": "-buildvcs=false"}
     version = f"-X github.com/prometheus/common/version.Version={PROMETHEUS_RELEASE}"
     package = f"{PROMETHEUS_MODULE}/cmd/prometheus@{PROMETHEUS_MODULE_VERSION}"
-    started, stop = time.monotonic(), threading.Event()
-    reporter = threading.Thread(target=_progress, args=(log, 0, stop, started), daemon=True)
-    reporter.start()
-    try:
-        with log.open("w") as output:
-            result = subprocess.run(
-                [go, "install", "-v", "-trimpath", "-tags", PROMETHEUS_BUILD_TAGS,
-                 "-ldflags", f"-s -w {version}", package],
-                cwd=staging, env=env, stdout=output, stderr=subprocess.STDOUT, check=False,
-            )  # fmt: skip
-    finally:
-        stop.set()
-        reporter.join()
-    if result.returncode != 0 or not (staging / "prometheus").exists():
+    started = time.monotonic()
+    argv = [go, "install", "-v", "-trimpath", "-tags", PROMETHEUS_BUILD_TAGS,
+            "-ldflags", f"-s -w {version}", package]  # fmt: skip
+    returncode = run_with_progress(argv, staging, env, log)
+    if returncode != 0 or not (staging / "prometheus").exists():
         shutil.rmtree(staging, ignore_errors=True)
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
         raise BuildError(f"building Prometheus failed (full log: {log}):\n{tail}")
@@ -264,6 +255,73 @@ def _build_prometheus(destination: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     minutes, seconds = divmod(int(time.monotonic() - started), 60)
     say(f"built Prometheus in {minutes}m{seconds:02d}s into {destination}")
+
+
+HELM_MODULE = Path(__file__).parent / "helm-cli"
+HELM_PACKAGE = "helm.sh/helm/v4/cmd/helm"
+"""Helm's own main package, named by go.mod's `tool` directive: built as it is, nothing
+of ours compiled in."""
+
+
+def helm_version(module: Path = HELM_MODULE) -> str:
+    """The Helm release go.mod requires."""
+    found = re.search(r"^\s*helm\.sh/helm/v4 (v\S+)", (module / "go.mod").read_text(), re.M)
+    if not found:
+        raise BuildError(f"{module / 'go.mod'} names no helm.sh/helm/v4 version")
+    return found.group(1)
+
+
+def helm_ldflags(version: str) -> str:
+    """What Helm's Makefile stamps, so `helm version` tells the release (and charts'
+    `kubeVersion`/`.Capabilities.HelmVersion` see it)."""
+    package = "helm.sh/helm/v4/internal/version"
+    return f"-s -w -X {package}.version={version} -X {package}.gitTreeState=clean"
+
+
+def helm_cache_directory(module: Path = HELM_MODULE) -> Path:
+    return cache_root() / "helm" / f"{helm_version(module)}-{sources_hash(module)}"
+
+
+def ensure_helm(module: Path = HELM_MODULE) -> Path:
+    """`helm`, from the cache or built into it from its Go module (once per machine;
+    builds side by side wait for one another). Its own module: Helm requires newer
+    k8s.io modules than the control plane's release, which must keep its pins."""
+    cache = helm_cache_directory(module)
+    binary = cache / "helm"
+    if os.access(binary, os.X_OK):
+        return binary
+    cache.mkdir(parents=True, exist_ok=True)
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.access(binary, os.X_OK):
+            _build_helm(module, cache)
+    return binary
+
+
+def _build_helm(module: Path, destination: Path) -> None:
+    go = find_go()
+    version = helm_version(module)
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false"}
+    log = destination / "build.log"
+    say(f"building Helm {version} with {go}; the first build downloads the modules and "
+        "takes a few minutes")  # fmt: skip
+    listed = subprocess.run([go, "list", "-deps", HELM_PACKAGE], cwd=module, env=env,
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    if listed.returncode != 0:
+        raise BuildError(f"go list failed in {module}:\n{listed.stderr[-3000:]}")
+    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=destination))
+    started = time.monotonic()
+    argv = [go, "build", "-v", "-trimpath", "-ldflags", helm_ldflags(version),
+            "-o", str(staging / "helm"), HELM_PACKAGE]  # fmt: skip
+    returncode = run_with_progress(argv, module, env, log, len(listed.stdout.split()))
+    if returncode != 0 or not (staging / "helm").exists():
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
+        raise BuildError(f"building Helm failed (full log: {log}):\n{tail}")
+    (staging / "helm").replace(destination / "helm")
+    shutil.rmtree(staging, ignore_errors=True)
+    minutes, seconds = divmod(int(time.monotonic() - started), 60)
+    say(f"built Helm {version} in {minutes}m{seconds:02d}s into {destination}")
 
 
 def ensure_binaries(module: Path = MODULE) -> dict[str, Path]:

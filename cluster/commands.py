@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     down.set_defaults(handler=_down)
 
     build = actions.add_parser(
-        "build", help="build (or find) the control plane's binaries and Prometheus"
+        "build", help="build (or find) the control plane's binaries, Prometheus and Helm"
     )
     build.set_defaults(handler=_build)
 
@@ -101,6 +101,7 @@ def _build(_: argparse.Namespace) -> int:
         for name, path in binaries.ensure_binaries().items():
             print(f"{name}: {path}")
         print(f"prometheus: {binaries.ensure_prometheus()}")
+        print(f"helm: {binaries.ensure_helm()}")
     except binaries.BuildError as error:
         print(f"kubeinfer cluster build: {error}", file=sys.stderr)
         return 1
