@@ -44,7 +44,7 @@ class InvalidSettings(ValueError):
 
 
 class _Group(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 @dataclass(frozen=True)
