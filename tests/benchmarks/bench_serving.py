@@ -9,10 +9,13 @@ small MLP and the ~170 MB memory-bound MLP) it measures the in-process ONNX Runt
 ceiling at batch 1..64, then starts each server as a subprocess on a loopback port (one
 at a time), checks its answers against ONNX Runtime in-process, and drives it with 1, 8,
 32 and 64 closed-loop clients sending single-item requests (v2 JSON; Triton binary too at
-32 clients). The mean batch size is the delta of the server's batch-size histogram over
-the measured window. Last, the memory-bound model's fp32 and int8 engines, built through
-`kubeinfer build`, are served side by side. It prints one Markdown report (serving table,
-ceiling table, int8 table, the issue's targets) and writes it to `--out`.
+32 clients). Before those, one kubeinfer serving both REST and gRPC is driven over REST
+JSON, REST binary and gRPC at 1 and 32 clients in `--transport-rounds` interleaved rounds
+(`transports.py`; `--transports-only` runs just that). The mean batch size is the delta
+of the server's batch-size histogram over the measured window. Last, the memory-bound
+model's fp32 and int8 engines, built through `kubeinfer build`, are served side by side.
+It prints one Markdown report (serving table, ceiling table, gRPC beside REST, int8
+table, the issue's targets) and writes it to `--out`.
 
 Every server gets the same ONNX Runtime session settings as kubeinfer's engine:
 `--threads` intra-op threads (default: the CPU count, ONNX Runtime's own default here), one
@@ -39,10 +42,14 @@ from engine_ceiling import measure_ceiling, reference_outputs
 from kubeinfer.runtime.demo_models import build_memory_bound_mlp, build_small_mlp
 from loadgen import (
     EncodedRequest,
+    decode_grpc_output,
     encode_binary_infer,
+    encode_grpc_infer,
     encode_json_infer,
+    grpc_request_once,
     request_once,
     run_closed_loop,
+    run_closed_loop_grpc,
 )
 from prometheus_client.parser import text_string_to_metric_families
 from report import (
@@ -57,6 +64,7 @@ from report import (
 from servers import (
     HOST,
     REPO,
+    KubeinferSpec,
     ServerFailed,
     ServerProcess,
     ServerSpec,
@@ -65,6 +73,7 @@ from servers import (
     mlserver_spec,
     unbatched_spec,
 )
+from transports import compare_transports, transports_table
 
 SMALL, MEMORY = "small-mlp", "memory-bound-mlp"
 MODELS = {SMALL: build_small_mlp, MEMORY: build_memory_bound_mlp}
@@ -142,6 +151,8 @@ def snapshot(spec: ServerSpec, server: ServerProcess) -> Snapshot:
 
 
 def make_requests(spec: ServerSpec, items: np.ndarray, encoding: str) -> list[EncodedRequest]:
+    if encoding == "grpc":
+        return [encode_grpc_infer(spec.model_name, INPUT, x) for x in items]
     if encoding == "json":
         return [encode_json_infer(HOST, spec.port, spec.model_name, INPUT, x) for x in items]
     return [encode_binary_infer(HOST, spec.port, spec.model_name, INPUT, OUTPUT, x) for x in items]
@@ -155,9 +166,15 @@ def decode_output(body: bytes, headers: dict[str, str]) -> np.ndarray:
     return np.frombuffer(body[split:], dtype=np.float32).reshape(output["shape"])
 
 
-def check_answers(spec: ServerSpec, requests: list[EncodedRequest], expected: np.ndarray) -> None:
+def check_answers(spec: ServerSpec, items: np.ndarray, encoding: str, expected: np.ndarray) -> None:
     """Every distinct request once, answered with ONNX Runtime's own output."""
-    for index, request in enumerate(requests):
+    for index, request in enumerate(make_requests(spec, items, encoding)):
+        if encoding == "grpc":
+            assert isinstance(spec, KubeinferSpec) and spec.grpc_port
+            answer = asyncio.run(grpc_request_once(HOST, spec.grpc_port, request.raw))
+            if not np.allclose(decode_grpc_output(answer)[0], expected[index], 1e-3, 1e-3):
+                raise ServerFailed(f"{spec.label}: wrong gRPC output for request {index}")
+            continue
         response = asyncio.run(request_once(HOST, spec.port, request.raw))
         if response.status != 200:
             raise ServerFailed(f"{spec.label}: HTTP {response.status}: {response.body[:300]!r}")
@@ -178,7 +195,7 @@ def load_runs(
 ) -> list[Row]:
     rows = []
     for encoding in dict.fromkeys(e for e, _ in plan):
-        check_answers(spec, make_requests(spec, items, encoding), expected)
+        check_answers(spec, items, encoding, expected)
     for encoding, clients in plan:
         best: Row | None = None
         for attempt in range(args.retries + 1):
@@ -220,10 +237,15 @@ def one_run(
 ) -> Row:
     requests = make_requests(spec, items, encoding)
     marks: dict[str, Snapshot] = {}
+    grpc_port = spec.grpc_port if isinstance(spec, KubeinferSpec) else None
+    loop, port = (
+        (run_closed_loop_grpc, grpc_port) if encoding == "grpc" else (run_closed_loop, spec.port)
+    )
+    assert port is not None, "gRPC asked of a server without a gRPC port"
     result = asyncio.run(
-        run_closed_loop(
+        loop(
             HOST,
-            spec.port,
+            port,
             requests,
             clients,
             args.warmup,
@@ -272,6 +294,25 @@ def serve_and_load(spec: ServerSpec, *run_args: object, label: str | None = None
     log_dir = REPO / ".bench" / "logs"
     with ServerProcess(spec, log_dir) as server:
         return load_runs(spec, server, *run_args, label=label)  # type: ignore[arg-type]
+
+
+def transport_rounds(
+    path: Path, model: str, items: np.ndarray, expected: np.ndarray, args: argparse.Namespace
+) -> list[list[Row]]:
+    """One kubeinfer serving REST and gRPC; its three transports in interleaved rounds
+    (`transports.compare_transports`)."""
+    spec = kubeinfer_spec(
+        path, model, args.threads, extra_args=tuple(args.kubeinfer_args.split()), grpc=True
+    )
+    with ServerProcess(spec, REPO / ".bench" / "logs") as server:
+        for encoding in ("json", "binary", "grpc"):
+            check_answers(spec, items, encoding, expected)
+
+        def run(encoding: str, clients: int) -> Row:
+            wait_for_quiet(args)
+            return one_run(spec, server, model, items, encoding, clients, args, None)
+
+        return compare_transports(run, args.transport_rounds)
 
 
 # --------------------------------------------------------------------------- int8
@@ -363,6 +404,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--retries", type=int, default=2, help="re-runs of a noisy row")
     parser.add_argument("--quiet-timeout", type=float, default=30.0)
     parser.add_argument("--no-int8", action="store_true", help="skip the fp32 vs int8 rows")
+    parser.add_argument(
+        "--transport-rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds of kubeinfer's REST JSON, REST binary and gRPC at 1 and 32 "
+        "clients on one server (0: none)",
+    )
+    parser.add_argument(
+        "--transports-only",
+        action="store_true",
+        help="only the transport rounds (no ceiling, no other server, no int8)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / ".bench" / "results.md")
     args = parser.parse_args(argv)
     args.duration = args.duration or (3.0 if args.quick else 10.0)
@@ -379,18 +432,24 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.UTC)
     model_dir = REPO / ".bench" / "models"
     rows: list[Row] = []
+    transports: dict[str, list[list[Row]]] = {}
     ceilings = {}
     int8: Int8Comparison | str | None = None
     for model in models:
         path = model_dir / f"{model}.onnx"
         if not path.exists():
             MODELS[model](path)
-        print(f"{model}: in-process ceiling", flush=True)
-        ceilings[model] = measure_ceiling(path, args.threads, args.ceiling_seconds)
         width = 512 if model == SMALL else 1024
         items = np.random.default_rng(7).standard_normal((DISTINCT_REQUESTS, width))
         items = items.astype(np.float32)
         expected = reference_outputs(path, items)
+        if "kubeinfer" in servers and args.transport_rounds > 0:
+            print(f"{model}: kubeinfer over REST JSON, REST binary and gRPC", flush=True)
+            transports[model] = transport_rounds(path, model, items, expected, args)
+        if args.transports_only:
+            continue
+        print(f"{model}: in-process ceiling", flush=True)
+        ceilings[model] = measure_ceiling(path, args.threads, args.ceiling_seconds)
         for server in servers:
             plan = [("json", c) for c in clients]
             if server != "mlserver" and 32 in clients:  # MLServer has no binary extension
@@ -412,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
                 int8 = int8_comparison(path, items, args)
             except Exception as error:  # reported in the output, the rest still stands
                 int8 = f"skipped: {error}"
-    text = render(args, started, rows, ceilings, int8, models)
+    text = render(args, started, rows, ceilings, int8, models, transports)
     print("\n" + text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
@@ -420,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def render(args, started, rows, ceilings, int8, models) -> str:  # type: ignore[no-untyped-def]
+def render(args, started, rows, ceilings, int8, models, transports) -> str:  # type: ignore[no-untyped-def]
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(
@@ -441,11 +500,20 @@ def render(args, started, rows, ceilings, int8, models) -> str:  # type: ignore[
         f"batching max batch 32, 5 ms, parallel_workers={args.mlserver_workers}. Load average "
         f"at the end: {' '.join(f'{v:.1f}' for v in os.getloadavg())}. 'other CPU' is what "
         "processes other than the server and the load generator used during the window.\n",
-        "## Serving (single-item requests, closed loop)\n",
-        serving_table(rows, ceilings),
-        "\n## In-process ONNX Runtime ceiling (items/s, time per batch)\n",
-        ceiling_table(ceilings),
     ]
+    if rows:
+        parts += [
+            "## Serving (single-item requests, closed loop)\n",
+            serving_table(rows, ceilings),
+            "\n## In-process ONNX Runtime ceiling (items/s, time per batch)\n",
+            ceiling_table(ceilings),
+        ]
+    for model, rounds in transports.items():
+        parts += [
+            f"\n## gRPC beside REST ({model}, one kubeinfer serve, {len(rounds)} interleaved "
+            "rounds, medians)\n",
+            transports_table(model, rounds),
+        ]
     if isinstance(int8, Int8Comparison):
         parts += [
             f"\n## fp32 vs int8 engines ({MEMORY}, kubeinfer build + serve)\n",
@@ -453,7 +521,7 @@ def render(args, started, rows, ceilings, int8, models) -> str:  # type: ignore[
         ]
     elif isinstance(int8, str):
         parts += [f"\n## fp32 vs int8 ({MEMORY})\n", int8 + "\n"]
-    if SMALL in models and MEMORY in models:
+    if SMALL in models and MEMORY in models and rows:
         parts += [
             "\n## Targets (issue 3, item 8)\n",
             targets_table(check_targets(rows, MEMORY, SMALL)),

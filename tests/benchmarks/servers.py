@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from kubeinfer.cli.tune.server import (
@@ -23,13 +24,28 @@ from kubeinfer.cli.tune.server import (
     http_get,
 )
 
-__all__ = ["HOST", "REPO", "ServerFailed", "ServerProcess", "ServerSpec", "free_port", "http_get"]
+__all__ = [
+    "HOST",
+    "REPO",
+    "KubeinferSpec",
+    "ServerFailed",
+    "ServerProcess",
+    "ServerSpec",
+    "free_port",
+    "http_get",
+]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 
 
 # --------------------------------------------------------------------------- launchers
+
+
+@dataclass
+class KubeinferSpec(ServerSpec):
+    grpc_port: int | None = None
+    """Where it serves the v2 API over gRPC too (`--grpc-port`), when it does."""
 
 
 def kubeinfer_spec(
@@ -39,11 +55,14 @@ def kubeinfer_spec(
     max_batch_size: int = 32,
     extra_args: tuple[str, ...] = (),
     engine: tuple[str, Path] | None = None,
-) -> ServerSpec:
+    grpc: bool = False,
+) -> KubeinferSpec:
     """`kubeinfer serve` from `.venv` with its default batching policy except
     maxBatchSize (32, as MLServer's); `engine` = (digest, cache directory) serves a built
-    engine from the cache (verified there) instead of the ONNX file."""
+    engine from the cache (verified there) instead of the ONNX file; `grpc`: gRPC on a
+    port of its own too."""
     port = free_port()
+    grpc_port = free_port() if grpc else None
     source = (
         ["--engine", engine[0], "--cache", str(engine[1])]
         if engine
@@ -63,10 +82,16 @@ def kubeinfer_spec(
         str(max_batch_size),
         "--intra-op-threads",
         str(threads),
+        *(["--grpc-port", str(grpc_port)] if grpc_port else []),
         *extra_args,
     ]
-    return ServerSpec(
-        "kubeinfer", command, port, model_name, metrics_url=f"http://{HOST}:{port}/metrics"
+    return KubeinferSpec(
+        "kubeinfer",
+        command,
+        port,
+        model_name,
+        metrics_url=f"http://{HOST}:{port}/metrics",
+        grpc_port=grpc_port,
     )
 
 
