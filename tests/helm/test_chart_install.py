@@ -1,0 +1,205 @@
+"""`helm install`, `upgrade` and `uninstall` of the chart on a real control plane, as a
+user runs them.
+
+The module starts a control plane of its own (kube-apiserver, etcd, the controller
+manager and the node agent, `cluster_harness`), without the CRD: Helm installs it from
+the chart's crds/. A cluster-wide operator there touches nothing of the session's other
+tests. prometheus-operator's CRDs are applied first, so the monitoring objects go through
+the API server's own validation, and the operator's PodMonitors through its RBAC.
+
+The chart's Deployment runs the operator's image, which the node agent runs as
+`kubeinfer operator`: two replicas, under the chart's ServiceAccount and RBAC only. The
+leader reconciles the smallest example (examples/cpu-minimal.yaml, its model source
+pointed at a real ONNX model on this machine) to Ready, its build Job and serving pod
+being real processes. `helm upgrade` to one replica and other settings rolls the
+operator, and the new pod takes the Lease. `helm uninstall` leaves none of the objects the
+chart created, namespaced or cluster-scoped; what stays is what Helm documents (the CRD,
+so the InferenceDeployments too) and the Lease the operator made.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+from cluster_harness import LocalCluster
+from helm_harness import CHART, REPO, Helm, KubeObject, names
+from kubeinfer.cluster import control_plane
+from kubeinfer.runtime.demo_models import build_tiny_mlp
+from kubernetes.client.exceptions import ApiException
+from prometheus_operator_crds import crd_file
+
+pytestmark = pytest.mark.slow
+
+RELEASE = "kubeinfer"
+OPERATOR = f"{RELEASE}-operator"
+INFD = ("kubeinfer.io/v1alpha1", "inferencedeployments")
+PLURALS = {
+    "ServiceAccount": ("v1", "serviceaccounts"),
+    "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles"),
+    "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings"),
+    "Role": ("rbac.authorization.k8s.io/v1", "roles"),
+    "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings"),
+    "Deployment": ("apps/v1", "deployments"),
+    "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
+    "ConfigMap": ("v1", "configmaps"),
+    "PodMonitor": ("monitoring.coreos.com/v1", "podmonitors"),
+    "PrometheusRule": ("monitoring.coreos.com/v1", "prometheusrules"),
+}
+
+
+def eventually(check: Callable[[], Any], within: float, what: str) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            result = check()
+        except ApiException as error:  # a resource just installed may answer 404/429 briefly
+            if error.status not in (404, 429):
+                raise
+            result = None
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Timed out after {within} s waiting for {what}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A control plane of this module's own, with prometheus-operator's CRDs and no
+    InferenceDeployment CRD."""
+    directory = tmp_path_factory.mktemp("helm-cluster")
+    started = control_plane.up(directory, audit=True, node_args=["--crash-loop-backoff-seconds=2"])
+    configuration = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(str(started.kubeconfig), client_configuration=configuration)
+    api_client = kubernetes.client.ApiClient(configuration)
+    local = LocalCluster(started, api_client)
+    try:
+        for plural in ("podmonitors", "prometheusrules"):
+            local.kubectl("apply", "--server-side", "-f", str(crd_file(plural)))
+        yield local
+    finally:
+        api_client.close()
+        control_plane.down(directory)
+
+
+def inference_deployment(model: Path, namespace: str) -> KubeObject:
+    """examples/cpu-minimal.yaml, served from a real model file, sized for this node."""
+    import hashlib
+
+    manifest = yaml.safe_load((REPO / "examples" / "cpu-minimal.yaml").read_text())
+    manifest["metadata"]["namespace"] = namespace
+    spec = manifest["spec"]
+    spec["model"]["source"] = {
+        "uri": f"file://{model}",
+        "sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
+    }
+    spec["runtime"]["replicas"] = 1
+    spec["runtime"]["resources"] = {"cpu": "250m", "memory": "1Gi"}
+    return manifest
+
+
+def ready(obj: KubeObject | None) -> bool:
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def lease_holder(cluster: LocalCluster, namespace: str) -> str:
+    lease = cluster.admin(namespace).get("coordination.k8s.io/v1", "leases", OPERATOR)
+    return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+
+
+def operator_pods(cluster: LocalCluster, namespace: str) -> list[KubeObject]:
+    selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+    return cluster.admin(namespace).list("v1", "pods", selector)
+
+
+def test_install_reconciles_upgrade_rolls_uninstall_leaves_nothing(
+    cluster: LocalCluster, helm: Helm, model_directory: Path
+) -> None:
+    helm = Helm(helm.binary, helm.home / "install", cluster.kubeconfig)
+    namespace, serving = "kubeinfer-system", cluster.new_namespace("serving")
+    values = helm.values_file({
+        "monitoring": {"operatorPodMonitor": {"enabled": True},
+                       "prometheusRule": {"enabled": True}, "dashboard": {"enabled": True}},
+        # Seconds, not minutes, for a test: a standby takes over sooner, builds poll often.
+        "settings": {"requeue": {"buildPollSeconds": 1, "resyncIntervalSeconds": 5},
+                     "pods": {"preStopSleepSeconds": 0, "drainGracePeriodSeconds": 2}},
+    }, "install")  # fmt: skip
+    helm.run("install", RELEASE, str(CHART), "-n", namespace, "--create-namespace",
+             "-f", str(values), "--wait", "--timeout", "120s", timeout=180)  # fmt: skip
+    manifest = [d for d in yaml.safe_load_all(helm.run("get", "manifest", RELEASE, "-n",
+                namespace).stdout) if d]  # fmt: skip
+    created = sorted(names(manifest))
+    assert {kind for kind, _, _ in created} == {
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+        "Deployment", "PodDisruptionBudget", "PodMonitor", "PrometheusRule", "ConfigMap",
+    }  # fmt: skip
+
+    # The operator runs as the chart's ServiceAccount, and one of its two pods leads.
+    pods = operator_pods(cluster, namespace)
+    assert len(pods) == 2
+    assert {p["spec"]["serviceAccountName"] for p in pods} == {OPERATOR}
+    leader = eventually(lambda: lease_holder(cluster, namespace), 60, "a leader")
+    assert leader.split("_")[0] in {p["metadata"]["name"] for p in pods}
+
+    # It reconciles the smallest example to Ready, with the chart's RBAC only.
+    model = build_tiny_mlp(model_directory / "helm-tiny.onnx")
+    infd = inference_deployment(model, serving)
+    name = infd["metadata"]["name"]
+    kube = cluster.admin(serving)
+    eventually(lambda: kube.create(infd), 60, "the chart's CRD to serve InferenceDeployments")
+    eventually(lambda: ready(kube.get(*INFD, name)), 120, f"{name} Ready")
+    account = f"system:serviceaccount:{namespace}:{OPERATOR}"
+    writes = cluster.audit.calls(lambda c: c.user == account and c.namespace == serving
+                                 and c.verb in ("create", "patch", "update"))  # fmt: skip
+    assert {c.resource for c in writes} >= {"inferencedeployments/status", "deployments"}
+    assert not [c for c in cluster.audit.calls(lambda c: c.user == account) if c.code == 403]
+    monitors = kube.list("monitoring.coreos.com/v1", "podmonitors")
+    assert [m["metadata"]["name"] for m in monitors], "the operator's PodMonitor (auto)"
+
+    # An upgrade rolls the operator to one replica with new settings; the new pod leads.
+    old = {p["metadata"]["name"] for p in pods}
+    helm.run("upgrade", RELEASE, str(CHART), "-n", namespace, "-f", str(values),
+             "--set", "replicas=1", "--set", "settings.requeue.resyncIntervalSeconds=10",
+             "--wait", "--timeout", "120s", timeout=180)  # fmt: skip
+    deployment = cluster.admin(namespace).get("apps/v1", "deployments", OPERATOR)
+    assert deployment and deployment["spec"]["replicas"] == 1
+    env = {e["name"]: e.get("value") for e in
+           deployment["spec"]["template"]["spec"]["containers"][0]["env"]}  # fmt: skip
+    assert env["KUBEINFER_REQUEUE__RESYNC_INTERVAL_SECONDS"] == "10"
+    assert cluster.admin(namespace).get("policy/v1", "poddisruptionbudgets", OPERATOR) is None
+
+    def new_leader() -> str:
+        holder = lease_holder(cluster, namespace).split("_")[0]
+        current = {p["metadata"]["name"] for p in operator_pods(cluster, namespace)}
+        return holder if holder in current - old else ""
+
+    eventually(new_leader, 60, "the upgraded operator to take the Lease")
+    assert ready(kube.get(*INFD, name))
+
+    # Uninstall: nothing the chart created is left, cluster-scoped objects included.
+    helm.run("uninstall", RELEASE, "-n", namespace, "--wait", "--timeout", "120s", timeout=180)
+    admin = cluster.admin(namespace)
+    left = []
+    for kind, object_namespace, object_name in created:
+        api_version, plural = PLURALS[kind]
+        where = object_namespace or (None if kind.startswith("Cluster") else namespace)
+        if admin.get(api_version, plural, object_name, namespace=where) is not None:
+            left.append((kind, object_name))
+    assert left == []
+    eventually(lambda: not operator_pods(cluster, namespace), 60, "the operator pods to go")
+    # What stays: the CRD (Helm never deletes one) and the operator's own Lease. Helm
+    # deletes the RBAC while the last leader is still stopping, so its release is refused
+    # (403) and the Lease expires on its own after leaseDurationSeconds.
+    lease = admin.get("coordination.k8s.io/v1", "leases", OPERATOR)
+    assert lease and "app.kubernetes.io/managed-by" not in (lease["metadata"].get("labels") or {})
+    assert helm.run("list", "-A", "-q").stdout.strip() == ""
+    assert admin.list("v1", "secrets", "owner=helm") == [], "Helm's release records"
+    assert admin.get("apiextensions.k8s.io/v1", "customresourcedefinitions",
+                     "inferencedeployments.kubeinfer.io", namespace=None)  # fmt: skip
