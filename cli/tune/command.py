@@ -140,12 +140,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--duration-seconds",
         type=_positive(float),
         default=5.0,
+        metavar="SECONDS",
         help="measured window per point (default 5)",
     )
     add(
         "--warmup-seconds",
         type=float,
         default=1.0,
+        metavar="SECONDS",
         help="load before each window, not measured (default 1)",
     )
     add(
