@@ -5,7 +5,8 @@ The module starts a control plane of its own (kube-apiserver, etcd, the controll
 manager and the node agent, `cluster_harness`), without the CRD: Helm installs it from
 the chart's crds/. A cluster-wide operator there touches nothing of the session's other
 tests. prometheus-operator's CRDs are applied first, so the monitoring objects go through
-the API server's own validation, and the operator's PodMonitors through its RBAC.
+the API server's own validation, and the operator's PodMonitors through its RBAC. A bad
+value is refused by Helm before anything is made.
 
 The chart's Deployment runs the operator's image, which the node agent runs as
 `kubeinfer operator`: two replicas, under the chart's ServiceAccount and RBAC only. The
@@ -131,6 +132,13 @@ def test_install_reconciles_upgrade_rolls_uninstall_leaves_nothing(
         "settings": {"requeue": {"buildPollSeconds": 1, "resyncIntervalSeconds": 5},
                      "pods": {"preStopSleepSeconds": 0, "drainGracePeriodSeconds": 2}},
     }, "install")  # fmt: skip
+    # A value the operator would refuse is refused by Helm first, and nothing is made.
+    refused = helm.run("install", RELEASE, str(CHART), "-n", namespace, "--create-namespace",
+                       "--set", "settings.build.backoffLimit=20", check=False)  # fmt: skip
+    assert refused.returncode == 1
+    assert "- at '/settings/build/backoffLimit': maximum: got 20, want 10" in refused.stderr
+    assert cluster.admin().get("v1", "namespaces", namespace, namespace=None) is None
+
     helm.run("install", RELEASE, str(CHART), "-n", namespace, "--create-namespace",
              "-f", str(values), "--wait", "--timeout", "120s", timeout=180)  # fmt: skip
     manifest = [d for d in yaml.safe_load_all(helm.run("get", "manifest", RELEASE, "-n",
