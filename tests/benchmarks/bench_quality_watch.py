@@ -104,6 +104,7 @@ def one_run(
     assert process.process is not None
     set_share(serving.mirror_file, process.spec.port, reference.spec.port, share, args.model)
     window = measure(args, process.spec.port, serving.requests, [process.process.pid])
+    time.sleep(1.0)  # the last samples gathered (up to 0.5 s) are compared by then
     status = quality_status(process.spec.port)
     run = Run(
         serving=serving.label,
