@@ -169,6 +169,13 @@ BATCHING_PREFERRED_BATCH_SIZE = Series(
     "Rows at which a forming batch is flushed at once, as batching policy Adaptive chose "
     "it last (absent under Static: preferredBatchSizes applies).",
 )
+BATCHING_CONCURRENT_BATCHES = Series(
+    "kubeinfer_batching_concurrent_batches",
+    "gauge",
+    MODEL_LABELS,
+    "Most batches run at once, as batching policy Adaptive chose it last: every execution "
+    "slot, or 1 where they were measured not to add up (absent under Static).",
+)
 GPU_MEMORY_USED = Series(
     "kubeinfer_gpu_memory_used_bytes", "gauge", GPU_LABELS, "GPU memory in use."
 )

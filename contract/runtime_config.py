@@ -42,7 +42,8 @@ class BatchingPolicyKind(StrEnum):
     """The configured maxQueueDelayMicroseconds and preferredBatchSizes, always."""
     ADAPTIVE = "Adaptive"
     """The runtime, online, from its measured compute time per batch size and arrival
-    rate, to keep p99 under the SLO less sloMarginPercent at the highest throughput."""
+    rate, to keep p99 under the SLO less sloMarginPercent at the highest throughput (and
+    how many batches run at once, within executionSlots)."""
 
 
 class BatchingPolicy(ApiModel):
@@ -94,9 +95,10 @@ class BatchingPolicy(ApiModel):
 
     policy: BatchingPolicyKind = BatchingPolicyKind.STATIC
     """Static: the queue delay and preferred batch sizes above, always. Adaptive (needs
-    slo.p99LatencyMilliseconds): the runtime chooses its queue delay and one preferred
-    batch size online, from its own measured compute time per batch size and the arrival
-    rate, for the highest throughput whose predicted p99 stays under the SLO less
+    slo.p99LatencyMilliseconds): the runtime chooses its queue delay, one preferred batch
+    size, and whether batches run side by side on the execution slots, online, from its
+    own measured compute time per batch size (alone and beside another batch) and the
+    arrival rate, for the highest throughput whose predicted p99 stays under the SLO less
     sloMarginPercent; maxQueueDelayMicroseconds and preferredBatchSizes apply until its
     first batch is measured. Adaptive acts where a batch can wait for a free slot: with one
     execution slot, batches form only while that slot is busy, under either policy."""

@@ -22,6 +22,7 @@ dashboards read these names, so they are a public interface:
 | kubeinfer_slo_p99_latency_seconds | gauge (only with an SLO) | model, version |
 | kubeinfer_batching_queue_delay_seconds | gauge (Adaptive's delay) | model, version |
 | kubeinfer_batching_preferred_batch_size | gauge (Adaptive's size) | model, version |
+| kubeinfer_batching_concurrent_batches | gauge (Adaptive's batches at once) | model, version |
 | kubeinfer_gpu_memory_used_bytes | gauge (only where a GPU exists) | device, name |
 | kubeinfer_gpu_memory_total_bytes | gauge (only where a GPU exists) | device, name |
 
@@ -140,6 +141,7 @@ class RuntimeMetrics:
         self._slo = family(series.SLO_P99_LATENCY, r)  # a series only once there is an SLO
         self._queue_delay = family(series.BATCHING_QUEUE_DELAY, r)  # under Adaptive only
         self._preferred_size = family(series.BATCHING_PREFERRED_BATCH_SIZE, r)
+        self._concurrent_batches = family(series.BATCHING_CONCURRENT_BATCHES, r)
         self._values = values
         self._by_code: dict[int, Counter] = {}
         if gpu_memory is not None:
@@ -169,9 +171,12 @@ class RuntimeMetrics:
     def slo_p99_latency(self, seconds: float) -> None:
         self._slo.labels(*self._values).set(seconds)
 
-    def batching_setting(self, queue_delay_seconds: float, preferred_batch_size: int) -> None:
+    def batching_setting(
+        self, queue_delay_seconds: float, preferred_batch_size: int, concurrent_batches: int
+    ) -> None:
         self._queue_delay.labels(*self._values).set(queue_delay_seconds)
         self._preferred_size.labels(*self._values).set(preferred_batch_size)
+        self._concurrent_batches.labels(*self._values).set(concurrent_batches)
 
     # Data plane
     def request_started(self) -> None:

@@ -1,5 +1,5 @@
-"""SLO-driven adaptive batching: the queue delay and preferred batch size to run with next,
-decided from what the batcher measured itself. Pure: no asyncio, no clock.
+"""SLO-driven adaptive batching: the queue delay, preferred batch size and batches at once to
+run with next, decided from what the batcher measured itself. Pure: no asyncio, no clock.
 
 The batcher keeps a `MeasuredLoad`: its compute time per batch-size bucket
 (`ComputeProfile`, a smoothed mean and mean deviation per power-of-two bucket, as TCP
@@ -8,7 +8,8 @@ engine and batches that ran beside another (`EngineProfile`), and the arrival ra
 (`ArrivalRate`, an exponentially decayed count). `next_setting` turns that, the rows queued
 now and the latency target (the SLO's p99 less its margin) into a `BatchSetting`, which
 `BatchSetting.applied_to` makes into the `BatchingPolicy` that `policy.next_decision`
-reads. The flush rules are the static policy's: only the two values change.
+reads, and the batches the scheduler lets run at once. The flush rules are the static
+policy's: only these values change.
 
 First, whether batches should overlap at all. Two batches side by side each take longer
 than one alone; the slots are worth using together only when they still add throughput
@@ -16,8 +17,9 @@ than one alone; the slots are worth using together only when they still add thro
 beside another, from the buckets measured both ways; the configured slots until then). A
 GPU overlapping copies with compute gains; CPU threads sharing cores and memory bandwidth
 with each other and with the HTTP server mostly do not. Below OVERLAP_WORTH the policy
-serializes: a forming batch waits for the running one unless it is full (preferred size
-maxBatchSize, the longest delay), and the slots count as one in the model below.
+serializes: one batch runs at a time (`BatchSetting.concurrent_batches`), formed while the
+one before it runs, and the slots count as one in the model below. (A delay alone cannot
+serialize: a full batch, or a queue past maxBatchSize, starts at once on a free slot.)
 
 Then the latency model, per candidate batch size `b` (powers of two, and maxBatchSize):
 
@@ -255,8 +257,10 @@ class BatchSetting:
     reason: SettingReason
     predicted_p99_seconds: float | None = None
     parallel_slots: float | None = None
-    """What the slots running at once were measured to be worth (`EngineProfile`); below
-    OVERLAP_WORTH batches are serialized."""
+    """What the slots running at once were measured to be worth (`EngineProfile`)."""
+    concurrent_batches: int | None = None
+    """Most batches run at once: every execution slot (None, or their number), or 1 where
+    the slots were measured to be worth less than OVERLAP_WORTH together."""
 
     @staticmethod
     def of_policy(policy: BatchingPolicy) -> BatchSetting:
@@ -380,13 +384,12 @@ def next_setting(
     def setting(delay: int, best: _Option, reason: SettingReason) -> BatchSetting:
         if overlap:
             predicted = best.predicted_seconds + delay / 1e6
-            return BatchSetting(delay, best.size, reason, predicted, parallel)
-        # Serialized: a forming batch waits for the running one (the wait the model counts
-        # as the batch ahead) unless it is full. The delay counts from the oldest request's
-        # arrival, so any shorter bound would let a queue that is behind start batches
-        # side by side, each slowing the other, and fall further behind.
-        serial = MAX_QUEUE_DELAY_MICROSECONDS
-        return BatchSetting(serial, target.max_batch_size, reason, best.predicted_seconds, parallel)
+            slots = target.execution_slots
+            return BatchSetting(delay, best.size, reason, predicted, parallel, slots)
+        # Serialized: one batch at a time, formed while the one before it runs (delay and
+        # preferred size play no part then: a batch starts only on an idle engine).
+        size = target.max_batch_size
+        return BatchSetting(0, size, reason, best.predicted_seconds, parallel, 1)
 
     def efficiency(option: _Option) -> tuple[float, int]:
         # Highest throughput; between equals, the smaller size (the lower latency).
@@ -449,6 +452,7 @@ def status_of(
         "reason": str(setting.reason),
         "predictedP99Milliseconds": None if predicted is None else predicted * 1000,
         "parallelSlots": setting.parallel_slots,
+        "concurrentBatches": setting.concurrent_batches,
         "arrivalRowsPerSecond": load.arrivals.rows_per_second(now),
         "computeAlone": by_size(load.engine.alone),
         "computeBesideAnother": by_size(load.engine.beside),

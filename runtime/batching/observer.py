@@ -25,7 +25,9 @@ class BatchObserver(Protocol):
 
     def slo_p99_latency(self, seconds: float) -> None: ...
 
-    def batching_setting(self, queue_delay_seconds: float, preferred_batch_size: int) -> None: ...
+    def batching_setting(
+        self, queue_delay_seconds: float, preferred_batch_size: int, concurrent_batches: int
+    ) -> None: ...
 
 
 class NoObserver:
@@ -52,5 +54,7 @@ class NoObserver:
     def slo_p99_latency(self, seconds: float) -> None:
         pass
 
-    def batching_setting(self, queue_delay_seconds: float, preferred_batch_size: int) -> None:
+    def batching_setting(
+        self, queue_delay_seconds: float, preferred_batch_size: int, concurrent_batches: int
+    ) -> None:
         pass

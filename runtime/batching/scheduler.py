@@ -19,8 +19,8 @@ With batching policy Adaptive the scheduler also measures what `adaptive.next_se
 needs (the rows queued, with the clock's `now`; each finished batch's rows and compute
 seconds, and whether another batch ran beside it on another slot at some time) and, at
 most every DECISION_INTERVAL_SECONDS, at a step, asks it for the queue delay and preferred
-batch size that the policy's flush rules then read. With Static it measures nothing and
-the configured policy is the one read.
+batch size that the policy's flush rules then read, and for the batches it lets run at
+once. With Static it measures nothing and the configured policy is the one read.
 """
 
 from __future__ import annotations
@@ -131,10 +131,6 @@ class Scheduler:
         # Reported only where there is something to report: Static's values are its config.
         if slo_p99_latency_milliseconds is not None:
             observer.slo_p99_latency(slo_p99_latency_milliseconds / 1000)
-        if adaptive:
-            observer.batching_setting(
-                self.setting.queue_delay_microseconds / 1e6, self.setting.preferred_batch_size
-            )
 
     @property
     def queued(self) -> int:
@@ -150,6 +146,9 @@ class Scheduler:
         return self._task is not None and not self._stopped
 
     def start(self) -> None:
+        """Starts the scheduling task (the slot runner has started: its slots exist)."""
+        if self._adaptive:
+            self._report(self.setting)
         self._wakeup = asyncio.Event()
         self._task = asyncio.create_task(self._schedule(), name="kubeinfer-batcher")
 
@@ -245,11 +244,16 @@ class Scheduler:
         now = self._clock()
         if self._adaptive and now >= self._decide_at:
             self._adapt(now)
+        free_slots, busy_slots = self._runner.free_slots, self._runner.busy_slots
+        limit = self.setting.concurrent_batches
+        if limit is not None:  # Adaptive's: a stuck batch does not count against it
+            working = busy_slots - self._runner.watchdog.stuck_batches
+            free_slots = max(0, min(free_slots, limit - working))
         decision = next_decision(
             self._policy,
             [r.view for r in queue],
-            self._runner.free_slots,
-            self._runner.busy_slots,
+            free_slots,
+            busy_slots,
             now,
             self.draining,
             small_batches=self._runner.small_batches,
@@ -296,13 +300,19 @@ class Scheduler:
             changed = (
                 setting.queue_delay_microseconds != self.setting.queue_delay_microseconds
                 or setting.preferred_batch_size != self.setting.preferred_batch_size
+                or setting.concurrent_batches != self.setting.concurrent_batches
             )
             self.setting = setting
             self._policy = setting.applied_to(configured)
             if changed:
-                self._observer.batching_setting(
-                    setting.queue_delay_microseconds / 1e6, setting.preferred_batch_size
-                )
+                self._report(setting)
+
+    def _report(self, setting: BatchSetting) -> None:
+        self._observer.batching_setting(
+            setting.queue_delay_microseconds / 1e6,
+            setting.preferred_batch_size,
+            setting.concurrent_batches or self._runner.free_slots + self._runner.busy_slots,
+        )
 
     def status(self) -> dict[str, Any]:
         """The batching policy and the setting in force, for the status endpoint."""

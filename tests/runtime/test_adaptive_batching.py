@@ -196,3 +196,37 @@ async def test_batches_are_timed_apart_alone_and_beside_another(gated) -> None:
     finally:
         gated.gate.set()
         await batcher.close()
+
+
+async def test_slots_that_slow_each_other_down_run_one_batch_at_a_time(gated) -> None:
+    # Two batches held side by side take far longer than one alone: measured so, the two
+    # slots are worth one, and a second batch waits for the first instead of starting.
+    policy = BatchingPolicy(policy=ADAPTIVE, execution_slots=2)
+    batcher = Batcher(gated, policy, slo_p99_latency_milliseconds=60_000, inline_below_seconds=0.0)
+    await batcher.start()
+    try:
+        await batcher.infer(rows(1), 1)  # alone: fast
+        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)
+        gated.gate.clear()
+        held = [asyncio.create_task(batcher.infer(rows(1), 1))]
+        await until(lambda: gated.running == 1, "a batch running")
+        held.append(asyncio.create_task(batcher.infer(rows(1), 1)))
+        await until(lambda: gated.running == 2, "two batches side by side")
+        await asyncio.sleep(0.05)  # beside each other: 50 ms
+        gated.gate.set()
+        await asyncio.gather(*held)
+        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)
+
+        gated.gate.clear()
+        first = asyncio.create_task(batcher.infer(rows(1), 1))
+        await until(lambda: gated.running == 1, "the next batch running")
+        second = asyncio.create_task(batcher.infer(rows(1), 1))
+        await asyncio.sleep(0.3)
+        assert gated.running == 1, "a second batch started beside the first"
+        status = batcher.batching_status()
+        assert (status["concurrentBatches"], status["parallelSlots"]) == (1, 1.0)
+        gated.gate.set()
+        await asyncio.gather(first, second)
+    finally:
+        gated.gate.set()
+        await batcher.close()

@@ -207,7 +207,7 @@ def test_the_setting_for_a_measured_state(
     setting = decide(slo_ms, rate, queued)
     assert (setting.preferred_batch_size, setting.reason) == (size, reason), case
     assert setting.queue_delay_microseconds == pytest.approx(delay_us, abs=2), case
-    assert setting.parallel_slots == 2
+    assert (setting.parallel_slots, setting.concurrent_batches) == (2, 2)
 
 
 def test_before_any_batch_is_measured_the_configured_values_apply() -> None:
@@ -293,21 +293,21 @@ def test_batches_are_measured_alone_or_beside_another() -> None:
 
 
 def test_slots_that_do_not_add_up_serialize_the_batches() -> None:
-    # Beside another a batch takes twice as long: two slots are worth one. A forming
-    # batch then waits for the running one unless full (preferred size 64, the longest
-    # delay); the prediction is one slot's: 200 rows/s served by 4-row batches, 2 * 10 ms.
+    # Beside another a batch takes twice as long: two slots are worth one. One batch
+    # runs at a time; the prediction is one slot's: 200 rows/s served by 4-row batches,
+    # 2 * 10 ms.
     engine = EngineProfile(alone=steady_profile(), beside=steady_profile(slower=2.0))
     setting = decide(110, 200, engine=engine)
-    assert setting.parallel_slots == 1.0
-    assert (setting.preferred_batch_size, setting.reason) == (64, WITHIN)
-    assert setting.queue_delay_microseconds == MAX_QUEUE_DELAY_MICROSECONDS
+    assert (setting.parallel_slots, setting.concurrent_batches) == (1.0, 1)
+    assert (setting.preferred_batch_size, setting.queue_delay_microseconds) == (64, 0)
+    assert setting.reason is WITHIN
     assert setting.predicted_p99_seconds == pytest.approx(0.020)
 
 
 def test_one_slot_serializes_and_counts_once() -> None:
     # The same 200 rows/s on one slot: 4 rows now (one slot, busy at most half the time).
     setting = decide(110, 200, slots=1, engine=EngineProfile(alone=steady_profile()))
-    assert (setting.preferred_batch_size, setting.parallel_slots) == (64, 1.0)
+    assert (setting.parallel_slots, setting.concurrent_batches) == (1.0, 1)
     assert setting.predicted_p99_seconds == pytest.approx(0.020)
 
 
@@ -315,18 +315,15 @@ def test_one_slot_serializes_and_counts_once() -> None:
     ("slo_ms", "rate", "queued", "reason"),
     [(110, 500, 400, BEHIND), (20, 500, 0, UNREACHABLE), (110, 0, 0, WITHIN)],
 )
-def test_serialized_batches_wait_for_the_running_one_whatever_the_reason(
+def test_serialized_batches_run_one_at_a_time_whatever_the_reason(
     slo_ms: float, rate: float, queued: int, reason: SettingReason
 ) -> None:
-    # However old the oldest queued request (the delay counts from its arrival), a
-    # forming batch does not start beside the running one unless it is full.
+    # Behind too: a full batch beside the running one would slow it (a delay alone could
+    # not hold it back: a full batch starts at once on a free slot).
     engine = EngineProfile(alone=steady_profile(), beside=steady_profile(slower=2.0))
     setting = decide(slo_ms, rate, queued, engine=engine)
     assert setting.reason is reason
-    assert (setting.preferred_batch_size, setting.queue_delay_microseconds) == (
-        64,
-        MAX_QUEUE_DELAY_MICROSECONDS,
-    )
+    assert setting.concurrent_batches == 1
 
 
 def test_the_times_that_apply_are_those_of_how_batches_run() -> None:
@@ -399,9 +396,11 @@ def test_every_setting_can_run_and_a_within_slo_one_is_predicted_within_it(
     assert 0 <= setting.queue_delay_microseconds <= MAX_QUEUE_DELAY_MICROSECONDS
     assert setting.predicted_p99_seconds is not None
     assert setting.parallel_slots is not None and 1 <= setting.parallel_slots <= slots
+    overlap = setting.parallel_slots >= OVERLAP_WORTH
+    assert setting.concurrent_batches == (slots if overlap else 1)
     if setting.reason is WITHIN:
         assert setting.predicted_p99_seconds <= target.seconds + 1e-6
-    if setting.reason is UNREACHABLE and setting.parallel_slots >= OVERLAP_WORTH:
+    if setting.reason is UNREACHABLE:
         assert setting.queue_delay_microseconds == 0
 
 
