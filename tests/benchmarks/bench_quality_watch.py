@@ -167,7 +167,8 @@ def spreads(runs: list[Run], shares: tuple[int, ...]) -> str:
             ratios = [r.throughput / base for r, base in
                       zip([r for r in mine if r.share == share], none, strict=True)]  # fmt: skip
             lines.append(f"{label}, {share} %: per round " +
-                         " ".join(f"{x:.3f}" for x in ratios))  # fmt: skip
+                         " ".join(f"{x:.3f}" for x in ratios) +
+                         f"; their median {median(ratios):.3f}")  # fmt: skip
     return "\n".join(lines)
 
 
