@@ -30,10 +30,17 @@ head is then under aiohttp's limits of 8190 bytes a line)."""
 MAX_HEADER_LINES = 100
 """Fewer than aiohttp's limit (128), for the same reason."""
 
-_REQUEST_LINE = re.compile(rb"([A-Z]{1,20}) (/[!-~]*) HTTP/1\.1\r\n")
-_HEADER_LINE = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([\t -~\x80-\xff]*?)[ \t]*\r\n")
+_HEAD_PATTERN = re.compile(
+    rb"([A-Z]{1,20}) (/[!-~]*) HTTP/1\.1\r\n"  # the request line
+    rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t -~\x80-\xff]*\r\n){0,"
+    + str(MAX_HEADER_LINES).encode()
+    + rb"})\r\n"
+)
+_FRAMING_HEADER = re.compile(
+    rb"^(content-length|transfer-encoding|expect|upgrade|connection):[ \t]*([^\r]*?)[ \t]*\r$",
+    re.IGNORECASE | re.MULTILINE,
+)
 _DIGITS = re.compile(rb"[0-9]{1,18}")
-_NOT_FRAMED = frozenset((b"transfer-encoding", b"expect", b"upgrade"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,34 +63,25 @@ class RequestHead:
 def parse_head(head: bytes) -> RequestHead | None:
     """The request of `head` (its bytes up to and including the blank line that ends
     it), or None when it is outside the framed subset."""
-    line = _REQUEST_LINE.match(head)
-    if line is None or len(head) > MAX_HEAD_BYTES or not head.endswith(HEAD_END):
+    matched = _HEAD_PATTERN.fullmatch(head) if len(head) <= MAX_HEAD_BYTES else None
+    if matched is None:
         return None
-    position, end = line.end(), len(head) - 2  # the blank line's CRLF
     content_length: int | None = None
     keep_alive = True
-    lines = 0
-    while position < end:
-        header = _HEADER_LINE.match(head, position)
-        lines += 1
-        if header is None or lines > MAX_HEADER_LINES:
-            return None
-        position = header.end()
+    for header in _FRAMING_HEADER.finditer(matched.group(3)):
         name, value = header.group(1).lower(), header.group(2)
         if name == b"content-length":
             if content_length is not None or _DIGITS.fullmatch(value) is None:
                 return None
             content_length = int(value)
-        elif name in _NOT_FRAMED:
-            return None
         elif name == b"connection":
             tokens = {token.strip().lower() for token in value.split(b",")}
             if b"upgrade" in tokens:
                 return None
             keep_alive = keep_alive and b"close" not in tokens
-    if position != end:
-        return None
-    return RequestHead(line.group(1), line.group(2), content_length or 0, keep_alive)
+        else:  # Transfer-Encoding, Expect, Upgrade
+            return None
+    return RequestHead(matched.group(1), matched.group(2), content_length or 0, keep_alive)
 
 
 class FramingReceiver(Protocol):
