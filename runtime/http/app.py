@@ -26,11 +26,12 @@ candidate's latency from it, measured the same way as its own.
 
 An infer request is admitted before its body is read (`DataPlane.admitted`): a server
 that cannot take it answers 503 at once, and aiohttp reads and drops the unread body
-afterwards, so a keep-alive connection stays in step. Its body is read by `body.py`, and a
-client that leaves (an abandoned upload, or a request it stopped waiting for: the runner
-cancels the handler, `handler_cancellation`) is counted as cancelled, not answered; a
-request it abandoned before it ran is never executed. Once draining has begun, every
-answer closes its connection (`Connection: close`).
+afterwards, so a keep-alive connection stays in step (most refusals of a full queue never
+get here: the connection answers them from the head, see `refusal`). Its body is read by
+`body.py`, and a client that leaves (an abandoned upload, or a request it stopped waiting
+for: the runner cancels the handler, `handler_cancellation`) is counted as cancelled, not
+answered; a request it abandoned before it ran is never executed. Once draining has
+begun, every answer closes its connection (`Connection: close`).
 """
 
 from __future__ import annotations
