@@ -36,7 +36,8 @@ class AgreementTally:
     samples: int
     top1_agreements: int
     absolute_difference_sum: float = 0.0
-    """Sum over the samples of each sample's mean |candidate - reference|."""
+    """Sum over the samples of their compared request's largest |candidate - reference|
+    (the runtime's per-request figure, scaled to the rows)."""
     absolute_difference_square_sum: float | None = None
     """Sum of the squares of the same per-sample values; None when not collected."""
     kl_divergence_sum: float | None = None
