@@ -155,6 +155,20 @@ class World:
         with ThreadPoolExecutor(concurrency) as pool:
             self.statuses.extend(pool.map(lambda item: _post(*item), work))
 
+    def settle(self, timeout: float = 30) -> None:
+        """Until the serving pod's mirrors have an outcome for every request they took
+        (compared, dropped, failed or timed out): the counters stop moving."""
+        deadline = time.monotonic() + timeout
+        while True:
+            quality = json.loads(http_get(self.serving.port, "/v2/quality")[1])
+            shadow = json.loads(http_get(self.serving.port, "/v2/shadow")[1])
+            answered = quality["answered"]
+            if sum(quality["requests"].values()) == sum(shadow["requests"].values()) == answered:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"mirrors still busy: {quality['requests']}, {shadow}")
+            time.sleep(0.1)
+
     def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": promql, **({"time": repr(at)} if at is not None else {})}
         return self._api("/api/v1/query", params)

@@ -4,7 +4,7 @@ serve` processes under load and the operator's exporter (`monitoring_world`): on
 Prometheus, one load run, every expression in one pass.
 
 - Every dashboard query returns data, finite figures, with the dashboard's variables set
-  to all values and Grafana's `$__rate_interval` to a few scrape intervals. The GPU panel
+  to all values and Grafana's `$__rate_interval` to a window spanning the load. The GPU panel
   is the exception on a machine without a GPU: the runtime exports GPU memory only where
   NVML sees a device (`kubeinfer.runtime.gpu_memory`), so there the test checks that
   Prometheus accepts the query and that no GPU gauge exists, and on a GPU machine it must
@@ -42,7 +42,9 @@ from prometheus_harness import require_prometheus
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIABLES = {"$namespace": ".*", "$model": ".*", "$__rate_interval": "10s"}
+VARIABLES = {"$namespace": ".*", "$model": ".*", "$__rate_interval": "30s"}
+"""Every value of the dashboard's variables; a rate window that spans the whole load."""
+REQUESTS, CHUNKS, PAUSE_SECONDS = 960, 8, 0.5
 SLO_MILLISECONDS = 0.01
 """Far below what any request takes: the latency alert must hold."""
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
@@ -102,7 +104,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, flo
             Report(status(1, 0, (R.ENGINE_READY, "False", Reason.ENGINE_BUILD_FAILED))),
         )
         world.wait_for_scrape_after(time.time())  # targets are scraped from the start
-        world.load(requests=900, seed=1)
+        for chunk in range(CHUNKS):  # over many scrapes, as counters grow in production
+            world.load(requests=REQUESTS // CHUNKS, seed=chunk)
+            time.sleep(PAUSE_SECONDS)
+        world.settle()
         loaded = time.time()
         world.wait_for_scrape_after(loaded)
         assert set(world.statuses) == {200}
