@@ -105,6 +105,13 @@ class AdmittedRequest:
         dataplane.batcher.release(admission)
         metrics.request_finished()
 
+    def abandon(self, *, client_gone: bool) -> None:
+        """Ends a request admitted on arrival (`admitted_on_arrival`) that never reached
+        its route: its client left (counted as cancelled), or its connection answered it
+        otherwise (aiohttp's own errors)."""
+        gone = ClientGone("the client left", self.admission.stage) if client_gone else None
+        self.__exit__(None, gone, None)
+
 
 class InferResult(NamedTuple):
     """An answered infer request, as the transport sends it."""
@@ -192,17 +199,28 @@ class DataPlane:
         self.metrics.request_started()
         return AdmittedRequest(self, admission)
 
-    def overloaded(self, arrived: float) -> Overloaded | None:
-        """The refusal of an infer request that arrived at `arrived` (this data plane's
-        clock) because the queue is full, counted as answered like `admitted`'s; None when
-        the queue has room or another answer applies (those requests go through
-        `admitted`). For a transport that answers this refusal before it reads, or even
-        parses, anything of the request but its target: the caller has checked that the
-        target is this model."""
-        error = self.batcher.overloaded()
-        if error is not None:
-            self.metrics.request_answered(error.status, self._clock() - arrived)
-        return error
+    def admitted_on_arrival(
+        self, arrived: float, *, refuse: bool
+    ) -> AdmittedRequest | Overloaded | None:
+        """For a transport that sees an infer request's head before anything else of it
+        (it has checked that the target is this model): the request admitted at
+        `arrived` (this data plane's clock), in `admitted`'s context; or, with `refuse`,
+        the full queue's refusal, counted as answered as `admitted` counts it; or None
+        (the queue is full and `refuse` is off, or admission refuses the request for
+        another reason: not started, draining, the engine stuck): the transport then goes
+        through `admitted`, which answers it."""
+        overloaded = self.batcher.overloaded()
+        if overloaded is not None:
+            if refuse:
+                self.metrics.request_answered(overloaded.status, self._clock() - arrived)
+                return overloaded
+            return None
+        try:
+            admission = self.batcher.admit(arrived)
+        except InferenceServerError:
+            return None
+        self.metrics.request_started()
+        return AdmittedRequest(self, admission)
 
     async def infer(
         self, name: str, version: str | None, body: bytes, header_length: int | None

@@ -26,12 +26,14 @@ candidate's latency from it, measured the same way as its own.
 
 An infer request is admitted before its body is read (`DataPlane.admitted`): a server
 that cannot take it answers 503 at once, and aiohttp reads and drops the unread body
-afterwards, so a keep-alive connection stays in step (most refusals of a full queue never
-get here: the connection answers them from the head, see `refusal`). Its body is read by
-`body.py`, and a client that leaves (an abandoned upload, or a request it stopped waiting
-for: the runner cancels the handler, `handler_cancellation`) is counted as cancelled, not
-answered; a request it abandoned before it ran is never executed. Once draining has
-begun, every answer closes its connection (`Connection: close`).
+afterwards, so a keep-alive connection stays in step. The serving runner's connections
+admit most infer requests as their heads arrive and answer most refusals of a full queue
+there (`head_admission`); the route then takes the admission made
+(`connections.take_admission`). Its body is read by `body.py`, and a client that leaves
+(an abandoned upload, or a request it stopped waiting for: the runner cancels the
+handler, `handler_cancellation`) is counted as cancelled, not answered; a request it
+abandoned before it ran is never executed. Once draining has begun, every answer closes
+its connection (`Connection: close`).
 """
 
 from __future__ import annotations
@@ -148,7 +150,10 @@ async def infer(request: web.Request) -> web.Response:
     config = dataplane.config
     limit = config.max_request_bytes
     try:
-        with dataplane.admitted(request.match_info["name"], _version(request)) as admission:
+        admitted = connections.take_admission(request)  # made as its head arrived
+        if admitted is None:
+            admitted = dataplane.admitted(request.match_info["name"], _version(request))
+        with admitted as admission:
             header_length = _header_length(request)
             encoding = content_encoding(request)
             body = await read_body(

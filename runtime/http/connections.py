@@ -22,18 +22,22 @@ The app's middleware marks each connection's requests (`request_started`,
 Under overload most requests are refusals, and a refusal through aiohttp costs about what
 a served request costs it before the handler, plus its body read into buffers only to be
 dropped. So a connection frames its requests before aiohttp's parser (`framing`): once the
-head of an infer request for this model has come, nothing of the connection is still
-being answered by aiohttp, and the queue is full, it writes the refusal itself
-(`refusal`) and drops the body as it comes, uncopied, as aiohttp's lingering would have.
-Every other request is passed on to aiohttp whole, and a connection that sends one
-outside the framed subset is aiohttp's alone from then on. The body of such a refusal
-must come within `bodyReadTimeoutSeconds` of it, and a connection idle after one is
-closed after aiohttp's keep-alive timeout, both by `HeadTimeouts`' sweep.
+head of an infer request for this model has come and nothing of the connection is still
+being answered by aiohttp, the request is admitted there and then (`head_admission`; the
+route takes that admission, `take_admission`), or, the queue being full, the connection
+writes the refusal itself and drops the body as it comes, uncopied, as aiohttp's
+lingering would have. Every other request is passed on to aiohttp whole, and a connection
+that sends one outside the framed subset is aiohttp's alone from then on. An admission no
+route took ends when its request is answered otherwise or its connection is lost. The
+body of a refusal given here must come within `bodyReadTimeoutSeconds` of it, and a
+connection idle after one is closed after aiohttp's keep-alive timeout, both by
+`HeadTimeouts`' sweep.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import time
@@ -42,8 +46,9 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web, web_protocol
+from kubeinfer.runtime.dataplane import AdmittedRequest
 from kubeinfer.runtime.http.framing import RequestFraming, RequestHead
-from kubeinfer.runtime.http.refusal import FastRefusals
+from kubeinfer.runtime.http.head_admission import HeadAdmission
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +58,9 @@ RECEIVE_BUFFER_BYTES = 256 * 1024
 
 
 class _Connection(web_protocol.RequestHandler, asyncio.BufferedProtocol):
-    """One client connection: aiohttp's protocol handler, plus the times above and the
-    full queue's refusals answered here (`refusal`) on requests framed before aiohttp's
-    parser sees them (`framing`).
+    """One client connection: aiohttp's protocol handler, plus the times above, and infer
+    requests admitted or refused as their heads arrive (`head_admission`), framed before
+    aiohttp's parser sees them (`framing`).
 
     Reads go into the server's one receive buffer (the event loop reads one socket at a
     time, and each read is handled before the next): the body of a refused request is
@@ -65,7 +70,7 @@ class _Connection(web_protocol.RequestHandler, asyncio.BufferedProtocol):
     def __init__(
         self,
         *args: Any,
-        refusals: FastRefusals | None = None,
+        admission: HeadAdmission | None = None,
         receive_buffer: bytearray | None = None,
         drop_seconds: float = 10.0,
         **kwargs: Any,
@@ -85,10 +90,13 @@ class _Connection(web_protocol.RequestHandler, asyncio.BufferedProtocol):
         self.answered_here = False
         """The last answer was a refusal given here: aiohttp's idle timer is off and
         `HeadTimeouts` closes the connection once it has been idle as long."""
-        self._refusals = refusals
+        self._admission = admission
+        self._admitted: collections.deque[tuple[int, AdmittedRequest]] = collections.deque()
+        """Admissions made as heads arrived, with the index of their request among those
+        passed on (aiohttp answers them in that order)."""
         self._buffer = bytearray(RECEIVE_BUFFER_BYTES) if receive_buffer is None else receive_buffer
         self._drop_seconds = drop_seconds
-        self._framing = RequestFraming(self, framed=refusals is not None)
+        self._framing = RequestFraming(self, framed=admission is not None)
         self._passed = 0  # requests passed on to aiohttp
         self._finished = 0  # ... whose answers aiohttp has written
         self._keep_alive = True  # aiohttp's last answer keeps the connection
@@ -123,40 +131,57 @@ class _Connection(web_protocol.RequestHandler, asyncio.BufferedProtocol):
         web_protocol.RequestHandler.data_received(self, data)
 
     def answer_here(self, head: RequestHead, more: bool) -> bool:
-        """Answers the full queue's refusal here if it is one and may be answered here;
-        else counts the request passed on to aiohttp."""
-        refusals, refusal = self._refusals, None
-        if refusals is not None and self._may_answer_here(head):
-            refusal = refusals.answer(head)
-        if refusal is None:
-            self._passed += 1
-            return False
-        transport = self.transport
-        assert transport is not None
+        """While nothing of this connection is still being answered by aiohttp (answers
+        go out in order; a request behind another is admitted when its turn comes, so it
+        holds no place meanwhile): admits an infer request for this model now, or answers
+        the full queue's refusal here (keep-alive on both sides and a client reading its
+        answers). Else, and for every other request, passes it on."""
+        admission, transport, outcome = self._admission, self.transport, None
+        if (
+            admission is not None
+            and self._passed == self._finished
+            and transport is not None
+            and not transport.is_closing()
+        ):
+            may_refuse = head.keep_alive and self._keep_alive and not self.writing_paused
+            outcome = admission.arrive(head, may_refuse=may_refuse)
+        if isinstance(outcome, bytes):
+            assert transport is not None
+            self._refused(transport, outcome, head.content_length, more)
+            return True
+        if outcome is not None:
+            self._admitted.append((self._passed, outcome))
+        self._passed += 1
+        return False
+
+    def _refused(
+        self, transport: asyncio.Transport, refusal: bytes, body_bytes: int, more: bool
+    ) -> None:
         transport.write(refusal)
         self.keep_alive(True)  # aiohttp's idle timer off: it knows nothing of this answer
         now = time.monotonic()
         self.answered_here = True
         self.last_answer_at = now
-        if head.content_length:
+        if body_bytes:
             self.dropping_until = now + self._drop_seconds
             self.receiving, self.head_started_at = True, None  # not quiet: more is due
         else:
             self._idle_or_next(more)
-        return True
 
-    def _may_answer_here(self, head: RequestHead) -> bool:
-        """Keep-alive on both sides, no answer of this connection still owed by aiohttp
-        (answers go out in order), and a client reading its answers."""
-        transport = self.transport
-        return (
-            head.keep_alive
-            and self._keep_alive
-            and self._passed == self._finished
-            and not self.writing_paused
-            and transport is not None
-            and not transport.is_closing()
-        )
+    def take_admission(self) -> AdmittedRequest | None:
+        """The admission made when the head of the request aiohttp is answering now
+        arrived, if one was."""
+        admitted = self._admitted
+        if admitted and admitted[0][0] == self._finished:
+            return admitted.popleft()[1]
+        return None
+
+    def _abandon_admissions(self, *, before: int | None, client_gone: bool) -> None:
+        """Ends the admissions no route took: of the requests answered (index below
+        `before`) or, with None, all (the connection is gone)."""
+        admitted = self._admitted
+        while admitted and (before is None or admitted[0][0] < before):
+            admitted.popleft()[1].abandon(client_gone=client_gone)
 
     def dropped(self, more: bool) -> None:
         self.dropping_until = None
@@ -178,6 +203,11 @@ class _Connection(web_protocol.RequestHandler, asyncio.BufferedProtocol):
             self._finished += 1
             self._keep_alive = bool(resp.keep_alive)
             self.answered_here = False
+            self._abandon_admissions(before=self._finished, client_gone=False)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        self._abandon_admissions(before=None, client_gone=True)
 
     def handle_error(
         self,
@@ -211,7 +241,7 @@ class _Server(web.Server):
         handler: Any,
         *,
         loop: asyncio.AbstractEventLoop,
-        refusals: FastRefusals | None,
+        admission: HeadAdmission | None,
         drop_seconds: float,
         **kwargs: Any,
     ) -> None:
@@ -220,7 +250,7 @@ class _Server(web.Server):
         self._connection_options = {
             k: v for k, v in kwargs.items() if k not in ("request_factory", "handler_cancellation")
         }
-        self._refusals = refusals
+        self._admission = admission
         self._drop_seconds = drop_seconds
         self._receive_buffer = bytearray(RECEIVE_BUFFER_BYTES)
 
@@ -228,7 +258,7 @@ class _Server(web.Server):
         return _Connection(
             self,
             loop=self._connection_loop,
-            refusals=self._refusals,
+            admission=self._admission,
             receive_buffer=self._receive_buffer,
             drop_seconds=self._drop_seconds,
             **self._connection_options,
@@ -237,20 +267,21 @@ class _Server(web.Server):
 
 class ServingRunner(web.AppRunner):
     """An AppRunner whose server makes `_Connection`s (aiohttp's `_make_server` is the
-    hook its runners override). `refusals`: the full queue's refusals its connections
-    answer themselves (None: all go through the app); `drop_seconds`: how long the body
-    of such a refusal may take to come before the connection is closed."""
+    hook its runners override). `admission`: its connections admit infer requests, or
+    answer the full queue's refusals, as their heads arrive (None: all is the app's);
+    `drop_seconds`: how long the body of such a refusal may take to come before the
+    connection is closed."""
 
     def __init__(
         self,
         app: web.Application,
         *,
-        refusals: FastRefusals | None = None,
+        admission: HeadAdmission | None = None,
         drop_seconds: float = 10.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(app, **kwargs)
-        self._refusals = refusals
+        self._admission = admission
         self._drop_seconds = drop_seconds
         self._connection_options = {
             k: v for k, v in kwargs.items() if k not in ("handle_signals", "shutdown_timeout")
@@ -264,7 +295,7 @@ class ServingRunner(web.AppRunner):
             server.request_handler,
             request_factory=server.request_factory,
             loop=asyncio.get_running_loop(),
-            refusals=self._refusals,
+            admission=self._admission,
             drop_seconds=self._drop_seconds,
             **options,
         )
@@ -276,6 +307,13 @@ def request_started(request: web.BaseRequest) -> None:
         connection.in_request = True
         connection.receiving = False
         connection.head_started_at = None
+
+
+def take_admission(request: web.BaseRequest) -> AdmittedRequest | None:
+    """The admission made for `request` when its head arrived (`head_admission`), if its
+    connection made one; the route then admits nothing itself."""
+    connection = request.protocol
+    return connection.take_admission() if isinstance(connection, _Connection) else None
 
 
 def request_finished(request: web.BaseRequest) -> None:

@@ -2,13 +2,15 @@
 the bytes (`connections`), so that a request the full queue refuses is answered, and its
 body dropped unread, without aiohttp making a request of it.
 
-Only a plain subset of HTTP/1.1 is framed here: a request line `METHOD /target HTTP/1.1`,
-header lines `name: value` of visible characters, at most one Content-Length (digits) and
-no Transfer-Encoding, Expect or Upgrade, the whole head under `MAX_HEAD_BYTES`. A request
-outside it (chunked, HTTP/1.0, a head aiohttp might read differently or refuse) is not
-framed: from its first byte on, aiohttp's parser reads the rest of the connection, as it
-read all of it before. Within the subset both parsers end a request at the same byte (the
-head's blank line, then Content-Length bytes), which keeps the connection in step.
+Only a plain subset of HTTP/1.1 is framed here: a request line `METHOD /target HTTP/1.1`
+(GET, HEAD, POST, PUT, DELETE, OPTIONS or PATCH), header lines `name: value` of visible
+characters, one Host, at most one Content-Length (digits) and of each header aiohttp takes
+once, no Transfer-Encoding, Expect or Upgrade, the whole head under `MAX_HEAD_BYTES`: no
+head aiohttp's parser would refuse. A request outside it (chunked, HTTP/1.0, a head
+aiohttp might read differently or refuse) is not framed: from its first byte on,
+aiohttp's parser reads the rest of the connection, as it read all of it before. Within the
+subset both parsers end a request at the same byte (the head's blank line, then
+Content-Length bytes), which keeps the connection in step.
 
 `RequestFraming` does no I/O: the connection feeds it what it reads and is called back
 with the bytes to pass on to aiohttp, each framed head to answer or pass on, and the end
@@ -31,15 +33,23 @@ MAX_HEADER_LINES = 100
 """Fewer than aiohttp's limit (128), for the same reason."""
 
 _HEAD_PATTERN = re.compile(
-    rb"([A-Z]{1,20}) (/[!-~]*) HTTP/1\.1\r\n"  # the request line
+    rb"(GET|HEAD|POST|PUT|DELETE|OPTIONS|PATCH) (/[!-~]*) HTTP/1\.1\r\n"  # the request line
     rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t -~\x80-\xff]*\r\n){0,"
     + str(MAX_HEADER_LINES).encode()
     + rb"})\r\n"
 )
-_FRAMING_HEADER = re.compile(
-    rb"^(content-length|transfer-encoding|expect|upgrade|connection):[ \t]*([^\r]*?)[ \t]*\r$",
+_SINGLETONS = (
+    b"content-length|content-location|content-range|content-type|etag|host|max-forwards|"
+    b"server|user-agent"
+)
+"""The headers aiohttp's parser refuses twice in a request (RFC 9110's singletons, but
+Transfer-Encoding, which is never framed)."""
+_HEADER_OF_NOTE = re.compile(
+    rb"^(" + _SINGLETONS + rb"|transfer-encoding|expect|upgrade|connection|sec-websocket-key1)"
+    rb":[ \t]*([^\r]*?)[ \t]*\r$",
     re.IGNORECASE | re.MULTILINE,
 )
+_UNFRAMED = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"sec-websocket-key1"))
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 
 
@@ -68,19 +78,24 @@ def parse_head(head: bytes) -> RequestHead | None:
         return None
     content_length: int | None = None
     keep_alive = True
-    for header in _FRAMING_HEADER.finditer(matched.group(3)):
+    seen: set[bytes] = set()
+    for header in _HEADER_OF_NOTE.finditer(matched.group(3)):
         name, value = header.group(1).lower(), header.group(2)
-        if name == b"content-length":
-            if content_length is not None or _DIGITS.fullmatch(value) is None:
-                return None
-            content_length = int(value)
-        elif name == b"connection":
+        if name in _UNFRAMED or name in seen:
+            return None
+        if name == b"connection":
             tokens = {token.strip().lower() for token in value.split(b",")}
             if b"upgrade" in tokens:
                 return None
             keep_alive = keep_alive and b"close" not in tokens
-        else:  # Transfer-Encoding, Expect, Upgrade
-            return None
+            continue
+        seen.add(name)
+        if name == b"content-length":
+            if _DIGITS.fullmatch(value) is None:
+                return None
+            content_length = int(value)
+    if b"host" not in seen:  # HTTP/1.1 requires one, and aiohttp refuses a request without
+        return None
     return RequestHead(matched.group(1), matched.group(2), content_length or 0, keep_alive)
 
 

@@ -38,7 +38,7 @@ from aiohttp import web
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.http.app import DATAPLANE, RUNNER_OPTIONS
 from kubeinfer.runtime.http.connections import HeadTimeouts, ServingRunner, is_quiet
-from kubeinfer.runtime.http.refusal import FastRefusals
+from kubeinfer.runtime.http.head_admission import HeadAdmission
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +68,12 @@ def make_runner(app: web.Application, config: RuntimeConfig) -> ServingRunner:
     before the body was read (a 503 at admission, a 408), aiohttp reads and drops the
     rest of the body for up to this long, so the connection stays in step; a body that
     does not come in that time is the stalled body of `bodyReadTimeoutSeconds`, and the
-    connection is closed. The connections answer the full queue's refusals themselves
-    (`refusal`), dropping those bodies under the same bound."""
+    connection is closed. The connections admit infer requests as their heads arrive, and
+    answer the full queue's refusals themselves (`head_admission`), dropping those bodies
+    under the same bound."""
     return ServingRunner(
         app,
-        refusals=FastRefusals(app[DATAPLANE]),
+        admission=HeadAdmission(app[DATAPLANE]),
         drop_seconds=config.body_read_timeout_seconds,
         **RUNNER_OPTIONS,
         lingering_time=config.body_read_timeout_seconds,

@@ -1,5 +1,5 @@
 """The framing of requests before aiohttp's parser (`runtime.http.framing`) and the bytes
-of the refusal a connection answers itself (`runtime.http.refusal`), as tables.
+of the refusal a connection answers itself (`runtime.http.head_admission`), as tables.
 
 Covers: which heads are framed (and where their request ends), and that every head outside
 the plain subset (chunked, HTTP/1.0, two or odd Content-Lengths, folded or bare-LF lines,
@@ -14,16 +14,18 @@ the standard library's client; and which targets are this model's infer route.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import io
 import itertools
 import json
 
 import pytest
+from aiohttp.http_parser import HttpRequestParser
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubeinfer.runtime.http.framing import MAX_HEAD_BYTES, RequestFraming, RequestHead, parse_head
-from kubeinfer.runtime.http.refusal import encode_refusal, infer_paths
+from kubeinfer.runtime.http.head_admission import encode_refusal, infer_paths
 from kubeinfer.runtime.protocol.errors import Overloaded
 
 INFER = b"POST /v2/models/m/infer HTTP/1.1\r\n"
@@ -40,18 +42,22 @@ def head(*lines: str, request_line: bytes = INFER) -> bytes:
             head("Host: x", "Content-Length: 340123", "Content-Type: application/json"),
             RequestHead(b"POST", b"/v2/models/m/infer", 340123, True),
         ),
-        (head(), RequestHead(b"POST", b"/v2/models/m/infer", 0, True)),
+        (head("Host: x"), RequestHead(b"POST", b"/v2/models/m/infer", 0, True)),
         (
             head("Host: x", request_line=b"GET /v2/health/ready?verbose=1 HTTP/1.1\r\n"),
             RequestHead(b"GET", b"/v2/health/ready?verbose=1", 0, True),
         ),
         (
-            head("Connection: keep-alive, Close", "content-length:  12  "),
+            head("Connection: keep-alive, Close", "content-length:  12  ", "HOST: x"),
             RequestHead(b"POST", b"/v2/models/m/infer", 12, False),
         ),
         (
-            head("Inference-Header-Content-Length: 120", "Content-Length: 0007"),
+            head("Inference-Header-Content-Length: 120", "Content-Length: 0007", "Host:"),
             RequestHead(b"POST", b"/v2/models/m/infer", 7, True),
+        ),
+        (
+            head("Host: x", "Accept: a", "Accept: b", "Connection: keep-alive", "Connection: x"),
+            RequestHead(b"POST", b"/v2/models/m/infer", 0, True),
         ),
     ],
 )
@@ -62,6 +68,11 @@ def test_plain_heads_are_framed(raw: bytes, expected: RequestHead) -> None:
 @pytest.mark.parametrize(
     ("why", "raw"),
     [
+        ("no Host", head("Content-Length: 5")),
+        ("two Hosts", head("Host: x", "Host: y")),
+        ("two Content-Types", head("Host: x", "Content-Type: a", "content-type: b")),
+        ("two User-Agents", head("Host: x", "User-Agent: a", "User-Agent: a")),
+        ("a WebSocket key", head("Host: x", "Sec-WebSocket-Key1: 1")),
         ("chunked", head("Transfer-Encoding: chunked")),
         ("both lengths", head("Content-Length: 5", "Transfer-Encoding: chunked")),
         ("two lengths", head("Content-Length: 5", "Content-Length: 5")),
@@ -92,7 +103,7 @@ def test_heads_outside_the_subset_are_left_to_aiohttp(why: str, raw: bytes) -> N
 
 
 def test_the_path_leaves_the_query_out() -> None:
-    parsed = parse_head(head(request_line=b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\n"))
+    parsed = parse_head(head("Host: x", request_line=b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\n"))
     assert parsed is not None and parsed.path == b"/v2/models/m/infer"
 
 
@@ -235,3 +246,54 @@ def test_however_the_reads_fall_every_byte_is_passed_or_dropped_once(requests, d
     assert [e[1] for e in heads] == [t.encode() for t, _ in requests]
     answered_with_body = sum(1 for t, b in requests if t.startswith("/refuse") and b)
     assert sum(1 for e in receiver.events if e[0] == "dropped") == answered_with_body
+
+
+# --------------------------------------------------------------------------- against aiohttp
+
+header_names = st.sampled_from(
+    ["Host", "host", "Content-Length", "Content-Type", "User-Agent", "Connection", "Accept",
+     "X-Trace", "Transfer-Encoding", "Expect", "Upgrade", "Server", "ETag", "X\xe9"]
+)  # fmt: skip
+header_values = st.one_of(
+    st.sampled_from(["", "x", "12", "007", "close", "keep-alive", "chunked", "a b", " pad "]),
+    st.text(st.characters(min_codepoint=0, max_codepoint=255), max_size=6),
+)
+
+
+@given(
+    method=st.sampled_from(["POST", "GET", "PUT", "POSTX", "post"]),
+    target=st.sampled_from(["/v2/models/m/infer", "/v2/x?a=<b>", "/a\x7fb", "*", "/é"]),
+    headers=st.lists(st.tuples(header_names, header_values), max_size=6),
+)
+@settings(max_examples=400, deadline=None)
+def test_every_framed_head_is_one_aiohttp_reads_the_same(method, target, headers) -> None:
+    """Whatever parse_head frames, aiohttp's parser (the C one the server runs) takes
+    without an error, as the same method, target and body length: the framing never
+    answers or admits a request aiohttp would have refused, and both end it alike."""
+    raw = (
+        f"{method} {target} HTTP/1.1\r\n".encode("latin-1")
+        + b"".join(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers)
+        + b"\r\n"
+    )
+    framed = parse_head(raw)
+    if framed is None:
+        return
+
+    class Protocol:
+        def pause_reading(self) -> None: ...
+        def resume_reading(self, **_: object) -> None: ...
+
+    async def read() -> list:
+        loop = asyncio.get_running_loop()
+        parser = HttpRequestParser(Protocol(), loop, 2**16)  # type: ignore[arg-type]
+        messages, _, _ = parser.feed_data(raw)
+        return messages
+
+    messages = asyncio.run(read())
+    assert len(messages) == 1
+    message = messages[0][0]
+    assert (message.method.encode(), message.path.encode("latin-1")) == (
+        framed.method,
+        framed.target,
+    )
+    assert int(message.headers.get("Content-Length", "0")) == framed.content_length

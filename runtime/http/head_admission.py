@@ -1,16 +1,24 @@
-"""The full queue's refusal, answered by the connection from the request's head alone.
+"""Admission when an infer request's head arrives, answered by the connection: admitted
+(the route takes the admission), or refused with the whole 503 written from the head.
 
 Under overload most requests are refused, and each refusal used to cost what a served
 request costs aiohttp before the handler (a request object, a task, routing, the
-middleware, a response object) plus reading its body into buffers only to drop them.
-`FastRefusals.answer` is asked by the connection (`connections`) once a framed head of
-an infer request for this model is complete and no earlier request of that connection is
-still being answered: while the data plane's queue is full, it returns the whole 503
-(Retry-After, the JSON error, Server-Timing) as bytes, counted as the route would count
-it, and the connection drops the body as it comes without parsing it.
+middleware, a response object) plus reading its body into buffers only to drop them. And
+admission happened only once aiohttp had made a request and run the route, so every head
+read in the same turn of the event loop saw the same free places: all of them went
+through aiohttp, and all but a few were refused there, at that full cost.
 
-Every other request (another route or model, room in the queue, not started, draining,
-the engine stuck) gets None and goes through aiohttp and the route as before.
+`HeadAdmission.arrive` is asked by the connection (`connections`) once a framed head of
+an infer request for this model is complete and no earlier request of that connection is
+still being answered. It admits the request then (the route finds the admission through
+`connections.take_admission`; the deadline counts from here), or, while the queue is
+full, returns the whole 503 (Retry-After, the JSON error, Server-Timing) as bytes,
+counted as the route would count it, and the connection drops the body as it comes
+without parsing it.
+
+Every other request (another route or model, a connection with an answer still owed,
+not started, draining, the engine stuck) gets None and goes through aiohttp and the route
+as before.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from collections.abc import Callable
 from http import HTTPStatus
 from urllib.parse import quote
 
-from kubeinfer.runtime.dataplane import DataPlane
+from kubeinfer.runtime.dataplane import AdmittedRequest, DataPlane
 from kubeinfer.runtime.http.framing import RequestHead
 from kubeinfer.runtime.protocol.errors import InferenceServerError, error_response_parts
 from kubeinfer.runtime.protocol.v2_types import SERVER_TIMING_HEADER, format_server_timing
@@ -66,8 +74,8 @@ def _with_timing(parts: tuple[bytes, bytes], seconds: float) -> bytes:
 _SERVER_TIMING = SERVER_TIMING_HEADER.encode()
 
 
-class FastRefusals:
-    """Answers an infer request for this model refused because the queue is full."""
+class HeadAdmission:
+    """Admits, or refuses, an infer request for this model when its head arrives."""
 
     def __init__(self, dataplane: DataPlane, clock: Callable[[], float] | None = None) -> None:
         config = dataplane.config
@@ -78,17 +86,19 @@ class FastRefusals:
         """Each refusal's response but its timing, by message: the full queue's is the
         same every time, so it is encoded once."""
 
-    def answer(self, head: RequestHead) -> bytes | None:
-        """The refusal's bytes, or None: the request goes through aiohttp."""
+    def arrive(self, head: RequestHead, *, may_refuse: bool) -> bytes | AdmittedRequest | None:
+        """The refusal's bytes (only if `may_refuse`), the request's admission, or None
+        (not an infer request for this model, or not for the connection to decide): the
+        request goes through aiohttp's route."""
         if head.method != b"POST" or head.path not in self._paths:
             return None
         arrived = self._clock()
-        error = self._dataplane.overloaded(arrived)
-        if error is None:
-            return None
-        parts = self._parts.get(error.message)
+        outcome = self._dataplane.admitted_on_arrival(arrived, refuse=may_refuse)
+        if not isinstance(outcome, InferenceServerError):
+            return outcome
+        parts = self._parts.get(outcome.message)
         if parts is None:
             if len(self._parts) >= 16:
                 self._parts.clear()
-            parts = self._parts[error.message] = _refusal_parts(error)
+            parts = self._parts[outcome.message] = _refusal_parts(outcome)
         return _with_timing(parts, self._clock() - arrived)
