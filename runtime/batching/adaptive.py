@@ -18,8 +18,9 @@ beside another, from the buckets measured both ways; the configured slots until 
 GPU overlapping copies with compute gains; CPU threads sharing cores and memory bandwidth
 with each other and with the HTTP server mostly do not. Below OVERLAP_WORTH the policy
 serializes: one batch runs at a time (`BatchSetting.concurrent_batches`), formed while the
-one before it runs, and the slots count as one in the model below. (A delay alone cannot
-serialize: a full batch, or a queue past maxBatchSize, starts at once on a free slot.)
+one before it runs, and the slots count as one in the model below (with some hysteresis:
+OVERLAP_HYSTERESIS). A delay alone cannot serialize: a full batch, or a queue past
+maxBatchSize, starts at once on a free slot.
 
 Then the latency model, per candidate batch size `b` (powers of two, and maxBatchSize):
 
@@ -82,6 +83,10 @@ OVERLAP_WORTH = 1.25
 """Batches overlap on the slots only where that is measured to give at least this many
 slots' worth of throughput: a batch started beside a running one slows it, which must buy
 a quarter of a slot more at least."""
+OVERLAP_HYSTERESIS = 0.1
+"""Batches that overlap are serialized below OVERLAP_WORTH less this, and serialized ones
+overlap again above OVERLAP_WORTH plus this: a measurement wavering around the bound (a
+shared machine's) does not switch the batcher back and forth."""
 MAX_QUEUE_DELAY_MICROSECONDS = 1_000_000
 """The largest delay chosen (maxQueueDelayMicroseconds' own bound)."""
 
@@ -367,10 +372,15 @@ def next_setting(
     arrival_rows_per_second: float,
     queued_rows: int,
     unmeasured: BatchSetting,
+    previous: BatchSetting | None = None,
 ) -> BatchSetting:
-    """The setting to run with next; see the module docstring for the model."""
+    """The setting to run with next; see the module docstring for the model. `previous`
+    (the setting in force) decides whether batches overlap while the slots' measured worth
+    is within OVERLAP_HYSTERESIS of OVERLAP_WORTH."""
     parallel = engine.parallel_slots(target.execution_slots)
-    overlap = parallel >= OVERLAP_WORTH
+    serialized = previous is not None and previous.concurrent_batches == 1
+    bound = OVERLAP_WORTH + (OVERLAP_HYSTERESIS if serialized else -OVERLAP_HYSTERESIS)
+    overlap = parallel >= bound
     # The times that apply: beside another batch where batches overlap, alone where they
     # are serialized; the other kind until the one that applies is measured.
     first, other = (engine.beside, engine.alone) if overlap else (engine.alone, engine.beside)

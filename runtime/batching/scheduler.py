@@ -294,6 +294,7 @@ class Scheduler:
             self._load.arrivals.rows_per_second(now),
             sum(r.view.rows for r in self._queue),
             BatchSetting.of_policy(configured),
+            previous=self.setting,
         )
         self._decide_at = now + DECISION_INTERVAL_SECONDS
         if setting != self.setting:

@@ -312,7 +312,12 @@ def report(
                 f"{throughput * phase.rows:.0f} | {errors} | {'yes' if holds else 'no'} |"
             )
         statics = {k: v for k, v in figures.items() if k != adaptive_label and v["holds"]}
-        best = max(statics, key=lambda k: figures[k]["throughput"]) if statics else None
+        # Throughput first; between equals (open loop: all that keep up), the lower p99.
+        best = (
+            max(statics, key=lambda k: (figures[k]["throughput"], -figures[k]["p99_ms"]))
+            if statics
+            else None
+        )
         mine = figures[adaptive_label]
         ratio = mine["throughput"] / figures[best]["throughput"] if best else float("nan")
         met = bool(mine["holds"]) and (best is None or ratio >= 0.95)

@@ -304,6 +304,27 @@ def test_slots_that_do_not_add_up_serialize_the_batches() -> None:
     assert setting.predicted_p99_seconds == pytest.approx(0.020)
 
 
+@pytest.mark.parametrize(
+    ("slower_beside", "previously_serialized", "serialized"),
+    [
+        (1 / 0.70, False, False),  # 2 slots * 0.70 of the speed: worth 1.40
+        (1 / 0.56, False, True),  # 1.12: below 1.25 - 0.1
+        (1 / 0.60, False, False),  # 1.20: overlapping still
+        (1 / 0.60, True, True),  # 1.20: serialized still
+        (1 / 0.66, True, True),  # 1.32: serialized still
+        (1 / 0.68, True, False),  # 1.36: above 1.25 + 0.1
+    ],
+)
+def test_overlap_or_not_keeps_its_course_near_the_bound(
+    slower_beside: float, previously_serialized: bool, serialized: bool
+) -> None:
+    engine = EngineProfile(alone=steady_profile(), beside=steady_profile(slower=slower_beside))
+    previous = BatchSetting(0, 64, WITHIN, None, None, 1 if previously_serialized else 2)
+    target = LatencyTarget.of_slo(110, 20, 64, 2)
+    setting = next_setting(target, engine, 200, 0, UNMEASURED, previous=previous)
+    assert (setting.concurrent_batches == 1) is serialized
+
+
 def test_one_slot_serializes_and_counts_once() -> None:
     # The same 200 rows/s on one slot: 4 rows now (one slot, busy at most half the time).
     setting = decide(110, 200, slots=1, engine=EngineProfile(alone=steady_profile()))
