@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -287,10 +288,20 @@ def direct(runtimes: list[RuntimeProcess], held: list[int], gpu_exporter: int) -
     return DirectRead(list_pods, TIMEOUT)
 
 
+P99_WINDOW_SECONDS = 60
+
+
 async def signals(
     source: MetricsSource, scope: Scope, overrides: QueryOverrides = NO_OVERRIDES
 ) -> ScalingSignals:
-    return await read_scaling_signals(source, scope, overrides, datetime.now(UTC), 60)
+    return await read_scaling_signals(
+        source, scope, overrides, datetime.now(UTC), P99_WINDOW_SECONDS
+    )
+
+
+def windowless(read: ScalingSignals) -> ScalingSignals:
+    """The figures alone, without the window the p99 covers (only Prometheus has one)."""
+    return replace(read, p99_window_seconds=None)
 
 
 async def test_under_load_both_sources_read_requests_in_progress(
@@ -353,7 +364,12 @@ async def test_a_fixed_load_reads_the_same_from_both_sources(
     from_prometheus = await signals(PrometheusSource(prometheus.url, TIMEOUT), HELD)
     from_pods = await signals(direct, HELD)
     expected = ScalingSignals(requests_in_progress_per_replica=2.5)  # (1 + 3 + 1 + 0) / 2
-    assert from_prometheus == from_pods == expected
+    # Prometheus' p99 covers its window; the direct read's, the time since each pod started.
+    assert (from_prometheus.p99_window_seconds, from_pods.p99_window_seconds) == (
+        P99_WINDOW_SECONDS,
+        None,
+    )
+    assert windowless(from_prometheus) == from_pods == expected
 
 
 async def test_gpu_memory_comes_from_the_runtimes_exporter(
@@ -361,7 +377,7 @@ async def test_gpu_memory_comes_from_the_runtimes_exporter(
 ) -> None:
     from_prometheus = await signals(PrometheusSource(prometheus.url, TIMEOUT), GPU)
     from_pods = await signals(direct, GPU)
-    assert from_prometheus == from_pods
+    assert windowless(from_prometheus) == from_pods
     assert from_prometheus.gpu_memory_used_ratio == pytest.approx(52 / 80)
     assert from_prometheus.requests_in_progress_per_replica == 0 and from_prometheus.error == ""
 
@@ -436,7 +452,9 @@ async def test_a_stopped_prometheus_is_an_error_and_back_gives_figures_again(
     prometheus: PrometheusServer,
 ) -> None:
     source = PrometheusSource(prometheus.url, TIMEOUT)
-    assert await signals(source, HELD) == ScalingSignals(requests_in_progress_per_replica=2.5)
+    assert windowless(await signals(source, HELD)) == ScalingSignals(
+        requests_in_progress_per_replica=2.5
+    )
     prometheus.stop()
     try:
         down = await signals(source, HELD)
@@ -450,4 +468,6 @@ async def test_a_stopped_prometheus_is_an_error_and_back_gives_figures_again(
         r"cannot connect \(Connection refused\)",
         down.error,
     ), down.error
-    assert await signals(source, HELD) == ScalingSignals(requests_in_progress_per_replica=2.5)
+    assert windowless(await signals(source, HELD)) == ScalingSignals(
+        requests_in_progress_per_replica=2.5
+    )
