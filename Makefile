@@ -40,13 +40,18 @@ demo: $(STAMP)
 # kube-controller-manager, kubectl), and helm for the chart's, are built from their Go
 # modules once per machine and cached (`kubeinfer cluster build`, with progress); a failed
 # build stops here, saying why.
+# Two workers (pytest-xdist), a test file per worker at a time: most tests wait on real
+# processes (a control plane, Prometheus, runtimes), so two share two cores well. Each
+# worker starts its own control plane and Prometheus; `TEST_WORKERS=0` runs in one process.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
 	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& { apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
 		|| { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends \
 		prometheus >/dev/null 2>&1; }; }; } || echo "prometheus not installed: its tests will skip"
 	$(BIN)/kubeinfer cluster build
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # `make demo`'s whole story, checked: every step passed, nothing left running. Apart from
 # `make test` to keep the suite under ten minutes on two cores; CI runs both.
