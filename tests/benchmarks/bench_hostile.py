@@ -183,6 +183,7 @@ class OpenLoopResult:
     latencies: dict[int, list[float]] = field(default_factory=dict)
     failures: int = 0
     sent: int = 0
+    failure_kinds: dict[str, int] = field(default_factory=dict)
 
     def per_second(self, status: int) -> float:
         return len(self.latencies.get(status, [])) / self.seconds
@@ -217,15 +218,17 @@ async def open_loop(
     marks = asyncio.create_task(edges())
 
     async def one() -> None:
-        conn = idle.pop() if idle else await open_connection(HOST, port)
         sent = time.perf_counter()
         measured = window[0] <= sent < window[1]
         result.sent += measured
         try:
+            conn = idle.pop() if idle else await open_connection(HOST, port)
             response = await conn.send(raw)
-        except (LoadGenError, OSError):
+        except (LoadGenError, OSError) as error:
             if measured:
                 result.failures += 1
+                kind = f"{type(error).__name__}: {error}"[:80]
+                result.failure_kinds[kind] = result.failure_kinds.get(kind, 0) + 1
             return
         done = time.perf_counter()
         if measured:
@@ -303,7 +306,13 @@ def overload(tree: Tree, model: Path, logs: Path, binary: bool, quick: bool) -> 
         )
         capacity = capacity_run.throughput
         rate = OVERLOAD_FACTOR * capacity
-        result = asyncio.run(open_loop(port, raw, rate, 1.0, 3.0 if quick else 8.0, cpu.mark))
+        client = CpuShare(os.getpid())
+
+        def mark() -> None:
+            cpu.mark()
+            client.mark()
+
+        result = asyncio.run(open_loop(port, raw, rate, 1.0, 3.0 if quick else 8.0, mark))
         overload_cpu = cpu.share()
     service = 1 / capacity if capacity else float("nan")  # one request: one full batch
     goodput = result.within(200, DEADLINE_SECONDS)
@@ -314,15 +323,33 @@ def overload(tree: Tree, model: Path, logs: Path, binary: bool, quick: bool) -> 
         "goodput_ratio": goodput / capacity if capacity else 0.0,
         "capacity_cpu": capacity_cpu,
         "overload_cpu": overload_cpu,
+        "client_cpu": client.share(),
+        "refusal_cpu_us": refusal_cpu_us(
+            capacity, capacity_cpu, result.per_second(200), overload_cpu, result.per_second(503)
+        ),
+        "goodput_ratio_per_cpu": (goodput / overload_cpu) / (capacity / capacity_cpu)
+        if capacity and overload_cpu and capacity_cpu
+        else 0.0,
         "refused": result.per_second(503),
         "other": {s: len(v) for s, v in result.latencies.items() if s not in (200, 503)},
         "failures": result.failures,
+        "failure_kinds": result.failure_kinds,
         "p99_503_ms": percentile_ms(result.latencies.get(503, []), 99),
         "p99_200_ms": percentile_ms(result.latencies.get(200, []), 99),
         "batch_ms": batch_seconds * 1000,
         "service_ms": service * 1000,
         "bound_ms": (2 * 8 * service + service) * 1000,
     }
+
+
+def refusal_cpu_us(
+    capacity: float, capacity_cpu: float, served: float, overload_cpu: float, refused: float
+) -> float:
+    """The server's CPU per refusal, derived: what it used under overload less what its
+    200s cost at the capacity phase's CPU per request, over the refusals."""
+    if not (capacity and refused):
+        return float("nan")
+    return (overload_cpu - served * capacity_cpu / capacity) / refused * 1e6
 
 
 def overload_rounds(trees: list[Tree], model: Path, logs: Path, rounds: int, quick: bool):
@@ -344,8 +371,11 @@ def _brief(figures: dict) -> str:
         f"capacity {figures['capacity']:.0f}/s offered {figures['offered']:.0f}/s goodput "
         f"{figures['goodput']:.0f}/s ({figures['goodput_ratio']:.0%}) 503 p99 "
         f"{figures['p99_503_ms']:.1f} ms 200 p99 {figures['p99_200_ms']:.0f} ms "
-        f"other {figures['other']} failed {figures['failures']}; server CPU "
-        f"{figures['capacity_cpu']:.0%} / {figures['overload_cpu']:.0%}"
+        f"other {figures['other']} failed {figures['failures']} {figures['failure_kinds']}; "
+        "server CPU "
+        f"{figures['capacity_cpu']:.0%} / {figures['overload_cpu']:.0%}, per CPU-second "
+        f"{figures['goodput_ratio_per_cpu']:.0%}; load generator CPU {figures['client_cpu']:.0%}"
+        f"; CPU per refusal {figures['refusal_cpu_us']:.0f} us"
     )
 
 
@@ -651,11 +681,15 @@ def overload_report(rounds: dict[str, dict[str, list[dict]]], load: tuple[float,
         f"{max(len(v) for r in rounds.values() for v in r.values())} rounds, range in "
         "brackets; the trees take turns within each round. Server CPU: the share of its "
         "core the server used while capacity was measured / under overload (below 100 %: "
-        "idle, or the core taken by something else).",
+        "idle, or the core taken by something else); goodput share per CPU-second: the "
+        "same share with each phase's throughput divided by that CPU share, what it would "
+        "be were the core the server's alone; CPU per refusal: the server's CPU under "
+        "overload less its 200s at the capacity phase's CPU per request, per 503.",
         "",
         "| encoding | tree | capacity | offered | goodput (share of capacity) | 503 p99 | "
-        "200 p99 | other / failed | server CPU | verdict |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|---|",
+        "200 p99 | other / failed | server CPU | goodput share per CPU-second | "
+        "CPU per refusal | verdict |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for encoding in ("json", "binary"):
         for label, by_encoding in rounds.items():
@@ -678,6 +712,8 @@ def overload_report(rounds: dict[str, dict[str, list[dict]]], load: tuple[float,
                 f"{p99:.1f} ms [{p99_low:.1f}-{p99_high:.1f}] | "
                 f"{spread('p99_200_ms')[0]:.0f} ms | {others} / {failed} | "
                 f"{spread('capacity_cpu')[0]:.0%} / {spread('overload_cpu')[0]:.0%} | "
+                f"{spread('goodput_ratio_per_cpu')[0]:.0%} | "
+                f"{spread('refusal_cpu_us')[0]:.0f} us | "
                 f"{verdict(share >= 0.8 and p99 < 10)} |"
             )
     return "\n".join(lines)
