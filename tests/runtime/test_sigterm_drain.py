@@ -11,8 +11,8 @@ Covers, each with its own process, SIGTERM sent in the middle of the load:
 - 24 clients opening a connection per request: the same (the old server left 25-43 of
   them hanging for the whole grace period, then closed them);
 - an upload in progress at SIGTERM: its body is read to the end and it gets its result;
-- an idle server exits at once (well within any timeout it could be waiting on), with an idle keep-alive connection and one that
-  opened and never sent a byte.
+- an idle server exits at once (well within any timeout it could be waiting on), with an
+  idle keep-alive connection and one that opened and never sent a byte.
 """
 
 from __future__ import annotations
