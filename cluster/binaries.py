@@ -199,15 +199,30 @@ def build(names: list[str], destination: Path, module: Path = MODULE) -> None:
     argv = [go, "build", "-v", "-trimpath", "-ldflags", ldflags(versions),
             "-o", str(staging) + "/", *packages]  # fmt: skip
     returncode = run_with_progress(argv, module, env, log, total)
-    if returncode != 0:
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
+    install_built(returncode, staging, destination, names, ", ".join(names), log, started)
+
+
+def install_built(
+    returncode: int,
+    staging: Path,
+    destination: Path,
+    names: list[str],
+    what: str,
+    log: Path,
+    started: float,
+) -> None:
+    """Moves the binaries `names` a build left in `staging` into `destination`, each whole
+    or not at all, and says how long the build of `what` took; BuildError with the log's
+    tail when the build failed or left one of them out."""
+    if returncode != 0 or not all((staging / name).exists() for name in names):
         shutil.rmtree(staging, ignore_errors=True)
-        raise BuildError(f"go build failed (full log: {log}):\n{tail}")
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
+        raise BuildError(f"building {what} failed (full log: {log}):\n{tail}")
     for name in names:
-        (staging / name).replace(destination / name)  # each binary appears whole, or not at all
+        (staging / name).replace(destination / name)
     shutil.rmtree(staging, ignore_errors=True)
     minutes, seconds = divmod(int(time.monotonic() - started), 60)
-    say(f"built {', '.join(names)} in {minutes}m{seconds:02d}s into {destination}")
+    say(f"built {what} in {minutes}m{seconds:02d}s into {destination}")
 
 
 PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
@@ -247,14 +262,7 @@ def _build_prometheus(destination: Path) -> None:
     argv = [go, "install", "-v", "-trimpath", "-tags", PROMETHEUS_BUILD_TAGS,
             "-ldflags", f"-s -w {version}", package]  # fmt: skip
     returncode = run_with_progress(argv, staging, env, log)
-    if returncode != 0 or not (staging / "prometheus").exists():
-        shutil.rmtree(staging, ignore_errors=True)
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
-        raise BuildError(f"building Prometheus failed (full log: {log}):\n{tail}")
-    (staging / "prometheus").replace(destination / "prometheus")
-    shutil.rmtree(staging, ignore_errors=True)
-    minutes, seconds = divmod(int(time.monotonic() - started), 60)
-    say(f"built Prometheus in {minutes}m{seconds:02d}s into {destination}")
+    install_built(returncode, staging, destination, ["prometheus"], "Prometheus", log, started)
 
 
 HELM_MODULE = Path(__file__).parent / "helm-cli"
@@ -314,14 +322,7 @@ def _build_helm(module: Path, destination: Path) -> None:
     argv = [go, "build", "-v", "-trimpath", "-ldflags", helm_ldflags(version),
             "-o", str(staging / "helm"), HELM_PACKAGE]  # fmt: skip
     returncode = run_with_progress(argv, module, env, log, len(listed.stdout.split()))
-    if returncode != 0 or not (staging / "helm").exists():
-        shutil.rmtree(staging, ignore_errors=True)
-        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
-        raise BuildError(f"building Helm failed (full log: {log}):\n{tail}")
-    (staging / "helm").replace(destination / "helm")
-    shutil.rmtree(staging, ignore_errors=True)
-    minutes, seconds = divmod(int(time.monotonic() - started), 60)
-    say(f"built Helm {version} in {minutes}m{seconds:02d}s into {destination}")
+    install_built(returncode, staging, destination, ["helm"], f"Helm {version}", log, started)
 
 
 def ensure_binaries(module: Path = MODULE) -> dict[str, Path]:
