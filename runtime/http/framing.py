@@ -159,10 +159,13 @@ class RequestFraming:
                 return  # the head goes on in the next read, or all is passed on now
             parsed = parse_head(head)
             if parsed is None:  # outside the subset: aiohttp reads from this head on
+                # The head with the rest of this read in one call, as aiohttp would have
+                # had them: a body error it finds before dispatching the request (a bad
+                # chunk size) it answers with 400, one after dispatch it leaves to the
+                # body read timeout.
                 self._state = _PASS_ALL
-                receiver.pass_on(head)
-                position = after
-                continue
+                receiver.pass_on(head + bytes(view[after:nbytes]))
+                return
             if receiver.answer_here(parsed, after < nbytes):
                 position = after
                 self._body_left = parsed.content_length
