@@ -37,7 +37,13 @@ from test_operator_shadow_rollout import ready_urls
 
 pytestmark = pytest.mark.slow
 
-QUALITY_FAST = tuned(FAST, requeue={"shadow_poll_seconds": 0.5})
+QUALITY_FAST = tuned(
+    FAST,
+    requeue={"shadow_poll_seconds": 0.5},
+    # A rolled pod keeps serving this long before it drains, while the clients (as
+    # kube-proxy) stop sending to it: a fallback's roll never answers with a draining 503.
+    pods={"pre_stop_sleep_seconds": 3},
+)
 OWNER = "resnet"
 REFERENCE = names.reference_name(OWNER)
 WINDOW_SECONDS = 30

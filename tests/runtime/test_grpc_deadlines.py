@@ -116,7 +116,9 @@ def test_sigterm_answers_grpc_requests_in_flight_and_refuses_new_ones(spinning: 
     wait(lambda: server.request("GET", "/v2/health/ready", timeout=5)[0] == 503, "draining")
     with pytest.raises(InferenceServerException) as refused:
         spinning.infer(1, seed=2)
-    assert refused.value.status() == "StatusCode.UNAVAILABLE"
+    # Refused, never run: UNAVAILABLE from the stopping server, or CANCELLED when gRPC's
+    # core cancels a call that raced its shutdown (seen on a loaded two-worker run).
+    assert refused.value.status() in ("StatusCode.UNAVAILABLE", "StatusCode.CANCELLED")
     holding.result(timeout=30)
     queued.result(timeout=30)
     assert server.process.wait(timeout=30) == 0
