@@ -460,9 +460,12 @@ def test_broken_candidates_cost_the_serving_nothing(shadows, tmp_path: Path) -> 
     assert codes == {200}
     assert outcomes["slow"]["timeout"] > 0 and outcomes["slow"]["dropped"] > 0
     assert outcomes["dead"]["candidateError"] > 0
-    for broken in ("slow", "dead"):  # each round against itself, then the median round
-        excess = [on / (off * 1.10 + 0.001) for on, off in zip(p99[broken], p99["off"],
-                                                                strict=True)]  # fmt: skip
+    # Each round against itself, then the median round. A candidate that held serving up
+    # would add its 200 ms timeout (or a connection's wait) to the p99, tens of times the
+    # few milliseconds here; the slack is for a machine shared with another test worker.
+    for broken in ("slow", "dead"):
+        excess = [on / (off * 1.5 + 0.003) for on, off in zip(p99[broken], p99["off"],
+                                                               strict=True)]  # fmt: skip
         assert np.median(excess) <= 1.0, (broken, p99)
     log = shadows.serving.log.read_text()
     assert "Traceback" not in log
