@@ -31,6 +31,9 @@ class Admission:
     stage: str = "reading"
     """reading (its body), waiting (decoding or queued), running (in a batch)."""
     holds_place: bool = True
+    company_turns: int = 0
+    """Set by a transport that hands requests to the batcher a few event-loop turns apart:
+    how many quiet turns this one may wait for company (`policy.Pending.company_turns`)."""
 
     def set_timeout(self, timeout_seconds: float) -> None:
         """The request's own timeout, counted from its arrival like the default."""

@@ -22,7 +22,13 @@ The rules, in order:
    next of `preferredBatchSizes` or, when none is configured, `maxBatchSize`. Reaching a
    preferred size, or passing the largest one, flushes at once. With no batch in flight
    nothing waits, so a lone request on an idle server pays no delay, and with one
-   execution slot batches form purely while that slot is busy.
+   execution slot batches form purely while that slot is busy. The one exception is
+   the company a request's transport says may be a few event-loop turns behind it
+   (`Pending.company_turns`; gRPC's requests reach the batcher one at a time, a few
+   turns apart, where REST's reach it together): with nothing in flight and a better
+   size ahead, the queue waits until that many turns of the event loop in a row have
+   seen no new arrival (`quiet_turns`, counted by the scheduler), never past
+   `maxQueueDelayMicroseconds` after the oldest arrival.
 4. While draining (after SIGTERM) nothing waits: everything queued goes as fast as slots
    free up.
 5. A flushed batch runs inline, on the event loop, only when it is small (at most
@@ -50,6 +56,10 @@ class Pending:
     rows: int
     arrived_at: float
     deadline: float
+    company_turns: int = 0
+    """How many quiet turns of the event loop in a row this request may wait, with nothing
+    in flight, for others its transport may still be handing over (rule 3); 0 waits for
+    none."""
 
 
 SMALL_BATCH_ROWS = 4
@@ -103,11 +113,20 @@ class WaitUntil:
 
 
 @dataclass(frozen=True, slots=True)
+class WaitTurns:
+    """Nothing to run yet: decide again once `turns` more turns of the event loop have
+    passed with no new arrival, or at the next arrival (requests that may still join are
+    being handed over; rule 3's company)."""
+
+    turns: int
+
+
+@dataclass(frozen=True, slots=True)
 class FlushDecision:
     expired: tuple[int, ...]
     """Positions (in `pending`) of requests past their deadline: answer them with a
     timeout and remove them before applying `action`, whose counts exclude them."""
-    action: Flush | WaitUntil
+    action: Flush | WaitUntil | WaitTurns
 
 
 def _min(a: float | None, b: float | None) -> float | None:
@@ -132,8 +151,10 @@ def next_decision(
     draining: bool = False,
     *,
     small_batches: SmallBatchSpeed = NEVER_MEASURED,
+    quiet_turns: int = 0,
 ) -> FlushDecision:
-    """The batcher's next step; see the module docstring for the rules."""
+    """The batcher's next step; see the module docstring for the rules. `quiet_turns`:
+    the turns of the event loop in a row, waited for company, that saw no new arrival."""
     expired = tuple(i for i, p in enumerate(pending) if p.deadline <= now)
     live = [p for p in pending if p.deadline > now] if expired else pending
     earliest_deadline = min((p.deadline for p in live), default=None)
@@ -152,15 +173,19 @@ def next_decision(
     if count < len(live) or rows >= max_rows or draining:
         return FlushDecision(expired, flush)
 
-    # Waiting can help only while another batch is in flight (requests are arriving and
-    # would otherwise go in a small batch competing with it) and a better size is ahead:
-    # the next preferred size, or maxBatchSize when none is configured.
+    # Waiting can help only while a better size is ahead (the next preferred size, or
+    # maxBatchSize when none is configured), and either another batch is in flight
+    # (requests are arriving and would otherwise go in a small batch competing with it)
+    # or the transport has said company may be a few loop turns behind.
     preferred = policy.preferred_batch_sizes  # sorted and unique (BatchingPolicy)
-    if busy_slots == 0 or rows in preferred:
+    company_turns = max(p.company_turns for p in live) if busy_slots == 0 else 0
+    if (busy_slots == 0 and quiet_turns >= company_turns) or rows in preferred:
         return FlushDecision(expired, flush)
     if preferred and bisect.bisect_right(preferred, rows) == len(preferred):
         return FlushDecision(expired, flush)  # past the largest preferred size
     flush_at = live[0].arrived_at + policy.max_queue_delay_microseconds / 1e6
     if now >= flush_at:
         return FlushDecision(expired, flush)
+    if busy_slots == 0:
+        return FlushDecision(expired, WaitTurns(company_turns - quiet_turns))
     return FlushDecision(expired, WaitUntil(_min(flush_at, earliest_deadline)))

@@ -6,7 +6,10 @@ Each step takes the queue as it stands (requests whose caller went away dropped)
 measured speed, answers the requests it found expired with `DeadlineExceeded` (never
 run), and either flushes a batch onto a slot (inline or in a worker thread, as the
 decision says) and decides again, or sleeps until the time the decision names or the
-next event: a request queued that could change the decision, or a batch finished.
+next event: a request queued that could change the decision, or a batch finished. When
+the decision is to wait some turns of the event loop for company (requests a transport
+hands over turns apart), it lets them pass, counting those with no arrival, and decides
+again at the first arrival or once they have passed.
 
 A batch finishing in a worker thread neither answers its requests nor starts the next
 batch itself: it leaves its outcome for the scheduler and wakes it, and the scheduler's
@@ -44,7 +47,7 @@ from kubeinfer.runtime.batching.adaptive import (
 )
 from kubeinfer.runtime.batching.admission import Admission
 from kubeinfer.runtime.batching.observer import BatchObserver
-from kubeinfer.runtime.batching.policy import Flush, Pending, WaitUntil, next_decision
+from kubeinfer.runtime.batching.policy import Flush, Pending, WaitTurns, WaitUntil, next_decision
 from kubeinfer.runtime.batching.slot_runner import (
     BatchFailed,
     BatchOutcome,
@@ -119,6 +122,9 @@ class Scheduler:
         self._clock = clock
         self._observer = observer
         self._queue: deque[_Request] = deque()
+        self._arrivals = 0
+        self._quiet_turns = 0
+        """Loop turns in a row, waited for company (`WaitTurns`), that saw no arrival."""
         self._finished: deque[_Finished] = deque()
         self.draining = False
         """Nothing waits for a better batch size any more (policy rule 4)."""
@@ -164,12 +170,14 @@ class Scheduler:
             inputs,
             # Queued now (the policy's delay and the queue histogram count from here);
             # the deadline counts from the request's arrival.
-            Pending(rows, now, admission.deadline),
+            Pending(rows, now, admission.deadline, admission.company_turns),
             asyncio.get_running_loop().create_future(),
             admission,
         )
         admission.stage = "waiting"
         self._queue.append(request)
+        self._arrivals += 1
+        self._quiet_turns = 0
         # Wake the scheduler only when it could act: a slot is free, or this request's
         # deadline comes before the time it already plans to wake at.
         if (
@@ -203,7 +211,7 @@ class Scheduler:
         assert self._wakeup is not None
         while True:
             self._wakeup.clear()
-            wait_until: float | None
+            wait_until: float | WaitTurns | None
             try:
                 wait_until = self._flush_ready()
             except Exception:  # a bug here must not leave callers waiting forever
@@ -211,8 +219,23 @@ class Scheduler:
                 self._fail_queued(EngineFailed("internal batching error"))
                 wait_until = None
             self._answer_finished()  # after the freed slots took the next batches
+            if isinstance(wait_until, WaitTurns):
+                self._next_wake = self._clock()
+                await self._wait_turns(wait_until.turns)
+                continue
             self._next_wake = wait_until
             await self._sleep_until(wait_until)
+
+    async def _wait_turns(self, turns: int) -> None:
+        """Lets up to `turns` turns of the event loop pass, for requests a transport is
+        still handing over; returns at the first arrival (which counts the quiet turns
+        from zero again), so the policy sees every request that joins."""
+        arrivals = self._arrivals
+        for _ in range(turns):
+            await asyncio.sleep(0)
+            if self._arrivals != arrivals:
+                return
+            self._quiet_turns += 1
 
     async def _sleep_until(self, wait_until: float | None) -> None:
         assert self._wakeup is not None
@@ -228,15 +251,17 @@ class Scheduler:
         finally:
             timer.cancel()
 
-    def _flush_ready(self) -> float | None:
+    def _flush_ready(self) -> float | WaitTurns | None:
         """Flushes batches until the policy says wait; returns the monotonic time to wake
-        at (None: at the next event)."""
+        at (None: at the next event), or the loop turns to wait for company."""
         while True:
             action = self._step()
             if isinstance(action, WaitUntil):
                 return action.at
+            if isinstance(action, WaitTurns):
+                return action
 
-    def _step(self) -> Flush | WaitUntil:
+    def _step(self) -> Flush | WaitUntil | WaitTurns:
         """One policy decision, applied."""
         queue = self._queue
         if any(r.future.done() for r in queue):  # callers that went away
@@ -257,6 +282,7 @@ class Scheduler:
             now,
             self.draining,
             small_batches=self._runner.small_batches,
+            quiet_turns=self._quiet_turns,
         )
         if decision.expired:
             expired = set(decision.expired)

@@ -38,6 +38,17 @@ from kubeinfer.runtime.protocol.v2_types import InferResponse
 
 log = logging.getLogger(__name__)
 
+COMPANY_TURNS = 32
+"""Quiet event-loop turns in a row a ModelInfer request waits in the batcher, while
+nothing runs, for others to join its batch (never past `maxQueueDelayMicroseconds`).
+grpc.aio hands RPCs over one at a time: its server loop asks gRPC core for the next call
+only once it has started the previous one, and each call's message then comes through
+gRPC's poller thread, so concurrent RPCs reach the batcher turns apart, where aiohttp's
+reach it in one turn. Without the wait each finds the slot free and runs alone. A turn
+of an idle loop is a few microseconds, what a lone request pays per turn; under load a
+turn carries other requests' work, so the same count spans the gaps between hand-overs.
+The count is measured (docs/benchmarks.md, "gRPC beside REST")."""
+
 TYPED_OFFLOAD_ELEMENTS = 256 * 1024
 """Typed contents of this many elements or more are converted on a codec worker thread
 (each element is a Python object to numpy: milliseconds that would hold the event loop);
@@ -100,6 +111,7 @@ class InferenceService(GRPCInferenceServiceServicer):
         try:
             with dataplane.admitted(request.model_name, request.model_version or None) as admission:
                 admission.stage = "waiting"  # the message is read: decoding, then queued
+                admission.company_turns = COMPANY_TURNS
                 if typed_elements(request) >= TYPED_OFFLOAD_ELEMENTS:
                     decoded = await dataplane.codec.run(
                         admission.deadline, from_model_infer_request, request, dataplane.limits
