@@ -16,9 +16,11 @@ used, so the gauge would disagree with `nvidia-smi`, which reports v2's `used` (
 is a separate field there). A driver older than R510 has no v2 query; the first read finds
 that out and the reader keeps to v1 from then on.
 
-Unverified: never run against a real NVML (the machines that wrote it had no GPU); the
-version choice is tested with a stand-in for `pynvml` in `tests/runtime/test_gpu_memory.py`,
-whose `gpu` test compares the gauge with `nvidia-smi` on a CUDA machine.
+Ran against a real NVML on an H100 (driver 580, nvidia-ml-py): the v2 query path, through
+`tests/runtime/test_gpu_memory.py`'s `gpu` test (the gauge against `nvidia-smi`) and while
+a runtime served on that GPU (`tests/benchmarks/gpu_served.py`: the gauges and nvidia-smi
+agreed to nvidia-smi's MiB rounding; the README's GPU section). The v1 fallback for drivers
+before R510 never ran on a GPU: it is tested with a stand-in for `pynvml` in the same file.
 """
 
 from __future__ import annotations

@@ -36,12 +36,15 @@ still be reading them; waiting for the stream first hands the slot back idle.
 pycuda is imported lazily and guarded: importing this module never needs it; creating a
 context without it (or without a device) raises `BackendUnavailable`.
 
-Unverified: no line of this module has run on a GPU (the machines that wrote it had none).
-What did run, on a CPU, against a stand-in for `pycuda.driver` (the library boundary) in
-`tests/runtime/test_gpu_fixes.py`: the calls `CudaSlot.__init__`, `run` and `close` make
-(the stream's flags, the synchronise before a failed batch re-raises), not what the driver
-does with them. `tests/runtime/test_engines_cuda.py` (marked `gpu`) and
-`tests/benchmarks/gpu_slots.py` exercise it on a CUDA machine (`make gpu-check`).
+Ran on an NVIDIA H100 (CUDA 13.0 driver 580, pycuda 2026.1 built there, CuPy 14 computes),
+through `make gpu-check`: every line of `CudaContext` and `CudaSlot` except the except
+branch of `run` (no batch failed on the GPU: that branch ran only on a CPU, against a
+stand-in for `pycuda.driver` in `tests/runtime/test_gpu_fixes.py`), and
+`CudaContext.__init__`'s two failure branches (no device missing there). The `gpu` tests in
+`tests/runtime/test_engines_cuda.py` passed, also under compute-sanitizer's memcheck (no
+memory error); `tests/benchmarks/gpu_slots.py` counted no pycuda, CuPy or driver
+allocation per batch in steady state, and measured the overlap of slots; the README's GPU
+section has the figures. With TensorRT as the compute (`engines/tensorrt.py`) it never ran.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from kubeinfer.runtime.engines.base import (
@@ -58,6 +61,9 @@ from kubeinfer.runtime.engines.base import (
     TensorSpec,
     check_batch_size,
 )
+
+if TYPE_CHECKING:
+    from kubeinfer.runtime.engines.cuda_graphs import SlotGraphs
 
 # cuda.h's CUstream_flags: the stream does not synchronise with the legacy default stream.
 # pycuda's `Stream(flags)` passes the flags to cuStreamCreate and defines no constant.
@@ -143,6 +149,7 @@ class CudaSlot:
         max_batch_size: int,
         enqueue: Enqueue,
         blocking_sync: bool = True,
+        capture_graphs: bool = False,
     ) -> None:
         self.context = context
         self._enqueue = enqueue
@@ -174,6 +181,12 @@ class CudaSlot:
         self.input_pointers = {k: int(v) for k, v in self.device_inputs.items()}
         self.output_pointers = {k: int(v) for k, v in self.device_outputs.items()}
         self.stream_handle: int = self.stream.handle
+        # Imported here: a slot without graphs needs nothing beyond pycuda.
+        self.graphs: SlotGraphs | None = None
+        if capture_graphs:
+            from kubeinfer.runtime.engines.cuda_graphs import SlotGraphs
+
+            self.graphs = SlotGraphs(self.stream_handle)
         # Index n: the views of the first n rows (index 0 unused), made once.
         self._input_views: list[dict[str, np.ndarray]] = [{}]
         self._output_views: list[dict[str, np.ndarray]] = [{}]
@@ -190,16 +203,12 @@ class CudaSlot:
         check_batch_size(batch_size, self.max_batch_size)
         if self._closed:
             raise EngineError("the slot is closed")
-        cuda = self.context.cuda
-        inputs, outputs = self._input_views[batch_size], self._output_views[batch_size]
         self.context.push()  # push/pop rather than `active()`: no generator per batch
         try:
-            for name, view in inputs.items():
-                # A view of the first rows is contiguous: the copy moves n rows only.
-                cuda.memcpy_htod_async(self.device_inputs[name], view, self.stream)
-            self._enqueue(batch_size, self)
-            for name, view in outputs.items():
-                cuda.memcpy_dtoh_async(view, self.device_outputs[name], self.stream)
+            if self.graphs is None:
+                self._queue_step(batch_size)
+            else:
+                self.graphs.queue(batch_size, self._queue_step)
             self.done.record(self.stream)
             self.done.synchronize()
         except BaseException as error:
@@ -212,7 +221,17 @@ class CudaSlot:
             raise
         finally:
             self.context.pop()
-        return outputs
+        return self._output_views[batch_size]
+
+    def _queue_step(self, batch_size: int) -> None:
+        """Queues one batch's copy-in, compute and copy-out on the slot's stream."""
+        cuda = self.context.cuda
+        for name, view in self._input_views[batch_size].items():
+            # A view of the first rows is contiguous: the copy moves n rows only.
+            cuda.memcpy_htod_async(self.device_inputs[name], view, self.stream)
+        self._enqueue(batch_size, self)
+        for name, view in self._output_views[batch_size].items():
+            cuda.memcpy_dtoh_async(view, self.device_outputs[name], self.stream)
 
     def close(self) -> None:
         """Frees the device and pinned buffers now (with the context current, as pycuda
@@ -222,6 +241,8 @@ class CudaSlot:
         self._closed = True
         with self.context.active():
             self.stream.synchronize()
+            if self.graphs is not None:
+                self.graphs.close()
             for allocation in (*self.device_inputs.values(), *self.device_outputs.values()):
                 allocation.free()
             for array in (*self.host_inputs.values(), *self.host_outputs.values()):

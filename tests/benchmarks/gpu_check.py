@@ -11,8 +11,9 @@ a ready wheel from the wheel folder if one fits, else build it from its sdist ag
 CUDA toolkit (nvcc on PATH, CUDA_ROOT, or /usr/local/cuda; pycuda's `configure.py` is
 given the toolkit and turns off cuRAND where the toolkit has no libcurand), and if that
 fails, say why and go on (the tests that need pycuda then skip, naming it); (4) run
-`pytest -m gpu` over every test file with a `gpu` test; (5) run `gpu_slots.py`; (6) print
-the table. The exit status is 0 only if no test failed and the benchmark ran and matched
+`pytest -m gpu` over every test file with a `gpu` test, then again under
+`compute-sanitizer --tool memcheck` where the toolkit has it; (5) run `gpu_slots.py`;
+(6) print the table. The exit status is 0 only if no test failed and the benchmark ran and matched
 numpy. Skipped tests are listed with what they need (TensorRT, where it is not installed).
 
 Without network, give a folder of wheels and sdists: `GPU_WHEELS=.whl` (or `--wheels`);
@@ -39,13 +40,19 @@ Then call the device tool's `run` with carry [".whl"] and the command
 and, put in .whl, spares the next run the build). On a GPU node with network nothing needs
 preparing: `make gpu-check`.
 
-Not run on a GPU yet: no machine that worked on it had one. What ran, on a CPU: the exit
-without a device, the junit, table and link-folder code (`tests/benchmarks/test_gpu_check.py`),
-and, once by hand, `install_pycuda` against the CUDA 13.0 headers of a CPU machine with an
-empty libcuda.so.1 standing in for the driver: pycuda 2026.1 and 2025.1.2 configured,
-compiled, linked, were saved as a wheel and installed offline with their dependencies from
-a wheel folder (about a minute on 2 cores); pycuda 2025.1.1 does not compile against CUDA
-13 (`cuCtxCreate_v4` takes new arguments), hence the pin.
+Ran on an H100 lent to a session (CUDA 13.0, driver 580, Python 3.12, no TensorRT, no
+network), as above: it built pycuda 2026.1 from the sdist in about two minutes and passed
+(the README's GPU section has its table). memcheck there reports 34 failed
+`cuGetProcAddress_v2` calls: cuda-python, imported for CUDA Graphs, asks the driver for
+entry points this driver does not have; they touch no memory, and the check tells them
+apart from memory errors and from any other failed API call, which fail it. What ran on a
+CPU: the exit without a device, the junit, table, memcheck-report and link-folder code
+(`tests/benchmarks/test_gpu_check.py`), and, once by hand, `install_pycuda` against the
+CUDA 13.0 headers of a CPU machine with an empty libcuda.so.1 standing in for the driver:
+pycuda 2026.1 and 2025.1.2 configured, compiled, linked, were saved as a wheel and
+installed offline with their dependencies from a wheel folder (about a minute on 2 cores);
+pycuda 2025.1.1 does not compile against CUDA 13 (`cuCtxCreate_v4` takes new arguments),
+hence the pin.
 """
 
 from __future__ import annotations
@@ -162,7 +169,7 @@ def make_kubeinfer_importable(environment: Environment, scratch: Path) -> str:
         return "installed"
     package = scratch / "site" / "kubeinfer"
     package.mkdir(parents=True)
-    for folder in ("operator", "runtime"):
+    for folder in ("operator", "runtime", "contract"):
         (package / folder).symlink_to(ROOT / folder, target_is_directory=True)
     paths = [str(package.parent), environment.env.get("PYTHONPATH", "")]
     environment.env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
@@ -303,11 +310,15 @@ def summary(
     steps: dict[str, str],
     tests: TestResults | None,
     bench: dict[str, Any] | None,
+    memcheck: SanitizerReport | None = None,
 ) -> tuple[list[tuple[str, str]], bool]:
     """The table's rows and whether the check passed: a test ran and none failed, and the
     benchmark ran and matched numpy."""
     rows = [("device", ", ".join(devices)), *steps.items()]
     ok = tests is not None and bool(tests.passed) and not tests.failed
+    if memcheck is not None:
+        rows.append(("compute-sanitizer memcheck over the gpu tests", memcheck.describe()))
+        ok = ok and memcheck.clean
     if tests is None:
         rows.append(("gpu tests", "did not run"))
     else:
@@ -356,6 +367,58 @@ def summary(
     return rows, ok
 
 
+def sanitizer_path() -> str | None:
+    """compute-sanitizer on PATH, else the toolkit's copy."""
+    found = shutil.which("compute-sanitizer")
+    root = cuda_root()
+    if found is None and root is not None and (root / "bin" / "compute-sanitizer").is_file():
+        found = str(root / "bin" / "compute-sanitizer")
+    return found
+
+
+SANITIZER_SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
+SANITIZER_API_ERROR = re.compile(r"Program hit \S+ \(error \d+\).* on CUDA API call to (\w+)")
+# cuda-python (cuda.bindings, which CUDA Graphs use) asks the driver at import for every
+# entry point it knows; a driver older than the bindings answers CUDA_ERROR_INVALID_VALUE
+# for the ones it lacks. memcheck counts those refusals as errors; they touch no memory.
+DRIVER_PROBES = frozenset({"cuGetProcAddress", "cuGetProcAddress_v2"})
+
+
+@dataclass
+class SanitizerReport:
+    """What memcheck reported over every process it followed: its error total, and the
+    failed CUDA API calls among them by function (the rest are memory errors)."""
+
+    errors: int
+    api_errors: dict[str, int]
+
+    @property
+    def memory_errors(self) -> int:
+        return self.errors - sum(self.api_errors.values())
+
+    @property
+    def clean(self) -> bool:
+        return self.memory_errors == 0 and set(self.api_errors) <= DRIVER_PROBES
+
+    def describe(self) -> str:
+        calls = ", ".join(f"{call} x{count}" for call, count in sorted(self.api_errors.items()))
+        probes = " (cuda-python's driver-symbol probes)" if self.api_errors and self.clean else ""
+        return f"{self.memory_errors} memory errors; failed API calls: {calls or 'none'}{probes}"
+
+
+def sanitizer_report(output: str) -> SanitizerReport | None:
+    """memcheck's report from its output; None where it printed no summary (it did not get
+    to run the program). Run with a print limit above the error count, so every error's
+    line is there to be read."""
+    counts = [int(count) for count in SANITIZER_SUMMARY.findall(output)]
+    if not counts:
+        return None
+    api: dict[str, int] = {}
+    for call in SANITIZER_API_ERROR.findall(output):
+        api[call] = api.get(call, 0) + 1
+    return SanitizerReport(sum(counts), api)
+
+
 def markdown(rows: Sequence[tuple[str, str]]) -> str:
     cells = [(a.replace("|", "\\|"), b.replace("|", "\\|")) for a, b in rows]
     return "\n".join(["| check | result |", "|---|---|", *(f"| {a} | {b} |" for a, b in cells)])
@@ -385,6 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--save-wheel", type=Path, help="copy the pycuda wheel built here")
     parser.add_argument("--seconds", type=float, default=2.0, help="per benchmark row")
+    parser.add_argument(
+        "--no-sanitizer", action="store_true", help="skip the compute-sanitizer memcheck pass"
+    )
     args = parser.parse_args(argv)
     try:
         devices = cuda_devices()
@@ -419,6 +485,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n$ " + " ".join(command[1:]), flush=True)
         subprocess.run(command, cwd=scratch, env=environment.env, check=False)
         tests = read_junit(junit) if junit.is_file() else None
+        memcheck = None
+        sanitizer = sanitizer_path() if not args.no_sanitizer else None
+        if sanitizer is not None:
+            # The same tests again under memcheck: an out-of-bounds copy into a slot's
+            # buffers, or a read of freed pinned memory, fails nothing by itself.
+            command = [sanitizer, "--tool", "memcheck", "--target-processes", "all"]
+            command += ["--print-limit", "100000", "--show-backtrace", "no"]
+            command += [environment.python, "-m", "pytest", "-m", "gpu", "-q", "-p"]
+            command += ["no:cacheprovider", *gpu_test_files()]
+            print("\n$ " + " ".join(command), flush=True)
+            result = environment.run(*command)
+            output = result.stdout + result.stderr
+            reports = sorted({line for line in output.splitlines() if "Program hit" in line})
+            print("\n".join([*reports[:20], tail(result, 3)]), flush=True)
+            memcheck = sanitizer_report(output)
+            if memcheck is None:
+                steps["compute-sanitizer"] = "printed no error summary: see its output above"
+        else:
+            steps["compute-sanitizer"] = "not run (--no-sanitizer, or not found)"
+        target = environment.run(
+            environment.python,
+            "-c",
+            "from kubeinfer.runtime.building.builders.tensorrt_builder import TensorRTBuilder\n"
+            "print(TensorRTBuilder().target())",
+        )
+        steps["engine target (engine key)"] = (
+            target.stdout.strip() if not target.returncode else f"failed: {tail(target, 3)}"
+        )
         bench_json = scratch / "gpu-slots.json"
         compute = "cupy" if not environment.missing(["cupy"]) else "copy"
         command = [environment.python, str(ROOT / "tests/benchmarks/gpu_slots.py")]
@@ -426,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n$ " + " ".join(command[1:]), flush=True)
         subprocess.run(command, cwd=scratch, env=environment.env, check=False)
         bench = json.loads(bench_json.read_text()) if bench_json.is_file() else None
-    rows, ok = summary(devices, steps, tests, bench)
+    rows, ok = summary(devices, steps, tests, bench, memcheck)
     print("\n## GPU check\n\n" + markdown([*rows, ("verdict", "PASS" if ok else "FAIL")]))
     return 0 if ok else 1
 

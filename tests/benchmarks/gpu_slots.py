@@ -32,7 +32,16 @@ installed (`pip install 'pycuda>=2025.1.2'` builds it: nvcc and cuda.h must be f
     python tests/benchmarks/gpu_slots.py --compute torch
     python tests/benchmarks/gpu_slots.py --features 1024 --layers 1   # copy-bound
 
-Not run yet: no machine that worked on it had a GPU.
+Ran on an H100 (the README's GPU section has its tables): `make gpu-check` runs it with
+its defaults; the overlap and graph figures come from
+
+    python tests/benchmarks/gpu_slots.py --features 4096 --layers 1 --batch 512 \
+        --slots 1 2 3 --timeline 200                          # copy time ~ compute time
+    python tests/benchmarks/gpu_slots.py --compute kernels --features 256 --layers 8 \
+        --batch 64 --slots 1 --graphs 6000                    # batch-1 latency, graphs
+
+`--compute kernels` runs the MLP as CuPy `RawKernel` launches, not cuBLAS: CuPy refuses
+any cuBLAS call while a stream is being captured into a CUDA graph.
 """
 
 from __future__ import annotations
@@ -83,7 +92,26 @@ def host_weights(features: int, layers: int) -> list[np.ndarray]:
     ]
 
 
-def cupy_model(context: CudaContext, features: int, layers: int, max_batch: int) -> Model:
+# A dense layer without cuBLAS, for steps captured into CUDA Graphs: CuPy refuses any
+# cuBLAS call while a stream is being captured. One thread per output element.
+DENSE_KERNEL = r"""
+extern "C" __global__ void dense(const float* x, const float* w, float* y, int rows,
+                                 int in_features, int out_features, int relu) {
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    int row = blockIdx.y;
+    if (col >= out_features || row >= rows) return;
+    float acc = 0.0f;
+    for (int i = 0; i < in_features; ++i)
+        acc += x[row * in_features + i] * w[i * out_features + col];
+    y[row * out_features + col] = (relu && acc < 0.0f) ? 0.0f : acc;
+}
+"""
+
+
+def cupy_model(
+    context: CudaContext, features: int, layers: int, max_batch: int, cublas: bool = True
+) -> Model:
+    """The MLP on CuPy: cuBLAS matmuls (`cublas`), else `DENSE_KERNEL` launches."""
     import cupy  # type: ignore[import-not-found]
 
     calls = [0]
@@ -108,7 +136,9 @@ def cupy_model(context: CudaContext, features: int, layers: int, max_batch: int)
             x = wrap(slot.input_pointers["x"], slot)
             y = wrap(slot.output_pointers["y"], slot)
             scratch = [cupy.empty((max_batch, features), np.float32) for _ in range(2)]
-        stream = cupy.cuda.ExternalStream(slot.stream_handle)
+        stream = external_stream(cupy, slot.stream_handle)
+        size = np.int32(features)
+        grid_x = (features + 127) // 128
 
         def enqueue(n: int, _slot: CudaSlot) -> None:
             with stream:
@@ -116,14 +146,37 @@ def cupy_model(context: CudaContext, features: int, layers: int, max_batch: int)
                 for i, w in enumerate(device_weights):
                     last = i == len(device_weights) - 1
                     out = y[:n] if last else scratch[i % 2][:n]
-                    cupy.matmul(h, w, out=out)
-                    if not last:
-                        cupy.maximum(out, 0, out=out)
+                    if cublas:
+                        cupy.matmul(h, w, out=out)
+                        if not last:
+                            cupy.maximum(out, 0, out=out)
+                    else:
+                        relu = np.int32(not last)
+                        dense((grid_x, n), (128,), (h, w, out, np.int32(n), size, size, relu))
                     h = out
 
         return enqueue
 
+    dense = cupy.RawKernel(DENSE_KERNEL, "dense")
     return Model(weights, make_enqueue, lambda: calls[0])
+
+
+def external_stream(cupy: Any, handle: int) -> Any:
+    """A CuPy stream over the slot's stream (`Stream.from_external` where CuPy has it:
+    `ExternalStream` is deprecated from CuPy 14)."""
+
+    class SlotStream:  # the CUDA stream protocol: (version, handle)
+        def __cuda_stream__(self) -> tuple[int, int]:
+            return (0, handle)
+
+    try:
+        return cupy.cuda.Stream.from_external(SlotStream())
+    except (AttributeError, TypeError, ValueError):  # an older CuPy
+        return cupy.cuda.ExternalStream(handle)
+
+
+def kernels_model(context: CudaContext, features: int, layers: int, max_batch: int) -> Model:
+    return cupy_model(context, features, layers, max_batch, cublas=False)
 
 
 def torch_model(context: CudaContext, features: int, layers: int, max_batch: int) -> Model:
@@ -185,7 +238,12 @@ def copy_model(context: CudaContext, features: int, layers: int, max_batch: int)
     return Model(identity, make_enqueue, lambda: 0)
 
 
-MODELS = {"cupy": cupy_model, "torch": torch_model, "copy": copy_model}
+MODELS = {
+    "cupy": cupy_model,
+    "kernels": kernels_model,
+    "torch": torch_model,
+    "copy": copy_model,
+}
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -219,7 +277,12 @@ class PycudaAllocationCounter:
 
 
 def make_slot(
-    context: CudaContext, model: Model, features: int, max_batch: int, blocking: bool
+    context: CudaContext,
+    model: Model,
+    features: int,
+    max_batch: int,
+    blocking: bool,
+    graphs: bool = False,
 ) -> tuple[CudaSlot, Enqueue]:
     """A slot whose compute is the model's (the compute needs the slot's pointers, hence
     the indirection), and that compute."""
@@ -227,7 +290,13 @@ def make_slot(
     spec_y = TensorSpec("y", "FP32", (-1, features))
     holder: list[Enqueue] = []
     slot = CudaSlot(
-        context, (spec_x,), (spec_y,), max_batch, lambda n, s: holder[0](n, s), blocking
+        context,
+        (spec_x,),
+        (spec_y,),
+        max_batch,
+        lambda n, s: holder[0](n, s),
+        blocking,
+        capture_graphs=graphs,
     )
     holder.append(model.make_enqueue(slot))
     return slot, holder[0]
@@ -284,16 +353,163 @@ def throughput(slots: list[CudaSlot], n: int, seconds: float) -> float:
     return sum(counts) / (time.perf_counter() - start)
 
 
+Interval = tuple[float, float]
+
+
+def traced_batches(
+    context: CudaContext, slot: CudaSlot, enqueue: Enqueue, n: int, batches: int, start: Any
+) -> list[tuple[Interval, Interval, Interval]]:
+    """Runs `batches` batches on the slot as `CudaSlot.run` does (copy-in, compute,
+    copy-out on its stream, then a wait) with timing events between the phases; returns
+    each batch's (H2D, compute, D2H) intervals in ms since the `start` event."""
+    cuda = context.cuda
+    x, y = slot.input_views(n)["x"], slot.host_outputs["y"][:n]
+    with context.active():
+        marks = [[cuda.Event() for _ in range(4)] for _ in range(batches)]
+        for events in marks:
+            events[0].record(slot.stream)
+            cuda.memcpy_htod_async(slot.device_inputs["x"], x, slot.stream)
+            events[1].record(slot.stream)
+            enqueue(n, slot)
+            events[2].record(slot.stream)
+            cuda.memcpy_dtoh_async(y, slot.device_outputs["y"], slot.stream)
+            events[3].record(slot.stream)
+            events[3].synchronize()
+        times = [[event.time_since(start) for event in events] for events in marks]
+        del marks  # freed with the context current, as pycuda needs
+    return [((t[0], t[1]), (t[1], t[2]), (t[2], t[3])) for t in times]
+
+
+def overlapped_ms(interval: Interval, others: list[Interval]) -> float:
+    """How much of `interval` some interval of `others` covers (others merged first)."""
+    covered, end = 0.0, interval[0]
+    for lo, hi in sorted(others):
+        lo, hi = max(lo, end), min(hi, interval[1])
+        if hi > lo:
+            covered += hi - lo
+            end = hi
+    return covered
+
+
+def overlap_timeline(
+    context: CudaContext, model: Model, features: int, n: int, count: int, batches: int
+) -> dict[str, Any]:
+    """`count` slots in threads, each running traced batches: per slot, its first batches'
+    intervals; overall, the share of compute time during which another slot's copy ran
+    (copies and compute overlapping across streams) and the batches per second."""
+    cuda = context.cuda
+    made = [make_slot(context, model, features, n, True) for _ in range(count)]
+    for slot, _ in made:
+        slot.input_views(n)["x"][...] = 1.0
+        for _ in range(5):
+            slot.run(n)
+    with context.active():
+        reference = cuda.Stream()
+        start = cuda.Event()
+        start.record(reference)
+        start.synchronize()
+    results: list[list[tuple[Interval, Interval, Interval]]] = [[] for _ in made]
+    barrier = threading.Barrier(count)
+
+    def work(i: int) -> None:
+        slot, enqueue = made[i]
+        traced_batches(context, slot, enqueue, n, 5, start)  # libraries' per-thread set-up
+        barrier.wait()
+        results[i] = traced_batches(context, slot, enqueue, n, batches, start)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    computed = covered = 0.0
+    for i, batches_of_slot in enumerate(results):
+        copies = [
+            phase
+            for j, other in enumerate(results)
+            if j != i
+            for h2d, _, d2h in other
+            for phase in (h2d, d2h)
+        ]
+        for _, compute, _ in batches_of_slot:
+            computed += compute[1] - compute[0]
+            covered += overlapped_ms(compute, copies)
+    first = min(b[0][0][0] for b in results)
+    last = max(b[-1][2][1] for b in results)
+    for slot, _ in made:
+        slot.close()
+    return {
+        "slots": count,
+        "compute_share_overlapped_by_other_slots_copies": covered / computed if computed else 0,
+        "batches_per_s": count * batches / ((last - first) / 1000),
+        "first_batches_ms": [
+            [[round(t - first, 3) for t in phase] for batch in b[:3] for phase in batch]
+            for b in results
+        ],
+    }
+
+
+def graph_latency(
+    context: CudaContext, model: Model, features: int, max_batch: int, runs: int
+) -> dict[str, Any]:
+    """Batch-1 latency of `run` on a slot with and without CUDA Graphs (same model, same
+    input; blocks of runs alternate between the two so drift falls on both alike)."""
+    slots = {
+        graphs: make_slot(context, model, features, max_batch, True, graphs)[0]
+        for graphs in (False, True)
+    }
+    row = np.random.default_rng(2).standard_normal((1, features)).astype(np.float32)
+    outputs = {}
+    for graphs, slot in slots.items():
+        slot.input_views(1)["x"][...] = row
+        for _ in range(20):  # eager, captured, then replayed
+            outputs[graphs] = slot.run(1)["y"].copy()
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(4):
+        for graphs, slot in slots.items():
+            clock = time.perf_counter_ns
+            for _ in range(runs // 4):
+                t0 = clock()
+                slot.run(1)
+                times[graphs].append((clock() - t0) / 1000)
+    difference = float(np.max(np.abs(outputs[True] - outputs[False])))
+    captured = slots[True].graphs is not None and 1 in slots[True].graphs.captured_sizes
+    for slot in slots.values():
+        slot.close()
+    result: dict[str, Any] = {"max_abs_difference": difference, "captured": captured}
+    for graphs, name in ((False, "eager"), (True, "graphs")):
+        result[name] = {
+            "p50_us": float(np.percentile(times[graphs], 50)),
+            "p99_us": float(np.percentile(times[graphs], 99)),
+        }
+    result["p50_speedup"] = result["eager"]["p50_us"] / result["graphs"]["p50_us"]
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--compute", choices=sorted(MODELS), default="cupy")
     parser.add_argument("--features", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=512, help="rows per batch (= max batch)")
-    parser.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--slots", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--spin", action="store_true", help="spin-wait events (default: blocking)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument(
+        "--timeline",
+        type=int,
+        default=0,
+        metavar="BATCHES",
+        help="also trace this many batches per slot with timing events, per slot count",
+    )
+    parser.add_argument(
+        "--graphs",
+        type=int,
+        default=0,
+        metavar="RUNS",
+        help="also time this many batch-1 runs with and without CUDA Graphs",
+    )
     args = parser.parse_args()
     n, features = args.batch, args.features
     results: dict[str, Any] = {
@@ -391,6 +607,32 @@ def main() -> None:
         )
         for s in slots:
             s.close()
+    if args.timeline:
+        print(f"\n5. overlap, {args.timeline} traced batches per slot (CUDA events):\n")
+        print("| slots | batches/s | compute time overlapped by another slot's copies |")
+        print("|---:|---:|---:|")
+        results["timeline"] = []
+        for count in args.slots:
+            traced = overlap_timeline(context, model, features, n, count, args.timeline)
+            results["timeline"].append(traced)
+            share = traced["compute_share_overlapped_by_other_slots_copies"]
+            print(f"| {count} | {traced['batches_per_s']:.1f} | {share:.0%} |")
+        print("\nfirst batches per slot, ms from the first copy (H2D, compute, D2H):\n")
+        for i, phases in enumerate(results["timeline"][-1]["first_batches_ms"]):
+            spans = ", ".join(f"{a:.3f}-{b:.3f}" for a, b in phases)
+            print(f"- slot {i}: {spans}")
+    if args.graphs:
+        latency = graph_latency(context, model, features, n, args.graphs)
+        results["graphs"] = latency
+        print(f"\n6. batch-1 latency of a slot's run, {args.graphs} runs each (µs):\n")
+        print("| | p50 | p99 |")
+        print("|---|---:|---:|")
+        for name in ("eager", "graphs"):
+            print(f"| {name} | {latency[name]['p50_us']:.1f} | {latency[name]['p99_us']:.1f} |")
+        print(
+            f"\np50 speed-up {latency['p50_speedup']:.2f}x; graph captured: "
+            f"{latency['captured']}; max |graph - eager| = {latency['max_abs_difference']:.1e}"
+        )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump(results, handle, indent=2)

@@ -167,3 +167,29 @@ def test_the_linker_finds_the_driver_where_the_toolkit_has_no_stub(tmp_path: Pat
     assert link is not None and (link / "libcuda.so").resolve() == driver
     assert gpu_check.link_folder(stubbed, tmp_path, driver) is None
     assert gpu_check.link_folder(bare, tmp_path / "other", None) is None
+
+
+PROBE = (
+    '========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on '
+    "CUDA API call to cuGetProcAddress_v2.\n"
+)
+OUT_OF_BOUNDS = "========= Invalid __global__ write of size 4 bytes\n=========     at dense+0x90\n"
+
+
+def test_memcheck_passes_driver_symbol_probes_and_fails_memory_errors() -> None:
+    probes_only = PROBE * 2 + "========= ERROR SUMMARY: 2 errors\n"
+    report = gpu_check.sanitizer_report(probes_only)
+    assert report is not None and report.clean and report.memory_errors == 0
+    assert "cuGetProcAddress_v2 x2" in report.describe()
+
+    # Two processes followed: their summaries add up; the write is a memory error.
+    with_write = PROBE + "========= ERROR SUMMARY: 1 error\n" + OUT_OF_BOUNDS
+    with_write += "========= ERROR SUMMARY: 1 error\n"
+    report = gpu_check.sanitizer_report(with_write)
+    assert report is not None and not report.clean and report.memory_errors == 1
+
+    other_api = PROBE.replace("cuGetProcAddress_v2", "cuMemcpyHtoDAsync_v2")
+    report = gpu_check.sanitizer_report(other_api + "========= ERROR SUMMARY: 1 error\n")
+    assert report is not None and not report.clean
+
+    assert gpu_check.sanitizer_report("no summary: memcheck did not run the program") is None

@@ -8,8 +8,11 @@ test also needs CuPy; `make gpu-check` builds pycuda and runs them): a
 size 1..max; its pinned and device buffers never move and device memory does not change
 across hundreds of batches; two slots in threads keep their results apart; a CuPy matmul
 launched on the slot's stream equals numpy's; batch sizes outside 1..max are refused.
-TensorRT itself cannot be installed on our machines: the TensorRT engine is untested.
-None of the `gpu` tests here has run yet: no machine that worked on them had a GPU.
+With CUDA Graphs (`capture_graphs`, needs cuda-python): a size's step is captured and
+replayed with each batch's data; a CuPy cuBLAS step, which CuPy refuses to capture, stays
+eager and still answers right. The engine target read from the device names its model.
+TensorRT itself cannot be installed on our machines: the TensorRT engine is untested. The
+`gpu` tests here passed on an H100 (`make gpu-check`), also under memcheck.
 """
 
 from __future__ import annotations
@@ -175,3 +178,110 @@ def test_a_cupy_matmul_on_the_slot_stream_equals_numpy(
             np.testing.assert_allclose(slot.run(n)["y"], batch @ weight, rtol=1e-3, atol=1e-3)
     finally:
         slot.close()
+
+
+@pytest.mark.gpu("pycuda.driver", "cuda.bindings")
+def test_graphs_replay_each_batch_size_with_the_data_of_the_batch(
+    context: cuda_streams.CudaContext,
+) -> None:
+    slot = cuda_streams.CudaSlot(context, (X,), (Y,), 8, copy_rows, capture_graphs=True)
+    rng = np.random.default_rng(2)
+    try:
+        for _ in range(3):  # eager, captured, replayed
+            for n in (1, 5, 8):
+                batch = rng.standard_normal((n, WIDTH)).astype(np.float32)
+                slot.input_views(n)["x"][...] = batch
+                np.testing.assert_array_equal(slot.run(n)["y"], batch)
+        assert slot.graphs is not None and slot.graphs.captured_sizes == {1, 5, 8}
+    finally:
+        slot.close()
+
+
+DENSE = r"""
+extern "C" __global__ void dense(const float* x, const float* w, float* y, int rows, int n) {
+    int col = blockIdx.x * blockDim.x + threadIdx.x;
+    int row = blockIdx.y;
+    if (col >= n || row >= rows) return;
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) acc += x[row * n + i] * w[i * n + col];
+    y[row * n + col] = acc;
+}
+"""
+
+
+@pytest.mark.gpu("pycuda.driver", "cupy", "cuda.bindings")
+@pytest.mark.parametrize("cublas", [False, True], ids=["cupy-kernels", "cublas"])
+def test_graphs_capture_cupy_kernels_and_leave_cublas_eager(
+    context: cuda_streams.CudaContext, cublas: bool
+) -> None:
+    """A step of CuPy kernel launches is captured and replayed; CuPy refuses cuBLAS calls
+    inside a capture, so a cuBLAS step stays eager, every batch still answered right."""
+    cupy = pytest.importorskip("cupy")
+    rng = np.random.default_rng(3)
+    weights = [(rng.standard_normal((256, 256)) / 16).astype(np.float32) for _ in range(3)]
+    narrow = (TensorSpec("x", "FP32", (-1, 256)), TensorSpec("y", "FP32", (-1, 256)))
+    with context.active():
+        device_weights = [cupy.asarray(w) for w in weights]
+        # Two buffers, alternated: a layer never reads the buffer it writes.
+        scratch = [cupy.empty((8, 256), np.float32) for _ in range(2)]
+        kernel = cupy.RawKernel(DENSE, "dense")
+        cupy.cuda.runtime.deviceSynchronize()
+
+    def device_array(pointer: int, owner: object) -> object:
+        memory = cupy.cuda.UnownedMemory(pointer, 8 * 256 * 4, owner)
+        return cupy.ndarray((8, 256), np.float32, cupy.cuda.MemoryPointer(memory, 0))
+
+    def mlp(n: int, slot: cuda_streams.CudaSlot) -> None:
+        with cupy.cuda.ExternalStream(slot.stream_handle):
+            h = device_array(slot.input_pointers["x"], slot)[:n]
+            y = device_array(slot.output_pointers["y"], slot)[:n]
+            for i, w in enumerate(device_weights):
+                out = y if i == len(device_weights) - 1 else scratch[i % 2][:n]
+                if cublas:
+                    cupy.matmul(h, w, out=out)
+                else:
+                    kernel((1, n), (256,), (h, w, out, np.int32(n), np.int32(256)))
+                cupy.maximum(out, 0, out=out)
+                h = out
+
+    def reference(batch: np.ndarray) -> np.ndarray:
+        for w in weights:
+            batch = np.maximum(batch @ w, 0)
+        return batch
+
+    slot = cuda_streams.CudaSlot(context, narrow[:1], narrow[1:], 8, mlp, capture_graphs=True)
+    try:
+        for _ in range(3):  # eager, captured (or refused), replayed (or eager)
+            for n in (1, 8):
+                batch = rng.standard_normal((n, 256)).astype(np.float32)
+                slot.input_views(n)["x"][...] = batch
+                np.testing.assert_allclose(slot.run(n)["y"], reference(batch), rtol=1e-3, atol=1e-3)
+        assert slot.graphs is not None
+        assert slot.graphs.captured_sizes == (frozenset() if cublas else {1, 8})
+    finally:
+        slot.close()
+
+
+@pytest.mark.gpu("pycuda.driver", "pynvml")
+def test_the_engine_target_names_this_device_as_nvml_does(
+    context: cuda_streams.CudaContext,
+) -> None:
+    """The engine key's target is read from the device the plan would be built on: the
+    compute capability and the model, so an H100's engine and an H200's differ."""
+    import pynvml
+    from kubeinfer.runtime.building.builders.tensorrt_builder import TensorRTBuilder
+    from kubeinfer.runtime.engine_manifest import gpu_target
+
+    target = TensorRTBuilder().target()
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(handle)
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+    finally:
+        pynvml.nvmlShutdown()
+    name = name.decode() if isinstance(name, bytes) else name
+    assert target == gpu_target(major, minor, name)
+    model = name.lower().removeprefix("nvidia ").split()[0]  # h100, h200, a100, ...
+    assert target.startswith(f"sm_{major}{minor}-{model}")
+    print(f"engine target on {name}: {target}")

@@ -267,6 +267,7 @@ def gpu_extra() -> dict[str, Requirement]:
         ("tensorrt", ["10.0.1", "10.13.3.9"], ["9.3.0", "11.0.0"]),
         ("pycuda", ["2025.1.2", "2026.1"], ["2024.1", "2025.1.1"]),
         ("nvidia-ml-py", ["12.535.77", "13.615.71"], ["11.525.150"]),
+        ("cuda-bindings", ["12.8.0", "13.3.1"], ["12.6.2"]),
     ],
 )
 def test_the_gpu_extra_pins(package: str, allowed: list[str], refused: list[str]) -> None:
