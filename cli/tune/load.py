@@ -103,12 +103,21 @@ def encode_json_tensors(
 
 
 def encode_binary_infer(
-    host: str, port: int, model: str, input_name: str, output_name: str, item: np.ndarray
+    host: str,
+    port: int,
+    model: str,
+    input_name: str,
+    output_name: str,
+    item: np.ndarray,
+    *,
+    rows: bool = False,
 ) -> EncodedRequest:
     """A request in Triton's binary tensor extension: a JSON header of
     `Inference-Header-Content-Length` bytes, then the raw input; the output is asked for
-    in binary too (what `tritonclient.http` sends with `binary_data=True`)."""
-    batch = np.ascontiguousarray(item.reshape(1, *item.shape), dtype=np.float32)
+    in binary too (what `tritonclient.http` sends with `binary_data=True`). The request
+    carries one item, or with `rows` the array as it is, its first dimension the rows."""
+    shaped = item if rows else item.reshape(1, *item.shape)
+    batch = np.ascontiguousarray(shaped, dtype=np.float32)
     data = batch.tobytes()
     header = json.dumps(
         {
@@ -134,7 +143,7 @@ def encode_binary_infer(
             "Inference-Header-Content-Length": str(len(header)),
         },
     )
-    return EncodedRequest(raw, len(body))
+    return EncodedRequest(raw, len(body), rows=int(batch.shape[0]))
 
 
 # --------------------------------------------------------------------------- the connection

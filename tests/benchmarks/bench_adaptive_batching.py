@@ -77,11 +77,11 @@ class Config:
     batching: dict[str, object]
 
 
-def phases(seconds: float) -> list[Phase]:
+def phases(seconds: float, rate_scale: float = 1.0) -> list[Phase]:
     return [
-        Phase("small", 1, 30, seconds),
-        Phase("large", 16, 15, seconds),
-        Phase("burst", 1, 300, seconds),
+        Phase("small", 1, 30 * rate_scale, seconds),
+        Phase("large", 16, 15 * rate_scale, seconds),
+        Phase("burst", 1, 300 * rate_scale, seconds),
     ]
 
 
@@ -227,7 +227,13 @@ def sample_settings(
 
 
 def run_config(
-    config: Config, model: Path, slo_ms: float, plan: list[Phase], seed: int, workdir: Path
+    config: Config,
+    model: Path,
+    slo_ms: float,
+    plan: list[Phase],
+    seed: int,
+    workdir: Path,
+    gpu_widths: list[int] | None = None,
 ) -> list[PhaseResult]:
     port = free_port()
     runtime_config = {
@@ -243,6 +249,10 @@ def run_config(
     config_path.write_text(yaml.safe_dump(runtime_config))
     # This interpreter and its import path: a snapshot of a commit runs as a whole.
     command = [sys.executable, "-m", "kubeinfer.cli", "serve", "--config", str(config_path)]
+    if gpu_widths is not None:  # the same runtime, serving gpu_served's CuPy engine
+        from gpu_served import server_command
+
+        command = server_command(config_path, gpu_widths, graphs=False)
     warmup_s = 1.0
     arrivals = schedule(plan, warmup_s, seed)
     with ServerProcess(ServerSpec("kubeinfer", command, port, MODEL), workdir / "logs"):
@@ -344,10 +354,19 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="1 round of 3 s phases")
     parser.add_argument("--only", nargs="*", help="labels to run (default: all)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--gpu-widths",
+        help="serve gpu_served.py's CuPy MLP of these layer widths on the GPU instead "
+        f"(the first must be {ITEM}), e.g. 1024,8192,8192,8192,1000",
+    )
+    parser.add_argument("--rate-scale", type=float, default=1.0, help="multiplies every rate")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.phase_seconds = 1, 3.0
-    plan = phases(args.phase_seconds)
+    gpu_widths = [int(w) for w in args.gpu_widths.split(",")] if args.gpu_widths else None
+    if gpu_widths is not None and gpu_widths[0] != ITEM:
+        parser.error(f"--gpu-widths must start with {ITEM}, the requests' row width")
+    plan = phases(args.phase_seconds, args.rate_scale)
     all_configs = configs(args.slo_ms)
     adaptive_label = all_configs[0].label
     chosen = [
@@ -363,7 +382,7 @@ def main() -> int:
             for config in chosen[shift:] + chosen[:shift]:
                 started = time.monotonic()
                 runs[config.label].append(
-                    run_config(config, model, args.slo_ms, plan, args.seed, workdir)
+                    run_config(config, model, args.slo_ms, plan, args.seed, workdir, gpu_widths)
                 )
                 print(
                     f"round {round_index + 1}: {config.label} in "
