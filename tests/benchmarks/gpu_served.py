@@ -154,12 +154,9 @@ class GpuMlpEngine:
         return slot
 
     def reference(self, batch: np.ndarray) -> np.ndarray:
-        h = batch.astype(np.float64)
-        for i, w in enumerate(self.host_weights):
-            h = h @ w
-            if i < len(self.host_weights) - 1:
-                h = np.maximum(h, 0)
-        return h.astype(np.float32)
+        from gpu_slots import mlp_reference
+
+        return mlp_reference(self.host_weights, batch)
 
     def close(self) -> None:
         for slot in self._slots:

@@ -75,12 +75,17 @@ class Model:
     count_device_allocations: Callable[[], int]
 
     def reference(self, batch: np.ndarray) -> np.ndarray:
-        h = batch.astype(np.float64)
-        for i, w in enumerate(self.weights):
-            h = h @ w
-            if i < len(self.weights) - 1:
-                h = np.maximum(h, 0)
-        return h.astype(np.float32)
+        return mlp_reference(self.weights, batch)
+
+
+def mlp_reference(weights: list[np.ndarray], batch: np.ndarray) -> np.ndarray:
+    """The MLP in float64 numpy (ReLU between layers), rounded to fp32."""
+    h = batch.astype(np.float64)
+    for i, w in enumerate(weights):
+        h = h @ w
+        if i < len(weights) - 1:
+            h = np.maximum(h, 0)
+    return h.astype(np.float32)
 
 
 def host_weights(features: int, layers: int) -> list[np.ndarray]:
