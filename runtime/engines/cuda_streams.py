@@ -37,10 +37,11 @@ pycuda is imported lazily and guarded: importing this module never needs it; cre
 context without it (or without a device) raises `BackendUnavailable`.
 
 Ran on an NVIDIA H100 (CUDA 13.0 driver 580, pycuda 2026.1 built there, CuPy 14 computes),
-through `make gpu-check`: every line of `CudaContext` and `CudaSlot` except the except
-branch of `run` (no batch failed on the GPU: that branch ran only on a CPU, against a
-stand-in for `pycuda.driver` in `tests/runtime/test_gpu_fixes.py`), and
-`CudaContext.__init__`'s two failure branches (no device missing there). The `gpu` tests in
+through `make gpu-check`: `CudaSlot` whole (made, `input_views`, `run` eager and with CUDA
+Graphs, `close`) but for `run`'s failure branch, and `CudaContext`'s retain, push, pop and
+`active`. Never on a GPU: `run`'s failure branch (it ran on a CPU, against a stand-in for
+`pycuda.driver` in `tests/runtime/test_gpu_fixes.py`), `CudaContext`'s failure branches,
+`synchronize` and `close` (only the TensorRT engine calls them). The `gpu` tests in
 `tests/runtime/test_engines_cuda.py` passed, also under compute-sanitizer's memcheck (no
 memory error); `tests/benchmarks/gpu_slots.py` counted no pycuda, CuPy or driver
 allocation per batch in steady state, and measured the overlap of slots; the README's GPU
