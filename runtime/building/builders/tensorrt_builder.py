@@ -1,8 +1,9 @@
 """The TensorRT builder: the ONNX parser, a builder config, one optimisation profile, and
 the serialized plan as the engine.
 
-Unverified: no line of this module has run with TensorRT or on a GPU (TensorRT cannot be
-installed on our machines, and the GPU machine lent to some sessions has none). Written
+Unverified: no line of this module has run with TensorRT (TensorRT cannot be installed on
+our machines, and the GPU machine lent to some sessions has none). On that machine's H100
+only `target()` ran (`make gpu-check`: `sm_90-h100-80gb-hbm3`, read from the device). Written
 against the TensorRT 10 Python API (`create_network(0)`: explicit batch is the only mode;
 `parse_from_file`; `set_memory_pool_limit`; `build_serialized_network`), checked against
 NVIDIA's API documentation but never run. What did run, on a CPU, against stand-ins for the
