@@ -11,8 +11,9 @@ at a time), checks its answers against ONNX Runtime in-process, and drives it wi
 32 and 64 closed-loop clients sending single-item requests (v2 JSON; Triton binary too at
 32 clients). Before those, one kubeinfer serving both REST and gRPC is driven over REST
 JSON, REST binary and gRPC at 1 and 32 clients in `--transport-rounds` interleaved rounds
-(`transports.py`; `--transports-only` runs just that). The mean batch size is the delta
-of the server's batch-size histogram over the measured window. Last, the memory-bound
+(`transports.py`; `--transports-only` runs just that; `--baseline TREE` runs an older
+source tree's server beside this checkout's in the same rounds). The mean batch size is
+the delta of the server's batch-size histogram over the measured window. Last, the memory-bound
 model's fp32 and int8 engines, built through `kubeinfer build`, are served side by side.
 It prints one Markdown report (serving table, ceiling table, gRPC beside REST, int8
 table, the issue's targets) and writes it to `--out`.
@@ -27,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
+import functools
 import json
 import os
 import platform
@@ -73,7 +76,14 @@ from servers import (
     mlserver_spec,
     unbatched_spec,
 )
-from transports import compare_transports, transports_table
+from transports import (
+    BEFORE,
+    baseline_spec,
+    before_after_table,
+    compare_transports,
+    of_server,
+    transports_table,
+)
 
 SMALL, MEMORY = "small-mlp", "memory-bound-mlp"
 MODELS = {SMALL: build_small_mlp, MEMORY: build_memory_bound_mlp}
@@ -299,20 +309,30 @@ def serve_and_load(spec: ServerSpec, *run_args: object, label: str | None = None
 def transport_rounds(
     path: Path, model: str, items: np.ndarray, expected: np.ndarray, args: argparse.Namespace
 ) -> list[list[Row]]:
-    """One kubeinfer serving REST and gRPC; its three transports in interleaved rounds
+    """One kubeinfer serving REST and gRPC (and, with `--baseline`, the baseline tree's
+    beside it); their three transports in interleaved rounds
     (`transports.compare_transports`)."""
-    spec = kubeinfer_spec(
-        path, model, args.threads, extra_args=tuple(args.kubeinfer_args.split()), grpc=True
-    )
-    with ServerProcess(spec, REPO / ".bench" / "logs") as server:
-        for encoding in ("json", "binary", "grpc"):
-            check_answers(spec, items, encoding, expected)
 
-        def run(encoding: str, clients: int) -> Row:
-            wait_for_quiet(args)
-            return one_run(spec, server, model, items, encoding, clients, args, None)
+    def spec() -> KubeinferSpec:  # each on ports of its own
+        extra = tuple(args.kubeinfer_args.split())
+        return kubeinfer_spec(path, model, args.threads, extra_args=extra, grpc=True)
 
-        return compare_transports(run, args.transport_rounds)
+    specs = [spec()]
+    if args.baseline:
+        specs.append(baseline_spec(spec(), args.baseline, REPO / ".bench" / "baseline"))
+
+    def run(spec: KubeinferSpec, server: ServerProcess, encoding: str, clients: int) -> Row:
+        wait_for_quiet(args)
+        return one_run(spec, server, model, items, encoding, clients, args, None)
+
+    with contextlib.ExitStack() as stack:
+        runs = {}
+        for each in specs:
+            server = stack.enter_context(ServerProcess(each, REPO / ".bench" / "logs"))
+            for encoding in ("json", "binary", "grpc"):
+                check_answers(each, items, encoding, expected)
+            runs[each.label] = functools.partial(run, each, server)
+        return compare_transports(runs, args.transport_rounds)
 
 
 # --------------------------------------------------------------------------- int8
@@ -412,6 +432,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "clients on one server (0: none)",
     )
     parser.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="TREE",
+        help="also run the transport rounds against the kubeinfer source tree TREE (e.g. "
+        "`git worktree add --detach /tmp/before <commit>`), beside this checkout",
+    )
+    parser.add_argument(
         "--transports-only",
         action="store_true",
         help="only the transport rounds (no ceiling, no other server, no int8)",
@@ -509,10 +536,21 @@ def render(args, started, rows, ceilings, int8, models, transports) -> str:  # t
             ceiling_table(ceilings),
         ]
     for model, rounds in transports.items():
+        title = f"{len(rounds)} interleaved rounds, medians"
+        if not args.baseline:
+            parts += [
+                f"\n## gRPC beside REST ({model}, one kubeinfer serve, {title})\n",
+                transports_table(model, rounds),
+            ]
+            continue
         parts += [
-            f"\n## gRPC beside REST ({model}, one kubeinfer serve, {len(rounds)} interleaved "
-            "rounds, medians)\n",
-            transports_table(model, rounds),
+            f"\n## gRPC beside REST ({model}, this checkout and {args.baseline}, {title})\n",
+            "This checkout:\n",
+            transports_table(model, of_server(rounds, "kubeinfer")),
+            f"\nBefore ({args.baseline}):\n",
+            transports_table(model, of_server(rounds, BEFORE)),
+            "\nThis checkout against before, same rounds:\n",
+            before_after_table(model, rounds, "kubeinfer"),
         ]
     if isinstance(int8, Int8Comparison):
         parts += [

@@ -6,31 +6,69 @@ rounds, each round running every transport at 1 client and then at 32, so a shar
 machine's drift falls on all three alike. Each cell is the median over the rounds, and
 each ratio is the median of the rounds' own ratios (a round's transports ran within
 seconds of each other).
+
+With a baseline source tree (`--baseline TREE`, e.g. a `git worktree` of an older commit)
+a second server runs that tree's kubeinfer beside this checkout's, and each round drives
+both, taking turns on which goes first: `before_after_table` compares them row by row.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from report import Row
+from servers import KubeinferSpec
+
+BEFORE = "before"
+"""The label of the baseline tree's server and rows."""
 
 TRANSPORTS = ("json", "binary", "grpc")
 NAMES = {"json": "REST JSON", "binary": "REST binary", "grpc": "gRPC"}
 CLIENTS = (1, 32)
 
 
-def compare_transports(run: Callable[[str, int], Row], rounds: int) -> list[list[Row]]:
-    """`rounds` rounds of every (clients, transport) run by `run(encoding, clients)`."""
+def baseline_spec(spec: KubeinferSpec, tree: Path, scratch: Path) -> KubeinferSpec:
+    """`spec`'s server run from the source tree `tree` instead of this checkout: a
+    `kubeinfer` package under `scratch` whose subpackages link to the tree's."""
+    package = scratch / "kubeinfer"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").touch()
+    for part in ("runtime", "operator", "contract", "cluster", "cli"):
+        link = package / part
+        if link.is_symlink():
+            link.unlink()
+        if (tree / part).is_dir():
+            link.symlink_to((tree / part).resolve())
+    command = [sys.executable, "-m", "kubeinfer.cli", *spec.command[1:]]
+    env = {**spec.env, "PYTHONPATH": str(scratch)}
+    return dataclasses.replace(spec, label=BEFORE, command=command, env=env)
+
+
+def compare_transports(
+    runs: Mapping[str, Callable[[str, int], Row]], rounds: int
+) -> list[list[Row]]:
+    """`rounds` rounds of every (clients, transport) run by each server's
+    `run(encoding, clients)`; the servers take turns going first."""
     measured = []
+    labels = list(runs)
     for number in range(rounds):
         print(f"  round {number + 1} of {rounds}", flush=True)
-        measured.append([run(encoding, c) for c in CLIENTS for encoding in TRANSPORTS])
+        turn = labels[number % len(labels) :] + labels[: number % len(labels)]
+        measured.append([runs[label](e, c) for label in turn for c in CLIENTS for e in TRANSPORTS])
     return measured
 
 
 def _cell(rounds: Sequence[Sequence[Row]], encoding: str, clients: int) -> list[Row]:
     return [r for rows in rounds for r in rows if (r.encoding, r.clients) == (encoding, clients)]
+
+
+def of_server(rounds: Sequence[Sequence[Row]], server: str) -> list[list[Row]]:
+    """The rounds' rows of one server."""
+    return [[r for r in rows if r.server == server] for rows in rounds]
 
 
 def _median(values: list[float]) -> float:
@@ -81,3 +119,52 @@ def transports_table(model: str, rounds: Sequence[Sequence[Row]]) -> str:
             f"{_median(throughput):.2f}x (rounds: {', '.join(f'{v:.2f}' for v in throughput)})"
         )
     return head + "\n".join(lines) + "\n\n" + "\n".join(ratio_lines) + "\n"
+
+
+def _pairs(
+    rounds: Sequence[Sequence[Row]], this: str, encoding: str, clients: int
+) -> list[tuple[Row, Row]]:
+    """Per round, this checkout's row and the baseline's, for one transport and clients."""
+    pairs = []
+    for rows in rounds:
+        by = {r.server: r for r in rows if (r.encoding, r.clients) == (encoding, clients)}
+        if this in by and BEFORE in by:
+            pairs.append((by[this], by[BEFORE]))
+    return pairs
+
+
+def _both(pairs: Sequence[tuple[Row, Row]], value: Callable[[Row], float], digits: int) -> str:
+    this = _median([value(a) for a, _ in pairs])
+    before = _median([value(b) for _, b in pairs])
+    return f"{this:.{digits}f} / {before:.{digits}f}"
+
+
+def _ratio(pairs: Sequence[tuple[Row, Row]], value: Callable[[Row], float]) -> str:
+    return f"{_median([value(a) / value(b) for a, b in pairs if value(b)]):.2f}x"
+
+
+def before_after_table(model: str, rounds: Sequence[Sequence[Row]], this: str) -> str:
+    """This checkout's server against the baseline's, per transport and clients: each
+    side's medians, and the medians of the rounds' own ratios (this / before)."""
+    head = (
+        "| model | transport | clients | req/s this / before (ratio) | p50 ms this / before "
+        "(ratio) | p99 ms this / before | mean batch this / before "
+        "| server CPU ms/req this / before |\n"
+        "|---|---|--:|--:|--:|--:|--:|--:|\n"
+    )
+    lines = []
+    for clients in CLIENTS:
+        for encoding in TRANSPORTS:
+            pairs = _pairs(rounds, this, encoding, clients)
+            if not pairs:
+                continue
+            lines.append(
+                f"| {model} | {NAMES[encoding]} | {clients} "
+                f"| {_both(pairs, lambda r: r.throughput, 0)} "
+                f"({_ratio(pairs, lambda r: r.throughput)}) "
+                f"| {_both(pairs, lambda r: r.p50_ms, 2)} ({_ratio(pairs, lambda r: r.p50_ms)}) "
+                f"| {_both(pairs, lambda r: r.p99_ms, 2)} "
+                f"| {_both(pairs, lambda r: r.mean_batch or 0.0, 1)} "
+                f"| {_both(pairs, lambda r: r.server_cpu_ms_per_request, 2)} |"
+            )
+    return head + "\n".join(lines) + "\n"
