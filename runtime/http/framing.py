@@ -5,16 +5,20 @@ body dropped unread, without aiohttp making a request of it.
 Only a plain subset of HTTP/1.1 is framed here: a request line `METHOD /target HTTP/1.1`
 (GET, HEAD, POST, PUT, DELETE, OPTIONS or PATCH), header lines `name: value` of visible
 characters, one Host, at most one Content-Length (digits) and of each header aiohttp takes
-once, no Transfer-Encoding, Expect or Upgrade, the whole head under `MAX_HEAD_BYTES`: no
-head aiohttp's parser would refuse. A request outside it (chunked, HTTP/1.0, a head
-aiohttp might read differently or refuse) is not framed: from its first byte on,
-aiohttp's parser reads the rest of the connection, as it read all of it before. Within the
-subset both parsers end a request at the same byte (the head's blank line, then
-Content-Length bytes), which keeps the connection in step.
+once, no Transfer-Encoding, Expect, Upgrade or Proxy-Connection, the whole head under
+`MAX_HEAD_BYTES`: no head aiohttp's parser would refuse or end elsewhere. A request
+outside it (chunked, HTTP/1.0, a head aiohttp might read differently or refuse) is not
+framed: from its first byte on, aiohttp's parser reads the rest of the connection, as it
+read all of it before. Within the subset both parsers end a request at the same byte
+(the head's blank line, then Content-Length bytes), which keeps the connection in step.
 
 `RequestFraming` does no I/O: the connection feeds it what it reads and is called back
 with the bytes to pass on to aiohttp, each framed head to answer or pass on, and the end
 of a body it dropped.
+
+Every head of a framed connection goes through `parse_head`, whoever sends it: it must stay
+linear in the head's length. docs/framing-security.md records the security review of this
+layer (smuggling, exhaustion, refusal paths): what was checked, found and fixed.
 """
 
 from __future__ import annotations
@@ -45,11 +49,19 @@ _SINGLETONS = (
 """The headers aiohttp's parser refuses twice in a request (RFC 9110's singletons, but
 Transfer-Encoding, which is never framed)."""
 _HEADER_OF_NOTE = re.compile(
-    rb"^(" + _SINGLETONS + rb"|transfer-encoding|expect|upgrade|connection|sec-websocket-key1)"
-    rb":[ \t]*([^\r]*?)[ \t]*\r$",
+    rb"^(" + _SINGLETONS + rb"|transfer-encoding|expect|upgrade|connection|proxy-connection|"
+    rb"sec-websocket-key1):([^\r]*)\r$",
     re.IGNORECASE | re.MULTILINE,
 )
-_UNFRAMED = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"sec-websocket-key1"))
+"""The value is taken whole and trimmed in Python: a pattern trimming it (spaces, a lazy
+value, spaces) backtracks through every split of a run of spaces inside the value, which
+is quadratic in the line (see docs/framing-security.md)."""
+_UNFRAMED = frozenset(
+    (b"transfer-encoding", b"expect", b"upgrade", b"proxy-connection", b"sec-websocket-key1")
+)
+"""Headers that change where aiohttp ends the request or whether it keeps the connection
+in ways not framed here (llhttp reads Proxy-Connection as Connection)."""
+_OWS = b" \t"
 _DIGITS = re.compile(rb"[0-9]{1,18}")
 
 
@@ -80,7 +92,7 @@ def parse_head(head: bytes) -> RequestHead | None:
     keep_alive = True
     seen: set[bytes] = set()
     for header in _HEADER_OF_NOTE.finditer(matched.group(3)):
-        name, value = header.group(1).lower(), header.group(2)
+        name, value = header.group(1).lower(), header.group(2).strip(_OWS)
         if name in _UNFRAMED or name in seen:
             return None
         if name == b"connection":
