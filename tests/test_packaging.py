@@ -136,6 +136,7 @@ def test_the_installed_demo_finds_its_examples_from_another_directory(
 
 OPTIONAL_MODULES = {
     "boto3": "s3", "google.cloud": "gcs", "tensorrt": "gpu", "pycuda": "gpu", "pynvml": "gpu",
+    "cuda.bindings": "gpu",
 }  # fmt: skip
 """Imports of an optional extra (each one guarded: a missing one is a clear error)."""
 PART_OF = {"pydantic_core": "pydantic"}
