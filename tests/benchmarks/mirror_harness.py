@@ -29,7 +29,7 @@ from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.demo_models import build_memory_bound_mlp, build_small_mlp
 from loadgen import encode_json_infer, run_closed_loop
-from servers import HOST, ServerSpec, http_get
+from servers import HOST, ServerSpec, http_get, link_source_tree
 
 MODELS = {"small-mlp": (build_small_mlp, 512), "memory-bound-mlp": (build_memory_bound_mlp, 1024)}
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -194,16 +194,7 @@ def from_tree(spec: ServerSpec, tree: Path, scratch: Path) -> ServerSpec:
     """The same `kubeinfer` server run from the source tree at `tree` (say a `git archive`
     of an older commit), through a `kubeinfer` package of links under `scratch` on
     PYTHONPATH, so a before and an after run side by side in one benchmark."""
-    package = scratch / "kubeinfer"
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").touch()
-    for part in ("runtime", "operator", "contract", "cluster", "cli"):
-        link = package / part
-        if link.is_symlink():
-            link.unlink()
-        if (tree / part).is_dir():
-            link.symlink_to(tree.resolve() / part)
     assert Path(spec.command[0]).name == "kubeinfer", spec.command
     spec.command = [sys.executable, "-m", "kubeinfer.cli", *spec.command[1:]]
-    spec.env = {**spec.env, "PYTHONPATH": str(scratch)}
+    spec.env = {**spec.env, "PYTHONPATH": str(link_source_tree(tree, scratch))}
     return spec

@@ -170,3 +170,20 @@ def mlserver_spec(
         env={"PYTHONPATH": str(HERE)},
         encodings=("json",),
     )
+
+
+def link_source_tree(tree: Path, scratch: Path) -> Path:
+    """A `kubeinfer` package under `scratch` whose subpackages link to the source tree
+    `tree`'s folders (pyproject's package-dir layout), so a server started with `scratch`
+    on PYTHONPATH runs that tree, say an older commit's, beside this checkout. Returns the
+    folder to put on PYTHONPATH."""
+    package = scratch / "kubeinfer"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").touch()
+    for part in ("runtime", "operator", "contract", "cluster", "cli"):
+        link = package / part
+        if link.is_symlink():
+            link.unlink()
+        if (tree / part).is_dir():
+            link.symlink_to((tree / part).resolve())
+    return scratch

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from report import Row
-from servers import KubeinferSpec
+from servers import KubeinferSpec, link_source_tree
 
 BEFORE = "before"
 """The label of the baseline tree's server and rows."""
@@ -34,17 +34,8 @@ CLIENTS = (1, 32)
 def baseline_spec(spec: KubeinferSpec, tree: Path, scratch: Path) -> KubeinferSpec:
     """`spec`'s server run from the source tree `tree` instead of this checkout: a
     `kubeinfer` package under `scratch` whose subpackages link to the tree's."""
-    package = scratch / "kubeinfer"
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").touch()
-    for part in ("runtime", "operator", "contract", "cluster", "cli"):
-        link = package / part
-        if link.is_symlink():
-            link.unlink()
-        if (tree / part).is_dir():
-            link.symlink_to((tree / part).resolve())
     command = [sys.executable, "-m", "kubeinfer.cli", *spec.command[1:]]
-    env = {**spec.env, "PYTHONPATH": str(scratch)}
+    env = {**spec.env, "PYTHONPATH": str(link_source_tree(tree, scratch))}
     return dataclasses.replace(spec, label=BEFORE, command=command, env=env)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from onnx_models import build_spin_model
@@ -23,6 +24,20 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def spin_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The model whose requests choose how long the engine call takes (`onnx_models`)."""
     return build_spin_model(tmp_path_factory.mktemp("spin") / "spin.onnx")
+
+
+@pytest.fixture
+def one_slot_queue_of_two(tiny_model: Path) -> RuntimeConfig:
+    """The tiny model on one execution slot with room for two queued requests and a short
+    body read timeout: with the slot held (`gated`), the third request is refused at once,
+    which the overload and framing tests need."""
+    return RuntimeConfig(
+        model_name="tiny",
+        engine=EngineSource(onnx_path=str(tiny_model)),
+        host="127.0.0.1",
+        body_read_timeout_seconds=0.3,
+        batching=BatchingPolicy(execution_slots=1, max_queue_size=2),
+    )
 
 
 @pytest.fixture

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import pytest
 from aiohttp import web
-from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
 from kubeinfer.runtime.http.app import DATAPLANE, create_app
 from kubeinfer.runtime.http.connections import HeadTimeouts
 from kubeinfer.runtime.http.server import listening_socket, make_runner
@@ -65,14 +64,8 @@ async def answered(port: int, data: bytes) -> bytes:
 
 
 @pytest.fixture
-async def full(gated, tiny_model) -> AsyncIterator[Full]:
-    config = RuntimeConfig(
-        model_name="tiny",
-        engine=EngineSource(onnx_path=str(tiny_model)),
-        host="127.0.0.1",
-        body_read_timeout_seconds=0.3,
-        batching=BatchingPolicy(execution_slots=1, max_queue_size=2),
-    )
+async def full(gated, one_slot_queue_of_two) -> AsyncIterator[Full]:
+    config = one_slot_queue_of_two
     app = create_app(config, gated)
     runner = make_runner(app, config)
     await runner.setup()

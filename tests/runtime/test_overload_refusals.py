@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
-from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
 from kubeinfer.runtime.http.app import DATAPLANE, create_app
 from kubeinfer.runtime.http.connections import HeadTimeouts
 from kubeinfer.runtime.http.server import listening_socket, make_runner
@@ -121,14 +120,8 @@ async def wait_for(condition, seconds: float = 5) -> None:
 
 
 @pytest.fixture
-async def serving(gated, tiny_model) -> AsyncIterator[Serving]:
-    config = RuntimeConfig(
-        model_name="tiny",
-        engine=EngineSource(onnx_path=str(tiny_model)),
-        host="127.0.0.1",
-        body_read_timeout_seconds=0.3,
-        batching=BatchingPolicy(execution_slots=1, max_queue_size=2),
-    )
+async def serving(gated, one_slot_queue_of_two) -> AsyncIterator[Serving]:
+    config = one_slot_queue_of_two
     app = create_app(config, gated)
     seen: list[str] = []
 
