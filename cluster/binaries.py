@@ -325,6 +325,31 @@ def _build_helm(module: Path, destination: Path) -> None:
     install_built(returncode, staging, destination, ["helm"], f"Helm {version}", log, started)
 
 
+NODE_BINARIES = (
+    "kubelet",
+    "kube-scheduler",
+    "kube-proxy",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "runc",
+    "coredns",
+    "local-path-provisioner",
+    "pause",
+    "kwok",
+    "cni-bin-dir",
+)
+"""The keys of `ensure_node_binaries`: each an executable, except `cni-bin-dir`, the folder
+holding the CNI plugins (bridge, host-local, loopback, portmap) as containerd's CRI plugin
+wants its `bin_dir`."""
+
+
+def ensure_node_binaries() -> dict[str, Path]:
+    """What a real node runs, keyed as `NODE_BINARIES`: from the cache, or built into it
+    (runc from Debian's package). Being written (issue 28): raises BuildError until then."""
+    raise BuildError("the node's binaries are not built yet (issue 28, in progress)")
+
+
 def ensure_binaries(module: Path = MODULE) -> dict[str, Path]:
     """Each binary's path: from KUBEBUILDER_ASSETS, the cache, or a build (see above)."""
     assets = os.environ.get("KUBEBUILDER_ASSETS")
