@@ -1,0 +1,1 @@
+"""Real model architectures the tests build themselves (no downloads, no torch)."""
