@@ -41,8 +41,9 @@ from kubeinfer.operator.reconcile.decide_quality import (
 from kubeinfer.operator.reconcile.desired_mirror import build_mirror_configmap
 from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
 from kubeinfer.operator.reconcile.drift import carries
-from kubeinfer.operator.reconcile.rollout_progress import available
-from kubeinfer.operator.reconcile.scaling_status import scaling_report
+from kubeinfer.operator.reconcile.requeue import requeue_after
+from kubeinfer.operator.reconcile.rollout_progress import RolloutProgress, available
+from kubeinfer.operator.reconcile.scaling_status import ScalingReport, scaling_report
 from kubeinfer.operator.reconcile.slo_status import SloReport, slo_report
 from kubeinfer.operator.reconcile.status import (
     compute_status,
@@ -62,7 +63,6 @@ from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.engine_state import (
-    EnginePhase,
     EngineState,
     ServingEngine,
     agreement_for,
@@ -78,6 +78,7 @@ from kubeinfer.operator.state.scaling_inputs import (
 )
 from kubeinfer.operator.state.snapshot import (
     Decision,
+    Event,
     KubeObject,
     ObservedState,
     OwnerRef,
@@ -303,6 +304,128 @@ def _recommendation(
     return recommend(scaling, observed.scaling_history, signals, pods, now, slo_miss)
 
 
+def _build_jobs(
+    owner: OwnerRef,
+    spec: InferenceDeploymentSpec,
+    settings: OperatorSettings,
+    engine: EngineState,
+    reference: EngineState | None,
+    fallback: EngineState | None,
+) -> list[KubeObject]:
+    """The build Jobs this pass wants: the spec's engine's, then the quality watch's
+    reference and fallback engines' (the fallback only when it is not the reference), each
+    built from the spec it stands for."""
+    builds = [(spec, engine)]
+    if reference is not None:
+        builds.append((reference_spec(spec), reference))
+    if fallback is not None and fallback is not reference:
+        builds.append((fallback_spec(spec), fallback))
+    return [
+        build.build_engine_job(owner, of, settings, state.build_key, state.job_attempt)
+        for of, state in builds
+        if state.job_attempt is not None
+    ]
+
+
+def _plan(
+    observed: ObservedState, engine: EngineState, fallback: EngineState | None, now: datetime
+) -> RolloutPlan:
+    """Which engine serves and which runs as the candidate. With drift and onDrift
+    Fallback, serving rolls to the fallback engine once it exists, with no shadow test."""
+    if fallback is not None:
+        return plan_rollout(
+            fallback_spec(observed.spec), fallback, observed_serving(observed),
+            observed.status.candidate, {}, None, False, now,
+        )  # fmt: skip
+    return plan_rollout(
+        observed.spec,
+        engine,
+        observed_serving(observed),
+        observed.status.candidate,
+        observed.annotations,
+        observed.shadow,
+        available(observed.candidate_deployment),
+        now,
+        candidate_pods=observed.candidate_pods,
+    )
+
+
+def _runtime_children(
+    observed: ObservedState,
+    settings: OperatorSettings,
+    plan: RolloutPlan,
+    served: EngineState,
+    engine: EngineState,
+    reference: EngineState | None,
+    replicas: int,
+) -> tuple[RolloutPlan, RolloutProgress, list[KubeObject]]:
+    """The plan once the serving roll's progress is known (a promoted engine rolled out
+    on every pod lets the candidate go), that progress, and the runtime's children: the
+    serving ConfigMap, the mirror file before the Deployment whose pods mount it, the
+    Deployment, its Service and PodMonitor, then the candidate's children. `served` is the
+    engine whose inputs the serving children carry (the fallback's when it serves)."""
+    deployment = None
+    if plan.serving is not None:
+        configmap, deployment, others = _serving_children(
+            observed, settings, plan.serving, served, replicas
+        )
+    rollout = rollout_progress(observed.deployment, deployment, replicas)
+    plan = promotion_complete(plan, rollout.complete)
+    if plan.serving is None or deployment is None:
+        return plan, rollout, []
+    mirror, candidate = _shadow_children(observed, settings, plan, plan.serving, engine, reference)
+    return plan, rollout, [configmap, mirror, deployment, *others, *candidate]
+
+
+def _scaling(
+    observed: ObservedState, recommendation: Recommendation | None, now: datetime
+) -> ScalingReport | None:
+    """The autoscaler's status and Events for this pass (None with autoscaling off)."""
+    if recommendation is None:
+        return None
+    return scaling_report(
+        observed.spec,
+        recommendation,
+        observed.scaling_signals,
+        observed.serving_pods or _no_pods(observed),
+        observed.status.autoscaling,
+        observed.status.metrics,
+        now,
+    )
+
+
+def _deletions(
+    observed: ObservedState,
+    plan: RolloutPlan,
+    engines: tuple[EngineState | None, ...],
+    reference: EngineState | None,
+) -> tuple[tuple[str, str], ...]:
+    """What goes: the stale build Jobs of `engines` (sorted, once each), the candidate's
+    children when no candidate runs, the reference's when the watch needs none."""
+    jobs = sorted({name for state in engines if state is not None for name in state.delete_jobs})
+    return (
+        *(("Job", name) for name in jobs),
+        *_candidate_leftovers(observed, plan),
+        *reference_leftovers(observed, reference),
+    )
+
+
+def _events(
+    observed: ObservedState,
+    status: InferenceDeploymentStatus,
+    plan: RolloutPlan,
+    scaling: ScalingReport | None,
+) -> tuple[Event, ...]:
+    """The Events of this pass: the conditions' transitions, a replaced candidate, the
+    autoscaler's changes."""
+    events = transition_events(observed.status.conditions, status.conditions)
+    if plan.replaced is not None:
+        events += (shadow_replaced_event(plan.replaced, plan.record),)
+    if scaling is not None:
+        events += scaling.events
+    return events
+
+
 def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -> Decision:
     """The children that should exist, the status and the events for one pass: the
     engine's state, then the rollout plan (which engine serves, which runs as a shadow
@@ -313,123 +436,42 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     others = (*((reference.build_key,) if reference else ()), *fallback_key(spec, settings))
     engine = engine_state(observed, settings, now, others)
     held, fallback = fallback_engine(observed, settings, now, engine, reference)
-    children: list[KubeObject] = []
-
     pvc = build.build_cache_pvc(owner, spec)
-    if pvc is not None:
-        children.append(pvc)
-    if engine.job_attempt is not None:
-        children.append(
-            build.build_engine_job(owner, spec, settings, engine.build_key, engine.job_attempt)
-        )
-    if reference is not None and reference.job_attempt is not None:
-        children.append(
-            build.build_engine_job(
-                owner, reference_spec(spec), settings, reference.build_key, reference.job_attempt
-            )
-        )
+    children = [pvc] if pvc is not None else []
+    children += _build_jobs(owner, spec, settings, engine, reference, fallback)
 
-    if fallback is not None and fallback is not reference and fallback.job_attempt is not None:
-        children.append(
-            build.build_engine_job(
-                owner, fallback_spec(spec), settings, fallback.build_key, fallback.job_attempt
-            )
-        )
-
-    if fallback is not None:
-        # Drift with onDrift Fallback: serving rolls to the fallback engine once it exists.
-        plan = plan_rollout(
-            fallback_spec(spec), fallback, observed_serving(observed),
-            observed.status.candidate, {}, None, False, now,
-        )  # fmt: skip
-    else:
-        plan = plan_rollout(
-            spec,
-            engine,
-            observed_serving(observed),
-            observed.status.candidate,
-            observed.annotations,
-            observed.shadow,
-            available(observed.candidate_deployment),
-            now,
-            candidate_pods=observed.candidate_pods,
-        )
+    plan = _plan(observed, engine, fallback, now)
     slo = slo_report(spec.slo, observed.scaling_signals, observed.status.slo, now)
     recommendation = _recommendation(observed, now, slo)
-    if recommendation is not None:
-        replicas = recommendation.replicas
-    else:
-        replicas = build.desired_replicas(spec)
-    deployment = None
-    if plan.serving is not None:
-        configmap, deployment, served = _serving_children(
-            observed, settings, plan.serving, fallback or engine, replicas
-        )
-    rollout = rollout_progress(observed.deployment, deployment, replicas)
-    # Once the roll to a promoted engine is done, the candidate goes.
-    plan = promotion_complete(plan, rollout.complete)
-    if plan.serving is not None and deployment is not None:
-        # The mirror file before the Deployment whose pods mount it.
-        mirror, candidate = _shadow_children(
-            observed, settings, plan, plan.serving, engine, reference
-        )
-        children += [configmap, mirror, deployment, *served, *candidate]
+    replicas = (
+        recommendation.replicas if recommendation is not None else build.desired_replicas(spec)
+    )
+    plan, rollout, runtime = _runtime_children(
+        observed, settings, plan, fallback or engine, engine, reference, replicas
+    )
+    children += runtime
     if reference is not None:
         children += reference_children(observed, settings, reference)
-    scaling = None
-    if recommendation is not None:
-        scaling = scaling_report(
-            spec,
-            recommendation,
-            observed.scaling_signals,
-            observed.serving_pods or _no_pods(observed),
-            observed.status.autoscaling,
-            observed.status.metrics,
-            now,
-        )
+    scaling = _scaling(observed, recommendation, now)
     watch_report = quality_report(observed, plan.serving, engine, reference, now, held)
     status = compute_status(
         observed, engine, plan, report(spec, plan), rollout, replicas, now, scaling, watch_report,
         slo,
     )  # fmt: skip
-
-    polls = settings.requeue
-    requeue: float | None = None
-    if engine.phase == EnginePhase.BUILDING:
-        requeue = polls.build_poll_seconds
-    elif engine.phase == EnginePhase.FAILED and engine.retry_at is not None:
-        requeue = max(1.0, (engine.retry_at - now).total_seconds())
-    if fallback is not None and fallback.phase == EnginePhase.BUILDING:
-        requeue = polls.build_poll_seconds
-    if plan.shadowing or plan.promoting:
-        requeue = min(requeue or polls.shadow_poll_seconds, polls.shadow_poll_seconds)
-    if spec.autoscaling.enabled:
-        requeue = min(requeue or polls.autoscale_poll_seconds, polls.autoscale_poll_seconds)
-    if reference is not None:  # the watch's window slides: judged as often as a shadow
-        requeue = min(requeue or polls.shadow_poll_seconds, polls.shadow_poll_seconds)
-
-    stale_reference_jobs = reference.delete_jobs if reference else ()
-    stale_fallback_jobs = fallback.delete_jobs if fallback else ()
-    events = transition_events(observed.status.conditions, status.conditions)
-    if plan.replaced is not None:
-        events += (shadow_replaced_event(plan.replaced, plan.record),)
-    if scaling is not None:
-        events += scaling.events
     return Decision(
         apply=tuple(child for child in children if needs_write(child, observed)),
-        delete=(
-            *(
-                ("Job", name)
-                for name in sorted(
-                    {*engine.delete_jobs, *stale_reference_jobs, *stale_fallback_jobs}
-                )
-            ),
-            *_candidate_leftovers(observed, plan),
-            *reference_leftovers(observed, reference),
-        ),
+        delete=_deletions(observed, plan, (engine, reference, fallback), reference),
         status=status,
-        events=events,
-        requeue_after_seconds=requeue,
+        events=_events(observed, status, plan, scaling),
+        requeue_after_seconds=requeue_after(
+            settings.requeue,
+            engine,
+            fallback,
+            now,
+            shadowing=plan.shadowing or plan.promoting,
+            autoscaling=spec.autoscaling.enabled,
+            watching=reference is not None,
+        ),
         desired=tuple(children),
         scaling_history=recommendation.history if recommendation else None,
     )
