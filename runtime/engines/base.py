@@ -10,12 +10,15 @@ at a time; `executionSlots` slots run concurrently.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-# Open Inference Protocol v2 datatypes and their numpy equivalents.
+# Open Inference Protocol v2 datatypes and their numpy equivalents. BYTES (strings) are
+# object arrays of `bytes` (`kubeinfer.runtime.protocol.bytes_tensors`): no fixed size.
 V2_TO_NUMPY: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),
@@ -29,6 +32,7 @@ V2_TO_NUMPY: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
 }
 NUMPY_TO_V2: dict[np.dtype, str] = {v: k for k, v in V2_TO_NUMPY.items()}
 
@@ -40,7 +44,7 @@ class EngineError(Exception):
 
 class UnsupportedModel(EngineError):
     """At load: the model cannot be served by this engine (a datatype with no v2
-    equivalent, a dimension other than the batch one that is dynamic, no batch dimension).
+    equivalent, a variable axis with no configured range, no batch dimension).
     A start-up error, so the message names the tensor and what to change."""
 
 
@@ -64,11 +68,18 @@ def check_batch_size(batch_size: int, max_batch_size: int) -> None:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One input or output: `shape` includes the batch dimension first, as -1."""
+    """One input or output: `shape` includes the batch dimension first, as -1, and -1 for
+    every other variable axis. For a variable axis, `axis_names` holds the model's name
+    for it (None where the axis is fixed or unnamed), one per axis after the batch one,
+    and the extents it may take are `min_item_shape`..`max_item_shape` (an input's
+    configured range; an output's largest extents, None where the model does not tell)."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
+    axis_names: tuple[str | None, ...] = ()
+    min_item_shape: tuple[int, ...] | None = None
+    max_item_shape: tuple[int, ...] | None = None
 
     @property
     def dtype(self) -> np.dtype:
@@ -79,15 +90,55 @@ class TensorSpec:
         """The shape of one batch item (the shape without the batch dimension)."""
         return self.shape[1:]
 
+    @property
+    def variable(self) -> bool:
+        """An axis besides the batch one is variable."""
+        return any(d < 0 for d in self.shape[1:])
+
+    @property
+    def largest_item_shape(self) -> tuple[int, ...] | None:
+        """The largest item this tensor holds; None when unknown (a variable axis that no
+        input's range bounds)."""
+        if not self.variable:
+            return self.item_shape
+        return self.max_item_shape
+
+
+BatchShape = tuple[tuple[int, ...], ...]
+"""The item shape of each input of a batch, in the engine's input order: what a slot of a
+model with variable axes is told along with the batch's rows."""
+
+
+def buffer_bytes(specs: Sequence[TensorSpec], rows: int) -> int:
+    """Bytes of buffers holding `rows` rows of each tensor at its largest item shape (a
+    tensor of unknown largest shape is left out: its engine allocates it per batch)."""
+    total = 0
+    for spec in specs:
+        shape = spec.largest_item_shape
+        if shape is not None:
+            total += rows * math.prod(shape) * spec.dtype.itemsize
+    return total
+
+
+def slot_buffer_bytes(engine: Engine) -> int:
+    """What one execution slot of `engine` holds in input and output buffers: a full batch
+    (`max_batch_size` rows) of every tensor at its largest shape."""
+    return buffer_bytes((*engine.inputs, *engine.outputs), engine.max_batch_size)
+
 
 class ExecutionSlot(Protocol):
-    """Preallocated buffers (and a stream) for one batch in flight."""
+    """Preallocated buffers (and a stream) for one batch in flight.
 
-    def input_views(self, batch_size: int) -> dict[str, np.ndarray]:
+    A model with variable axes besides the batch is also told each batch's `shape` (the
+    item shape of each input, `BatchShape`): its views and outputs have that shape, carved
+    from buffers sized for the largest allowed one. A model without is called with the
+    rows alone."""
+
+    def input_views(self, batch_size: int, shape: BatchShape | None = None) -> dict[str, np.ndarray]:
         """Writable views of the first `batch_size` rows of each input buffer."""
         ...
 
-    def run(self, batch_size: int) -> dict[str, np.ndarray]:
+    def run(self, batch_size: int, shape: BatchShape | None = None) -> dict[str, np.ndarray]:
         """Runs the batch in the input buffers; blocks until the outputs are ready and
         returns views of the first `batch_size` rows of each output buffer, valid until
         the slot's next run. Called from a worker thread."""

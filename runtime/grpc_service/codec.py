@@ -4,11 +4,15 @@ in the name.
 
 Inputs come either all in `raw_input_contents` (little-endian bytes, one entry per input
 in order: the form Triton's clients send) or all as typed `contents` (the repeated field
-of the input's datatype: `fp32_contents` for FP32, `int_contents` for INT8/16/32, ...);
-FP16 has no typed field and comes raw only. Everything a client can get wrong raises
-`InvalidRequest` naming the input, before any tensor is built: a shape is checked against
-the model's largest input (`DecodeLimits`) and against its data's length, a typed value
-against the range of its datatype (an INT8 of 300 is refused, never wrapped).
+of the input's datatype: `fp32_contents` for FP32, `int_contents` for INT8/16/32,
+`bytes_contents` for BYTES, ...); FP16 has no typed field and comes raw only. A raw BYTES
+tensor is Triton's serialized form: each element a 4-byte little-endian length and its
+bytes (`bytes_tensors`).
+
+Everything a client can get wrong raises `InvalidRequest` naming the input, before any
+tensor is built: a shape is checked against the model's largest input (`DecodeLimits`)
+and against its data's length, a typed value against the range of its datatype (an INT8
+of 300 is refused, never wrapped).
 
 Outputs go raw (`raw_output_contents`) by default, as Triton answers, and as typed
 `contents` when the request asks for them: its `binary_data_output` parameter false, or
@@ -28,6 +32,7 @@ from typing import Any
 import numpy as np
 from kubeinfer.runtime.engines.base import V2_TO_NUMPY
 from kubeinfer.runtime.grpc_service import open_inference_grpc_pb2 as pb
+from kubeinfer.runtime.protocol import bytes_tensors
 from kubeinfer.runtime.protocol.errors import InvalidRequest
 from kubeinfer.runtime.protocol.json_tensors import MAX_RANK
 from kubeinfer.runtime.protocol.tensor_codec import NO_LIMITS, DecodeLimits
@@ -53,6 +58,7 @@ CONTENTS_FIELD: dict[str, str] = {
     "UINT64": "uint64_contents",
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
 }
 """The typed field of each datatype that has one (FP16 travels raw only)."""
 
@@ -66,6 +72,7 @@ _FIELD_DTYPE: dict[str, np.dtype] = {
     "fp64_contents": np.dtype(np.float64),
 }
 _ALL_FIELDS = (*_FIELD_DTYPE, "bytes_contents")
+_BYTES = "BYTES"
 
 
 def typed_elements(message: pb.ModelInferRequest) -> int:
@@ -109,6 +116,9 @@ def _shape(tensor: pb.ModelInferRequest.InferInputTensor, limits: DecodeLimits) 
 def _from_raw(
     tensor: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ...], raw: bytes
 ) -> np.ndarray:
+    if tensor.datatype == _BYTES:
+        where = f"input {tensor.name!r}: raw_input_contents"
+        return bytes_tensors.deserialize(raw, math.prod(shape), where).reshape(shape)
     dtype = V2_TO_NUMPY[tensor.datatype]
     expected = math.prod(shape) * dtype.itemsize
     if len(raw) != expected:
@@ -142,6 +152,8 @@ def _from_contents(
             f"input {tensor.name!r}: contents.{field} holds {len(values)} values; shape "
             f"{list(shape)} takes {count}"
         )
+    if field == "bytes_contents":
+        return bytes_tensors.to_bytes_array(values, shape)
     wire = np.array(values, dtype=_FIELD_DTYPE[field])
     target = V2_TO_NUMPY[tensor.datatype]
     if target != wire.dtype and wire.size:
@@ -215,10 +227,6 @@ def from_model_infer_request(
     )
 
 
-def _little_endian_bytes(data: np.ndarray) -> bytes:
-    return np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<")).tobytes()
-
-
 def to_model_infer_response(response: InferResponse) -> pb.ModelInferResponse:
     """The ModelInferResponse of an answer: raw unless every output asked for typed
     contents (and has a typed field)."""
@@ -233,10 +241,13 @@ def to_model_infer_response(response: InferResponse) -> pb.ModelInferResponse:
             name=output.name, datatype=output.datatype, shape=output.data.shape
         )
         if raw:
-            message.raw_output_contents.append(_little_endian_bytes(output.data))
+            message.raw_output_contents.append(bytes_tensors.to_raw(output.data))
         else:
             values = getattr(tensor.contents, CONTENTS_FIELD[output.datatype])
-            values.extend(np.ravel(output.data).tolist())
+            if output.datatype == _BYTES:
+                values.extend(bytes_tensors.as_bytes(e) for e in np.ravel(output.data))
+            else:
+                values.extend(np.ravel(output.data).tolist())
     return message
 
 

@@ -7,7 +7,8 @@ handled, for requests and responses: with the extension the body is a JSON heade
 `Inference-Header-Content-Length` bytes followed by raw little-endian tensors, in input
 order, each announced by a `binary_data_size` parameter. An output is sent binary when
 its requested `binary_data` parameter is true, or else when the request-level
-`binary_data_output` parameter is.
+`binary_data_output` parameter is. BYTES tensors (strings) are JSON strings or, binary,
+Triton's length-prefixed elements (`bytes_tensors`).
 
 Everything a client can get wrong raises `InvalidRequest` with a message naming the field
 (or `RequestTooLarge` for a body holding more than the model can take), never anything
@@ -37,8 +38,10 @@ from typing import Any
 import numpy as np
 import orjson
 from kubeinfer.runtime.engines.base import V2_TO_NUMPY
+from kubeinfer.runtime.protocol import bytes_tensors
+from kubeinfer.runtime.protocol.bytes_tensors import BYTES
 from kubeinfer.runtime.protocol.errors import InvalidRequest, RequestTooLarge
-from kubeinfer.runtime.protocol.json_tensors import MAX_RANK, json_value_count, to_numpy
+from kubeinfer.runtime.protocol.json_tensors import MAX_RANK, json_value_count, leaves, to_numpy
 from kubeinfer.runtime.protocol.v2_types import (
     BINARY_DATA_OUTPUT_PARAMETER,
     BINARY_DATA_PARAMETER,
@@ -137,19 +140,27 @@ def _decode_input(
                 f"{kind} {name!r}: binary_data_size {size} runs past the end of the body "
                 f"({len(binary) - offset} binary bytes left)"
             )
-        if size != count * dtype.itemsize:
+        chunk = binary[offset : offset + size]
+        if datatype == BYTES:
+            array = bytes_tensors.deserialize(chunk, count, f"{kind} {name!r}")
+        elif size != count * dtype.itemsize:
             raise InvalidRequest(
                 f"{kind} {name!r}: binary_data_size {size} does not match shape "
                 f"{list(shape)} of {datatype} ({count * dtype.itemsize} bytes)"
             )
-        array = np.frombuffer(binary[offset : offset + size], dtype=dtype.newbyteorder("<"))
+        else:
+            array = np.frombuffer(chunk, dtype=dtype.newbyteorder("<"))
         return InferInput(name, datatype, _reshape(array, shape, f"{kind} {name!r}")), offset + size
     data = obj.get("data")
     if not isinstance(data, list):
         raise InvalidRequest(f"{kind} {name!r}: 'data' must be a list (or use binary_data_size)")
-    array = to_numpy(
-        data, shape, count, dtype, datatype, f"{kind} {name!r}", allow_null=kind == "output"
-    )
+    if datatype == BYTES:
+        values = leaves(data, shape, count, f"{kind} {name!r}")
+        array = bytes_tensors.from_json(values, datatype, f"{kind} {name!r}")
+    else:
+        array = to_numpy(
+            data, shape, count, dtype, datatype, f"{kind} {name!r}", allow_null=kind == "output"
+        )
     return InferInput(name, datatype, _reshape(array, shape, f"{kind} {name!r}")), offset
 
 
@@ -235,10 +246,6 @@ def decode_infer_request(
     )
 
 
-def _little_endian_bytes(data: np.ndarray) -> bytes:
-    return np.ascontiguousarray(data, dtype=data.dtype.newbyteorder("<")).tobytes()
-
-
 def encode_infer_response(response: InferResponse) -> tuple[bytes, int | None]:
     """(body, header length): the header length is None when no output is binary, and
     otherwise goes into the Inference-Header-Content-Length response header."""
@@ -250,9 +257,11 @@ def encode_infer_response(response: InferResponse) -> tuple[bytes, int | None]:
             "shape": list(output.data.shape),
         }
         if output.binary:
-            raw = _little_endian_bytes(output.data)
+            raw = bytes_tensors.to_raw(output.data)
             entry["parameters"] = {BINARY_DATA_SIZE_PARAMETER: len(raw)}
             chunks.append(raw)
+        elif output.datatype == BYTES:
+            entry["data"] = bytes_tensors.to_json(output.data, f"output {output.name!r}")
         else:
             entry["data"] = np.ascontiguousarray(output.data).ravel()
         outputs.append(entry)
@@ -285,7 +294,7 @@ def encode_infer_request(
     `timeout` parameter, so the server gives up on it when the caller no longer waits."""
     entries, chunks = [], []
     for tensor in inputs:
-        raw = _little_endian_bytes(tensor.data)
+        raw = bytes_tensors.to_raw(tensor.data)
         entries.append(
             {
                 "name": tensor.name,

@@ -29,6 +29,7 @@ from kubeinfer.runtime.protocol.json_tensors import (
 )
 from kubeinfer.runtime.protocol.tensor_codec import COUNT_VALUES_FROM_BYTES, decode_infer_request
 
+NUMERIC = sorted(d for d in V2_TO_NUMPY if d != "BYTES")  # BYTES: test_bytes_tensors
 SHAPES = st.lists(st.integers(0, 4), min_size=1, max_size=4)
 
 
@@ -45,7 +46,7 @@ def _random_array(datatype: str, shape: list[int], seed: int) -> np.ndarray:
 
 @settings(max_examples=150, deadline=None)
 @given(
-    datatype=st.sampled_from(sorted(V2_TO_NUMPY)),
+    datatype=st.sampled_from(NUMERIC),
     shape=SHAPES,
     nested=st.booleans(),
     seed=st.integers(0, 2**32 - 1),
