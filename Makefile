@@ -67,7 +67,6 @@ STRICT_TYPED := kubeinfer/contract kubeinfer/operator/api kubeinfer/operator/sta
 	kubeinfer/operator/quality \
 	kubeinfer/runtime/batching/policy.py kubeinfer/runtime/batching/assembler.py \
 	kubeinfer/runtime/batching/admission.py kubeinfer/runtime/batching/adaptive.py \
-	kubeinfer/runtime/http/framing.py \
 	kubeinfer/cli/tune/frontier.py kubeinfer/cli/tune/traffic.py kubeinfer/cli/tune/report.py
 TYPED := kubeinfer/operator kubeinfer/runtime kubeinfer/cluster kubeinfer/cli kubeinfer/contract
 

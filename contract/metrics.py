@@ -136,12 +136,6 @@ REQUESTS_CANCELLED = Series(
     (*MODEL_LABELS, "stage"),
     "Inference requests whose client left before their answer, by stage.",
 )
-CONNECTIONS_CLOSED = Series(
-    "kubeinfer_connections_closed",
-    "counter",
-    (*MODEL_LABELS, "reason"),
-    "Connections the server closed on its own, by reason (header_timeout).",
-)
 ENGINE_STUCK_BATCHES = Series(
     "kubeinfer_engine_stuck_batches",
     "gauge",

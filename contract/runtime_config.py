@@ -197,8 +197,9 @@ class RuntimeConfig(ApiModel):
 
     header_read_timeout_seconds: float = Field(default=10, gt=0, le=3600)
     """A connection that has not delivered a complete request head this long after it
-    opened, or after the first byte of its next request, is closed (idle keep-alive
-    connections are not affected)."""
+    opened or after its last answer is closed: a stalled head and an idle keep-alive
+    connection alike (aiohttp's keep-alive timeout; keep a gateway's upstream idle
+    timeout below it, so that the gateway is the one to close idle connections)."""
 
     body_read_timeout_seconds: float = Field(default=10, gt=0, le=3600)
     """Longest pause between two parts of a request body; a stalled upload is answered

@@ -45,7 +45,6 @@ from kubeinfer.runtime.protocol.errors import (
     InferenceServerError,
     InvalidRequest,
     ModelNotFound,
-    Overloaded,
 )
 from kubeinfer.runtime.protocol.json_tensors import model_json_value_limit
 from kubeinfer.runtime.protocol.tensor_codec import (
@@ -104,13 +103,6 @@ class AdmittedRequest:
             metrics.request_cancelled(admission.stage)
         dataplane.batcher.release(admission)
         metrics.request_finished()
-
-    def abandon(self, *, client_gone: bool) -> None:
-        """Ends a request admitted on arrival (`admitted_on_arrival`) that never reached
-        its route: its client left (counted as cancelled), or its connection answered it
-        otherwise (aiohttp's own errors)."""
-        gone = ClientGone("the client left", self.admission.stage) if client_gone else None
-        self.__exit__(None, gone, None)
 
 
 class InferResult(NamedTuple):
@@ -196,29 +188,6 @@ class DataPlane:
         except InferenceServerError as error:
             self.metrics.request_answered(error.status, self._clock() - arrived)
             raise
-        self.metrics.request_started()
-        return AdmittedRequest(self, admission)
-
-    def admitted_on_arrival(
-        self, arrived: float, *, refuse: bool
-    ) -> AdmittedRequest | Overloaded | None:
-        """For a transport that sees an infer request's head before anything else of it
-        (it has checked that the target is this model): the request admitted at
-        `arrived` (this data plane's clock), in `admitted`'s context; or, with `refuse`,
-        the full queue's refusal, counted as answered as `admitted` counts it; or None
-        (the queue is full and `refuse` is off, or admission refuses the request for
-        another reason: not started, draining, the engine stuck): the transport then goes
-        through `admitted`, which answers it."""
-        overloaded = self.batcher.overloaded()
-        if overloaded is not None:
-            if refuse:
-                self.metrics.request_answered(overloaded.status, self._clock() - arrived)
-                return overloaded
-            return None
-        try:
-            admission = self.batcher.admit(arrived)
-        except InferenceServerError:
-            return None
         self.metrics.request_started()
         return AdmittedRequest(self, admission)
 

@@ -17,7 +17,6 @@ dashboards read these names, so they are a public interface:
 | kubeinfer_batch_size | histogram (rows per batch) | model, version |
 | kubeinfer_requests_total | counter | model, version, code |
 | kubeinfer_requests_cancelled_total | counter (client left first) | model, version, stage |
-| kubeinfer_connections_closed_total | counter (stalled heads) | model, version, reason |
 | kubeinfer_engine_stuck_batches | gauge (running past deadlines) | model, version |
 | kubeinfer_slo_p99_latency_seconds | gauge (only with an SLO) | model, version |
 | kubeinfer_batching_queue_delay_seconds | gauge (Adaptive's delay) | model, version |
@@ -136,7 +135,6 @@ class RuntimeMetrics:
         self._batch_size = family(series.BATCH_SIZE, r).labels(*values)
         self._requests = family(series.REQUESTS, r)
         self._cancelled = family(series.REQUESTS_CANCELLED, r)
-        self._connections_closed = family(series.CONNECTIONS_CLOSED, r)
         self._stuck_batches = family(series.ENGINE_STUCK_BATCHES, r).labels(*values)
         self._slo = family(series.SLO_P99_LATENCY, r)  # a series only once there is an SLO
         self._queue_delay = family(series.BATCHING_QUEUE_DELAY, r)  # under Adaptive only
@@ -187,9 +185,6 @@ class RuntimeMetrics:
 
     def request_cancelled(self, stage: str) -> None:
         self._cancelled.labels(*self._values, stage).inc()
-
-    def connection_closed(self, reason: str) -> None:
-        self._connections_closed.labels(*self._values, reason).inc()
 
     def request_answered(self, code: int, seconds: float) -> None:
         counter = self._by_code.get(code)

@@ -85,15 +85,6 @@ class Admissions:
         self.unqueued += 1
         return Admission(now, now + self._policy.default_timeout_milliseconds / 1000)
 
-    def overloaded(self, queued: int, watchdog: EngineWatchdog) -> Overloaded | None:
-        """What `admit` would raise now if it is the full queue's refusal, or None (there
-        is room, or another refusal applies: not open, draining, the engine stuck). For a
-        transport that answers this refusal before it makes anything of the request."""
-        if self.accepting and not watchdog.stuck:
-            if queued + self.unqueued >= self._policy.max_queue_size:
-                return self._full_queue()
-        return None
-
     def _full_queue(self) -> Overloaded:
         return Overloaded(
             f"the queue is full ({self._policy.max_queue_size} requests); retry later"

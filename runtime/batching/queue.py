@@ -32,7 +32,7 @@ from kubeinfer.runtime.batching.scheduler import Scheduler
 from kubeinfer.runtime.batching.slot_runner import SlotRunner
 from kubeinfer.runtime.batching.watchdog import EngineWatchdog
 from kubeinfer.runtime.engines.base import Engine
-from kubeinfer.runtime.protocol.errors import NotReady, Overloaded
+from kubeinfer.runtime.protocol.errors import NotReady
 
 __all__ = ["Admission", "Batcher"]
 
@@ -137,11 +137,6 @@ class Batcher:
         return self._admissions.admit(
             self._clock() if now is None else now, self._scheduler.queued, self.watchdog
         )
-
-    def overloaded(self) -> Overloaded | None:
-        """The full queue's refusal if `admit` would raise it now, else None; admits
-        nothing (`Admissions.overloaded`)."""
-        return self._admissions.overloaded(self._scheduler.queued, self.watchdog)
 
     def release(self, admission: Admission) -> None:
         """Gives back the place of an admitted request that will not be queued; idempotent."""

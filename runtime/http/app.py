@@ -25,15 +25,14 @@ the request (the span of `kubeinfer_request_duration_seconds`): a shadow mirror 
 candidate's latency from it, measured the same way as its own.
 
 An infer request is admitted before its body is read (`DataPlane.admitted`): a server
-that cannot take it answers 503 at once, and aiohttp reads and drops the unread body
-afterwards, so a keep-alive connection stays in step. The serving runner's connections
-admit most infer requests as their heads arrive and answer most refusals of a full queue
-there (`head_admission`); the route then takes the admission made
-(`connections.take_admission`). Its body is read by `body.py`, and a client that leaves
-(an abandoned upload, or a request it stopped waiting for: the runner cancels the
-handler, `handler_cancellation`) is counted as cancelled, not answered; a request it
-abandoned before it ran is never executed. Once draining has begun, every answer closes
-its connection (`Connection: close`).
+that cannot take it (its queue full, draining) answers 503 with Retry-After at once, and
+aiohttp reads and drops the unread body afterwards (`lingering_time`), so a keep-alive
+connection stays in step. Its body is read by `body.py`, and a client that leaves (an
+abandoned upload, or a request it stopped waiting for: the runner cancels the handler,
+`handler_cancellation`) is counted as cancelled, not answered; a request it abandoned
+before it ran is never executed. Once draining has begun, every answer closes its
+connection (`Connection: close`). Excess load is better refused before it reaches the
+process: see docs/overload.md.
 """
 
 from __future__ import annotations
@@ -48,7 +47,6 @@ from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.batching.queue import Batcher
 from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.engines.base import Engine
-from kubeinfer.runtime.http import connections
 from kubeinfer.runtime.http.body import content_encoding, inflate, read_body
 from kubeinfer.runtime.metrics import GpuMemoryReader, RuntimeMetrics
 from kubeinfer.runtime.protocol.codec_pool import CodecPool
@@ -150,10 +148,7 @@ async def infer(request: web.Request) -> web.Response:
     config = dataplane.config
     limit = config.max_request_bytes
     try:
-        admitted = connections.take_admission(request)  # made as its head arrived
-        if admitted is None:
-            admitted = dataplane.admitted(request.match_info["name"], _version(request))
-        with admitted as admission:
+        with dataplane.admitted(request.match_info["name"], _version(request)) as admission:
             header_length = _header_length(request)
             encoding = content_encoding(request)
             body = await read_body(
@@ -227,17 +222,12 @@ async def metrics(request: web.Request) -> web.Response:
 async def _json_http_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """aiohttp's own errors (no such route, wrong method, body over client_max_size) as
     JSON `{"error": ...}` like ours, and anything unexpected as a logged JSON 500 rather
-    than a traceback page. Marks the connection's request for the head timeout and the
-    drain (`connections`), and once draining has begun closes every connection after its
+    than a traceback page. Once draining has begun, closes every connection after its
     answer."""
-    connections.request_started(request)
-    try:
-        response = await _answer(request, handler)
-        if request.app[DATAPLANE].draining:
-            response.force_close()
-        return response
-    finally:
-        connections.request_finished(request)
+    response = await _answer(request, handler)
+    if request.app[DATAPLANE].draining:
+        response.force_close()
+    return response
 
 
 async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:

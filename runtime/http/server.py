@@ -1,28 +1,33 @@
-"""Running the app until SIGTERM, then draining: the serving process's lifecycle.
+"""Running the app until SIGTERM, then draining: the serving process's lifecycle, on
+aiohttp's own runner and request handling (no hook into its protocol).
+
+What aiohttp's options do here (`make_runner`):
+- `keepalive_timeout` is `headerReadTimeoutSeconds`: a connection that has not delivered
+  a complete request head this long after it opened or after its last answer is closed,
+  whether it sent half a head or nothing (aiohttp arms the same timer for both).
+- `lingering_time` is `bodyReadTimeoutSeconds`: after an answer given before the body was
+  read (a 503 at admission, a 413), aiohttp reads and drops the rest of the body for up to
+  this long, so the keep-alive connection stays in step; a body that does not come in
+  that time closes the connection.
+- A request aiohttp's parser refuses is answered by aiohttp itself (400, text/plain, the
+  connection closed) and logged at DEBUG, not at ERROR with the client's bytes.
 
 On SIGTERM (or SIGINT), in order:
 
 1. Readiness turns false at once, and so does admission: an infer request arriving from
    now on is answered 503 with Retry-After, and every answer from now on carries
-   `Connection: close`, so keep-alive clients leave (politely) after their answer.
-   Mirroring to a shadow candidate stops, its work in flight cancelled: it is
-   best-effort and must not hold up the drain.
+   `Connection: close`, so keep-alive clients leave after their answer. Mirroring to a
+   shadow candidate stops, its work in flight cancelled.
 2. Every request admitted before (its body still being read, decoded, queued or running)
    is answered with its result.
 3. The listener closes. The connections it had accepted and the application had not yet
    seen are accepted first, in the same step as the close, so a client whose connection
    the kernel had already completed is answered (503) rather than reset.
-4. Each connection is closed as soon as it is quiet: no request in progress, no byte of
-   a next one, and nothing for `_QUIET_SECONDS` (a client that was about to send gets
-   its 503 rather than a closed connection). Connections busy with a request close after
-   its answer.
-5. The process exits as soon as the last connection is gone: within about
-   `_QUIET_SECONDS` of SIGTERM when idle.
+4. After `_QUIET_SECONDS` (the requests of those connections arrive and are answered),
+   aiohttp's graceful shutdown: each connection closes after the request it is handling,
+   idle ones at once.
 
 All of it within `drainGracePeriodSeconds`; what is left then is closed anyway.
-
-The listening socket is made here (not by aiohttp's TCPSite) so that step 3 can accept
-from it.
 """
 
 from __future__ import annotations
@@ -33,17 +38,30 @@ import signal
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.http.app import DATAPLANE, RUNNER_OPTIONS
-from kubeinfer.runtime.http.connections import HeadTimeouts, ServingRunner, is_quiet
-from kubeinfer.runtime.http.head_admission import HeadAdmission
 
 log = logging.getLogger(__name__)
 
 _QUIET_SECONDS = 0.25
 _POLL_SECONDS = 0.005
+
+
+class _ParserRefusalsAtDebug(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server logger (its `logger` option), but a request its parser refused
+    (the client's error, already answered 400) is logged at DEBUG: at ERROR, with the
+    client's bytes and a traceback, any port scanner would fill the log."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        if isinstance(exc_info, HttpProcessingError):
+            log.debug("Refused a request the HTTP parser could not read status=%d reason=%s",
+                      exc_info.code, str(exc_info.message)[:200])  # fmt: skip
+            return
+        self.logger.exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -63,20 +81,14 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def make_runner(app: web.Application, config: RuntimeConfig) -> ServingRunner:
-    """The runner with the runtime's options. `lingering_time`: after an answer given
-    before the body was read (a 503 at admission, a 408), aiohttp reads and drops the
-    rest of the body for up to this long, so the connection stays in step; a body that
-    does not come in that time is the stalled body of `bodyReadTimeoutSeconds`, and the
-    connection is closed. The connections admit infer requests as their heads arrive, and
-    answer the full queue's refusals themselves (`head_admission`), dropping those bodies
-    under the same bound."""
-    return ServingRunner(
+def make_runner(app: web.Application, config: RuntimeConfig) -> web.AppRunner:
+    """aiohttp's runner with the runtime's options (see the module)."""
+    return web.AppRunner(
         app,
-        admission=HeadAdmission(app[DATAPLANE]),
-        drop_seconds=config.body_read_timeout_seconds,
         **RUNNER_OPTIONS,
+        keepalive_timeout=config.header_read_timeout_seconds,
         lingering_time=config.body_read_timeout_seconds,
+        logger=_ParserRefusalsAtDebug(logging.getLogger("aiohttp.server"), {}),
         handle_signals=False,
         shutdown_timeout=max(0.1, config.drain_grace_period_seconds),
     )
@@ -99,13 +111,6 @@ async def serve(
     await site.start()
     port = sock.getsockname()[1]
     dataplane = app[DATAPLANE]
-    assert runner.server is not None
-    heads = HeadTimeouts(
-        runner.server,
-        config.header_read_timeout_seconds,
-        lambda: dataplane.metrics.connection_closed("header_timeout"),
-    )
-    heads.start()
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -119,7 +124,6 @@ async def serve(
     try:
         await stop.wait()
         started = time.monotonic()
-        deadline = started + grace
         drained = asyncio.create_task(dataplane.batcher.drain(grace))
         await asyncio.sleep(0)  # admission is off from here on
         log.info("Started draining admitted=%d grace_period_seconds=%s",
@@ -129,12 +133,11 @@ async def serve(
         if not await drained:
             log.warning("Drain grace period ran out admitted=%d", dataplane.batcher.admitted)
         await _close_listener(site, sock, runner, loop)
-        await _close_connections(runner.server, started, deadline)
+        await _close_connections(runner.server, started + grace)
         log.info("Drained seconds=%.3f", time.monotonic() - started)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
-        await heads.stop()
         await runner.cleanup()
     log.info("Stopped serving model=%s", config.model_name)
     return 0
@@ -164,20 +167,12 @@ async def _close_listener(
         await loop.connect_accepted_socket(runner.server, connection)
 
 
-async def _close_connections(server: web.Server | None, since: float, deadline: float) -> None:
-    """Closes each connection once it is quiet; returns when none is left (twice in a
-    row: asyncio hands a connection it accepted to the server a few loop turns later)
-    or at the deadline."""
+async def _close_connections(server: web.Server | None, deadline: float) -> None:
+    """Lets the last connections' requests arrive (`_QUIET_SECONDS`), then aiohttp's
+    graceful shutdown: each connection closes after the request it is handling (within
+    the deadline), idle ones at once."""
     if server is None:
         return
-    empty = 0
-    while empty < 2:
-        await asyncio.sleep(_POLL_SECONDS)
-        remaining = server.connections
-        empty = 0 if remaining else empty + 1
-        if time.monotonic() >= deadline:
-            log.warning("Drain grace period ran out open_connections=%d", len(remaining))
-            return
-        for connection in remaining:
-            if is_quiet(connection, since, _QUIET_SECONDS):
-                connection.force_close()  # idle: nothing to finish
+    await asyncio.sleep(min(_QUIET_SECONDS, max(0.0, deadline - time.monotonic())))
+    server.pre_shutdown()
+    await server.shutdown(max(0.0, deadline - time.monotonic()))
