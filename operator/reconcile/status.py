@@ -28,6 +28,7 @@ table. `rollout_progress` is re-exported for `decide`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -36,6 +37,7 @@ from kubeinfer.operator.api.v1alpha1.conditions import (
     Condition,
     ConditionStatus,
     ConditionType,
+    ConditionValue,
     Reason,
     set_condition,
 )
@@ -54,7 +56,7 @@ from kubeinfer.operator.reconcile.slo_status import SloReport
 from kubeinfer.operator.rollout.report import ShadowReport
 from kubeinfer.operator.rollout.shadow import RolloutPlan
 from kubeinfer.operator.state import names
-from kubeinfer.operator.state.engine_state import EnginePhase, EngineState
+from kubeinfer.operator.state.engine_state import EnginePhase, EngineState, ServingEngine
 from kubeinfer.operator.state.runtime_failures import runtime_failure
 from kubeinfer.operator.state.snapshot import Event, ObservedState
 
@@ -120,62 +122,21 @@ def compute_status(
         fallback=quality.fallback,
     )
     summary = summary_conditions(situation_of(facts))
-    engine_status, engine_reason = ENGINE_READY[engine.phase]
-    engine_condition = (
-        engine_status,
-        engine_reason,
-        engine.message if engine_status == TRUE else engine.message + facts.keeps_serving,
-    )
-
-    # Available: is anything serving, whichever version it is?
-    if not rollout.exists:
-        waiting = Reason.WAITING_FOR_ENGINE if serving is None else Reason.DEPLOYMENT_UNAVAILABLE
-        available = (FALSE, waiting, f"No runtime pods: {rollout.message}.")
-    elif rollout.available:
-        available = (TRUE, Reason.DEPLOYMENT_AVAILABLE, f"{rollout.message}.")
-    else:
-        available = (FALSE, Reason.DEPLOYMENT_UNAVAILABLE, f"{rollout.message}.")
-
-    conditions = list(previous.conditions)
-    values = [
+    values: list[tuple[ConditionType, ConditionValue | None]] = [
         (ConditionType.READY, summary.ready),
-        (ConditionType.ENGINE_READY, engine_condition),
-        (ConditionType.AVAILABLE, available),
+        (ConditionType.ENGINE_READY, engine_ready(engine, facts.keeps_serving)),
+        (ConditionType.AVAILABLE, availability(rollout, serving)),
         (ConditionType.PROGRESSING, summary.progressing),
         (ConditionType.DEGRADED, summary.degraded),
         (ConditionType.RECONCILING, summary.reconciling),
         (ConditionType.STALLED, summary.stalled),
+        # Shown only where the feature that writes them is on:
+        (ConditionType.SHADOW_PASSED, shadow.shadow_passed),
+        (ConditionType.CACHE_ATTACH_RISK, cache_attach_risk(observed)),
+        (ConditionType.SCALING_ACTIVE, scaling.active if scaling else None),
+        (ConditionType.SCALING_LIMITED, scaling.limited if scaling else None),
+        (ConditionType.SLO_MET, slo.condition if slo else None),
     ]
-    if shadow.shadow_passed is not None:
-        values.append((ConditionType.SHADOW_PASSED, shadow.shadow_passed))
-    else:
-        conditions = [c for c in conditions if c.type != ConditionType.SHADOW_PASSED]
-    risk = cache_attach_risk(observed)
-    if risk is not None:
-        values.append((ConditionType.CACHE_ATTACH_RISK, risk))
-    else:
-        conditions = [c for c in conditions if c.type != ConditionType.CACHE_ATTACH_RISK]
-    if scaling is not None:
-        values.append((ConditionType.SCALING_ACTIVE, scaling.active))
-        values.append((ConditionType.SCALING_LIMITED, scaling.limited))
-    else:
-        scaling_types = (ConditionType.SCALING_ACTIVE, ConditionType.SCALING_LIMITED)
-        conditions = [c for c in conditions if c.type not in scaling_types]
-    if slo is not None:
-        values.append((ConditionType.SLO_MET, slo.condition))
-    else:
-        conditions = [c for c in conditions if c.type != ConditionType.SLO_MET]
-    for type_, (status, reason, message) in values:
-        conditions = set_condition(conditions, type_, status, reason, message, generation, now)
-
-    engine_record = EngineStatus(
-        digest=engine.digest,
-        backend=spec.engine.backend,
-        precision=spec.engine.precision,
-        target=engine.target,
-        max_batch_size=spec.engine.max_batch_size,
-        build_key=engine.build_key if engine.digest else None,
-    )
     if serving is not None and rollout.complete:
         serving_status: VersionStatus | None = VersionStatus(
             version=serving.version, engine_digest=serving.digest
@@ -186,8 +147,8 @@ def compute_status(
         update={
             "observed_generation": generation,
             "phase": summary.phase,
-            "conditions": conditions,
-            "engine": engine_record,
+            "conditions": set_or_remove(previous.conditions, values, generation, now),
+            "engine": engine_record(observed, engine),
             "serving": serving_status,
             "replicas": replicas,
             "ready_replicas": rollout.ready_replicas,
@@ -202,22 +163,69 @@ def compute_status(
     )
 
 
+def set_or_remove(
+    conditions: list[Condition],
+    values: Sequence[tuple[ConditionType, ConditionValue | None]],
+    generation: int,
+    now: datetime,
+) -> list[Condition]:
+    """`conditions` with each of `values` set in order (`set_condition`: an unchanged
+    status keeps its lastTransitionTime, a new type is appended) and each type whose value
+    is None removed (the part that writes it is off, or has nothing to say)."""
+    absent = {type_ for type_, value in values if value is None}
+    result = [condition for condition in conditions if condition.type not in absent]
+    for type_, value in values:
+        if value is not None:
+            result = set_condition(result, type_, *value, generation, now)
+    return result
+
+
+def engine_ready(engine: EngineState, keeps_serving: str) -> ConditionValue:
+    """EngineReady: the phase's status and reason, and the engine's message; while it is
+    not ready, followed by what keeps serving meanwhile."""
+    status, reason = ENGINE_READY[engine.phase]
+    return status, reason, engine.message if status == TRUE else engine.message + keeps_serving
+
+
+def availability(rollout: RolloutProgress, serving: ServingEngine | None) -> ConditionValue:
+    """Available: is anything serving, whichever version it is?"""
+    if not rollout.exists:
+        waiting = Reason.WAITING_FOR_ENGINE if serving is None else Reason.DEPLOYMENT_UNAVAILABLE
+        return FALSE, waiting, f"No runtime pods: {rollout.message}."
+    if rollout.available:
+        return TRUE, Reason.DEPLOYMENT_AVAILABLE, f"{rollout.message}."
+    return FALSE, Reason.DEPLOYMENT_UNAVAILABLE, f"{rollout.message}."
+
+
+def engine_record(observed: ObservedState, engine: EngineState) -> EngineStatus:
+    """status.engine: the spec's engine, with the build key it was built from once it is."""
+    spec = observed.spec.engine
+    return EngineStatus(
+        digest=engine.digest,
+        backend=spec.backend,
+        precision=spec.precision,
+        target=engine.target,
+        max_batch_size=spec.max_batch_size,
+        build_key=engine.build_key if engine.digest else None,
+    )
+
+
 def invalid_status(
     status: InferenceDeploymentStatus, message: str, generation: int, now: datetime
 ) -> InferenceDeploymentStatus:
     """Degraded=True, Stalled=True, Ready=False and Reconciling=False with reason
     InvalidSpec; the rest is kept, since the children of the last valid spec are left as
     they are."""
-    conditions = list(status.conditions)
-    for type_, value in (
-        (ConditionType.READY, FALSE),
-        (ConditionType.DEGRADED, TRUE),
-        (ConditionType.RECONCILING, FALSE),
-        (ConditionType.STALLED, TRUE),
-    ):
-        conditions = set_condition(
-            conditions, type_, value, Reason.INVALID_SPEC, message, generation, now
+    values = [
+        (type_, (value, Reason.INVALID_SPEC, message))
+        for type_, value in (
+            (ConditionType.READY, FALSE),
+            (ConditionType.DEGRADED, TRUE),
+            (ConditionType.RECONCILING, FALSE),
+            (ConditionType.STALLED, TRUE),
         )
+    ]
+    conditions = set_or_remove(status.conditions, values, generation, now)
     return status.model_copy(
         update={"observed_generation": generation, "phase": Phase.FAILED, "conditions": conditions}
     )
@@ -229,11 +237,11 @@ def forbidden_status(
     """`status` with Degraded=True and Ready=False, reason Forbidden: the API server
     refused the operator a write its Role does not allow, so what the spec asks cannot be
     made until the Role is fixed. The next pass that gets through clears it."""
-    conditions = list(status.conditions)
-    for type_, value in ((ConditionType.READY, FALSE), (ConditionType.DEGRADED, TRUE)):
-        conditions = set_condition(
-            conditions, type_, value, Reason.FORBIDDEN, message, generation, now
-        )
+    values = [
+        (ConditionType.READY, (FALSE, Reason.FORBIDDEN, message)),
+        (ConditionType.DEGRADED, (TRUE, Reason.FORBIDDEN, message)),
+    ]
+    conditions = set_or_remove(status.conditions, values, generation, now)
     return status.model_copy(update={"conditions": conditions})
 
 
