@@ -1,16 +1,17 @@
 """The tests' Kubernetes: one real control plane per test session, a namespace per test.
 
-`local_cluster` (a session fixture in conftest) starts `kubeinfer cluster up`'s etcd,
-kube-apiserver, kube-controller-manager and node agent, built from their Go modules on
-first use, with the API server's audit log on, and applies the CRD as it ships. Each test
+`local_cluster` (a session fixture in conftest) starts `kubeinfer cluster up`'s control
+plane and real node (kubelet, containerd, kube-proxy, CoreDNS) in the test process' own
+network namespace (conftest moved it there), built from their Go modules on first use,
+with the API server's audit log on, and applies the CRD as it ships. Each test
 gets a `Kube` bound to a namespace of its own: plain-dict reads and writes through the
 official `kubernetes` client, as the admin. What the operator itself did is read from the
 audit log (`Kube.calls`): every request the API server served, with its user, verb,
 resource and response code, which is the record a test asserts on instead of a fake
 server's request list.
 
-Model files live under /var/tmp, not /tmp: a pod mounts an emptyDir at /tmp, so a
-`file:///tmp/...` source would be hidden from the build pod, as in a real pod.
+Pods see their images and volumes, not this machine's files: a test's model reaches them
+over HTTP from the cluster's file server (`file_url`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 
 import kubernetes
 import yaml
-from kubeinfer.cluster import control_plane
+from kubeinfer.cluster import control_plane, files
 from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).parents[1]
@@ -273,8 +274,12 @@ class LocalCluster:
         return AuditLog(self.directory / control_plane.AUDIT_LOG)
 
     def claim_directory(self, namespace: str, claim: str) -> Path:
-        """Where the node keeps a PersistentVolumeClaim's files."""
-        return self.directory / "node" / "claims" / namespace / claim
+        """Where the node keeps a bound PersistentVolumeClaim's files (the storage
+        provisioner's folder `<volume>_<namespace>_<claim>`)."""
+        found = sorted((self.directory / "volumes").glob(f"*_{namespace}_{claim}"))
+        if not found:
+            raise AssertionError(f"no volume folder for claim {namespace}/{claim} yet")
+        return found[0]
 
     def kubectl(
         self, *args: str, check: bool = True, timeout: float = 60, stdin: str | None = None
@@ -357,13 +362,25 @@ def established(local: LocalCluster, name: str) -> bool:
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
+RUNNING: list[LocalCluster] = []
+"""The session's cluster, once started (one per test process)."""
+
+
+def file_url(path: Path) -> str:
+    """The URL at which the session cluster's pods read this machine's file `path`."""
+    if not RUNNING:
+        raise AssertionError("no cluster runs in this test process: use the local_cluster fixture")
+    return files.publish(RUNNING[0].directory, path)
+
+
 def start_local_cluster(directory: Path) -> Iterator[LocalCluster]:
-    """Starts the control plane, applies the CRD, yields, and stops every process."""
-    cluster = control_plane.up(directory, audit=True, node_args=["--crash-loop-backoff-seconds=2"])
+    """Starts the control plane and node, applies the CRD, yields, and stops everything."""
+    cluster = control_plane.up(directory, audit=True, in_this_namespace=True)
     configuration = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(str(cluster.kubeconfig), client_configuration=configuration)
     api_client = kubernetes.client.ApiClient(configuration)
     local = LocalCluster(cluster, api_client)
+    RUNNING.append(local)
     try:
         local.kubectl("apply", "--server-side", "-f", str(CRD))
         # Established, then a list that succeeds: `kubectl wait` gives up on a CRD with no
@@ -391,5 +408,6 @@ def start_local_cluster(directory: Path) -> Iterator[LocalCluster]:
             time.sleep(0.2)
         yield local
     finally:
+        RUNNING.remove(local)
         api_client.close()
         control_plane.down(directory)

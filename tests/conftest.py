@@ -7,6 +7,12 @@
   A GPU machine without TensorRT (ours) then skips the TensorRT tests, naming what is
   missing, instead of failing them.
 - `cluster`: runs against the real cluster that KUBECONFIG points at.
+
+Each test process (each xdist worker) first moves into a network namespace of its own
+(`netns.enter_new_namespace`), before any thread or socket exists: the session's cluster
+runs in it, so tests reach pods, Services and the API server as a process on the node
+does, and nothing a test does reaches the host's namespace but what it asks of the host
+through `HOST_NAMESPACE` (a descriptor of the namespace the process left).
 """
 
 from __future__ import annotations
@@ -20,6 +26,16 @@ from functools import cache
 import pytest
 
 CUDA_SUCCESS = 0
+HOST_NAMESPACE: int | None = None
+"""A descriptor of the host's network namespace, which this process left at start."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global HOST_NAMESPACE
+    if os.geteuid() == 0 and HOST_NAMESPACE is None:
+        from kubeinfer.cluster import netns
+
+        HOST_NAMESPACE = netns.enter_new_namespace()
 
 
 @cache
