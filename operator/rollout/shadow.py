@@ -176,63 +176,99 @@ def plan_rollout(
         return RolloutPlan(current, record=_superseded(previous))
     new = ServingEngine(spec.model.version, engine.digest, engine.build_key)
     if current is None or current.digest == new.digest:
-        # Nothing to compare with, or nothing that could answer differently.
-        if previous is not None and previous.engine_digest != new.digest:
-            # A candidate of another engine (the spec went back to the serving one).
-            return RolloutPlan(new, record=_superseded(previous))
-        if previous is not None and previous.verdict == ShadowVerdict.PASSED:
-            # Promotion under way: the serving children already name the candidate's
-            # engine, but their pods may not run it yet. The candidate keeps running
-            # until they do (`promotion_complete`), so capacity never drops mid-roll.
-            return RolloutPlan(new, candidate=new, record=previous)
-        return RolloutPlan(new, record=previous)
+        return _unchallenged(new, previous)
     if spec.rollout.strategy != RolloutStrategy.SHADOW:
         return RolloutPlan(new, record=_superseded(previous))
-
     trial = trial_key(spec, new)
     if previous is None or previous.trial != trial:
-        record = CandidateStatus(
-            version=new.version,
-            engine_digest=new.digest,
-            verdict=ShadowVerdict.PENDING,
-            reason=Reason.SHADOW_RUNNING,
-            message="The candidate is starting; the serving pods mirror to it once it is "
-            "available.",
-            start_time=now,
-            trial=trial,
-        )
-        replaced = previous if previous and previous.verdict == ShadowVerdict.PENDING else None
-        return RolloutPlan(current, candidate=new, record=record, replaced=replaced)
+        return _new_trial(current, new, previous, trial, now)
+    if previous.verdict != ShadowVerdict.PENDING:
+        return _plan_for(previous, current, new, candidate_available)
+    verdict = pending_verdict(spec, previous, new.digest, annotations, reading, candidate_pods, now)
+    return _plan_for(_record(previous, verdict, reading), current, new, candidate_available)
 
-    if previous.verdict in CLOSED:
-        return RolloutPlan(current, record=previous, blocked=True)
-    if previous.verdict == ShadowVerdict.PROMOTED:
-        return RolloutPlan(new, record=previous)
-    if previous.verdict == ShadowVerdict.PASSED:
-        # Promotion under way: serving rolls to the candidate's engine; the candidate keeps
-        # running (not mirrored to) until the roll is complete.
+
+def _unchallenged(new: ServingEngine, previous: CandidateStatus | None) -> RolloutPlan:
+    """The plan when nothing serves yet, or the spec's engine is the serving one: nothing
+    to compare with, or nothing that could answer differently."""
+    if previous is not None and previous.engine_digest != new.digest:
+        # A candidate of another engine (the spec went back to the serving one).
+        return RolloutPlan(new, record=_superseded(previous))
+    if previous is not None and previous.verdict == ShadowVerdict.PASSED:
+        # Promotion under way: the serving children already name the candidate's
+        # engine, but their pods may not run it yet. The candidate keeps running
+        # until they do (`promotion_complete`), so capacity never drops mid-roll.
         return RolloutPlan(new, candidate=new, record=previous)
+    return RolloutPlan(new, record=previous)
 
+
+def _new_trial(
+    current: ServingEngine,
+    new: ServingEngine,
+    previous: CandidateStatus | None,
+    trial: str,
+    now: datetime,
+) -> RolloutPlan:
+    """A shadow test of `new` starts (replacing a Pending one of another trial)."""
+    record = CandidateStatus(
+        version=new.version,
+        engine_digest=new.digest,
+        verdict=ShadowVerdict.PENDING,
+        reason=Reason.SHADOW_RUNNING,
+        message="The candidate is starting; the serving pods mirror to it once it is available.",
+        start_time=now,
+        trial=trial,
+    )
+    replaced = previous if previous and previous.verdict == ShadowVerdict.PENDING else None
+    return RolloutPlan(current, candidate=new, record=record, replaced=replaced)
+
+
+def pending_verdict(
+    spec: InferenceDeploymentSpec,
+    previous: CandidateStatus,
+    digest: str,
+    annotations: dict[str, str],
+    reading: ShadowReading | None,
+    candidate_pods: tuple[KubeObject, ...],
+    now: datetime,
+) -> Verdict:
+    """This pass's verdict on a Pending candidate of engine `digest`: pods that cannot load
+    its engine fail it first (no manual promotion makes it servable), then the manual
+    gate, then the thresholds over `reading`. A verdict still Pending says why the reading
+    or the pods fell short."""
+    failure = runtime_failure(candidate_pods, "shadow candidate", digest)
+    if failure is not None and failure.engine_incompatible:
+        return engine_incompatible(failure.message)
     started = previous.start_time or now
-    failure = runtime_failure(candidate_pods, "shadow candidate", new.digest)
-    # First: no manual promotion makes an engine its pods cannot load servable.
-    verdict = (
-        engine_incompatible(failure.message) if failure and failure.engine_incompatible else None
+    verdict = _manual(previous, parse_gate(annotations)) or judge(
+        spec.rollout.shadow, reading.aggregates if reading else None, started, now
     )
-    verdict = (
-        verdict
-        or _manual(previous, parse_gate(annotations))
-        or judge(spec.rollout.shadow, reading.aggregates if reading else None, started, now)
-    )
-    if reading is not None and reading.error and verdict.outcome == ShadowVerdict.PENDING:
-        verdict = Verdict(verdict.outcome, verdict.reason, f"{verdict.message} {reading.error}")
-    if failure is not None and verdict.outcome == ShadowVerdict.PENDING:
-        verdict = Verdict(verdict.outcome, verdict.reason, f"{verdict.message} {failure.message}")
-    record = _record(previous, verdict, reading)
-    if verdict.outcome == ShadowVerdict.PASSED:
-        return RolloutPlan(new, candidate=new, record=record)
-    if verdict.outcome in CLOSED:
+    if verdict.outcome != ShadowVerdict.PENDING:
+        return verdict
+    notes = [
+        *([reading.error] if reading is not None and reading.error else []),
+        *([failure.message] if failure is not None else []),
+    ]
+    message = " ".join([verdict.message, *notes])
+    return Verdict(verdict.outcome, verdict.reason, message)
+
+
+def _plan_for(
+    record: CandidateStatus,
+    current: ServingEngine,
+    new: ServingEngine,
+    candidate_available: bool,
+) -> RolloutPlan:
+    """The plan a candidate's verdict leads to. Passed: serving rolls to the candidate's
+    engine, the candidate keeps running (not mirrored to) until the roll is complete.
+    Failed or Aborted: serving stays, blocked until the spec changes. Promoted: the
+    candidate's engine serves. Pending: the serving pods mirror to the candidate."""
+    if record.verdict in CLOSED:
         return RolloutPlan(current, record=record, blocked=True)
+    if record.verdict == ShadowVerdict.PROMOTED:
+        return RolloutPlan(new, record=record)
+    if record.verdict == ShadowVerdict.PASSED:
+        return RolloutPlan(new, candidate=new, record=record)
     return RolloutPlan(current, candidate=new, mirror=candidate_available, record=record)
 
 

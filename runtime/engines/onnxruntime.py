@@ -35,9 +35,17 @@ from kubeinfer.runtime.engines.base import (
     UnsupportedModel,
     check_batch_size,
 )
+from kubeinfer.runtime.engines.onnx_text import (
+    STRING_TYPE,
+    empty_strings,
+    load_hint,
+    non_tensor_message,
+    register_extensions,
+    run_unbound,
+)
 
-# ONNX Runtime's type strings with a v2 datatype; anything else (string, bfloat16, fp8,
-# sequences, maps) is refused at load with `UnsupportedModel`.
+# ONNX Runtime's type strings with a v2 datatype; anything else (bfloat16, fp8, sequences,
+# maps) is refused at load with `UnsupportedModel`. Strings are BYTES (`onnx_text`).
 ORT_TO_V2: dict[str, str] = {
     "tensor(bool)": "BOOL",
     "tensor(uint8)": "UINT8",
@@ -51,6 +59,7 @@ ORT_TO_V2: dict[str, str] = {
     "tensor(float16)": "FP16",
     "tensor(float)": "FP32",
     "tensor(double)": "FP64",
+    STRING_TYPE: "BYTES",
 }
 
 # Buffers start on a cache-line boundary, as MLAS's own allocations do.
@@ -78,12 +87,16 @@ def serving_session_options(intra_op_threads: int | None) -> ort.SessionOptions:
     options.enable_cpu_mem_arena = True
     options.enable_mem_pattern = True
     options.log_severity_level = 3
+    register_extensions(options)
     return options
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A C-contiguous array on a 64-byte boundary with every page touched now, so the
-    first batch pays no page faults (np.zeros/np.empty map pages lazily)."""
+    first batch pays no page faults (np.zeros/np.empty map pages lazily). A string
+    tensor's buffer is an object array of empty bytes."""
+    if dtype.kind == "O":
+        return empty_strings(shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
     offset = (-raw.ctypes.data) % _ALIGNMENT
@@ -102,7 +115,8 @@ def _tensor_specs(
         datatype = ORT_TO_V2.get(arg.type)
         if datatype is None:
             raise UnsupportedModel(
-                f"{kind} {arg.name!r} has type {arg.type}, which has no Open Inference "
+                non_tensor_message(kind, arg.name, arg.type)
+                or f"{kind} {arg.name!r} has type {arg.type}, which has no Open Inference "
                 f"Protocol datatype; supported: {', '.join(sorted(ORT_TO_V2))}"
             )
         shape = list(arg.shape)
@@ -132,7 +146,7 @@ def _probe_output_specs(
     """Output shapes the model leaves symbolic, read from one run on a batch of two rows
     of zeros (two, so that an output whose first dimension does not follow the batch is
     caught)."""
-    feed = {s.name: np.zeros((2, *s.item_shape), s.dtype) for s in inputs}
+    feed = {s.name: aligned_empty((2, *s.item_shape), s.dtype) for s in inputs}
     try:
         results = session.run([s.name for s in outputs], feed)
     except Exception as error:  # ONNX Runtime raises its own exception types
@@ -182,6 +196,8 @@ class OnnxRuntimeSlot:
         self.output_buffers = {
             s.name: aligned_empty((max_batch_size, *s.item_shape), s.dtype) for s in outputs
         }
+        # IO binding takes no string tensor: such a model runs on the views unbound.
+        self._unbound = any(s.dtype.kind == "O" for s in (*inputs, *outputs))
         # Index n holds the views of the first n rows (index 0 unused).
         self._input_views: list[dict[str, np.ndarray]] = [{}]
         self._output_views: list[dict[str, np.ndarray]] = [{}]
@@ -189,7 +205,7 @@ class OnnxRuntimeSlot:
         for n in range(1, max_batch_size + 1):
             self._input_views.append({k: b[:n] for k, b in self.input_buffers.items()})
             self._output_views.append({k: b[:n] for k, b in self.output_buffers.items()})
-            self._bindings.append(self._bind(session, n))
+            self._bindings.append(None if self._unbound else self._bind(session, n))
 
     def _bind(self, session: ort.InferenceSession, n: int) -> ort.IOBinding:
         binding = session.io_binding()
@@ -207,6 +223,9 @@ class OnnxRuntimeSlot:
         check_batch_size(batch_size, self.max_batch_size)
         if self._session is None:
             raise EngineError("the slot is closed")
+        if self._unbound:
+            names = list(self.output_buffers)
+            return run_unbound(self._session, names, self._input_views[batch_size])
         # No RunOptions: in ONNX Runtime 1.31 passing one costs ~150 us per call (its
         # Python wrapper looks up a missing config key, which raises and is caught).
         self._session.run_with_iobinding(self._bindings[batch_size])
@@ -267,7 +286,9 @@ class OnnxRuntimeEngine:
         except Exception as error:  # ONNX Runtime raises its own exception types
             if not Path(self._path).is_file():
                 raise FileNotFoundError(f"no model file at {self._path}") from error
-            raise UnsupportedModel(f"ONNX Runtime cannot load {self._path}: {error}") from error
+            raise UnsupportedModel(
+                f"ONNX Runtime cannot load {self._path}: {error}{load_hint(str(error))}"
+            ) from error
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:

@@ -118,7 +118,8 @@ def _from_raw(
 ) -> np.ndarray:
     if tensor.datatype == _BYTES:
         where = f"input {tensor.name!r}: raw_input_contents"
-        return bytes_tensors.deserialize(raw, math.prod(shape), where).reshape(shape)
+        array = bytes_tensors.deserialize(raw, math.prod(shape), where)
+        return bytes_tensors.check_text(array, where).reshape(shape)
     dtype = V2_TO_NUMPY[tensor.datatype]
     expected = math.prod(shape) * dtype.itemsize
     if len(raw) != expected:
@@ -153,7 +154,8 @@ def _from_contents(
             f"{list(shape)} takes {count}"
         )
     if field == "bytes_contents":
-        return bytes_tensors.to_bytes_array(values, shape)
+        array = bytes_tensors.to_bytes_array(values, shape)
+        return bytes_tensors.check_text(array, f"input {tensor.name!r}: contents.bytes_contents")
     wire = np.array(values, dtype=_FIELD_DTYPE[field])
     target = V2_TO_NUMPY[tensor.datatype]
     if target != wire.dtype and wire.size:

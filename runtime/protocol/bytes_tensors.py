@@ -12,6 +12,10 @@ In the data plane a BYTES tensor is a numpy object array whose elements are `byt
 
 A reader takes exactly the declared element count and refuses a length that runs past
 its buffer or bytes left over, naming the tensor: a 400, never a short or padded tensor.
+
+A BYTES input must be UTF-8 text (`check_text`, applied to requests, not to answers):
+the models served hold strings as ONNX `tensor(string)`, which ONNX Runtime reads as
+Python `str`; bytes that are not UTF-8 could only fail the whole batch later.
 """
 
 from __future__ import annotations
@@ -97,6 +101,20 @@ def deserialize(buffer: bytes | memoryview, count: int, where: str) -> np.ndarra
         )
     array = np.empty(count, dtype=object)
     array[:] = elements
+    return array
+
+
+def check_text(array: np.ndarray, where: str) -> np.ndarray:
+    """`array` when every element is UTF-8 text; else InvalidRequest naming the first
+    element that is not."""
+    for index, element in enumerate(array.ravel()):
+        try:
+            element.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidRequest(
+                f"{where}: BYTES element {index} is not UTF-8 text ({error.reason} at byte "
+                f"{error.start}); string inputs are UTF-8"
+            ) from None
     return array
 
 

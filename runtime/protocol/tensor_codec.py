@@ -143,6 +143,8 @@ def _decode_input(
         chunk = binary[offset : offset + size]
         if datatype == BYTES:
             array = bytes_tensors.deserialize(chunk, count, f"{kind} {name!r}")
+            if kind == "input":
+                bytes_tensors.check_text(array, f"{kind} {name!r}")
         elif size != count * dtype.itemsize:
             raise InvalidRequest(
                 f"{kind} {name!r}: binary_data_size {size} does not match shape "

@@ -120,7 +120,7 @@ def test_a_response_reads_back_and_tritonclient_reads_its_binary_form(array, bin
 
 
 def test_the_mirror_request_carries_strings_binary() -> None:
-    array = _array([b"one", b"", b"\xff\x00"], 3)
+    array = _array([b"one", b"", "\x00é".encode()], 3)
     body, header_length = encode_infer_request([InferInput("text", "BYTES", array)])
     [decoded] = decode_infer_request(body, header_length).inputs
     assert decoded.data.tolist() == array.tolist()
@@ -171,6 +171,19 @@ def test_json_strings_are_read_strictly(data, message: str) -> None:
         decode_infer_request(body)
 
 
+def test_string_inputs_must_be_utf8_on_every_wire_form_answers_need_not() -> None:
+    array = _array([b"ok", b"\xffbad"], 2)
+    refused = r"input 'text'.*element 1 is not UTF-8 text"
+    with pytest.raises(InvalidRequest, match=refused):
+        decode_infer_request(*_request(array, binary=True))
+    for raw in (True, False):
+        with pytest.raises(InvalidRequest, match=refused):
+            from_model_infer_request(_grpc_request(array, raw))
+    response = InferResponse("m", "1", None, [InferOutput("label", "BYTES", array, True)])
+    [output] = decode_infer_response(*encode_infer_response(response)).outputs
+    assert output.data.tolist() == array.tolist()
+
+
 def _grpc_request(array: np.ndarray, raw: bool) -> pb.ModelInferRequest:
     message = pb.ModelInferRequest(model_name="m")
     tensor = message.inputs.add(name="text", datatype="BYTES", shape=array.shape)
@@ -182,7 +195,7 @@ def _grpc_request(array: np.ndarray, raw: bool) -> pb.ModelInferRequest:
 
 
 @settings(max_examples=60, deadline=None)
-@given(array=bytes_arrays(), raw=st.booleans())
+@given(array=bytes_arrays(TEXT.map(str.encode)), raw=st.booleans())
 def test_grpc_reads_raw_and_bytes_contents(array: np.ndarray, raw: bool) -> None:
     [decoded] = from_model_infer_request(_grpc_request(array, raw)).inputs
     assert decoded.data.shape == array.shape and decoded.data.tolist() == array.tolist()

@@ -7,7 +7,8 @@ hot path allocates no buffer (tracemalloc sees numpy's allocations: a plain `run
 the slot's `run` does not) and the slot's buffers never move; two slots run concurrently
 in threads give each its own correct results; clear errors for a batch outside
 1..max_batch_size, an unsupported datatype, a fixed or missing batch dimension, a dynamic
-non-batch dimension, a missing file and an unknown backend; `load_engine`.
+non-batch dimension, a missing file and an unknown backend; `load_engine`. (Strings and
+non-tensor types: `test_engine_strings`.)
 """
 
 from __future__ import annotations
@@ -284,7 +285,6 @@ def test_an_output_that_does_not_follow_the_batch_is_refused(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("dtype", "shape", "message"),
     [
-        (TensorProto.STRING, ["b", 2], "tensor\\(string\\), which has no Open Inference"),
         (TensorProto.BFLOAT16, ["b", 2], "tensor\\(bfloat16\\)"),
         (TensorProto.FLOAT, [4, 2], "fixed first dimension \\(4\\)"),
         (TensorProto.FLOAT, [], "is a scalar"),
