@@ -48,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     down.set_defaults(handler=_down)
 
     build = actions.add_parser(
-        "build", help="build (or find) the control plane's binaries, Prometheus and Helm"
+        "build",
+        help="build (or find) the control plane's and the node's binaries, Prometheus and Helm",
     )
     build.set_defaults(handler=_build)
 
@@ -62,10 +63,9 @@ def _directory(args: argparse.Namespace) -> Path:
 def _up(args: argparse.Namespace) -> int:
     from kubeinfer.cluster import binaries, control_plane
 
-    node_args = [f"--gpus={args.gpus}"] if args.gpus else []
     try:
         cluster = control_plane.up(
-            _directory(args), args.kubeconfig, node_args=node_args, audit=args.audit_log
+            _directory(args), args.kubeconfig, gpus=args.gpus, audit=args.audit_log
         )
     except (control_plane.ClusterError, binaries.BuildError) as error:
         print(f"kubeinfer cluster up: {error}", file=sys.stderr)
@@ -95,13 +95,17 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _build(_: argparse.Namespace) -> int:
+    """Builds (or finds) each group in turn, printing each binary's path as it is ready."""
     from kubeinfer.cluster import binaries
 
     try:
         for name, path in binaries.ensure_binaries().items():
-            print(f"{name}: {path}")
-        print(f"prometheus: {binaries.ensure_prometheus()}")
-        print(f"helm: {binaries.ensure_helm()}")
+            print(f"{name}: {path}", flush=True)
+        for name, path in binaries.ensure_node_binaries().items():
+            if name not in binaries.BINARIES:
+                print(f"{name}: {path}", flush=True)
+        print(f"prometheus: {binaries.ensure_prometheus()}", flush=True)
+        print(f"helm: {binaries.ensure_helm()}", flush=True)
     except binaries.BuildError as error:
         print(f"kubeinfer cluster build: {error}", file=sys.stderr)
         return 1

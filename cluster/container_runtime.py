@@ -71,7 +71,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.tracing.processor
   address = {_string(paths.socket)}
 
 [ttrpc]
-  address = {_string(paths.socket)}.ttrpc
+  address = {_string(f"{paths.socket}.ttrpc")}
 
 [plugins.'io.containerd.internal.v1.opt']
   path = {_string(paths.directory / "opt")}

@@ -70,6 +70,8 @@ def setns(descriptor: int) -> None:
 
 _made_here: set[int] = set()
 """Inodes of the namespaces this process made (`enter_new_namespace`)."""
+_left: list[int] = []
+"""Descriptors of the namespaces this process left, first the host's."""
 
 
 def enter_new_namespace() -> int:
@@ -80,7 +82,13 @@ def enter_new_namespace() -> int:
     _check(_libc().unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
     subprocess.run([ip_command(), "link", "set", "lo", "up"], check=True, timeout=10)
     _made_here.add(current_namespace_inode())
+    _left.append(left)
     return left
+
+
+def host_namespace() -> int | None:
+    """A descriptor of the namespace this process started in, once it has left it."""
+    return _left[0] if _left else None
 
 
 def check_made_here() -> None:
@@ -141,14 +149,17 @@ class NodeNetwork:
 
 def set_up_node_network(network: NodeNetwork) -> None:
     """Inside the namespace: loopback up, the node's bridge with its address (the kubelet
-    checks its node IP is an interface's before the bridge plugin would make it), routing
-    between pods and Services, and bridged traffic through iptables, so a pod reaching a
-    Service that answers from the same bridge gets its reply through the same NAT."""
+    checks its node IP is an interface's before the bridge plugin would make it), a route
+    for the Service range, forwarding, and bridged traffic through iptables, so a pod
+    reaching a Service that answers from the same bridge gets its reply through the NAT."""
     steps = [
         [ip_command(), "link", "set", "lo", "up"],
         [ip_command(), "link", "add", NODE_BRIDGE, "type", "bridge"],
         [ip_command(), "addr", "add", f"{NODE_ADDRESS}/24", "dev", NODE_BRIDGE],
         [ip_command(), "link", "set", NODE_BRIDGE, "up"],
+        # Services have no interface: a route lets the node's own connections to a
+        # ClusterIP pass the routing lookup, before kube-proxy's rules rewrite them.
+        [ip_command(), "route", "add", SERVICE_SUBNET, "dev", NODE_BRIDGE, "src", NODE_ADDRESS],
     ]
     for argv in steps:
         result = subprocess.run(

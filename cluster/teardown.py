@@ -17,32 +17,11 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+from kubeinfer.cluster.cgroups import cgroup_processes, remove_cgroups
+
 MNT_DETACH = 2
-
-
-def cgroup_directories(name: str) -> list[Path]:
-    """The directory of cgroup `name` (like `/kubeinfer-abc`) in each hierarchy mounted
-    (v1: one per controller; v2: the unified one)."""
-    found = []
-    relative = name.strip("/")
-    for hierarchy in [CGROUP_ROOT, *CGROUP_ROOT.iterdir()] if CGROUP_ROOT.is_dir() else []:
-        candidate = hierarchy / relative
-        if candidate.is_dir():
-            found.append(candidate)
-    return found
-
-
-def cgroup_processes(name: str) -> set[int]:
-    pids: set[int] = set()
-    for directory in cgroup_directories(name):
-        for procs in directory.rglob("cgroup.procs"):
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(line) for line in procs.read_text().split())
-    return pids
 
 
 def processes_naming(text: str) -> set[int]:
@@ -103,25 +82,6 @@ def unmount_all(directory: Path) -> list[str]:
             if libc.umount2(point.encode(), 0) != 0:
                 libc.umount2(point.encode(), MNT_DETACH)
     return mounts_under(directory)
-
-
-def remove_cgroups(name: str) -> list[Path]:
-    """Removes cgroup `name` and its children in every hierarchy; returns what remains."""
-    remaining = []
-    for directory in cgroup_directories(name):
-        for child in sorted(_directories(directory), key=lambda p: len(p.parts), reverse=True):
-            with contextlib.suppress(OSError):
-                child.rmdir()
-        if directory.exists():
-            remaining.append(directory)
-    return remaining
-
-
-def _directories(root: Path) -> Iterator[Path]:
-    yield root
-    for entry in root.iterdir():
-        if entry.is_dir():
-            yield from _directories(entry)
 
 
 def tear_down_node(

@@ -12,7 +12,7 @@ Each test process (each xdist worker) first moves into a network namespace of it
 (`netns.enter_new_namespace`), before any thread or socket exists: the session's cluster
 runs in it, so tests reach pods, Services and the API server as a process on the node
 does, and nothing a test does reaches the host's namespace but what it asks of the host
-through `HOST_NAMESPACE` (a descriptor of the namespace the process left).
+through `netns.host_namespace()` (a descriptor of the namespace the process left).
 """
 
 from __future__ import annotations
@@ -26,16 +26,13 @@ from functools import cache
 import pytest
 
 CUDA_SUCCESS = 0
-HOST_NAMESPACE: int | None = None
-"""A descriptor of the host's network namespace, which this process left at start."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global HOST_NAMESPACE
-    if os.geteuid() == 0 and HOST_NAMESPACE is None:
-        from kubeinfer.cluster import netns
+    from kubeinfer.cluster import netns
 
-        HOST_NAMESPACE = netns.enter_new_namespace()
+    if os.geteuid() == 0 and netns.host_namespace() is None:
+        netns.enter_new_namespace()
 
 
 @cache
