@@ -36,7 +36,7 @@ def processes_naming(text: str) -> set[int]:
     return pids
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -50,14 +50,14 @@ def end_processes(pids: set[int], grace_seconds: float) -> set[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(is_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    killed = {p for p in pids if _alive(p)}
+    killed = {p for p in pids if is_alive(p)}
     for pid in killed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(is_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.02)
     return killed
 
