@@ -38,6 +38,7 @@ import yaml
 from kubeinfer.cluster import (
     addons,
     binaries,
+    cgroups,
     components,
     container_runtime,
     files,
@@ -244,6 +245,7 @@ def _start_node(
     )  # fmt: skip
     config = node / "config.yaml"
     config.write_text(yaml.safe_dump(configuration))
+    cgroups.make_cgroup(cgroup_root(paths.directory))
     argv = kubelet.kubelet_argv(found["kubelet"], node, config,
                                 paths.kubeconfig("node"), {})  # fmt: skip
     launcher.launch("kubelet", argv)

@@ -303,7 +303,12 @@ class LocalCluster:
 
     def new_namespace(self, prefix: str) -> str:
         name = f"{prefix[:40].rstrip('-')}-{secrets.token_hex(3)}"
-        self.admin().create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        # Every test namespace enforces Pod Security's `restricted` level, as a hardened
+        # cluster's would: a pod the operator makes that breaks it is refused here too.
+        labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+        self.admin().create(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+        )
         # Pods need the namespace's default ServiceAccount, which a controller makes.
         deadline = time.monotonic() + 30
         while self.admin(name).get("v1", "serviceaccounts", "default") is None:
