@@ -74,9 +74,10 @@ class ModelSource(ApiModel):
     cross_field_rules = (PVC_URI_RULE,)
 
     uri: str = Field(pattern=MODEL_URI, max_length=2048)
-    """The model's location: file://, https://, s3://, gs:// or pvc://CLAIM/PATH (CLAIM a
-    PersistentVolumeClaim in the same namespace, mounted read-only by the build Job; PATH
-    the file inside it, relative, without '.' or '..' segments)."""
+    """The model's location: file://, https://, http:// (a server inside the cluster; give
+    sha256), s3://, gs:// or pvc://CLAIM/PATH (CLAIM a PersistentVolumeClaim in the same
+    namespace, mounted read-only by the build Job; PATH the file inside it, relative,
+    without '.' or '..' segments)."""
 
     sha256: str | None = Field(default=None, pattern=SHA256_HEX)
     """The model file's expected sha256 (64 lowercase hex digits); a download that does not
