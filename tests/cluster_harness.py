@@ -29,6 +29,7 @@ from typing import Any
 import kubernetes
 import yaml
 from kubeinfer.cluster import control_plane, files
+from kubeinfer.cluster.addons import STORAGE_CLASS
 from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).parents[1]
@@ -274,12 +275,31 @@ class LocalCluster:
         return AuditLog(self.directory / control_plane.AUDIT_LOG)
 
     def claim_directory(self, namespace: str, claim: str) -> Path:
-        """Where the node keeps a bound PersistentVolumeClaim's files (the storage
-        provisioner's folder `<volume>_<namespace>_<claim>`)."""
+        """The folder holding a PersistentVolumeClaim's files on the node. A claim already
+        provisioned has the storage provisioner's folder (`<volume>_<namespace>_<claim>`);
+        for one not made yet, a PersistentVolume pre-bound to it (static provisioning, in
+        the default StorageClass) is made over a new folder, so a test can put files in
+        the claim before it, or the operator, creates it."""
         found = sorted((self.directory / "volumes").glob(f"*_{namespace}_{claim}"))
-        if not found:
-            raise AssertionError(f"no volume folder for claim {namespace}/{claim} yet")
-        return found[0]
+        if found:
+            return found[0]
+        folder = self.directory / "claims" / namespace / claim
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            folder.chmod(0o777)  # pods run as uid 65532
+            self.admin().create({
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": f"static-{namespace}-{claim}"[:253]},
+                "spec": {
+                    "capacity": {"storage": "100Gi"},
+                    "accessModes": ["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany"],
+                    "storageClassName": STORAGE_CLASS,
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "claimRef": {"namespace": namespace, "name": claim},
+                    "hostPath": {"path": str(folder), "type": "Directory"},
+                },
+            })  # fmt: skip
+        return folder
 
     def kubectl(
         self, *args: str, check: bool = True, timeout: float = 60, stdin: str | None = None
