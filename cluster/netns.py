@@ -91,6 +91,16 @@ def host_namespace() -> int | None:
     return _left[0] if _left else None
 
 
+def in_host_namespace(argv: Sequence[str]) -> tuple[list[str], tuple[int, ...]]:
+    """`argv` made to run in the namespace this process started in (where the package
+    registries are: a namespace of the project's has no way out), and the descriptors the
+    subprocess must inherit for it (`pass_fds`)."""
+    host = host_namespace()
+    if host is None:
+        return list(argv), ()
+    return [*nsenter_prefix(f"/proc/{os.getpid()}/fd/{host}"), *argv], (host,)
+
+
 def check_made_here() -> None:
     """NamespaceError unless this thread is in a namespace this process made: a cluster
     never sets up its node in the host's namespace."""

@@ -35,6 +35,19 @@ from kubernetes.client.exceptions import ApiException
 REPO = Path(__file__).parents[1]
 CRD = REPO / "crds" / "inferencedeployments.kubeinfer.io.yaml"
 KubeObject = dict[str, Any]
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""What Pod Security's `restricted` level, which every test namespace enforces, asks of a
+container (the image's non-root USER satisfies runAsNonRoot)."""
+
+
+def restricted(container: KubeObject) -> KubeObject:
+    """`container` with the security context the test namespaces' Pod Security asks for."""
+    return {**container, "securityContext": RESTRICTED}
 
 
 def path_of(
