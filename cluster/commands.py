@@ -48,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     down.set_defaults(handler=_down)
 
     build = actions.add_parser(
-        "build", help="build (or find) the control plane's binaries, Prometheus and Helm"
+        "build",
+        help="build (or find) the control plane's and the node's binaries, Prometheus and Helm",
     )
     build.set_defaults(handler=_build)
 
@@ -95,13 +96,17 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _build(_: argparse.Namespace) -> int:
+    """Builds (or finds) each group in turn, printing each binary's path as it is ready."""
     from kubeinfer.cluster import binaries
 
     try:
         for name, path in binaries.ensure_binaries().items():
-            print(f"{name}: {path}")
-        print(f"prometheus: {binaries.ensure_prometheus()}")
-        print(f"helm: {binaries.ensure_helm()}")
+            print(f"{name}: {path}", flush=True)
+        for name, path in binaries.ensure_node_binaries().items():
+            if name not in binaries.BINARIES:
+                print(f"{name}: {path}", flush=True)
+        print(f"prometheus: {binaries.ensure_prometheus()}", flush=True)
+        print(f"helm: {binaries.ensure_helm()}", flush=True)
     except binaries.BuildError as error:
         print(f"kubeinfer cluster build: {error}", file=sys.stderr)
         return 1
