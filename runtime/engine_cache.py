@@ -47,7 +47,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,6 +61,7 @@ from kubeinfer.runtime.engine_manifest import (
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
+    from kubeinfer.contract.runtime_config import InputShape
     from kubeinfer.runtime.engines.base import Engine
 
 STALE_SCRATCH_SECONDS = 24 * 3600
@@ -309,6 +310,7 @@ def load_cached_engine(
     digest: str,
     max_batch_size: int,
     intra_op_threads: int | None = None,
+    input_shapes: Sequence[InputShape] = (),
 ) -> Engine:
     """Resolves and verifies `digest`, checks that this environment has the backend
     version that built it, then loads it with the manifest's backend: the serving side's
@@ -325,5 +327,9 @@ def load_cached_engine(
             f"engine with --max-batch-size {max_batch_size}"
         )
     return load_engine(
-        resolved.engine_path, key.backend, max_batch_size, intra_op_threads=intra_op_threads
+        resolved.engine_path,
+        key.backend,
+        max_batch_size,
+        intra_op_threads=intra_op_threads,
+        input_shapes=input_shapes,
     )

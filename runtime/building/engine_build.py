@@ -288,7 +288,8 @@ def _check_engine_servable(engine_path: Path, key: EngineKey) -> None:
     from kubeinfer.runtime.engines.loader import load_engine
 
     try:
-        load_engine(engine_path, key.backend, key.batch_profile.max).close()
+        # No shape ranges: they are the serving configuration's, not the engine's.
+        load_engine(engine_path, key.backend, key.batch_profile.max, input_shapes=None).close()
     except EngineError as error:
         raise BuildError(f"the built engine cannot be served: {error}") from error
 
