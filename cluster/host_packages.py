@@ -36,22 +36,29 @@ def ensure_node_packages() -> dict[str, Path]:
     missing = sorted({NODE_PACKAGES[name] for name in NODE_PACKAGES if name not in found})
     if not missing:
         return found
-    command = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
-    waiting = ["-o", "DPkg::Lock::Timeout=300"]  # another apt-get may hold the lock
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise BuildError(
-            f"the node needs Debian's {', '.join(missing)}: run `{' '.join(command)}` as root"
-        )
-    say(f"installing {', '.join(missing)} from Debian for the node")
-    result = subprocess.run([*command, *waiting], capture_output=True, text=True, check=False)
-    if result.returncode != 0:  # a fresh machine may have no package lists yet
-        subprocess.run(["apt-get", "update"], capture_output=True, check=False)
-        result = subprocess.run([*command, *waiting], capture_output=True, text=True, check=False)
+    install(missing)
     found = find_programs(list(NODE_PACKAGES))
     absent = [name for name in NODE_PACKAGES if name not in found]
-    if result.returncode != 0 or absent:
-        raise BuildError(
-            f"`{' '.join(command)}` failed; still missing: {', '.join(absent)}\n"
-            + (result.stderr or result.stdout)[-2000:]
-        )
+    if absent:
+        raise BuildError(f"installing {', '.join(missing)} left {', '.join(absent)} missing")
     return found
+
+
+def install(packages: list[str]) -> None:
+    """`apt-get install` of `packages`, updating the package lists once if that fails (a
+    fresh machine may have none); BuildError with apt-get's message, or saying what to run
+    where we are not root."""
+    command = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise BuildError(f"the node needs Debian's {', '.join(packages)}: "
+                         f"run `{' '.join(command)}` as root")  # fmt: skip
+    say(f"installing {', '.join(packages)} from Debian for the node")
+    waiting = ["-o", "DPkg::Lock::Timeout=300"]  # another apt-get may hold the lock
+    result = subprocess.run([*command, *waiting], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        subprocess.run(["apt-get", "update", *waiting], capture_output=True, check=False)
+        result = subprocess.run([*command, *waiting], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise BuildError(
+            f"`{' '.join(command)}` failed:\n{(result.stderr or result.stdout)[-2000:]}"
+        )

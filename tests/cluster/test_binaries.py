@@ -109,11 +109,13 @@ def test_a_failed_build_installs_nothing_and_says_where_its_log_is(tmp_path: Pat
 
 
 def _cached(ensure: Callable[[], object]) -> object:
-    """`ensure()` when the cache holds its binaries (it then only finds them); else skips
-    the test, or fails it under CI=true, where `make test` has filled the cache."""
+    """`ensure()` when the cache holds its binaries and Debian's packages are installed (it
+    then only finds them); else skips the test, or fails it under CI=true, where `make
+    test` has built and installed them first."""
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(gobuild, "find_go", _refuse_to_build)  # every go_build asks first
+            patch.setattr(host_packages, "install", _refuse_to_install)
             return ensure()
     except gobuild.BuildError as error:
         if os.environ.get("CI") == "true":
@@ -123,6 +125,10 @@ def _cached(ensure: Callable[[], object]) -> object:
 
 def _refuse_to_build() -> str:
     raise gobuild.BuildError("not in the cache")
+
+
+def _refuse_to_install(packages: list[str]) -> None:
+    raise gobuild.BuildError(f"{', '.join(packages)} not installed")
 
 
 def _version_output(binary: Path, *flags: str) -> str:
@@ -181,8 +187,6 @@ def test_local_path_provisioner_and_kwok_report_their_releases() -> None:
 
 
 def test_ensure_node_binaries_returns_every_key_and_runc_from_debian() -> None:
-    if not host_packages.find_programs(["runc"]):
-        pytest.skip("runc is not installed: `kubeinfer cluster build` installs it as root")
     found = _cached(binaries.ensure_node_binaries)
     assert isinstance(found, dict)
     assert tuple(found) == binaries.NODE_BINARIES
@@ -248,3 +252,17 @@ def test_envtest_assets_are_used_for_the_binaries_they_hold(
     stamped = subprocess.run([str(found["kubectl"]), "version", "--client"],
                              capture_output=True, text=True, check=True)  # fmt: skip
     assert "Client Version: v1.36.3" in stamped.stdout
+
+
+def test_missing_debian_programs_are_installed_by_package_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("runc", "iptables"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setattr(host_packages, "SEARCH_PATH", str(tmp_path))
+    asked: list[list[str]] = []
+    monkeypatch.setattr(host_packages, "install", asked.append)
+    with pytest.raises(gobuild.BuildError, match="left conntrack, ip missing"):
+        host_packages.ensure_node_packages()
+    assert asked == [["conntrack", "iproute2"]]
