@@ -111,6 +111,7 @@ def go_build(module: Path, steps: Sequence[GoBuild], names: Sequence[str], desti
     against `go list -deps` of all of them, and installs `names` into `destination`."""
     go = find_go()
     env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false"}
+    say(f"building {what} with {go}; a first build downloads the modules and takes minutes")
     packages: set[str] = set()  # steps share most packages; each is compiled once
     for step in steps:
         tags = ["-tags", ",".join(step.tags)] if step.tags else []
@@ -121,11 +122,9 @@ def go_build(module: Path, steps: Sequence[GoBuild], names: Sequence[str], desti
         packages.update(listed.stdout.split())
     destination.mkdir(parents=True, exist_ok=True)
     log = destination / "build.log"
-    say(f"building {what} with {go}; a first build downloads the modules and takes minutes")
     staging = Path(tempfile.mkdtemp(prefix=".build-", dir=destination))
     started, returncode = time.monotonic(), 0
-    with log.open("w"):
-        pass
+    log.write_text("")  # the steps append to it
     for step in steps:
         tags = ["-tags", ",".join(step.tags)] if step.tags else []
         argv = [go, "build", "-v", "-trimpath", *tags, "-ldflags", step.ldflags,
