@@ -4,14 +4,40 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-demo lint bench crds protos clean mutate
+.PHONY: demo test test-demo lint bench crds protos clean mutate lock images
 
-# The virtual environment is rebuilt only when the dependencies change.
-$(STAMP): pyproject.toml
+# The virtual environment is rebuilt only when the dependencies change, at the versions
+# the images ship (requirements/constraints.txt; `make lock` after editing pyproject.toml).
+$(STAMP): pyproject.toml requirements/constraints.txt requirements/build.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip "setuptools>=75"
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --require-hashes -r requirements/build.txt
+	$(BIN)/pip install --quiet --no-build-isolation -c requirements/constraints.txt -e '.[dev]'
 	touch $@
+
+# The pins (docs/images.md): one resolution of every extra but gpu, for Python 3.11 on
+# Debian 12's glibc, constrains the venv; each image's lock is its share of it, with
+# hashes; the GPU image's is for its base's Python 3.12 on Ubuntu 24.04. `make lock` keeps
+# the pins that still satisfy pyproject.toml; `make lock LOCK_ARGS=--upgrade` moves them.
+LOCK_ARGS ?=
+LOCK := $(BIN)/uv pip compile --quiet --custom-compile-command 'make lock' $(LOCK_ARGS)
+DEBIAN_311 := --python-version 3.11 --python-platform x86_64-manylinux_2_36
+PINNED := --generate-hashes -c requirements/constraints.txt
+
+lock: $(STAMP)
+	$(LOCK) $(DEBIAN_311) pyproject.toml --extra dev --extra s3 --extra gcs --extra mutation \
+		-o requirements/constraints.txt
+	$(LOCK) $(DEBIAN_311) $(PINNED) requirements/build.in -o requirements/build.txt
+	$(LOCK) $(DEBIAN_311) $(PINNED) pyproject.toml --extra operator -o requirements/operator.txt
+	$(LOCK) $(DEBIAN_311) $(PINNED) pyproject.toml --extra runtime --extra s3 --extra gcs \
+		-o requirements/runtime.txt
+	$(LOCK) --python-version 3.12 --python-platform x86_64-manylinux_2_39 $(PINNED) \
+		pyproject.toml requirements/runtime-gpu.in --extra runtime --extra s3 --extra gcs \
+		-o requirements/runtime-gpu.txt
+
+# The operator and runtime images (docs/images.md), built with podman from the Dockerfile
+# and exported as OCI archives under $${XDG_CACHE_HOME:-~/.cache}/kubeinfer/images.
+images: $(STAMP)
+	$(BIN)/python -m kubeinfer.cluster.images
 
 # MLServer, the benchmark's baseline, gets its own venv: mlserver 1.7.1's pins conflict
 # with ours (and it needs uvloop 0.21). Same ONNX Runtime version as .venv, for fairness.
