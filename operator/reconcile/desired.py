@@ -16,7 +16,6 @@ from typing import Any
 
 import yaml
 from kubeinfer.contract.runtime_config import (
-    DEFAULT_MAX_REQUEST_BYTES,
     EngineSource,
     RuntimeConfig,
     request_bytes_limit,
@@ -241,9 +240,10 @@ def runtime_config(
     also watch the mirror target file (always mounted, so a shadow starts without a
     restart); a candidate mirrors nothing. The request body limit holds a full batch
     (the runtime's maxBatchSize) of the engine's inputs as JSON, when the build reported
-    their size (`config.request_bytes_limit`), and is the runtime's default otherwise."""
+    their size (`config.request_bytes_limit`); otherwise it is left to the runtime, which
+    derives it the same way from the model it loads (at each input's largest shape)."""
     max_request_bytes = (
-        DEFAULT_MAX_REQUEST_BYTES
+        None
         if input_bytes_per_row is None
         else request_bytes_limit(input_bytes_per_row, spec.runtime.batching.max_batch_size)
     )
@@ -252,6 +252,7 @@ def runtime_config(
         model_version=version,
         engine=EngineSource(digest=digest, cache_directory=CACHE_MOUNT),
         batching=spec.runtime.batching,
+        input_shapes=spec.engine.input_shapes,
         slo_p99_latency_milliseconds=spec.slo.p99_latency_milliseconds,
         http_port=HTTP_PORT,
         grpc_port=spec.runtime.grpc_port,

@@ -40,7 +40,7 @@ class GrpcServer:
         self._config = config
         self._server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", config.max_request_bytes),
+                ("grpc.max_receive_message_length", dataplane.max_request_bytes),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
             ]

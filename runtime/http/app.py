@@ -45,7 +45,8 @@ from typing import Any
 from aiohttp import web
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.batching.queue import Batcher
-from kubeinfer.runtime.dataplane import DataPlane
+from kubeinfer.runtime.batching.shapes import ShapePlan
+from kubeinfer.runtime.dataplane import DataPlane, request_limit, with_request_limit
 from kubeinfer.runtime.engines.base import Engine
 from kubeinfer.runtime.http.body import content_encoding, inflate, read_body
 from kubeinfer.runtime.metrics import GpuMemoryReader, RuntimeMetrics
@@ -146,7 +147,7 @@ async def infer(request: web.Request) -> web.Response:
     arrived = time.monotonic()
     dataplane = request.app[DATAPLANE]
     config = dataplane.config
-    limit = config.max_request_bytes
+    limit = dataplane.max_request_bytes
     try:
         with dataplane.admitted(request.match_info["name"], _version(request)) as admission:
             header_length = _header_length(request)
@@ -258,7 +259,9 @@ def create_app(
 ) -> web.Application:
     """The server for one model: routes, metrics registry, batcher and shadow mirror (both
     started on app startup, stopped on cleanup). The engine is the caller's: it is not
-    closed here."""
+    closed here. Raises `UnsupportedModel` when the configured shape batching cannot be
+    done on this model (`batching.shapes.ShapePlan`)."""
+    config = with_request_limit(config, engine)
     metrics_ = RuntimeMetrics(config.model_name, config.model_version, gpu_memory)
     batcher = Batcher(
         engine,
@@ -266,9 +269,11 @@ def create_app(
         observer=metrics_,
         stuck_liveness_seconds=config.engine_stuck_liveness_seconds,
         slo_p99_latency_milliseconds=config.slo_p99_latency_milliseconds,
+        shapes=ShapePlan(engine.inputs, engine.outputs, config.batching, config.input_shapes),
     )
     shadow_ = ShadowController(config, metrics_.registry)
-    app = web.Application(client_max_size=config.max_request_bytes, middlewares=[_json_http_errors])
+    limit = request_limit(config, engine)
+    app = web.Application(client_max_size=limit, middlewares=[_json_http_errors])
     codec = CodecPool()
     app[DATAPLANE] = DataPlane(config, engine, batcher, metrics_, shadow=shadow_, codec=codec)
 

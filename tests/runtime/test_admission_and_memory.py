@@ -47,10 +47,11 @@ def small_queue(spin_model) -> Iterator[ServeProcess]:
 
 @pytest.fixture(scope="module")
 def roomy(spin_model) -> Iterator[ServeProcess]:
-    """Default queue and body limit; short read timeouts."""
+    """Default queue, a body limit of 16 MiB (the spin model's own is 72 KiB: room for
+    the large uploads these tests send); short read timeouts."""
     with ServeProcess(
         spin_model, "spin", "--intra-op-threads", "1", "--header-read-timeout-seconds", "0.5",
-        "--body-read-timeout-seconds", "0.5",
+        "--body-read-timeout-seconds", "0.5", "--max-request-bytes", str(16 * MIB),
     ) as running:  # fmt: skip
         yield running
         assert running.stop() == 0

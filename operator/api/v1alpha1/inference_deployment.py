@@ -11,7 +11,12 @@ import re
 from typing import Annotated, Literal
 
 from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
-from kubeinfer.contract.runtime_config import BatchingPolicy, BatchingPolicyKind, MirrorPolicy
+from kubeinfer.contract.runtime_config import (
+    BatchingPolicy,
+    BatchingPolicyKind,
+    InputShape,
+    MirrorPolicy,
+)
 from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.api.v1alpha1.enums import (
     Backend,
@@ -197,6 +202,18 @@ class EngineSpec(ApiModel):
 
     accuracy: AccuracyGate | None = None
     """Accuracy gates for reduced-precision builds."""
+
+    input_shapes: list[InputShape] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """The shape range of each model input with a variable axis besides the batch (a
+    sequence length): minShape, optShape and maxShape of the axes after the batch one, as
+    a TensorRT optimization profile states them, and the padValue that
+    runtime.batching.shapeBatching PadToBuckets pads with. The runtime refuses requests
+    outside the range (400) and sizes its buffers and request limit from maxShape; inputs
+    the model fixes need no entry."""
 
 
 class Toleration(ApiModel):
