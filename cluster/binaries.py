@@ -18,10 +18,10 @@ and the node's `kubelet`, `kube-scheduler` and `kube-proxy`, each from the first
 the programs built from modules of their own (`node_builds`: containerd, the CNI plugins,
 CoreDNS, local-path-provisioner, KWOK, pause) and runc from Debian (`host_packages`).
 
-Prometheus is built the same way (`ensure_prometheus`): upstream's, pinned, with only
-Kubernetes service discovery compiled in (its own build tags), because Debian's package
-leaves Kubernetes discovery out; `kubeinfer up` and the tests discover pods through the
-API server as a cluster's Prometheus does.
+Prometheus is built the same way (`ensure_prometheus`), from the module in `prometheus/`:
+upstream's, with only Kubernetes service discovery compiled in (its own build tags), because
+Debian's package leaves Kubernetes discovery out; `kubeinfer up` and the tests discover
+pods through the API server as a cluster's Prometheus does.
 
 So is `helm` (`ensure_helm`), from the Go module in `helm-cli/`, which pins one Helm release
 apart from the control plane's module, cached under `helm/<release>-<sources>`.
@@ -32,8 +32,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,9 +43,7 @@ from kubeinfer.cluster.gobuild import (
     ensure_built,
     find_go,
     go_build,
-    install_built,
     required_version,
-    run_with_progress,
     say,
     sources_hash,
 )
@@ -130,36 +126,31 @@ def ensure_binaries(module: Path = MODULE) -> dict[str, Path]:
     return {name: found[name] for name in BINARIES}
 
 
-PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
-PROMETHEUS_MODULE_VERSION = "v0.316.0"
-"""Prometheus 3.16.0: the Go module numbers release 3.N.P as v0.3NN.P."""
-PROMETHEUS_RELEASE = "3.16.0"
-PROMETHEUS_BUILD_TAGS = "remove_all_sd,enable_kubernetes_sd"
+PROMETHEUS_MODULE = Path(__file__).parent / "prometheus"
+PROMETHEUS_PATH = "github.com/prometheus/prometheus"
+PROMETHEUS_BUILD_TAGS = ("remove_all_sd", "enable_kubernetes_sd")
 """Prometheus' own build tags (`plugins/`) for a binary with no discovery but Kubernetes'
 (and the static and file kinds, always in): a third of the full build's packages."""
 
 
-def ensure_prometheus() -> Path:
-    """Upstream's prometheus with Kubernetes service discovery, from the cache or built
-    into it (once per machine; builds side by side wait for one another)."""
-    cache = cache_root() / "prometheus" / f"{PROMETHEUS_RELEASE}-kubernetes-sd"
-    return ensure_built(cache, ["prometheus"], _build_prometheus)["prometheus"]
+def prometheus_release(module: Path = PROMETHEUS_MODULE) -> str:
+    """The release go.mod pins: the Go module numbers Prometheus 3.N.P as v0.3NN.P."""
+    version = required_version(module, PROMETHEUS_PATH)
+    minor, patch = version.removeprefix("v0.").split(".", 1)
+    return f"{int(minor) // 100}.{int(minor) % 100}.{patch}"
 
 
-def _build_prometheus(destination: Path) -> None:
-    go = find_go()
-    staging = Path(tempfile.mkdtemp(prefix=".build-", dir=destination))
-    log = destination / "build.log"
-    say(f"building Prometheus {PROMETHEUS_RELEASE} with Kubernetes service discovery "
-        f"(Debian's has none) with {go}: a few minutes, once per machine")  # fmt: skip
-    env = {**os.environ, "CGO_ENABLED": "0", "GOBIN": str(staging), "GOFLAGS": "-buildvcs=false"}
-    version = f"-X github.com/prometheus/common/version.Version={PROMETHEUS_RELEASE}"
-    package = f"{PROMETHEUS_MODULE}/cmd/prometheus@{PROMETHEUS_MODULE_VERSION}"
-    started = time.monotonic()
-    argv = [go, "install", "-v", "-trimpath", "-tags", PROMETHEUS_BUILD_TAGS,
-            "-ldflags", f"-s -w {version}", package]  # fmt: skip
-    returncode = run_with_progress(argv, staging, env, log)
-    install_built(returncode, staging, destination, ["prometheus"], "Prometheus", log, started)
+def ensure_prometheus(module: Path = PROMETHEUS_MODULE) -> Path:
+    """Upstream's prometheus with Kubernetes service discovery only, from the cache or built
+    into it from the module in `prometheus/` (once per machine; builds side by side wait
+    for one another), stamped as its release build stamps the version."""
+    release = prometheus_release(module)
+    stamp = f"-s -w -X github.com/prometheus/common/version.Version={release}"
+    step = GoBuild([f"{PROMETHEUS_PATH}/cmd/prometheus"], stamp, PROMETHEUS_BUILD_TAGS)
+    what = f"Prometheus {release} with Kubernetes service discovery (Debian's has none)"
+    build = functools.partial(go_build, module, [step], ["prometheus"], what=what)
+    cache = cache_root() / "prometheus" / f"{release}-{sources_hash(module)}"
+    return ensure_built(cache, ["prometheus"], build)["prometheus"]
 
 
 HELM_MODULE = Path(__file__).parent / "helm-cli"

@@ -43,6 +43,13 @@ def test_the_node_modules_pin_one_release_each() -> None:
         gobuild.required_version(node_builds.CNI_MODULE, node_builds.CONTAINERD_PATH)
 
 
+def test_prometheus_release_is_read_from_its_module_number() -> None:
+    assert binaries.prometheus_release() == "3.16.0"  # the module's v0.316.0
+    prometheus = _cached(binaries.ensure_prometheus)
+    assert isinstance(prometheus, Path)
+    assert "prometheus, version 3.16.0" in _version_output(prometheus, "--version")
+
+
 def test_a_cache_folder_is_named_by_version_and_sources(tmp_path: Path) -> None:
     module = tmp_path / "kwok"
     shutil.copytree(node_builds.KWOK_MODULE, module)
