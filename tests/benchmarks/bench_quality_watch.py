@@ -5,7 +5,7 @@ A script, not a test (nothing here is named test_*, so pytest never collects it)
 
     .venv/bin/python tests/benchmarks/bench_quality_watch.py [--quick] [--rounds 3]
         [--no-pin] [--model small-mlp|memory-bound-mlp] [--shares 0,1,5]
-        [--baseline TREE]
+        [--baseline TREE] [--broken-references]
 
 The harness is `mirror_harness.py`'s (shared with `bench_shadow.py`: the same servers,
 pinning, load generator and CPU accounting); only the roles turn around: the serving
@@ -23,12 +23,21 @@ this checkout's, on the same CPU, against the same reference, so a change's befo
 after come from one run. Every (serving, share) condition runs in each of `--rounds`
 interleaved rounds, in a rotating order; each figure is the median over the rounds, and
 the ratios are against the same serving with no watch.
+
+`--broken-references` measures instead what a broken reference costs the serving: no
+watch, then a watch at 100 % (200 ms timeout, a queue of 8) whose reference answers a
+second late (a scripted aiohttp server) or is a port nobody listens on, in interleaved
+rounds; per condition the serving's p99 and each round's p99 against the same round's
+no watch. (The test suite asserts the mechanism instead: the serving answers while the
+mirror's requests are still unanswered, `test_quality_e2e.py`.)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import socket
+import subprocess
 import sys
 import time
 from contextlib import ExitStack
@@ -49,7 +58,7 @@ from mirror_harness import (
     wait_until,
     write_mirror_file,
 )
-from servers import HOST, REPO, ServerProcess, kubeinfer_spec
+from servers import HOST, REPO, ServerProcess, free_port, kubeinfer_spec
 
 THIS = "this checkout"
 
@@ -172,6 +181,80 @@ def spreads(runs: list[Run], shares: tuple[int, ...]) -> str:
     return "\n".join(lines)
 
 
+SLOW_REFERENCE = """
+import asyncio, sys
+from aiohttp import web
+
+async def infer(request):
+    await request.read()
+    await asyncio.sleep(1.0)
+    return web.json_response({"error": "answered too late"}, status=503)
+
+app = web.Application()
+app.router.add_post("/v2/models/{name}/infer", infer)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, shutdown_timeout=0.1)
+"""
+
+
+def broken_watch(mirror_file: Path, serving_port: int, url: str | None, model: str) -> None:
+    """A watch at 100 % to `url` with a short timeout and a small queue (None: no watch),
+    and waits until the serving runs it."""
+    digest = f"bench-broken-{time.monotonic_ns()}"
+    write_mirror_file(mirror_file, None if url is None else {"qualityWatch": {"reference": {
+        "url": url, "modelName": model, "candidateVersion": "fp32", "candidateDigest": digest,
+        "trafficPercent": 100, "policy": {"timeoutMilliseconds": 200, "maxQueueSize": 8},
+    }}})  # fmt: skip
+    wait_until(
+        lambda: quality_status(serving_port),
+        lambda s: (
+            not s["active"] if url is None else (s["reference"] or {}).get("digest") == digest
+        ),
+        f"the serving did not take the watch to {url}",
+    )
+
+
+def broken_references(args: argparse.Namespace, serving: Serving, references: dict) -> str:
+    """The serving's p99 with no watch and with a watch to each broken reference, in
+    interleaved rounds: a table of medians and each round's ratio to no watch."""
+    process = serving.process
+    assert process.process is not None
+    p99s: dict[str, list[float]] = {name: [] for name in references}
+    throughputs: dict[str, list[float]] = {name: [] for name in references}
+    for index, order in rotations(list(references), args.rounds):
+        for name in order:
+            broken_watch(serving.mirror_file, process.spec.port, references[name], args.model)
+            window = measure(args, process.spec.port, serving.requests, [process.process.pid])
+            p99s[name].append(window.p99_ms)
+            throughputs[name].append(window.throughput)
+            print(f"round {index + 1} {name}: {window.throughput:.0f} req/s, p99 "
+                  f"{window.p99_ms:.2f} ms, errors {window.errors}", flush=True)  # fmt: skip
+    broken_watch(serving.mirror_file, process.spec.port, None, args.model)
+    lines = ["| reference | req/s | p99 ms | p99 / no watch, per round | their median |",
+             "|---|---:|---:|---|---:|"]  # fmt: skip
+    for name in references:
+        ratios = [on / off for on, off in zip(p99s[name], p99s["none"], strict=True)]
+        per_round = " ".join(f"{r:.2f}" for r in ratios)
+        lines.append(f"| {name} | {median(throughputs[name]):.0f} | {median(p99s[name]):.2f} "
+                     f"| {per_round} | {median(ratios):.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def slow_reference(log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / "slow-reference.log").open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-c", SLOW_REFERENCE, str(port)],
+                                   stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    wait_until(lambda: process.poll(), lambda code: code is None and _listening(port),
+               "the slow reference did not start")  # fmt: skip
+    return process, f"http://{HOST}:{port}"
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex((HOST, port)) == 0
+
+
 def more_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shares", default="0,1,5", help="sampling shares in percent, 0 (no watch) first"
@@ -179,6 +262,10 @@ def more_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--baseline", type=Path, metavar="TREE", help="also run an older tree's serving"
     )
+    parser.add_argument(
+        "--broken-references", action="store_true",
+        help="measure a slow and a dead reference against no watch instead",
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,6 +317,13 @@ def main(argv: list[str] | None = None) -> int:
                 pin(serving.process.process.pid, {0})
             pin(reference.process.pid, {1})
             os.sched_setaffinity(0, {1})
+        if args.broken_references:
+            slow, slow_url = slow_reference(log_dir)
+            running.callback(slow.wait, 30)
+            running.callback(slow.terminate)
+            references = {"none": None, "slow": slow_url, "dead": f"http://{HOST}:{free_port()}"}
+            print("\n" + broken_references(args, servings[0], references))
+            return 0
         conditions = [(serving, share) for serving in servings for share in shares]
         for index, order in rotations(conditions, args.rounds):
             print(f"round {index + 1}", flush=True)
