@@ -135,8 +135,8 @@ def test_the_installed_demo_finds_its_examples_from_another_directory(
 # --- extras: each image installs what it runs -----------------------------------------
 
 OPTIONAL_MODULES = {
-    "boto3": "s3", "google.cloud": "gcs", "tensorrt": "gpu", "pycuda": "gpu", "pynvml": "gpu",
-    "cuda.bindings": "gpu",
+    "tensorrt": "gpu", "pycuda": "gpu", "pynvml": "gpu", "cuda.bindings": "gpu",
+    "onnxruntime_extensions": "extensions",
 }  # fmt: skip
 """Imports of an optional extra (each one guarded: a missing one is a clear error)."""
 PART_OF = {"pydantic_core": "pydantic"}
@@ -252,7 +252,7 @@ sys.exit(cli.main(sys.argv[1:]))
 
 
 RUNTIME_ONLY = {"numpy", "onnx", "onnxruntime", "orjson", "google"}
-OPERATOR_ONLY = {"kopf", "kubernetes", "ruamel", "prometheus_api_client", "requests", "urllib3"}
+OPERATOR_ONLY = {"kopf", "kubernetes", "ruamel", "requests", "urllib3"}
 
 
 def test_the_operator_image_runs_its_commands_without_the_runtime_libraries() -> None:
