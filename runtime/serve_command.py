@@ -128,7 +128,8 @@ class ServeSettings(BaseSettings):
     ] = None
     """deadline of a request without a timeout parameter"""
     max_request_bytes: Annotated[int | None, Into("maxRequestBytes")] = None
-    """largest request body, inflated (413 beyond, before reading it when declared)"""
+    """largest request body, inflated (413 beyond, before reading it when declared); default:
+    maxBatchSize rows of the model's largest allowed inputs as JSON"""
     header_read_timeout_seconds: Annotated[float | None, Into("headerReadTimeoutSeconds")] = None
     """a request head must be complete this long after it started"""
     body_read_timeout_seconds: Annotated[float | None, Into("bodyReadTimeoutSeconds")] = None

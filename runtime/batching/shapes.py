@@ -91,12 +91,6 @@ class ShapePlan:
         )
 
     def _check_padding(self, given: Mapping[str, float]) -> None:
-        if not self.padded:
-            raise UnsupportedModel(
-                "shapeBatching PadToBuckets pads nothing: give a padValue (in inputShapes) "
-                "to every input of each variable axis to pad, e.g. token ids, attention "
-                "mask and token types"
-            )
         unpadded = sorted(set(given) - set(self.pad_values))
         if unpadded:
             raise UnsupportedModel(
@@ -104,6 +98,12 @@ class ShapePlan:
                 "padded: an axis is padded only when every input bearing its name has a padValue, "
                 "and only as the last term of a sum such as a decoder's "
                 "'past_sequence_length + sequence_length'"
+            )
+        if not self.padded:
+            raise UnsupportedModel(
+                "shapeBatching PadToBuckets pads nothing: give a padValue (in inputShapes) "
+                "to every input of each variable axis to pad, e.g. token ids, attention "
+                "mask and token types"
             )
         known = {axis.name for axis in self._axes}
         for spec in self.outputs:

@@ -33,7 +33,11 @@ from kubeinfer.runtime.grpc_service.codec import (
 from kubeinfer.runtime.grpc_service.open_inference_grpc_pb2_grpc import (
     GRPCInferenceServiceServicer,
 )
-from kubeinfer.runtime.protocol.errors import InferenceServerError, grpc_error_parts
+from kubeinfer.runtime.protocol.errors import (
+    InferenceServerError,
+    grpc_error_parts,
+    over_request_limit,
+)
 from kubeinfer.runtime.protocol.v2_types import InferResponse
 
 log = logging.getLogger(__name__)
@@ -111,6 +115,12 @@ class InferenceService(GRPCInferenceServiceServicer):
         try:
             with dataplane.admitted(request.model_name, request.model_version or None) as admission:
                 admission.stage = "waiting"  # the message is read: decoding, then queued
+                size = request.ByteSize()
+                if size > dataplane.max_request_bytes:
+                    raise over_request_limit(
+                        f"the request message ({size} bytes) is over the limit of "
+                        f"{dataplane.max_request_bytes} bytes"
+                    )
                 admission.company_turns = COMPANY_TURNS
                 if typed_elements(request) >= TYPED_OFFLOAD_ELEMENTS:
                     decoded = await dataplane.codec.run(

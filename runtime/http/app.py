@@ -56,8 +56,8 @@ from kubeinfer.runtime.protocol.errors import (
     InferenceServerError,
     InvalidRequest,
     ModelNotFound,
-    RequestTooLarge,
     error_response_parts,
+    over_request_limit,
 )
 from kubeinfer.runtime.protocol.v2_types import (
     HEADER_LENGTH_HEADER,
@@ -236,7 +236,10 @@ async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
         return await handler(request)
     except web.HTTPException as http_error:
         if http_error.status == 413:
-            return _error(RequestTooLarge("the request body is over the size limit"))
+            limit = request.app[DATAPLANE].max_request_bytes
+            return _error(
+                over_request_limit(f"the request body is over the limit of {limit} bytes")
+            )
         if http_error.status == 404:
             return _error(ModelNotFound(f"no route {request.method} {request.path}"))
         return web.Response(

@@ -66,6 +66,7 @@ class GatedEngine:
         self.gate = threading.Event()
         self.gate.set()
         self.batches: list[int] = []
+        self.shapes: list[object] = []  # each batch's shape (None: no variable axes)
         self.threads: list[int] = []
         self.running = 0
         self.max_running = 0
@@ -89,10 +90,10 @@ class GatedSlot:
     def __init__(self, owner: GatedEngine, slot) -> None:
         self.owner, self.slot = owner, slot
 
-    def input_views(self, batch_size: int):
-        return self.slot.input_views(batch_size)
+    def input_views(self, batch_size: int, shape=None):
+        return self.slot.input_views(batch_size, shape)
 
-    def run(self, batch_size: int):
+    def run(self, batch_size: int, shape=None):
         owner = self.owner
         with owner._lock:
             owner.running += 1
@@ -103,8 +104,9 @@ class GatedSlot:
             if batch_size == owner.fail_rows:
                 raise RuntimeError("simulated engine failure")
             owner.batches.append(batch_size)
+            owner.shapes.append(shape)
             owner.threads.append(threading.get_ident())
-            return self.slot.run(batch_size)
+            return self.slot.run(batch_size, shape)
         finally:
             with owner._lock:
                 owner.running -= 1
