@@ -159,6 +159,8 @@ def build_engine_job(
         argv += ["--max-top1-drop", str(gates.max_top1_drop)]
     if gates and gates.min_cosine is not None:
         argv += ["--min-cosine", str(gates.min_cosine)]
+    if gates and gates.gate_outputs:
+        argv += ["--gate-outputs", ",".join(gates.gate_outputs)]
     argv += ["--cache", CACHE_MOUNT, "--json", "--termination-message-path", TERMINATION_LOG]
 
     resources: dict[str, Any] = {}

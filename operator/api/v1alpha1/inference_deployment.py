@@ -81,10 +81,12 @@ class ModelSource(ApiModel):
     uri: str = Field(pattern=MODEL_URI, max_length=2048)
     """The model's location: file://, https://, s3://, gs:// or pvc://CLAIM/PATH (CLAIM a
     PersistentVolumeClaim in the same namespace, mounted read-only by the build Job; PATH
-    the file inside it, relative, without '.' or '..' segments)."""
+    the file inside it, relative, without '.' or '..' segments). It names the .onnx file,
+    whose external data files (torch's model.onnx.data) are fetched from beside it, or a
+    folder holding one .onnx file (an https folder ends with / and lists its files)."""
 
     sha256: str | None = Field(default=None, pattern=SHA256_HEX)
-    """The model file's expected sha256 (64 lowercase hex digits); a download that does not
+    """The .onnx file's expected sha256 (64 lowercase hex digits); a download that does not
     match is refused."""
 
     secret_ref: SecretReference | None = None
@@ -150,6 +152,10 @@ class CacheSpec(ApiModel):
     nodes share one cache."""
 
 
+OutputName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[^,]+$")]
+"""A model output's name, as the model has it (no comma: the build's flag lists them)."""
+
+
 class AccuracyGate(ApiModel):
     """Limits on what a lower precision may cost, checked against the fp32 reference when
     the engine is built; an engine that fails them is not published."""
@@ -159,6 +165,12 @@ class AccuracyGate(ApiModel):
 
     min_cosine: float | None = Field(default=None, ge=-1, le=1)
     """Smallest acceptable cosine similarity between the engine's outputs and fp32's."""
+
+    gate_outputs: list[OutputName] | None = Field(default=None, min_length=1, max_length=64)
+    """The outputs that hold the scores (a classifier's logits or probabilities), which the
+    gates judge; the others (hidden states, key/value caches) are compared and reported
+    only. Unset: the outputs whose name contains logit, prob or score, else every
+    output."""
 
 
 class EngineSpec(ApiModel):
