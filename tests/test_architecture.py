@@ -134,3 +134,44 @@ def test_no_package_cycle() -> None:
             list(TopologicalSorter(graph).static_order())
         except CycleError as error:
             raise AssertionError(f"{name}: import cycle {' -> '.join(error.args[1])}") from None
+
+
+def test_a_library_whose_private_modules_are_imported_is_pinned_to_the_minor_tested() -> None:
+    """A private module (`kopf._cogs...`) may move in any release: each library the sources
+    import one from is declared, everywhere it is, as `>=X.Y,<X.Y+1` around the version
+    installed here (the one the tests run). The generated gRPC stubs are left out: their
+    one private import is guarded and checks the version itself."""
+    import importlib.metadata
+    import re
+    import tomllib
+
+    private: dict[str, set[str]] = {}
+    for folder in PACKAGES:
+        for source in (ROOT / folder).rglob("*.py"):
+            if source.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                continue
+            for module in imports_of(source):
+                top, *rest = module.split(".")
+                if top in sys.stdlib_module_names or top == "kubeinfer":
+                    continue
+                if any(part.startswith("_") and not part.startswith("__") for part in rest):
+                    private.setdefault(top, set()).add(str(source.relative_to(ROOT)))
+    assert "kopf" in private, "the scan finds kopf's Vault import"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"]]
+    for extra in project["optional-dependencies"].values():
+        requirements += extra
+    distributions = importlib.metadata.packages_distributions()
+    for top, files in private.items():
+        (distribution,) = distributions[top]
+        major, minor = importlib.metadata.version(distribution).split(".")[:2]
+        declared = [
+            r for r in requirements if re.match(rf"{re.escape(distribution)}\b", r, re.IGNORECASE)
+        ]
+        assert declared, f"{distribution} is imported by {sorted(files)} but not declared"
+        pin = f">={major}.{minor},<{major}.{int(minor) + 1}"
+        for requirement in declared:
+            assert requirement.replace(" ", "").endswith(pin), (
+                f"{sorted(files)} import private modules of {distribution}: declare it as "
+                f"{distribution}{pin} (the minor installed and tested), not {requirement!r}"
+            )
