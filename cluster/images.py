@@ -164,9 +164,11 @@ def slug(reference: str) -> str:
 
 @contextlib.contextmanager
 def build_lock() -> Iterator[None]:
-    """One image build at a time on this machine; others wait for it."""
+    """One image build at a time on this machine, whatever the cache folder: podman's
+    storage is the machine's, and a build retags the image another build would export."""
     images_directory().mkdir(parents=True, exist_ok=True)
-    with (images_directory() / ".lock").open("w") as lock:
+    path = Path(tempfile.gettempdir()) / f"kubeinfer-images-{os.getuid()}.lock"
+    with path.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
