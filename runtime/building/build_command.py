@@ -61,8 +61,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="build an engine into the cache (or resolve a pinned one) and print its digest",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    parser.add_argument("--model", metavar="URI", help="path, file://, https:// or s3:// URI")
-    parser.add_argument("--model-sha256", metavar="HEX", help="expected sha256 of the model")
+    parser.add_argument(
+        "--model",
+        metavar="URI",
+        help="the .onnx file (its external data files beside it) or a folder holding one: "
+        "a path, file://, http(s)://, s3:// or gs:// URI",
+    )
+    parser.add_argument("--model-sha256", metavar="HEX", help="expected sha256 of the .onnx file")
     parser.add_argument("--backend", choices=("onnxruntime", "tensorrt"), default="onnxruntime")
     parser.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp32")
     parser.add_argument(

@@ -90,6 +90,16 @@ class Server:
                     self.send_error(server.fail[name])
                     return
                 file = server.root / name
+                if file.is_dir() and self.path.endswith("/"):  # a directory index
+                    links = "".join(f'<a href="{p.name}">{p.name}</a>' for p in file.iterdir())
+                    page = f"<html><body>{links}</body></html>".encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/html")
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    if body:
+                        self.wfile.write(page)
+                    return
                 if not file.is_file():
                     self.send_error(404)
                     return
@@ -217,7 +227,7 @@ def test_over_http_the_folder_builds_the_same_engine_and_a_wrong_sha256_is_refus
 ) -> None:  # type: ignore[no-untyped-def]
     cache = tmp_path / "cache"
     local = build_engine(str(external["path"]), "onnxruntime", "fp32", cache)
-    remote = build_engine(f"{server.url}/mlp/model.onnx", "onnxruntime", "fp32", cache)
+    remote = build_engine(f"{server.url}/mlp/", "onnxruntime", "fp32", cache)
     assert remote.digest == local.digest and remote.cache_hit
     before = snapshot(cache)
     with pytest.raises(FetchError, match="sha256 mismatch"):
