@@ -35,6 +35,7 @@ from kubeinfer.operator.reconcile.decide_quality import (
     reference_leftovers,
 )
 from kubeinfer.operator.reconcile.decide_runtime import candidate_leftovers, runtime_children
+from kubeinfer.operator.reconcile.desired_build import build_engine_job
 from kubeinfer.operator.reconcile.drift import carries
 from kubeinfer.operator.reconcile.requeue import requeue_after
 from kubeinfer.operator.reconcile.rollout_progress import available
@@ -170,7 +171,7 @@ def _build_jobs(
     if fallback is not None and fallback is not reference:
         builds.append((fallback_spec(spec), fallback))
     return [
-        build.build_engine_job(owner, of, settings, state.build_key, state.job_attempt)
+        build_engine_job(owner, of, settings, state.build_key, state.job_attempt)
         for of, state in builds
         if state.job_attempt is not None
     ]
