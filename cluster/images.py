@@ -95,6 +95,9 @@ def ensure_binary_image(
     if found:
         return found
     with build_lock(), tempfile.TemporaryDirectory(dir=images_directory()) as folder:
+        found = recorded_archive(reference, inputs.hexdigest())  # built while we waited
+        if found:
+            return found
         context = Path(folder)
         shutil.copyfile(binary, context / binary.name)
         (context / binary.name).chmod(0o555)
@@ -119,8 +122,8 @@ def _build_project_image(
                  "--build-arg", f"PYTHON_BASE={base}", *pip_settings(),
                  "--file", str(root / "Dockerfile"), str(root)]  # fmt: skip
     progress = podman.progress
-    progress(f"building {reference} (the Dockerfile's {target} target) with podman; "
-             "a first build downloads the pinned dependencies")  # fmt: skip
+    progress(f"building {reference} (the Dockerfile's {target} target) with podman; its "
+             "dependencies' layer is downloaded only when new or its lock changed")  # fmt: skip
     podman.build(arguments, reference, log)
     return _export(podman, reference, inputs)
 
