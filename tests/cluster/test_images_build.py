@@ -7,15 +7,16 @@ its digest) naming its reference; a second call returning them without podman; t
 entry points (`kubeinfer --help`, `operator --help`, `crds`, `validate` of a packaged
 example, `serve --help`); uid and gid 65532; a read-only root filesystem (no tmpfs
 either) with every capability dropped and no network but loopback or none; no pip,
-setuptools, wheel or compiler; the runtime's s3:// and gs:// file systems; an inference over HTTP
-and over gRPC by the runtime image serving a model mounted read-only, equal to ONNX
-Runtime's answer here, and SIGTERM answered with exit status 0 while a client sends
-requests; a one-line source change rebuilding the project's layer only; an image of one
-static Go binary (`ensure_binary_image`) run as 65532 or as root. The host's links,
-addresses, routes and firewall rules are the same after all of it.
+setuptools, wheel or compiler; the runtime's s3:// and gs:// file systems; an inference
+over HTTP and over gRPC by the runtime image serving a model mounted read-only, equal to
+ONNX Runtime's answer here, and SIGTERM answered with exit status 0 while a client sends
+requests (drain semantics themselves: tests/runtime's in-process SIGTERM tests); a
+one-line source change rebuilding the project's layer only; an image of one static Go
+binary (`ensure_binary_image`) run as 65532 or as root. The host's links, addresses,
+routes and firewall rules are the same after all of it.
 
-A warm machine (base and layers cached) runs this in a few minutes; a cold one adds the
-Debian base (mmdebstrap, about a minute and a half) and the dependencies' layers.
+About three minutes with the Debian base and the dependencies' layers cached; a cold
+machine adds the base (mmdebstrap, about two minutes) and those layers (about two).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import http.client
 import json
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -88,10 +90,12 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A cache of the test's own, so the build and the export run whatever the machine's
-    cache holds (podman's layers are still reused)."""
-    return tmp_path_factory.mktemp("cache")
+    cache holds (podman's layers are still reused); its archives removed after."""
+    folder = tmp_path_factory.mktemp("cache")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def make_images(clone: Path, cache: Path) -> dict[str, Path]:
