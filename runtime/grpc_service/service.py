@@ -26,6 +26,7 @@ from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.grpc_service import open_inference_grpc_pb2 as pb
 from kubeinfer.runtime.grpc_service.codec import (
     from_model_infer_request,
+    to_model_config_response,
     to_model_infer_response,
     to_model_metadata_response,
     typed_elements,
@@ -38,6 +39,7 @@ from kubeinfer.runtime.protocol.errors import (
     grpc_error_parts,
     over_request_limit,
 )
+from kubeinfer.runtime.protocol.model_config import model_config
 from kubeinfer.runtime.protocol.v2_types import InferResponse
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,15 @@ class InferenceService(GRPCInferenceServiceServicer):
         except InferenceServerError as error:
             await _abort(context, error)
         return to_model_metadata_response(metadata)
+
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        try:
+            metadata = self._dataplane.model_metadata(request.name, request.version or None)
+        except InferenceServerError as error:
+            await _abort(context, error)
+        return to_model_config_response(model_config(metadata))
 
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext

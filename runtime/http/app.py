@@ -8,7 +8,9 @@ codec checks the body itself and every error goes through `error_response_parts`
 
 Routes (also under `/v2/models/{name}/versions/{version}/...`):
 `GET /v2/health/live`, `GET /v2/health/ready`, `GET /v2`, `GET /v2/models/{name}`,
-`GET /v2/models/{name}/ready`, `POST /v2/models/{name}/infer`, `GET /metrics`, and
+`GET /v2/models/{name}/ready`, `GET /v2/models/{name}/config` (Triton's model
+configuration extension, which load generators read first: `protocol.model_config`),
+`POST /v2/models/{name}/infer`, `GET /metrics`, and
 `GET /v2/shadow` (the running aggregates of the shadow candidate this runtime mirrors to,
 see `kubeinfer.runtime.shadow`), `GET /v2/quality` (the quality watch's running figures,
 JSON) and `GET /v2/quality/exemplars` (the watch's worst input rows of its window, an
@@ -59,6 +61,7 @@ from kubeinfer.runtime.protocol.errors import (
     error_response_parts,
     over_request_limit,
 )
+from kubeinfer.runtime.protocol.model_config import model_config
 from kubeinfer.runtime.protocol.v2_types import (
     HEADER_LENGTH_HEADER,
     SERVER_TIMING_HEADER,
@@ -123,6 +126,16 @@ async def model_metadata(request: web.Request) -> web.Response:
     except InferenceServerError as error:
         return _error(error)
     return _json(metadata)
+
+
+async def model_configuration(request: web.Request) -> web.Response:
+    try:
+        metadata = request.app[DATAPLANE].model_metadata(
+            request.match_info["name"], _version(request)
+        )
+    except InferenceServerError as error:
+        return _error(error)
+    return _json(model_config(metadata))
 
 
 async def model_ready(request: web.Request) -> web.Response:
@@ -297,6 +310,7 @@ def create_app(
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         app.router.add_get(prefix, model_metadata)
         app.router.add_get(prefix + "/ready", model_ready)
+        app.router.add_get(prefix + "/config", model_configuration)
         app.router.add_post(prefix + "/infer", infer)
     app.router.add_get("/v2/shadow", shadow)
     app.router.add_get("/v2/quality", quality)
