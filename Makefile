@@ -52,9 +52,29 @@ $(BENCH_STAMP): | $(STAMP)
 		"onnxruntime==$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)')"
 	touch $@
 
+# perf_analyzer, Triton's load generator: `kubeinfer tune` and the benchmarks drive their
+# load with it. Its package (the tune extra) needs glibc 2.38; on Debian 12 the same
+# program comes from tritonclient 2.51.0's wheel, with libcudart beside it and libb64 from
+# Debian (requirements/perf-analyzer.txt), behind a wrapper in the venv's bin that
+# `kubeinfer tune` finds there.
+PERF_ANALYZER := $(BIN)/perf_analyzer
+
+$(PERF_ANALYZER): requirements/perf-analyzer.txt | $(STAMP)
+	@[ -e /usr/lib/x86_64-linux-gnu/libb64.so.0d ] || { [ "$$(id -u)" = 0 ] \
+		&& command -v apt-get >/dev/null && { apt-get install -y --no-install-recommends \
+		libb64-0d >/dev/null 2>&1 || { apt-get update >/dev/null 2>&1 && apt-get install -y \
+		--no-install-recommends libb64-0d >/dev/null 2>&1; }; }; } \
+		|| echo "libb64-0d not installed: perf_analyzer will not start without it"
+	$(BIN)/pip install --quiet --no-deps --require-hashes --upgrade \
+		--target $(VENV)/perf-analyzer -r requirements/perf-analyzer.txt
+	printf '%s\n' '#!/bin/sh' 'here="$$(dirname "$$0")/../perf-analyzer"' \
+		'LD_LIBRARY_PATH="$$here/nvidia/cuda_runtime/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \' \
+		'  exec "$$here/bin/perf_analyzer" "$$@"' > $@
+	chmod +x $@
+
 # The serving benchmark (a script, not a test); `make bench BENCH_ARGS=--quick` for a
 # short run. Results also go to .bench/results.md.
-bench: $(STAMP) $(BENCH_STAMP)
+bench: $(STAMP) $(BENCH_STAMP) $(PERF_ANALYZER)
 	$(BIN)/python tests/benchmarks/bench_serving.py $(BENCH_ARGS)
 
 demo: $(STAMP)
@@ -71,7 +91,7 @@ demo: $(STAMP)
 # worker starts its own control plane and Prometheus; `TEST_WORKERS=0` runs in one process.
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+test: $(STAMP) $(PERF_ANALYZER)
 	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& { apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
 		|| { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends \
