@@ -15,6 +15,7 @@ are padded; the slot buffer bytes match what the engine allocated.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -158,15 +159,22 @@ async def serve_queued(
         return await batcher.infer(request, rows, shape=shape)
 
     first = asyncio.create_task(infer(requests[0]))
-    while engine.running == 0:
-        await asyncio.sleep(0.001)
+    await until(lambda: engine.running == 1, "the first request held in the slot")
     others = [asyncio.create_task(infer(r)) for r in requests[1:]]
-    while batcher.queued < len(others):
-        await asyncio.sleep(0.001)
+    await until(lambda: batcher.queued == len(others), "the others queued")
     engine.gate.set()
     answers = await asyncio.gather(first, *others)
     await batcher.close()
     return answers
+
+
+async def until(check: Callable[[], bool], what: str) -> None:
+    """Lets the event loop turn until `check` holds (the batcher runs in this loop)."""
+    for _ in range(10_000):
+        if check():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError(f"never: {what}")
 
 
 def _typed(request: dict[str, np.ndarray]) -> dict[str, tuple[str, np.ndarray]]:
