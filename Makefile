@@ -113,6 +113,7 @@ STRICT_TYPED := kubeinfer/contract kubeinfer/operator/api kubeinfer/operator/sta
 	kubeinfer/operator/quality \
 	kubeinfer/runtime/batching/policy.py kubeinfer/runtime/batching/assembler.py \
 	kubeinfer/runtime/batching/admission.py kubeinfer/runtime/batching/adaptive.py \
+	kubeinfer/runtime/batching/shapes.py kubeinfer/runtime/engines/dimensions.py \
 	kubeinfer/cli/tune/frontier.py kubeinfer/cli/tune/traffic.py kubeinfer/cli/tune/report.py
 TYPED := kubeinfer/operator kubeinfer/runtime kubeinfer/cluster kubeinfer/cli kubeinfer/contract
 
