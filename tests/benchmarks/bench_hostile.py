@@ -73,9 +73,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from kubeinfer.cli.tune.load import Connection as _Connection
+from kubeinfer.cli.tune.load import EncodedRequest, LoadGenError, open_connection, run_closed_loop
 from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.demo_models import build_mlp, build_small_mlp
-from loadgen import EncodedRequest, LoadGenError, _Connection, open_connection, run_closed_loop
 from servers import HOST, REPO, ServerProcess, ServerSpec, free_port, http_get
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the spin model
