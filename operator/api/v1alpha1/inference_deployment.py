@@ -187,6 +187,14 @@ class EngineSpec(ApiModel):
             ),
         ),
         CrossFieldRule(
+            cel="self.backend != 'tensorrt' || !has(self.inputShapes) || "
+            "size(self.inputShapes) == 0",
+            message="inputShapes needs backend onnxruntime: TensorRT plans are served with "
+            "fixed shapes besides the batch",
+            field="inputShapes",
+            holds=lambda e: e.backend != Backend.TENSORRT or not e.input_shapes,
+        ),
+        CrossFieldRule(
             cel="!has(self.pin) || self.pin.matches('^sha256:[0-9a-f]{64}$')",
             message="pin must be sha256: followed by 64 lowercase hex digits",
             field="pin",
