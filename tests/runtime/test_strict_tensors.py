@@ -189,13 +189,12 @@ def test_a_request_whose_client_left_is_never_executed(server: ServeProcess) -> 
         return server.metrics().get(key, 0.0) - before.get(key, 0.0)
 
     spin = np.zeros((5, 4), np.int32)  # 5 rows: a worker thread's batch, not an inline one
-    spin[0, 0] = 1_500_000  # about a second on the engine
-    holder = server.connect()
-    holder.request(
-        "POST", server.infer_path,
-        json.dumps(request([0.0] * 20, spin.ravel().tolist(), [5, 4])).encode(),
-    )  # fmt: skip
-    deadline = time.monotonic() + 10
+    spin[0, 0] = 1_500_000  # about a second on the engine, many on a busy machine
+    holder = server.connect(timeout=600)
+    holder_request = request([0.0] * 20, spin.ravel().tolist(), [5, 4])
+    holder_request["parameters"] = {"timeout": 600_000_000}  # microseconds: never its deadline
+    holder.request("POST", server.infer_path, json.dumps(holder_request).encode())
+    deadline = time.monotonic() + 60
     while server.metric("kubeinfer_inflight_batches") < 1:
         assert time.monotonic() < deadline, "the spinning request never ran"
         time.sleep(0.01)
