@@ -10,10 +10,11 @@ request or failed (`PerfAnalyzerFailed`, with perf_analyzer's words for the answ
 Loads: closed loop (`concurrency` requests in flight, each sent when the last returned),
 open loop (`request_rate` with Poisson or constant gaps, or `intervals_file`: a schedule's
 gaps in microseconds, replayed in a loop), sent asynchronously so that a slow server does
-not hold the arrivals back. Every request carries `rows` rows of the input data (one
-row per entry of `input_data`, used in turn). Wire forms: HTTP with binary tensors or
-JSON, and gRPC. What it cannot send (requests of several sizes in one run) is
-`kubeinfer.cli.tune.load`'s.
+not hold the arrivals back (a latency counts from the send, which is on time unless
+perf_analyzer itself falls behind: it warns of that on stderr). Every request carries
+`rows` rows of the input data (one row per entry of `input_data`, used in turn). Wire
+forms: HTTP with binary tensors or JSON, and gRPC. What it cannot send (requests of
+several sizes in one run) is `kubeinfer.cli.tune.load`'s.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ a fresh process also keeps one point's queue from spilling into the next one's w
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -216,20 +217,6 @@ def serve_spec(engine: TuneEngine, setting: Setting, options: ServerOptions) -> 
     )
 
 
-@dataclass(frozen=True)
-class _Figures:
-    """What the load generator measured, whichever it was."""
-
-    window_seconds: float
-    requests_per_second: float
-    rows_per_second: float
-    errors: int
-    p50_milliseconds: float
-    p99_milliseconds: float
-    load_cpu_seconds: float | None
-    error_sample: str | None = None
-
-
 def _perf_samples(
     manifest: EngineManifest, rng: np.random.Generator
 ) -> list[dict[str, np.ndarray]]:
@@ -240,9 +227,9 @@ def _perf_samples(
 
 
 def _by_perf_analyzer(
-    engine: TuneEngine, port: int, traffic: Traffic, timing: Timing, workdir: Path,
-    around: Callable[[], object],
-) -> _Figures:  # fmt: skip
+    engine: TuneEngine, setting: Setting, port: int, traffic: Traffic, timing: Timing,
+    workdir: Path, around: Callable[[], object],
+) -> Measurement:  # fmt: skip
     """One request size: perf_analyzer offers the traffic (an open loop replays the
     arrivals' gaps) over JSON, three windows making up the measured duration."""
     [rows] = traffic_sizes(traffic)
@@ -258,15 +245,17 @@ def _by_perf_analyzer(
         _perf_samples(engine.manifest, np.random.default_rng(0)), timing.duration_seconds / 3,
         workdir, timing.warmup_seconds, around,
     )  # fmt: skip
-    return _Figures(
-        result.window_seconds, result.requests_per_second, result.rows_per_second, 0,
-        result.p50_milliseconds, result.p99_milliseconds, result.client_cpu_seconds,
+    return Measurement(
+        setting, result.window_seconds, result.requests_per_second, result.rows_per_second, 0,
+        result.p50_milliseconds, result.p99_milliseconds,
+        load_cpu_seconds=result.client_cpu_seconds,
     )  # fmt: skip
 
 
 def _by_own_client(
-    engine: TuneEngine, port: int, traffic: Traffic, timing: Timing, around: Callable[[], object]
-) -> _Figures:
+    engine: TuneEngine, setting: Setting, port: int, traffic: Traffic, timing: Timing,
+    around: Callable[[], object],
+) -> Measurement:  # fmt: skip
     """Several request sizes: our own client (`load`), the hooks at its window's edges."""
     pool = request_pool(engine.manifest, traffic_sizes(traffic), port, seed=0)
     if isinstance(traffic, ClosedLoop):
@@ -292,10 +281,10 @@ def _by_own_client(
                 timing.drain_timeout_seconds, on_window_start=around, on_window_end=around,
             )
         )  # fmt: skip
-    return _Figures(
-        run.window_s, run.throughput, run.completed_rows / run.window_s, run.errors,
-        run.percentile_ms(50), run.percentile_ms(99), run.client_cpu_s,
-        run.error_samples[0] if run.error_samples else None,
+    return Measurement(
+        setting, run.window_s, run.throughput, run.completed_rows / run.window_s, run.errors,
+        run.percentile_ms(50), run.percentile_ms(99), load_cpu_seconds=run.client_cpu_s,
+        error_sample=run.error_samples[0] if run.error_samples else None,
     )  # fmt: skip
 
 
@@ -325,9 +314,11 @@ def measure_point(
 
             if len(traffic_sizes(traffic)) == 1:
                 workdir = log_dir / f"perf-analyzer-{spec.port}"
-                figures = _by_perf_analyzer(engine, spec.port, traffic, timing, workdir, around)
+                measured = _by_perf_analyzer(
+                    engine, setting, spec.port, traffic, timing, workdir, around
+                )
             else:
-                figures = _by_own_client(engine, spec.port, traffic, timing, around)
+                measured = _by_own_client(engine, setting, spec.port, traffic, timing, around)
     except ServerFailed as error:
         lines = str(error).strip().splitlines()
         return _failed(setting, timing, f"{lines[0]} {lines[-1] if len(lines) > 1 else ''}")
@@ -336,18 +327,10 @@ def measure_point(
     except (LoadGenError, OSError) as error:
         return _failed(setting, timing, f"the load broke off: {error}")
     side = between(*snapshots[-2:]) if len(snapshots) >= 2 else None
-    answered = figures.requests_per_second > 0 or figures.errors > 0
-    return Measurement(
-        setting=setting,
-        window_seconds=figures.window_seconds,
-        requests_per_second=figures.requests_per_second,
-        rows_per_second=figures.rows_per_second,
-        errors=figures.errors,
-        p50_milliseconds=figures.p50_milliseconds,
-        p99_milliseconds=figures.p99_milliseconds,
+    answered = measured.requests_per_second > 0 or measured.errors > 0
+    return dataclasses.replace(
+        measured,
         requests_per_cpu_second=side.requests_per_cpu_second if side else None,
         mean_batch_rows=side.mean_batch_rows if side else None,
-        load_cpu_seconds=figures.load_cpu_seconds,
         failure=None if answered else "no request was answered in the window",
-        error_sample=figures.error_sample,
     )
