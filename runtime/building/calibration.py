@@ -155,18 +155,52 @@ def split_holdout(samples: Samples) -> tuple[Samples, Samples]:
     return ({k: v[:cut] for k, v in samples.items()}, {k: v[cut:] for k, v in samples.items()})
 
 
-def synthetic_samples(inputs: list[TensorInfo], count: int, seed: int = 0) -> Samples:
+SYNTHETIC_EXTENT = 8
+"""The extent synthetic samples give a named variable axis besides the batch (8 tokens of
+a sequence length; a sum such as `past_sequence_length + sequence_length` the sum)."""
+
+
+def axis_names(model: onnx.ModelProto) -> dict[str, tuple[str | None, ...]]:
+    """Each graph input's names for its axes after the batch one (None where unnamed)."""
+    return {
+        value.name: tuple(d.dim_param or None for d in value.type.tensor_type.shape.dim[1:])
+        for value in model.graph.input
+    }
+
+
+def _synthetic_extent(
+    spec: TensorInfo, axis: int, names: Mapping[str, tuple[str | None, ...]]
+) -> int:
+    """A variable axis' extent in synthetic samples: `SYNTHETIC_EXTENT` per term of its
+    name, so axes of one name (or a sum of them) agree; an unnamed one has none."""
+    from kubeinfer.runtime.engines.dimensions import sum_terms
+
+    given = names.get(spec.name, ())
+    name = given[axis] if axis < len(given) else None
+    if name is None:
+        raise CalibrationDataError(
+            f"input {spec.name!r} has an unnamed dynamic non-batch dimension {spec.shape}; "
+            "give samples with --calibration or --validation"
+        )
+    return sum(t if isinstance(t, int) else SYNTHETIC_EXTENT for t in sum_terms(name))
+
+
+def synthetic_samples(
+    inputs: list[TensorInfo],
+    count: int,
+    seed: int = 0,
+    names: Mapping[str, tuple[str | None, ...]] | None = None,
+) -> Samples:
     """Seeded inputs (standard normal for floats, 0/1 for integers, short words for
-    strings) for models without data; every non-batch dimension must be static."""
+    strings) for models without data; a variable axis besides the batch takes an extent
+    from its name (`names`, `axis_names` of the model; `_synthetic_extent`)."""
     rng = np.random.default_rng(seed)
     samples: Samples = {}
     for spec in inputs:
-        item_shape = spec.shape[1:]
-        if any(d < 1 for d in item_shape):
-            raise CalibrationDataError(
-                f"input {spec.name!r} has a dynamic non-batch dimension {spec.shape}; "
-                "give samples with --calibration or --validation"
-            )
+        item_shape = tuple(
+            d if d >= 1 else _synthetic_extent(spec, axis, names or {})
+            for axis, d in enumerate(spec.shape[1:])
+        )
         dtype = V2_TO_NUMPY[spec.datatype]
         shape = (count, *item_shape)
         if dtype.kind == "O":

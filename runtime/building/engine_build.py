@@ -321,7 +321,9 @@ def _gather_samples(
     elif validation_samples is None and calib_samples is not None:
         validation_samples, source = calib_samples, "given"
     if validation_samples is None:
-        validation_samples = cal.synthetic_samples(inputs, cal.SYNTHETIC_SAMPLES)
+        validation_samples = cal.synthetic_samples(
+            inputs, cal.SYNTHETIC_SAMPLES, names=cal.axis_names(model)
+        )
     return _Samples(inputs, outputs, calib_samples, calib_sha, validation_samples, source)
 
 
