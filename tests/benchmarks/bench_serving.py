@@ -7,13 +7,15 @@ A script, not a test (nothing here is named test_*, so pytest never collects it)
 For each deterministic model from `kubeinfer.runtime.demo_models` (the overhead-bound
 small MLP and the ~170 MB memory-bound MLP) it measures the in-process ONNX Runtime
 ceiling at batch 1..64, then starts each server as a subprocess on a loopback port (one
-at a time), checks its answers against ONNX Runtime in-process, and drives it with 1, 8,
-32 and 64 closed-loop clients sending single-item requests (v2 JSON; Triton binary too at
-32 clients). Before those, one kubeinfer serving both REST and gRPC is driven over REST
-JSON, REST binary and gRPC at 1 and 32 clients in `--transport-rounds` interleaved rounds
-(`transports.py`; `--transports-only` runs just that; `--baseline TREE` runs an older
-source tree's server beside this checkout's in the same rounds). The mean batch size is
-the delta of the server's batch-size histogram over the measured window. Last, the memory-bound
+at a time), checks its answers against ONNX Runtime in-process (through tritonclient),
+and drives it with 1, 8, 32 and 64 closed-loop clients sending single-item requests (v2
+JSON; Triton binary too at 32 clients) from perf_analyzer (`kubeinfer.cli.tune.perf`: a
+warm-up run, then three windows making up `--duration`). Before those, one kubeinfer
+serving both REST and gRPC is driven over REST JSON, REST binary and gRPC at 1 and 32
+clients in `--transport-rounds` interleaved rounds (`transports.py`; `--transports-only`
+runs just that; `--baseline TREE` runs an older source tree's server beside this
+checkout's in the same rounds). The mean batch size and the server's CPU per request are
+the deltas of the server's own counters over the measured run. Last, the memory-bound
 model's fp32 and int8 engines, built through `kubeinfer build`, are served side by side.
 It prints one Markdown report (serving table, ceiling table, gRPC beside REST, int8
 table, the issue's targets) and writes it to `--out`.
