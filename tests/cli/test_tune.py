@@ -549,7 +549,9 @@ def consistent(p: dict, rows_per_request: float | None = None) -> None:
 
 
 @pytest.mark.slow
-def test_a_tiny_sweep_end_to_end_from_onnx_then_from_its_engine(tmp_path: Path) -> None:
+def test_a_tiny_sweep_end_to_end_from_onnx_then_from_its_engine(
+    perf_analyzer: str, tmp_path: Path
+) -> None:
     """perf_analyzer drives the single-size traffic (closed loop, then a replayed trace),
     our own client a trace of several sizes."""
     model = build_tiny_mlp(tmp_path / "tiny.onnx")

@@ -122,7 +122,7 @@ SAMPLES = [{"input": row} for row in np.random.default_rng(3).standard_normal((8
     ],
 )
 def test_perf_analyzer_drives_kubeinfer_serve_and_its_figures_agree(
-    served: tuple, wire: str, load: perf.Load
+    perf_analyzer: str, served: tuple, wire: str, load: perf.Load
 ) -> None:
     server, grpc_port, work = served
     pid, url = server.process.pid, server.spec.metrics_url
@@ -150,7 +150,9 @@ def test_perf_analyzer_drives_kubeinfer_serve_and_its_figures_agree(
 
 
 @pytest.mark.slow
-def test_a_refused_request_ends_the_run_with_the_servers_words(tmp_path: Path) -> None:
+def test_a_refused_request_ends_the_run_with_the_servers_words(
+    perf_analyzer: str, tmp_path: Path
+) -> None:
     model = build_tiny_mlp(tmp_path / "tiny.onnx")
     port = free_port()
     spec = ServerSpec(
