@@ -21,7 +21,9 @@ on the same GPU:
 It prints rows per second both ways and their ratio (served / raw), the served batches'
 mean size (from the runtime's `kubeinfer_batch_size` histogram), the latency percentiles,
 and, read while serving, the runtime's NVML gauges beside `nvidia-smi`'s figures for the
-same device.
+same device. The load needs perf_analyzer on the machine (`pip install perf-analyzer`,
+from a wheel folder without network; the GPU images' glibc is new enough for it): not yet
+run on a GPU since the load moved to it.
 
 `python gpu_served.py serve --config FILE --widths ...` is the server process on its own
 (a RuntimeConfig file, as `kubeinfer serve --config` reads; the engine is this file's).
