@@ -101,23 +101,24 @@ class InferenceService(GRPCInferenceServiceServicer):
     ) -> Any:
         return pb.ServerMetadataResponse(**self._dataplane.server_metadata())
 
+    async def _metadata(
+        self, request: pb.ModelMetadataRequest | pb.ModelConfigRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> dict[str, Any]:  # fmt: skip
+        try:
+            return self._dataplane.model_metadata(request.name, request.version or None)
+        except InferenceServerError as error:
+            await _abort(context, error)
+
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> Any:
-        try:
-            metadata = self._dataplane.model_metadata(request.name, request.version or None)
-        except InferenceServerError as error:
-            await _abort(context, error)
-        return to_model_metadata_response(metadata)
+        return to_model_metadata_response(await self._metadata(request, context))
 
     async def ModelConfig(
         self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
     ) -> Any:
-        try:
-            metadata = self._dataplane.model_metadata(request.name, request.version or None)
-        except InferenceServerError as error:
-            await _abort(context, error)
-        return to_model_config_response(model_config(metadata))
+        return to_model_config_response(model_config(await self._metadata(request, context)))
 
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
