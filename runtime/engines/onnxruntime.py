@@ -94,18 +94,27 @@ def serving_session_options(intra_op_threads: int | None) -> ort.SessionOptions:
     return options
 
 
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, touch: bool = True) -> np.ndarray:
     """A C-contiguous array on a 64-byte boundary with every page touched now, so the
-    first batch pays no page faults (np.zeros/np.empty map pages lazily). A string
-    tensor's buffer is an object array of empty bytes."""
+    first batch pays no page faults (np.zeros/np.empty map pages lazily); with `touch`
+    off, its pages are mapped as they are first written. A string tensor's buffer is an
+    object array of empty bytes."""
     if dtype.kind == "O":
         return empty_strings(shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
     offset = (-raw.ctypes.data) % _ALIGNMENT
     array = raw[offset : offset + nbytes].view(dtype).reshape(shape)
-    array.fill(0)
+    if touch:
+        array.fill(0)
     return array
+
+
+def _untouched(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A variable-shape slot's buffer: sized for the largest batch, its pages mapped as
+    batches first reach them, so a slot holds what its traffic has used, not the worst
+    case, and starts without writing it all (`onnxruntime_shapes`)."""
+    return aligned_empty(shape, dtype, touch=False)
 
 
 def _tensor_specs(
@@ -343,7 +352,7 @@ class OnnxRuntimeEngine:
             session = self._session
         if self._shaped:
             return ShapedOnnxRuntimeSlot(
-                session, self._inputs, self._outputs, self._max_batch_size, aligned_empty
+                session, self._inputs, self._outputs, self._max_batch_size, _untouched
             )
         return OnnxRuntimeSlot(session, self._inputs, self._outputs, self._max_batch_size)
 

@@ -122,6 +122,21 @@ def gated(tiny_engine: OnnxRuntimeEngine) -> Iterator[GatedEngine]:
     engine.gate.set()  # a test that failed while holding a slot leaves no thread waiting
 
 
+@pytest.fixture
+def gated_of() -> Iterator[Callable[[OnnxRuntimeEngine], GatedEngine]]:
+    """Wraps an engine of the test's own in a `GatedEngine`; each gate is opened again at
+    teardown, so a failed test leaves no thread waiting."""
+    made: list[GatedEngine] = []
+
+    def wrap(engine: OnnxRuntimeEngine) -> GatedEngine:
+        made.append(GatedEngine(engine))
+        return made[-1]
+
+    yield wrap
+    for engine in made:
+        engine.gate.set()
+
+
 @dataclass
 class Serving:
     """`serve()` running in this event loop: its port, app, stop event and task (whose

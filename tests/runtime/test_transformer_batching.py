@@ -22,7 +22,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import GatedEngine
 from kubeinfer.contract.runtime_config import BatchingPolicy, InputShape, ShapeBatching
 from kubeinfer.runtime.batching.queue import Batcher
 from kubeinfer.runtime.batching.shapes import ShapePlan
@@ -146,7 +145,7 @@ def test_an_output_named_after_no_input_is_allocated_per_run(tmp_path) -> None:
 
 
 async def serve_queued(
-    engine: GatedEngine, plan: ShapePlan, requests: list[dict[str, np.ndarray]]
+    engine, plan: ShapePlan, requests: list[dict[str, np.ndarray]]
 ) -> list[dict[str, np.ndarray]]:
     """Holds the slot with the first request, queues the others, then lets them run."""
     policy = BatchingPolicy(max_batch_size=8, execution_slots=1, max_queue_delay_microseconds=0)
@@ -190,10 +189,10 @@ def _typed(request: dict[str, np.ndarray]) -> dict[str, tuple[str, np.ndarray]]:
     ],
 )
 async def test_mixed_lengths_share_batches_as_the_strategy_says(
-    encoder_path, strategy, batches
+    encoder_path, gated_of, strategy, batches
 ) -> None:
     engine = OnnxRuntimeEngine(encoder_path, 8, intra_op_threads=1, input_shapes=text_shapes())
-    gated = GatedEngine(engine)
+    gated = gated_of(engine)
     policy = BatchingPolicy(shape_batching=strategy, shape_buckets=[16, 32, 64, 128])
     plan = ShapePlan(engine.inputs, engine.outputs, policy, text_shapes())
     rng = np.random.default_rng(2)
@@ -213,10 +212,10 @@ async def test_mixed_lengths_share_batches_as_the_strategy_says(
 
 
 async def test_a_decoders_past_keeps_requests_apart_while_new_tokens_are_padded(
-    decoder_path,
+    decoder_path, gated_of
 ) -> None:
     engine = OnnxRuntimeEngine(decoder_path, 8, intra_op_threads=1, input_shapes=decoder_shapes())
-    gated = GatedEngine(engine)
+    gated = gated_of(engine)
     policy = BatchingPolicy(max_batch_size=8, shape_batching=ShapeBatching.PAD_TO_BUCKETS)
     plan = ShapePlan(engine.inputs, engine.outputs, policy, decoder_shapes())
     rng = np.random.default_rng(3)

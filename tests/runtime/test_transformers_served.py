@@ -6,7 +6,9 @@ Covers: concurrent requests of lengths drawn from 1 to 128 tokens under both bat
 strategies, each answered as ONNX Runtime answers it alone (the padded ones cut back to
 their own length); a decoder generating token by token with its presents sent back as
 its past, under both strategies; a request past the range a 400 (INVALID_ARGUMENT) naming
-it; the buffers' memory in the log and /metrics as the engine allocates it; the request
+it; the buffers' memory in the log and /metrics as the engine allocates it, and a
+decoder with a real vocabulary's buffers reserved but not resident until batches use
+them (the process starts without writing its worst case); the request
 body limit derived from the model (413 and RESOURCE_EXHAUSTED naming maxRequestBytes and
 how to raise it); a model with a variable axis and no range, and padding that cannot be
 done, refused at start with what to change.
@@ -249,3 +251,22 @@ def test_what_cannot_be_served_is_refused_at_start(
     )  # fmt: skip
     assert started.returncode == 1, started.stderr
     assert message in started.stderr
+
+
+def test_a_real_vocabularys_buffers_are_reserved_not_written_at_start(tmp_path: Path) -> None:
+    """GPT-2's 50257-token vocabulary at 256 tokens and 32 rows: 1.5 GiB of logits buffer
+    reported, far less resident (the pages are mapped as batches reach them)."""
+    path = build_decoder(tmp_path / "gpt.onnx", DecoderConfig(vocab=50257))
+    kv = f"{CONFIG.heads}x0x{CONFIG.head_size}"
+    past = [
+        f"--input-shape=past_{i}_{p}={kv}:{kv}:{kv}" for i in range(2) for p in ("key", "value")
+    ]
+    with ServeProcess(
+        path, "gpt", "--input-shape=input_ids=1:64:256", "--input-shape=attention_mask=1:64:256",
+        *past, "--max-batch-size", "32",
+    ) as process:  # fmt: skip
+        reported = process.metric("kubeinfer_engine_buffer_bytes")
+        assert reported >= 32 * 256 * 50257 * 4
+        resident = process.memory_kib("VmRSS") * 1024
+        assert resident < reported / 2, (resident, reported)
+        assert process.stop() == 0
