@@ -174,8 +174,9 @@ ENGINE_BUFFER_BYTES = Series(
     "kubeinfer_engine_buffer_bytes",
     "gauge",
     MODEL_LABELS,
-    "Bytes the execution slots hold in input and output buffers: per slot, a full batch "
-    "(maxBatchSize rows) of every tensor at its largest allowed shape.",
+    "Bytes the execution slots reserve for input and output buffers: per slot, a full "
+    "batch (maxBatchSize rows) of every tensor at its largest allowed shape (a model with "
+    "variable axes maps those pages as its batches reach them).",
 )
 GPU_MEMORY_USED = Series(
     "kubeinfer_gpu_memory_used_bytes", "gauge", GPU_LABELS, "GPU memory in use."
