@@ -1,69 +1,149 @@
-# kubeinfer: one image per side, each installing only what it runs (pyproject.toml's extras).
+# kubeinfer: one image per side, each installing only what it runs (pyproject.toml's extras,
+# pinned with hashes in requirements/; docs/images.md).
 #
-#   docker build --target operator    -t kubeinfer-operator .     # the kopf operator (+ validate, render, crds)
-#   docker build --target runtime     -t kubeinfer-runtime .      # serve and build on CPU (ONNX Runtime)
-#   docker build --target runtime-gpu -t kubeinfer-runtime-gpu .  # serve and build with TensorRT
+#   make images                                       # operator and runtime, with podman
+#   docker build --target operator    -t ghcr.io/kubeinfer/kubeinfer-operator:0.1.0 .
+#   docker build --target runtime     -t ghcr.io/kubeinfer/kubeinfer-runtime:0.1.0 .
+#   docker build --target runtime-gpu -t ghcr.io/kubeinfer/kubeinfer-runtime-gpu:0.1.0 .
 #
-# The runtime images also run the engine build Jobs. Every image runs as a non-root user
-# (65532) and writes nothing outside /tmp (HOME) and the mounted engine cache, so pods can
-# use readOnlyRootFilesystem; bytecode is compiled at install time.
-# Unverified on the development machines: they have no Docker engine.
+# Each image is its base, one layer of pinned dependencies (rebuilt only when its lock
+# changes) and one small layer of the project itself, so a source change rebuilds in
+# seconds. Every image runs as uid 65532 and writes nothing outside /tmp (HOME) and its
+# mounts, so pods can set readOnlyRootFilesystem; bytecode is compiled at install time. No
+# pip, setuptools, wheel or compiler is left in the operator and runtime images.
 
-ARG PYTHON_BASE=python:3.11-slim
-# NVIDIA's TensorRT image, pinned: 25.01 ships TensorRT 10.8, CUDA 12.8 and Python 3.12
-# (Ubuntu 24.04); the gpu extra accepts TensorRT 10.x and finds the image's own.
+# Python 3.11 on Debian 12, by digest (docker-library/repo-info's record of the tag).
+# `make images` builds on a base made from Debian's packages instead (PYTHON_BASE), where no
+# image registry is reachable.
+ARG PYTHON_BASE=python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
+# NVIDIA's TensorRT image: 25.01 ships TensorRT 10.8, CUDA 12.8 and Python 3.12 on Ubuntu
+# 24.04 (requirements/runtime-gpu.txt is locked for that Python; cuda-bindings < 13 for that
+# CUDA). Add its digest where nvcr.io is reachable: it is not from the development machines.
 ARG TENSORRT_BASE=nvcr.io/nvidia/tensorrt:25.01-py3
 
-# -- the wheel, built once for all targets ----------------------------------------------
-FROM ${PYTHON_BASE} AS wheel
-WORKDIR /src
-COPY pyproject.toml setup.py README.md ./
-COPY operator ./operator
-COPY runtime ./runtime
-COPY cluster ./cluster
-COPY cli ./cli
-COPY examples ./examples
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+# -- tools: a pinned pip and setuptools in a venv of their own, never copied into an image --
+FROM ${PYTHON_BASE} AS tools
+# The builder's pip settings (a proxy's CA, a mirror), when it has any: `make images` passes
+# the host's. Unset, pip uses its defaults. (Build arguments are per stage: each stage that
+# downloads declares them.)
+ARG PIP_CERT
+ARG PIP_INDEX_URL
+COPY requirements/build.txt /requirements/
+RUN python -m venv /opt/pip \
+ && /opt/pip/bin/pip install --no-cache-dir --disable-pip-version-check --require-hashes \
+      --no-deps -r /requirements/build.txt
 
-# -- the operator ------------------------------------------------------------------------
-FROM ${PYTHON_BASE} AS operator-install
-COPY --from=wheel /wheels /wheels
-RUN python -m venv /opt/kubeinfer \
- && /opt/kubeinfer/bin/pip install --no-cache-dir "$(ls /wheels/kubeinfer-*.whl)[operator]"
+# -- the project's wheel, built from outside its source folder: run inside /src, Python
+# would find the project's operator/ before the standard library's operator module --------
+FROM tools AS wheel
+COPY . /src
+WORKDIR /build
+RUN /opt/pip/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-deps \
+      --no-build-isolation --wheel-dir /wheels /src
 
-FROM ${PYTHON_BASE} AS operator
-COPY --from=operator-install /opt/kubeinfer /opt/kubeinfer
-ENV PATH=/opt/kubeinfer/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
+# -- the final images' common base: no installer, non-root, kubeinfer as the entry point ---
+FROM ${PYTHON_BASE} AS base
+# The base's own pip, setuptools and wheel, and the wheels ensurepip and Debian's venv keep.
+RUN (python -m pip uninstall --yes --quiet pip setuptools wheel 2>/dev/null || true) \
+ && rm -rf /usr/share/python-wheels /usr/local/lib/python3*/ensurepip/_bundled \
+      /usr/lib/python3*/ensurepip/_bundled \
+ && ! python -c "import pip" 2>/dev/null && ! python -c "import setuptools" 2>/dev/null
+ENV PATH=/opt/kubeinfer/project/bin:/opt/kubeinfer/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
 USER 65532:65532
 ENTRYPOINT ["kubeinfer"]
+
+# -- the operator: the kopf operator, validate, render, crds ------------------------------
+# Its dependencies: a venv without pip, filled by the tools' pip from the lock alone, so
+# this layer is rebuilt only when the lock changes. The project goes to
+# /opt/kubeinfer/project, which a .pth puts on the venv's path: a small layer of its own.
+FROM tools AS operator-deps
+ARG PIP_CERT
+ARG PIP_INDEX_URL
+COPY requirements/operator.txt /requirements/
+RUN python -m venv --without-pip /opt/kubeinfer \
+ && /opt/pip/bin/pip --python /opt/kubeinfer/bin/python install --no-cache-dir \
+      --disable-pip-version-check --require-hashes --no-deps --only-binary :all: \
+      -r /requirements/operator.txt \
+ && for site in /opt/kubeinfer/lib/python3*/site-packages; do \
+      echo /opt/kubeinfer/project > "$site/kubeinfer-project.pth"; done
+
+FROM operator-deps AS operator-project
+COPY --from=wheel /wheels /wheels
+RUN /opt/pip/bin/pip --python /opt/kubeinfer/bin/python install --no-cache-dir \
+      --disable-pip-version-check --no-deps --target /opt/kubeinfer/project /wheels/*.whl
+
+FROM base AS operator
+COPY --from=operator-deps /opt/kubeinfer /opt/kubeinfer
+COPY --from=operator-project /opt/kubeinfer/project /opt/kubeinfer/project
 CMD ["operator"]
 
-# -- the CPU runtime ---------------------------------------------------------------------
-FROM ${PYTHON_BASE} AS runtime-install
-COPY --from=wheel /wheels /wheels
-RUN python -m venv /opt/kubeinfer \
- && /opt/kubeinfer/bin/pip install --no-cache-dir "$(ls /wheels/kubeinfer-*.whl)[runtime]"
+# -- the CPU runtime: serve and build with ONNX Runtime, models from s3:// and gs:// ------
+# (the engine build Jobs run in it too); the same two layers as the operator's.
+FROM tools AS runtime-deps
+ARG PIP_CERT
+ARG PIP_INDEX_URL
+COPY requirements/runtime.txt /requirements/
+RUN python -m venv --without-pip /opt/kubeinfer \
+ && /opt/pip/bin/pip --python /opt/kubeinfer/bin/python install --no-cache-dir \
+      --disable-pip-version-check --require-hashes --no-deps --only-binary :all: \
+      -r /requirements/runtime.txt \
+ && for site in /opt/kubeinfer/lib/python3*/site-packages; do \
+      echo /opt/kubeinfer/project > "$site/kubeinfer-project.pth"; done
 
-FROM ${PYTHON_BASE} AS runtime
-COPY --from=runtime-install /opt/kubeinfer /opt/kubeinfer
-ENV PATH=/opt/kubeinfer/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
-USER 65532:65532
-EXPOSE 8000
-ENTRYPOINT ["kubeinfer"]
+FROM runtime-deps AS runtime-project
+COPY --from=wheel /wheels /wheels
+RUN /opt/pip/bin/pip --python /opt/kubeinfer/bin/python install --no-cache-dir \
+      --disable-pip-version-check --no-deps --target /opt/kubeinfer/project /wheels/*.whl
+
+FROM base AS runtime
+COPY --from=runtime-deps /opt/kubeinfer /opt/kubeinfer
+COPY --from=runtime-project /opt/kubeinfer/project /opt/kubeinfer/project
+# HTTP (v2 API, health, /metrics) and the conventional gRPC port (Triton's clients use
+# 8001; the runtime listens there when its config sets grpcPort).
+EXPOSE 8000 8001
 CMD ["serve", "--help"]
 
-# -- the GPU runtime: TensorRT from NVIDIA's image, pycuda built against its CUDA ----------
-FROM ${TENSORRT_BASE} AS runtime-gpu
+# -- the GPU runtime: TensorRT from NVIDIA's image (unverified: no registry, no GPU here) --
+# The venv sees the image's TensorRT through --system-site-packages; pycuda has no wheel
+# and is built here against the image's CUDA, with the image's compiler.
+FROM ${TENSORRT_BASE} AS gpu-tools
+ARG PIP_CERT
+ARG PIP_INDEX_URL
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3-venv \
  && rm -rf /var/lib/apt/lists/*
+COPY requirements/build.txt /requirements/
+RUN python3 -m venv /opt/pip \
+ && /opt/pip/bin/pip install --no-cache-dir --disable-pip-version-check --require-hashes \
+      --no-deps -r /requirements/build.txt
+
+FROM gpu-tools AS runtime-gpu-deps
+ARG PIP_CERT
+ARG PIP_INDEX_URL
+COPY requirements/runtime-gpu.txt /requirements/
+RUN python3 -m venv --without-pip --system-site-packages /opt/kubeinfer \
+ && /opt/pip/bin/pip --python /opt/kubeinfer/bin/python install --no-cache-dir \
+      --disable-pip-version-check --require-hashes --no-deps --only-binary :all: \
+      --no-binary pycuda -r /requirements/runtime-gpu.txt \
+ && for site in /opt/kubeinfer/lib/python3*/site-packages; do \
+      echo /opt/kubeinfer/project > "$site/kubeinfer-project.pth"; done
+
+FROM runtime-gpu-deps AS runtime-gpu-project
 COPY --from=wheel /wheels /wheels
-# --system-site-packages: the image's TensorRT (its Python bindings) satisfies the extra.
-RUN python3 -m venv --system-site-packages /opt/kubeinfer \
- && /opt/kubeinfer/bin/pip install --no-cache-dir "$(ls /wheels/kubeinfer-*.whl)[gpu]" \
- && rm -rf /wheels
-ENV PATH=/opt/kubeinfer/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
+RUN /opt/pip/bin/pip --python /opt/kubeinfer/bin/python install --no-cache-dir \
+      --disable-pip-version-check --no-deps --target /opt/kubeinfer/project /wheels/*.whl
+
+# NVIDIA's image keeps its own compilers and CUDA toolkit; its pip goes.
+FROM ${TENSORRT_BASE} AS runtime-gpu
+RUN (python3 -m pip uninstall --yes --quiet --break-system-packages pip setuptools wheel \
+      2>/dev/null || true) \
+ && ! python3 -c "import pip" 2>/dev/null
+COPY --from=runtime-gpu-deps /opt/kubeinfer /opt/kubeinfer
+COPY --from=runtime-gpu-project /opt/kubeinfer/project /opt/kubeinfer/project
+ENV PATH=/opt/kubeinfer/project/bin:/opt/kubeinfer/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
 USER 65532:65532
-EXPOSE 8000
+EXPOSE 8000 8001
 ENTRYPOINT ["kubeinfer"]
 CMD ["serve", "--help"]

@@ -4,14 +4,40 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-demo lint bench crds protos clean mutate
+.PHONY: demo test test-demo lint bench crds protos clean mutate lock images
 
-# The virtual environment is rebuilt only when the dependencies change.
-$(STAMP): pyproject.toml
+# The virtual environment is rebuilt only when the dependencies change, at the versions
+# the images ship (requirements/constraints.txt; `make lock` after editing pyproject.toml).
+$(STAMP): pyproject.toml requirements/constraints.txt requirements/build.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip "setuptools>=75"
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --require-hashes -r requirements/build.txt
+	$(BIN)/pip install --quiet --no-build-isolation -c requirements/constraints.txt -e '.[dev]'
 	touch $@
+
+# The pins (docs/images.md): one resolution of every extra but gpu, for Python 3.11 on
+# Debian 12's glibc, constrains the venv; each image's lock is its share of it, with
+# hashes; the GPU image's is for its base's Python 3.12 on Ubuntu 24.04. `make lock` keeps
+# the pins that still satisfy pyproject.toml; `make lock LOCK_ARGS=--upgrade` moves them.
+LOCK_ARGS ?=
+LOCK := $(BIN)/uv pip compile --quiet --custom-compile-command 'make lock' $(LOCK_ARGS)
+DEBIAN_311 := --python-version 3.11 --python-platform x86_64-manylinux_2_36
+PINNED := --generate-hashes -c requirements/constraints.txt
+
+lock: $(STAMP)
+	$(LOCK) $(DEBIAN_311) pyproject.toml --extra dev --extra s3 --extra gcs --extra mutation \
+		-o requirements/constraints.txt
+	$(LOCK) $(DEBIAN_311) $(PINNED) requirements/build.in -o requirements/build.txt
+	$(LOCK) $(DEBIAN_311) $(PINNED) pyproject.toml --extra operator -o requirements/operator.txt
+	$(LOCK) $(DEBIAN_311) $(PINNED) pyproject.toml --extra runtime --extra s3 --extra gcs \
+		-o requirements/runtime.txt
+	$(LOCK) --python-version 3.12 --python-platform x86_64-manylinux_2_39 $(PINNED) \
+		pyproject.toml requirements/runtime-gpu.in --extra runtime --extra s3 --extra gcs \
+		-o requirements/runtime-gpu.txt
+
+# The operator and runtime images (docs/images.md), built with podman from the Dockerfile
+# and exported as OCI archives under $${XDG_CACHE_HOME:-~/.cache}/kubeinfer/images.
+images: $(STAMP)
+	$(BIN)/python -m kubeinfer.cluster.images
 
 # MLServer, the benchmark's baseline, gets its own venv: mlserver 1.7.1's pins conflict
 # with ours (and it needs uvloop 0.21). Same ONNX Runtime version as .venv, for fairness.
@@ -26,9 +52,29 @@ $(BENCH_STAMP): | $(STAMP)
 		"onnxruntime==$$($(BIN)/python -c 'import onnxruntime; print(onnxruntime.__version__)')"
 	touch $@
 
+# perf_analyzer, Triton's load generator: `kubeinfer tune` and the benchmarks drive their
+# load with it. Its package (the tune extra) needs glibc 2.38; on Debian 12 the same
+# program comes from tritonclient 2.51.0's wheel, with libcudart beside it and libb64 from
+# Debian (requirements/perf-analyzer.txt), behind a wrapper in the venv's bin that
+# `kubeinfer tune` finds there.
+PERF_ANALYZER := $(BIN)/perf_analyzer
+
+$(PERF_ANALYZER): requirements/perf-analyzer.txt | $(STAMP)
+	@[ -e /usr/lib/x86_64-linux-gnu/libb64.so.0d ] || { [ "$$(id -u)" = 0 ] \
+		&& command -v apt-get >/dev/null && { apt-get install -y --no-install-recommends \
+		libb64-0d >/dev/null 2>&1 || { apt-get update >/dev/null 2>&1 && apt-get install -y \
+		--no-install-recommends libb64-0d >/dev/null 2>&1; }; }; } \
+		|| echo "libb64-0d not installed: perf_analyzer will not start without it"
+	$(BIN)/pip install --quiet --no-deps --require-hashes --upgrade \
+		--target $(VENV)/perf-analyzer -r requirements/perf-analyzer.txt
+	printf '%s\n' '#!/bin/sh' 'here="$$(dirname "$$0")/../perf-analyzer"' \
+		'LD_LIBRARY_PATH="$$here/nvidia/cuda_runtime/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}" \' \
+		'  exec "$$here/bin/perf_analyzer" "$$@"' > $@
+	chmod +x $@
+
 # The serving benchmark (a script, not a test); `make bench BENCH_ARGS=--quick` for a
 # short run. Results also go to .bench/results.md.
-bench: $(STAMP) $(BENCH_STAMP)
+bench: $(STAMP) $(BENCH_STAMP) $(PERF_ANALYZER)
 	$(BIN)/python tests/benchmarks/bench_serving.py $(BENCH_ARGS)
 
 demo: $(STAMP)
@@ -45,7 +91,7 @@ demo: $(STAMP)
 # worker starts its own control plane and Prometheus; `TEST_WORKERS=0` runs in one process.
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+test: $(STAMP) $(PERF_ANALYZER)
 	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& { apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
 		|| { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends \
@@ -67,6 +113,7 @@ STRICT_TYPED := kubeinfer/contract kubeinfer/operator/api kubeinfer/operator/sta
 	kubeinfer/operator/quality \
 	kubeinfer/runtime/batching/policy.py kubeinfer/runtime/batching/assembler.py \
 	kubeinfer/runtime/batching/admission.py kubeinfer/runtime/batching/adaptive.py \
+	kubeinfer/runtime/batching/shapes.py kubeinfer/runtime/engines/dimensions.py \
 	kubeinfer/cli/tune/frontier.py kubeinfer/cli/tune/traffic.py kubeinfer/cli/tune/report.py
 TYPED := kubeinfer/operator kubeinfer/runtime kubeinfer/cluster kubeinfer/cli kubeinfer/contract
 

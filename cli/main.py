@@ -42,7 +42,7 @@ EXTRA_OF_MODULE = {
     "kopf": "operator",
     "kubernetes": "operator",
     "ruamel": "operator",
-    "prometheus_api_client": "operator",
+    "requests": "operator",
     "numpy": "runtime",
     "onnx": "runtime",
     "onnxruntime": "runtime",

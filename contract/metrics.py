@@ -170,6 +170,14 @@ BATCHING_CONCURRENT_BATCHES = Series(
     "Most batches run at once, as batching policy Adaptive chose it last: every execution "
     "slot, or 1 where they were measured not to add up (absent under Static).",
 )
+ENGINE_BUFFER_BYTES = Series(
+    "kubeinfer_engine_buffer_bytes",
+    "gauge",
+    MODEL_LABELS,
+    "Bytes the execution slots reserve for input and output buffers: per slot, a full "
+    "batch (maxBatchSize rows) of every tensor at its largest allowed shape (a model with "
+    "variable axes maps those pages as its batches reach them).",
+)
 GPU_MEMORY_USED = Series(
     "kubeinfer_gpu_memory_used_bytes", "gauge", GPU_LABELS, "GPU memory in use."
 )

@@ -17,7 +17,9 @@ from pydantic import Field, ValidationInfo, field_validator
 
 BatchSize = Annotated[int, Field(ge=1, le=1024)]
 
-DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+UNSIZED_REQUEST_BYTES = 16 * 1024 * 1024
+"""The request limit of a model whose largest request has no size in bytes (a string
+input), unless maxRequestBytes sets one."""
 JSON_BYTES_PER_TENSOR_BYTE = 8
 """Headroom for JSON in `request_bytes_limit`: the most text a tensor byte becomes (an
 INT8 `-128, ` or a BOOL `false, ` is 6-7 characters per byte, an FP32 as Python writes it
@@ -27,12 +29,82 @@ REQUEST_HEADER_BYTES = 64 * 1024
 
 
 def request_bytes_limit(input_bytes_per_row: int, max_batch_size: int) -> int:
-    """The body limit for a model whose inputs take `input_bytes_per_row` bytes per row in
-    binary: a full batch of them as JSON, plus room for the request's other fields."""
+    """The body limit for a model whose inputs take at most `input_bytes_per_row` bytes per
+    row in binary (at each input's largest allowed shape): a full batch of them as JSON,
+    plus room for the request's other fields. `kubeinfer serve` derives its default from
+    the loaded model with it, and the operator from the build's report, so both agree."""
     return max(
         1024,
         input_bytes_per_row * max_batch_size * JSON_BYTES_PER_TENSOR_BYTE + REQUEST_HEADER_BYTES,
     )
+
+
+MAX_RANK = 8
+"""Most axes an input may have besides the batch one (`InputShape`)."""
+
+Shape = Annotated[list[Annotated[int, Field(ge=0, le=1_000_000)]], Field(max_length=MAX_RANK)]
+
+
+class InputShape(ApiModel):
+    """The shapes one model input may take, its batch dimension left out (the batch is
+    bounded by maxBatchSize): what a TensorRT optimization profile states, and what bounds
+    the runtime's buffers. Axes the model fixes take the model's size; each axis the model
+    leaves variable (`sequence_length`) needs its range here."""
+
+    cross_field_rules = (
+        CrossFieldRule(
+            cel="size(self.minShape) == size(self.maxShape) && "
+            "size(self.optShape) == size(self.maxShape)",
+            message="minShape, optShape and maxShape must have one entry per axis each",
+            field="maxShape",
+            holds=lambda s: len(s.min_shape) == len(s.opt_shape) == len(s.max_shape),
+        ),
+        CrossFieldRule(
+            cel="[0, 1, 2, 3, 4, 5, 6, 7].all(i, i >= size(self.maxShape) || "
+            "i >= size(self.minShape) || i >= size(self.optShape) || "
+            "(self.minShape[i] <= self.optShape[i] && self.optShape[i] <= self.maxShape[i]))",
+            message="each axis needs minShape <= optShape <= maxShape",
+            field="optShape",
+            holds=lambda s: all(
+                a <= b <= c for a, b, c in zip(s.min_shape, s.opt_shape, s.max_shape, strict=False)
+            ),
+        ),
+    )
+
+    name: str = Field(min_length=1, max_length=256)
+    """The model input's name."""
+
+    min_shape: Shape
+    """The smallest extent of each axis after the batch one (e.g. [1] for token ids of at
+    least one token)."""
+
+    opt_shape: Shape
+    """The extents the engine is tuned for (TensorRT's optimization profile); requests of
+    any shape in range are served."""
+
+    max_shape: Shape
+    """The largest extent of each axis after the batch one; larger requests are refused
+    with 400, and the runtime's buffers and request size limit are sized from it."""
+
+    pad_value: float | None = None
+    """With shapeBatching PadToBuckets, what fills this input where a request is padded
+    (0 for token ids, attention masks and token types); unset, the input is never padded,
+    so requests share a batch only when they agree on its variable axes (a decoder's past
+    key/values, which no mask hides)."""
+
+
+class ShapeBatching(StrEnum):
+    """How requests whose inputs differ in a variable axis (a sequence length) share
+    batches."""
+
+    EQUAL_SHAPES = "EqualShapes"
+    """Only requests of the same shape share a batch: no padding and no wasted compute, but
+    with many distinct lengths in flight, batches are small."""
+    PAD_TO_BUCKETS = "PadToBuckets"
+    """Each padded axis is rounded up to the next of shapeBuckets and requests of the same
+    rounded shape share a batch, padded with each input's padValue; every output axis named
+    like a padded input axis is cut back to the request's own extent. Larger batches, at
+    the cost of computing the padding."""
 
 
 class BatchingPolicyKind(StrEnum):
@@ -103,6 +175,24 @@ class BatchingPolicy(ApiModel):
     first batch is measured. Adaptive acts where a batch can wait for a free slot: with one
     execution slot, batches form only while that slot is busy, under either policy."""
 
+    shape_batching: ShapeBatching = ShapeBatching.EQUAL_SHAPES
+    """For models with variable axes besides the batch (a sequence length): EqualShapes
+    batches only requests of one shape together; PadToBuckets pads requests up to the next
+    of shapeBuckets along the axes of inputs that have a padValue, and batches those of
+    one padded shape together. Models whose inputs have no variable axis ignore it."""
+
+    shape_buckets: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
+        default_factory=list, max_length=64
+    )
+    """With PadToBuckets, the extents a padded axis is rounded up to (e.g. [16, 32, 64,
+    128]); an extent past the last goes up to the axis' maxShape. Empty: powers of two
+    (and the axis' maxShape)."""
+
+    @field_validator("shape_buckets")
+    @classmethod
+    def _sorted_buckets(cls, sizes: list[int]) -> list[int]:
+        return sorted(set(sizes))
+
     slo_margin_percent: int = Field(default=20, ge=0, le=90)
     """With policy Adaptive, the share of the SLO kept out of the batcher's aim, in percent:
     the batcher sees its queue and compute time only, not reading, decoding and answering
@@ -167,6 +257,14 @@ class RuntimeConfig(ApiModel):
     batching: BatchingPolicy = Field(default_factory=BatchingPolicy)
     """The dynamic batcher's policy."""
 
+    input_shapes: list[InputShape] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """The shape range of each model input with a variable axis besides the batch (inputs
+    the model fixes need no entry)."""
+
     slo_p99_latency_milliseconds: float | None = Field(default=None, gt=0, le=3_600_000)
     """The p99 latency objective (the InferenceDeployment's slo.p99LatencyMilliseconds):
     exported as kubeinfer_slo_p99_latency_seconds, and held by batching policy Adaptive."""
@@ -188,12 +286,12 @@ class RuntimeConfig(ApiModel):
             raise ValueError(f"grpcPort {port} is the httpPort; each needs its own port")
         return port
 
-    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024)
+    max_request_bytes: int | None = Field(default=None, ge=1024)
     """Largest request body accepted, after inflation when compressed; larger ones are
-    refused with 413 before their body is read (or as soon as it passes the limit). The
-    operator sets it from the model's input sizes and maxBatchSize
-    (`request_bytes_limit`); the default holds a full batch of each example model in
-    binary tensors (resnet50 at 16 rows: 9.6 MB)."""
+    refused with 413 (gRPC: RESOURCE_EXHAUSTED) before their body is read, or as soon as
+    it passes the limit. Unset: the model's largest allowed request, maxBatchSize rows of
+    each input at its largest shape, as JSON (`request_bytes_limit`; 16 MiB for a model
+    with a string input, whose size no shape bounds)."""
 
     header_read_timeout_seconds: float = Field(default=10, gt=0, le=3600)
     """A connection that has not delivered a complete request head this long after it

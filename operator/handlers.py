@@ -127,7 +127,25 @@ def register(
     credentials vault given to `kopf.operator` (a new one by default); `board` receives
     each pass's status, for the operator's /metrics."""
     context = OperatorContext(settings, vault if vault is not None else Vault(), board)
-    owner = (GROUP, VERSION, PLURAL)
+    _register_login(registry, login)
+
+    @kopf.on.cleanup(registry=registry)
+    async def close(**_: Any) -> None:
+        await context.close()
+
+    reconcile = _reconcile_of(context)
+    _register_owner(registry, reconcile)
+    _register_children(registry, reconcile)
+    return context
+
+
+Reconcile = Callable[[str, str], Awaitable[None]]
+"""(namespace, name) -> one pass over that InferenceDeployment, its errors as kopf's."""
+
+
+def _register_login(registry: kopf.OperatorRegistry, login: Login | None) -> None:
+    """kopf's login handler: what `login` finds (default `kopf.login_via_client`); no
+    credentials at all stop the operator with the reason."""
 
     @kopf.on.login(registry=registry)
     async def authenticate(**kwargs: Any) -> kopf.ConnectionInfo:
@@ -141,9 +159,9 @@ def register(
             raise kopf.PermanentError("No Kubernetes credentials: the login found none.")
         return connection
 
-    @kopf.on.cleanup(registry=registry)
-    async def close(**_: Any) -> None:
-        await context.close()
+
+def _reconcile_of(context: OperatorContext) -> Reconcile:
+    """The reconciler's pass with its errors mapped to kopf's retry classes (here only)."""
 
     async def reconcile(namespace: str, name: str) -> None:
         try:
@@ -157,14 +175,24 @@ def register(
             message = f"Operator stopping: {closed}"
             raise kopf.TemporaryError(message, delay=RETRY_LATER_SECONDS) from None
 
-    # One id for the three causes: kopf's progress annotation reads kubeinfer.io/reconcile.
-    @kopf.on.resume(*owner, registry=registry, id="reconcile")
-    @kopf.on.create(*owner, registry=registry, id="reconcile")
-    @kopf.on.update(*owner, registry=registry, id="reconcile")
+    return reconcile
+
+
+def _register_owner(registry: kopf.OperatorRegistry, reconcile: Reconcile) -> None:
+    """Create, update and resume of an InferenceDeployment: one handler, one id, so
+    kopf's progress annotation reads kubeinfer.io/reconcile for all three causes."""
+
+    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
+    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
+    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
     async def reconcile_on_change(namespace: str | None, name: str, **_: Any) -> None:
         assert namespace is not None  # InferenceDeployment is namespaced: kopf gives it one
         await reconcile(namespace, name)
 
+
+def _register_children(registry: kopf.OperatorRegistry, reconcile: Reconcile) -> None:
+    """Any event on one of the operator's children reconciles its owner (the instance
+    label names it)."""
     for child in CHILD_RESOURCES:
 
         @kopf.on.event(
@@ -187,5 +215,3 @@ def register(
             except (kopf.PermanentError, kopf.TemporaryError) as error:
                 # kopf does not retry event handlers; the owner's resync retries.
                 logger.info(f"Reconcile after a child's change failed: {error}")
-
-    return context

@@ -3,7 +3,7 @@
     kubeinfer operator [--namespace NS ...] [--all-namespaces]
                        [--standalone | --leader-election [--lease-name N] [--lease-namespace NS]]
 
-Namespaced (`--namespace`, repeatable, or `KUBEINFER_NAMESPACES`) or cluster-wide
+Namespaced (`--namespace`, repeatable, or `KUBEINFER_WATCHING__NAMESPACES`) or cluster-wide
 (`--all-namespaces`, also the default when no namespace is named). `--standalone` (the
 default) runs one replica. `--leader-election` lets several replicas run, one reconciling
 at a time: the holder of a coordination.k8s.io/v1 Lease (`kube.leader_election`), in the
@@ -54,7 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="NS",
-        help="watch this namespace (repeatable, exact names); default: KUBEINFER_NAMESPACES or all",
+        help="watch this namespace (repeatable, exact names); "
+        "default: KUBEINFER_WATCHING__NAMESPACES or all",
     )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
     replicas = parser.add_mutually_exclusive_group()

@@ -1,36 +1,30 @@
 """The operator's own configuration, read once at start from `KUBEINFER_*` variables.
 
 `OperatorSettings` is a pydantic-settings model grouped as kopf groups its settings
-(`settings.build.backoff_seconds`, `settings.metrics.prometheus_url`, ...). Each field can
-be set two ways: by its nested name, pydantic-settings' own form
-(`KUBEINFER_BUILD__BACKOFF_SECONDS`, a group as JSON in `KUBEINFER_BUILD`), or by its flat
-name, the one the Helm chart, the local mode and the README use
-(`KUBEINFER_BUILD_BACKOFF_SECONDS`): a field's last validation alias, else the field's
-own name. The nested name wins when both are set. Every duration carries its unit.
+(`settings.build.backoff_seconds`, `settings.metrics.prometheus_url`, ...). Each field is
+set by one variable, `KUBEINFER_<GROUP>__<FIELD>` (`KUBEINFER_BUILD__BACKOFF_SECONDS`,
+`KUBEINFER_METRICS__PROMETHEUS_URL`), pydantic-settings' nested name and the one the Helm
+chart passes; a whole group given as one variable (`KUBEINFER_BUILD`) is refused, so no
+setting has two spellings. Every duration carries its unit.
 
 The pure reconcile core receives an instance as an argument; nothing reads the
-environment at import time. `from_env(mapping)` reads a given mapping instead of
-`os.environ` (the tests) and turns a bad value into `InvalidSettings` naming the variable.
-"""
+environment at import time. `from_env()` turns a bad value into `InvalidSettings` naming
+the variable."""
 
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import (
     BaseSettings,
-    EnvSettingsSource,
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    SettingsError,
 )
-from pydantic_settings.sources.utils import parse_env_vars
 
 ENV_PREFIX = "KUBEINFER_"
 NESTED_DELIMITER = "__"
@@ -47,32 +41,18 @@ class _Group(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
-@dataclass(frozen=True)
-class Flat:
-    """Marks a grouped field whose flat variable, `KUBEINFER_<name>`, is not its own name
-    (`Annotated[float, Flat("BUILD_BACKOFF_SECONDS")]` in group `build`)."""
-
-    name: str
-
-
 class Images(_Group):
     """What the containers the operator creates run."""
 
-    runtime: Annotated[str, Flat("RUNTIME_IMAGE")] = Field(
-        default=DEFAULT_RUNTIME_IMAGE, min_length=1, max_length=512
-    )
+    runtime: str = Field(default=DEFAULT_RUNTIME_IMAGE, min_length=1, max_length=512)
     """Image of the runtime pods and engine build Jobs of ONNX Runtime engines when the
     spec names none (the Dockerfile's `runtime` target; both run the `kubeinfer` CLI)."""
 
-    gpu_runtime: Annotated[str, Flat("GPU_RUNTIME_IMAGE")] = Field(
-        default=DEFAULT_GPU_RUNTIME_IMAGE, min_length=1, max_length=512
-    )
+    gpu_runtime: str = Field(default=DEFAULT_GPU_RUNTIME_IMAGE, min_length=1, max_length=512)
     """The same for TensorRT engines (the Dockerfile's `runtime-gpu` target: TensorRT and
     CUDA are in it, ONNX Runtime's CPU image has neither)."""
 
-    pull_policy: Annotated[
-        Literal["Always", "IfNotPresent", "Never"], Flat("IMAGE_PULL_POLICY")
-    ] = Field(default="IfNotPresent")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(default="IfNotPresent")
     """Pull policy of the containers the operator creates."""
 
     def image_for(self, spec_image: str | None, tensorrt: bool) -> str:
@@ -117,27 +97,19 @@ class Requeue(_Group):
 class Build(_Group):
     """Engine build Jobs and the retries of failed attempts."""
 
-    backoff_seconds: Annotated[float, Flat("BUILD_BACKOFF_SECONDS")] = Field(
-        default=30, gt=0, le=86_400
-    )
+    backoff_seconds: float = Field(default=30, gt=0, le=86_400)
     """Delay before retrying after the first failed build attempt; doubles per attempt."""
 
-    backoff_max_seconds: Annotated[float, Flat("BUILD_BACKOFF_MAX_SECONDS")] = Field(
-        default=1800, gt=0, le=86_400
-    )
+    backoff_max_seconds: float = Field(default=1800, gt=0, le=86_400)
     """Longest delay between build attempts."""
 
-    backoff_limit: Annotated[int, Flat("BUILD_BACKOFF_LIMIT")] = Field(default=1, ge=0, le=10)
+    backoff_limit: int = Field(default=1, ge=0, le=10)
     """The build Job's own pod retries (Job.spec.backoffLimit) before the attempt fails."""
 
-    active_deadline_seconds: Annotated[int, Flat("BUILD_ACTIVE_DEADLINE_SECONDS")] = Field(
-        default=3600, ge=60, le=86_400
-    )
+    active_deadline_seconds: int = Field(default=3600, ge=60, le=86_400)
     """Longest one build attempt may run (Job.spec.activeDeadlineSeconds)."""
 
-    ttl_seconds_after_finished: Annotated[int, Flat("BUILD_TTL_SECONDS_AFTER_FINISHED")] = Field(
-        default=86_400, ge=0, le=31_536_000
-    )
+    ttl_seconds_after_finished: int = Field(default=86_400, ge=0, le=31_536_000)
     """How long finished build Jobs are kept before Kubernetes deletes them; the built
     engine's digest is kept on the runtime ConfigMap, so nothing is rebuilt after."""
 
@@ -167,9 +139,7 @@ class Metrics(_Group):
     InferenceDeployment names none (spec.monitoring.prometheus.url). Unset: the operator
     reads the runtime pods' /metrics itself."""
 
-    timeout_seconds: Annotated[float, Flat("METRICS_TIMEOUT_SECONDS")] = Field(
-        default=5, gt=0, le=120
-    )
+    timeout_seconds: float = Field(default=5, gt=0, le=120)
     """Longest one read of the metrics source may take (a Prometheus query, or one pod's
     /metrics); a slower source counts as unavailable for that pass."""
 
@@ -199,33 +169,27 @@ class Api(_Group):
     field_manager: str = Field(default="kubeinfer", min_length=1, max_length=128)
     """Server-side apply field manager: the operator owns exactly the fields it sets."""
 
-    timeout_seconds: Annotated[float, Flat("API_TIMEOUT_SECONDS")] = Field(default=30, gt=0, le=600)
+    timeout_seconds: float = Field(default=30, gt=0, le=600)
     """Longest one request to the API server may take (connecting, sending, reading the
     answer); a request past it fails and is retried like any unanswered one, so a hung
     call never holds an object's reconcile for long."""
 
-    page_size: Annotated[int, Flat("API_PAGE_SIZE")] = Field(default=500, ge=1, le=10_000)
+    page_size: int = Field(default=500, ge=1, le=10_000)
     """Objects per page when the operator lists (`limit`, then `continue`)."""
 
 
 class LeaderElection(_Group):
     """With `--leader-election` (kopf's `peering`, done as client-go does it)."""
 
-    lease_duration_seconds: Annotated[float, Flat("LEADER_ELECTION_LEASE_DURATION_SECONDS")] = (
-        Field(default=15, ge=1, le=3600)
-    )
+    lease_duration_seconds: float = Field(default=15, ge=1, le=3600)
     """How long a standby waits, after it last saw the Lease renewed, before it takes over
     (client-go's LeaseDuration)."""
 
-    renew_deadline_seconds: Annotated[float, Flat("LEADER_ELECTION_RENEW_DEADLINE_SECONDS")] = (
-        Field(default=10, ge=1, le=3600)
-    )
+    renew_deadline_seconds: float = Field(default=10, ge=1, le=3600)
     """How long the leader keeps trying to renew before it stops reconciling and exits
     (client-go's RenewDeadline)."""
 
-    retry_period_seconds: Annotated[float, Flat("LEADER_ELECTION_RETRY_PERIOD_SECONDS")] = Field(
-        default=2, ge=1, le=600
-    )
+    retry_period_seconds: float = Field(default=2, ge=1, le=600)
     """How often candidates try to acquire, and the leader to renew (client-go's
     RetryPeriod). Each Lease request may take at most half of it."""
 
@@ -236,16 +200,16 @@ class LeaderElection(_Group):
         retry period each) after its last renewal, so the lease must last longer than that."""
         if self.renew_deadline_seconds <= 1.2 * self.retry_period_seconds:
             raise ValueError(
-                f"{ENV_PREFIX}LEADER_ELECTION_RENEW_DEADLINE_SECONDS: must exceed 1.2 "
-                f"times {ENV_PREFIX}LEADER_ELECTION_RETRY_PERIOD_SECONDS"
+                f"{variable('leader_election', 'renew_deadline_seconds')}: must exceed 1.2 "
+                f"times {variable('leader_election', 'retry_period_seconds')}"
             )
         if (
             self.lease_duration_seconds
             <= self.renew_deadline_seconds + 2 * self.retry_period_seconds
         ):
             raise ValueError(
-                f"{ENV_PREFIX}LEADER_ELECTION_LEASE_DURATION_SECONDS: must exceed the renew "
-                "deadline plus two retry periods"
+                f"{variable('leader_election', 'lease_duration_seconds')}: must exceed the "
+                "renew deadline plus two retry periods"
             )
         return self
 
@@ -261,14 +225,15 @@ class OperatorSettings(BaseSettings):
         env_nested_delimiter=NESTED_DELIMITER,
     )
 
-    images: Images = Images()
-    watching: Watching = Watching()
-    requeue: Requeue = Requeue()
-    build: Build = Build()
-    pods: Pods = Pods()
-    metrics: Metrics = Metrics()
-    api: Api = Api()
-    leader_election: LeaderElection = LeaderElection()
+    # NoDecode: a group is never read from one variable as JSON, only field by field.
+    images: Annotated[Images, NoDecode] = Images()
+    watching: Annotated[Watching, NoDecode] = Watching()
+    requeue: Annotated[Requeue, NoDecode] = Requeue()
+    build: Annotated[Build, NoDecode] = Build()
+    pods: Annotated[Pods, NoDecode] = Pods()
+    metrics: Annotated[Metrics, NoDecode] = Metrics()
+    api: Annotated[Api, NoDecode] = Api()
+    leader_election: Annotated[LeaderElection, NoDecode] = LeaderElection()
 
     @classmethod
     def settings_customise_sources(
@@ -279,8 +244,8 @@ class OperatorSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """Arguments, then the environment in both forms; no .env or secrets files."""
-        return init_settings, Environment(settings_cls)
+        """Arguments, then the environment; no .env or secrets files."""
+        return init_settings, env_settings
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with `update` validated: pydantic's own copy takes any key silently, so
@@ -291,73 +256,62 @@ class OperatorSettings(BaseSettings):
         return self.model_validate({**self.model_dump(), **update})
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorSettings:
-        """The settings from `environ` (default `os.environ`) alone; raises InvalidSettings
-        naming the variable on a bad value."""
-        environ = os.environ if environ is None else environ
+    def from_env(cls) -> OperatorSettings:
+        """The settings from the process environment alone; raises InvalidSettings naming
+        each variable with a bad value, and each that is spelt like a setting but is not
+        one (`misspelt`)."""
         try:
-            return cls(_build_sources=((Environment(cls, environ),), {}))
-        except SettingsError as error:  # a group given as JSON that does not parse
-            group = re.search(r'field "(\w+)"', str(error))
-            variable = f"{ENV_PREFIX}{group.group(1).upper()}" if group else "settings"
-            raise InvalidSettings(f"{variable}: not a JSON object ({error})") from None
+            settings = cls()
         except ValidationError as error:
-            problems = "; ".join(
-                (f"{variable_of(e['loc'], environ)}: " if len(e["loc"]) > 1 else "")  # else a
-                + e["msg"].removeprefix("Value error, ")  # rule across fields, naming them
-                for e in error.errors(include_url=False)
-            )
-            raise InvalidSettings(problems) from None
+            raise InvalidSettings("; ".join(map(_problem, error.errors()))) from None
+        if wrong := misspelt(os.environ):
+            raise InvalidSettings("; ".join(wrong))
+        return settings
 
 
-def _flat_names() -> Iterator[tuple[str, tuple[str, str]]]:
-    for group, info in OperatorSettings.model_fields.items():
-        model = info.annotation
-        assert isinstance(model, type) and issubclass(model, BaseModel)
-        for field, sub in model.model_fields.items():
-            marks = [mark.name for mark in sub.metadata if isinstance(mark, Flat)]
-            yield (marks[0] if marks else field.upper()).lower(), (group, field)
+def variable(group: str, field: str | None = None) -> str:
+    """The variable of a group's field (`KUBEINFER_BUILD__BACKOFF_SECONDS`), or of the
+    group as a whole."""
+    name = f"{group}{NESTED_DELIMITER}{field}" if field else group
+    return f"{ENV_PREFIX}{name}".upper()
 
 
-FLAT_NAMES: dict[str, tuple[str, str]] = dict(_flat_names())
-"""Flat name, lower case (`build_backoff_seconds`) -> (group, field): `KUBEINFER_<FLAT>`."""
-_FLAT_OF = {place: flat for flat, place in FLAT_NAMES.items()}
-
-
-def variable_of(loc: tuple[int | str, ...], environ: Mapping[str, str]) -> str:
-    """The variable behind an error's location (group, field, ...): the nested name when
-    that is the one set, else the flat one."""
-    group, field = str(loc[0]), str(loc[1])
-    nested = f"{ENV_PREFIX}{group}{NESTED_DELIMITER}{field}".upper()
-    if nested.lower() in {name.lower() for name in environ}:
-        return nested
-    return f"{ENV_PREFIX}{_FLAT_OF.get((group, field), field)}".upper()
-
-
-class Environment(EnvSettingsSource):
-    """pydantic-settings' environment source, over `os.environ` or a given mapping, that
-    also reads every grouped field by its flat name (the nested name wins)."""
-
-    def __init__(
-        self, settings_cls: type[BaseSettings], environ: Mapping[str, str] | None = None
-    ) -> None:
-        self._environ = os.environ if environ is None else environ
-        super().__init__(settings_cls)
-
-    def _load_env_vars(self) -> Mapping[str, str | None]:
-        return parse_env_vars(
-            self._environ, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+def _problem(error: ErrorDetails) -> str:
+    """One validation error as `VARIABLE: what is wrong`. An error at a group alone is a
+    rule across its fields (which names them), or the group given as one variable."""
+    loc, message = error["loc"], error["msg"].removeprefix("Value error, ")
+    if len(loc) > 1:
+        return f"{variable(str(loc[0]), str(loc[1]))}: {message}"
+    if error["type"] == "model_type" and isinstance(error["input"], str):
+        group = str(loc[0])
+        return (
+            f"{variable(group)}: a group is not set as a whole; set each of its fields as "
+            f"{variable(group, '<field>')}"
         )
+    return message
 
-    def __call__(self) -> dict[str, Any]:
-        values: dict[str, dict[str, Any]] = {}
-        for flat, (group, field) in FLAT_NAMES.items():
-            value = self.env_vars.get(self.env_prefix.lower() + flat)
-            if value is not None:
-                values.setdefault(group, {})[field] = value
-        for group, nested in super().__call__().items():
-            if isinstance(nested, dict):
-                values[group] = {**values.get(group, {}), **nested}
-            else:
-                values[group] = nested
-        return values
+
+def misspelt(environ: Mapping[str, str]) -> list[str]:
+    """A problem for each `KUBEINFER_` variable without the group separator that names a
+    setting's field (`KUBEINFER_BUILD_BACKOFF_SECONDS`, `KUBEINFER_RUNTIME_IMAGE`): such a
+    variable would otherwise be ignored without a word, and the setting keep its default.
+    The message names the variable meant: the longest field named, in the group named
+    where the name says one."""
+    places = [
+        (group, field)
+        for group, info in OperatorSettings.model_fields.items()
+        for field in info.annotation.model_fields  # type: ignore[union-attr]
+    ]
+    problems = []
+    for name in sorted(environ):
+        words = f"_{name.upper().removeprefix(ENV_PREFIX).lower()}_"
+        if not name.upper().startswith(ENV_PREFIX) or NESTED_DELIMITER in words:
+            continue
+        named = [(g, f) for g, f in places if f"_{f}_" in words]
+        longest = max((len(f) for _, f in named), default=0)
+        named = [(g, f) for g, f in named if len(f) == longest]
+        named = [(g, f) for g, f in named if f"_{g}_" in words] or named
+        if named:
+            meant = " or ".join(variable(g, f) for g, f in named)
+            problems.append(f"{name}: not a setting; the variable is {meant}")
+    return problems

@@ -33,8 +33,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, TypeVar
 
-from kubeinfer.contract.runtime_config import RuntimeConfig
-from kubeinfer.runtime.batching.assembler import check_inputs
+from kubeinfer.contract.runtime_config import (
+    UNSIZED_REQUEST_BYTES,
+    RuntimeConfig,
+    request_bytes_limit,
+)
 from kubeinfer.runtime.batching.queue import Admission, Batcher
 from kubeinfer.runtime.engines.base import Engine, TensorSpec
 from kubeinfer.runtime.metrics import RuntimeMetrics
@@ -69,15 +72,45 @@ def _tensor_metadata(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
 
 def decode_limits(specs: tuple[TensorSpec, ...], max_rows: int) -> DecodeLimits:
     """What a request to a model with these inputs may make the decoder build: its
-    largest input at `max_rows` rows, and the JSON values all its inputs can hold (None
-    where an item dimension is dynamic)."""
-    items = [spec.item_shape for spec in specs]
-    if any(d < 0 for item in items for d in item):
+    largest input at `max_rows` rows (at its largest allowed shape), and the JSON values
+    all its inputs can hold (None where an input's largest shape is unknown)."""
+    largest = [spec.largest_item_shape for spec in specs]
+    if any(item is None for item in largest):
         return DecodeLimits()
+    items = [item for item in largest if item is not None]
     return DecodeLimits(
         max_elements=max_rows * max((math.prod(item) for item in items), default=0),
         max_json_values=model_json_value_limit(items, max_rows),
     )
+
+
+def largest_request_bytes(specs: tuple[TensorSpec, ...], max_rows: int) -> int | None:
+    """The request body limit a model's inputs call for (`request_bytes_limit`: `max_rows`
+    rows at each input's largest shape, as JSON); None when an input has no size in bytes
+    (a string input, or a largest shape no range gives)."""
+    per_row = 0
+    for spec in specs:
+        shape = spec.largest_item_shape
+        if shape is None or spec.dtype.kind == "O":
+            return None
+        per_row += math.prod(shape) * spec.dtype.itemsize
+    return request_bytes_limit(per_row, max_rows)
+
+
+def request_limit(config: RuntimeConfig, engine: Engine) -> int:
+    """The request body limit: `maxRequestBytes` as configured, else the model's largest
+    allowed request (`largest_request_bytes`), else `UNSIZED_REQUEST_BYTES`."""
+    if config.max_request_bytes is not None:
+        return config.max_request_bytes
+    limit = largest_request_bytes(engine.inputs, config.batching.max_batch_size)
+    return limit or UNSIZED_REQUEST_BYTES
+
+
+def with_request_limit(config: RuntimeConfig, engine: Engine) -> RuntimeConfig:
+    """`config` with `maxRequestBytes` set (`request_limit`)."""
+    if config.max_request_bytes is not None:
+        return config
+    return config.model_copy(update={"max_request_bytes": request_limit(config, engine)})
 
 
 class AdmittedRequest:
@@ -129,7 +162,9 @@ class DataPlane:
         shadow: ShadowController | None = None,
         codec: CodecPool | None = None,
     ) -> None:
-        self.config = config
+        self.config = config = with_request_limit(config, engine)
+        self.max_request_bytes = request_limit(config, engine)
+        """The largest request body taken (`maxRequestBytes`, or the model's own)."""
         self.engine = engine
         self.batcher = batcher
         self.metrics = metrics
@@ -250,7 +285,7 @@ class DataPlane:
             if tensor.name in inputs:
                 raise InvalidRequest(f"input {tensor.name!r} is given twice")
             inputs[tensor.name] = (tensor.datatype, tensor.data)
-        rows = check_inputs(self.engine.inputs, inputs, self.config.batching.max_batch_size)
+        rows, shape = self.batcher.shapes.check(inputs, self.config.batching.max_batch_size)
         wanted: list[tuple[str, bool | None]]
         if request.outputs is None:
             wanted = [(spec.name, None) for spec in self.engine.outputs]
@@ -279,6 +314,7 @@ class DataPlane:
             rows,
             timeout_seconds,
             admission=admission,
+            shape=shape,
         )
         response = InferResponse(self.config.model_name, self.config.model_version, request.id)
         for output_name, binary in wanted:

@@ -4,6 +4,7 @@ Layout, under the cache root (a volume shared by build Jobs and runtime pods):
 
     engines/<hex>/manifest.json     the EngineManifest (key, engine sha256, report, ...)
     engines/<hex>/<engine file>     model.onnx (ONNX Runtime) or model.plan (TensorRT)
+    engines/<hex>/<data files>      model.onnx.data: an ONNX engine's external data, if any
     tmp/                            staging directories and downloads, same filesystem
     locks/<hex>.lock                one flock per key, so one builder works per key
 
@@ -24,8 +25,9 @@ directory whose key's lock nobody holds, at once rather than after a day. Other 
 entries (downloads, staging directories of older versions) go after STALE_SCRATCH_SECONDS.
 
 `resolve_engine` is what serving and `--pin` use: it re-derives the digest from the
-manifest's key and re-hashes the engine file, and refuses an entry that does not match,
-with a message naming the path and what to do.
+manifest's key and re-hashes the engine file and every data file beside it (an ONNX
+engine's external data, `EngineManifest.data_files`), and refuses an entry that does not
+match, with a message naming the path and what to do.
 
 An engine runs only on the backend version that built it (a TensorRT plan does not
 deserialize under another TensorRT; an ONNX Runtime engine is a graph optimised by one
@@ -47,7 +49,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -61,6 +63,7 @@ from kubeinfer.runtime.engine_manifest import (
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
+    from kubeinfer.contract.runtime_config import InputShape
     from kubeinfer.runtime.engines.base import Engine
 
 STALE_SCRATCH_SECONDS = 24 * 3600
@@ -172,13 +175,18 @@ class EngineCache:
         engine_path = directory / manifest.engine_file
         if not engine_path.is_file():
             raise EngineIntegrityError(f"engine {digest}: {engine_path} is missing; {remedy}")
-        actual = sha256_file(engine_path)
-        if actual != manifest.engine_sha256:
-            raise EngineIntegrityError(
-                f"engine {digest}: {engine_path} has sha256 {actual} but its manifest "
-                f"records {manifest.engine_sha256}: the file is corrupt or was modified, "
-                f"and is not served; {remedy}"
-            )
+        files = {manifest.engine_file: manifest.engine_sha256, **manifest.data_files}
+        for name, expected in files.items():
+            path = directory / name
+            if not path.is_file():
+                raise EngineIntegrityError(f"engine {digest}: {path} is missing; {remedy}")
+            actual = sha256_file(path)
+            if actual != expected:
+                raise EngineIntegrityError(
+                    f"engine {digest}: {path} has sha256 {actual} but its manifest "
+                    f"records {expected}: the file is corrupt or was modified, "
+                    f"and is not served; {remedy}"
+                )
         return ResolvedEngine(digest, directory, engine_path, manifest)
 
     @contextlib.contextmanager
@@ -260,9 +268,9 @@ class EngineCache:
     def publish(self, digest: str, staging: Path, manifest: EngineManifest) -> bool:
         """Writes the manifest into `staging` and renames it into place. False when an
         entry for the digest already exists (another builder won; ours is dropped)."""
-        engine_path = staging / manifest.engine_file
-        with engine_path.open("rb+") as handle:
-            os.fsync(handle.fileno())
+        for name in (manifest.engine_file, *manifest.data_files):
+            with (staging / name).open("rb+") as handle:
+                os.fsync(handle.fileno())
         manifest_path = staging / MANIFEST_FILE
         with manifest_path.open("w", encoding="utf-8") as handle:
             handle.write(manifest.to_json())
@@ -309,6 +317,7 @@ def load_cached_engine(
     digest: str,
     max_batch_size: int,
     intra_op_threads: int | None = None,
+    input_shapes: Sequence[InputShape] = (),
 ) -> Engine:
     """Resolves and verifies `digest`, checks that this environment has the backend
     version that built it, then loads it with the manifest's backend: the serving side's
@@ -325,5 +334,9 @@ def load_cached_engine(
             f"engine with --max-batch-size {max_batch_size}"
         )
     return load_engine(
-        resolved.engine_path, key.backend, max_batch_size, intra_op_threads=intra_op_threads
+        resolved.engine_path,
+        key.backend,
+        max_batch_size,
+        intra_op_threads=intra_op_threads,
+        input_shapes=input_shapes,
     )

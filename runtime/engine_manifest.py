@@ -25,10 +25,10 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 SHA256_HEX_PATTERN = r"^[0-9a-f]{64}$"
@@ -43,6 +43,7 @@ PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
 
 
 TARGET_MAX_LENGTH = 64  # the InferenceDeployment status' engine target holds as much
+FileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")]
 
 
 def is_digest(value: str) -> bool:
@@ -94,7 +95,8 @@ class EngineKey(ApiModel):
     """Version of kubeinfer's build recipe."""
 
     model_sha256: str = Field(pattern=SHA256_HEX_PATTERN)
-    """sha256 of the source ONNX model's bytes."""
+    """sha256 of the source ONNX model's bytes; for a model with external data files, of
+    the listing of every file's sha256 (`building.model_files.model_digest`)."""
 
     backend: Backend
     backend_version: str
@@ -175,8 +177,14 @@ class OutputAccuracy(ApiModel):
     written before it was recorded."""
 
     top1_by_class: dict[str, ClassAgreement] | None = None
-    """Per reference top-1 class (the decimal index of the reference's argmax), its rows
-    and agreements; the rows add up to `top1Rows`. Absent where `top1Rows` is."""
+    """Per reference top-1 class (the decimal index of the reference's argmax; a label
+    output's value), its rows and agreements; the rows add up to `top1Rows`. Absent where
+    `top1Rows` is."""
+
+    gated: bool | None = None
+    """Whether the build's gates judged this output (it holds the scores: named with
+    --gate-outputs, or chosen by its name); false: compared and reported only. Absent in
+    manifests written before outputs were chosen."""
 
 
 class AccuracyReport(ApiModel):
@@ -221,6 +229,13 @@ class EngineManifest(ApiModel):
     """sha256 of the engine file: checked before the engine is served."""
 
     engine_bytes: int = Field(ge=0)
+    data_files: dict[FileName, Annotated[str, Field(pattern=SHA256_HEX_PATTERN)]] = Field(
+        default_factory=dict
+    )
+    """Files beside the engine file that it reads (an ONNX model's external data), by name
+    in the entry's directory, with their sha256: checked before the engine is served, as
+    the engine file is."""
+
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
     created_at: str

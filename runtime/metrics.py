@@ -22,6 +22,7 @@ dashboards read these names, so they are a public interface:
 | kubeinfer_batching_queue_delay_seconds | gauge (Adaptive's delay) | model, version |
 | kubeinfer_batching_preferred_batch_size | gauge (Adaptive's size) | model, version |
 | kubeinfer_batching_concurrent_batches | gauge (Adaptive's batches at once) | model, version |
+| kubeinfer_engine_buffer_bytes | gauge (the slots' buffers, set at start) | model, version |
 | kubeinfer_gpu_memory_used_bytes | gauge (only where a GPU exists) | device, name |
 | kubeinfer_gpu_memory_total_bytes | gauge (only where a GPU exists) | device, name |
 
@@ -140,6 +141,7 @@ class RuntimeMetrics:
         self._queue_delay = family(series.BATCHING_QUEUE_DELAY, r)  # under Adaptive only
         self._preferred_size = family(series.BATCHING_PREFERRED_BATCH_SIZE, r)
         self._concurrent_batches = family(series.BATCHING_CONCURRENT_BATCHES, r)
+        self._buffer_bytes = family(series.ENGINE_BUFFER_BYTES, r).labels(*values)
         self._values = values
         self._by_code: dict[int, Counter] = {}
         if gpu_memory is not None:
@@ -168,6 +170,9 @@ class RuntimeMetrics:
 
     def slo_p99_latency(self, seconds: float) -> None:
         self._slo.labels(*self._values).set(seconds)
+
+    def engine_buffers(self, total_bytes: int) -> None:
+        self._buffer_bytes.set(total_bytes)
 
     def batching_setting(
         self, queue_delay_seconds: float, preferred_batch_size: int, concurrent_batches: int

@@ -24,6 +24,14 @@ whose dimension 0 is the batch ("rows"):
   argmax over the last axis), each class with its rows and agreements
   (`top1_by_reference_class`), so a disagreement concentrated on a few classes is not
   averaged away.
+
+Discrete outputs (`is_discrete`: labels, token ids, strings; integer, boolean and BYTES
+tensors) have no distance between values: a label 3 is not "closer" to 4 than to 9. They
+are compared by equality, each element being one prediction: every element is a top-1
+position, agreeing when the two sides hold the same value, grouped by the reference's
+value (`label_name`: an integer, or a string's UTF-8 text); a row's cosine is that of the
+one-hot encodings of its elements, the share of its elements that are equal; and they add
+no element to the absolute differences, which measure numbers only.
 """
 
 from __future__ import annotations
@@ -31,6 +39,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+
+def is_discrete(array: np.ndarray) -> bool:
+    """True for an output compared by equality: integers, booleans, strings (BYTES)."""
+    return array.dtype.kind in "biuOSU"
+
+
+def label_name(value: object) -> int | str:
+    """A discrete value as a class name: an integer, or a string's (bytes') text."""
+    if isinstance(value, bytes | np.bytes_):
+        return bytes(value).decode("utf-8", errors="replace")
+    if isinstance(value, str):
+        return value
+    return int(value)  # type: ignore[call-overload]
 
 
 def has_classes(shape: tuple[int, ...]) -> bool:
@@ -41,7 +63,10 @@ def has_classes(shape: tuple[int, ...]) -> bool:
 
 def top1_matches(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray | None:
     """Per row (every leading position), whether the argmax over the last axis agrees;
-    None when the shape has no classes (`has_classes`)."""
+    None when the shape has no classes (`has_classes`). A discrete output: per element,
+    whether the values are equal."""
+    if is_discrete(reference):
+        return np.asarray(reference == candidate, dtype=bool).ravel()
     if not has_classes(reference.shape):
         return None
     return (reference.argmax(axis=-1) == candidate.argmax(axis=-1)).ravel()
@@ -49,21 +74,27 @@ def top1_matches(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray | N
 
 def top1_by_reference_class(
     reference: np.ndarray, candidate: np.ndarray
-) -> dict[int, tuple[int, int]] | None:
-    """Per reference top-1 class (the argmax of the reference's row over the last axis),
-    the rows of that class and how many of them the candidate's argmax agrees with, as
-    `{class: (rows, agreements)}`; only classes with a row appear, so the rows add up to
-    the number of rows `top1_matches` compares. None when the shape has no classes."""
-    if not has_classes(reference.shape):
+) -> dict[int | str, tuple[int, int]] | None:
+    """Per reference top-1 class (the argmax of the reference's row over the last axis;
+    a discrete output's value, `label_name`), the rows of that class and how many of them
+    the candidate agrees with, as `{class: (rows, agreements)}`; only classes with a row
+    appear, so the rows add up to the number of rows `top1_matches` compares. None when
+    the shape has no classes."""
+    if is_discrete(reference):
+        if reference.shape != candidate.shape:
+            raise ValueError(f"shapes differ: {reference.shape} and {candidate.shape}")
+        classes, agrees = reference.ravel(), np.asarray(reference == candidate).ravel()
+    elif has_classes(reference.shape):
+        if reference.shape != candidate.shape:
+            raise ValueError(f"shapes differ: {reference.shape} and {candidate.shape}")
+        classes = reference.argmax(axis=-1).ravel()
+        agrees = classes == candidate.argmax(axis=-1).ravel()
+    else:
         return None
-    if reference.shape != candidate.shape:
-        raise ValueError(f"shapes differ: {reference.shape} and {candidate.shape}")
-    classes = reference.argmax(axis=-1).ravel()
-    agrees = classes == candidate.argmax(axis=-1).ravel()
     present, index, rows = np.unique(classes, return_inverse=True, return_counts=True)
     agreements = np.bincount(index[agrees], minlength=present.size)
     return {
-        int(label): (int(count), int(agreed))
+        label_name(label): (int(count), int(agreed))
         for label, count, agreed in zip(present, rows, agreements, strict=True)
     }
 
@@ -85,7 +116,11 @@ class ArrayStatistics:
     """Cosine similarity per row along dimension 0."""
 
     top1: np.ndarray | None
-    """Per row of the leading dimensions, whether the argmax agrees; None without classes."""
+    """Per row of the leading dimensions, whether the argmax agrees; None without classes.
+    A discrete output: per element, whether it is equal."""
+
+    discrete: bool = False
+    """Compared by equality (`is_discrete`): no element differences, one-hot cosines."""
 
     @property
     def finite(self) -> bool:
@@ -114,6 +149,8 @@ def compare_arrays(reference: np.ndarray, candidate: np.ndarray) -> ArrayStatist
         raise ValueError(f"shapes differ: {reference.shape} and {candidate.shape}")
     if reference.ndim == 0 or reference.shape[0] == 0:
         raise ValueError(f"nothing to compare: shape {reference.shape}")
+    if is_discrete(reference):
+        return _compare_discrete(reference, candidate)
     rows = reference.shape[0]
     ref = reference.reshape(rows, -1).astype(np.float64)
     cand = candidate.reshape(rows, -1).astype(np.float64)
@@ -143,4 +180,19 @@ def compare_arrays(reference: np.ndarray, candidate: np.ndarray) -> ArrayStatist
         sum_abs_difference=float(diff.sum()),
         cosines=cosines,
         top1=top1_matches(reference, candidate),
+    )
+
+
+def _compare_discrete(reference: np.ndarray, candidate: np.ndarray) -> ArrayStatistics:
+    """A discrete output (see the module): equality per element, one-hot cosines."""
+    rows = reference.shape[0]
+    equal = np.asarray(reference == candidate, dtype=bool).reshape(rows, -1)
+    cosines = equal.mean(axis=1) if equal.shape[1] else np.ones(rows)
+    return ArrayStatistics(
+        elements=0,
+        max_abs_difference=0.0,
+        sum_abs_difference=0.0,
+        cosines=cosines.astype(np.float64),
+        top1=equal.ravel(),
+        discrete=True,
     )

@@ -29,7 +29,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import ValidationError, field_validator
 from pydantic_settings import (
@@ -108,6 +108,17 @@ class ServeSettings(BaseSettings):
         list[int] | None, NoDecode, Into("batching.preferredBatchSizes")
     ] = None
     """comma-separated batch sizes the engine runs best at"""
+    shape_batching: Annotated[
+        Literal["EqualShapes", "PadToBuckets"] | None, Into("batching.shapeBatching")
+    ] = None
+    """how requests of different shapes share batches: EqualShapes or PadToBuckets"""
+    shape_buckets: Annotated[list[int] | None, NoDecode, Into("batching.shapeBuckets")] = None
+    """comma-separated extents a padded axis is rounded up to (PadToBuckets; default: powers
+    of two)"""
+    input_shape: Annotated[list[dict[str, Any]] | None, NoDecode, Into("inputShapes")] = None
+    """an input's shape range NAME=MIN:OPT:MAX[:PAD], each shape the axes after the batch
+    joined by x (input_ids=1:128:512:0; past=4x0x16:4x64x16:4x256x16); PAD: its padValue;
+    repeat for each input with variable axes"""
     execution_slots: Annotated[int | None, Into("batching.executionSlots")] = None
     """batches run concurrently"""
     max_queue_size: Annotated[int | None, Into("batching.maxQueueSize")] = None
@@ -117,7 +128,8 @@ class ServeSettings(BaseSettings):
     ] = None
     """deadline of a request without a timeout parameter"""
     max_request_bytes: Annotated[int | None, Into("maxRequestBytes")] = None
-    """largest request body, inflated (413 beyond, before reading it when declared)"""
+    """largest request body, inflated (413 beyond, before reading it when declared); default:
+    maxBatchSize rows of the model's largest allowed inputs as JSON"""
     header_read_timeout_seconds: Annotated[float | None, Into("headerReadTimeoutSeconds")] = None
     """a request head must be complete this long after it started"""
     body_read_timeout_seconds: Annotated[float | None, Into("bodyReadTimeoutSeconds")] = None
@@ -138,7 +150,21 @@ class ServeSettings(BaseSettings):
     ] = None
     """how often the mirror target file is re-read"""
 
-    @field_validator("preferred_batch_sizes", mode="before")
+    @field_validator("input_shape", mode="before")
+    @classmethod
+    def _parse_input_shapes(cls, value: Any) -> Any:
+        """NAME=MIN:OPT:MAX[:PAD] per flag, or several separated by commas or spaces."""
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            return value
+        return [
+            parse_input_shape(part) if isinstance(item, str) else item
+            for item in value
+            for part in (item.replace(",", " ").split() if isinstance(item, str) else [item])
+        ]
+
+    @field_validator("preferred_batch_sizes", "shape_buckets", mode="before")
     @classmethod
     def _split_sizes(cls, value: Any) -> Any:
         """`4,8` (one flag or variable, as before) as well as a repeated flag."""
@@ -160,6 +186,26 @@ class ServeSettings(BaseSettings):
         """The flags (put first by pydantic-settings), then the environment; no .env or
         secrets files: `--config` is the file."""
         return init_settings, env_settings
+
+
+def parse_input_shape(text: str) -> dict[str, Any]:
+    """`input_ids=1:64:128:0` as an InputShape's fields (camelCase); ValueError naming the
+    form when it is not one."""
+    name, _, ranges = text.partition("=")
+    parts = ranges.split(":")
+    form = "NAME=MIN:OPT:MAX[:PAD], each shape its axes joined by x"
+    if not name or len(parts) not in (3, 4):
+        raise ValueError(f"{text!r} is not {form}")
+    try:
+        shapes = [[int(d) for d in part.split("x")] if part else [] for part in parts[:3]]
+        pad = float(parts[3]) if len(parts) == 4 else None
+    except ValueError:
+        raise ValueError(f"{text!r} is not {form}") from None
+    fields: dict[str, Any] = {"name": name, "minShape": shapes[0], "optShape": shapes[1]}
+    fields["maxShape"] = shapes[2]
+    if pad is not None:
+        fields["padValue"] = int(pad) if pad.is_integer() else pad
+    return fields
 
 
 SETTINGS_SOURCE = "serve_settings_source"
@@ -267,6 +313,7 @@ def load_engine_for(config: RuntimeConfig) -> Engine:
             source.digest,
             config.batching.max_batch_size,
             intra_op_threads=config.intra_op_threads,
+            input_shapes=config.input_shapes,
         )
     assert source.onnx_path is not None
     return load_engine(
@@ -274,6 +321,7 @@ def load_engine_for(config: RuntimeConfig) -> Engine:
         "onnxruntime",
         config.batching.max_batch_size,
         intra_op_threads=config.intra_op_threads,
+        input_shapes=config.input_shapes,
     )
 
 
@@ -329,9 +377,22 @@ def run(args: argparse.Namespace) -> int:
             return _fail_to_start(path, str(error), EXIT_ENGINE_INCOMPATIBLE)
         return _fail_to_start(path, f"cannot load the engine: {error}", 1)
 
+    from kubeinfer.runtime.buffer_memory import available_bytes, buffers_problem
+    from kubeinfer.runtime.engines.base import UnsupportedModel, slot_buffer_bytes
     from kubeinfer.runtime.http.app import DATAPLANE, create_app
 
-    app = create_app(config, engine, gpu_memory=gpu_memory_reader())
+    slots = config.batching.execution_slots or engine.default_execution_slots
+    problem = buffers_problem(
+        slot_buffer_bytes(engine), slots, engine.max_batch_size, available_bytes()
+    )
+    if problem is not None:
+        engine.close()
+        return _fail_to_start(path, f"cannot serve the model: {problem}", 1)
+    try:
+        app = create_app(config, engine, gpu_memory=gpu_memory_reader())
+    except UnsupportedModel as error:  # the shape batching asked for cannot be done on it
+        engine.close()
+        return _fail_to_start(path, f"cannot serve the model: {error}", 1)
     try:
         code = asyncio.run(serve_transports(app, config))
     except CannotListen as error:
@@ -366,7 +427,7 @@ async def serve_transports(app: web.Application, config: RuntimeConfig) -> int:
         return await serve(app, config)
     from kubeinfer.runtime.grpc_service.server import GrpcServer
 
-    grpc_server = GrpcServer(app[DATAPLANE], config)
+    grpc_server = GrpcServer(app[DATAPLANE], app[DATAPLANE].config)  # its limit resolved
     try:
         await grpc_server.start()
     except OSError as error:

@@ -13,6 +13,9 @@ Each test process (each xdist worker) first moves into a network namespace of it
 runs in it, so tests reach pods, Services and the API server as a process on the node
 does, and nothing a test does reaches the host's namespace but what it asks of the host
 through `netns.host_namespace()` (a descriptor of the namespace the process left).
+
+At the end of the session, failed tests included, no process a test started under the
+session's temporary directory may still run (`no_process_left_behind`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import os
+import signal
 from collections.abc import Callable, Iterable
 from functools import cache
 
@@ -114,3 +118,23 @@ def model_directory():  # type: ignore[no-untyped-def]
     directory.chmod(0o755)
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """After the session (each xdist worker's own), failed tests included: a process
+    started under the session's temporary directory (its command line names it, or it runs
+    in it) that is still running is killed, and the session fails naming it. Set up before,
+    so torn down after, every other session fixture."""
+    from processes_left import pids_left
+
+    yield
+    left = pids_left(tmp_path_factory.getbasetemp())
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if left:
+        lines = "\n".join(f"{pid}: {command[:200]}" for pid, command in left.items())
+        pytest.fail(f"processes left running after the tests (now killed):\n{lines}")

@@ -2,9 +2,10 @@
 (nothing is downloaded). The MLPs the benchmarks and the demo use are in
 `kubeinfer.runtime.demo_models`.
 
-`build_dynamic_item_model`: `y = x * 2` with `x` of shape [batch, n], n dynamic: a model
-`kubeinfer serve` refuses (one dynamic dimension besides the batch), so `kubeinfer build`
-must refuse it too.
+`build_reduced_batch_model`: the maximum over the batch, one row whatever the batch size: a
+model `kubeinfer serve` refuses (an output that does not follow the batch), so
+`kubeinfer build` must refuse it too. (Models with variable axes besides the batch, which
+serve, are in `models.transformer_models`.)
 
 `build_spin_model`: inputs `x` FP32 [batch, 4] and `ids` INT32 [batch, 4], output `y` FP32
 [batch, 4] = x + ids. Before answering, the graph runs an ONNX `Loop` as many times as the
@@ -67,14 +68,14 @@ def expected_y(x: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return (x + ids.astype(np.float32)).astype(np.float32)
 
 
-def build_dynamic_item_model(path: Path) -> Path:
-    two = onnx.numpy_helper.from_array(np.array(2.0, np.float32), "two")
+def build_reduced_batch_model(path: Path) -> Path:
+    """The maximum over the batch: one row whatever the batch size (an output that does
+    not follow the batch, which `kubeinfer serve` refuses, so `kubeinfer build` must too)."""
     graph = helper.make_graph(
-        [helper.make_node("Mul", ["x", "two"], ["y"])],
-        "dynamic",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "n"])],
-        [two],
+        [helper.make_node("ReduceMax", ["x"], ["total"], axes=[0], keepdims=1)],
+        "reduced",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["one", "width"])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8

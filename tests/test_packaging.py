@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
@@ -135,8 +136,8 @@ def test_the_installed_demo_finds_its_examples_from_another_directory(
 # --- extras: each image installs what it runs -----------------------------------------
 
 OPTIONAL_MODULES = {
-    "boto3": "s3", "google.cloud": "gcs", "tensorrt": "gpu", "pycuda": "gpu", "pynvml": "gpu",
-    "cuda.bindings": "gpu",
+    "tensorrt": "gpu", "pycuda": "gpu", "pynvml": "gpu", "cuda.bindings": "gpu",
+    "onnxruntime_extensions": "extensions",
 }  # fmt: skip
 """Imports of an optional extra (each one guarded: a missing one is a clear error)."""
 PART_OF = {"pydantic_core": "pydantic"}
@@ -252,7 +253,7 @@ sys.exit(cli.main(sys.argv[1:]))
 
 
 RUNTIME_ONLY = {"numpy", "onnx", "onnxruntime", "orjson", "google"}
-OPERATOR_ONLY = {"kopf", "kubernetes", "ruamel", "prometheus_api_client", "requests", "urllib3"}
+OPERATOR_ONLY = {"kopf", "kubernetes", "ruamel", "requests", "urllib3"}
 
 
 def test_the_operator_image_runs_its_commands_without_the_runtime_libraries() -> None:
@@ -286,14 +287,91 @@ def test_the_runtime_image_runs_its_commands_without_the_operator_libraries(
     assert "pip install 'kubeinfer[operator]'" in refused.stderr, refused.stderr
 
 
-def test_the_dockerfile_builds_each_side_with_its_extra_as_non_root() -> None:
-    """Static checks only: no Docker engine here (the images themselves are unverified)."""
+# --- the pins: one resolution for the venv and every image (requirements/, docs/images.md) ---
+
+REQUIREMENTS = ROOT / "requirements"
+IMAGE_LOCKS = {
+    "operator.txt": ["operator"],
+    "runtime.txt": ["runtime", "s3", "gcs"],
+    "runtime-gpu.txt": ["runtime", "s3", "gcs", "gpu"],
+}
+"""Each image's lock and the extras it installs (tests/cluster/test_images_build.py builds
+the operator's and the runtime's; the GPU image's is built nowhere here)."""
+
+
+def pins(lock: Path) -> dict[str, str]:
+    """name -> version of a `uv pip compile` output."""
+    found = re.findall(r"^([A-Za-z0-9._-]+)==([^\s;\\]+)", lock.read_text(), re.M)
+    return {normalized(name): version for name, version in found}
+
+
+def requirements_of(extras: list[str]) -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    found = [Requirement(r) for r in project["dependencies"]]
+    for extra in extras:
+        for text in project["optional-dependencies"][extra]:
+            requirement = Requirement(text)
+            if requirement.name != "kubeinfer":  # self-references: listed extras already
+                found.append(requirement)
+    return found
+
+
+@pytest.mark.parametrize("lock", sorted(IMAGE_LOCKS))
+def test_each_images_lock_pins_its_extras_at_the_versions_the_venv_uses(lock: str) -> None:
+    locked = pins(REQUIREMENTS / lock)
+    constraints = pins(REQUIREMENTS / "constraints.txt")
+    for requirement in requirements_of(IMAGE_LOCKS[lock]):
+        name = normalized(requirement.name)
+        if name == "tensorrt":  # the GPU image's base ships it (runtime-gpu.in says why)
+            continue
+        assert name in locked, f"{name} is not in {lock}: run `make lock`"
+        assert requirement.specifier.contains(locked[name], prereleases=True), (
+            f"{lock} pins {name}=={locked[name]}, outside {requirement}: run `make lock`"
+        )
+    shared = set(locked) & set(constraints)
+    assert {n: locked[n] for n in shared} == {n: constraints[n] for n in shared}, (
+        "an image would ship another version than the tests run"
+    )
+    text = (REQUIREMENTS / lock).read_text()
+    assert all("--hash=sha256:" in block for block in re.split(r"\n(?=\S)", text)[1:]
+               if "==" in block), f"{lock}: every pin carries its hashes"  # fmt: skip
+
+
+def test_the_venv_constraints_cover_every_extra_but_the_gpus() -> None:
+    constraints = pins(REQUIREMENTS / "constraints.txt")
+    extras = ["dev", "operator", "runtime", "local", "s3", "gcs", "mutation"]
+    for requirement in requirements_of(extras):
+        version = constraints.get(normalized(requirement.name))
+        assert version and requirement.specifier.contains(version, prereleases=True), (
+            f"{requirement} is not pinned in requirements/constraints.txt: run `make lock`"
+        )
+
+
+def test_the_gpu_lock_input_is_the_gpu_extra_without_tensorrt() -> None:
+    listed = [Requirement(line) for line in (REQUIREMENTS / "runtime-gpu.in").read_text()
+              .splitlines() if line.strip() and not line.startswith("#")]  # fmt: skip
+    declared = [r for r in requirements_of(["gpu"]) if normalized(r.name) in extras()[1]["gpu"]]
+    expected = {str(r) for r in declared if r.name not in ("tensorrt", "kubeinfer")}
+    expected -= {str(r) for r in requirements_of(["runtime"])}
+    assert {str(r) for r in listed} == expected
+
+
+def test_the_gpu_images_cuda_packages_stay_within_its_bases_cuda_12() -> None:
+    """NVIDIA's TensorRT 25.01 image has CUDA 12.8; cuda-bindings 13 is built for CUDA 13."""
+    [bound] = [r for r in requirements_of(["gpu"]) if r.name == "cuda-bindings"]
+    assert not bound.specifier.contains("13.0.0") and bound.specifier.contains("12.9.0")
+    assert pins(REQUIREMENTS / "runtime-gpu.txt")["cuda-bindings"].startswith("12.")
+
+
+def test_the_dockerfile_pins_its_bases_and_leaves_the_gpu_image_non_root() -> None:
+    """What the image build test cannot run: the GPU target (no registry, no GPU here)
+    and the official base's digest."""
     text = (ROOT / "Dockerfile").read_text()
+    python = re.search(r"^ARG PYTHON_BASE=(\S+)$", text, re.M).group(1)
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-bookworm@sha256:[0-9a-f]{64}", python)
+    tensorrt = re.search(r"^ARG TENSORRT_BASE=(\S+)$", text, re.M).group(1)
+    assert re.fullmatch(r"nvcr\.io/nvidia/tensorrt:25\.01-py3(@sha256:[0-9a-f]{64})?", tensorrt)
     stages = dict(re.findall(r"^FROM \S+ AS (\S+)\n(.*?)(?=^FROM |\Z)", text, re.M | re.S))
-    for target, extra in (("operator", "operator"), ("runtime", "runtime")):
-        assert f"[{extra}]" in stages[f"{target}-install"]
-        assert "USER 65532:65532" in stages[target] and "HOME=/tmp" in stages[target]
-    assert "[gpu]" in stages["runtime-gpu"] and "USER 65532:65532" in stages["runtime-gpu"]
-    base = re.search(r"^ARG TENSORRT_BASE=(\S+)$", text, re.M).group(1)
-    assert re.fullmatch(r"nvcr\.io/nvidia/tensorrt:\d\d\.\d\d-py3", base), base
-    assert "COPY examples" in stages["wheel"]  # the demo's manifests are package data
+    assert "requirements/runtime-gpu.txt" in stages["runtime-gpu-deps"]
+    gpu = stages["runtime-gpu"]
+    assert "USER 65532:65532" in gpu and "HOME=/tmp" in gpu and "EXPOSE 8000 8001" in gpu

@@ -25,10 +25,10 @@ PROMETHEUS_ACCOUNT = "prometheus"
 LABELS = {"app.kubernetes.io/name": "kubeinfer", "app.kubernetes.io/instance": RELEASE}
 
 LOCAL_SETTINGS = {
-    "KUBEINFER_AUTOSCALE_POLL_SECONDS": "2",
-    "KUBEINFER_SHADOW_POLL_SECONDS": "2",
-    "KUBEINFER_PRE_STOP_SLEEP_SECONDS": "0",
-    "KUBEINFER_DRAIN_GRACE_PERIOD_SECONDS": "5",
+    "KUBEINFER_REQUEUE__AUTOSCALE_POLL_SECONDS": "2",
+    "KUBEINFER_REQUEUE__SHADOW_POLL_SECONDS": "2",
+    "KUBEINFER_PODS__PRE_STOP_SLEEP_SECONDS": "0",
+    "KUBEINFER_PODS__DRAIN_GRACE_PERIOD_SECONDS": "5",
 }
 """Operator settings for one machine: a laptop has no load balancer to drain from, and a
 demo wants the autoscaler and the shadow verdict to look every couple of seconds."""
@@ -60,7 +60,7 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
     ]
     if prometheus_url:
-        env.append({"name": "KUBEINFER_PROMETHEUS_URL", "value": prometheus_url})
+        env.append({"name": "KUBEINFER_METRICS__PROMETHEUS_URL", "value": prometheus_url})
     selector = {**LABELS, "app.kubernetes.io/component": "operator"}
     deployment = {
         "apiVersion": "apps/v1",

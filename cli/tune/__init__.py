@@ -1,5 +1,6 @@
 """`kubeinfer tune`: the batcher's tuning sweep as a command (see `command`).
 
-`load` is the load generator the sweep drives (the benchmarks under tests/benchmarks/ use
-it too).
+`perf` runs Triton's perf_analyzer, which offers the load (the benchmarks under
+tests/benchmarks/ drive theirs with it too); `load` is our own small client for what
+perf_analyzer cannot express (its docstring says what).
 """

@@ -11,11 +11,14 @@ MODEL is an ONNX file (built into the engine cache first, as `kubeinfer build` d
 an engine directory of a cache (`CACHE/engines/<hex>`). For every combination of the
 swept values, a real `kubeinfer serve` starts on a free loopback port, is offered the
 traffic for the warm-up and then the measured window, and stops; a line per point goes to
-stderr with the time left. Then stdout gets the points, the throughput/p99 frontier, and
-the `runtime.batching` block of the highest-throughput point whose p99 meets the SLO
-(with every request answered), with what it serves per CPU-second (per GPU-second for a
-GPU engine) and, given the node's price, what 1,000 inferences (rows) cost; `--json` gives
-the same as one JSON object.
+stderr with the time left. Triton's perf_analyzer sends the traffic (JSON over HTTP; it
+must be installed: the tune extra, or on Debian 12 `make .venv/bin/perf_analyzer`); a mix
+of request sizes, which it cannot send in one run, goes through kubeinfer's own client.
+Then stdout gets the points, the throughput/p99 frontier, and the `runtime.batching`
+block of the highest-throughput point whose p99 meets the SLO (with every request
+answered), with what it serves per CPU-second (per GPU-second for a GPU engine) and,
+given the node's price, what 1,000 inferences (rows) cost; `--json` gives the same as one
+JSON object.
 
 Traffic: `--concurrency N` closed-loop clients, or `--rate R` requests per second
 arriving as a Poisson process (open loop: a slow server is charged for the queue it
@@ -201,7 +204,7 @@ def _error(message: str) -> int:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
     from kubeinfer.cli.tune import frontier as decide
-    from kubeinfer.cli.tune import sweep, traffic
+    from kubeinfer.cli.tune import perf, sweep, traffic
     from pydantic import ValidationError
 
     if args.warmup_seconds < 0:
@@ -252,6 +255,11 @@ def run(args: argparse.Namespace) -> int:
             f"--max-batch-sizes includes {smallest_batch}: the server would refuse them"
         )
 
+    if len(sweep.traffic_sizes(shape)) == 1:  # perf_analyzer sends it: is it there?
+        try:
+            perf.find_perf_analyzer()
+        except perf.PerfAnalyzerMissing as error:
+            return _error(str(error))
     if args.model.is_dir() and args.cache is not None:
         return _error("--cache is where an ONNX model is built; an engine directory is served "
                       "from the cache it is in")  # fmt: skip

@@ -74,50 +74,37 @@ class Measurement:
 
     setting: Setting
     window_seconds: float
-    completed: int
-    """Requests answered 200 in the window."""
+    requests_per_second: float
+    """Requests answered 200 per second of the window."""
 
-    completed_rows: int
+    rows_per_second: float
     errors: int
     """Requests in the window that failed (any other status, a lost connection, no answer)."""
 
     p50_milliseconds: float
     p99_milliseconds: float
-    server_cpu_seconds: float | None = None
-    """CPU the server process used in the window (None where it cannot be read)."""
+    requests_per_cpu_second: float | None = None
+    """Requests the server answered per second of its CPU (a core-second), both as the
+    server counted them over the measured run (None where they cannot be read)."""
 
     mean_batch_rows: float | None = None
-    """The batches' mean size in the window, from the server's own histogram."""
+    """The batches' mean size over the measured run, from the server's own histogram."""
 
     load_cpu_seconds: float | None = None
-    """CPU the load generator used in the window: beside the server's, it tells whether
-    the client rather than the server was the limit (they share the machine)."""
+    """CPU the load generator used in its run: beside the server's, it tells whether the
+    client rather than the server was the limit (they share the machine)."""
 
     failure: str | None = None
-    """Why the point has no figures (its server did not start, the run broke)."""
+    """Why the point has no figures (its server did not start, the load broke off, or,
+    under perf_analyzer, a request was not answered 200)."""
 
     error_sample: str | None = None
     """The first failed request's answer, when some failed."""
 
     @property
-    def requests_per_second(self) -> float:
-        return self.completed / self.window_seconds
-
-    @property
-    def rows_per_second(self) -> float:
-        return self.completed_rows / self.window_seconds
-
-    @property
     def succeeded(self) -> bool:
         """Every request in the window answered, and some were."""
-        return self.failure is None and self.errors == 0 and self.completed > 0
-
-    @property
-    def requests_per_cpu_second(self) -> float | None:
-        """Requests answered per second of the server's CPU (a core-second)."""
-        if not self.server_cpu_seconds:
-            return None
-        return self.completed / self.server_cpu_seconds
+        return self.failure is None and self.errors == 0 and self.requests_per_second > 0
 
 
 def meets_slo(point: Measurement, slo_p99_milliseconds: float) -> bool:
@@ -175,14 +162,19 @@ def choose(points: Sequence[Measurement], slo_p99_milliseconds: float) -> Choice
             f"no point has p99 <= {slo_p99_milliseconds:g} ms; the lowest p99 was "
             f"{closest.p99_milliseconds:.2f} ms",
         )
-    measured = [p for p in points if p.failure is None and p.completed + p.errors > 0]
+    measured = [p for p in points if p.failure is None and p.errors > 0]
     if measured:
-        fewest = min(measured, key=lambda p: (p.errors / (p.completed + p.errors), _size(p)))
+
+        def failed_share(p: Measurement) -> float:
+            answered = p.requests_per_second * p.window_seconds
+            return p.errors / (answered + p.errors)
+
+        fewest = min(measured, key=lambda p: (failed_share(p), _size(p)))
         return Choice(
             fewest,
             False,
-            "every point failed requests; the fewest failed at "
-            f"{fewest.errors} of {fewest.completed + fewest.errors}",
+            f"every point failed requests; the fewest failed at {fewest.errors} "
+            f"({failed_share(fewest):.1%})",
         )
     return Choice(None, False, "no point was measured")
 

@@ -1,21 +1,23 @@
-"""An HTTP load generator cheap enough to share 2 cores with the server it drives.
+"""Our own small HTTP load generator, for the loads Triton's perf_analyzer
+(`kubeinfer.cli.tune.perf`, which drives every other load) cannot express:
+
+- requests of several sizes in one run: `kubeinfer tune --rows 1,8,32` and traces whose
+  requests differ in rows (perf_analyzer sends every request of a run with one batch
+  size, `-b`);
+- load that behaves at the connection level, as the hostile benchmark's does: requests
+  on a connection the server then closes or resets, half-sent heads and bodies,
+  `Connection: close` and Retry-After honoured, refusals counted rather than fatal
+  (perf_analyzer stops at the first request not answered 200);
+- open-loop traffic whose request size changes mid-run without a pause
+  (bench_adaptive_batching's phases).
 
 Closed loop (`run_closed_loop`): N clients each own one keep-alive connection and send
 requests back to back for a fixed duration after a warm-up; every completion inside the
 measured window is counted and its latency kept. Open loop (`run_open_loop`): requests
-leave at the times of a schedule (a rate's arrivals, a recorded trace) whatever the
-server's pace, each on an idle connection (a new one when none is idle), and a request's
-latency counts from the time it was due, so a server that falls behind is charged for the
-wait it caused (no coordinated omission).
-
-The client speaks raw HTTP/1.1 over an asyncio Protocol with request bytes encoded once
-before the run (aiohttp's client costs several times more CPU per request, which on a
-2-core machine is taken straight from the server under test). The CPU the generator itself
-burned is reported per request so a reader can tell whether the client, rather than the
-server, was the limit.
-
-Only what a v2 server answers is parsed: a status line, headers with Content-Length, and a
-body. Chunked responses are refused with a clear error rather than mis-parsed.
+leave at the times of a schedule whatever the server's pace, each on an idle connection
+(a new one when none is idle), and a request's latency counts from the time it was due.
+Raw HTTP/1.1 over an asyncio Protocol, request bytes encoded once before the run; only
+what a v2 server answers is parsed (a status line, Content-Length, a body).
 """
 
 from __future__ import annotations
@@ -57,28 +59,6 @@ def _http_request(host: str, port: int, path: str, body: bytes, headers: dict[st
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def encode_json_infer(
-    host: str, port: int, model: str, input_name: str, item: np.ndarray
-) -> EncodedRequest:
-    """A v2 JSON request carrying one item (a batch of 1) of FP32 data."""
-    batch = item.reshape(1, *item.shape).astype(np.float32)
-    body = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": input_name,
-                    "shape": list(batch.shape),
-                    "datatype": "FP32",
-                    "data": batch.ravel().tolist(),
-                }
-            ]
-        }
-    ).encode()
-    path = f"/v2/models/{model}/infer"
-    raw = _http_request(host, port, path, body, {"Content-Type": "application/json"})
-    return EncodedRequest(raw, len(body))
-
-
 def encode_json_tensors(
     host: str, port: int, model: str, tensors: Sequence[tuple[str, str, np.ndarray]]
 ) -> EncodedRequest:
@@ -100,50 +80,6 @@ def encode_json_tensors(
     path = f"/v2/models/{model}/infer"
     raw = _http_request(host, port, path, body, {"Content-Type": "application/json"})
     return EncodedRequest(raw, len(body), rows=int(tensors[0][2].shape[0]))
-
-
-def encode_binary_infer(
-    host: str,
-    port: int,
-    model: str,
-    input_name: str,
-    output_name: str,
-    item: np.ndarray,
-    *,
-    rows: bool = False,
-) -> EncodedRequest:
-    """A request in Triton's binary tensor extension: a JSON header of
-    `Inference-Header-Content-Length` bytes, then the raw input; the output is asked for
-    in binary too (what `tritonclient.http` sends with `binary_data=True`). The request
-    carries one item, or with `rows` the array as it is, its first dimension the rows."""
-    shaped = item if rows else item.reshape(1, *item.shape)
-    batch = np.ascontiguousarray(shaped, dtype=np.float32)
-    data = batch.tobytes()
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": input_name,
-                    "shape": list(batch.shape),
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": len(data)},
-                }
-            ],
-            "outputs": [{"name": output_name, "parameters": {"binary_data": True}}],
-        }
-    ).encode()
-    body = header + data
-    raw = _http_request(
-        host,
-        port,
-        f"/v2/models/{model}/infer",
-        body,
-        {
-            "Content-Type": "application/octet-stream",
-            "Inference-Header-Content-Length": str(len(header)),
-        },
-    )
-    return EncodedRequest(raw, len(body), rows=int(batch.shape[0]))
 
 
 # --------------------------------------------------------------------------- the connection
@@ -239,15 +175,6 @@ async def open_connection(host: str, port: int) -> Connection:
     loop = asyncio.get_running_loop()
     _, protocol = await loop.create_connection(Connection, host, port)
     return protocol
-
-
-async def request_once(host: str, port: int, raw: bytes) -> Response:
-    """One request on a fresh connection (checks, metadata)."""
-    conn = await open_connection(host, port)
-    try:
-        return await conn.send(raw)
-    finally:
-        conn.close()
 
 
 # --------------------------------------------------------------------------- the run

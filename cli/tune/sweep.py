@@ -1,7 +1,9 @@
 """The sweep's I/O: the engine to serve (built from an ONNX model through the cache, or
 one already built), then for each setting a real `kubeinfer serve` on a free loopback
-port, driven by the load generator, its window measured from both sides (the client's
-latencies, the server's CPU and batch-size histogram), then stopped.
+port, offered the traffic by perf_analyzer (`perf`; a mix of request sizes, which it
+cannot send, by our own client, `load`), measured from both sides (the client's
+throughput and latencies; the server's CPU, answered requests and batch-size histogram
+over the same run, `server_side`), then stopped.
 
 One server per point: every batching setting is fixed when `kubeinfer serve` starts, and
 a fresh process also keeps one point's queue from spilling into the next one's window.
@@ -10,8 +12,8 @@ a fresh process also keeps one point's queue from spilling into the next one's w
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
-import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,23 +21,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from kubeinfer.cli.tune import perf
 from kubeinfer.cli.tune.frontier import Measurement, Setting
 from kubeinfer.cli.tune.load import (
     EncodedRequest,
     LoadGenError,
-    RunResult,
     encode_json_tensors,
     run_closed_loop,
     run_open_loop,
 )
-from kubeinfer.cli.tune.server import (
-    HOST,
-    ServerFailed,
-    ServerProcess,
-    ServerSpec,
-    free_port,
-    http_get,
-)
+from kubeinfer.cli.tune.server import HOST, ServerFailed, ServerProcess, ServerSpec, free_port
+from kubeinfer.cli.tune.server_side import Snapshot, between, snapshot
 from kubeinfer.cli.tune.traffic import Arrival, RowsMix, sample_rows
 
 if TYPE_CHECKING:
@@ -221,88 +217,80 @@ def serve_spec(engine: TuneEngine, setting: Setting, options: ServerOptions) -> 
     )
 
 
-def process_cpu_seconds(pid: int) -> float | None:
-    """User plus system CPU of one process and its threads (Linux /proc; None elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _perf_samples(
+    manifest: EngineManifest, rng: np.random.Generator
+) -> list[dict[str, np.ndarray]]:
+    """Rows of random inputs, one per entry of perf_analyzer's input data."""
+    count = DISTINCT_REQUESTS_PER_SIZE * 4
+    arrays = {i.name: _input_rows(i, count, rng) for i in manifest.inputs}
+    return [{name: array[k] for name, array in arrays.items()} for k in range(count)]
 
 
-def batch_histogram(metrics_text: str) -> tuple[float, float] | None:
-    """(rows, batches) so far: the sum and count of the server's `kubeinfer_batch_size`."""
-    from kubeinfer.contract.metrics import BATCH_SIZE
-    from prometheus_client.parser import text_string_to_metric_families
-
-    rows = batches = 0.0
-    found = False
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name != BATCH_SIZE.name:
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_sum"):
-                rows += sample.value
-                found = True
-            elif sample.name.endswith("_count"):
-                batches += sample.value
-    return (rows, batches) if found else None
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    cpu_seconds: float | None
-    histogram: tuple[float, float] | None
-
-
-def _snapshot(server: ServerProcess) -> _Snapshot:
-    assert server.process is not None and server.spec.metrics_url is not None
-    histogram = None
-    try:
-        status, body = http_get(server.spec.metrics_url)
-        if status == 200:
-            histogram = batch_histogram(body.decode())
-    except OSError:
-        pass
-    return _Snapshot(process_cpu_seconds(server.process.pid), histogram)
+def _by_perf_analyzer(
+    engine: TuneEngine, setting: Setting, port: int, traffic: Traffic, timing: Timing,
+    workdir: Path, around: Callable[[], object],
+) -> Measurement:  # fmt: skip
+    """One request size: perf_analyzer offers the traffic (an open loop replays the
+    arrivals' gaps) over JSON, three windows making up the measured duration."""
+    [rows] = traffic_sizes(traffic)
+    if isinstance(traffic, ClosedLoop):
+        load = perf.Load(rows=rows, concurrency=traffic.concurrency)
+    else:
+        workdir.mkdir(parents=True, exist_ok=True)
+        schedule = workdir / "intervals.txt"
+        schedule.write_text(perf.intervals([a.offset_seconds for a in traffic.arrivals]))
+        load = perf.Load(rows=rows, intervals_file=schedule)
+    result = perf.run(
+        perf.Target(f"{HOST}:{port}", MODEL_NAME, "http", "json"), load,
+        _perf_samples(engine.manifest, np.random.default_rng(0)), timing.duration_seconds / 3,
+        workdir, timing.warmup_seconds, around,
+    )  # fmt: skip
+    return Measurement(
+        setting, result.window_seconds, result.requests_per_second, result.rows_per_second, 0,
+        result.p50_milliseconds, result.p99_milliseconds,
+        load_cpu_seconds=result.client_cpu_seconds,
+    )  # fmt: skip
 
 
-def _drive(
-    port: int,
-    pool: dict[int, list[EncodedRequest]],
-    traffic: Traffic,
-    timing: Timing,
-    hook: Callable[[], object],
-) -> RunResult:
-    start_hook = end_hook = hook
+def _by_own_client(
+    engine: TuneEngine, setting: Setting, port: int, traffic: Traffic, timing: Timing,
+    around: Callable[[], object],
+) -> Measurement:  # fmt: skip
+    """Several request sizes: our own client (`load`), the hooks at its window's edges."""
+    pool = request_pool(engine.manifest, traffic_sizes(traffic), port, seed=0)
     if isinstance(traffic, ClosedLoop):
         sizes = sample_rows(traffic.mix, CLOSED_LOOP_SEQUENCE, np.random.default_rng(1))
         requests = [pool[rows][i % DISTINCT_REQUESTS_PER_SIZE] for i, rows in enumerate(sizes)]
-        return asyncio.run(
+        run = asyncio.run(
             run_closed_loop(
                 HOST, port, requests, traffic.concurrency, timing.warmup_seconds,
-                timing.duration_seconds, start_hook, end_hook,
+                timing.duration_seconds, around, around,
             )
         )  # fmt: skip
-    order = sorted(pool)
-    requests = [r for rows in order for r in pool[rows]]
-    first = {rows: order.index(rows) * DISTINCT_REQUESTS_PER_SIZE for rows in order}
-    schedule = [
-        (a.offset_seconds, first[a.rows] + n % DISTINCT_REQUESTS_PER_SIZE)
-        for n, a in enumerate(traffic.arrivals)
-    ]
-    return asyncio.run(
-        run_open_loop(
-            HOST, port, requests, schedule, timing.warmup_seconds, timing.duration_seconds,
-            timing.drain_timeout_seconds, on_window_start=start_hook, on_window_end=end_hook,
-        )
+    else:
+        order = sorted(pool)
+        requests = [r for rows in order for r in pool[rows]]
+        first = {rows: order.index(rows) * DISTINCT_REQUESTS_PER_SIZE for rows in order}
+        schedule = [
+            (a.offset_seconds, first[a.rows] + n % DISTINCT_REQUESTS_PER_SIZE)
+            for n, a in enumerate(traffic.arrivals)
+        ]
+        run = asyncio.run(
+            run_open_loop(
+                HOST, port, requests, schedule, timing.warmup_seconds, timing.duration_seconds,
+                timing.drain_timeout_seconds, on_window_start=around, on_window_end=around,
+            )
+        )  # fmt: skip
+    return Measurement(
+        setting, run.window_s, run.throughput, run.completed_rows / run.window_s, run.errors,
+        run.percentile_ms(50), run.percentile_ms(99), load_cpu_seconds=run.client_cpu_s,
+        error_sample=run.error_samples[0] if run.error_samples else None,
     )  # fmt: skip
 
 
 def _failed(setting: Setting, timing: Timing, why: str) -> Measurement:
     nan = math.nan
-    return Measurement(setting, timing.duration_seconds, 0, 0, 0, nan, nan, failure=why)
+    return Measurement(setting, timing.duration_seconds, 0.0, 0.0, 0, nan, nan, failure=why)
 
 
 def measure_point(
@@ -315,42 +303,34 @@ def measure_point(
 ) -> Measurement:
     """Serves the engine with `setting`, offers it the traffic, measures the window."""
     spec = serve_spec(engine, setting, options)
-    snapshots: list[_Snapshot] = []
+    snapshots: list[Snapshot] = []
     try:
         with ServerProcess(spec, log_dir, options.ready_timeout_seconds) as server:
-            pool = request_pool(engine.manifest, traffic_sizes(traffic), spec.port, seed=0)
+            assert server.process is not None
+            pid = server.process.pid
 
-            def hook() -> None:
-                snapshots.append(_snapshot(server))
+            def around() -> None:
+                snapshots.append(snapshot([pid], spec.metrics_url))
 
-            run = _drive(spec.port, pool, traffic, timing, hook)
+            if len(traffic_sizes(traffic)) == 1:
+                workdir = log_dir / f"perf-analyzer-{spec.port}"
+                measured = _by_perf_analyzer(
+                    engine, setting, spec.port, traffic, timing, workdir, around
+                )
+            else:
+                measured = _by_own_client(engine, setting, spec.port, traffic, timing, around)
     except ServerFailed as error:
         lines = str(error).strip().splitlines()
         return _failed(setting, timing, f"{lines[0]} {lines[-1] if len(lines) > 1 else ''}")
+    except perf.PerfAnalyzerFailed as error:
+        return _failed(setting, timing, str(error))
     except (LoadGenError, OSError) as error:
         return _failed(setting, timing, f"the load broke off: {error}")
-    before, after = snapshots if len(snapshots) == 2 else (_Snapshot(None, None),) * 2
-    cpu = (
-        after.cpu_seconds - before.cpu_seconds
-        if after.cpu_seconds is not None and before.cpu_seconds is not None
-        else None
-    )
-    mean_batch = None
-    if after.histogram and before.histogram:
-        batches = after.histogram[1] - before.histogram[1]
-        if batches > 0:
-            mean_batch = (after.histogram[0] - before.histogram[0]) / batches
-    return Measurement(
-        setting=setting,
-        window_seconds=run.window_s,
-        completed=run.completed,
-        completed_rows=run.completed_rows,
-        errors=run.errors,
-        p50_milliseconds=run.percentile_ms(50),
-        p99_milliseconds=run.percentile_ms(99),
-        server_cpu_seconds=cpu,
-        mean_batch_rows=mean_batch,
-        load_cpu_seconds=run.client_cpu_s,
-        failure=None if run.completed or run.errors else "no request was answered in the window",
-        error_sample=run.error_samples[0] if run.error_samples else None,
+    side = between(*snapshots[-2:]) if len(snapshots) >= 2 else None
+    answered = measured.requests_per_second > 0 or measured.errors > 0
+    return dataclasses.replace(
+        measured,
+        requests_per_cpu_second=side.requests_per_cpu_second if side else None,
+        mean_batch_rows=side.mean_batch_rows if side else None,
+        failure=None if answered else "no request was answered in the window",
     )

@@ -6,7 +6,7 @@ every call (query parameters, content types, JSON bodies), with paths from
 `kube.resources`. The facade keeps the call sites small and the objects plain dicts, and
 adds what the operator relies on:
 
-- every request is bounded (`timeout_seconds`, `KUBEINFER_API_TIMEOUT_SECONDS`): a hung
+- every request is bounded (`timeout_seconds`, `KUBEINFER_API__TIMEOUT_SECONDS`): a hung
   call would otherwise hold an object's reconcile lock for aiohttp's 300 s default;
 - lists are paginated (`limit` + `continue`), as client-go's pager does;
 - errors are `ApiError` with the HTTP status, whether retrying can help, and the

@@ -198,72 +198,103 @@ async def run_as_leader(
     Lease is lost while leading (after cancelling `run`)."""
     vault = Vault()
     timeout = election.retry_period_seconds / 2  # see the settings' lease duration check
-    client = KubeClient(vault, timeout_seconds=timeout)
-    lock = LeaseLock(election.name, election.namespace, election.identity, client)
-    stopping = asyncio.Event()
-    operator: asyncio.Task[None] | None = None
-    operator_done = asyncio.Event()
-
-    async def leading() -> None:
-        nonlocal operator
-        logger.info(
-            "Acquired the Lease, reconciling: Lease=%s/%s identity=%s",
-            election.namespace, election.name, election.identity,
-        )  # fmt: skip
-        operator = asyncio.create_task(run(stopping), name="operator (leading)")
-        operator.add_done_callback(lambda _: operator_done.set())
-        await asyncio.shield(operator)  # the election cancels this wait, never the operator
-
-    async def stopped_leading() -> None:
-        logger.warning(
-            "Lost the Lease, stopping: Lease=%s/%s identity=%s",
-            election.namespace, election.name, election.identity,
-        )  # fmt: skip
-
-    config = Config(
-        lock=lock,
-        lease_duration=election.lease_duration_seconds,
-        renew_deadline=election.renew_deadline_seconds,
-        retry_period=election.retry_period_seconds,
-        onstarted_leading=leading,
-        onstopped_leading=stopped_leading,
+    lock = LeaseLock(
+        election.name,
+        election.namespace,
+        election.identity,
+        KubeClient(vault, timeout_seconds=timeout),
     )
+    leader = _Leader(run, election)
     logger.info(
         "Waiting for the Lease: Lease=%s/%s identity=%s",
         election.namespace, election.name, election.identity,
     )  # fmt: skip
     tasks = {
-        "election": asyncio.create_task(LeaderElection(config).run(), name="leader election"),
+        "election": asyncio.create_task(
+            LeaderElection(leader.config(lock)).run(), name="leader election"
+        ),
         "login": asyncio.create_task(keep_logged_in(vault, login), name="election login"),
         "stop": asyncio.create_task(stop.wait(), name="stop flag"),
-        "operator": asyncio.create_task(operator_done.wait(), name="operator ended"),
+        "operator": asyncio.create_task(leader.done.wait(), name="operator ended"),
     }
     try:
         done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
         if tasks["election"] in done or tasks["login"] in done:
             # The election returns only once the Lease is lost; the login only on failure.
-            stopping.set()  # tells kopf this is a stop, not a crash, before cancelling it
-            if operator is not None and not operator.done():
-                operator.cancel()
-                try:
-                    await operator
-                except asyncio.CancelledError:
-                    pass
-                except Exception as error:  # the lost Lease is what the caller must hear
-                    logger.warning("The operator stopped with an error: %r", error)
+            await leader.cancel()
             if tasks["login"] in done:
                 tasks["login"].result()  # raises the login's error
             raise LeadershipLost(f"Lease {election.namespace}/{election.name} lost")
-        stopping.set()
-        if operator is not None:
-            await operator  # a graceful stop: kopf drains its handlers
+        await leader.finish()
         tasks["election"].cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await tasks["election"]
-        if operator is not None:
+        if leader.operator is not None:
             await lock.release()
     finally:
         for task in tasks.values():
             task.cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         await vault.close()
+
+
+class _Leader:
+    """The operator's task while this replica leads: started when the Lease is acquired,
+    shielded from the election's cancellation, and stopped by `finish` (a graceful stop)
+    or `cancel` (the Lease was lost)."""
+
+    def __init__(
+        self, run: Callable[[asyncio.Event], Coroutine[Any, Any, None]], election: Election
+    ) -> None:
+        self.run, self.election = run, election
+        self.stopping = asyncio.Event()
+        self.done = asyncio.Event()
+        self.operator: asyncio.Task[None] | None = None
+
+    def config(self, lock: LeaseLock) -> Config:
+        election = self.election
+        return Config(
+            lock=lock,
+            lease_duration=election.lease_duration_seconds,
+            renew_deadline=election.renew_deadline_seconds,
+            retry_period=election.retry_period_seconds,
+            onstarted_leading=self.leading,
+            onstopped_leading=self.stopped_leading,
+        )
+
+    async def leading(self) -> None:
+        election = self.election
+        logger.info(
+            "Acquired the Lease, reconciling: Lease=%s/%s identity=%s",
+            election.namespace, election.name, election.identity,
+        )  # fmt: skip
+        self.operator = asyncio.create_task(self.run(self.stopping), name="operator (leading)")
+        self.operator.add_done_callback(lambda _: self.done.set())
+        await asyncio.shield(self.operator)  # the election cancels this wait, never the operator
+
+    async def stopped_leading(self) -> None:
+        election = self.election
+        logger.warning(
+            "Lost the Lease, stopping: Lease=%s/%s identity=%s",
+            election.namespace, election.name, election.identity,
+        )  # fmt: skip
+
+    async def finish(self) -> None:
+        """A graceful stop: kopf drains its handlers."""
+        self.stopping.set()
+        if self.operator is not None:
+            await self.operator
+
+    async def cancel(self) -> None:
+        """Tells kopf this is a stop, not a crash, then cancels it; an error it stops with
+        is logged (the lost Lease is what the caller must hear)."""
+        self.stopping.set()
+        if self.operator is None or self.operator.done():
+            return
+        self.operator.cancel()
+        try:
+            await self.operator
+        except asyncio.CancelledError:
+            pass
+        except Exception as error:
+            logger.warning("The operator stopped with an error: %r", error)

@@ -1,6 +1,7 @@
 """The operator's metrics sources: an object's own Prometheus
-(`spec.monitoring.prometheus.url`), else the operator's (`KUBEINFER_PROMETHEUS_URL`, the
-Helm value `prometheus.url`), else a direct read of the runtime pods' /metrics.
+(`spec.monitoring.prometheus.url`), else the operator's
+(`KUBEINFER_METRICS__PROMETHEUS_URL`, the Helm value `prometheus.url`), else a direct read
+of the runtime pods' /metrics.
 
 `MetricsSources` makes each source once and keeps it for the operator's life, owned by
 the reconciler: one HTTP session per Prometheus (connections reused across passes and

@@ -1,22 +1,21 @@
-"""`PrometheusSource`: named queries evaluated by a Prometheus server, through
-`prometheus-api-client`.
+"""`PrometheusSource`: named queries evaluated by a Prometheus server, through its HTTP
+API's instant query (`GET /api/v1/query`) on a `requests` session.
 
-`PrometheusConnect` is synchronous (requests), so each query runs in a worker thread,
-bounded by the operator's metrics timeout twice over: requests' own connect/read timeout,
-and an asyncio timeout around the thread (a server trickling bytes defeats a read timeout).
-No retries inside a read: the next pass reads again, and a retrying read would outlast
-its timeout. Every failure becomes one `MetricsUnavailable` whose message names the
-server, the query (and the object's field, for an override's PromQL) and the cause in a
-few words, never a traceback from inside requests.
+The session is synchronous, so each query runs in a worker thread, bounded by the
+operator's metrics timeout twice over: requests' own connect/read timeout, and an asyncio
+timeout around the thread (a server trickling bytes defeats a read timeout). No retries
+inside a read: the next pass reads again, and a retrying read would outlast its timeout.
+Every failure becomes one `MetricsUnavailable` whose message names the query (and the
+object's field, for an override's PromQL) and the cause in a few words: the answer's
+status and Prometheus' own `error` from its JSON body, or the operating system's words
+for a connection that failed, never a traceback from inside requests.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import json
 import math
-import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -24,14 +23,17 @@ from typing import Any
 import requests
 from kubeinfer.operator.metrics.queries import GroupedQuery, Query
 from kubeinfer.operator.metrics.source import MetricsUnavailable
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-from urllib3.util.retry import Retry
 
 MAX_CONCURRENT_QUERIES = 4
 """Queries of one read in flight at once (below requests' connection pool of 10)."""
+MAX_DETAIL_CHARACTERS = 300
+"""Characters of Prometheus' own error message kept in the status."""
+NOT_A_RESULT = "the answer is not a Prometheus query result"
 
-_ERRNO = re.compile(r"\[Errno -?\d+\] ([^'\")\]]+)")
-_STATUS = re.compile(r"HTTP Status Code (\d+) \((.*)\)$", re.DOTALL)
+
+class Refused(Exception):
+    """An answer that is no query result: a status other than 200, or a body that is not
+    Prometheus' JSON envelope with status "success"."""
 
 
 class PrometheusSource:
@@ -40,9 +42,7 @@ class PrometheusSource:
     def __init__(self, url: str, timeout_seconds: float) -> None:
         self.url = url.rstrip("/")
         self.timeout_seconds = timeout_seconds
-        self._client = PrometheusConnect(
-            url=self.url, retry=Retry(total=0, read=False), timeout=timeout_seconds
-        )
+        self._session = requests.Session()
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_QUERIES)
 
     @property
@@ -51,7 +51,7 @@ class PrometheusSource:
 
     def close(self) -> None:
         """Closes the HTTP session (its pooled connections)."""
-        self._client._session.close()
+        self._session.close()
 
     async def evaluate(self, queries: Sequence[Query], now: datetime) -> tuple[float | None, ...]:
         return tuple(await asyncio.gather(*(self._one(query, now) for query in queries)))
@@ -71,11 +71,12 @@ class PrometheusSource:
     def _groups(self, query: GroupedQuery, result: Any) -> dict[tuple[str, ...], float]:
         """A vector's samples by their `by` labels' values ("" for a label a sample lacks,
         as PromQL groups it); NaN kept, for the caller to judge."""
+        kind, samples = result
+        if kind != "vector":
+            raise self._unavailable(query, f"a {kind} came back, expected a vector")
         groups: dict[tuple[str, ...], float] = {}
         try:
-            if result and len(result) == 2 and isinstance(result[1], str):
-                raise self._unavailable(query, "a scalar came back, expected a vector")
-            for sample in result or ():
+            for sample in samples or ():
                 labels = sample["metric"]
                 key = tuple(str(labels.get(label, "")) for label in query.by)
                 if key in groups:
@@ -88,39 +89,45 @@ class PrometheusSource:
     async def _one(self, query: Query, now: datetime) -> float | None:
         return self._value(query, await self._ask(query, now))
 
-    async def _ask(self, query: Query | GroupedQuery, now: datetime) -> Any:
-        """The query's raw result at `now` (`custom_query`'s list)."""
+    async def _ask(self, query: Query | GroupedQuery, now: datetime) -> tuple[str, Any]:
+        """The query's result at `now`: (resultType, result) of the answer's `data`."""
         async with self._slots:
             try:
                 async with asyncio.timeout(self.timeout_seconds):
-                    result = await asyncio.to_thread(
-                        self._client.custom_query, query.promql, {"time": now.timestamp()}
-                    )
+                    return await asyncio.to_thread(self._get, query.promql, now.timestamp())
             except (TimeoutError, requests.Timeout):
                 reason = f"no answer within {self.timeout_seconds:g} s"
                 raise self._unavailable(query, reason) from None
             except requests.RequestException as error:
-                raise self._unavailable(query, _connection_reason(error)) from None
-            except PrometheusApiClientException as error:
-                raise self._unavailable(query, _refusal_reason(str(error))) from None
-            except (ValueError, KeyError, TypeError):
-                reason = "the answer is not a Prometheus query result"
-                raise self._unavailable(query, reason) from None
-        return result
+                raise self._unavailable(query, f"cannot connect ({cause(error)})") from None
+            except Refused as refused:
+                raise self._unavailable(query, str(refused)) from None
 
-    def _value(self, query: Query, result: Any) -> float | None:
+    def _get(self, promql: str, at: float) -> tuple[str, Any]:
+        """One instant query (in a worker thread): the answer's (resultType, result)."""
+        params: dict[str, str | float] = {"query": promql, "time": at}
+        response = self._session.get(
+            f"{self.url}/api/v1/query",
+            params=params,
+            timeout=self.timeout_seconds,
+        )
+        return query_result(response.status_code, response.text)
+
+    def _value(self, query: Query, result: tuple[str, Any]) -> float | None:
         """The single sample of an aggregated query; None for an empty result or NaN. A
-        scalar result (an override such as `scalar(...)`) is its value: `custom_query`
-        gives it as one [time, "value"] pair where a vector is a list of samples."""
+        scalar result (an override such as `scalar(...)`) is its value."""
+        kind, data = result
         try:
-            if not result:
+            if kind == "scalar":
+                value = float(data[1])
+            elif kind != "vector":
+                raise self._unavailable(query, f"a {kind} came back, expected a vector")
+            elif not data:
                 return None
-            if len(result) == 2 and isinstance(result[1], str):
-                value = float(result[1])
-                return None if math.isnan(value) else value
-            if len(result) != 1:
-                raise self._unavailable(query, f"{len(result)} series came back, expected one")
-            value = float(result[0]["value"][1])
+            elif len(data) != 1:
+                raise self._unavailable(query, f"{len(data)} series came back, expected one")
+            else:
+                value = float(data[0]["value"][1])
         except (KeyError, IndexError, TypeError, ValueError):
             raise self._unavailable(query, "the answer is not a Prometheus vector") from None
         return None if math.isnan(value) else value
@@ -129,24 +136,36 @@ class PrometheusSource:
         return MetricsUnavailable(f"query {query.label} failed: {reason}")
 
 
-def _connection_reason(error: requests.RequestException) -> str:
-    """A connection failure in a few words (requests nests the OS error in long reprs)."""
-    match = _ERRNO.search(str(error))
-    if match:
-        return f"cannot connect ({match.group(1).strip()})"
-    return f"cannot connect ({type(error).__name__})"
-
-
-def _refusal_reason(message: str) -> str:
-    """Prometheus' own error text when the body carries it (a bad query, an overloaded
-    server), else the status: `PrometheusApiClientException` holds "HTTP Status Code
-    <status> (<repr of the body>)"."""
-    status = _STATUS.match(message)
-    if status is None:
-        return message[:200]
+def query_result(status: int, body: str) -> tuple[str, Any]:
+    """(resultType, result) from an answer of Prometheus' query API; raises Refused with
+    the status and Prometheus' own error (its JSON body's `error`), or the status alone
+    when the body is not Prometheus' (a proxy's page, another server's 404)."""
     try:
-        body = ast.literal_eval(status.group(2))
-        detail = json.loads(body)["error"]
-    except (ValueError, SyntaxError, TypeError, KeyError):
-        return f"HTTP {status.group(1)}"
-    return f"HTTP {status.group(1)}: {str(detail)[:300]}"
+        envelope = json.loads(body)
+    except ValueError:
+        envelope = None
+    if not isinstance(envelope, dict):
+        raise Refused(f"HTTP {status}" if status != 200 else NOT_A_RESULT)
+    error = envelope.get("error")
+    if status != 200 or envelope.get("status") != "success":
+        detail = f": {str(error)[:MAX_DETAIL_CHARACTERS]}" if error else ""
+        raise Refused(f"HTTP {status}{detail}")
+    data = envelope.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("resultType"), str):
+        raise Refused(NOT_A_RESULT)
+    return data["resultType"], data.get("result")
+
+
+def cause(error: BaseException) -> str:
+    """What the operating system said of a failed connection ("Connection refused", "Name
+    or service not known"): the first OS error along the chain of exceptions that led to
+    `error` (requests raises its own around urllib3's, around the socket's); else the
+    exception's type."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.strerror:
+            return current.strerror
+        current = current.__cause__ or current.__context__
+    return type(error).__name__

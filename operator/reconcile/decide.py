@@ -22,10 +22,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-import yaml
-from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
-from kubeinfer.operator.api.v1alpha1.enums import Backend
 from kubeinfer.operator.quality.fallback import fallback_spec
 from kubeinfer.operator.quality.reference import reference_spec
 from kubeinfer.operator.reconcile import desired as build
@@ -36,38 +33,31 @@ from kubeinfer.operator.reconcile.decide_quality import (
     reference_children,
     reference_engine,
     reference_leftovers,
-    watched_reference,
 )
-from kubeinfer.operator.reconcile.desired_mirror import build_mirror_configmap
-from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
+from kubeinfer.operator.reconcile.decide_runtime import candidate_leftovers, runtime_children
+from kubeinfer.operator.reconcile.desired_build import build_engine_job
 from kubeinfer.operator.reconcile.drift import carries
 from kubeinfer.operator.reconcile.requeue import requeue_after
-from kubeinfer.operator.reconcile.rollout_progress import RolloutProgress, available
+from kubeinfer.operator.reconcile.rollout_progress import available
 from kubeinfer.operator.reconcile.scaling_status import ScalingReport, scaling_report
 from kubeinfer.operator.reconcile.slo_status import SloReport, slo_report
 from kubeinfer.operator.reconcile.status import (
     compute_status,
     forbidden_status,
     invalid_status,
-    rollout_progress,
     transition_events,
 )
 from kubeinfer.operator.rollout.report import report
 from kubeinfer.operator.rollout.shadow import (
     RolloutPlan,
     plan_rollout,
-    promotion_complete,
     shadow_replaced_event,
 )
 from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.settings import OperatorSettings
-from kubeinfer.operator.state import names
 from kubeinfer.operator.state.engine_state import (
     EngineState,
-    ServingEngine,
-    agreement_for,
     engine_state,
-    input_bytes_for,
     observed_serving,
 )
 from kubeinfer.operator.state.scaling_inputs import (
@@ -83,54 +73,6 @@ from kubeinfer.operator.state.snapshot import (
     ObservedState,
     OwnerRef,
 )
-from pydantic import ValidationError
-
-
-def _spec_image(spec: InferenceDeploymentSpec, settings: OperatorSettings) -> str:
-    return settings.images.image_for(spec.runtime.image, spec.engine.backend == Backend.TENSORRT)
-
-
-def _serving_image(
-    observed: ObservedState, settings: OperatorSettings, serving: ServingEngine, is_current: bool
-) -> str:
-    """The image the serving engine runs in: the spec's for the current engine; for an
-    older engine, the image it was deployed with (the ConfigMap's annotation, else the
-    Deployment's container), so a new image never runs an engine built for the old one
-    (its backend may not load it) while the new image's engine builds."""
-    if not is_current:
-        meta = (observed.configmap or {}).get("metadata") or {}
-        annotations = meta.get("annotations") or {}
-        if annotations.get(names.ANNOTATION_ENGINE_DIGEST) == serving.digest:
-            if image := annotations.get(names.ANNOTATION_RUNTIME_IMAGE):
-                return str(image)
-        template = ((observed.deployment or {}).get("spec") or {}).get("template") or {}
-        for container in (template.get("spec") or {}).get("containers") or []:
-            if container.get("name") == "runtime" and container.get("image"):
-                return str(container["image"])
-    return _spec_image(observed.spec, settings)
-
-
-def _serving_config(
-    observed: ObservedState,
-    settings: OperatorSettings,
-    serving: ServingEngine,
-    is_current: bool,
-    input_bytes_per_row: int | None = None,
-) -> RuntimeConfig:
-    """The runtime config for `serving`: from the spec when it is the current engine; for
-    an older engine, the config it was deployed with (kept from the observed ConfigMap)."""
-    if not is_current and observed.configmap:
-        text = (observed.configmap.get("data") or {}).get(build.CONFIG_KEY)
-        try:
-            kept = RuntimeConfig.model_validate(yaml.safe_load(text or ""))
-        except (ValidationError, yaml.YAMLError):
-            kept = None
-        if kept is not None and kept.engine.digest == serving.digest:
-            return kept
-    return build.runtime_config(
-        observed.spec, settings, serving.version, serving.digest,
-        input_bytes_per_row=input_bytes_per_row,
-    )  # fmt: skip
 
 
 def _observed_child(observed: ObservedState, kind: str, name: str) -> KubeObject | None:
@@ -171,98 +113,6 @@ def needs_write(child: KubeObject, observed: ObservedState) -> bool:
         return True
     owned = {key: value for key, value in child.items() if key not in ("apiVersion", "kind")}
     return child["kind"] not in CREATE_ONLY and not carries(existing, owned)
-
-
-def _serving_children(
-    observed: ObservedState,
-    settings: OperatorSettings,
-    serving: ServingEngine,
-    engine: EngineState,
-    replicas: int,
-) -> tuple[KubeObject, KubeObject, list[KubeObject]]:
-    """The serving runtime's ConfigMap and Deployment, then its Service and the PodMonitor
-    where the cluster has them. They depend only on the serving engine, which a
-    promotion finishing leaves as it is, so they are rendered once per pass."""
-    spec, owner = observed.spec, observed.owner
-    is_current = serving.build_key == engine.build_key and serving.digest == engine.digest
-    serving_bytes = input_bytes_for(engine, serving)
-    config = _serving_config(observed, settings, serving, is_current, serving_bytes)
-    image = _serving_image(observed, settings, serving, is_current)
-    configmap = build.build_runtime_configmap(
-        owner,
-        config,
-        serving.build_key,
-        image,
-        input_bytes_per_row=serving_bytes,
-        agreement=agreement_for(engine, serving),
-    )
-    monitors = observed.pod_monitors_available
-    deployment = build.build_runtime_deployment(
-        owner, spec, settings, configmap, replicas, pod_monitors=monitors
-    )
-    others = [build.build_service(owner, serving.version, grpc_port=spec.runtime.grpc_port)]
-    if monitors:
-        others.append(
-            build_pod_monitor(owner, serving.version, settings.metrics.pod_monitor_labels)
-        )
-    return configmap, deployment, others
-
-
-def _shadow_children(
-    observed: ObservedState,
-    settings: OperatorSettings,
-    plan: RolloutPlan,
-    serving: ServingEngine,
-    engine: EngineState,
-    reference: EngineState | None,
-) -> tuple[KubeObject, list[KubeObject]]:
-    """The serving version's mirror file (naming no candidate unless the plan mirrors, no
-    reference unless the watch runs) and the shadow candidate's children when the plan
-    runs one."""
-    spec, owner = observed.spec, observed.owner
-    target = plan.candidate if plan.mirror else None
-    mirror = build_mirror_configmap(
-        owner,
-        spec,
-        serving.version,
-        (target.version, target.digest) if target else None,
-        watched_reference(observed, serving, engine, reference),
-    )
-    if plan.candidate is None:
-        return mirror, []
-    candidate, role = plan.candidate, names.ROLE_CANDIDATE
-    candidate_bytes = input_bytes_for(engine, candidate)
-    config = build.runtime_config(
-        spec, settings, candidate.version, candidate.digest, role, candidate_bytes
-    )
-    configmap = build.build_runtime_configmap(
-        owner,
-        config,
-        candidate.build_key,
-        _spec_image(spec, settings),
-        role,
-        candidate_bytes,
-        agreement_for(engine, candidate),
-    )
-    replicas = spec.rollout.shadow.replicas
-    return mirror, [
-        configmap,
-        build.build_runtime_deployment(owner, spec, settings, configmap, replicas, role),
-        build.build_service(owner, candidate.version, role, spec.runtime.grpc_port),
-    ]
-
-
-def _candidate_leftovers(observed: ObservedState, plan: RolloutPlan) -> tuple[tuple[str, str], ...]:
-    """The candidate's children when the plan runs no candidate (Failed, Aborted,
-    Promoted, replaced)."""
-    if plan.candidate is not None:
-        return ()
-    found = (
-        ("Deployment", observed.candidate_deployment),
-        ("Service", observed.candidate_service),
-        ("ConfigMap", observed.candidate_configmap),
-    )
-    return tuple((kind, child["metadata"]["name"]) for kind, child in found if child)
 
 
 def _no_pods(observed: ObservedState) -> ServingPods:
@@ -321,7 +171,7 @@ def _build_jobs(
     if fallback is not None and fallback is not reference:
         builds.append((fallback_spec(spec), fallback))
     return [
-        build.build_engine_job(owner, of, settings, state.build_key, state.job_attempt)
+        build_engine_job(owner, of, settings, state.build_key, state.job_attempt)
         for of, state in builds
         if state.job_attempt is not None
     ]
@@ -348,33 +198,6 @@ def _plan(
         now,
         candidate_pods=observed.candidate_pods,
     )
-
-
-def _runtime_children(
-    observed: ObservedState,
-    settings: OperatorSettings,
-    plan: RolloutPlan,
-    served: EngineState,
-    engine: EngineState,
-    reference: EngineState | None,
-    replicas: int,
-) -> tuple[RolloutPlan, RolloutProgress, list[KubeObject]]:
-    """The plan once the serving roll's progress is known (a promoted engine rolled out
-    on every pod lets the candidate go), that progress, and the runtime's children: the
-    serving ConfigMap, the mirror file before the Deployment whose pods mount it, the
-    Deployment, its Service and PodMonitor, then the candidate's children. `served` is the
-    engine whose inputs the serving children carry (the fallback's when it serves)."""
-    deployment = None
-    if plan.serving is not None:
-        configmap, deployment, others = _serving_children(
-            observed, settings, plan.serving, served, replicas
-        )
-    rollout = rollout_progress(observed.deployment, deployment, replicas)
-    plan = promotion_complete(plan, rollout.complete)
-    if plan.serving is None or deployment is None:
-        return plan, rollout, []
-    mirror, candidate = _shadow_children(observed, settings, plan, plan.serving, engine, reference)
-    return plan, rollout, [configmap, mirror, deployment, *others, *candidate]
 
 
 def _scaling(
@@ -405,7 +228,7 @@ def _deletions(
     jobs = sorted({name for state in engines if state is not None for name in state.delete_jobs})
     return (
         *(("Job", name) for name in jobs),
-        *_candidate_leftovers(observed, plan),
+        *candidate_leftovers(observed, plan),
         *reference_leftovers(observed, reference),
     )
 
@@ -446,7 +269,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     replicas = (
         recommendation.replicas if recommendation is not None else build.desired_replicas(spec)
     )
-    plan, rollout, runtime = _runtime_children(
+    plan, rollout, runtime = runtime_children(
         observed, settings, plan, fallback or engine, engine, reference, replicas
     )
     children += runtime

@@ -16,13 +16,11 @@ from typing import Any
 
 import yaml
 from kubeinfer.contract.runtime_config import (
-    DEFAULT_MAX_REQUEST_BYTES,
     EngineSource,
     RuntimeConfig,
     request_bytes_limit,
 )
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
-from kubeinfer.operator.api.v1alpha1.inference_deployment import Backend
 from kubeinfer.operator.reconcile.child_meta import finish_child
 from kubeinfer.operator.reconcile.desired_monitoring import scrape_annotations
 from kubeinfer.operator.settings import OperatorSettings
@@ -76,7 +74,7 @@ def build_cache_pvc(owner: OwnerRef, spec: InferenceDeploymentSpec) -> KubeObjec
     )
 
 
-def _pod_security() -> dict[str, Any]:
+def pod_security() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,
         "runAsUser": NON_ROOT_ID,
@@ -86,7 +84,7 @@ def _pod_security() -> dict[str, Any]:
     }
 
 
-def _container_security() -> dict[str, Any]:
+def container_security() -> dict[str, Any]:
     return {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
@@ -95,7 +93,7 @@ def _container_security() -> dict[str, Any]:
     }
 
 
-def _placement(spec: InferenceDeploymentSpec) -> dict[str, Any]:
+def placement(spec: InferenceDeploymentSpec) -> dict[str, Any]:
     """nodeSelector (with the GPU product, since an engine runs only on the GPU it was
     built for) and tolerations, shared by build Jobs and runtime pods."""
     selector = dict(spec.runtime.node_selector)
@@ -107,126 +105,6 @@ def _placement(spec: InferenceDeploymentSpec) -> dict[str, Any]:
     if spec.runtime.tolerations:
         placement["tolerations"] = [t.to_wire() for t in spec.runtime.tolerations]
     return placement
-
-
-def _source_argument(uri: str, volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]) -> str:
-    """A pvc://CLAIM/PATH source becomes a read-only mount and a file:// path; other
-    schemes are fetched by `kubeinfer build` itself."""
-    if not uri.startswith("pvc://"):
-        return uri
-    claim, _, path = uri.removeprefix("pvc://").partition("/")
-    sources = [v for v in volumes if v["name"].startswith("source-")]
-    if claim not in [v["persistentVolumeClaim"]["claimName"] for v in sources]:
-        # The model and the calibration data may share a claim: one mount serves both.
-        volume = f"source-{len(sources)}"
-        claim_ref = {"claimName": claim, "readOnly": True}
-        volumes.append({"name": volume, "persistentVolumeClaim": claim_ref})
-        mounts.append({"name": volume, "mountPath": f"{SOURCES_MOUNT}/{claim}", "readOnly": True})
-    return f"file://{SOURCES_MOUNT}/{claim}/{path}"
-
-
-def build_engine_job(
-    owner: OwnerRef,
-    spec: InferenceDeploymentSpec,
-    settings: OperatorSettings,
-    build_key: str,
-    attempt: int,
-) -> KubeObject:
-    """The Job that runs `kubeinfer build` once for these inputs and reports the engine's
-    digest in its container's termination message."""
-    engine, source = spec.engine, spec.model.source
-    volumes: list[dict[str, Any]] = [
-        {"name": "cache", "persistentVolumeClaim": {"claimName": cache_claim(spec, owner.name)}},
-        {"name": "tmp", "emptyDir": {}},
-    ]
-    mounts: list[dict[str, Any]] = [
-        {"name": "cache", "mountPath": CACHE_MOUNT},
-        {"name": "tmp", "mountPath": "/tmp"},
-    ]
-    argv = ["build", "--model", _source_argument(source.uri, volumes, mounts)]
-    if source.sha256:
-        argv += ["--model-sha256", source.sha256]
-    argv += [
-        "--backend", str(engine.backend),
-        "--precision", str(engine.precision),
-        "--max-batch-size", str(engine.max_batch_size),
-    ]  # fmt: skip
-    if engine.calibration:
-        argv += ["--calibration", _source_argument(engine.calibration.uri, volumes, mounts)]
-        if engine.calibration.sha256:
-            argv += ["--calibration-sha256", engine.calibration.sha256]
-    gates = engine.accuracy
-    if gates and gates.max_top1_drop is not None:
-        argv += ["--max-top1-drop", str(gates.max_top1_drop)]
-    if gates and gates.min_cosine is not None:
-        argv += ["--min-cosine", str(gates.min_cosine)]
-    argv += ["--cache", CACHE_MOUNT, "--json", "--termination-message-path", TERMINATION_LOG]
-
-    resources: dict[str, Any] = {}
-    requests = {
-        k: v
-        for k, v in (("cpu", spec.runtime.resources.cpu), ("memory", spec.runtime.resources.memory))
-        if v
-    }
-    if requests:
-        resources["requests"] = requests
-    if engine.backend == Backend.TENSORRT:
-        resources["limits"] = {GPU_RESOURCE: "1"}
-    container: dict[str, Any] = {
-        "name": "build",
-        "image": settings.images.image_for(
-            spec.runtime.image, spec.engine.backend == Backend.TENSORRT
-        ),
-        "imagePullPolicy": settings.images.pull_policy,
-        "command": ["kubeinfer"],
-        "args": argv,
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "securityContext": _container_security(),
-        "terminationMessagePath": TERMINATION_LOG,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": mounts,
-    }
-    if resources:
-        container["resources"] = resources
-    if source.secret_ref:
-        container["envFrom"] = [{"secretRef": {"name": source.secret_ref.name}}]
-
-    template_labels = {
-        names.LABEL_NAME: names.APP_NAME,
-        names.LABEL_INSTANCE: owner.name,
-        names.LABEL_MANAGED_BY: names.MANAGED_BY,
-        names.LABEL_COMPONENT: names.COMPONENT_BUILD,
-        names.LABEL_BUILD_KEY: build_key[: names.BUILD_KEY_LABEL_LENGTH],
-    }
-    labels = {
-        **names.common_labels(owner.name, spec.model.version, names.COMPONENT_BUILD),
-        names.LABEL_BUILD_KEY: build_key[: names.BUILD_KEY_LABEL_LENGTH],
-        names.LABEL_BUILD_ATTEMPT: str(attempt),
-    }
-    body = {
-        "spec": {
-            "backoffLimit": settings.build.backoff_limit,
-            "activeDeadlineSeconds": settings.build.active_deadline_seconds,
-            "ttlSecondsAfterFinished": settings.build.ttl_seconds_after_finished,
-            "template": {
-                # No version label: a Job's template is immutable, and a version bump with
-                # the same engine inputs reuses the Job.
-                "metadata": {"labels": template_labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "securityContext": _pod_security(),
-                    **_placement(spec),
-                    "containers": [container],
-                    "volumes": volumes,
-                },
-            },
-        }
-    }
-    name = names.build_job_name(owner.name, build_key, attempt)
-    annotations = {names.ANNOTATION_BUILD_KEY: build_key}
-    return finish_child("batch/v1", "Job", name, owner, labels, body, annotations)
 
 
 def runtime_config(
@@ -241,9 +119,10 @@ def runtime_config(
     also watch the mirror target file (always mounted, so a shadow starts without a
     restart); a candidate mirrors nothing. The request body limit holds a full batch
     (the runtime's maxBatchSize) of the engine's inputs as JSON, when the build reported
-    their size (`config.request_bytes_limit`), and is the runtime's default otherwise."""
+    their size (`config.request_bytes_limit`); otherwise it is left to the runtime, which
+    derives it the same way from the model it loads (at each input's largest shape)."""
     max_request_bytes = (
-        DEFAULT_MAX_REQUEST_BYTES
+        None
         if input_bytes_per_row is None
         else request_bytes_limit(input_bytes_per_row, spec.runtime.batching.max_batch_size)
     )
@@ -252,6 +131,7 @@ def runtime_config(
         model_version=version,
         engine=EngineSource(digest=digest, cache_directory=CACHE_MOUNT),
         batching=spec.runtime.batching,
+        input_shapes=spec.engine.input_shapes,
         slo_p99_latency_milliseconds=spec.slo.p99_latency_milliseconds,
         http_port=HTTP_PORT,
         grpc_port=spec.runtime.grpc_port,
@@ -357,60 +237,6 @@ def build_runtime_deployment(
         template_annotations[names.ANNOTATION_BUILD_KEY] = meta["annotations"][
             names.ANNOTATION_BUILD_KEY
         ]
-
-    def probe(path: str, period: int, failures: int) -> dict[str, Any]:
-        return {
-            "httpGet": {"path": path, "port": "http"},
-            "periodSeconds": period,
-            "timeoutSeconds": 2,
-            "failureThreshold": failures,
-        }
-
-    container: dict[str, Any] = {
-        "name": "runtime",
-        "image": meta["annotations"][names.ANNOTATION_RUNTIME_IMAGE],
-        "imagePullPolicy": settings.images.pull_policy,
-        "command": ["kubeinfer"],
-        "args": ["serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
-        "env": [{"name": "HOME", "value": "/tmp"}],
-        "ports": [
-            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
-            *_grpc_ports(spec.runtime.grpc_port, "containerPort"),
-        ],
-        # Loading an engine can take minutes; the startup probe holds liveness off until then.
-        "startupProbe": probe("/v2/health/live", 5, 120),
-        "livenessProbe": probe("/v2/health/live", 10, 3),
-        "readinessProbe": probe("/v2/health/ready", 5, 2),
-        "lifecycle": {"preStop": {"sleep": {"seconds": settings.pods.pre_stop_sleep_seconds}}},
-        "securityContext": _container_security(),
-        # `kubeinfer serve` writes why it could not start there (exit 3: an engine built
-        # by another backend version), and the status reports it from the pod's status.
-        "terminationMessagePath": TERMINATION_LOG,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "volumeMounts": [
-            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
-            {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": True},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-    }
-    if serving:
-        container["volumeMounts"].append(
-            {"name": "mirror", "mountPath": MIRROR_MOUNT, "readOnly": True}
-        )
-    if _runtime_resources(spec):
-        container["resources"] = _runtime_resources(spec)
-    volumes = [
-        {"name": "config", "configMap": {"name": meta["name"]}},
-        {
-            "name": "cache",
-            "persistentVolumeClaim": {"claimName": cache_claim(spec, owner.name), "readOnly": True},
-        },
-        {"name": "tmp", "emptyDir": {}},
-    ]
-    if serving:
-        # Optional: a pod must start even if the mirror ConfigMap were deleted meanwhile.
-        mirror = {"name": names.mirror_name(owner.name), "optional": True}
-        volumes.append({"name": "mirror", "configMap": mirror})
     labels = names.common_labels(owner.name, version, component)
     template_labels = {**labels, names.LABEL_ROLE: role}
     body = {
@@ -427,16 +253,89 @@ def build_runtime_deployment(
                 "spec": {
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
-                    "securityContext": _pod_security(),
+                    "securityContext": pod_security(),
                     "terminationGracePeriodSeconds": settings.pods.termination_grace_period_seconds,
-                    **_placement(spec),
-                    "containers": [container],
-                    "volumes": volumes,
+                    **placement(spec),
+                    "containers": [_runtime_container(spec, settings, meta, serving)],
+                    "volumes": _runtime_volumes(owner, spec, meta, serving),
                 },
             },
         }
     }
     return finish_child("apps/v1", "Deployment", name, owner, labels, body)
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+
+
+def _runtime_container(
+    spec: InferenceDeploymentSpec,
+    settings: OperatorSettings,
+    meta: dict[str, Any],
+    serving: bool,
+) -> dict[str, Any]:
+    """The runtime pods' one container: `kubeinfer serve` on the ConfigMap's config, in
+    the image recorded on it, with its probes, ports, preStop pause and mounts (the
+    mirror file on serving pods only)."""
+    container: dict[str, Any] = {
+        "name": "runtime",
+        "image": meta["annotations"][names.ANNOTATION_RUNTIME_IMAGE],
+        "imagePullPolicy": settings.images.pull_policy,
+        "command": ["kubeinfer"],
+        "args": ["serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            *_grpc_ports(spec.runtime.grpc_port, "containerPort"),
+        ],
+        # Loading an engine can take minutes; the startup probe holds liveness off until then.
+        "startupProbe": _probe("/v2/health/live", 5, 120),
+        "livenessProbe": _probe("/v2/health/live", 10, 3),
+        "readinessProbe": _probe("/v2/health/ready", 5, 2),
+        "lifecycle": {"preStop": {"sleep": {"seconds": settings.pods.pre_stop_sleep_seconds}}},
+        "securityContext": container_security(),
+        # `kubeinfer serve` writes why it could not start there (exit 3: an engine built
+        # by another backend version), and the status reports it from the pod's status.
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+            {"name": "cache", "mountPath": CACHE_MOUNT, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    if serving:
+        container["volumeMounts"].append(
+            {"name": "mirror", "mountPath": MIRROR_MOUNT, "readOnly": True}
+        )
+    if _runtime_resources(spec):
+        container["resources"] = _runtime_resources(spec)
+    return container
+
+
+def _runtime_volumes(
+    owner: OwnerRef, spec: InferenceDeploymentSpec, meta: dict[str, Any], serving: bool
+) -> list[dict[str, Any]]:
+    """The config, the engine cache (read-only), /tmp, and on serving pods the mirror
+    file (optional: a pod must start even if its ConfigMap were deleted meanwhile)."""
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": meta["name"]}},
+        {
+            "name": "cache",
+            "persistentVolumeClaim": {"claimName": cache_claim(spec, owner.name), "readOnly": True},
+        },
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    if serving:
+        mirror = {"name": names.mirror_name(owner.name), "optional": True}
+        volumes.append({"name": "mirror", "configMap": mirror})
+    return volumes
 
 
 def _grpc_ports(grpc_port: int | None, key: str) -> list[dict[str, Any]]:

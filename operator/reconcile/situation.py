@@ -225,29 +225,8 @@ def summary_conditions(situation: Situation) -> SummaryConditions:
             shadow = situation.shadow
             ready, progressing = (FALSE, *said), shadow.progress or (FALSE, *said)
             degraded, phase = shadow.degraded or AS_EXPECTED, shadow.phase or Phase.DEPLOYING
-        case SituationKind.QUALITY_DRIFT:
-            # The spec's engine serves; its answers drift from the reference's. Progressing
-            # says what the rollout does (`meanwhile`: the rollout's sentence while it
-            # rolls).
-            rolling = bool(situation.meanwhile)
-            ready = (FALSE, Reason.ROLLING_OUT, situation.meanwhile)
-            progressing = (
-                (TRUE, Reason.ROLLING_OUT, situation.meanwhile)
-                if rolling
-                else (FALSE, Reason.ROLLOUT_COMPLETE, "The spec's engine serves on every pod.")
-            )
-            degraded, phase = (TRUE, *said), Phase.DEPLOYING if rolling else Phase.READY
-        case SituationKind.QUALITY_FALLBACK:
-            # Ready says whether the spec's engine serves: it does not, by the operator's
-            # choice, until the spec changes; Degraded carries the drift and the fallback.
-            rolling = bool(situation.meanwhile)
-            ready = (FALSE, Reason.QUALITY_FALLBACK, situation.message)
-            progressing = (
-                (TRUE, Reason.ROLLING_OUT, situation.meanwhile)
-                if rolling
-                else (FALSE, Reason.ROLLOUT_COMPLETE, "The fallback engine serves on every pod.")
-            )
-            degraded, phase = (TRUE, *said), Phase.DEGRADED
+        case SituationKind.QUALITY_DRIFT | SituationKind.QUALITY_FALLBACK:
+            ready, progressing, degraded, phase = _quality_conditions(situation)
         case SituationKind.ROLLED_OUT:
             ready, progressing = (TRUE, Reason.READY, situation.serves), (FALSE, *said)
             degraded, phase = AS_EXPECTED, Phase.READY
@@ -256,14 +235,43 @@ def summary_conditions(situation: Situation) -> SummaryConditions:
             degraded, phase = AS_EXPECTED, Phase.DEPLOYING
     if situation.serves:  # whatever else the situation says: see the module's docstring
         ready, phase = (TRUE, Reason.READY, situation.serves), Phase.READY
-    if degraded[0] == TRUE and situation.kind in QUALITY_SITUATIONS:
-        # Drift is no reconcile failure: the object is reconciled, its engine's answers
-        # moved. kstatus' Stalled (what a Flux health check fails on) stays False.
-        reconciling = progressing if progressing[0] == TRUE else (FALSE, *progressing[1:])
-        stalled = AS_EXPECTED
-    elif degraded[0] == TRUE:
-        reconciling, stalled = (FALSE, degraded[1], degraded[2]), degraded
-    else:
-        reconciling = progressing if progressing[0] == TRUE else (FALSE, *progressing[1:])
-        stalled = AS_EXPECTED
+    reconciling, stalled = kstatus_conditions(situation.kind, progressing, degraded)
     return SummaryConditions(ready, progressing, degraded, reconciling, stalled, phase)
+
+
+def _quality_conditions(
+    situation: Situation,
+) -> tuple[ConditionValue, ConditionValue, ConditionValue, Phase]:
+    """Ready, Progressing, Degraded and the phase when the quality watch found drift.
+    Drift: the spec's engine serves, its answers drift from the reference's. Fallback:
+    Ready says whether the spec's engine serves; it does not, by the operator's choice,
+    until the spec changes. Degraded carries the drift (and the fallback); Progressing
+    says what the rollout does (`meanwhile`: the rollout's sentence while it rolls)."""
+    rolling = bool(situation.meanwhile)
+    degraded: ConditionValue = (TRUE, situation.reason, situation.message)
+    if situation.kind == SituationKind.QUALITY_FALLBACK:
+        ready: ConditionValue = (FALSE, Reason.QUALITY_FALLBACK, situation.message)
+        done, phase = "The fallback engine serves on every pod.", Phase.DEGRADED
+    else:
+        ready = (FALSE, Reason.ROLLING_OUT, situation.meanwhile)
+        done = "The spec's engine serves on every pod."
+        phase = Phase.DEPLOYING if rolling else Phase.READY
+    progressing: ConditionValue = (
+        (TRUE, Reason.ROLLING_OUT, situation.meanwhile)
+        if rolling
+        else (FALSE, Reason.ROLLOUT_COMPLETE, done)
+    )
+    return ready, progressing, degraded, phase
+
+
+def kstatus_conditions(
+    kind: SituationKind, progressing: ConditionValue, degraded: ConditionValue
+) -> tuple[ConditionValue, ConditionValue]:
+    """Reconciling and Stalled, all that kstatus (and so a Flux health check) reads: they
+    mirror Progressing and Degraded. Drift is no reconcile failure (the object is
+    reconciled, its engine's answers moved), so with the quality situations Stalled stays
+    False; a degraded object is not reconciling."""
+    as_progressing = progressing if progressing[0] == TRUE else (FALSE, *progressing[1:])
+    if degraded[0] == TRUE and kind not in QUALITY_SITUATIONS:
+        return (FALSE, degraded[1], degraded[2]), degraded
+    return as_progressing, AS_EXPECTED

@@ -106,13 +106,11 @@ def compute_status(
     runs, `shadow` what a shadow rollout adds, `scaling` what the autoscaler adds (None:
     autoscaling is off), `quality` what the quality watch adds (None: it is off)."""
     quality = quality or QualityReport()
-    spec, generation = observed.spec, observed.owner.generation
-    serving = plan.serving
-    previous = observed.status
+    generation, serving, previous = observed.owner.generation, plan.serving, observed.status
     facts = Facts(
         engine=engine,
         serving=serving,
-        version=spec.model.version,
+        version=observed.spec.model.version,
         # Pods of an engine the Deployment no longer runs are on their way out.
         failure=runtime_failure(observed.runtime_pods, digest=serving.digest if serving else None),
         rollout=rollout,
@@ -137,19 +135,13 @@ def compute_status(
         (ConditionType.SCALING_LIMITED, scaling.limited if scaling else None),
         (ConditionType.SLO_MET, slo.condition if slo else None),
     ]
-    if serving is not None and rollout.complete:
-        serving_status: VersionStatus | None = VersionStatus(
-            version=serving.version, engine_digest=serving.digest
-        )
-    else:
-        serving_status = previous.serving
     return previous.model_copy(
         update={
             "observed_generation": generation,
             "phase": summary.phase,
             "conditions": set_or_remove(previous.conditions, values, generation, now),
             "engine": engine_record(observed, engine),
-            "serving": serving_status,
+            "serving": serving_record(previous.serving, serving, rollout),
             "replicas": replicas,
             "ready_replicas": rollout.ready_replicas,
             "ready": f"{rollout.ready_replicas}/{replicas}",
@@ -195,6 +187,16 @@ def availability(rollout: RolloutProgress, serving: ServingEngine | None) -> Con
     if rollout.available:
         return TRUE, Reason.DEPLOYMENT_AVAILABLE, f"{rollout.message}."
     return FALSE, Reason.DEPLOYMENT_UNAVAILABLE, f"{rollout.message}."
+
+
+def serving_record(
+    previous: VersionStatus | None, serving: ServingEngine | None, rollout: RolloutProgress
+) -> VersionStatus | None:
+    """status.serving: the version and engine every serving pod runs once the roll is
+    complete; until then what it was."""
+    if serving is not None and rollout.complete:
+        return VersionStatus(version=serving.version, engine_digest=serving.digest)
+    return previous
 
 
 def engine_record(observed: ObservedState, engine: EngineState) -> EngineStatus:

@@ -182,22 +182,7 @@ def recommend(
     replicas, bounded = _bounded(spec, rated.replicas)
     target, _ = _bounded(spec, stable.replicas)
 
-    limited: ConditionValue
-    if bounded is not None:
-        limited = bounded
-    elif rated.reason is not None:
-        wanted = f"{pods_word(stable.replicas)} wanted; {rated.message}"
-        limited = (TRUE, rated.reason, _sentence(wanted))
-    elif stable.replicas != held.recommended:
-        limited = _stabilized(spec, held.recommended, current, stable)
-    elif held.recommended != raw:
-        limited = (
-            TRUE,
-            Reason.PODS_STARTING,
-            _sentence(f"The signals call for {pods_word(raw)}; {held.message}"),
-        )
-    else:
-        limited = _gpu_floor(proposals, current) or _within_range(spec, replicas)
+    limited = bounded or _why_limited(spec, proposals, current, raw, replicas, held, stable, rated)
 
     events = history.events
     if replicas != current:
@@ -216,6 +201,30 @@ def recommend(
             backlog=backlog,
         ),
     )
+
+
+def _why_limited(
+    spec: AutoscalingSpec,
+    proposals: tuple[Proposal, ...],
+    current: int,
+    raw: int,
+    replicas: int,
+    held: startup.Hold,
+    stable: stabilization.Stabilized,
+    rated: rate_limits.RateLimited,
+) -> ConditionValue:
+    """ScalingLimited within minReplicas and maxReplicas: what kept the count from the
+    signals' `raw`, the last step first (the rate limits, stabilization, pods starting),
+    else a GPU memory floor, else how the count stands within its range."""
+    if rated.reason is not None:
+        wanted = f"{pods_word(stable.replicas)} wanted; {rated.message}"
+        return TRUE, rated.reason, _sentence(wanted)
+    if stable.replicas != held.recommended:
+        return _stabilized(spec, held.recommended, current, stable)
+    if held.recommended != raw:
+        said = f"The signals call for {pods_word(raw)}; {held.message}"
+        return TRUE, Reason.PODS_STARTING, _sentence(said)
+    return _gpu_floor(proposals, current) or _within_range(spec, replicas)
 
 
 def _stabilized(

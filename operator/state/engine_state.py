@@ -50,6 +50,7 @@ from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.build_attempt import (
     AttemptPhase,
+    AttemptState,
     attempt_number,
     attempt_state,
     finished,
@@ -217,8 +218,48 @@ def engine_state(
     """Where the engine of `observed.spec` stands, and which build Job must exist. The
     unfinished Jobs of other inputs are stale, except those of `other_wanted_keys` (the
     engines the object also needs: the quality watch's reference)."""
-    spec, owner = observed.spec, observed.owner.name
+    spec = observed.spec
     key = build_key(spec, settings)
+    mine, stale = build_jobs(observed, key, other_wanted_keys)
+    previous = observed.status.engine
+
+    def target(digest: str, otherwise: str | None) -> str | None:
+        """The status' target where it is of this digest (learnt from its build)."""
+        return previous.target if previous and previous.digest == digest else otherwise
+
+    if spec.engine.pin is not None:
+        return EngineState(
+            EnginePhase.PINNED,
+            key,
+            digest=spec.engine.pin,
+            target=target(spec.engine.pin, None),
+            message=f"Engine {spec.engine.pin} is pinned; the runtime verifies it at start.",
+            delete_jobs=stale,
+        )
+    cpu_target = "cpu" if spec.engine.backend == Backend.ONNXRUNTIME else None
+    recorded = recorded_engine(observed, key)
+    if recorded is not None:
+        return EngineState(
+            EnginePhase.BUILT,
+            key,
+            digest=recorded.digest,
+            target=target(recorded.digest, cpu_target),
+            message=f"Engine {recorded.digest} was built for these inputs.",
+            delete_jobs=stale,
+            input_bytes_per_row=recorded.input_bytes_per_row,
+            agreement=recorded.agreement,
+        )
+    if not mine:
+        return _building(observed.owner.name, key, 0, stale)
+    return _latest_attempt(observed, settings, now, key, mine, stale, cpu_target)
+
+
+def build_jobs(
+    observed: ObservedState, key: str, other_wanted_keys: tuple[str, ...] = ()
+) -> tuple[list[KubeObject], tuple[str, ...]]:
+    """The object's build Jobs of build key `key`, and the names (sorted) of its
+    unfinished Jobs of keys neither `key` nor one of `other_wanted_keys`: stale."""
+    owner = observed.owner.name
     jobs = [job for job in observed.jobs if _labels(job).get(names.LABEL_INSTANCE) == owner]
 
     def key_of(job: KubeObject) -> str | None:
@@ -233,36 +274,21 @@ def engine_state(
             if j not in mine and key_of(j) not in wanted and not finished(j)
         )
     )
-    cpu_target = "cpu" if spec.engine.backend == Backend.ONNXRUNTIME else None
-    previous = observed.status.engine
+    return mine, stale
 
-    if spec.engine.pin is not None:
-        return EngineState(
-            EnginePhase.PINNED,
-            key,
-            digest=spec.engine.pin,
-            target=previous.target if previous and previous.digest == spec.engine.pin else None,
-            message=f"Engine {spec.engine.pin} is pinned; the runtime verifies it at start.",
-            delete_jobs=stale,
-        )
 
-    recorded = recorded_engine(observed, key)
-    if recorded is not None:
-        return EngineState(
-            EnginePhase.BUILT,
-            key,
-            digest=recorded.digest,
-            target=previous.target
-            if previous and previous.digest == recorded.digest
-            else cpu_target,
-            message=f"Engine {recorded.digest} was built for these inputs.",
-            delete_jobs=stale,
-            input_bytes_per_row=recorded.input_bytes_per_row,
-            agreement=recorded.agreement,
-        )
-
-    if not mine:
-        return _building(owner, key, 0, stale)
+def _latest_attempt(
+    observed: ObservedState,
+    settings: OperatorSettings,
+    now: datetime,
+    key: str,
+    mine: list[KubeObject],
+    stale: tuple[str, ...],
+    cpu_target: str | None,
+) -> EngineState:
+    """The engine as the latest build attempt of `key` leaves it: building, awaiting its
+    report, built, failed until its backoff ends, or the next attempt once it has."""
+    owner = observed.owner.name
     latest = max(mine, key=attempt_number)
     attempt, job_name = attempt_number(latest), latest["metadata"]["name"]
     outcome = attempt_state(latest, pods_of(job_name, observed.job_pods), now)
@@ -287,12 +313,7 @@ def engine_state(
             input_bytes_per_row=report.input_bytes_per_row,
             agreement=report.agreement,
         )
-
-    retry_at = (
-        None
-        if outcome.failed_at is None
-        else outcome.failed_at + timedelta(seconds=backoff_seconds(attempt, settings))
-    )
+    retry_at = retry_time(outcome, attempt, settings)
     if retry_at is None or now >= retry_at:
         return _building(owner, key, attempt + 1, stale)
     return EngineState(
@@ -303,6 +324,14 @@ def engine_state(
         retry_at=retry_at,
         delete_jobs=stale,
     )
+
+
+def retry_time(failed: AttemptState, attempt: int, settings: OperatorSettings) -> datetime | None:
+    """When the attempt after failed attempt `attempt` (0-based) may start: the backoff
+    after the failure; None when the Job does not say when it failed (retried at once)."""
+    if failed.failed_at is None:
+        return None
+    return failed.failed_at + timedelta(seconds=backoff_seconds(attempt, settings))
 
 
 def recorded_engine(observed: ObservedState, key: str) -> ServingEngine | None:

@@ -77,8 +77,52 @@ def pack(
     return ranges
 
 
+def pack_padded(
+    requests: Sequence[Mapping[str, np.ndarray]],
+    views: Mapping[str, np.ndarray],
+    pad_values: Mapping[str, float],
+) -> list[slice]:
+    """`pack` for a batch whose views may be larger than a request along its variable axes
+    (`shapes`' padding): each request's block is filled with its input's pad value, then
+    the request is copied into the block's leading corner."""
+    ranges, start = [], 0
+    for request in requests:
+        stop = start
+        for name, view in views.items():
+            array = request[name]
+            stop = start + array.shape[0]
+            block = view[start:stop]
+            if array.shape == block.shape:
+                block[...] = array
+            else:
+                block.fill(pad_values[name])
+                block[tuple(slice(0, d) for d in array.shape)] = array
+        ranges.append(slice(start, stop))
+        start = stop
+    return ranges
+
+
+Cut = tuple[tuple[str, tuple[slice, ...]], ...]
+"""Per output to cut back: its name and the index of one request's own extents past the
+rows (`shapes.RequestShape.cut`)."""
+
+
 def split(
-    outputs: Mapping[str, np.ndarray], ranges: Sequence[slice]
+    outputs: Mapping[str, np.ndarray],
+    ranges: Sequence[slice],
+    cuts: Sequence[Cut] | None = None,
 ) -> list[dict[str, np.ndarray]]:
-    """Each request's rows of every output, copied out (the slot reuses its buffers)."""
-    return [{name: array[rows].copy() for name, array in outputs.items()} for rows in ranges]
+    """Each request's rows of every output, copied out (the slot reuses its buffers); with
+    `cuts`, each request's outputs cut back to its own extents along padded axes."""
+    if cuts is None:
+        return [{name: array[rows].copy() for name, array in outputs.items()} for rows in ranges]
+    answers = []
+    for rows, cut in zip(ranges, cuts, strict=True):
+        answer = {name: array[rows].copy() for name, array in outputs.items() if not cut}
+        if cut:
+            index = dict(cut)
+            for name, array in outputs.items():
+                part = array[rows]
+                answer[name] = (part[index[name]] if name in index else part).copy()
+        answers.append(answer)
+    return answers

@@ -25,6 +25,8 @@ class BatchObserver(Protocol):
 
     def slo_p99_latency(self, seconds: float) -> None: ...
 
+    def engine_buffers(self, total_bytes: int) -> None: ...
+
     def batching_setting(
         self, queue_delay_seconds: float, preferred_batch_size: int, concurrent_batches: int
     ) -> None: ...
@@ -52,6 +54,9 @@ class NoObserver:
         pass
 
     def slo_p99_latency(self, seconds: float) -> None:
+        pass
+
+    def engine_buffers(self, total_bytes: int) -> None:
         pass
 
     def batching_setting(

@@ -12,10 +12,14 @@ measured of small batches (`SmallBatchSpeed`), so table tests drive both by hand
 The rules, in order:
 
 1. A batch never exceeds `maxBatchSize` rows; a request carrying its own batch dimension
-   counts by its rows and is never split.
+   counts by its rows and is never split. A batch holds requests of one batch shape
+   (`Pending.shape`, for models with variable axes besides the batch: `shapes`): the
+   oldest request's, with the requests of that shape queued after it, in order, while
+   they fit; the others keep their places for the next batch.
 2. With no free slot nothing runs: requests keep queueing, which is how batches form
    while execution is busy.
-3. When a slot is free the queued requests go at once, up to `maxBatchSize`, unless
+3. When a slot is free the queued requests go at once, up to `maxBatchSize` (or as many
+   of the oldest one's shape as are queued, when others of another shape wait too), unless
    waiting (up to `maxQueueDelayMicroseconds` after the oldest request arrived) can help:
    another batch is in flight (so requests are arriving, and a small batch started now
    would compete with it for the same cores or GPU) and a better size is still ahead, the
@@ -47,6 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from kubeinfer.contract.runtime_config import BatchingPolicy
+from kubeinfer.runtime.engines.base import BatchShape
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,8 @@ class Pending:
     """How many quiet turns of the event loop in a row this request may wait, with nothing
     in flight, for others its transport may still be handing over (rule 3); 0 waits for
     none."""
+    shape: BatchShape | None = None
+    """The batch shape it joins (rule 1); None for a model without variable axes."""
 
 
 SMALL_BATCH_ROWS = 4
@@ -102,6 +109,10 @@ class Flush:
     count: int
     rows: int
     inline: bool = False
+    members: tuple[int, ...] | None = None
+    """Positions (among the non-expired queued requests) of the `count` requests to run,
+    when they are not simply the first `count` (requests of another shape wait between
+    them, rule 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +148,26 @@ def _min(a: float | None, b: float | None) -> float | None:
     return min(a, b)
 
 
+def _batch_of_oldest(
+    live: Sequence[Pending], max_batch_rows: int
+) -> tuple[int, int, tuple[int, ...] | None]:
+    """Rule 1: the requests, rows and (when not a prefix) positions of the batch the
+    oldest request starts. At least one request: admission refuses requests with more
+    rows than maxBatchSize."""
+    shape = live[0].shape
+    count, rows, skipped = 0, 0, False
+    members: list[int] = []
+    for position, p in enumerate(live):
+        if p.shape != shape:
+            skipped = True
+            continue
+        if rows + p.rows > max_batch_rows and count > 0:
+            break
+        count, rows = count + 1, rows + p.rows
+        members.append(position)
+    return count, rows, tuple(members) if skipped else None
+
+
 def runs_inline(rows: int, busy_slots: int, small_batches: SmallBatchSpeed) -> bool:
     """Rule 5: a small batch, alone, of a model whose small batches are known fast."""
     return busy_slots == 0 and rows <= SMALL_BATCH_ROWS and small_batches.fast()
@@ -161,16 +192,9 @@ def next_decision(
     if not live or free_slots <= 0:
         return FlushDecision(expired, WaitUntil(earliest_deadline))
 
-    # The longest prefix that fits in one batch (at least one request: admission refuses
-    # requests with more rows than maxBatchSize).
-    max_rows = policy.max_batch_size
-    count, rows = 0, 0
-    for p in live:
-        if rows + p.rows > max_rows and count > 0:
-            break
-        count, rows = count + 1, rows + p.rows
-    flush = Flush(count, rows, runs_inline(rows, busy_slots, small_batches))
-    if count < len(live) or rows >= max_rows or draining:
+    count, rows, members = _batch_of_oldest(live, policy.max_batch_size)
+    flush = Flush(count, rows, runs_inline(rows, busy_slots, small_batches), members)
+    if count < len(live) or rows >= policy.max_batch_size or draining:
         return FlushDecision(expired, flush)
 
     # Waiting can help only while a better size is ahead (the next preferred size, or

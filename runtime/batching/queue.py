@@ -29,6 +29,7 @@ from kubeinfer.runtime.batching.adaptive import BatchSetting
 from kubeinfer.runtime.batching.admission import Admission, Admissions
 from kubeinfer.runtime.batching.observer import BatchObserver, NoObserver
 from kubeinfer.runtime.batching.scheduler import Scheduler
+from kubeinfer.runtime.batching.shapes import RequestShape, ShapePlan
 from kubeinfer.runtime.batching.slot_runner import SlotRunner
 from kubeinfer.runtime.batching.watchdog import EngineWatchdog
 from kubeinfer.runtime.engines.base import Engine
@@ -54,12 +55,15 @@ class Batcher:
         inline_below_seconds: float = 0.0025,
         stuck_liveness_seconds: float = 60.0,
         slo_p99_latency_milliseconds: float | None = None,
+        shapes: ShapePlan | None = None,
     ) -> None:
         if policy.max_batch_size > engine.max_batch_size:
             raise ValueError(
                 f"maxBatchSize {policy.max_batch_size} exceeds the engine's {engine.max_batch_size}"
             )
         observer = observer or NoObserver()
+        self.shapes = shapes or ShapePlan(engine.inputs, engine.outputs, policy)
+        """Which shapes requests may take and which batches they join (`shapes`)."""
         self._clock = clock
         self._admissions = Admissions(policy)
         self._runner = SlotRunner(
@@ -69,6 +73,7 @@ class Batcher:
             observer=observer,
             inline_below_seconds=inline_below_seconds,
             stuck_liveness_seconds=stuck_liveness_seconds,
+            pad_values=self.shapes.pad_values,
         )
         self._scheduler = Scheduler(
             policy,
@@ -149,9 +154,11 @@ class Batcher:
         timeout_seconds: float | None = None,
         *,
         admission: Admission | None = None,
+        shape: RequestShape | None = None,
     ) -> dict[str, np.ndarray]:
-        """Runs one request (already checked by `assembler.check_inputs`) in some batch and
-        returns its outputs; raises Overloaded, NotReady, DeadlineExceeded, EngineTimeout or
+        """Runs one request (already checked by `self.shapes.check`, which gives its rows
+        and, for a model with variable axes, its `shape`) in some batch and returns its
+        outputs; raises Overloaded, NotReady, DeadlineExceeded, EngineTimeout or
         EngineFailed. An `admission` from `admit` queues it in the place it holds (also
         while draining: it was admitted before); its deadline counts from its arrival."""
         if admission is None:
@@ -161,7 +168,7 @@ class Batcher:
                 raise NotReady("the server stopped")
             if timeout_seconds is not None:
                 admission.set_timeout(timeout_seconds)
-            answer = self._scheduler.enqueue(inputs, rows, admission)
+            answer = self._scheduler.enqueue(inputs, rows, admission, shape)
         finally:
             self.release(admission)  # queued now: the queue counts it
         return await answer

@@ -48,6 +48,7 @@ from kubeinfer.runtime.batching.adaptive import (
 from kubeinfer.runtime.batching.admission import Admission
 from kubeinfer.runtime.batching.observer import BatchObserver
 from kubeinfer.runtime.batching.policy import Flush, Pending, WaitTurns, WaitUntil, next_decision
+from kubeinfer.runtime.batching.shapes import RequestShape
 from kubeinfer.runtime.batching.slot_runner import (
     BatchFailed,
     BatchOutcome,
@@ -73,6 +74,7 @@ class _Request:
     view: Pending
     future: asyncio.Future[Outputs]
     admission: Admission
+    shape: RequestShape | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -159,9 +161,14 @@ class Scheduler:
         self._task = asyncio.create_task(self._schedule(), name="kubeinfer-batcher")
 
     def enqueue(
-        self, inputs: Mapping[str, np.ndarray], rows: int, admission: Admission
+        self,
+        inputs: Mapping[str, np.ndarray],
+        rows: int,
+        admission: Admission,
+        shape: RequestShape | None = None,
     ) -> asyncio.Future[Outputs]:
-        """Queues one request; its future gets its outputs or its error."""
+        """Queues one request (with its `shape`, for a model with variable axes); its
+        future gets its outputs or its error."""
         assert self._wakeup is not None, "enqueue before start"
         now = self._clock()
         if self._adaptive:
@@ -170,9 +177,16 @@ class Scheduler:
             inputs,
             # Queued now (the policy's delay and the queue histogram count from here);
             # the deadline counts from the request's arrival.
-            Pending(rows, now, admission.deadline, admission.company_turns),
+            Pending(
+                rows,
+                now,
+                admission.deadline,
+                admission.company_turns,
+                None if shape is None else shape.batch_shape,
+            ),
             asyncio.get_running_loop().create_future(),
             admission,
+            shape,
         )
         admission.stage = "waiting"
         self._queue.append(request)
@@ -297,7 +311,12 @@ class Scheduler:
             self._queue = queue = kept
         action = decision.action
         if isinstance(action, Flush):
-            batch = [queue.popleft() for _ in range(action.count)]
+            if action.members is None:
+                batch = [queue.popleft() for _ in range(action.count)]
+            else:  # requests of another shape keep their places (policy rule 1)
+                chosen = set(action.members)
+                batch = [r for i, r in enumerate(queue) if i in chosen]
+                self._queue = queue = deque(r for i, r in enumerate(queue) if i not in chosen)
             self._observer.queue_depth(len(queue))
             self._start(batch, action, now)
         else:
@@ -355,7 +374,7 @@ class Scheduler:
         self._observer.batch_started(flush.rows, [now - r.view.arrived_at for r in batch])
         inputs = [r.inputs for r in batch]
         if flush.inline:  # alone (policy rule 5), and nothing starts before it ends
-            outcome = self._runner.run_inline(lease, inputs, flush.rows)
+            outcome = self._runner.run_inline(lease, inputs, flush.rows, _shapes(batch))
             self._finished.append(_Finished(batch, outcome, flush.rows, _Overlap(False)))
             return
         overlap = _Overlap(beside=bool(self._running))
@@ -383,6 +402,7 @@ class Scheduler:
             bound=batch_bound(r.view.deadline for r in batch),
             oldest_arrival=min(r.admission.arrived_at for r in batch),
             on_stuck=answer_stuck,
+            shapes=_shapes(batch),
         )
         self._stuck_batches.discard(task)
         self._running.remove(overlap)
@@ -407,6 +427,13 @@ class Scheduler:
             request = self._queue.popleft()
             if not request.future.done():
                 request.future.set_exception(error)
+
+
+def _shapes(batch: list[_Request]) -> list[RequestShape] | None:
+    """The requests' shapes, for a model with variable axes (all of them have one)."""
+    if batch[0].shape is None:
+        return None
+    return [r.shape for r in batch if r.shape is not None]
 
 
 def _answer(batch: list[_Request], outcome: BatchOutcome) -> None:

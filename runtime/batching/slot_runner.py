@@ -28,8 +28,9 @@ import numpy as np
 from kubeinfer.runtime.batching import assembler
 from kubeinfer.runtime.batching.observer import BatchObserver
 from kubeinfer.runtime.batching.policy import SmallBatchSpeed
+from kubeinfer.runtime.batching.shapes import RequestShape
 from kubeinfer.runtime.batching.watchdog import EngineWatchdog
-from kubeinfer.runtime.engines.base import Engine, ExecutionSlot
+from kubeinfer.runtime.engines.base import Engine, ExecutionSlot, slot_buffer_bytes
 from kubeinfer.runtime.protocol.errors import EngineFailed, EngineTimeout
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,10 @@ class SlotRunner:
         observer: BatchObserver,
         inline_below_seconds: float,
         stuck_liveness_seconds: float,
+        pad_values: Mapping[str, float] | None = None,
     ) -> None:
         self._engine = engine
+        self._pad_values = pad_values or {}
         self._slot_count = slots or engine.default_execution_slots
         self._clock = clock
         self._observer = observer
@@ -104,8 +107,15 @@ class SlotRunner:
         return self.busy_slots > 0 or self._abandoned_threads > 0
 
     def start(self) -> None:
-        """Creates the slots (their buffers are allocated here, once) and their threads."""
+        """Creates the slots (their buffers are allocated here, once) and their threads,
+        and reports the memory those buffers hold (log and metrics)."""
         self._free = [self._engine.create_slot() for _ in range(self._slot_count)]
+        total = self._slot_count * slot_buffer_bytes(self._engine)
+        self._observer.engine_buffers(total)
+        log.info(
+            "Allocated engine buffers slots=%d bytes=%d (%.1f MiB) max_batch_size=%d",
+            self._slot_count, total, total / 2**20, self._engine.max_batch_size,
+        )  # fmt: skip
         self._executor = ThreadPoolExecutor(
             max_workers=self._slot_count, thread_name_prefix="kubeinfer-slot"
         )
@@ -119,13 +129,18 @@ class SlotRunner:
         return lease
 
     def run_inline(
-        self, lease: SlotLease, inputs: Sequence[Mapping[str, np.ndarray]], rows: int
+        self,
+        lease: SlotLease,
+        inputs: Sequence[Mapping[str, np.ndarray]],
+        rows: int,
+        shapes: Sequence[RequestShape] | None = None,
     ) -> BatchOutcome:
         """Runs a batch on the event loop (`policy.runs_inline` chose it: small, alone and
-        known fast) and gives its slot back."""
+        known fast) and gives its slot back. `shapes`: each request's, for a model with
+        variable axes (they share one batch shape)."""
         outcome: BatchOutcome
         try:
-            outcome = self._execute(lease.slot, inputs, rows)
+            outcome = self._execute(lease.slot, inputs, rows, shapes)
         except Exception as error:
             outcome = _failed(rows, error)
         self._give_back(lease, rows, outcome)
@@ -140,12 +155,13 @@ class SlotRunner:
         bound: float,
         oldest_arrival: float,
         on_stuck: Callable[[EngineTimeout], None],
+        shapes: Sequence[RequestShape] | None = None,
     ) -> BatchOutcome:
         """Runs a batch in a worker thread and gives its slot back. Past monotonic time
         `bound` it calls `on_stuck` once and goes on waiting. Cancelled while the thread
         still runs (the loop is ending), the slot stays taken: the thread is in it."""
         running = asyncio.get_running_loop().run_in_executor(
-            self._executor, self._execute, lease.slot, inputs, rows
+            self._executor, self._execute, lease.slot, inputs, rows, shapes
         )
         outcome: BatchOutcome
         try:
@@ -202,13 +218,25 @@ class SlotRunner:
         return outcome
 
     def _execute(
-        self, slot: ExecutionSlot, inputs: Sequence[Mapping[str, np.ndarray]], rows: int
+        self,
+        slot: ExecutionSlot,
+        inputs: Sequence[Mapping[str, np.ndarray]],
+        rows: int,
+        shapes: Sequence[RequestShape] | None = None,
     ) -> BatchRan:
         """Pack into the slot's buffers, run, copy each request's rows out before the slot
-        is reused (in a worker thread, or inline)."""
+        is reused (in a worker thread, or inline). A batch of a model with variable axes
+        runs at its requests' one batch shape, padded and cut back where they need it."""
         started = self._clock()
-        ranges = assembler.pack(inputs, slot.input_views(rows))
-        outputs = assembler.split(slot.run(rows), ranges)
+        if not shapes:
+            ranges = assembler.pack(inputs, slot.input_views(rows))
+            outputs = assembler.split(slot.run(rows), ranges)
+            return BatchRan(outputs, self._clock() - started)
+        shape = shapes[0].batch_shape
+        views = slot.input_views(rows, shape)
+        ranges = assembler.pack_padded(inputs, views, self._pad_values)
+        cuts = [request.cut for request in shapes]
+        outputs = assembler.split(slot.run(rows, shape), ranges, cuts)
         return BatchRan(outputs, self._clock() - started)
 
     def _give_back(self, lease: SlotLease, rows: int, outcome: BatchOutcome) -> None:

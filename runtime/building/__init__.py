@@ -1,7 +1,8 @@
 """The engine build: the half of the runtime that `kubeinfer build` runs (in the
 operator's build Jobs), never loaded by a serving pod.
 
-    model_fetch.py     fetches the model and calibration files a URI names, with their sha256
+    model_fetch.py     fetches a file a URI names through fsspec: retries, resumption, sha256
+    model_files.py     the files a model is made of (its external data), fetched together
     calibration.py     calibration and validation samples: the .npz format, its checks, demo data
     builders/          one builder per backend (ONNX Runtime, TensorRT) behind one interface
     accuracy.py        the engine's outputs against the fp32 reference, and the gates on them

@@ -26,6 +26,16 @@ the shadow comparison of a rollout uses too. Per output (samples along dimension
   these counts, through the build's termination message (`termination_accuracy`), as
   its baseline per class, so the disagreement the build already showed is not drift.
 
+Label outputs (integers, strings) are compared by equality (`output_statistics`): their
+`top1Agreement` is the share of equal labels, grouped by the reference's label.
+
+The gates judge the outputs that hold the scores, the others being compared and reported
+only (`gated` on each output): a decoder's logits, not its key/value caches or hidden
+states, whose elements say nothing about the answer and drift most under quantisation.
+They are the outputs named by `--gate-outputs` (the spec's `engine.accuracy.gateOutputs`)
+or, by default, those whose name says they are scores (`SCORE_NAMES`: logits,
+probabilities, scores), or every output when no name does (`gated_output_names`).
+
 A candidate producing NaN or an infinity where the reference does not is an error, not a
 difference to report.
 """
@@ -33,12 +43,32 @@ difference to report.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from kubeinfer.runtime.engine_manifest import AccuracyReport, ClassAgreement, OutputAccuracy
 from kubeinfer.runtime.output_statistics import compare_arrays, top1_by_reference_class
+
+SCORE_NAMES = re.compile(r"logit|prob|score", re.IGNORECASE)
+"""Output names that say the output holds the scores (`logits`, `probabilities`,
+`output_probability`, `scores`...): gated by default."""
+
+
+def gated_output_names(outputs: Sequence[str], chosen: Sequence[str] | None = None) -> list[str]:
+    """The outputs the gates judge, in the model's order: `chosen` when given (each one
+    an output of the model, else ValueError naming the outputs), else those named like
+    scores (`SCORE_NAMES`), else every output."""
+    if chosen:
+        unknown = sorted(set(chosen) - set(outputs))
+        if unknown:
+            raise ValueError(
+                f"the gate outputs {unknown} are not outputs of the model; its outputs are "
+                f"{list(outputs)}"
+            )
+        return [name for name in outputs if name in chosen]
+    return [name for name in outputs if SCORE_NAMES.search(name)] or list(outputs)
 
 
 def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray) -> OutputAccuracy:
@@ -78,12 +108,20 @@ def compare_outputs(
     reference: Mapping[str, np.ndarray],
     candidate: Mapping[str, np.ndarray],
     validation_source: str,
+    gate_outputs: Sequence[str] | None = None,
 ) -> AccuracyReport:
-    """The report over every reference output; the candidate must produce each of them."""
+    """The report over every reference output, each marked gated or compared only
+    (`gated_output_names`); the candidate must produce each of them."""
     missing = sorted(set(reference) - set(candidate))
     if missing:
         raise ValueError(f"the candidate engine does not produce outputs {missing}")
-    outputs = [compare_output(name, reference[name], candidate[name]) for name in reference]
+    gated = set(gated_output_names(list(reference), gate_outputs))
+    outputs = [
+        compare_output(name, reference[name], candidate[name]).model_copy(
+            update={"gated": name in gated}
+        )
+        for name in reference
+    ]
     samples = next(iter(reference.values())).shape[0]
     return AccuracyReport(validation_source=validation_source, samples=samples, outputs=outputs)
 
@@ -92,24 +130,30 @@ def gate_violations(
     report: AccuracyReport,
     max_top1_drop: float | None = None,
     min_cosine: float | None = None,
+    gate_outputs: Sequence[str] | None = None,
 ) -> list[str]:
-    """Messages for each gate the report fails (empty when it passes). A top-1 gate on a
-    model without an output that has classes is a violation too: the gate cannot be
-    checked, and passing it silently would publish an engine nobody verified."""
+    """Messages for each gate the report fails (empty when it passes), judged on the
+    gated outputs (`gated_output_names` of `gate_outputs`). A top-1 gate where no gated
+    output has classes or labels is a violation too: the gate cannot be checked, and
+    passing it silently would publish an engine nobody verified."""
+    names = gated_output_names([o.name for o in report.outputs], gate_outputs)
+    judged = [o for o in report.outputs if o.name in names]
     violations = []
     if min_cosine is not None:
-        for output in report.outputs:
+        for output in judged:
             if output.cosine_similarity < min_cosine:
                 violations.append(
                     f"output {output.name!r}: cosine similarity {output.cosine_similarity:.6f}"
                     f" is below --min-cosine {min_cosine}"
                 )
     if max_top1_drop is not None:
-        checked = [o for o in report.outputs if o.top1_agreement is not None]
+        checked = [o for o in judged if o.top1_agreement is not None]
         if not checked:
             violations.append(
-                "--max-top1-drop was given but no output has a last axis of 2 or more "
-                "classes ([samples, ..., classes]), so top-1 agreement cannot be measured"
+                f"--max-top1-drop was given but no gated output ({', '.join(names)}) has a "
+                "last axis of 2 or more classes ([samples, ..., classes]) or labels, so "
+                "top-1 agreement cannot be measured; name the output that holds the scores "
+                "with --gate-outputs"
             )
         for output in checked:
             assert output.top1_agreement is not None
@@ -152,10 +196,12 @@ def termination_accuracy(
     long as they fit the budget; a class left out (a model with thousands of classes)
     falls back to the overall figure wherever the object is read. None without a
     report, without an output with classes, for a report written before per-class
-    counts were recorded, or when even the overall figure would not fit."""
+    counts were recorded, or when even the overall figure would not fit. A gated output
+    comes before the others (the one that holds the scores)."""
     if report is None:
         return None
-    output = next((o for o in report.outputs if o.top1_by_class is not None), None)
+    ranked = sorted(report.outputs, key=lambda o: o.gated is False)
+    output = next((o for o in ranked if o.top1_by_class is not None), None)
     if output is None or output.top1_by_class is None or output.top1_rows is None:
         return None
     classes = output.top1_by_class

@@ -2,7 +2,7 @@
 
     kubeinfer build --model URI --backend onnxruntime|tensorrt --precision fp32|fp16|int8
                     [--calibration FILE.npz] [--max-batch-size N] --cache DIR [--json]
-                    [--max-top1-drop X] [--min-cosine Y]
+                    [--max-top1-drop X] [--min-cosine Y] [--gate-outputs NAME[,NAME...]]
     kubeinfer build --pin sha256:... --cache DIR [--json]
 
 stdout carries only the result (the digest, or with `--json` the whole manifest, plus a
@@ -13,6 +13,11 @@ per stage goes to stderr. With `--termination-message-path` (a Kubernetes Job's
 the operator reads it from the pod's status; `inputBytesPerRow` (the bytes one row of
 the model's inputs takes as binary tensors, absent when an item dimension is dynamic) is
 in both, and the operator sizes the runtime's request body limit from it.
+
+The gates judge the outputs that hold the scores: those `--gate-outputs` names, else
+those whose name says so (logits, probabilities, scores), else every output; the others
+are compared and reported only, and each output in the report says which it was
+(`gated`).
 
 When the engine is of a reduced precision (fp16, int8), its accuracy report was measured
 on real samples (`--validation`, or the calibration file: its held-out tail for int8;
@@ -56,8 +61,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="build an engine into the cache (or resolve a pinned one) and print its digest",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    parser.add_argument("--model", metavar="URI", help="path, file://, https:// or s3:// URI")
-    parser.add_argument("--model-sha256", metavar="HEX", help="expected sha256 of the model")
+    parser.add_argument(
+        "--model",
+        metavar="URI",
+        help="the .onnx file (its external data files beside it) or a folder holding one: "
+        "a path, file://, http(s)://, s3:// or gs:// URI",
+    )
+    parser.add_argument("--model-sha256", metavar="HEX", help="expected sha256 of the .onnx file")
     parser.add_argument("--backend", choices=("onnxruntime", "tensorrt"), default="onnxruntime")
     parser.add_argument("--precision", choices=("fp32", "fp16", "int8"), default="fp32")
     parser.add_argument(
@@ -94,6 +104,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="fail unless every output's mean cosine similarity to fp32 is at least Y",
     )
     parser.add_argument(
+        "--gate-outputs",
+        metavar="NAME[,NAME...]",
+        type=_names,
+        help="the outputs that hold the scores, which the gates judge (default: those "
+        "named like logits, probabilities or scores, else all); the others are compared "
+        "and reported only",
+    )
+    parser.add_argument(
         "--termination-message-path",
         metavar="PATH",
         help="also write the result here (a Kubernetes Job's /dev/termination-log) as "
@@ -101,6 +119,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "agreement with fp32 overall and per reference class (rows, agreements)",
     )
     parser.set_defaults(handler=run)
+
+
+def _names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one output name")
+    return names
 
 
 def _progress() -> Callable[[str], None]:
@@ -219,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
                     model_sha256=args.model_sha256,
                     calibration_sha256=args.calibration_sha256,
                     validation=args.validation,
+                    gate_outputs=args.gate_outputs,
                     progress=_progress(),
                 )
         except AccuracyGateError as error:

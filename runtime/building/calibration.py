@@ -31,9 +31,11 @@ import numpy as np
 import onnx
 from kubeinfer.runtime.engine_manifest import TensorInfo
 from kubeinfer.runtime.engines.base import NUMPY_TO_V2, V2_TO_NUMPY
+from kubeinfer.runtime.engines.onnx_text import non_tensor_message
 
 HOLDOUT_FRACTION = 0.2
 SYNTHETIC_SAMPLES = 32
+SYNTHETIC_WORDS = np.array(["alpha", "beta gamma", "delta", "the quick brown fox", ""])
 Samples = dict[str, np.ndarray]
 
 
@@ -41,7 +43,27 @@ class CalibrationDataError(ValueError):
     """The calibration or validation data does not fit the model."""
 
 
-def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
+def _type_text(value_type: onnx.TypeProto) -> str:
+    """A type as ONNX Runtime writes it: `tensor(float)`, `seq(map(int64,tensor(float)))`."""
+    which = value_type.WhichOneof("value")
+    if which == "tensor_type":
+        name = onnx.TensorProto.DataType.Name(value_type.tensor_type.elem_type).lower()
+        return f"tensor({name})"
+    if which == "sequence_type":
+        return f"seq({_type_text(value_type.sequence_type.elem_type)})"
+    if which == "map_type":
+        key = onnx.TensorProto.DataType.Name(value_type.map_type.key_type).lower()
+        return f"map({key},{_type_text(value_type.map_type.value_type)})"
+    return str(which)
+
+
+def _tensor_info(value: onnx.ValueInfoProto, kind: str) -> TensorInfo:
+    if value.type.WhichOneof("value") != "tensor_type":
+        text = _type_text(value.type)
+        raise CalibrationDataError(
+            non_tensor_message(kind, value.name, text)
+            or f"{kind} {value.name!r} has type {text}, which is not a tensor"
+        )
     tensor = value.type.tensor_type
     dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type))
     datatype = NUMPY_TO_V2.get(dtype)
@@ -54,8 +76,8 @@ def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
 def describe_model(model: onnx.ModelProto) -> tuple[list[TensorInfo], list[TensorInfo]]:
     """The model's graph inputs (initializers excluded) and outputs."""
     initializers = {i.name for i in model.graph.initializer}
-    inputs = [_tensor_info(v) for v in model.graph.input if v.name not in initializers]
-    return inputs, [_tensor_info(v) for v in model.graph.output]
+    inputs = [_tensor_info(v, "input") for v in model.graph.input if v.name not in initializers]
+    return inputs, [_tensor_info(v, "output") for v in model.graph.output]
 
 
 def check_samples(arrays: Mapping[str, np.ndarray], inputs: list[TensorInfo], what: str) -> Samples:
@@ -133,21 +155,58 @@ def split_holdout(samples: Samples) -> tuple[Samples, Samples]:
     return ({k: v[:cut] for k, v in samples.items()}, {k: v[cut:] for k, v in samples.items()})
 
 
-def synthetic_samples(inputs: list[TensorInfo], count: int, seed: int = 0) -> Samples:
-    """Seeded inputs (standard normal for floats, 0/1 for integers) for models without
-    data; every non-batch dimension must be static."""
+SYNTHETIC_EXTENT = 8
+"""The extent synthetic samples give a named variable axis besides the batch (8 tokens of
+a sequence length; a sum such as `past_sequence_length + sequence_length` the sum)."""
+
+
+def axis_names(model: onnx.ModelProto) -> dict[str, tuple[str | None, ...]]:
+    """Each graph input's names for its axes after the batch one (None where unnamed)."""
+    return {
+        value.name: tuple(d.dim_param or None for d in value.type.tensor_type.shape.dim[1:])
+        for value in model.graph.input
+    }
+
+
+def _synthetic_extent(
+    spec: TensorInfo, axis: int, names: Mapping[str, tuple[str | None, ...]]
+) -> int:
+    """A variable axis' extent in synthetic samples: `SYNTHETIC_EXTENT` per term of its
+    name, so axes of one name (or a sum of them) agree; an unnamed one has none."""
+    from kubeinfer.runtime.engines.dimensions import sum_terms
+
+    given = names.get(spec.name, ())
+    name = given[axis] if axis < len(given) else None
+    if name is None:
+        raise CalibrationDataError(
+            f"input {spec.name!r} has an unnamed dynamic non-batch dimension {spec.shape}; "
+            "give samples with --calibration or --validation"
+        )
+    return sum(t if isinstance(t, int) else SYNTHETIC_EXTENT for t in sum_terms(name))
+
+
+def synthetic_samples(
+    inputs: list[TensorInfo],
+    count: int,
+    seed: int = 0,
+    names: Mapping[str, tuple[str | None, ...]] | None = None,
+) -> Samples:
+    """Seeded inputs (standard normal for floats, 0/1 for integers, short words for
+    strings) for models without data; a variable axis besides the batch takes an extent
+    from its name (`names`, `axis_names` of the model; `_synthetic_extent`)."""
     rng = np.random.default_rng(seed)
     samples: Samples = {}
     for spec in inputs:
-        item_shape = spec.shape[1:]
-        if any(d < 1 for d in item_shape):
-            raise CalibrationDataError(
-                f"input {spec.name!r} has a dynamic non-batch dimension {spec.shape}; "
-                "give samples with --calibration or --validation"
-            )
+        item_shape = tuple(
+            d if d >= 1 else _synthetic_extent(spec, axis, names or {})
+            for axis, d in enumerate(spec.shape[1:])
+        )
         dtype = V2_TO_NUMPY[spec.datatype]
         shape = (count, *item_shape)
-        if np.issubdtype(dtype, np.floating):
+        if dtype.kind == "O":
+            words = rng.choice(SYNTHETIC_WORDS, size=shape)
+            samples[spec.name] = np.vectorize(str.encode, otypes=[object])(words)
+        elif np.issubdtype(dtype, np.floating):
             samples[spec.name] = rng.standard_normal(shape).astype(dtype)
         else:
             samples[spec.name] = rng.integers(0, 2, size=shape).astype(dtype)

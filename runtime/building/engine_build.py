@@ -7,6 +7,11 @@ lock, checks again (another builder may have finished meanwhile), builds in a st
 directory, measures the candidate against the fp32 reference, applies the gates, and
 publishes. An engine that fails a gate is never published.
 
+The model is every file it is made of (`model_files`: the `.onnx` file and the external
+data files it names, as torch writes them), fetched together; the key's model digest
+covers them all, and an ONNX Runtime engine keeps its own weights in a data file beside it
+when the source did (`EngineManifest.data_files`, verified as the engine file is).
+
 A build refuses what `kubeinfer serve` refuses, so a build Job never succeeds with an
 engine whose pods then crash: the source model is loaded as serving loads it
 (`engines.onnxruntime.check_servable`: dynamic dimensions besides the batch one, outputs
@@ -14,6 +19,13 @@ that do not follow the batch, datatypes without a v2 equivalent) before anything
 the built engine is loaded through the serving loader before it is published, and a
 cache hit is checked against this environment's backend version
 (`engine_cache.check_compatible`) before it is handed out.
+
+What int8 cannot do (a graph with nothing to quantise: `int8_refusal`) is refused before
+anything is built, as bad input.
+
+The gates judge the outputs that hold the scores (`accuracy.gated_output_names`: those
+given as `gate_outputs`, else those named like scores, else all); the report marks each
+output gated or compared only, and the progress lines say which is which.
 
 Validation samples for the report, first match wins: a given validation file; for int8,
 the calibration file's held-out tail (see `calibration`); for fp32/fp16, the calibration
@@ -25,7 +37,7 @@ from __future__ import annotations
 import importlib.metadata
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,9 +46,14 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from kubeinfer.runtime.building import calibration as cal
-from kubeinfer.runtime.building.accuracy import compare_outputs, gate_violations
+from kubeinfer.runtime.building.accuracy import (
+    compare_outputs,
+    gate_violations,
+    gated_output_names,
+)
 from kubeinfer.runtime.building.builders import Builder, BuildError, Progress, get_builder
 from kubeinfer.runtime.building.model_fetch import FetchedFile, fetch
+from kubeinfer.runtime.building.model_files import FetchedModel, fetch_model
 from kubeinfer.runtime.engine_cache import (
     EngineCache,
     EngineCacheError,
@@ -88,7 +105,7 @@ def input_bytes_per_row(inputs: list[TensorInfo]) -> int | None:
     for tensor in inputs:
         dtype = V2_TO_NUMPY.get(tensor.datatype)
         item = tensor.shape[1:]
-        if dtype is None or any(d < 0 for d in item):
+        if dtype is None or dtype.kind == "O" or any(d < 0 for d in item):
             return None
         count = 1
         for d in item:
@@ -116,10 +133,12 @@ def _kubeinfer_version() -> str:
         return "unknown"
 
 
-def _load_model(fetched: FetchedFile) -> onnx.ModelProto:
+def _load_model(fetched: FetchedModel) -> onnx.ModelProto:
+    """The model's graph (its external data left on disk), checked by ONNX's checker
+    with its files in place."""
     try:
-        model = onnx.load_model_from_string(fetched.path.read_bytes())
-        onnx.checker.check_model(model)
+        model = onnx.load(str(fetched.path), load_external_data=False)
+        onnx.checker.check_model(str(fetched.path))
     except (DecodeError, onnx.checker.ValidationError, ValueError) as error:
         raise InvalidModelError(f"{fetched.uri} is not a valid ONNX model: {error}") from error
     if not model.graph.node:
@@ -127,17 +146,25 @@ def _load_model(fetched: FetchedFile) -> onnx.ModelProto:
     return model
 
 
+Gates = tuple[float | None, float | None, Sequence[str] | None]
+"""(max top-1 drop, min cosine, the outputs they judge: None for the default choice)."""
+
+
 def _check_gates(
-    report: AccuracyReport, max_top1_drop: float | None, min_cosine: float | None, what: str
+    report: AccuracyReport,
+    max_top1_drop: float | None,
+    min_cosine: float | None,
+    gate_outputs: Sequence[str] | None,
+    what: str,
 ) -> None:
-    violations = gate_violations(report, max_top1_drop, min_cosine)
+    violations = gate_violations(report, max_top1_drop, min_cosine, gate_outputs)
     if violations:
         raise AccuracyGateError(
             f"{what} fails its accuracy gates: " + "; ".join(violations), report
         )
 
 
-def _hit(resolved: ResolvedEngine, gates: tuple[float | None, float | None]) -> BuildResult:
+def _hit(resolved: ResolvedEngine, gates: Gates) -> BuildResult:
     # The digest covers the backend version, so a hit is this version's engine; checked
     # all the same, since handing out another version's engine is a crash loop later.
     check_compatible(resolved)
@@ -159,10 +186,12 @@ def build_engine(
     model_sha256: str | None = None,
     calibration_sha256: str | None = None,
     validation: str | None = None,
+    gate_outputs: Sequence[str] | None = None,
     progress: Progress = _quiet,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> BuildResult:
-    """Builds (or finds) the engine for these inputs in the cache at `cache_dir`."""
+    """Builds (or finds) the engine for these inputs in the cache at `cache_dir`;
+    `gate_outputs` names the outputs the gates judge (see the module)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if precision not in PRECISIONS:
@@ -172,14 +201,15 @@ def build_engine(
     if precision == "int8" and calibration is None:
         raise ValueError("precision int8 needs calibration data (--calibration FILE.npz)")
     cache = EngineCache(Path(cache_dir))
-    fetched: list[FetchedFile] = []
+    fetched: list[FetchedFile | FetchedModel] = []
     try:
         progress(f"Fetching the model {model_uri}")
-        model_file = fetch(model_uri, cache.scratch_dir, model_sha256)
+        model_file = fetch_model(model_uri, cache.scratch_dir, model_sha256)
         fetched.append(model_file)
         data = _gather_samples(
             model_file, precision, calibration, calibration_sha256, validation, cache, fetched
         )
+        _say_gated(data.outputs, gate_outputs, model_file.uri, progress)
         builder = get_builder(backend)
         key = EngineKey(
             model_sha256=model_file.sha256,
@@ -191,7 +221,7 @@ def build_engine(
             target=builder.target(),
         )
         digest = key.digest()
-        gates = (max_top1_drop, min_cosine)
+        gates: Gates = (max_top1_drop, min_cosine, gate_outputs)
         if cache.contains(digest):
             progress(f"Cache hit: {digest}")
             return _hit(cache.resolve(digest), gates)
@@ -201,7 +231,7 @@ def build_engine(
                 return _hit(cache.resolve(digest), gates)
             with cache.staging(digest) as staging:
                 manifest, report = _build_into(
-                    builder, model_file.path, key, staging, data, progress, now
+                    builder, model_file.path, key, staging, data, gate_outputs, progress, now
                 )
                 _check_gates(report, *gates, what=f"the {precision} engine (not published)")
                 progress(f"Publishing {digest}")
@@ -224,18 +254,36 @@ class _Samples:
     validation_source: str
 
 
+def _say_gated(
+    outputs: list[TensorInfo], chosen: Sequence[str] | None, uri: str, progress: Progress
+) -> None:
+    """Checks that the gate outputs are the model's, and says which outputs the gates
+    judge and which are compared only."""
+    names = [o.name for o in outputs]
+    try:
+        gated = gated_output_names(names, chosen)
+    except ValueError as error:
+        raise InvalidModelError(f"{uri}: {error}") from None
+    others = [name for name in names if name not in gated]
+    progress(f"Gating outputs {gated}" + (f"; comparing only {others}" if others else ""))
+
+
 def _gather_samples(
-    model_file: FetchedFile,
+    model_file: FetchedModel,
     precision: str,
     calibration: str | None,
     calibration_sha256: str | None,
     validation: str | None,
     cache: EngineCache,
-    fetched: list[FetchedFile],
+    fetched: list[FetchedFile | FetchedModel],
 ) -> _Samples:
     """Checks the model, loads and checks the calibration and validation samples, and
     picks the validation set (see the module docstring)."""
-    inputs, outputs = cal.describe_model(_load_model(model_file))
+    model = _load_model(model_file)
+    try:
+        inputs, outputs = cal.describe_model(model)
+    except cal.CalibrationDataError as error:  # an input or output that is not a tensor
+        raise InvalidModelError(f"{model_file.uri} cannot be served: {error}") from None
     fixed = [f"{i.name} {i.shape}" for i in [*inputs, *outputs] if not i.shape or i.shape[0] != -1]
     if fixed:
         raise InvalidModelError(
@@ -244,6 +292,12 @@ def _gather_samples(
             "with a dynamic batch axis (torch.onnx.export's dynamic_axes / dynamic_shapes)"
         )
     _check_servable(model_file)
+    if precision == "int8":
+        from kubeinfer.runtime.building.builders.onnxruntime_builder import int8_refusal
+
+        refusal = int8_refusal(model)
+        if refusal is not None:
+            raise InvalidModelError(f"{model_file.uri}: {refusal}")
     calib_samples = calib_sha = None
     if calibration is not None:
         calib_file = fetch(calibration, cache.scratch_dir, calibration_sha256)
@@ -267,11 +321,13 @@ def _gather_samples(
     elif validation_samples is None and calib_samples is not None:
         validation_samples, source = calib_samples, "given"
     if validation_samples is None:
-        validation_samples = cal.synthetic_samples(inputs, cal.SYNTHETIC_SAMPLES)
+        validation_samples = cal.synthetic_samples(
+            inputs, cal.SYNTHETIC_SAMPLES, names=cal.axis_names(model)
+        )
     return _Samples(inputs, outputs, calib_samples, calib_sha, validation_samples, source)
 
 
-def _check_servable(model_file: FetchedFile) -> None:
+def _check_servable(model_file: FetchedModel) -> None:
     """The source model as `kubeinfer serve` would load it (bad input: exit 2)."""
     from kubeinfer.runtime.engines.base import UnsupportedModel
     from kubeinfer.runtime.engines.onnxruntime import check_servable
@@ -288,7 +344,8 @@ def _check_engine_servable(engine_path: Path, key: EngineKey) -> None:
     from kubeinfer.runtime.engines.loader import load_engine
 
     try:
-        load_engine(engine_path, key.backend, key.batch_profile.max).close()
+        # No shape ranges: they are the serving configuration's, not the engine's.
+        load_engine(engine_path, key.backend, key.batch_profile.max, input_shapes=None).close()
     except EngineError as error:
         raise BuildError(f"the built engine cannot be served: {error}") from error
 
@@ -299,6 +356,7 @@ def _build_into(
     key: EngineKey,
     staging: Path,
     data: _Samples,
+    gate_outputs: Sequence[str] | None,
     progress: Progress,
     now: Callable[[], datetime],
 ) -> tuple[EngineManifest, AccuracyReport]:
@@ -324,7 +382,7 @@ def _build_into(
     progress(f"Measuring accuracy against fp32 on {count} {source} samples")
     reference = run_model(model_path, validation, key.batch_profile.max)
     candidate = builder.run(engine_path, validation, key.batch_profile.max)
-    report = compare_outputs(reference, candidate, source)
+    report = compare_outputs(reference, candidate, source, gate_outputs)
     shutil.rmtree(work_dir)
     manifest = EngineManifest(
         digest=key.digest(),
@@ -332,6 +390,7 @@ def _build_into(
         engine_file=builder.engine_file,
         engine_sha256=sha256_file(engine_path),
         engine_bytes=engine_path.stat().st_size,
+        data_files=_engine_data_files(engine_path, key),
         inputs=data.inputs,
         outputs=data.outputs,
         created_at=now().isoformat(timespec="seconds").replace("+00:00", "Z"),
@@ -344,3 +403,15 @@ def _build_into(
         accuracy=report,
     )
     return manifest, report
+
+
+def _engine_data_files(engine_path: Path, key: EngineKey) -> dict[str, str]:
+    """The files beside an ONNX engine that it reads (its external data), with their
+    sha256; none for another backend's engine."""
+    if key.backend != "onnxruntime":
+        return {}
+    from kubeinfer.runtime.building.model_files import external_data_locations
+
+    model = onnx.load(str(engine_path), load_external_data=False)
+    locations = external_data_locations(model, str(engine_path))
+    return {name: sha256_file(engine_path.parent / name) for name in locations}

@@ -134,7 +134,9 @@ class ExecutionSlot(Protocol):
     from buffers sized for the largest allowed one. A model without is called with the
     rows alone."""
 
-    def input_views(self, batch_size: int, shape: BatchShape | None = None) -> dict[str, np.ndarray]:
+    def input_views(
+        self, batch_size: int, shape: BatchShape | None = None
+    ) -> dict[str, np.ndarray]:
         """Writable views of the first `batch_size` rows of each input buffer."""
         ...
 

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from kubeinfer.runtime.engines.base import (
     BackendUnavailable,
+    BatchShape,
     EngineError,
     TensorSpec,
     check_batch_size,
@@ -196,11 +197,13 @@ class CudaSlot:
             self._output_views.append({k: b[:n] for k, b in self.host_outputs.items()})
         self._closed = False
 
-    def input_views(self, batch_size: int) -> dict[str, np.ndarray]:
+    def input_views(
+        self, batch_size: int, shape: BatchShape | None = None
+    ) -> dict[str, np.ndarray]:
         check_batch_size(batch_size, self.max_batch_size)
         return self._input_views[batch_size]
 
-    def run(self, batch_size: int) -> dict[str, np.ndarray]:
+    def run(self, batch_size: int, shape: BatchShape | None = None) -> dict[str, np.ndarray]:
         check_batch_size(batch_size, self.max_batch_size)
         if self._closed:
             raise EngineError("the slot is closed")

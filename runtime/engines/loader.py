@@ -12,9 +12,11 @@ and the version serving expects are the same string by construction.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
+from kubeinfer.contract.runtime_config import InputShape
 from kubeinfer.runtime.engines.base import Engine
 
 Backend = Literal["onnxruntime", "tensorrt"]
@@ -45,9 +47,13 @@ def load_engine(
     backend: str,
     max_batch_size: int,
     intra_op_threads: int | None = None,
+    input_shapes: Sequence[InputShape] | None = (),
 ) -> Engine:
     """Loads `path` with `backend`: an ONNX file for "onnxruntime", a serialized TensorRT
     plan for "tensorrt" (whose optimisation profile must allow `max_batch_size`).
+    `input_shapes` gives the ranges of variable input axes besides the batch (ONNX
+    Runtime; TensorRT's come from its optimisation profile); None loads a model with such
+    axes without them, to check its structure only (its slots cannot run).
 
     Raises FileNotFoundError for a missing file, ValueError for an unknown backend,
     `UnsupportedModel` for a model the backend cannot serve, and `BackendUnavailable`
@@ -59,7 +65,9 @@ def load_engine(
     if backend == "onnxruntime":
         from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 
-        return OnnxRuntimeEngine(path, max_batch_size, intra_op_threads=intra_op_threads)
+        return OnnxRuntimeEngine(
+            path, max_batch_size, intra_op_threads=intra_op_threads, input_shapes=input_shapes
+        )
     if backend == "tensorrt":
         from kubeinfer.runtime.engines.tensorrt import TensorRTEngine
 

@@ -29,7 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from kubeinfer.contract.runtime_config import InputShape
 from kubeinfer.runtime.engines.base import (
+    BatchShape,
     EngineError,
     TensorSpec,
     UnsupportedModel,
@@ -43,6 +45,7 @@ from kubeinfer.runtime.engines.onnx_text import (
     register_extensions,
     run_unbound,
 )
+from kubeinfer.runtime.engines.onnxruntime_shapes import ShapedOnnxRuntimeSlot, with_ranges
 
 # ONNX Runtime's type strings with a v2 datatype; anything else (bfloat16, fp8, sequences,
 # maps) is refused at load with `UnsupportedModel`. Strings are BYTES (`onnx_text`).
@@ -91,18 +94,27 @@ def serving_session_options(intra_op_threads: int | None) -> ort.SessionOptions:
     return options
 
 
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, touch: bool = True) -> np.ndarray:
     """A C-contiguous array on a 64-byte boundary with every page touched now, so the
-    first batch pays no page faults (np.zeros/np.empty map pages lazily). A string
-    tensor's buffer is an object array of empty bytes."""
+    first batch pays no page faults (np.zeros/np.empty map pages lazily); with `touch`
+    off, its pages are mapped as they are first written. A string tensor's buffer is an
+    object array of empty bytes."""
     if dtype.kind == "O":
         return empty_strings(shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
     offset = (-raw.ctypes.data) % _ALIGNMENT
     array = raw[offset : offset + nbytes].view(dtype).reshape(shape)
-    array.fill(0)
+    if touch:
+        array.fill(0)
     return array
+
+
+def _untouched(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A variable-shape slot's buffer: sized for the largest batch, its pages mapped as
+    batches first reach them, so a slot holds what its traffic has used, not the worst
+    case, and starts without writing it all (`onnxruntime_shapes`)."""
+    return aligned_empty(shape, dtype, touch=False)
 
 
 def _tensor_specs(
@@ -129,12 +141,37 @@ def _tensor_specs(
                 f"{kind} {arg.name!r} has a fixed first dimension ({shape[0]}); export the "
                 "model with a dynamic batch dimension (e.g. dynamic_axes={0: 'batch'})"
             )
-        item = shape[1:]
-        if not all(isinstance(d, int) and d >= 0 for d in item):
+        item = [d if isinstance(d, int) and d >= 0 else -1 for d in shape[1:]]
+        # A variable axis keeps the model's name for it (None when it has none).
+        names = tuple(d if isinstance(d, str) and d else None for d in shape[1:])
+        if -1 in item:
             unresolved.append(arg.name)
-            item = [-1] * len(item)
-        specs.append(TensorSpec(arg.name, datatype, (-1, *item)))
+        specs.append(TensorSpec(arg.name, datatype, (-1, *item), names if -1 in item else ()))
     return tuple(specs), unresolved
+
+
+def _model_specs(
+    session: ort.InferenceSession, input_shapes: Sequence[InputShape] | None
+) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """The session's input and output specs: with variable input axes, each input's range
+    from `input_shapes` and each output's largest shape (`onnxruntime_shapes`; None: not
+    asked for, the structure alone is checked); without, outputs the model leaves
+    symbolic are read from a probe run."""
+    inputs, variable = _tensor_specs(session.get_inputs(), "input")
+    outputs, unresolved = _tensor_specs(session.get_outputs(), "output")
+    if input_shapes is None and variable:
+        return inputs, outputs
+    if variable or input_shapes:
+        ranged, sized = with_ranges(inputs, outputs, input_shapes or ())
+        if variable:
+            if any(s.dtype.kind == "O" for s in (*inputs, *outputs) if s.variable):
+                raise UnsupportedModel(
+                    "a string tensor with variable axes besides the batch cannot be served"
+                )
+            return ranged, sized
+    if unresolved:
+        outputs = _probe_output_specs(session, inputs, outputs, unresolved)
+    return inputs, outputs
 
 
 def _probe_output_specs(
@@ -168,10 +205,11 @@ def check_servable(path: str | os.PathLike[str]) -> None:
     """Raises `UnsupportedModel` (or FileNotFoundError) when `kubeinfer serve` would refuse
     to load the ONNX model at `path`: it is loaded exactly as serving loads it, by
     `OnnxRuntimeEngine` (datatypes with a v2 equivalent, a dynamic batch dimension first,
-    every other input dimension fixed, outputs that follow the batch). `kubeinfer build`
+    outputs that follow the batch; variable input axes besides the batch are allowed, their
+    ranges being the serving configuration's). `kubeinfer build`
     runs it on the source model before building, so a build and the serving that follows
     cannot disagree about a model."""
-    OnnxRuntimeEngine(path, max_batch_size=1, intra_op_threads=1).close()
+    OnnxRuntimeEngine(path, max_batch_size=1, intra_op_threads=1, input_shapes=None).close()
 
 
 class OnnxRuntimeSlot:
@@ -215,11 +253,13 @@ class OnnxRuntimeSlot:
             binding.bind_output(name, "cpu", 0, view.dtype, view.shape, view.ctypes.data)
         return binding
 
-    def input_views(self, batch_size: int) -> dict[str, np.ndarray]:
+    def input_views(
+        self, batch_size: int, shape: BatchShape | None = None
+    ) -> dict[str, np.ndarray]:
         check_batch_size(batch_size, self.max_batch_size)
         return self._input_views[batch_size]
 
-    def run(self, batch_size: int) -> dict[str, np.ndarray]:
+    def run(self, batch_size: int, shape: BatchShape | None = None) -> dict[str, np.ndarray]:
         check_batch_size(batch_size, self.max_batch_size)
         if self._session is None:
             raise EngineError("the slot is closed")
@@ -240,10 +280,12 @@ class OnnxRuntimeSlot:
 class OnnxRuntimeEngine:
     """An ONNX model on ONNX Runtime's CPU execution provider.
 
-    The model must have a dynamic first (batch) dimension on every input and output and
-    static other dimensions (outputs left symbolic by the exporter are resolved by one
-    probe run at load). `intra_op_threads` sizes the thread pool of each session: with a
-    shared session (the default) all slots draw on that one pool; with
+    The model must have a dynamic first (batch) dimension on every input and output. Its
+    other input axes are fixed, or variable within the ranges of `input_shapes` (then its
+    slots are `ShapedOnnxRuntimeSlot`s; outputs follow the input axes they are named
+    after); outputs left symbolic by the exporter of a model without variable input axes
+    are resolved by one probe run at load. `intra_op_threads` sizes the thread pool of each
+    session: with a shared session (the default) all slots draw on that one pool; with
     `session_per_slot=True` each slot gets a session and a pool of that size.
     """
 
@@ -253,6 +295,7 @@ class OnnxRuntimeEngine:
         max_batch_size: int,
         intra_op_threads: int | None = None,
         session_per_slot: bool = False,
+        input_shapes: Sequence[InputShape] | None = (),
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -261,16 +304,8 @@ class OnnxRuntimeEngine:
         self._intra_op_threads = intra_op_threads
         self._session_per_slot = session_per_slot
         self._session: ort.InferenceSession | None = self._new_session()
-        self._inputs, unresolved_inputs = _tensor_specs(self._session.get_inputs(), "input")
-        if unresolved_inputs:
-            raise UnsupportedModel(
-                f"inputs {unresolved_inputs} have dynamic dimensions besides the batch one; "
-                "slot buffers are preallocated, so every other dimension must be fixed"
-            )
-        outputs, unresolved = _tensor_specs(self._session.get_outputs(), "output")
-        if unresolved:
-            outputs = _probe_output_specs(self._session, self._inputs, outputs, unresolved)
-        self._outputs = outputs
+        self._inputs, self._outputs = _model_specs(self._session, input_shapes)
+        self._shaped = any(s.variable for s in self._inputs)
         if session_per_slot:
             self._session = None  # each slot loads its own; the probe session is dropped
 
@@ -308,14 +343,18 @@ class OnnxRuntimeEngine:
         # would only split the queue into smaller batches.
         return 1
 
-    def create_slot(self) -> OnnxRuntimeSlot:
+    def create_slot(self) -> OnnxRuntimeSlot | ShapedOnnxRuntimeSlot:
         if self._session_per_slot:
-            return OnnxRuntimeSlot(
-                self._new_session(), self._inputs, self._outputs, self._max_batch_size
-            )
-        if self._session is None:
+            session = self._new_session()
+        elif self._session is None:
             raise EngineError("the engine is closed")
-        return OnnxRuntimeSlot(self._session, self._inputs, self._outputs, self._max_batch_size)
+        else:
+            session = self._session
+        if self._shaped:
+            return ShapedOnnxRuntimeSlot(
+                session, self._inputs, self._outputs, self._max_batch_size, _untouched
+            )
+        return OnnxRuntimeSlot(session, self._inputs, self._outputs, self._max_batch_size)
 
     def close(self) -> None:
         self._session = None

@@ -272,3 +272,23 @@ def to_model_metadata_response(metadata: dict[str, Any]) -> pb.ModelMetadataResp
         inputs=tensors(metadata["inputs"]),
         outputs=tensors(metadata["outputs"]),
     )
+
+
+def to_model_config_response(config: dict[str, Any]) -> pb.ModelConfigResponse:
+    """The ModelConfigResponse of `protocol.model_config`'s JSON form (Triton's)."""
+
+    def tensors(specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [
+            {"name": s["name"], "data_type": pb.DataType.Value(s["data_type"]), "dims": s["dims"]}
+            for s in specs
+        ]
+
+    return pb.ModelConfigResponse(
+        config=pb.ModelConfig(
+            name=config["name"],
+            platform=config["platform"],
+            max_batch_size=config["max_batch_size"],
+            input=[pb.ModelInput(**t) for t in tensors(config["input"])],
+            output=[pb.ModelOutput(**t) for t in tensors(config["output"])],
+        )
+    )

@@ -65,6 +65,11 @@ class GRPCInferenceServiceStub:
                 request_serializer=kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelInferRequest.SerializeToString,
                 response_deserializer=kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
+        self.ModelConfig = channel.unary_unary(
+                '/inference.GRPCInferenceService/ModelConfig',
+                request_serializer=kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelConfigResponse.FromString,
+                _registered_method=True)
 
 
 class GRPCInferenceServiceServicer:
@@ -120,6 +125,13 @@ class GRPCInferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ModelConfig(self, request, context):
+        """Triton's model configuration extension (see the end of this file).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -152,6 +164,11 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
                     servicer.ModelInfer,
                     request_deserializer=kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelInferRequest.FromString,
                     response_serializer=kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelInferResponse.SerializeToString,
+            ),
+            'ModelConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ModelConfig,
+                    request_deserializer=kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelConfigRequest.FromString,
+                    response_serializer=kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -317,6 +334,33 @@ class GRPCInferenceService:
             '/inference.GRPCInferenceService/ModelInfer',
             kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelInferRequest.SerializeToString,
             kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelInferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ModelConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/inference.GRPCInferenceService/ModelConfig',
+            kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelConfigRequest.SerializeToString,
+            kubeinfer_dot_runtime_dot_grpc__service_dot_open__inference__grpc__pb2.ModelConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,8 +1,9 @@
 """The gRPC server's lifecycle beside the HTTP server's: started on `grpcPort` before the
 HTTP server, stopped when its drain begins.
 
-Options: a message may be as large as an HTTP body (`maxRequestBytes`; larger ones are
-refused by gRPC with RESOURCE_EXHAUSTED before they reach the service); answers are not
+Options: a message may be as large as an HTTP body (`maxRequestBytes`: the service refuses
+larger ones with RESOURCE_EXHAUSTED naming the limit, and gRPC itself, before they are
+read, those past twice the limit); answers are not
 limited (a full batch of outputs may be large); SO_REUSEPORT is off, so a second server
 on the same port fails to start rather than silently sharing the port's connections.
 
@@ -28,6 +29,11 @@ from kubeinfer.runtime.grpc_service.service import InferenceService
 log = logging.getLogger(__name__)
 
 
+RECEIVE_HEADROOM = 2
+"""gRPC's own message limit, in multiples of maxRequestBytes (`InferenceService` refuses
+messages between the two)."""
+
+
 def listen_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -40,7 +46,10 @@ class GrpcServer:
         self._config = config
         self._server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", config.max_request_bytes),
+                # Room past the limit, so the service refuses most messages over it in
+                # its own words (which limit, how to raise it); gRPC's own refusal
+                # ("Received message larger than max") only those past twice the limit.
+                ("grpc.max_receive_message_length", RECEIVE_HEADROOM * dataplane.max_request_bytes),
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),
             ]

@@ -26,6 +26,7 @@ from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.grpc_service import open_inference_grpc_pb2 as pb
 from kubeinfer.runtime.grpc_service.codec import (
     from_model_infer_request,
+    to_model_config_response,
     to_model_infer_response,
     to_model_metadata_response,
     typed_elements,
@@ -33,7 +34,12 @@ from kubeinfer.runtime.grpc_service.codec import (
 from kubeinfer.runtime.grpc_service.open_inference_grpc_pb2_grpc import (
     GRPCInferenceServiceServicer,
 )
-from kubeinfer.runtime.protocol.errors import InferenceServerError, grpc_error_parts
+from kubeinfer.runtime.protocol.errors import (
+    InferenceServerError,
+    grpc_error_parts,
+    over_request_limit,
+)
+from kubeinfer.runtime.protocol.model_config import model_config
 from kubeinfer.runtime.protocol.v2_types import InferResponse
 
 log = logging.getLogger(__name__)
@@ -95,14 +101,24 @@ class InferenceService(GRPCInferenceServiceServicer):
     ) -> Any:
         return pb.ServerMetadataResponse(**self._dataplane.server_metadata())
 
+    async def _metadata(
+        self, request: pb.ModelMetadataRequest | pb.ModelConfigRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> dict[str, Any]:  # fmt: skip
+        try:
+            return self._dataplane.model_metadata(request.name, request.version or None)
+        except InferenceServerError as error:
+            await _abort(context, error)
+
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> Any:
-        try:
-            metadata = self._dataplane.model_metadata(request.name, request.version or None)
-        except InferenceServerError as error:
-            await _abort(context, error)
-        return to_model_metadata_response(metadata)
+        return to_model_metadata_response(await self._metadata(request, context))
+
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        return to_model_config_response(model_config(await self._metadata(request, context)))
 
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
@@ -111,6 +127,12 @@ class InferenceService(GRPCInferenceServiceServicer):
         try:
             with dataplane.admitted(request.model_name, request.model_version or None) as admission:
                 admission.stage = "waiting"  # the message is read: decoding, then queued
+                size = request.ByteSize()
+                if size > dataplane.max_request_bytes:
+                    raise over_request_limit(
+                        f"the request message ({size} bytes) is over the limit of "
+                        f"{dataplane.max_request_bytes} bytes"
+                    )
                 admission.company_turns = COMPANY_TURNS
                 if typed_elements(request) >= TYPED_OFFLOAD_ELEMENTS:
                     decoded = await dataplane.codec.run(

@@ -8,7 +8,9 @@ codec checks the body itself and every error goes through `error_response_parts`
 
 Routes (also under `/v2/models/{name}/versions/{version}/...`):
 `GET /v2/health/live`, `GET /v2/health/ready`, `GET /v2`, `GET /v2/models/{name}`,
-`GET /v2/models/{name}/ready`, `POST /v2/models/{name}/infer`, `GET /metrics`, and
+`GET /v2/models/{name}/ready`, `GET /v2/models/{name}/config` (Triton's model
+configuration extension, which load generators read first: `protocol.model_config`),
+`POST /v2/models/{name}/infer`, `GET /metrics`, and
 `GET /v2/shadow` (the running aggregates of the shadow candidate this runtime mirrors to,
 see `kubeinfer.runtime.shadow`), `GET /v2/quality` (the quality watch's running figures,
 JSON) and `GET /v2/quality/exemplars` (the watch's worst input rows of its window, an
@@ -45,7 +47,8 @@ from typing import Any
 from aiohttp import web
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.batching.queue import Batcher
-from kubeinfer.runtime.dataplane import DataPlane
+from kubeinfer.runtime.batching.shapes import ShapePlan
+from kubeinfer.runtime.dataplane import DataPlane, request_limit, with_request_limit
 from kubeinfer.runtime.engines.base import Engine
 from kubeinfer.runtime.http.body import content_encoding, inflate, read_body
 from kubeinfer.runtime.metrics import GpuMemoryReader, RuntimeMetrics
@@ -55,9 +58,10 @@ from kubeinfer.runtime.protocol.errors import (
     InferenceServerError,
     InvalidRequest,
     ModelNotFound,
-    RequestTooLarge,
     error_response_parts,
+    over_request_limit,
 )
+from kubeinfer.runtime.protocol.model_config import model_config
 from kubeinfer.runtime.protocol.v2_types import (
     HEADER_LENGTH_HEADER,
     SERVER_TIMING_HEADER,
@@ -124,6 +128,16 @@ async def model_metadata(request: web.Request) -> web.Response:
     return _json(metadata)
 
 
+async def model_configuration(request: web.Request) -> web.Response:
+    try:
+        metadata = request.app[DATAPLANE].model_metadata(
+            request.match_info["name"], _version(request)
+        )
+    except InferenceServerError as error:
+        return _error(error)
+    return _json(model_config(metadata))
+
+
 async def model_ready(request: web.Request) -> web.Response:
     try:
         is_ready = request.app[DATAPLANE].model_ready(request.match_info["name"], _version(request))
@@ -146,7 +160,7 @@ async def infer(request: web.Request) -> web.Response:
     arrived = time.monotonic()
     dataplane = request.app[DATAPLANE]
     config = dataplane.config
-    limit = config.max_request_bytes
+    limit = dataplane.max_request_bytes
     try:
         with dataplane.admitted(request.match_info["name"], _version(request)) as admission:
             header_length = _header_length(request)
@@ -235,7 +249,10 @@ async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
         return await handler(request)
     except web.HTTPException as http_error:
         if http_error.status == 413:
-            return _error(RequestTooLarge("the request body is over the size limit"))
+            limit = request.app[DATAPLANE].max_request_bytes
+            return _error(
+                over_request_limit(f"the request body is over the limit of {limit} bytes")
+            )
         if http_error.status == 404:
             return _error(ModelNotFound(f"no route {request.method} {request.path}"))
         return web.Response(
@@ -258,7 +275,9 @@ def create_app(
 ) -> web.Application:
     """The server for one model: routes, metrics registry, batcher and shadow mirror (both
     started on app startup, stopped on cleanup). The engine is the caller's: it is not
-    closed here."""
+    closed here. Raises `UnsupportedModel` when the configured shape batching cannot be
+    done on this model (`batching.shapes.ShapePlan`)."""
+    config = with_request_limit(config, engine)
     metrics_ = RuntimeMetrics(config.model_name, config.model_version, gpu_memory)
     batcher = Batcher(
         engine,
@@ -266,9 +285,11 @@ def create_app(
         observer=metrics_,
         stuck_liveness_seconds=config.engine_stuck_liveness_seconds,
         slo_p99_latency_milliseconds=config.slo_p99_latency_milliseconds,
+        shapes=ShapePlan(engine.inputs, engine.outputs, config.batching, config.input_shapes),
     )
     shadow_ = ShadowController(config, metrics_.registry)
-    app = web.Application(client_max_size=config.max_request_bytes, middlewares=[_json_http_errors])
+    limit = request_limit(config, engine)
+    app = web.Application(client_max_size=limit, middlewares=[_json_http_errors])
     codec = CodecPool()
     app[DATAPLANE] = DataPlane(config, engine, batcher, metrics_, shadow=shadow_, codec=codec)
 
@@ -289,6 +310,7 @@ def create_app(
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         app.router.add_get(prefix, model_metadata)
         app.router.add_get(prefix + "/ready", model_ready)
+        app.router.add_get(prefix + "/config", model_configuration)
         app.router.add_post(prefix + "/infer", infer)
     app.router.add_get("/v2/shadow", shadow)
     app.router.add_get("/v2/quality", quality)

@@ -38,6 +38,7 @@ from kubeinfer.runtime.protocol.errors import (
     InvalidRequest,
     RequestTimeout,
     RequestTooLarge,
+    over_request_limit,
 )
 from kubeinfer.runtime.protocol.json_tensors import json_value_count
 
@@ -66,7 +67,7 @@ def content_encoding(request: web.BaseRequest) -> str | None:
 def check_declared_length(request: web.BaseRequest, limit: int) -> None:
     """413 for a Content-Length over the limit, before anything is read."""
     if request.content_length is not None and request.content_length > limit:
-        raise RequestTooLarge(
+        raise over_request_limit(
             f"the request body ({request.content_length} bytes) is over the limit of {limit} bytes"
         )
 
@@ -114,7 +115,7 @@ async def read_body(
                 with memoryview(buffer) as view:  # one copy, of the filled part
                     return bytes(view[:filled])
             if filled + len(chunk) > size:
-                raise RequestTooLarge(f"the request body is over the limit of {limit} bytes")
+                raise over_request_limit(f"the request body is over the limit of {limit} bytes")
             if filled == 0 and len(chunk) == size and content.at_eof():
                 return chunk  # the whole body in one part: no copy
             buffer[filled : filled + len(chunk)] = chunk
@@ -158,7 +159,7 @@ def inflate(
             pending = inflater.unconsumed_tail
             if part:
                 if size + len(part) > limit:
-                    raise RequestTooLarge(
+                    raise over_request_limit(
                         f"the request body inflates past the limit of {limit} bytes"
                     )
                 if max_json_values is not None:

@@ -51,7 +51,7 @@ _QUIET_SECONDS = 0.25
 _POLL_SECONDS = 0.005
 
 
-class _ParserRefusalsAtDebug(logging.LoggerAdapter):  # type: ignore[type-arg]
+class _ParserRefusalsAtDebug(logging.LoggerAdapter):
     """aiohttp's server logger (its `logger` option), but a request its parser refused
     (the client's error, already answered 400) is logged at DEBUG: at ERROR, with the
     client's bytes and a traceback, any port scanner would fill the log."""

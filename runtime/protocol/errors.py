@@ -54,6 +54,19 @@ class RequestTooLarge(InferenceServerError):
     status = 413
 
 
+REQUEST_LIMIT_HINT = (
+    "maxRequestBytes, kubeinfer serve --max-request-bytes; by default a full batch "
+    "(maxBatchSize rows) of the model's largest allowed inputs as JSON"
+)
+"""Which limit a 413 is about and how to raise it, as every 413 says."""
+
+
+def over_request_limit(message: str) -> RequestTooLarge:
+    """A 413 for a request over `maxRequestBytes`: `message`, then which limit that is and
+    how to raise it."""
+    return RequestTooLarge(f"{message} ({REQUEST_LIMIT_HINT})")
+
+
 class RequestTimeout(InferenceServerError):
     """The request body stalled, or did not arrive by the request's deadline (408); the
     connection is closed, since the rest of the body may still come."""

@@ -252,7 +252,7 @@ class RunningAggregates:
     def mean_kl_divergence(self) -> float | None:
         return self._sum_kl / self._kl_requests if self._kl_requests else None
 
-    def _class_tally(self, label: int) -> _Tally:
+    def _class_tally(self, label: int | str) -> _Tally:
         name = str(label)
         tally = self.classes.get(name)
         if tally is None:

@@ -7,7 +7,10 @@ on one side, another shape or datatype, NaN or an infinity where the other side 
 number) is a mismatch: a disagreement whatever the thresholds, counted as such and never
 a crash, with no difference or cosine figure. Otherwise the request yields its largest
 element difference, its worst row's cosine over all outputs, and top-1 rows/agreements
-over the outputs that have classes.
+over the outputs that have classes. Discrete outputs (labels, token ids, strings) are
+compared by equality (`output_statistics.is_discrete`): each element is a top-1 position
+of its own, tallied under the trusted side's value as its class (`label_name`), with no
+element difference and no KL divergence.
 
 One side is trusted: the serving engine's answer when judging a shadow candidate, the
 candidate's (the reference's) when a quality watch judges the serving engine. Over the
@@ -34,7 +37,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from kubeinfer.runtime.output_statistics import ArrayStatistics, compare_arrays, has_classes
+from kubeinfer.runtime.output_statistics import (
+    ArrayStatistics,
+    compare_arrays,
+    has_classes,
+    is_discrete,
+    label_name,
+)
 from kubeinfer.runtime.shadow.divergence import kl_divergence_rows
 
 # An output as (v2 datatype, array), keyed by name: what both sides' answers decode to.
@@ -60,7 +69,8 @@ class RowFigures:
 
     reference_class: np.ndarray | None
     """The trusted side's top-1 class at the row's first disagreeing position (its first
-    position when none disagreed), in the first output with classes; None without."""
+    position when none disagreed), in the first output with classes; None without. For
+    a discrete output, its value's `label_name` (an object array)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,9 +98,9 @@ class RequestComparison:
     top1_agreements: int = 0
     """Of those, the rows whose argmax agreed."""
 
-    class_tallies: tuple[tuple[int, int, int], ...] = ()
+    class_tallies: tuple[tuple[int | str, int, int], ...] = ()
     """(trusted top-1 class, rows, agreements) per class present, by class; the rows add
-    up to `top1_rows`."""
+    up to `top1_rows`. A discrete output's classes are its values (`label_name`)."""
 
     kl_divergence: float | None = None
     """Mean over the top-1 rows of KL(trusted || other), in nats; None without classes."""
@@ -139,7 +149,7 @@ class _Figures:
         self.top1_rows = np.zeros(count, dtype=np.int64)
         self.top1_agreements = np.zeros(count, dtype=np.int64)
         self.kl_sum, self.kl_positions = np.zeros(count), np.zeros(count, dtype=np.int64)
-        self.counts: list[dict[int, list[int]]] = [{} for _ in range(count)]
+        self.counts: list[dict[int | str, list[int]]] = [{} for _ in range(count)]
         # Per batch row, for the exemplars (batch_rows None: not asked for).
         self.batch_rows = batch_rows
         kept = batch_rows or 0
@@ -220,6 +230,41 @@ class _Figures:
                 first = np.where(agreed.all(axis=1), 0, (~agreed).argmax(axis=1))
                 self.reference_class = classes[np.arange(batch_rows), first]
 
+    def add_labels(self, trusted: np.ndarray, agrees: np.ndarray) -> None:
+        """Adds one discrete output: each element a top-1 position, agreeing where both
+        sides are equal (`agrees`, flat), tallied by the trusted side's value."""
+        batch_rows = trusted.shape[0]
+        agreed = agrees.reshape(batch_rows, -1)
+        positions = agreed.shape[1]
+        if not positions:
+            return
+        row_agreements = agreed.sum(axis=1)
+        if self.offsets is None:
+            requests = np.zeros(agreed.size, dtype=np.int64)
+            self.top1_rows[0] += agreed.size
+            self.top1_agreements[0] += int(np.count_nonzero(agreed))
+        else:
+            assert self.rows is not None
+            requests = np.repeat(np.arange(self.count), self.rows * positions)
+            self.top1_rows += self.rows * positions
+            self.top1_agreements += self._per_request(row_agreements.astype(np.int64), np.add)
+        values, codes = np.unique(trusted.ravel(), return_inverse=True)
+        keys = requests * values.size + codes.ravel()
+        present, index, counts = np.unique(keys, return_inverse=True, return_counts=True)
+        agreements = np.bincount(index[agreed.ravel()], minlength=present.size)
+        for key, rows, agreeing in zip(present.tolist(), counts.tolist(), agreements.tolist(),
+                                       strict=True):  # fmt: skip
+            request, code = divmod(key, values.size)
+            tally = self.counts[request].setdefault(label_name(values[code]), [0, 0])
+            tally[0] += rows
+            tally[1] += agreeing
+        if self.batch_rows is not None:
+            self.disagreements += positions - row_agreements
+            if self.reference_class is None:
+                first = np.where(agreed.all(axis=1), 0, (~agreed).argmax(axis=1))
+                labels = trusted.reshape(batch_rows, -1)[np.arange(batch_rows), first]
+                self.reference_class = np.array([label_name(v) for v in labels], dtype=object)
+
     def results(self) -> list[RequestComparison]:
         starts = [0] if self.offsets is None else self.offsets.tolist()
         rows = [self.batch_rows or 0] if self.rows is None else self.rows.tolist()
@@ -244,7 +289,8 @@ class _Figures:
                     reference_class=None if classes is None else classes[part],
                 )
             tallies = tuple(
-                (label, n, agreed) for label, (n, agreed) in sorted(self.counts[index].items())
+                (label, n, agreed)
+                for label, (n, agreed) in sorted(self.counts[index].items(), key=_class_key)
             )
             positions = kl_positions[index]
             results.append(
@@ -263,10 +309,18 @@ class _Figures:
         return results
 
 
+def _class_key(item: tuple[int | str, list[int]]) -> tuple[int, int, str]:
+    """Classes in order: integers by value, then strings by text."""
+    label = item[0]
+    return (0, label, "") if isinstance(label, int) else (1, 0, label)
+
+
 def _row_differences(serving: np.ndarray, candidate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each batch row's largest and summed element difference (`compare_arrays`' float64
-    |difference|)."""
+    |difference|; none for a discrete output)."""
     batch_rows = serving.shape[0]
+    if is_discrete(serving):
+        return np.zeros(batch_rows), np.zeros(batch_rows)
     difference = np.abs(
         serving.reshape(batch_rows, -1).astype(np.float64)
         - candidate.reshape(batch_rows, -1).astype(np.float64)
@@ -329,8 +383,11 @@ def compare_requests(
             return _one_by_one(serving, candidate, trusted, per_row)
         if not figures.add_differences(reference, answer, statistics):
             return _one_by_one(serving, candidate, trusted, per_row)
-        if statistics.top1 is not None and has_classes(reference.shape):
-            sides = (reference, answer) if trusted == "serving" else (answer, reference)
+        sides = (reference, answer) if trusted == "serving" else (answer, reference)
+        if statistics.discrete:
+            assert statistics.top1 is not None
+            figures.add_labels(sides[0], statistics.top1)
+        elif statistics.top1 is not None and has_classes(reference.shape):
             figures.add_classes(*sides, statistics.top1)
     return figures.results()
 

@@ -48,7 +48,8 @@ class Exemplar:
     disagreements: int
     kl_divergence: float | None
     max_abs_difference: float
-    reference_class: int | None
+    reference_class: int | str | None
+    """The reference's top-1 class index, or a discrete output's value (a label)."""
     slice: str | None
     recorded_at_seconds: float
     """The injected (monotonic) clock's reading when it was recorded: the window's."""
@@ -136,11 +137,12 @@ def encode_exemplars(exemplars: Sequence[Exemplar]) -> bytes:
     along a new axis 0 in `exemplars`' order (the layout of a calibration file, so the
     array can be fed back to `kubeinfer build --calibration`); otherwise each row is its
     own member, `exemplar_{i}__{input}`. `__metadata__` is a JSON array, one object per
-    exemplar in the same order, with its figures."""
+    exemplar in the same order, with its figures. A BYTES input is stored as a unicode
+    array of its text (string inputs are UTF-8), which numpy reads without pickles."""
     arrays: dict[str, np.ndarray] = {}
     names = sorted({name for e in exemplars for name in e.inputs})
     for name in names:
-        rows = [e.inputs.get(name) for e in exemplars]
+        rows = [_storable(e.inputs.get(name)) for e in exemplars]
         shapes = {(r[1].shape, r[1].dtype) for r in rows if r is not None}
         if len(shapes) == 1 and all(r is not None for r in rows):
             arrays[name] = np.stack([r[1] for r in rows if r is not None])
@@ -152,3 +154,12 @@ def encode_exemplars(exemplars: Sequence[Exemplar]) -> bytes:
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]
     return buffer.getvalue()
+
+
+def _storable(row: tuple[str, np.ndarray] | None) -> tuple[str, np.ndarray] | None:
+    """A row as `.npz` stores it without pickles: a BYTES row as unicode text."""
+    if row is None or row[1].dtype.kind != "O":
+        return row
+    datatype, array = row
+    text = [e.decode("utf-8", errors="replace") for e in array.ravel()]
+    return datatype, np.array(text, dtype=str).reshape(array.shape)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from kubeinfer.contract.runtime_config import QualityWatch
+from kubeinfer.runtime.output_statistics import label_name
 from kubeinfer.runtime.shadow.aggregates import OUTCOME_KEYS, RunningAggregates, ShadowMetrics
 from kubeinfer.runtime.shadow.comparison import Outputs, RequestComparison, RowFigures
 from kubeinfer.runtime.shadow.exemplars import (
@@ -128,7 +129,7 @@ class QualityAggregates(RunningAggregates):
             disagreements=int(rows.disagreements[index]),
             kl_divergence=None if kl is None else float(kl[index]),
             max_abs_difference=float(rows.max_abs_difference[index]),
-            reference_class=None if classes is None else int(classes[index]),
+            reference_class=None if classes is None else label_name(classes[index]),
             slice=slice_name,
             recorded_at_seconds=now,
             recorded_unix_seconds=self._wall_clock(),

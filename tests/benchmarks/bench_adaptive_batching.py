@@ -20,7 +20,9 @@ played back to back without a pause: small requests at a moderate rate, large re
 then a burst of small requests; arrivals are Poisson (a seeded schedule, the same for every
 configuration), binary tensors, each request on an idle keep-alive connection; a
 request's latency counts from when it was due (a server that falls behind is charged for
-the queue it causes). A second of the first phase's traffic warms each server up, unmeasured.
+the queue it causes). The load is our own client's (`kubeinfer.cli.tune.load`): Triton's
+perf_analyzer sends every request of a run with one batch size, and these phases change
+it without a pause. A second of the first phase's traffic warms each server up, unmeasured.
 
 The configurations: Adaptive with the SLO (sloMarginPercent 20) and Static with a sweep
 of maxQueueDelayMicroseconds (no preferred sizes, so a batch waits for maxBatchSize), plus

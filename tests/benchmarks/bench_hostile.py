@@ -5,7 +5,7 @@ connections, each against real `kubeinfer serve` processes on loopback.
 A script, not a test (nothing here is named test_*, so pytest never collects it):
 
     .venv/bin/python tests/benchmarks/bench_hostile.py [--quick] [--baseline TREE]
-        [--rounds N] [--overload-only]
+        [--rounds N] [--overload-only | --refusal-cost]
 
 `--baseline TREE` also runs every scenario against the kubeinfer source tree at TREE (a
 `git worktree add --detach /tmp/old <commit>` of an older commit), with the same commands
@@ -27,6 +27,14 @@ JSON ~340 KB, binary ~66 KB), as in the issue.
   used in each phase (a core shared with other work shows there). Each request is one
   full batch, served in 1 / capacity; the queue's delay budget is the time a full queue
   takes to serve: `--max-queue-size` (8) / capacity. `--overload-only` stops there.
+- **Refusal cost** (`--refusal-cost`, alone): the CPU time of the server's main thread
+  (its event loop: /proc's schedstat, in nanoseconds) per refused request, for the same
+  32-row bodies, JSON and binary. A request that spins the spin model's loop for longer
+  than the run holds the one execution slot and another the one queue place
+  (`--max-queue-size 1`), so every request sent is refused; 8 keep-alive clients send
+  them in a closed loop. A figure of CPU time, not of throughput: the share of its core
+  the server gets on a shared machine moves it far less than it moves goodput. The trees
+  take turns in each of `--rounds` rounds.
 - **Amplification**: a 64 KiB gzip body that inflates to 64 MiB of empty JSON lists, at
   the default body limit and at the old default of 64 MiB; the time to the answer, the
   growth of the server's peak resident memory (VmHWM, reset before), and the slowest
@@ -65,10 +73,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from kubeinfer.cli.tune.load import Connection as _Connection
+from kubeinfer.cli.tune.load import EncodedRequest, LoadGenError, open_connection, run_closed_loop
 from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.demo_models import build_mlp, build_small_mlp
-from loadgen import EncodedRequest, LoadGenError, _Connection, open_connection, run_closed_loop
 from servers import HOST, REPO, ServerProcess, ServerSpec, free_port, http_get
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the spin model
+from onnx_models import build_spin_model
 
 MIB = 1024 * 1024
 MODEL = "small"
@@ -377,6 +389,106 @@ def _brief(figures: dict) -> str:
         f"{figures['goodput_ratio_per_cpu']:.0%}; load generator CPU {figures['client_cpu']:.0%}"
         f"; CPU per refusal {figures['refusal_cpu_us']:.0f} us"
     )
+
+
+# --------------------------------------------------------------------------- refusal cost
+
+SPIN_FOREVER = json.dumps({
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.0] * 4},
+               {"name": "ids", "datatype": "INT32", "shape": [1, 4],
+                "data": [2_000_000_000, 0, 0, 0]}],
+    "parameters": {"timeout": 3_000_000_000},  # microseconds: far past the run
+}).encode()  # fmt: skip
+"""A request that holds the spin model's slot for about half an hour."""
+
+
+def main_thread_cpu_ns(pid: int) -> int:
+    """CPU time of the process's main thread (its event loop), in nanoseconds."""
+    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0])
+
+
+async def refused_in_a_loop(port: int, raw: bytes, count: int, clients: int) -> dict[int, int]:
+    """`count` requests over `clients` keep-alive connections, each sent once the last is
+    answered: the answers' statuses, counted."""
+    statuses: dict[int, int] = {}
+
+    async def client(n: int) -> None:
+        conn = await open_connection(HOST, port)
+        try:
+            for _ in range(n):
+                status = (await conn.send(raw)).status
+                statuses[status] = statuses.get(status, 0) + 1
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(client(count // clients) for _ in range(clients)))
+    return statuses
+
+
+def refusal_cost(tree: Tree, spin_model: Path, logs: Path, binary: bool, count: int) -> float:
+    """Microseconds of the server's main thread per refused request (see the module)."""
+    body, headers = infer_body(32, binary)
+    with server(tree, spin_model, logs, "--max-queue-size", "1") as running:
+        port, process = running.spec.port, running.process
+        assert process is not None
+        holders = [socket.create_connection((HOST, port)) for _ in range(2)]
+        try:
+            holders[0].sendall(raw_request(port, SPIN_FOREVER))
+            wait_until(lambda: metric(port, "kubeinfer_inflight_batches") == 1)
+            holders[1].sendall(raw_request(port, SPIN_FOREVER))
+            wait_until(lambda: metric(port, "kubeinfer_queue_depth") == 1)
+            raw = raw_request(port, body, headers)
+            before = main_thread_cpu_ns(process.pid)
+            statuses = asyncio.run(refused_in_a_loop(port, raw, count, 8))
+            spent = main_thread_cpu_ns(process.pid) - before
+        finally:
+            for holder in holders:
+                holder.close()
+            os.killpg(process.pid, signal.SIGKILL)  # the spin never ends: nothing to drain
+            process.wait()
+    assert set(statuses) == {503}, statuses
+    return spent / sum(statuses.values()) / 1000
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the server never got there")
+        time.sleep(0.01)
+
+
+def refusal_cost_report(trees: list[Tree], scratch: Path, rounds: int, quick: bool) -> str:
+    """`refusal_cost` per tree and encoding in interleaved rounds: a table of medians and
+    ranges, and each round's ratio to the first tree's."""
+    spin_model = build_spin_model(scratch / "spin.onnx")
+    count = 800 if quick else 4000
+    runs: dict[tuple[str, str], list[float]] = {}
+    for round_ in range(rounds):
+        for encoding in ("json", "binary"):
+            for tree in trees if round_ % 2 == 0 else trees[::-1]:
+                us = refusal_cost(tree, spin_model, scratch / "logs", encoding == "binary", count)
+                runs.setdefault((tree.label, encoding), []).append(us)
+                print(f"round {round_ + 1} {tree.label} {encoding}: {us:.1f} us", flush=True)
+    lines = [
+        "### CPU per refused request: the server's main thread, 32-row requests",
+        "",
+        f"{count} refusals per run over 8 keep-alive clients; load average (1 min) "
+        f"{os.getloadavg()[0]:.2f} at the end. Median of {rounds} rounds, range in brackets.",
+        "",
+        "| encoding | tree | us per refusal | ratio to the first tree's, per round |",
+        "|---|---|--:|---|",
+    ]
+    for encoding in ("json", "binary"):
+        first = runs[(trees[0].label, encoding)]
+        for tree in trees:
+            mine = sorted(runs[(tree.label, encoding)])
+            ratios = [a / b for a, b in zip(runs[(tree.label, encoding)], first, strict=True)]
+            lines.append(
+                f"| {encoding} | {tree.label} | {mine[len(mine) // 2]:.0f} "
+                f"[{mine[0]:.0f}-{mine[-1]:.0f}] | {' '.join(f'{r:.2f}' for r in ratios)} |"
+            )
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- amplification
@@ -822,6 +934,9 @@ def main() -> int:
     parser.add_argument("--baseline", type=Path, metavar="TREE", help="an older source tree")
     parser.add_argument("--rounds", type=int, default=3, help="overload rounds (default 3)")
     parser.add_argument("--overload-only", action="store_true", help="only the overload")
+    parser.add_argument(
+        "--refusal-cost", action="store_true", help="only the CPU per refused request"
+    )
     args = parser.parse_args()
     os.sched_setaffinity(0, {CLIENT_CPU})
     scratch = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
@@ -831,6 +946,9 @@ def main() -> int:
         if args.baseline:
             trees.append(baseline_tree(args.baseline, scratch))
         logs = scratch / "logs"
+        if args.refusal_cost:
+            print(refusal_cost_report(trees, scratch, args.rounds, args.quick))
+            return 0
         load_before = os.getloadavg()[0]
         rounds = overload_rounds(trees, model, logs, args.rounds, args.quick)
         text = overload_report(rounds, (load_before, os.getloadavg()[0]))

@@ -7,13 +7,15 @@ A script, not a test (nothing here is named test_*, so pytest never collects it)
 For each deterministic model from `kubeinfer.runtime.demo_models` (the overhead-bound
 small MLP and the ~170 MB memory-bound MLP) it measures the in-process ONNX Runtime
 ceiling at batch 1..64, then starts each server as a subprocess on a loopback port (one
-at a time), checks its answers against ONNX Runtime in-process, and drives it with 1, 8,
-32 and 64 closed-loop clients sending single-item requests (v2 JSON; Triton binary too at
-32 clients). Before those, one kubeinfer serving both REST and gRPC is driven over REST
-JSON, REST binary and gRPC at 1 and 32 clients in `--transport-rounds` interleaved rounds
-(`transports.py`; `--transports-only` runs just that; `--baseline TREE` runs an older
-source tree's server beside this checkout's in the same rounds). The mean batch size is
-the delta of the server's batch-size histogram over the measured window. Last, the memory-bound
+at a time), checks its answers against ONNX Runtime in-process (through tritonclient),
+and drives it with 1, 8, 32 and 64 closed-loop clients sending single-item requests (v2
+JSON; Triton binary too at 32 clients) from perf_analyzer (`kubeinfer.cli.tune.perf`: a
+warm-up run, then three windows making up `--duration`). Before those, one kubeinfer
+serving both REST and gRPC is driven over REST JSON, REST binary and gRPC at 1 and 32
+clients in `--transport-rounds` interleaved rounds (`transports.py`; `--transports-only`
+runs just that; `--baseline TREE` runs an older source tree's server beside this
+checkout's in the same rounds). The mean batch size and the server's CPU per request are
+the deltas of the server's own counters over the measured run. Last, the memory-bound
 model's fp32 and int8 engines, built through `kubeinfer build`, are served side by side.
 It prints one Markdown report (serving table, ceiling table, gRPC beside REST, int8
 table, the issue's targets) and writes it to `--out`.
@@ -27,7 +29,6 @@ its threads already use every core. All of it is printed in the report's header.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import datetime
 import functools
@@ -42,19 +43,9 @@ from pathlib import Path
 
 import numpy as np
 from engine_ceiling import measure_ceiling, reference_outputs
+from kubeinfer.cli.tune import perf
+from kubeinfer.cli.tune.server_side import BATCH_SIZE, Counts, read_counts
 from kubeinfer.runtime.demo_models import build_memory_bound_mlp, build_small_mlp
-from loadgen import (
-    EncodedRequest,
-    decode_grpc_output,
-    encode_binary_infer,
-    encode_grpc_infer,
-    encode_json_infer,
-    grpc_request_once,
-    request_once,
-    run_closed_loop,
-    run_closed_loop_grpc,
-)
-from prometheus_client.parser import text_string_to_metric_families
 from report import (
     Int8Comparison,
     Row,
@@ -122,75 +113,55 @@ def _session_cpu_s(session_id: int) -> float:
 # --------------------------------------------------------------------------- metrics
 
 
-def batch_histogram(metrics_url: str, model: str) -> tuple[float, float] | None:
-    """(sum, count) of the batch-size histogram for `model`: kubeinfer's
-    `kubeinfer_batch_size`, or `bench_batch_size` logged by our MLServer runtime."""
-    status, body = http_get(metrics_url)
-    if status != 200:
-        return None
-    total = count = 0.0
-    found = False
-    for family in text_string_to_metric_families(body.decode()):
-        if family.name not in ("kubeinfer_batch_size", "bench_batch_size"):
-            continue
-        for sample in family.samples:
-            if model not in sample.labels.values():
-                continue
-            if sample.name.endswith("_sum"):
-                total += sample.value
-                found = True
-            elif sample.name.endswith("_count"):
-                count += sample.value
-    return (total, count) if found else None
-
-
 @dataclass
 class Snapshot:
     busy_s: float
     server_s: float
-    histogram: tuple[float, float] | None
+    counts: Counts
+    at: float
+    """time.monotonic() when it was taken."""
 
 
 def snapshot(spec: ServerSpec, server: ServerProcess) -> Snapshot:
+    """The machine's busy CPU, the server's (its session's), and its own counters:
+    kubeinfer's, or the batch sizes our MLServer runtime logs as `bench_batch_size`."""
     assert server.process is not None
-    histogram = batch_histogram(spec.metrics_url, spec.model_name) if spec.metrics_url else None
-    return Snapshot(_busy_cpu_s(), _session_cpu_s(server.process.pid), histogram)
+    counts = Counts(None, None, None)
+    if spec.metrics_url:
+        status, body = http_get(spec.metrics_url)
+        if status == 200:
+            name = "bench_batch_size" if spec.label == "mlserver" else BATCH_SIZE
+            counts = read_counts(body.decode(), spec.model_name, name)
+    return Snapshot(_busy_cpu_s(), _session_cpu_s(server.process.pid), counts, time.monotonic())
 
 
 # --------------------------------------------------------------------------- one server
 
 
-def make_requests(spec: ServerSpec, items: np.ndarray, encoding: str) -> list[EncodedRequest]:
-    if encoding == "grpc":
-        return [encode_grpc_infer(spec.model_name, INPUT, x) for x in items]
-    if encoding == "json":
-        return [encode_json_infer(HOST, spec.port, spec.model_name, INPUT, x) for x in items]
-    return [encode_binary_infer(HOST, spec.port, spec.model_name, INPUT, OUTPUT, x) for x in items]
-
-
-def decode_output(body: bytes, headers: dict[str, str]) -> np.ndarray:
-    split = int(headers.get("inference-header-content-length", len(body)))
-    output = json.loads(body[:split])["outputs"][0]
-    if "data" in output:
-        return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
-    return np.frombuffer(body[split:], dtype=np.float32).reshape(output["shape"])
-
-
 def check_answers(spec: ServerSpec, items: np.ndarray, encoding: str, expected: np.ndarray) -> None:
-    """Every distinct request once, answered with ONNX Runtime's own output."""
-    for index, request in enumerate(make_requests(spec, items, encoding)):
-        if encoding == "grpc":
-            assert isinstance(spec, KubeinferSpec) and spec.grpc_port
-            answer = asyncio.run(grpc_request_once(HOST, spec.grpc_port, request.raw))
-            if not np.allclose(decode_grpc_output(answer)[0], expected[index], 1e-3, 1e-3):
-                raise ServerFailed(f"{spec.label}: wrong gRPC output for request {index}")
-            continue
-        response = asyncio.run(request_once(HOST, spec.port, request.raw))
-        if response.status != 200:
-            raise ServerFailed(f"{spec.label}: HTTP {response.status}: {response.body[:300]!r}")
-        got = decode_output(response.body, response.headers)
-        if not np.allclose(got[0], expected[index], rtol=1e-3, atol=1e-3):
-            raise ServerFailed(f"{spec.label}: wrong output for request {index}")
+    """Every distinct request once through tritonclient, answered with ONNX Runtime's
+    own output."""
+    grpc = encoding == "grpc"
+    if grpc:
+        import tritonclient.grpc as client_lib
+    else:
+        import tritonclient.http as client_lib  # type: ignore[no-redef]
+    port = spec.grpc_port if isinstance(spec, KubeinferSpec) and grpc else spec.port
+    client = client_lib.InferenceServerClient(f"{HOST}:{port}")
+    binary = {} if grpc else {"binary_data": encoding == "binary"}
+    try:
+        for index, item in enumerate(items):
+            tensor = client_lib.InferInput(INPUT, [1, item.size], "FP32")
+            tensor.set_data_from_numpy(item[None].astype(np.float32), **binary)
+            answer = client.infer(
+                spec.model_name,
+                [tensor],
+                outputs=[client_lib.InferRequestedOutput(OUTPUT, **binary)],
+            )
+            if not np.allclose(answer.as_numpy(OUTPUT)[0], expected[index], 1e-3, 1e-3):
+                raise ServerFailed(f"{spec.label}: wrong {encoding} output for request {index}")
+    finally:
+        client.close()
 
 
 def load_runs(
@@ -245,50 +216,51 @@ def one_run(
     args: argparse.Namespace,
     label: str | None,
 ) -> Row:
-    requests = make_requests(spec, items, encoding)
-    marks: dict[str, Snapshot] = {}
+    """perf_analyzer's closed loop of single-item requests; the server's CPU and counters
+    and the machine's busy CPU over its measured run."""
     grpc_port = spec.grpc_port if isinstance(spec, KubeinferSpec) else None
-    loop, port = (
-        (run_closed_loop_grpc, grpc_port) if encoding == "grpc" else (run_closed_loop, spec.port)
-    )
-    assert port is not None, "gRPC asked of a server without a gRPC port"
-    result = asyncio.run(
-        loop(
-            HOST,
-            port,
-            requests,
-            clients,
-            args.warmup,
-            args.duration,
-            on_window_start=lambda m=marks: m.__setitem__("start", snapshot(spec, server)),
-            on_window_end=lambda m=marks: m.__setitem__("end", snapshot(spec, server)),
-        )
-    )
-    start, end = marks["start"], marks["end"]
+    if encoding == "grpc":
+        assert grpc_port is not None, "gRPC asked of a server without a gRPC port"
+        target = perf.Target(f"{HOST}:{grpc_port}", spec.model_name, "grpc")
+    else:
+        target = perf.Target(f"{HOST}:{spec.port}", spec.model_name, "http", encoding)
+    marks: list[Snapshot] = []
+    result = perf.run(
+        target, perf.Load(concurrency=clients), [{INPUT: x} for x in items],
+        args.duration / 3, REPO / ".bench" / "perf-analyzer" / spec.label, args.warmup,
+        lambda: marks.append(snapshot(spec, server)),
+    )  # fmt: skip
+    start, end = marks
+    span = end.at - start.at
     mean_batch = None
-    if start.histogram and end.histogram and end.histogram[1] > start.histogram[1]:
-        mean_batch = (end.histogram[0] - start.histogram[0]) / (
-            end.histogram[1] - start.histogram[1]
-        )
-    foreign = (end.busy_s - start.busy_s) - (end.server_s - start.server_s) - result.client_cpu_s
+    if None not in (start.counts.rows, end.counts.rows, start.counts.batches, end.counts.batches):
+        batches = end.counts.batches - start.counts.batches  # type: ignore[operator]
+        if batches > 0:
+            mean_batch = (end.counts.rows - start.counts.rows) / batches  # type: ignore[operator]
+    # Requests over the run: the server's own count where it keeps one, else
+    # perf_analyzer's throughput over the run's time.
+    answered = (
+        end.counts.answered - start.counts.answered
+        if end.counts.answered is not None and start.counts.answered is not None
+        else result.requests_per_second * span
+    )
+    answered = max(answered, 1.0)
+    server_s = end.server_s - start.server_s
+    foreign = (end.busy_s - start.busy_s) - server_s - result.client_cpu_seconds
     row = Row(
         model=model,
         server=label or spec.label,
         encoding=encoding,
         clients=clients,
-        throughput=result.throughput,
-        p50_ms=result.percentile_ms(50),
-        p99_ms=result.percentile_ms(99),
+        throughput=result.requests_per_second,
+        p50_ms=result.p50_milliseconds,
+        p99_ms=result.p99_milliseconds,
         mean_batch=mean_batch,
-        errors=result.errors,
-        client_us_per_request=result.client_cpu_us_per_request,
-        server_cpu_ms_per_request=(end.server_s - start.server_s)
-        / max(1, result.completed + result.errors)
-        * 1000,
-        foreign_cpu_pct=max(0.0, foreign) / (os.cpu_count() or 1) / args.duration * 100,
+        errors=0,  # perf_analyzer stops at a failed request: a run that ended answered all
+        client_us_per_request=result.client_cpu_seconds / answered * 1e6,
+        server_cpu_ms_per_request=server_s / answered * 1000,
+        foreign_cpu_pct=max(0.0, foreign) / (os.cpu_count() or 1) / span * 100,
     )
-    if result.error_samples:
-        print(f"  errors, e.g. {result.error_samples[0]}", file=sys.stderr)
     print(
         f"  {row.server:>10} {model:>17} {encoding:>6} {clients:>3} clients: "
         f"{row.throughput:7.0f} req/s  p50 {row.p50_ms:7.2f} ms  p99 {row.p99_ms:7.2f} ms"

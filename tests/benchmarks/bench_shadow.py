@@ -11,9 +11,9 @@ a served request costs the least and the mirror's own cost shows the most), the 
 its int8 engine, both built through the engine cache and started as `kubeinfer serve`
 processes on loopback; the serving's `--mirror-target-file` is rewritten between runs
 (atomically, as kubelet does) to mirror 0 % (an empty file: mirroring off), 10 % or 100 %,
-and each run starts once /v2/shadow shows the new share. 32 closed-loop clients (the cheap raw-HTTP
-generator in `loadgen.py`) send single-item JSON requests. The three shares run in
-`--rounds` interleaved rounds, in a rotating order, so drift on a shared machine falls
+and each run starts once /v2/shadow shows the new share. 32 closed-loop clients
+(perf_analyzer's) send single-item JSON requests. The three shares run in `--rounds`
+interleaved rounds, in a rotating order, so drift on a shared machine falls
 on every share alike; each figure is the median over the rounds.
 
 Per share: throughput, p50/p99 at the client, the serving's and the candidate's CPU per
@@ -36,38 +36,26 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mirror_harness import (
-    build_engines,
-    get_json,
-    measure,
-    median,
-    parse_args,
-    pin,
-    pinned_threads,
-    requests_for,
-    rotations,
-    wait_until,
-    write_mirror_file,
-)
-from servers import HOST, REPO, ServerProcess, kubeinfer_spec
+import mirror_harness as harness
+from servers import HOST, REPO, ServerProcess
 
 SHARES = (0, 10, 100)
 
 
 def shadow_status(port: int) -> dict:
-    return get_json(port, "/v2/shadow")
+    return harness.get_json(port, "/v2/shadow")
 
 
 def set_share(
     mirror_file: Path, serving_port: int, candidate_port: int, share: int, model: str
 ) -> None:
     """Rewrites the mirror file for `share` % and waits until the serving shows it."""
-    write_mirror_file(mirror_file, None if share == 0 else {"target": {
+    harness.write_mirror_file(mirror_file, None if share == 0 else {"target": {
         "url": f"http://{HOST}:{candidate_port}", "modelName": model,
         "candidateVersion": "int8", "candidateDigest": f"bench-{share}-{time.monotonic_ns()}",
         "trafficPercent": share,
     }})  # fmt: skip
-    wait_until(
+    harness.wait_until(
         lambda: shadow_status(serving_port),
         lambda s: (share == 0 and not s["active"]) or s["trafficPercent"] == share,
         f"the serving did not take the {share} % target",
@@ -84,14 +72,13 @@ class Run:
     candidate_cpu_ms: float
     compared: int
     dropped: int
-    errors: int
     agreement: float | None
     max_abs_difference: float | None
 
 
-def one_run(args, share, serving, candidate, mirror_file, requests) -> Run:
+def one_run(args, share, serving, candidate, mirror_file, samples) -> Run:
     set_share(mirror_file, serving.spec.port, candidate.spec.port, share, args.model)
-    window = measure(args, serving.spec.port, requests,
+    window = harness.measure(args, serving.spec, samples,
                      [serving.process.pid, candidate.process.pid])  # fmt: skip
     status = shadow_status(serving.spec.port)
     run = Run(
@@ -103,14 +90,13 @@ def one_run(args, share, serving, candidate, mirror_file, requests) -> Run:
         candidate_cpu_ms=window.cpu_ms[1],
         compared=status["requests"]["compared"],
         dropped=status["requests"]["dropped"],
-        errors=window.errors,
         agreement=status["top1"]["agreement"],
         max_abs_difference=status["maxAbsDifference"],
     )
     print(f"  {share:>3} %: {run.throughput:7.0f} req/s  p50 {run.p50_ms:6.2f} ms  "
           f"p99 {run.p99_ms:6.2f} ms  serving CPU {run.serving_cpu_ms:5.3f} ms/req  "
           f"candidate CPU {run.candidate_cpu_ms:5.3f} ms/req  compared {run.compared}  "
-          f"dropped {run.dropped}  errors {run.errors}", flush=True)  # fmt: skip
+          f"dropped {run.dropped}", flush=True)  # fmt: skip
     return run
 
 
@@ -118,7 +104,7 @@ def table(runs: list[Run]) -> str:
     by_share = {share: [r for r in runs if r.share == share] for share in SHARES}
 
     def med(share: int, field: str) -> float:
-        return median([getattr(r, field) for r in by_share[share]])
+        return harness.median([getattr(r, field) for r in by_share[share]])
 
     base_throughput, base_cpu = med(0, "throughput"), med(0, "serving_cpu_ms")
     lines = [
@@ -139,24 +125,13 @@ def table(runs: list[Run]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args: argparse.Namespace = parse_args("kubeinfer shadow mirroring benchmark", argv)
-    pinned, threads = pinned_threads(args)
+    args: argparse.Namespace = harness.parse_args("kubeinfer shadow mirroring benchmark", argv)
+    pinned, threads = harness.pinned_threads(args)
     work = REPO / ".bench" / "shadow"
-    engines = build_engines(work, args.model)
-    mirror_file = work / "mirror" / "target.json"
-    mirror_file.parent.mkdir(parents=True, exist_ok=True)
-    mirror_file.write_text("")
-    serving_spec = kubeinfer_spec(
-        engines.model, args.model, threads, engine=(engines.digests["fp32"], engines.cache),
-        extra_args=("--execution-slots", "1", "--mirror-target-file", str(mirror_file),
-                    "--mirror-poll-interval-milliseconds", "100"),
-    )  # fmt: skip
-    serving_spec.label = "serving"
-    candidate_spec = kubeinfer_spec(
-        engines.model, args.model, threads, engine=(engines.digests["int8"], engines.cache),
-        extra_args=("--execution-slots", "1"),
-    )  # fmt: skip
-    candidate_spec.label = "candidate"
+    engines = harness.build_engines(work, args.model)
+    mirror_file = harness.empty_mirror_file(work / "mirror" / "target.json")
+    serving_spec = harness.engine_spec(engines, args.model, threads, "fp32", "serving", mirror_file)
+    candidate_spec = harness.engine_spec(engines, args.model, threads, "int8", "candidate")
     print(f"kubeinfer shadow benchmark: {args.model}, {args.clients} closed-loop clients, "
           f"{args.rounds} rounds of {args.warmup:g} s + {args.duration:g} s per share, "
           f"{'pinned: serving CPU 0, candidate + load CPU 1' if pinned else 'unpinned'}, "
@@ -167,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
             ServerProcess(candidate_spec, log_dir) as candidate:  # fmt: skip
         assert serving.process is not None and candidate.process is not None
         if pinned:
-            pin(serving.process.pid, {0})
-            pin(candidate.process.pid, {1})
+            harness.pin(serving.process.pid, {0})
+            harness.pin(candidate.process.pid, {1})
             os.sched_setaffinity(0, {1})
-        requests = requests_for(serving_spec.port, args.model, engines.width)
-        for index, order in rotations(SHARES, args.rounds):
+        samples = harness.samples_for(args.model)
+        for index, order in harness.rotations(SHARES, args.rounds):
             print(f"round {index + 1}", flush=True)
             for share in order:
-                runs.append(one_run(args, share, serving, candidate, mirror_file, requests))
+                runs.append(one_run(args, share, serving, candidate, mirror_file, samples))
     print("\n" + table(runs))
     last = [r for r in runs if r.share == 100][-1]
     print(f"\n(compared and dropped: summed over the rounds, warm-up included; the int8 "

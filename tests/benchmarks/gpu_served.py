@@ -13,15 +13,17 @@ on the same GPU:
   `--batch` rows (`gpu_slots.throughput`);
 - served: the real runtime (`create_app`: admission, the dynamic batcher with `--slots`
   execution slots, the binary tensor codec, metrics; `serve_transports`: the HTTP
-  server) in its own process, loaded over loopback HTTP by `--processes` load-generator
-  processes with `--clients` closed-loop clients in all, each request `--rows` rows in
-  Triton's binary tensor extension. maxBatchSize is `--batch` and the queue delay long
-  enough that, saturated, every batch is full.
+  server) in its own process, loaded over loopback HTTP by perf_analyzer (`--processes`
+  of them, one by default) with `--clients` closed-loop clients in all, each request
+  `--rows` rows in Triton's binary tensor extension. maxBatchSize is `--batch` and the
+  queue delay long enough that, saturated, every batch is full.
 
 It prints rows per second both ways and their ratio (served / raw), the served batches'
 mean size (from the runtime's `kubeinfer_batch_size` histogram), the latency percentiles,
 and, read while serving, the runtime's NVML gauges beside `nvidia-smi`'s figures for the
-same device.
+same device. The load needs perf_analyzer on the machine (`pip install perf-analyzer`,
+from a wheel folder without network; the GPU images' glibc is new enough for it): not yet
+run on a GPU since the load moved to it.
 
 `python gpu_served.py serve --config FILE --widths ...` is the server process on its own
 (a RuntimeConfig file, as `kubeinfer serve --config` reads; the engine is this file's).
@@ -37,9 +39,10 @@ import logging
 import multiprocessing
 import os
 import re
-import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -225,25 +228,29 @@ def runtime_config(port: int, batch: int, slots: int, delay_us: int) -> dict[str
 def load_process(
     port: int, rows: int, width: int, clients: int, warmup_s: float, seconds: float, queue: Any
 ) -> None:
-    """One load-generator process: `clients` closed-loop clients of binary requests."""
-    from loadgen import encode_binary_infer, run_closed_loop
+    """One load-generator process: perf_analyzer's `clients` closed-loop clients of
+    binary requests of `rows` rows (a warm-up run, then three windows of `seconds` / 3)."""
+    from kubeinfer.cli.tune import perf
 
     rng = np.random.default_rng(port + clients)
-    requests = [
-        encode_binary_infer(HOST, port, MODEL, INPUT, OUTPUT, array, rows=True)
-        for array in rng.standard_normal((8, rows, width)).astype(np.float32)
-    ]
+    samples = [{INPUT: row} for row in rng.standard_normal((8 * rows, width)).astype(np.float32)]
     queue.put("started")  # the window opens warmup_s from here
-    result = asyncio.run(run_closed_loop(HOST, port, requests, clients, warmup_s, seconds))
-    queue.put(
-        {
-            "rows": result.completed_rows,
-            "window_s": result.window_s,
-            "errors": result.errors,
-            "error_samples": result.error_samples,
-            "latencies_s": result.latencies_s.tolist(),
-        }
-    )
+    workdir = Path(tempfile.mkdtemp(prefix="gpu-served-load-"))
+    try:
+        result = perf.run(
+            perf.Target(f"{HOST}:{port}", MODEL), perf.Load(rows=rows, concurrency=clients),
+            samples, seconds / 3, workdir, warmup_s,
+        )  # fmt: skip
+        figures: dict[str, Any] = {
+            "rows_per_s": result.rows_per_second, "errors": 0, "error_samples": [],
+            "p50_ms": result.p50_milliseconds, "p99_ms": result.p99_milliseconds,
+        }  # fmt: skip
+    except perf.PerfAnalyzerFailed as error:
+        figures = {"rows_per_s": 0.0, "errors": 1, "error_samples": [str(error)],
+                   "p50_ms": None, "p99_ms": None}  # fmt: skip
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    queue.put(figures)
 
 
 def metric_values(text: str, name: str) -> dict[str, float]:
@@ -319,15 +326,15 @@ def served(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         name: metric_values(during.decode(), f"kubeinfer_gpu_memory_{name}_bytes").get("")
         for name in ("used", "total")
     }
-    latencies = np.array([x for part in parts for x in part["latencies_s"]])
-    window = statistics.mean(part["window_s"] for part in parts)
+    measured = [part for part in parts if part["p99_ms"] is not None]
     return {
-        "rows_per_s": sum(part["rows"] for part in parts) / window,
+        "rows_per_s": sum(part["rows_per_s"] for part in parts),
         "errors": sum(part["errors"] for part in parts),
         "error_samples": [s for part in parts for s in part["error_samples"]][:3],
         "mean_batch_rows": batch_rows / batches if batches else float("nan"),
-        "p50_ms": float(np.percentile(latencies, 50) * 1000) if len(latencies) else None,
-        "p99_ms": float(np.percentile(latencies, 99) * 1000) if len(latencies) else None,
+        # one process: its percentiles; several: the slowest process's
+        "p50_ms": max((part["p50_ms"] for part in measured), default=None),
+        "p99_ms": max((part["p99_ms"] for part in measured), default=None),
         "server_cpu_cores": server_cores,
         "nvml_gauges_bytes": gauges,
         "nvidia_smi_bytes": smi,
@@ -368,7 +375,9 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=32, help="rows per request")
     parser.add_argument("--slots", type=int, default=2, help="execution slots")
     parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--processes", type=int, default=4, help="load-generator processes")
+    parser.add_argument(
+        "--processes", type=int, default=1, help="load-generator processes (perf_analyzer's)"
+    )
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--graphs", action="store_true", help="serve with CUDA Graphs")

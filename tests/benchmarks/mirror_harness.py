@@ -1,7 +1,7 @@
 """What `bench_shadow.py` and `bench_quality_watch.py` share: the demo MLP built at fp32
 and int8 through the engine cache, the mirror target file rewritten as kubelet does, the
-pinning, one measured window of closed-loop load with the CPU of chosen processes, the
-rotating order of interleaved rounds, and the command line.
+pinning, one measured run of closed-loop load (perf_analyzer's) with the CPU of chosen
+processes, the rotating order of interleaved rounds, and the command line.
 
 Pinning (`--pin`, the default): the serving runs alone on CPU 0, the mirror's other end
 and this load generator share CPU 1, each server with one ONNX Runtime thread, so the
@@ -13,7 +13,6 @@ pod would.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -25,22 +24,23 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+from kubeinfer.cli.tune import perf
+from kubeinfer.cli.tune.server_side import Snapshot, between, process_cpu_seconds, snapshot
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.demo_models import build_memory_bound_mlp, build_small_mlp
-from loadgen import encode_json_infer, run_closed_loop
-from servers import HOST, ServerSpec, http_get, link_source_tree
+from servers import (
+    HOST,
+    REPO,
+    KubeinferSpec,
+    ServerSpec,
+    http_get,
+    kubeinfer_spec,
+    link_source_tree,
+)
 
 MODELS = {"small-mlp": (build_small_mlp, 512), "memory-bound-mlp": (build_memory_bound_mlp, 1024)}
-_TICK = os.sysconf("SC_CLK_TCK")
 T = TypeVar("T")
-
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process, every thread included."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def pin(pid: int, cpus: set[int]) -> None:
@@ -110,10 +110,42 @@ def build_engines(work: Path, model_name: str) -> Engines:
     return Engines(model, width, digests, work / "cache")
 
 
-def requests_for(port: int, model_name: str, width: int) -> list[bytes]:
-    """16 single-item JSON infer requests of standard normal inputs."""
+def engine_spec(
+    engines: Engines, model_name: str, threads: int, precision: str, label: str,
+    mirror_file: Path | None = None,
+) -> KubeinferSpec:  # fmt: skip
+    """`kubeinfer serve` of the demo model's engine at `precision`, one execution slot;
+    with `mirror_file`, mirroring as that file says (read every 100 ms)."""
+    mirroring = (
+        ()
+        if mirror_file is None
+        else (
+            "--mirror-target-file",
+            str(mirror_file),
+            "--mirror-poll-interval-milliseconds",
+            "100",
+        )
+    )
+    spec = kubeinfer_spec(
+        engines.model, model_name, threads, engine=(engines.digests[precision], engines.cache),
+        extra_args=("--execution-slots", "1", *mirroring),
+    )  # fmt: skip
+    spec.label = label
+    return spec
+
+
+def empty_mirror_file(path: Path) -> Path:
+    """A mirror target file that says: no mirror (yet)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("")
+    return path
+
+
+def samples_for(model_name: str) -> list[dict[str, np.ndarray]]:
+    """16 single-item inputs of standard normal values (perf_analyzer's input data)."""
+    width = MODELS[model_name][1]
     items = np.random.default_rng(7).standard_normal((16, width)).astype(np.float32)
-    return [encode_json_infer(HOST, port, model_name, "input", x) for x in items]
+    return [{"input": x} for x in items]
 
 
 def write_mirror_file(path: Path, content: dict[str, Any] | None) -> None:
@@ -143,38 +175,42 @@ def wait_until(read: Callable[[], T], holds: Callable[[T], bool], what: str) -> 
 
 @dataclass
 class Window:
-    """One measured window of closed-loop load."""
+    """One measured run of closed-loop load."""
 
     throughput: float
     p50_ms: float
     p99_ms: float
     cpu_ms: list[float]
-    """CPU per answered request of each process asked for, in milliseconds."""
-    errors: int
+    """CPU per request the serving answered, of each process asked for, in milliseconds."""
 
 
-def measure(args: argparse.Namespace, port: int, requests: list[bytes], pids: list[int]) -> Window:
-    """`args.clients` closed-loop clients for `args.warmup` + `args.duration` seconds; the
-    CPU of `pids` over the measured part."""
-    marks: dict[str, list[float]] = {}
+def measure(
+    args: argparse.Namespace, serving: ServerSpec, samples: list[dict[str, np.ndarray]],
+    pids: list[int],
+) -> Window:  # fmt: skip
+    """perf_analyzer's `args.clients` closed-loop clients, single-item JSON requests, for
+    `args.warmup` + `args.duration` seconds (three windows); the CPU of `pids` over the
+    measured run, per request the serving answered in it (its own count)."""
+    marks: list[tuple[float | None, Snapshot]] = []
 
-    def mark(name: str) -> None:
-        marks[name] = [process_cpu_seconds(pid) for pid in pids]
+    def mark() -> None:
+        marks.append((process_cpu_seconds(pids[1:]) if pids[1:] else 0.0,
+                      snapshot(pids[:1], serving.metrics_url, serving.model_name)))  # fmt: skip
 
-    result = asyncio.run(
-        run_closed_loop(
-            HOST, port, requests, args.clients, args.warmup, args.duration,
-            on_window_start=lambda: mark("start"), on_window_end=lambda: mark("end"),
-        )
+    result = perf.run(
+        perf.Target(f"{HOST}:{serving.port}", serving.model_name, "http", "json"),
+        perf.Load(concurrency=args.clients), samples, args.duration / 3,
+        REPO / ".bench" / "perf-analyzer" / serving.label, args.warmup, mark,
     )  # fmt: skip
-    done = max(1, result.completed + result.errors)
-    spent = zip(marks["start"], marks["end"], strict=True)
+    (others_before, before), (others_after, after) = marks
+    side = between(before, after)
+    answered = side.answered or 1.0
+    others = (others_after or 0.0) - (others_before or 0.0)
     return Window(
-        throughput=result.throughput,
-        p50_ms=result.percentile_ms(50),
-        p99_ms=result.percentile_ms(99),
-        cpu_ms=[(end - start) / done * 1000 for start, end in spent],
-        errors=result.errors,
+        throughput=result.requests_per_second,
+        p50_ms=result.p50_milliseconds,
+        p99_ms=result.p99_milliseconds,
+        cpu_ms=[(side.cpu_seconds or 0.0) / answered * 1000, others / answered * 1000],
     )
 
 

@@ -71,7 +71,7 @@ def serving_table(rows: Sequence[Row], ceilings: dict[str, list[CeilingPoint]]) 
     head = (
         "| model | server | encoding | clients | req/s | p50 ms | p99 ms | mean batch "
         "| kubeinfer/MLServer | kubeinfer/unbatched | served/ceiling | errors "
-        "| server CPU ms/req | loadgen µs/req | other CPU % |\n"
+        "| server CPU ms/req | perf_analyzer CPU µs/req | other CPU % |\n"
         "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
     )
     lines = []

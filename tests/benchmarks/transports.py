@@ -80,7 +80,7 @@ def _ratios(
 def transports_table(model: str, rounds: Sequence[Sequence[Row]]) -> str:
     head = (
         "| model | transport | clients | req/s | p50 ms | p99 ms | mean batch | errors "
-        "| server CPU ms/req | loadgen µs/req | other CPU % |\n"
+        "| server CPU ms/req | perf_analyzer CPU µs/req | other CPU % |\n"
         "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
     )
     lines = []

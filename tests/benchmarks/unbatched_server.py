@@ -46,6 +46,10 @@ except ImportError:  # the standard library
 
 
 _DTYPES = {"FP32": np.float32, "FP16": np.float16, "INT64": np.int64, "INT32": np.int32}
+_ORT_TYPES = {"tensor(float)": "FP32", "tensor(float16)": "FP16", "tensor(int64)": "INT64",
+              "tensor(int32)": "INT32"}  # fmt: skip
+MAX_BATCH_SIZE = 1024
+"""What the configuration says: the server runs a request's rows as they come."""
 _V2 = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
@@ -60,21 +64,44 @@ def create_app(model_path: str, name: str, intra_op_threads: int) -> web.Applica
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
-    inputs = {i.name: i for i in session.get_inputs()}
     output_names = [o.name for o in session.get_outputs()]
 
     async def ready(_: web.Request) -> web.Response:
         return web.json_response({})
 
-    async def metadata(_: web.Request) -> web.Response:
-        return web.json_response(
+    def tensors(args: list[Any]) -> list[dict[str, Any]]:
+        return [
             {
-                "name": name,
-                "platform": "onnxruntime",
-                "inputs": [{"name": i.name, "shape": i.shape} for i in inputs.values()],
-                "outputs": output_names,
+                "name": a.name,
+                "datatype": _ORT_TYPES[a.type],
+                "shape": [d if isinstance(d, int) else -1 for d in a.shape],
             }
-        )
+            for a in args
+        ]
+
+    described = {
+        "name": name,
+        "platform": "onnxruntime",
+        "inputs": tensors(session.get_inputs()),
+        "outputs": tensors(session.get_outputs()),
+    }
+
+    async def metadata(_: web.Request) -> web.Response:
+        return web.json_response(described)
+
+    async def config(_: web.Request) -> web.Response:
+        """Triton's model configuration, which perf_analyzer reads first: any batch runs."""
+
+        def dims(meta: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [
+                {"name": t["name"], "data_type": f"TYPE_{t['datatype']}", "dims": t["shape"][1:]}
+                for t in meta
+            ]
+
+        return web.json_response(
+            {"name": name, "max_batch_size": MAX_BATCH_SIZE,
+             "input": dims(described["inputs"]), "output": dims(described["outputs"])}
+        )  # fmt: skip
 
     async def infer(request: web.Request) -> web.Response:
         if request.match_info["model"] != name:
@@ -134,6 +161,7 @@ def create_app(model_path: str, name: str, intra_op_threads: int) -> web.Applica
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2/models/{model}", metadata)
     app.router.add_get("/v2/models/{model}/ready", ready)
+    app.router.add_get("/v2/models/{model}/config", config)
     app.router.add_post("/v2/models/{model}/infer", infer)
     return app
 

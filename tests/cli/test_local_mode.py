@@ -281,4 +281,4 @@ def test_the_operator_is_installed_with_the_charts_rbac() -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     with_prometheus = install.operator_objects("http://127.0.0.1:9090")
     env = with_prometheus[-1]["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert {"name": "KUBEINFER_PROMETHEUS_URL", "value": "http://127.0.0.1:9090"} in env
+    assert {"name": "KUBEINFER_METRICS__PROMETHEUS_URL", "value": "http://127.0.0.1:9090"} in env

@@ -28,7 +28,7 @@ from kubeinfer.runtime.building.engine_build import BuildResult, build_engine
 from kubeinfer.runtime.engine_manifest import EngineManifest, sha256_file
 from kubeinfer.runtime.engines.loader import installed_backend_version
 from onnx import TensorProto, helper
-from onnx_models import build_dynamic_item_model
+from onnx_models import build_reduced_batch_model
 
 pytestmark = pytest.mark.slow
 
@@ -156,33 +156,12 @@ def test_another_versions_entry_of_the_same_model_is_never_a_cache_hit(
     assert result.manifest.key.backend_version == INSTALLED
 
 
-def _reduced_batch_model(path: Path) -> Path:
-    """The maximum over the batch: one row whatever the batch size."""
-    graph = helper.make_graph(
-        [helper.make_node("ReduceMax", ["x"], ["total"], axes=[0], keepdims=1)],
-        "reduced",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
-        [helper.make_tensor_value_info("total", TensorProto.FLOAT, ["one", "width"])],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    return path
-
-
-@pytest.mark.parametrize(
-    ("model", "precision"),
-    [("dynamic item", "fp32"), ("dynamic item", "int8"), ("reduced batch", "fp32")],
-)
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
 def test_build_refuses_a_model_serve_refuses_with_serves_reason(
-    tmp_path: Path, model: str, precision: str, snapshot
+    tmp_path: Path, precision: str, snapshot
 ) -> None:  # type: ignore[no-untyped-def]
-    if model == "dynamic item":
-        path = build_dynamic_item_model(tmp_path / "dynamic.onnx")
-        samples = {"x": np.random.default_rng(0).random((16, 4), np.float32)}
-    else:
-        path = _reduced_batch_model(tmp_path / "reduced.onnx")
-        samples = {"x": np.random.default_rng(0).random((16, 3), np.float32)}
+    path = build_reduced_batch_model(tmp_path / "reduced.onnx")
+    samples = {"x": np.random.default_rng(0).random((16, 3), np.float32)}
     data = str(write_samples(tmp_path / "samples.npz", samples))
     served = kubeinfer(
         "serve", "--onnx", str(path), "--model-name", "m", "--max-batch-size", "8", "--port", "1"
@@ -191,8 +170,7 @@ def test_build_refuses_a_model_serve_refuses_with_serves_reason(
     reason = served.stderr.strip().splitlines()[-1].split("cannot load the engine: ")[1]
 
     cache, log = tmp_path / "cache", tmp_path / "termination-log"
-    # fp32 takes the samples as validation data (no synthetic samples for a dynamic
-    # dimension); int8 as calibration data.
+    # fp32 takes the samples as validation data; int8 as calibration data.
     flag = "--calibration" if precision == "int8" else "--validation"
     result = kubeinfer(
         "build", "--model", str(path), "--precision", precision, flag, data,

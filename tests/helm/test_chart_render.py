@@ -14,6 +14,7 @@ Bad values are refused by Helm itself, from values.schema.json, naming the value
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -189,13 +190,17 @@ def test_the_operator_pods_elect_a_leader_under_the_charts_account(
 
 
 def test_the_operator_reads_the_settings_the_values_ask_for(
-    rendering: Rendering,
+    rendering: Rendering, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     values, objects = rendering
     (deployment,) = by_kind(objects)["Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = env_of(container)
-    assert OperatorSettings.from_env(env) == expected_settings(values)
+    for name in [n for n in os.environ if n.upper().startswith("KUBEINFER_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert OperatorSettings.from_env() == expected_settings(values)
     nested = {f"KUBEINFER_{group}__{field}".upper()
               for group, info in OperatorSettings.model_fields.items() if group != "watching"
               for field in info.annotation.model_fields}  # type: ignore[union-attr]  # fmt: skip

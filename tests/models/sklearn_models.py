@@ -146,6 +146,18 @@ def build_digits_linear(path: Path) -> tuple[Path, Any]:
     return _save(model, path), classifier
 
 
+def mixed_sentences(count: int, seed: int = 0) -> list[str]:
+    """Sentences of words drawn from two topics at once: where classifiers differ."""
+    rng = np.random.default_rng(seed)
+    words = {topic: " ".join(sentences).split() for topic, sentences in TOPICS.items()}
+    sentences = []
+    for _ in range(count):
+        first, second = rng.choice(list(TOPICS), 2, replace=False)
+        picked = [*rng.choice(words[first], 3), *rng.choice(words[second], 3)]
+        sentences.append(" ".join(str(word) for word in picked))
+    return sentences
+
+
 def text_split() -> tuple[list[str], list[str], list[str], list[str]]:
     """(training texts, their topics, held-out texts, their topics)."""
     train, train_y, held, held_y = [], [], [], []
@@ -158,9 +170,13 @@ def text_split() -> tuple[list[str], list[str], list[str], list[str]]:
     return train, train_y, held, held_y
 
 
-def build_text_classifier(path: Path, *, extensions: bool = False) -> tuple[Path, Any]:
+def build_text_classifier(
+    path: Path, *, extensions: bool = False, per_topic: int | None = None
+) -> tuple[Path, Any]:
     """The TF-IDF topic classifier (see the module); with `extensions`, behind an
-    onnxruntime-extensions normalisation of the raw text, in one graph."""
+    onnxruntime-extensions normalisation of the raw text, in one graph. `per_topic`
+    trains on that many sentences of each topic only (a model that knows fewer words,
+    which disagrees with the full one on mixed sentences)."""
     from skl2onnx import convert_sklearn
     from skl2onnx.common.data_types import StringTensorType
     from sklearn.feature_extraction.text import TfidfVectorizer
@@ -168,6 +184,9 @@ def build_text_classifier(path: Path, *, extensions: bool = False) -> tuple[Path
     from sklearn.pipeline import make_pipeline
 
     train, train_y, _, _ = text_split()
+    if per_topic is not None:
+        kept = [i for i, topic in enumerate(train_y) if train_y[: i + 1].count(topic) <= per_topic]
+        train, train_y = [train[i] for i in kept], [train_y[i] for i in kept]
     vectorizer, classifier = TfidfVectorizer(), LogisticRegression(max_iter=500)
     pipeline = _quietly_fit(make_pipeline(vectorizer, classifier), train, train_y)
     model = convert_sklearn(

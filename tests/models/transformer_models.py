@@ -190,7 +190,6 @@ def _common_constants(graph: _Graph, heads: int, head_size: int) -> None:
     graph.const("merged_shape", np.array([0, 0, heads * head_size], np.int64))
     graph.const("zero_i", np.array(0, np.int64))
     graph.const("one_i", np.array(1, np.int64))
-    graph.const("axis1", np.array([1], np.int64))
 
 
 def _attention(graph: _Graph, q: str, keys_t: str, values: str, bias: str) -> str:
@@ -271,6 +270,7 @@ def build_decoder(path: Path, config: DecoderConfig = DecoderConfig()) -> Path:
     graph.const("causal_bias", np.array(CAUSAL_BIAS, np.float32))
     graph.const("zero_f", np.array(0.0, np.float32))
     graph.const("axis0", np.array([0], np.int64))
+    graph.const("axis1", np.array([1], np.int64))
     graph.const("mask_axes", np.array([1, 2], np.int64))
     graph.const("two_i", np.array(2, np.int64))
     past = graph.op("Gather", [graph.op("Shape", ["past_0_key"]), "two_i"], axis=0)

@@ -641,3 +641,17 @@ def test_an_unreadable_runtime_config_of_the_old_engine_is_rendered_again(text):
     cluster.get("ConfigMap")["data"][CONFIG_KEY] = text
     cluster.reconcile(T0 + timedelta(hours=1, seconds=5))
     assert served_digest(cluster) == DIGEST_A
+
+
+def test_the_gates_and_the_outputs_they_judge_go_to_the_build_job_as_flags():
+    accuracy = {"maxTop1Drop": 0.01, "minCosine": 0.99, "gateOutputs": ["logits", "probs"]}
+    spec = make_spec(engine={"precision": "fp16", "accuracy": accuracy})
+    job = next(o for o in Cluster(spec).reconcile().apply if o["kind"] == "Job")
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-top1-drop") + 1] == "0.01"
+    assert args[args.index("--min-cosine") + 1] == "0.99"
+    assert args[args.index("--gate-outputs") + 1] == "logits,probs"
+    plain = make_spec(engine={"precision": "fp16", "accuracy": {"maxTop1Drop": 0.01}})
+    job = next(o for o in Cluster(plain).reconcile().apply if o["kind"] == "Job")
+    assert "--gate-outputs" not in job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert build_key(spec, SETTINGS) != build_key(plain, SETTINGS)  # another choice, rebuilt

@@ -448,14 +448,14 @@ def test_a_real_runtime_refusing_its_pinned_engine_is_reported_with_its_own_word
 def test_a_build_job_of_a_model_serve_would_refuse_fails_with_serves_reason(tmp_path):
     import numpy as np
     from kubeinfer.runtime.building.calibration import write_samples
-    from onnx_models import build_dynamic_item_model
+    from onnx_models import build_reduced_batch_model
 
-    build_dynamic_item_model(tmp_path / "dynamic.onnx")
-    samples = {"x": np.random.default_rng(0).random((16, 4), np.float32)}
+    build_reduced_batch_model(tmp_path / "reduced.onnx")
+    samples = {"x": np.random.default_rng(0).random((16, 3), np.float32)}
     calibration = write_samples(tmp_path / "calibration.npz", samples)
     cluster = Cluster(
         make_spec(
-            model={"source": {"uri": f"file://{tmp_path / 'dynamic.onnx'}", "sha256": None}},
+            model={"source": {"uri": f"file://{tmp_path / 'reduced.onnx'}", "sha256": None}},
             engine={"precision": "int8", "calibration": {"uri": f"file://{calibration}"}},
         )
     )
@@ -470,7 +470,7 @@ def test_a_build_job_of_a_model_serve_would_refuse_fails_with_serves_reason(tmp_
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert build.returncode == 2, build.stderr
-    reason = "inputs ['x'] have dynamic dimensions besides the batch one"
+    reason = "output 'total' has a fixed first dimension (1)"
     assert reason in log.read_text()
     cluster.fail_job(
         job["metadata"]["name"], "BackoffLimitExceeded", "Job has reached the specified "

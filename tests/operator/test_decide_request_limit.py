@@ -5,7 +5,8 @@ ConfigMap with `maxRequestBytes` = a full batch (the runtime's maxBatchSize) of 
 inputs as JSON plus room for the rest of the request, and the size recorded in an
 annotation; once the build Job is garbage-collected the next pass renders the same
 ConfigMap (nothing to write, no roll); a report without the size (an older builder), an
-unreadable size, and a pinned engine get the runtime's default limit; a new engine of
+unreadable size, and a pinned engine leave the limit to the runtime, which derives it
+from the model it loads; a new engine of
 another size (a version change) renders its own limit; the report parses from the
 message's JSON only.
 """
@@ -18,14 +19,14 @@ from datetime import timedelta
 import pytest
 import yaml
 from decide_scenarios import DIGEST_A, DIGEST_B, T0, Cluster, make_spec
-from kubeinfer.contract.runtime_config import DEFAULT_MAX_REQUEST_BYTES, request_bytes_limit
+from kubeinfer.contract.runtime_config import request_bytes_limit
 from kubeinfer.operator.reconcile.desired import CONFIG_KEY
 from kubeinfer.operator.state.build_attempt import BuildReport, parse_build_report
 from kubeinfer.operator.state.engine_state import ANNOTATION_INPUT_BYTES_PER_ROW
 
 
-def rendered_limit(cluster: Cluster) -> int:
-    return yaml.safe_load(cluster.get("ConfigMap")["data"][CONFIG_KEY])["maxRequestBytes"]
+def rendered_limit(cluster: Cluster) -> int | None:
+    return yaml.safe_load(cluster.get("ConfigMap")["data"][CONFIG_KEY]).get("maxRequestBytes")
 
 
 def built(cluster: Cluster, message: str, at: timedelta = timedelta(seconds=30)) -> None:
@@ -57,19 +58,19 @@ def test_the_limit_holds_a_full_batch_of_the_reported_inputs_and_survives_the_jo
     [report(DIGEST_A), report(DIGEST_A, inputBytesPerRow=-5), report(DIGEST_A,
      inputBytesPerRow="lots"), DIGEST_A],
 )  # fmt: skip
-def test_without_a_readable_size_the_default_limit_applies(message):
+def test_without_a_readable_size_the_runtime_derives_the_limit(message):
     cluster = Cluster(make_spec())
     cluster.reconcile()
     built(cluster, message)
-    assert rendered_limit(cluster) == DEFAULT_MAX_REQUEST_BYTES
+    assert rendered_limit(cluster) is None
     configmap = cluster.get("ConfigMap")
     assert ANNOTATION_INPUT_BYTES_PER_ROW not in configmap["metadata"]["annotations"]
 
 
-def test_a_pinned_engine_gets_the_default_limit():
+def test_a_pinned_engine_leaves_the_limit_to_the_runtime():
     cluster = Cluster(make_spec(engine={"pin": DIGEST_A}))
     cluster.reconcile()
-    assert rendered_limit(cluster) == DEFAULT_MAX_REQUEST_BYTES
+    assert rendered_limit(cluster) is None
 
 
 def test_a_new_engine_of_another_size_renders_its_own_limit():

@@ -50,7 +50,7 @@ async def test_the_operator_process_reconciles_and_stops_on_sigterm(
     )
     log = tmp_path / "operator.log"
     process = await start_operator_process(
-        world, kubeconfig, log, "--standalone", KUBEINFER_RESYNC_INTERVAL_SECONDS="1"
+        world, kubeconfig, log, "--standalone", KUBEINFER_REQUEUE__RESYNC_INTERVAL_SECONDS="1"
     )
     try:
         await eventually(lambda: watching(world), within=60, what="the operator's watches")
@@ -85,9 +85,9 @@ def test_conflicting_scope_flags_are_refused(capsys) -> None:
 
 
 def test_a_bad_setting_is_reported_by_its_variable(monkeypatch, capsys) -> None:
-    monkeypatch.setenv("KUBEINFER_RESYNC_INTERVAL_SECONDS", "soon")
+    monkeypatch.setenv("KUBEINFER_REQUEUE__RESYNC_INTERVAL_SECONDS", "soon")
     assert main(["operator", "--namespace", "a"]) == 2
-    assert "KUBEINFER_RESYNC_INTERVAL_SECONDS" in capsys.readouterr().err
+    assert "KUBEINFER_REQUEUE__RESYNC_INTERVAL_SECONDS: " in capsys.readouterr().err
 
 
 def test_missing_credentials_are_one_line_not_a_hang(monkeypatch, tmp_path, capsys) -> None:
@@ -102,9 +102,9 @@ def test_missing_credentials_are_one_line_not_a_hang(monkeypatch, tmp_path, caps
 def test_leader_election_timings_that_could_overlap_two_leaders_are_refused(
     monkeypatch, capsys
 ) -> None:
-    monkeypatch.setenv("KUBEINFER_LEADER_ELECTION_LEASE_DURATION_SECONDS", "11")
+    monkeypatch.setenv("KUBEINFER_LEADER_ELECTION__LEASE_DURATION_SECONDS", "11")
     assert main(["operator", "--namespace", "a", "--leader-election"]) == 2
-    assert "KUBEINFER_LEADER_ELECTION_LEASE_DURATION_SECONDS" in capsys.readouterr().err
+    assert "KUBEINFER_LEADER_ELECTION__LEASE_DURATION_SECONDS: " in capsys.readouterr().err
 
 
 def test_leader_election_needs_the_leases_namespace(monkeypatch, capsys) -> None:

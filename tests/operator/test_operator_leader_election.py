@@ -52,7 +52,7 @@ TIMINGS = {"lease_duration_seconds": 4.0, "renew_deadline_seconds": 1.5, "retry_
 """The shortest the election allows (a retry period of at least 1 s, a renew deadline
 above 1.2 of it, a lease above the deadline plus two retry periods)."""
 ENV_TIMINGS = {
-    f"KUBEINFER_LEADER_ELECTION_{key.upper()}": str(value) for key, value in TIMINGS.items()
+    f"KUBEINFER_LEADER_ELECTION__{key.upper()}": str(value) for key, value in TIMINGS.items()
 }
 READS = ("get", "list", "watch")
 
@@ -143,8 +143,8 @@ async def start_replica(
     log = tmp_path / f"{name}.log"
     process = await start_operator_process(
         world, kubeconfig, log, "--leader-election", "--lease-namespace", world.namespace,
-        **ENV_TIMINGS, POD_NAME=name, KUBEINFER_RESYNC_INTERVAL_SECONDS="1",
-        KUBEINFER_BUILD_POLL_SECONDS="0.5",
+        **ENV_TIMINGS, POD_NAME=name, KUBEINFER_REQUEUE__RESYNC_INTERVAL_SECONDS="1",
+        KUBEINFER_REQUEUE__BUILD_POLL_SECONDS="0.5",
     )  # fmt: skip
     return process, token, log
 

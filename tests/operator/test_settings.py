@@ -1,98 +1,146 @@
-"""`OperatorSettings` through pydantic-settings: the `KUBEINFER_` prefix, groups set by
-their nested names (`KUBEINFER_BUILD__BACKOFF_SECONDS`) or by the flat names the Helm
-chart, the local mode and the README use, a bad value reported by its variable, and the
-flat Python names today's call sites still use."""
+"""`OperatorSettings` through pydantic-settings: each field set by one variable,
+`KUBEINFER_<GROUP>__<FIELD>` (the name the Helm chart passes), names case-insensitive; a
+group given as one variable refused; a variable spelt like a setting but not one (the
+flat names of earlier versions) refused naming the one meant; a bad value reported by its
+variable; and a copy that refuses a field it does not have."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import pytest
-from kubeinfer.operator.settings import FLAT_NAMES, InvalidSettings, OperatorSettings
+from kubeinfer.operator.settings import InvalidSettings, OperatorSettings, misspelt
 from pydantic import ValidationError
 
+Environ = Callable[[dict[str, str]], None]
 
-def test_unset_variables_keep_the_defaults() -> None:
-    settings = OperatorSettings.from_env({"HOME": "/tmp", "BUILD_POLL_SECONDS": "1"})
-    assert settings == OperatorSettings.from_env({})
+
+@pytest.fixture
+def environ(monkeypatch: pytest.MonkeyPatch) -> Environ:
+    """Sets the process environment's `KUBEINFER_` variables to exactly those given."""
+
+    def set_only(variables: dict[str, str]) -> None:
+        for name in [n for n in os.environ if n.upper().startswith("KUBEINFER_")]:
+            monkeypatch.delenv(name)
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+
+    return set_only
+
+
+def test_unset_variables_keep_the_defaults(environ: Environ) -> None:
+    environ({"BUILD_POLL_SECONDS": "1"})
+    settings = OperatorSettings.from_env()
+    assert settings == OperatorSettings()
     assert settings.requeue.build_poll_seconds == 10 and settings.watching.namespaces == ()
 
 
-def test_flat_names_set_grouped_fields() -> None:
-    settings = OperatorSettings.from_env(
+def test_each_field_is_set_by_its_group_and_name(environ: Environ) -> None:
+    environ(
         {
-            "KUBEINFER_RUNTIME_IMAGE": "registry.local/runtime:1",
-            "KUBEINFER_NAMESPACES": "a, b",
-            "KUBEINFER_BUILD_BACKOFF_SECONDS": "3",
-            "KUBEINFER_METRICS_TIMEOUT_SECONDS": "2",
-            "KUBEINFER_POD_MONITOR_LABELS": "release=kps,team=ml",
-            "kubeinfer_api_page_size": "50",  # names are case-insensitive, as before
+            "KUBEINFER_IMAGES__RUNTIME": "registry.local/runtime:1",
+            "KUBEINFER_WATCHING__NAMESPACES": "a, b",
+            "KUBEINFER_BUILD__BACKOFF_SECONDS": "3",
+            "KUBEINFER_METRICS__TIMEOUT_SECONDS": "2",
+            "KUBEINFER_METRICS__POD_MONITOR_LABELS": "release=kps,team=ml",
+            "KUBEINFER_LEADER_ELECTION__LEASE_DURATION_SECONDS": "30",
+            "kubeinfer_api__page_size": "50",  # names are case-insensitive
         }
     )
+    settings = OperatorSettings.from_env()
     assert settings.images.runtime == "registry.local/runtime:1"
     assert settings.watching.namespaces == ("a", "b")
     assert settings.build.backoff_seconds == 3
     assert settings.metrics.timeout_seconds == 2
     assert settings.metrics.pod_monitor_labels == {"release": "kps", "team": "ml"}
+    assert settings.leader_election.lease_duration_seconds == 30
     assert settings.api.page_size == 50
 
 
-def test_nested_names_set_grouped_fields_and_win_over_flat_ones() -> None:
-    settings = OperatorSettings.from_env(
-        {
-            "KUBEINFER_BUILD__BACKOFF_SECONDS": "4",
-            "KUBEINFER_BUILD_BACKOFF_SECONDS": "3",
-            "KUBEINFER_WATCHING__NAMESPACES": "c,d",
-            "KUBEINFER_LEADER_ELECTION": '{"lease_duration_seconds": 30}',
-        }
-    )
-    assert settings.build.backoff_seconds == 4
-    assert settings.watching.namespaces == ("c", "d")
-    assert settings.leader_election.lease_duration_seconds == 30
-
-
-def test_every_flat_name_the_chart_and_the_local_mode_set_is_known() -> None:
-    for name in (
-        "RUNTIME_IMAGE", "GPU_RUNTIME_IMAGE", "PROMETHEUS_URL", "POD_MONITORS",
-        "POD_MONITOR_LABELS", "AUTOSCALE_POLL_SECONDS", "SHADOW_POLL_SECONDS",
-        "PRE_STOP_SLEEP_SECONDS", "DRAIN_GRACE_PERIOD_SECONDS", "RESYNC_INTERVAL_SECONDS",
-        "BUILD_POLL_SECONDS", "API_TIMEOUT_SECONDS", "API_PAGE_SIZE", "IMAGE_PULL_POLICY",
-        "LEADER_ELECTION_LEASE_DURATION_SECONDS", "LEADER_ELECTION_RENEW_DEADLINE_SECONDS",
-        "LEADER_ELECTION_RETRY_PERIOD_SECONDS", "FIELD_MANAGER",
-    ):  # fmt: skip
-        assert name.lower() in FLAT_NAMES, name
-
-
 @pytest.mark.parametrize(
-    ("environ", "message"),
+    ("variables", "message"),
     [
-        ({"KUBEINFER_RESYNC_INTERVAL_SECONDS": "soon"}, "KUBEINFER_RESYNC_INTERVAL_SECONDS: "),
-        ({"KUBEINFER_BUILD_BACKOFF_SECONDS": "-1"}, "KUBEINFER_BUILD_BACKOFF_SECONDS: "),
-        ({"KUBEINFER_BUILD__BACKOFF_SECONDS": "x"}, "KUBEINFER_BUILD__BACKOFF_SECONDS: "),
-        ({"KUBEINFER_POD_MONITOR_LABELS": "nope"}, "KUBEINFER_POD_MONITOR_LABELS: expected"),
-        ({"KUBEINFER_IMAGE_PULL_POLICY": "Sometimes"}, "KUBEINFER_IMAGE_PULL_POLICY: "),
-        ({"KUBEINFER_BUILD": "{not json"}, "KUBEINFER_BUILD: not a JSON object"),
-        ({"KUBEINFER_LEADER_ELECTION_LEASE_DURATION_SECONDS": "11"},
-         "KUBEINFER_LEADER_ELECTION_LEASE_DURATION_SECONDS: must exceed"),
+        ({"KUBEINFER_REQUEUE__RESYNC_INTERVAL_SECONDS": "soon"},
+         "KUBEINFER_REQUEUE__RESYNC_INTERVAL_SECONDS: "),
+        ({"KUBEINFER_BUILD__BACKOFF_SECONDS": "-1"}, "KUBEINFER_BUILD__BACKOFF_SECONDS: "),
+        ({"KUBEINFER_BUILD__BACKOF_SECONDS": "3"}, "KUBEINFER_BUILD__BACKOF_SECONDS: Extra"),
+        ({"KUBEINFER_METRICS__POD_MONITOR_LABELS": "nope"},
+         "KUBEINFER_METRICS__POD_MONITOR_LABELS: expected"),
+        ({"KUBEINFER_IMAGES__PULL_POLICY": "Sometimes"}, "KUBEINFER_IMAGES__PULL_POLICY: "),
+        ({"KUBEINFER_BUILD": '{"backoff_seconds": 3}'},
+         "KUBEINFER_BUILD: a group is not set as a whole; set each of its fields as "
+         "KUBEINFER_BUILD__<FIELD>"),
+        ({"KUBEINFER_LEADER_ELECTION__LEASE_DURATION_SECONDS": "11"},
+         "KUBEINFER_LEADER_ELECTION__LEASE_DURATION_SECONDS: must exceed"),
+        ({"KUBEINFER_BUILD_BACKOFF_SECONDS": "3"},
+         "KUBEINFER_BUILD_BACKOFF_SECONDS: not a setting; the variable is "
+         "KUBEINFER_BUILD__BACKOFF_SECONDS"),
     ],
 )  # fmt: skip
-def test_a_bad_value_is_reported_by_its_variable(environ: dict[str, str], message: str) -> None:
+def test_a_bad_variable_is_reported_by_its_name(
+    environ: Environ, variables: dict[str, str], message: str
+) -> None:
+    environ(variables)
     with pytest.raises(InvalidSettings) as raised:
-        OperatorSettings.from_env(environ)
+        OperatorSettings.from_env()
     assert str(raised.value).startswith(message), raised.value
 
 
-def test_the_constructor_reads_the_process_environment(monkeypatch) -> None:
-    monkeypatch.setenv("KUBEINFER_SHADOW_POLL_SECONDS", "3")
-    monkeypatch.setenv("KUBEINFER_API__TIMEOUT_SECONDS", "9")
+@pytest.mark.parametrize(
+    ("name", "meant"),
+    [
+        ("KUBEINFER_PROMETHEUS_URL", "KUBEINFER_METRICS__PROMETHEUS_URL"),
+        ("KUBEINFER_RUNTIME_IMAGE", "KUBEINFER_IMAGES__RUNTIME"),
+        ("KUBEINFER_GPU_RUNTIME_IMAGE", "KUBEINFER_IMAGES__GPU_RUNTIME"),
+        ("KUBEINFER_IMAGE_PULL_POLICY", "KUBEINFER_IMAGES__PULL_POLICY"),
+        ("KUBEINFER_NAMESPACES", "KUBEINFER_WATCHING__NAMESPACES"),
+        ("KUBEINFER_SHADOW_POLL_SECONDS", "KUBEINFER_REQUEUE__SHADOW_POLL_SECONDS"),
+        ("KUBEINFER_BUILD_BACKOFF_MAX_SECONDS", "KUBEINFER_BUILD__BACKOFF_MAX_SECONDS"),
+        ("KUBEINFER_METRICS_TIMEOUT_SECONDS", "KUBEINFER_METRICS__TIMEOUT_SECONDS"),
+        ("KUBEINFER_API_TIMEOUT_SECONDS", "KUBEINFER_API__TIMEOUT_SECONDS"),
+        ("KUBEINFER_TIMEOUT_SECONDS",
+         "KUBEINFER_METRICS__TIMEOUT_SECONDS or KUBEINFER_API__TIMEOUT_SECONDS"),
+        ("KUBEINFER_LEADER_ELECTION_RETRY_PERIOD_SECONDS",
+         "KUBEINFER_LEADER_ELECTION__RETRY_PERIOD_SECONDS"),
+    ],
+)  # fmt: skip
+def test_a_setting_by_another_name_is_refused_naming_its_variable(name: str, meant: str) -> None:
+    assert misspelt({name: "1", "HOME": "/"}) == [f"{name}: not a setting; the variable is {meant}"]
+
+
+def test_other_variables_of_the_prefix_are_left_alone() -> None:
+    names = (
+        "KUBEINFER_SERVE_MAX_BATCH_SIZE",
+        "KUBEINFER_UPDATE_GOLDEN",
+        "KUBEINFER_API__PAGE_SIZE",
+    )
+    assert misspelt(dict.fromkeys(names, "1")) == []
+
+
+def test_the_constructor_reads_the_process_environment(environ: Environ) -> None:
+    environ({"KUBEINFER_REQUEUE__SHADOW_POLL_SECONDS": "3", "KUBEINFER_API__TIMEOUT_SECONDS": "9"})
     settings = OperatorSettings(requeue={"autoscale_poll_seconds": 1})  # arguments win
     assert settings.requeue.shadow_poll_seconds == 3 and settings.api.timeout_seconds == 9
     assert settings.requeue.autoscale_poll_seconds == 1
     assert OperatorSettings.from_env().requeue.shadow_poll_seconds == 3
 
 
-def test_a_copy_refuses_a_field_it_does_not_have() -> None:
-    settings = OperatorSettings.from_env({})
+def test_a_copy_refuses_a_field_it_does_not_have(environ: Environ) -> None:
+    environ({})
+    settings = OperatorSettings.from_env()
     with pytest.raises(ValidationError, match="shadow_poll_seconds"):
         settings.model_copy(update={"shadow_poll_seconds": 0.5})
     copied = settings.model_copy(update={"requeue": {"shadow_poll_seconds": 0.5}})
     assert copied.requeue.shadow_poll_seconds == 0.5
     assert copied.build == settings.build
+
+
+def test_the_local_modes_settings_are_read(environ: Environ) -> None:
+    from kubeinfer.cli.local.install import LOCAL_SETTINGS
+
+    environ(LOCAL_SETTINGS)
+    settings = OperatorSettings.from_env()
+    requeue, pods = settings.requeue, settings.pods
+    assert (requeue.autoscale_poll_seconds, requeue.shadow_poll_seconds) == (2, 2)
+    assert (pods.pre_stop_sleep_seconds, pods.drain_grace_period_seconds) == (0, 5)

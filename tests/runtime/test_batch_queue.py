@@ -22,6 +22,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from kubeinfer.contract.runtime_config import BatchingPolicy
+from kubeinfer.runtime.batching.observer import NoObserver
 from kubeinfer.runtime.batching.queue import Batcher
 from kubeinfer.runtime.protocol.errors import (
     DeadlineExceeded,
@@ -245,26 +246,14 @@ async def test_slow_batches_always_run_in_worker_threads(gated) -> None:
     await batcher.close()
 
 
-class StartedBatches:
+class StartedBatches(NoObserver):
     """Records the batches the batcher starts, in order."""
 
     def __init__(self) -> None:
         self.rows: list[int] = []
 
-    def queue_depth(self, depth: int) -> None:
-        pass
-
-    def inflight_batches(self, count: int) -> None:
-        pass
-
-    def inflight_requests(self, count: int) -> None:
-        pass
-
     def batch_started(self, rows: int, queue_seconds) -> None:
         self.rows.append(rows)
-
-    def batch_finished(self, compute_seconds: float) -> None:
-        pass
 
 
 async def test_a_freed_slot_starts_the_queued_batch_before_the_finished_one_is_answered(

@@ -234,3 +234,18 @@ def test_grpc_refuses_malformed_raw_strings_and_strings_in_another_field() -> No
         InvalidRequest, match=r"contents\.bytes_contents, not contents\.int_contents"
     ):
         from_model_infer_request(typed)
+
+
+def test_requests_of_strings_pack_into_a_slot_and_split_back_to_their_own_rows() -> None:
+    from kubeinfer.runtime.batching.assembler import pack, split
+
+    requests = [
+        {"text": _array([b"a", b"bb"], 2)},
+        {"text": _array([b"ccc"], 1)},
+        {"text": _array([b"", "é".encode(), b"x"], 3)},
+    ]
+    buffer = np.full((8, 1), b"", dtype=object)
+    ranges = pack(requests, {"text": buffer[:6]})
+    outputs = split({"label": buffer[:6]}, ranges)
+    buffer[:] = b"overwritten by the next batch"
+    assert [o["label"].tolist() for o in outputs] == [r["text"].tolist() for r in requests]

@@ -56,7 +56,8 @@ def test_the_message_stubs_describe_the_vendored_proto(tmp_path: Path) -> None:
     assert checked_in == compiled, HINT
     service = {m.name for m in compiled.service[0].method}
     assert service == {
-        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer"
+        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
+        "ModelConfig",
     }  # fmt: skip
 
 

@@ -14,9 +14,13 @@ late and a port nobody listens on stand in for a slow and a dead reference. Cove
 - slices by a request header: one slice's traffic shifted, only that slice's agreement
   falls; a flood of distinct (and hostile) header values stays within maxSlices + other,
   and /metrics still parses;
-- a slow and a dead reference: every serving answer is 200, samples are dropped or
-  counted as errors and timeouts, and the serving p99 with the watch at 100 % is within
-  10 % + 1 ms of its p99 without, in the median of interleaved rounds.
+- a slow and a dead reference cost the serving nothing it waits on: with every mirrored
+  request held by a reference that never answers during the test, all the serving's
+  requests are answered 200 while none of the mirror's has an outcome (the serving never
+  awaits the reference), the excess dropped at the mirror's bounded queue; with a short
+  timeout the held ones are then counted as timeouts, and a dead reference's as errors.
+  (What it costs in latency is a benchmark's figure:
+  `bench_quality_watch.py --broken-references`.)
 
 Agreement figures depend on the CPU (with or without VNNI the int8 kernels round
 differently), so the assertions are relations between groups, never exact figures.
@@ -24,7 +28,7 @@ differently), so the assertions are relations between groups, never exact figure
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import io
 import json
 import os
@@ -38,7 +42,6 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from kubeinfer.cli.demo.load import drive
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.demo_models import build_tiny_mlp
@@ -84,21 +87,25 @@ def watched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
     mirror_file = root / "mirror" / "mirror.json"
     mirror_file.parent.mkdir()
     slow_port = free_port()
-    processes = [
-        serve(root, "serving", "--engine", digests["int8"], "--cache", str(cache),
-              "--mirror-target-file", str(mirror_file),
-              "--mirror-poll-interval-milliseconds", str(POLL_MS)),
-        serve(root, "reference", "--engine", digests["fp32"], "--cache", str(cache)),
-        launch([sys.executable, "-c", SLOW_CANDIDATE, str(slow_port), "1.0"], slow_port,
-               root / "slow.log"),
-    ]  # fmt: skip
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    try:
+    codes: list[int] = []
+    with contextlib.ExitStack() as stack:  # each process stopped, whatever fails
+        processes = []
+        for start in (
+            lambda: serve(root, "serving", "--engine", digests["int8"], "--cache", str(cache),
+                          "--mirror-target-file", str(mirror_file),
+                          "--mirror-poll-interval-milliseconds", str(POLL_MS)),
+            lambda: serve(root, "reference", "--engine", digests["fp32"], "--cache", str(cache)),
+            # A reference that holds every request for far longer than the tests run.
+            lambda: launch([sys.executable, "-c", SLOW_CANDIDATE, str(slow_port), "3600"],
+                           slow_port, root / "slow.log"),
+        ):  # fmt: skip
+            process = start()
+            stack.callback(lambda process=process: codes.append(process.stop()))
+            processes.append(process)
         wait_ready(*processes)
         yield Watched(*processes, mirror_file, digests, session)
-    finally:
-        codes = [p.stop() for p in processes]
-    assert codes[:2] == [0, 0]
+    assert codes[1:] == [0, 0]  # the reference and the serving (stopped last first)
     assert "Traceback" not in processes[0].log.read_text()
 
 
@@ -287,38 +294,30 @@ def test_a_shifted_slice_falls_behind_and_a_flood_of_values_stays_bounded(watche
 
 
 def test_a_slow_or_dead_reference_costs_the_serving_nothing(watched):
-    dead_url = f"http://127.0.0.1:{free_port()}"  # nobody listens there
-    conditions = {"off": None, "slow": watched.slow.url, "dead": dead_url}
-    url = f"{watched.serving.url}/v2/models/tiny/infer"
-    body = json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 16],
-                                   "data": [0.25] * 16}]}).encode()  # fmt: skip
-    p99s: dict[str, list[float]] = {c: [] for c in conditions}
-    outcomes: dict[str, dict[str, int]] = {c: {} for c in conditions}
-    codes: set[int] = set()
-    names = list(conditions)
-    for index in range(8):
-        for condition in names[index % 3 :] + names[: index % 3]:
-            to = conditions[condition]
-            if to is None:
-                write_mirror_file(watched, None)
-                until(lambda: not watched.quality()["active"])
-            else:  # a short timeout and a small queue: the slow one fills them at once
-                target = {"url": to, "modelName": "tiny", "candidateVersion": "1",
-                          "candidateDigest": "sha256:" + condition, "trafficPercent": 100,
-                          "policy": {"timeoutMilliseconds": 200, "maxQueueSize": 8}}  # fmt: skip
-                start_watch(watched, {"reference": target})
-            result = asyncio.run(drive(url, body, 4, 0.3))
-            p99s[condition].append(result.percentile_milliseconds(99) / 1000)
-            codes |= set(result.codes)
-            if to is not None:
-                for key, count in watched.quality()["requests"].items():
-                    outcomes[condition][key] = outcomes[condition].get(key, 0) + count
+    x = np.full((1, 16), 0.25, np.float32)
+
+    def watch_to(url: str, name: str, timeout_ms: int) -> None:
+        start_watch(watched, {"reference": {
+            "url": url, "modelName": "tiny", "candidateVersion": "1",
+            "candidateDigest": "sha256:" + name, "trafficPercent": 100,
+            "policy": {"timeoutMilliseconds": timeout_ms, "maxQueueSize": 8}}})  # fmt: skip
+
+    # The slow reference holds every request it is sent, and the mirror waits up to 10 min
+    # for each: had the serving waited on the mirror, not one answer would come.
+    # It can hold 4 gathered sends of up to 32 rows and 8 queued: 200 requests overflow it.
+    watch_to(watched.slow.url, "held", 600_000)
+    send_all(watched, batches(x.repeat(200, axis=0), 1))  # each asserts its 200
+    requests = watched.quality()["requests"]
+    assert requests["compared"] == requests["timeout"] == requests["candidateError"] == 0
+    assert requests["dropped"] > 0  # past the mirror's bounded queue: dropped, not waited for
+
+    watch_to(watched.slow.url, "slow", 200)  # now each held request times out
+    send_all(watched, batches(x.repeat(20, axis=0), 1))
+    until(lambda: watched.quality()["requests"]["timeout"] > 0)
+    assert watched.quality()["requests"]["compared"] == 0
+
+    watch_to(f"http://127.0.0.1:{free_port()}", "dead", 200)  # nobody listens there
+    send_all(watched, batches(x.repeat(20, axis=0), 1))
+    until(lambda: watched.quality()["requests"]["candidateError"] > 0)
+    assert watched.quality()["requests"]["compared"] == 0
     write_mirror_file(watched, None)
-    assert codes == {200}
-    assert outcomes["slow"]["timeout"] > 0 and outcomes["slow"]["dropped"] > 0
-    assert outcomes["dead"]["candidateError"] > 0
-    assert outcomes["slow"]["compared"] == outcomes["dead"]["compared"] == 0
-    for broken in ("slow", "dead"):  # each round against itself, then the median round
-        excess = [on / (off * 1.10 + 0.001) for on, off in zip(p99s[broken], p99s["off"],
-                                                                strict=True)]  # fmt: skip
-        assert np.median(excess) <= 1.0, (broken, p99s)

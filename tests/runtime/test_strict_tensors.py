@@ -7,7 +7,8 @@ numpy used to coerce them (NaN, 1.7 -> 1); nested data checked against the shape
 of 65 dimensions and `[2^62, 2^62, 0]` with empty data (both were 500s), and a fuzz over
 ranks 0-100 and extreme dimensions in JSON and binary requests: never a 5xx, always a
 JSON error; requests aiohttp's own parser refuses (a garbage request line, an oversized
-header, a broken chunked body) answered as JSON 4xx and not logged at ERROR; a request
+header, a broken chunked body) answered 400 by aiohttp (its text, the connection closed)
+and not logged at ERROR; a request
 whose client disconnected while it was queued is never executed and is counted as
 cancelled (stage `waiting`), not as a 200.
 """
@@ -168,16 +169,15 @@ def test_no_shape_is_a_500(keep_alive: KeepAlive, shape, data, name, datatype, b
          b"\r\n\r\nzz\r\n", 400),
     ],
 )  # fmt: skip
-def test_requests_aiohttp_refuses_get_a_json_error(server: ServeProcess, raw, status) -> None:
+def test_requests_aiohttp_refuses_get_its_400(server: ServeProcess, raw, status) -> None:
     with server.socket(timeout=10) as sock:
         sock.sendall(raw)
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
-    head_, _, body = data.partition(b"\r\n\r\n")
+    head_, _, body = data.partition(b"\r\n\r\n")  # the whole answer: then closed
     assert head_.split(b" ", 2)[1] == str(status).encode(), data[:200]
-    assert b"Content-Type: application/json" in head_
-    assert isinstance(json.loads(body)["error"], str)
+    assert b"Content-Type: text/plain" in head_ and body  # aiohttp's own: no app saw it
 
 
 def test_a_request_whose_client_left_is_never_executed(server: ServeProcess) -> None:
@@ -189,13 +189,12 @@ def test_a_request_whose_client_left_is_never_executed(server: ServeProcess) -> 
         return server.metrics().get(key, 0.0) - before.get(key, 0.0)
 
     spin = np.zeros((5, 4), np.int32)  # 5 rows: a worker thread's batch, not an inline one
-    spin[0, 0] = 1_500_000  # about a second on the engine
-    holder = server.connect()
-    holder.request(
-        "POST", server.infer_path,
-        json.dumps(request([0.0] * 20, spin.ravel().tolist(), [5, 4])).encode(),
-    )  # fmt: skip
-    deadline = time.monotonic() + 10
+    spin[0, 0] = 1_500_000  # about a second on the engine, many on a busy machine
+    holder = server.connect(timeout=600)
+    holder_request = request([0.0] * 20, spin.ravel().tolist(), [5, 4])
+    holder_request["parameters"] = {"timeout": 600_000_000}  # microseconds: never its deadline
+    holder.request("POST", server.infer_path, json.dumps(holder_request).encode())
+    deadline = time.monotonic() + 60
     while server.metric("kubeinfer_inflight_batches") < 1:
         assert time.monotonic() < deadline, "the spinning request never ran"
         time.sleep(0.01)

@@ -11,7 +11,12 @@ import re
 from typing import Annotated, Literal
 
 from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
-from kubeinfer.contract.runtime_config import BatchingPolicy, BatchingPolicyKind, MirrorPolicy
+from kubeinfer.contract.runtime_config import (
+    BatchingPolicy,
+    BatchingPolicyKind,
+    InputShape,
+    MirrorPolicy,
+)
 from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.api.v1alpha1.enums import (
     Backend,
@@ -77,10 +82,12 @@ class ModelSource(ApiModel):
     """The model's location: file://, https://, http:// (a server inside the cluster; give
     sha256), s3://, gs:// or pvc://CLAIM/PATH (CLAIM a PersistentVolumeClaim in the same
     namespace, mounted read-only by the build Job; PATH the file inside it, relative,
-    without '.' or '..' segments)."""
+    without '.' or '..' segments). It names the .onnx file,
+    whose external data files (torch's model.onnx.data) are fetched from beside it, or a
+    folder holding one .onnx file (an https folder ends with / and lists its files)."""
 
     sha256: str | None = Field(default=None, pattern=SHA256_HEX)
-    """The model file's expected sha256 (64 lowercase hex digits); a download that does not
+    """The .onnx file's expected sha256 (64 lowercase hex digits); a download that does not
     match is refused."""
 
     secret_ref: SecretReference | None = None
@@ -146,6 +153,10 @@ class CacheSpec(ApiModel):
     nodes share one cache."""
 
 
+OutputName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[^,]+$")]
+"""A model output's name, as the model has it (no comma: the build's flag lists them)."""
+
+
 class AccuracyGate(ApiModel):
     """Limits on what a lower precision may cost, checked against the fp32 reference when
     the engine is built; an engine that fails them is not published."""
@@ -155,6 +166,12 @@ class AccuracyGate(ApiModel):
 
     min_cosine: float | None = Field(default=None, ge=-1, le=1)
     """Smallest acceptable cosine similarity between the engine's outputs and fp32's."""
+
+    gate_outputs: list[OutputName] | None = Field(default=None, min_length=1, max_length=64)
+    """The outputs that hold the scores (a classifier's logits or probabilities), which the
+    gates judge; the others (hidden states, key/value caches) are compared and reported
+    only. Unset: the outputs whose name contains logit, prob or score, else every
+    output."""
 
 
 class EngineSpec(ApiModel):
@@ -169,6 +186,14 @@ class EngineSpec(ApiModel):
             holds=lambda e: (
                 e.precision != Precision.INT8 or e.calibration is not None or e.pin is not None
             ),
+        ),
+        CrossFieldRule(
+            cel="self.backend != 'tensorrt' || !has(self.inputShapes) || "
+            "size(self.inputShapes) == 0",
+            message="inputShapes needs backend onnxruntime: TensorRT plans are served with "
+            "fixed shapes besides the batch",
+            field="inputShapes",
+            holds=lambda e: e.backend != Backend.TENSORRT or not e.input_shapes,
         ),
         CrossFieldRule(
             cel="!has(self.pin) || self.pin.matches('^sha256:[0-9a-f]{64}$')",
@@ -198,6 +223,18 @@ class EngineSpec(ApiModel):
 
     accuracy: AccuracyGate | None = None
     """Accuracy gates for reduced-precision builds."""
+
+    input_shapes: list[InputShape] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """The shape range of each model input with a variable axis besides the batch (a
+    sequence length): minShape, optShape and maxShape of the axes after the batch one, as
+    a TensorRT optimization profile states them, and the padValue that
+    runtime.batching.shapeBatching PadToBuckets pads with. The runtime refuses requests
+    outside the range (400) and sizes its buffers and request limit from maxShape; inputs
+    the model fixes need no entry."""
 
 
 class Toleration(ApiModel):
