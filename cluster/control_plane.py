@@ -149,19 +149,29 @@ class _Launcher:
             time.sleep(0.1)
 
 
+def node_images(
+    found: dict[str, Path], progress: Callable[[str], None] = binaries.say
+) -> list[Path]:
+    """The OCI archives the node imports: the project's images and one image per static
+    binary that runs as a pod (the sandbox's pause, CoreDNS, the storage provisioner)."""
+    archives = list(images.ensure_project_images(progress=progress).values())
+    for reference, name in (
+        (container_runtime.PAUSE_IMAGE, "pause"),
+        (addons.COREDNS_IMAGE, "coredns"),
+        (addons.PROVISIONER_IMAGE, "local-path-provisioner"),
+    ):
+        archives.append(images.ensure_binary_image(reference, found[name], [f"/{name}"]))
+    return archives
+
+
 def _prepare(
     directory: Path, progress: Callable[[str], None]
 ) -> tuple[dict[str, Path], list[Path]]:
-    """The binaries and image archives the cluster runs (built on first use: this step
-    needs the package registries, so it comes before the namespace, which has no way out)."""
+    """The binaries and image archives the cluster runs (built on first use, which needs
+    the package registries: `kubeinfer cluster build` first, where the caller is in a
+    namespace with no way out), and `directory` emptied."""
     found = {**binaries.ensure_binaries(), **binaries.ensure_node_binaries()}
-    archives = list(images.ensure_project_images(progress=progress).values())
-    for reference, name, entrypoint in (
-        (container_runtime.PAUSE_IMAGE, "pause", ["/pause"]),
-        (addons.COREDNS_IMAGE, "coredns", ["/coredns"]),
-        (addons.PROVISIONER_IMAGE, "local-path-provisioner", ["/local-path-provisioner"]),
-    ):
-        archives.append(images.ensure_binary_image(reference, found[name], entrypoint))
+    archives = node_images(found, progress)
     if (directory / STATE_FILE).exists():
         down(directory)
     if directory.exists():

@@ -110,4 +110,7 @@ def test_a_runtime_pod_serves_at_its_ip_its_cluster_ip_and_its_dns_name(
     answer = kube.kubectl("exec", "tiny", "--", "python", "-c", lookup)
     assert json.loads(answer)["name"] == "tiny"
     assert kube.kubectl("exec", "tiny", "--", "id", "-u").strip() == "65532"
+    # ... a user with a name (kopf's identity, for one, asks for it).
+    whoami = "import getpass; print(getpass.getuser())"
+    assert kube.kubectl("exec", "tiny", "--", "python", "-c", whoami).strip() == "kubeinfer"
     assert "tiny" in kube.kubectl("logs", "tiny")
