@@ -102,9 +102,23 @@ class Cluster:
             return 0, b""
 
 
+def _key(directory: Path) -> str:
+    return hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]
+
+
 def cgroup_root(directory: Path) -> str:
     """The cluster's own cgroup, named after its directory (two clusters never share)."""
-    return "/kubeinfer-" + hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:12]
+    return f"/kubeinfer-{_key(directory)}"
+
+
+NODE_STATE_ROOT = Path("/var/lib/kubeinfer")
+
+
+def node_directory(directory: Path) -> Path:
+    """Where the node keeps its state (containerd's, the kubelet's): a short path named
+    after the cluster's directory, since their Unix sockets must fit in 108 bytes and a
+    test's temporary directory alone can take most of that. `directory/node` links to it."""
+    return NODE_STATE_ROOT / _key(directory)
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -239,13 +253,16 @@ def _start_node(
     """containerd (with the images imported), the kubelet and kube-proxy."""
     t0 = time.monotonic()
     found = paths.binaries
-    runtime = container_runtime.ContainerdPaths(paths.directory / "containerd")
+    node_state = node_directory(paths.directory)
+    node_state.mkdir(parents=True, exist_ok=True)
+    (paths.directory / "node").symlink_to(node_state, target_is_directory=True)
+    runtime = container_runtime.ContainerdPaths(node_state / "containerd")
     container_runtime.write_configuration(runtime, found["runc"], found["cni-bin-dir"])
     launcher.launch("containerd", components.containerd(paths, runtime.config))
     launcher.wait("containerd's socket", runtime.socket.exists)
     container_runtime.import_images(found["ctr"], runtime, archives, launcher.network.command,
                                     progress)  # fmt: skip
-    node = paths.directory / "kubelet"
+    node = node_state / "kubelet"
     node.mkdir(parents=True, exist_ok=True)
     (node / "resolv.conf").write_text("")  # pods of dnsPolicy Default: no way out
     pki = paths.pki
@@ -335,7 +352,7 @@ def up(
     _write_kubeconfigs(paths)
     environment = components.environment(found, dict(os.environ))
     launcher = _Launcher(directory, netns.NodeNetwork(None), environment)
-    socket_path = container_runtime.ContainerdPaths(directory / "containerd").socket
+    socket_path = container_runtime.ContainerdPaths(node_directory(directory) / "containerd").socket
     launcher.extra_state.update(
         cgroup_root=cgroup_root(directory), containerd_socket=str(socket_path)
     )
@@ -381,14 +398,16 @@ def down(directory: Path, grace_seconds: float = 15.0) -> list[str]:
         return []
     started, extra = processes.read_state(state)
     root = str(extra.get("cgroup_root") or cgroup_root(directory))
-    socket_path = Path(
-        str(extra.get("containerd_socket") or directory / "containerd" / "containerd.sock")
-    )
+    node_state = node_directory(directory)
+    socket_path = container_runtime.ContainerdPaths(node_state / "containerd").socket
     kubelet_first = [p for p in started if p.name == "kubelet"]
     problems = processes.stop(kubelet_first, grace_seconds)
-    problems += teardown.tear_down_node(directory, root, socket_path, grace_seconds)
+    folders = [directory, node_state]
+    problems += teardown.tear_down_node(folders, root, socket_path, grace_seconds)
     problems += processes.stop([p for p in started if p.name != "kubelet"], grace_seconds)
-    problems += [f"mount {p}" for p in teardown.unmount_all(directory)]
+    problems += [f"mount {p}" for folder in folders for p in teardown.unmount_all(folder)]
+    if not teardown.mounts_under(node_state):
+        shutil.rmtree(node_state, ignore_errors=True)
     with contextlib.suppress(FileNotFoundError):
         state.unlink()
     return problems

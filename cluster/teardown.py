@@ -85,12 +85,12 @@ def unmount_all(directory: Path) -> list[str]:
 
 
 def tear_down_node(
-    directory: Path, cgroup_root: str, containerd_socket: Path, grace_seconds: float
+    directories: list[Path], cgroup_root: str, containerd_socket: Path, grace_seconds: float
 ) -> list[str]:
-    """Ends the cluster's containers and shims, unmounts what is under `directory`, removes
-    the cgroup root; returns what was left behind (empty when all is gone)."""
+    """Ends the cluster's containers and shims, unmounts what is under `directories`,
+    removes the cgroup root; returns what was left behind (empty when all is gone)."""
     end_processes(cgroup_processes(cgroup_root), grace_seconds)
     end_processes(processes_naming(str(containerd_socket)), 2.0)
-    left = [f"mount {p}" for p in unmount_all(directory)]
+    left = [f"mount {p}" for folder in directories for p in unmount_all(folder)]
     left += [f"cgroup {p}" for p in remove_cgroups(cgroup_root)]
     return left

@@ -134,7 +134,9 @@ def test_up_runs_a_node_in_its_own_namespace_and_down_leaves_nothing(tmp_path: P
     assert not any(teardown.is_alive(pid) for pid in in_pods), (
         "a pod's process outlived the cluster"
     )
-    assert teardown.mounts_under(directory) == []
+    node_state = control_plane.node_directory(directory)
+    assert teardown.mounts_under(directory) == [] and teardown.mounts_under(node_state) == []
+    assert not node_state.exists()
     assert cgroups.cgroup_directories(root) == []
     assert not (directory / control_plane.STATE_FILE).exists()
     holders = [pid for pid in os.listdir("/proc") if namespace_inode(pid) == cluster_namespace]

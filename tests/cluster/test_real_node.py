@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -95,12 +96,24 @@ def test_a_runtime_pod_serves_at_its_ip_its_cluster_ip_and_its_dns_name(
     pod = wait_for("the runtime pod to be Ready", ready_pod, timeout=180)
     service = kube.get("v1", "services", "tiny")
     assert service is not None
-    for url in (
-        f"http://{pod['status']['podIP']}:8000/v2/models/tiny",
-        f"http://{service['spec']['clusterIP']}/v2/models/tiny",
-    ):
-        with urllib.request.urlopen(url, timeout=10) as response:
-            assert json.loads(response.read())["name"] == "tiny", url
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/v2/models/tiny") as answer:
+        assert json.loads(answer.read())["name"] == "tiny"
+
+    def through_the_cluster_ip() -> dict | None:  # type: ignore[type-arg]
+        # kube-proxy refuses a Service's connections until it has programmed the
+        # endpoint the EndpointSlice controller published for the Ready pod.
+        try:
+            url = f"http://{service['spec']['clusterIP']}/v2/models/tiny"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return json.loads(response.read())  # type: ignore[no-any-return]
+        except ConnectionRefusedError:
+            return None
+        except urllib.error.URLError as error:
+            if isinstance(error.reason, ConnectionRefusedError):
+                return None
+            raise
+
+    assert wait_for("the Service to answer", through_the_cluster_ip, timeout=60)["name"] == "tiny"
 
     name = f"tiny.{namespace}.svc.cluster.local"
     lookup = (
