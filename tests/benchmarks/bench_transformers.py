@@ -7,23 +7,23 @@ process, on the same requests grouped the same way.
 One run, side by side, per model:
 
 - served, EqualShapes and PadToBuckets (buckets 16/32/64/128): throughput, p50 and p99
-  of 32 clients sending pre-encoded binary requests (Triton's binary tensor extension,
-  one sequence each; the decoder's prompts with an empty past, its logits asked for);
-  mean rows per batch from the runtime's own histogram.
+  of 32 closed-loop clients of Triton's perf_analyzer (binary tensors over HTTP, one
+  sequence a request, each request's shape its own from `--input-data` JSON; the
+  decoder's prompts with an empty past; every output answered, as perf_analyzer asks for
+  them all); mean rows per batch from the runtime's own histogram over perf_analyzer's
+  measured windows.
 - direct, the same strategy: the requests taken 32 at a time (as many as the clients
   keep in flight), grouped as the strategy groups them (equal lengths; or one bucket,
-  padded), up to maxBatchSize rows, each group one `InferenceSession.run` with the
-  serving session options; throughput, and p50/p99 of the time from the 32 requests'
+  padded), up to maxBatchSize rows, each group one `InferenceSession.run` of every output
+  with the serving session options; throughput, and p50/p99 of the time from the 32 requests'
   start to the end of each one's batch. A batcher with no overhead and perfect
   knowledge of what is coming: the ceiling the served figure compares with.
 - direct, one request at a time: what batching buys at all.
 - padding waste: the share of the positions computed under PadToBuckets that are
   padding (0 under EqualShapes).
 
-The load generator is the project's own closed loop (`kubeinfer.cli.tune.load`, raw HTTP
-on persistent connections): Triton's perf_analyzer, which would drive the same variable
-shapes through input-data JSON, has no build for this platform on PyPI (its package there
-is a 0.1.0 placeholder).
+The load generator is Triton's perf_analyzer through `kubeinfer.cli.tune.perf` (install
+it with `make .venv/bin/perf_analyzer`).
 
     .venv/bin/python tests/benchmarks/bench_transformers.py [--rounds 3] [--duration 10]
 
@@ -36,13 +36,11 @@ rows, not ratios within a round.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,11 +51,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: the models
 sys.path.insert(0, str(HERE))
 
-from kubeinfer.cli.tune.load import (  # noqa: E402
-    EncodedRequest,
-    _http_request,
-    run_closed_loop,
-)
+from kubeinfer.cli.tune import perf  # noqa: E402
 from kubeinfer.runtime.engines.onnxruntime import serving_session_options  # noqa: E402
 from models.transformer_models import (  # noqa: E402
     DecoderConfig,
@@ -86,7 +80,6 @@ class Workload:
     requests: list[dict[str, np.ndarray]]
     lengths: list[int]
     padded_inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
     flags: list[str]
 
 
@@ -116,7 +109,6 @@ def workloads(folder: Path, count: int, seed: int) -> list[Workload]:
         [encoder_inputs(rng, 1, n, ENCODER) for n in lengths],
         lengths,
         text,
-        ("logits",),
         [f"--input-shape={n}=1:64:{LONGEST}:0" for n in text],
     )
     kv = f"{DECODER.heads}x{{}}x{DECODER.head_size}"
@@ -127,7 +119,6 @@ def workloads(folder: Path, count: int, seed: int) -> list[Workload]:
         [decoder_inputs(rng, 1, n, 0, DECODER) for n in lengths],
         lengths,
         ("input_ids", "attention_mask"),
-        ("logits",),
         [
             f"--input-shape=input_ids=1:64:{LONGEST}:0",
             f"--input-shape=attention_mask=1:64:{LONGEST}:0",
@@ -135,31 +126,6 @@ def workloads(folder: Path, count: int, seed: int) -> list[Workload]:
         ],
     )
     return [encoder, decoder]
-
-
-def encode(
-    port: int, model: str, feed: dict[str, np.ndarray], outputs: Sequence[str]
-) -> EncodedRequest:
-    """A binary-extension request carrying every input raw, asking for `outputs` raw."""
-    datatype = {np.dtype(np.int64): "INT64", np.dtype(np.float32): "FP32"}
-    parts, inputs = [], []
-    for name, array in feed.items():
-        data = np.ascontiguousarray(array).tobytes()
-        parts.append(data)
-        inputs.append(
-            {"name": name, "shape": list(array.shape), "datatype": datatype[array.dtype],
-             "parameters": {"binary_data_size": len(data)}}
-        )  # fmt: skip
-    wanted = [{"name": o, "parameters": {"binary_data": True}} for o in outputs]
-    header = json.dumps({"inputs": inputs, "outputs": wanted}).encode()
-    body = header + b"".join(parts)
-    headers = {
-        "Content-Type": "application/octet-stream",
-        "Inference-Header-Content-Length": str(len(header)),
-    }
-    return EncodedRequest(
-        _http_request(HOST, port, f"/v2/models/{model}/infer", body, headers), len(body)
-    )
 
 
 def metric_sum_count(text: str, name: str) -> tuple[float, float]:
@@ -182,29 +148,28 @@ def served(work: Workload, strategy: str, args: argparse.Namespace, logs: Path) 
         *work.flags,
     ]  # fmt: skip
     with ServerProcess(ServerSpec("kubeinfer", command, port, work.name), logs):
-        requests = [encode(port, work.name, feed, work.outputs) for feed in work.requests]
         url = f"http://{HOST}:{port}/metrics"
-        before: list[tuple[float, float]] = []
-        after: list[tuple[float, float]] = []
+        scrapes: list[tuple[float, float]] = []
 
-        def scrape(into: list[tuple[float, float]]) -> Callable[[], None]:
-            return lambda: into.append(
-                metric_sum_count(http_get(url)[1].decode(), "kubeinfer_batch_size")
-            )
+        def scrape() -> None:
+            text = http_get(url)[1].decode()
+            scrapes.append(metric_sum_count(text, "kubeinfer_batch_size"))
 
-        result = asyncio.run(
-            run_closed_loop(
-                HOST, port, requests, args.clients, args.warmup, args.duration,
-                on_window_start=scrape(before), on_window_end=scrape(after),
-            )
-        )  # fmt: skip
-    if result.errors:
-        raise SystemExit(f"{work.name} {strategy}: errors {result.error_samples}")
-    rows = after[0][0] - before[0][0]
-    batches = after[0][1] - before[0][1]
+        samples = [{name: array[0] for name, array in feed.items()} for feed in work.requests]
+        result = perf.run(
+            perf.Target(f"{HOST}:{port}", work.name),
+            perf.Load(rows=1, concurrency=args.clients),
+            samples,
+            args.duration / 3,
+            logs / f"{work.name}-{strategy}",
+            warmup_seconds=args.warmup,
+            around=scrape,
+        )
+    (rows_before, batches_before), (rows_after, batches_after) = scrapes
+    batches = batches_after - batches_before
     return Row(
-        work.name, "served", strategy, result.throughput, result.percentile_ms(50),
-        result.percentile_ms(99), rows / batches if batches else None,
+        work.name, "served", strategy, result.requests_per_second, result.p50_milliseconds,
+        result.p99_milliseconds, (rows_after - rows_before) / batches if batches else None,
     )  # fmt: skip
 
 
@@ -253,7 +218,7 @@ def direct(work: Workload, strategy: str | None, args: argparse.Namespace) -> Ro
             for at in range(0, len(members), MAX_BATCH):
                 chunk = members[at : at + MAX_BATCH]
                 length = key if strategy == "PadToBuckets" else work.lengths[chunk[0]]
-                session.run(list(work.outputs), padded_feed(work, chunk, length))
+                session.run(None, padded_feed(work, chunk, length))  # every output, as served
                 finished = time.perf_counter() - began
                 latencies += [finished] * len(chunk)
                 computed += length * len(chunk)

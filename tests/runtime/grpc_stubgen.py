@@ -8,7 +8,10 @@ build hook, mypy reads the `.pyi`, and a change to the stubs shows in review.
 `test_grpc_stubs.py` keeps them in step with the .proto, as the CRD's drift test does.
 
 The .proto is compiled under the virtual path `kubeinfer/runtime/grpc_service/`, so the
-service module imports the messages by their package name. This lives in tests/ rather
+service module imports the messages by their package name. The messages are built in a
+descriptor pool of their own, not protobuf's default one: Triton's client stubs (which
+the tests and users load beside ours) define the same `inference.*` names, and one pool
+refuses a name defined twice. The wire knows field numbers and method paths, not pools. This lives in tests/ rather
 than in the package: grpcio-tools is a development dependency, and the runtime's modules
 import only what its extra declares.
 """
@@ -42,10 +45,23 @@ def protoc(out: Path, *outputs: str) -> None:
         raise RuntimeError(f"protoc failed on {PROTO_DIR / PROTO}")
 
 
+DEFAULT_POOL = b"DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile("
+OWN_POOL = (
+    b"_POOL = _descriptor_pool.DescriptorPool()  # not the default one: see grpc_stubgen\n"
+    b"DESCRIPTOR = _POOL.AddSerializedFile("
+)
+
+
 def generate(out: Path) -> dict[str, bytes]:
-    """The stubs as this grpcio-tools generates them: file name -> content."""
+    """The stubs as this grpcio-tools generates them, the messages in a pool of their own:
+    file name -> content."""
     protoc(out, f"--python_out={out}", f"--pyi_out={out}", f"--grpc_python_out={out}")
-    return {name: (out / VIRTUAL_DIR / name).read_bytes() for name in GENERATED}
+    stubs = {name: (out / VIRTUAL_DIR / name).read_bytes() for name in GENERATED}
+    messages = stubs["open_inference_grpc_pb2.py"]
+    if messages.count(DEFAULT_POOL) != 1:
+        raise RuntimeError("protoc's output no longer adds the file to the default pool once")
+    stubs["open_inference_grpc_pb2.py"] = messages.replace(DEFAULT_POOL, OWN_POOL)
+    return stubs
 
 
 def main() -> int:
