@@ -44,10 +44,13 @@ RUN /opt/pip/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-deps 
 # -- the final images' common base: no installer, non-root, kubeinfer as the entry point ---
 FROM ${PYTHON_BASE} AS base
 # The base's own pip, setuptools and wheel, and the wheels ensurepip and Debian's venv keep.
+# The user the images run as has a name: kopf (getpass) and others look the uid up.
 RUN (python -m pip uninstall --yes --quiet pip setuptools wheel 2>/dev/null || true) \
  && rm -rf /usr/share/python-wheels /usr/local/lib/python3*/ensurepip/_bundled \
       /usr/lib/python3*/ensurepip/_bundled \
- && ! python -c "import pip" 2>/dev/null && ! python -c "import setuptools" 2>/dev/null
+ && ! python -c "import pip" 2>/dev/null && ! python -c "import setuptools" 2>/dev/null \
+ && echo "kubeinfer:x:65532:65532:kubeinfer:/tmp:/usr/sbin/nologin" >> /etc/passwd \
+ && echo "kubeinfer:x:65532:" >> /etc/group
 ENV PATH=/opt/kubeinfer/project/bin:/opt/kubeinfer/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp
 USER 65532:65532
@@ -138,7 +141,9 @@ RUN /opt/pip/bin/pip --python /opt/kubeinfer/bin/python install --no-cache-dir \
 FROM ${TENSORRT_BASE} AS runtime-gpu
 RUN (python3 -m pip uninstall --yes --quiet --break-system-packages pip setuptools wheel \
       2>/dev/null || true) \
- && ! python3 -c "import pip" 2>/dev/null
+ && ! python3 -c "import pip" 2>/dev/null \
+ && echo "kubeinfer:x:65532:65532:kubeinfer:/tmp:/usr/sbin/nologin" >> /etc/passwd \
+ && echo "kubeinfer:x:65532:" >> /etc/group
 COPY --from=runtime-gpu-deps /opt/kubeinfer /opt/kubeinfer
 COPY --from=runtime-gpu-project /opt/kubeinfer/project /opt/kubeinfer/project
 ENV PATH=/opt/kubeinfer/project/bin:/opt/kubeinfer/bin:$PATH \

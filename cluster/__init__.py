@@ -1,8 +1,9 @@
-"""A Kubernetes control plane on one machine, for the tests and for local mode.
+"""A Kubernetes cluster on one machine, for the tests and for local mode.
 
-`kubeinfer cluster up` starts etcd, kube-apiserver and kube-controller-manager, built from
-their Go modules (`binaries`), on loopback with free ports and a private PKI
-(`certificates`), plus the node agent (`node`), which registers one Node, binds pending
-pods to it and runs their containers as local processes. Nothing here imports the
-operator or the runtime: pods reach them only as the `kubeinfer` command.
+`kubeinfer cluster up` starts etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler, and a real node (containerd, runc, the CNI plugins, the kubelet,
+kube-proxy, CoreDNS and a storage provisioner), built from their Go modules and Debian's
+packages (`binaries`), with a private PKI (`certificates`), in a network namespace of the
+cluster's own (`netns`); pods run the project's images (`images`). Nothing here imports the
+operator or the runtime: pods reach them only through the images.
 """

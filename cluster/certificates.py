@@ -1,9 +1,13 @@
 """The local control plane's PKI, made fresh at every `cluster up`.
 
-One CA signs the API server's serving certificate (for 127.0.0.1 and the names a client
-may use), the node's kubelet endpoint and the API server's client certificate there (for
-`kubectl logs`), and the admin's client certificate (organisation `system:masters`, which the
-RBAC authorizer lets do anything, as kubeadm's admin.conf does). The service-account
+One CA signs the API server's serving certificate (for 127.0.0.1, the node's address, the
+`kubernetes` Service's address and the names a client may use), the kubelet's serving
+certificate and the API server's client certificate there (for `kubectl logs` and `exec`),
+the admin's client certificate (organisation `system:masters`, which the RBAC authorizer
+lets do anything, as kubeadm's admin.conf does), and one client certificate per component
+with the identity Kubernetes' default RBAC bindings and the Node authorizer expect
+(`system:node:NAME` in `system:nodes`, `system:kube-proxy`, `system:kube-scheduler`,
+`system:kube-controller-manager`), so each runs with no more than its own role. The service-account
 signing key pair is separate, as kube-apiserver wants it. Everything is written under
 one directory with owner-only permissions; nothing is reused between clusters.
 """
@@ -23,6 +27,17 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 VALIDITY = datetime.timedelta(days=365)
 ADMIN_USER = "kubeinfer-admin"
 ADMIN_GROUP = "system:masters"
+NODE_NAME = "kubeinfer-node"
+COMPONENTS = {
+    "node": (f"system:node:{NODE_NAME}", "system:nodes"),
+    "kube-proxy": ("system:kube-proxy", None),
+    "kube-scheduler": ("system:kube-scheduler", None),
+    "kube-controller-manager": ("system:kube-controller-manager", None),
+}
+"""Each component's client identity (user, group), as its default RBAC binding names it."""
+SERVING_ADDRESSES = ("127.0.0.1", "10.244.0.1", "10.96.0.1")
+"""Loopback, the node's address (the API server's advertised one) and the `kubernetes`
+Service's (what pods connect to)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +85,12 @@ class Pki:
     @property
     def kubelet_client_key(self) -> Path:
         return self.directory / "apiserver-kubelet-client.key"
+
+    def component_cert(self, component: str) -> Path:
+        return self.directory / f"{component}.crt"
+
+    def component_key(self, component: str) -> Path:
+        return self.directory / f"{component}.key"
 
     @property
     def service_account_key(self) -> Path:
@@ -155,9 +176,10 @@ def write_pki(directory: Path, now: datetime.datetime | None = None) -> Pki:
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
 
     serving_key = ec.generate_private_key(ec.SECP256R1())
-    names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+             "kubernetes.default.svc.cluster.local", NODE_NAME]  # fmt: skip
     alt: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
-    alt.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    alt += [x509.IPAddress(ipaddress.ip_address(a)) for a in SERVING_ADDRESSES]
     serving = _sign(
         _name("kube-apiserver"),
         serving_key.public_key(),
@@ -182,7 +204,13 @@ def write_pki(directory: Path, now: datetime.datetime | None = None) -> Pki:
     _write_key(pki.admin_key, admin_key)
     pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
 
-    # The node's kubelet endpoint (pod logs), and the API server's client identity there.
+    # The node's kubelet endpoint (pod logs, exec), the API server's client identity
+    # there, and each component's identity at the API server.
+    components = [
+        (pki.component_key(c), pki.component_cert(c), _name(user, group),
+         ExtendedKeyUsageOID.CLIENT_AUTH, None)
+        for c, (user, group) in COMPONENTS.items()
+    ]  # fmt: skip
     for key_path, cert_path, subject, usage, alt_names in (
         (
             pki.kubelet_key,
@@ -198,6 +226,7 @@ def write_pki(directory: Path, now: datetime.datetime | None = None) -> Pki:
             ExtendedKeyUsageOID.CLIENT_AUTH,
             None,
         ),
+        *components,
     ):
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _sign(

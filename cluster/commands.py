@@ -63,10 +63,9 @@ def _directory(args: argparse.Namespace) -> Path:
 def _up(args: argparse.Namespace) -> int:
     from kubeinfer.cluster import binaries, control_plane
 
-    node_args = [f"--gpus={args.gpus}"] if args.gpus else []
     try:
         cluster = control_plane.up(
-            _directory(args), args.kubeconfig, node_args=node_args, audit=args.audit_log
+            _directory(args), args.kubeconfig, gpus=args.gpus, audit=args.audit_log
         )
     except (control_plane.ClusterError, binaries.BuildError) as error:
         print(f"kubeinfer cluster up: {error}", file=sys.stderr)
@@ -96,8 +95,10 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _build(_: argparse.Namespace) -> int:
-    """Builds (or finds) each group in turn, printing each binary's path as it is ready."""
-    from kubeinfer.cluster import binaries
+    """Builds (or finds) each group in turn, printing each binary's path as it is ready,
+    then the images the node runs (all of it needs the package registries: the tests and
+    local mode, which run in a network namespace with no way out, only find it built)."""
+    from kubeinfer.cluster import binaries, control_plane
 
     try:
         for name, path in binaries.ensure_binaries().items():
@@ -107,6 +108,8 @@ def _build(_: argparse.Namespace) -> int:
                 print(f"{name}: {path}", flush=True)
         print(f"prometheus: {binaries.ensure_prometheus()}", flush=True)
         print(f"helm: {binaries.ensure_helm()}", flush=True)
+        for archive in control_plane.node_images(binaries.ensure_node_binaries()):
+            print(f"image: {archive}", flush=True)
     except binaries.BuildError as error:
         print(f"kubeinfer cluster build: {error}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """Processes that outlive the command that started them, and their reliable end.
 
-`cluster up` returns while etcd, the API server, the controller manager and the node agent
+`cluster up` returns while etcd, the API server, the controllers and the node's processes
 keep running; `cluster down` (maybe from another shell) must stop exactly those. Each is
 started in a session of its own, and the state file records its pid with the kernel's
 start time of that pid, so `down` never signals a process that merely reuses the number.

@@ -1,16 +1,17 @@
 """The tests' Kubernetes: one real control plane per test session, a namespace per test.
 
-`local_cluster` (a session fixture in conftest) starts `kubeinfer cluster up`'s etcd,
-kube-apiserver, kube-controller-manager and node agent, built from their Go modules on
-first use, with the API server's audit log on, and applies the CRD as it ships. Each test
+`local_cluster` (a session fixture in conftest) starts `kubeinfer cluster up`'s control
+plane and real node (kubelet, containerd, kube-proxy, CoreDNS) in the test process' own
+network namespace (conftest moved it there), built from their Go modules on first use,
+with the API server's audit log on, and applies the CRD as it ships. Each test
 gets a `Kube` bound to a namespace of its own: plain-dict reads and writes through the
 official `kubernetes` client, as the admin. What the operator itself did is read from the
 audit log (`Kube.calls`): every request the API server served, with its user, verb,
 resource and response code, which is the record a test asserts on instead of a fake
 server's request list.
 
-Model files live under /var/tmp, not /tmp: a pod mounts an emptyDir at /tmp, so a
-`file:///tmp/...` source would be hidden from the build pod, as in a real pod.
+Pods see their images and volumes, not this machine's files: a test's model reaches them
+over HTTP from the cluster's file server (`file_url`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,26 @@ from typing import Any
 
 import kubernetes
 import yaml
-from kubeinfer.cluster import control_plane
+from kubeinfer.cluster import control_plane, files
+from kubeinfer.cluster.addons import STORAGE_CLASS
 from kubernetes.client.exceptions import ApiException
 
 REPO = Path(__file__).parents[1]
 CRD = REPO / "crds" / "inferencedeployments.kubeinfer.io.yaml"
 KubeObject = dict[str, Any]
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""What Pod Security's `restricted` level, which every test namespace enforces, asks of a
+container (the image's non-root USER satisfies runAsNonRoot)."""
+
+
+def restricted(container: KubeObject) -> KubeObject:
+    """`container` with the security context the test namespaces' Pod Security asks for."""
+    return {**container, "securityContext": RESTRICTED}
 
 
 def path_of(
@@ -273,8 +288,31 @@ class LocalCluster:
         return AuditLog(self.directory / control_plane.AUDIT_LOG)
 
     def claim_directory(self, namespace: str, claim: str) -> Path:
-        """Where the node keeps a PersistentVolumeClaim's files."""
-        return self.directory / "node" / "claims" / namespace / claim
+        """The folder holding a PersistentVolumeClaim's files on the node. A claim already
+        provisioned has the storage provisioner's folder (`<volume>_<namespace>_<claim>`);
+        for one not made yet, a PersistentVolume pre-bound to it (static provisioning, in
+        the default StorageClass) is made over a new folder, so a test can put files in
+        the claim before it, or the operator, creates it."""
+        found = sorted((self.directory / "volumes").glob(f"*_{namespace}_{claim}"))
+        if found:
+            return found[0]
+        folder = self.directory / "claims" / namespace / claim
+        if not folder.exists():
+            folder.mkdir(parents=True)
+            folder.chmod(0o777)  # pods run as uid 65532
+            self.admin().create({
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": f"static-{namespace}-{claim}"[:253]},
+                "spec": {
+                    "capacity": {"storage": "100Gi"},
+                    "accessModes": ["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany"],
+                    "storageClassName": STORAGE_CLASS,
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "claimRef": {"namespace": namespace, "name": claim},
+                    "hostPath": {"path": str(folder), "type": "Directory"},
+                },
+            })  # fmt: skip
+        return folder
 
     def kubectl(
         self, *args: str, check: bool = True, timeout: float = 60, stdin: str | None = None
@@ -298,7 +336,12 @@ class LocalCluster:
 
     def new_namespace(self, prefix: str) -> str:
         name = f"{prefix[:40].rstrip('-')}-{secrets.token_hex(3)}"
-        self.admin().create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+        # Every test namespace enforces Pod Security's `restricted` level, as a hardened
+        # cluster's would: a pod the operator makes that breaks it is refused here too.
+        labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+        self.admin().create(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+        )
         # Pods need the namespace's default ServiceAccount, which a controller makes.
         deadline = time.monotonic() + 30
         while self.admin(name).get("v1", "serviceaccounts", "default") is None:
@@ -357,13 +400,25 @@ def established(local: LocalCluster, name: str) -> bool:
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
+RUNNING: list[LocalCluster] = []
+"""The session's cluster, once started (one per test process)."""
+
+
+def file_url(path: Path) -> str:
+    """The URL at which the session cluster's pods read this machine's file `path`."""
+    if not RUNNING:
+        raise AssertionError("no cluster runs in this test process: use the local_cluster fixture")
+    return files.publish(RUNNING[0].directory, path)
+
+
 def start_local_cluster(directory: Path) -> Iterator[LocalCluster]:
-    """Starts the control plane, applies the CRD, yields, and stops every process."""
-    cluster = control_plane.up(directory, audit=True, node_args=["--crash-loop-backoff-seconds=2"])
+    """Starts the control plane and node, applies the CRD, yields, and stops everything."""
+    cluster = control_plane.up(directory, audit=True, in_this_namespace=True)
     configuration = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(str(cluster.kubeconfig), client_configuration=configuration)
     api_client = kubernetes.client.ApiClient(configuration)
     local = LocalCluster(cluster, api_client)
+    RUNNING.append(local)
     try:
         local.kubectl("apply", "--server-side", "-f", str(CRD))
         # Established, then a list that succeeds: `kubectl wait` gives up on a CRD with no
@@ -391,5 +446,6 @@ def start_local_cluster(directory: Path) -> Iterator[LocalCluster]:
             time.sleep(0.2)
         yield local
     finally:
+        RUNNING.remove(local)
         api_client.close()
         control_plane.down(directory)

@@ -8,6 +8,12 @@
   missing, instead of failing them.
 - `cluster`: runs against the real cluster that KUBECONFIG points at.
 
+Each test process (each xdist worker) first moves into a network namespace of its own
+(`netns.enter_new_namespace`), before any thread or socket exists: the session's cluster
+runs in it, so tests reach pods, Services and the API server as a process on the node
+does, and nothing a test does reaches the host's namespace but what it asks of the host
+through `netns.host_namespace()` (a descriptor of the namespace the process left).
+
 At the end of the session, failed tests included, no process a test started under the
 session's temporary directory may still run (`no_process_left_behind`).
 """
@@ -24,6 +30,13 @@ from functools import cache
 import pytest
 
 CUDA_SUCCESS = 0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from kubeinfer.cluster import netns
+
+    if os.geteuid() == 0 and netns.host_namespace() is None:
+        netns.enter_new_namespace()
 
 
 @cache

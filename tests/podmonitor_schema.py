@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubeinfer.cluster import netns
 
 PACKAGE = "@kubernetes-models/prometheus-operator"
 VERSION = "5.0.1"
@@ -88,11 +89,14 @@ def install_validator() -> tuple[str, Path]:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _installed_version() != VERSION:
             try:
-                done = subprocess.run(
+                # From the host's network namespace: the registry is not in the test's.
+                argv, fds = netns.in_host_namespace(
                     [npm, "install", "--no-audit", "--no-fund", "--no-save", "--prefix",
-                     str(CACHE), f"{PACKAGE}@{VERSION}"],
-                    capture_output=True, text=True, timeout=300,
+                     str(CACHE), f"{PACKAGE}@{VERSION}"]
                 )  # fmt: skip
+                done = subprocess.run(
+                    argv, capture_output=True, text=True, timeout=300, pass_fds=fds
+                )
             except subprocess.TimeoutExpired:
                 _unavailable(f"npm install {PACKAGE}@{VERSION} took over 300 s")
             if done.returncode != 0 or _installed_version() != VERSION:

@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 from kubeinfer.cli.local import install, prometheus, substitutions, table
+from kubeinfer.cli.local.api import ApiError, NodeApi
 from kubeinfer.cli.local.forward import Forwarder
 from kubeinfer.cluster import control_plane, processes
-from kubeinfer.cluster.node.api import ApiError, NodeApi
 from kubeinfer.operator.crdgen.crd import build_crd
 from kubeinfer.operator.state import names
 

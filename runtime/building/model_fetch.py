@@ -226,15 +226,24 @@ def download(
 
 def _read_from(fs: Any, path: str, progress: Download) -> None:
     """Reads from `progress.written` to the end, in blocks; starts over where the store
-    cannot seek."""
-    with fs.open(path, "rb", block_size=BLOCK_BYTES, cache_type="none") as source:
-        if progress.written:
-            try:
-                source.seek(progress.written)
-            except (ValueError, OSError):  # a stream: no ranges, or no known size
-                progress.restart()
-        while chunk := source.read(BLOCK_BYTES):
-            progress.write(chunk)
+    cannot seek, and streams the whole file where it cannot read ranges at all (an HTTP
+    server without them, such as Python's own, refuses a block read past the first)."""
+    try:
+        with fs.open(path, "rb", block_size=BLOCK_BYTES, cache_type="none") as source:
+            if progress.written:
+                try:
+                    source.seek(progress.written)
+                except (ValueError, OSError):  # a stream: no ranges, or no known size
+                    progress.restart()
+            while chunk := source.read(BLOCK_BYTES):
+                progress.write(chunk)
+    except ValueError as error:
+        if "range" not in str(error).lower():
+            raise
+        progress.restart()
+        with fs.open(path, "rb", block_size=0) as stream:  # fsspec's streaming read
+            while chunk := stream.read(BLOCK_BYTES):
+                progress.write(chunk)
 
 
 def fetch(uri: str, scratch_dir: Path, expected_sha256: str | None = None) -> FetchedFile:

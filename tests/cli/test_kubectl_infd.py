@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from cluster_harness import LocalCluster
+from cluster_harness import LocalCluster, file_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
@@ -223,7 +223,7 @@ def setup(
         name="watched",
         engine={
             "precision": "int8",
-            "calibration": {"uri": f"file://{calibration}", "sha256": digest_of(calibration)},
+            "calibration": {"uri": file_url(calibration), "sha256": digest_of(calibration)},
         },
         # A long window: the exemplars stay what they are while the test reads them.
         qualityWatch={"enabled": True, "samplePercent": 100, "windowSeconds": 600,

@@ -1,58 +1,92 @@
 """`kubeinfer cluster up` and `kubeinfer cluster down` as a user runs them, as real
-subprocesses on a second cluster in a directory of its own (beside the session's): `up`
-returns once the node is Ready, printing the `export KUBECONFIG=...` line and kubectl's
-path, and kubectl works at once; `down` stops every process `up` started (etcd,
-kube-apiserver, kube-controller-manager, the node agent) and the pods' processes, so no
-live process (a zombie runs nothing) mentions the directory afterwards; and `down` where
-nothing runs says so and succeeds."""
+subprocesses, on a second cluster beside the session's: `up` makes a network namespace of
+the cluster's own, returns once the node is Ready (printing the `export KUBECONFIG=...` line
+and kubectl's path) with the API server at a forwarded 127.0.0.1 port, so kubectl works at
+once; a pod of the runtime image runs as a container; `down` leaves no process (the pod's
+included), mount, cgroup or namespace behind; the host's network namespace holds the same
+links, addresses, routes, rules and firewall rules before, during and after; and `down`
+where nothing runs says so and succeeds."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from kubeinfer.cluster import control_plane
-from kubeinfer.cluster.processes import read_state, start_ticks
-from node_harness import RUNTIME_IMAGE, alive, wait_for
+import pytest
+from kubeinfer.cluster import cgroups, control_plane, netns, teardown
+from kubeinfer.cluster.processes import read_state
+from processes_left import processes_mentioning
 
+pytestmark = pytest.mark.slow
 KUBEINFER = Path(sys.executable).parent / "kubeinfer"
 """The console script of this environment, as a user's shell finds it."""
+RUNTIME_IMAGE = "ghcr.io/kubeinfer/kubeinfer-runtime:0.1.0"
 
 
-def kubeinfer(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def kubeinfer(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(KUBEINFER), *args], capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
-def live_processes_mentioning(text: str) -> dict[int, str]:
-    """pid → command line of every process (not a zombie) whose command line holds `text`."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+def host_network_state() -> dict[str, str]:
+    """What the host's network namespace holds, read from inside it."""
+    host = netns.host_namespace()
+    assert host is not None, "the test process did not leave the host's namespace"
+    enter = ["nsenter", f"--net=/proc/{os.getpid()}/fd/{host}", "--"]
+    commands = {
+        "links": ["ip", "-o", "link", "show"],
+        "addresses": ["ip", "-o", "address", "show"],
+        "routes": ["ip", "route", "show", "table", "all"],
+        "routes6": ["ip", "-6", "route", "show", "table", "all"],
+        "rules": ["ip", "rule", "show"],
+        "iptables": ["iptables-save"],
+        "nftables": ["nft", "list", "ruleset"],
+    }
+    state = {}
+    for name, argv in commands.items():
         try:
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue  # gone meanwhile
-        if text in command and start_ticks(int(entry.name)) is not None:
-            found[int(entry.name)] = command
+            result = subprocess.run(
+                enter + argv, capture_output=True, text=True, timeout=30, pass_fds=(host,)
+            )
+            output = result.stdout + result.stderr
+        except FileNotFoundError as error:  # the tool is not installed: nothing to compare
+            output = str(error)
+        # iptables-save stamps the time of its run: the rules are what is compared.
+        state[name] = "\n".join(line for line in output.splitlines() if not line.startswith("#"))
+    return state
+
+
+def namespace_inode(pid: int | str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def wait_for(what: str, check, timeout: float = 120.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
     return found
 
 
-def test_up_returns_a_ready_cluster_and_down_leaves_no_process_behind(tmp_path: Path) -> None:
+def test_up_runs_a_node_in_its_own_namespace_and_down_leaves_nothing(tmp_path: Path) -> None:
+    before = host_network_state()
     directory = tmp_path / "second-cluster"
     try:
         up = kubeinfer("cluster", "up", "--directory", str(directory))
-        assert up.returncode == 0, up.stderr
+        assert up.returncode == 0, up.stderr[-3000:]
         kubeconfig = directory / "admin.kubeconfig"
         lines = up.stdout.splitlines()
         assert lines[0] == f"export KUBECONFIG={kubeconfig}", up.stdout
-        assert (
-            lines[1].startswith("# kubectl: ") and "kubeinfer cluster down --directory" in lines[1]
-        )
+        assert lines[1].startswith("# kubectl: ") and "cluster down --directory" in lines[1]
         kubectl_path = lines[1].removeprefix("# kubectl: ").split()[0]
 
         def kubectl(*args: str, stdin: str | None = None) -> str:
@@ -63,46 +97,55 @@ def test_up_returns_a_ready_cluster_and_down_leaves_no_process_behind(tmp_path: 
             assert result.returncode == 0, result.stderr
             return result.stdout
 
-        # No waiting: `up` returned once the node was Ready.
+        # No waiting: `up` returned once the node was Ready; the API server is a forwarded
+        # port of this namespace, the node in the cluster's own.
         [node] = json.loads(kubectl("get", "nodes", "-o", "json"))["items"]
-        ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"]
-        assert ready == "True"
-
+        assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
+        assert (
+            "127.0.0.1"
+            in json.loads(kubectl("config", "view", "-o", "json"))["clusters"][0]["cluster"][
+                "server"
+            ]
+        )
         started, _ = read_state(directory / control_plane.STATE_FILE)
-        assert [p.name for p in started] == [
-            "etcd", "kube-apiserver", "kube-controller-manager", "node-agent",
-        ]  # fmt: skip
-        running = live_processes_mentioning(str(directory))
-        assert {p.pid for p in started} <= running.keys(), running
+        holder = next(p for p in started if p.name == "namespace-holder")
+        cluster_namespace = namespace_inode(holder.pid)
+        assert cluster_namespace is not None
+        assert cluster_namespace != namespace_inode("self")
 
-        # A pod's process, which names nothing of the directory: found by its pid.
         kubectl("apply", "-f", "-", stdin=json.dumps({
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper"},
             "spec": {"containers": [{"name": "main", "image": RUNTIME_IMAGE,
+                                     "imagePullPolicy": "Never",
                                      "command": ["/bin/sleep", "3600"]}]},
         }))  # fmt: skip
+        root = control_plane.cgroup_root(directory)
 
-        def pod_pid() -> int | None:
-            found = json.loads(kubectl("get", "pod", "sleeper", "-o", "json"))
-            for status in found.get("status", {}).get("containerStatuses") or []:
-                if "running" in status["state"]:
-                    return int(status["containerID"].removeprefix("kubeinfer-local://"))
-            return None
+        def pod_processes() -> set[int]:
+            phase = json.loads(kubectl("get", "pod", "sleeper", "-o", "json"))["status"]["phase"]
+            return cgroups.cgroup_processes(root) if phase == "Running" else set()
 
-        pid = wait_for("the pod to run", pod_pid)
-        ticks = start_ticks(pid)
-
-        down = kubeinfer("cluster", "down", "--directory", str(directory))
-        assert down.returncode == 0, down.stderr
-        assert live_processes_mentioning(str(directory)) == {}
-        assert not alive(pid, ticks), "the pod's process outlived the cluster"
-        assert not (directory / control_plane.STATE_FILE).exists()
-
-        again = kubeinfer("cluster", "down", "--directory", str(directory))
-        assert again.returncode == 0
-        assert again.stderr.strip() == f"kubeinfer cluster down: no cluster runs from {directory}"
+        in_pods = wait_for("the pod to run", pod_processes)
+        assert host_network_state() == before
     finally:
-        control_plane.down(directory)  # whatever a failed assertion left running
+        down = kubeinfer("cluster", "down", "--directory", str(directory))
+    assert down.returncode == 0, down.stderr
+    assert processes_mentioning(directory) == []
+    assert not any(teardown.is_alive(pid) for pid in in_pods), (
+        "a pod's process outlived the cluster"
+    )
+    node_state = control_plane.node_directory(directory)
+    assert teardown.mounts_under(directory) == [] and teardown.mounts_under(node_state) == []
+    assert not node_state.exists()
+    assert cgroups.cgroup_directories(root) == []
+    assert not (directory / control_plane.STATE_FILE).exists()
+    holders = [pid for pid in os.listdir("/proc") if namespace_inode(pid) == cluster_namespace]
+    assert holders == [], "the cluster's namespace outlived its processes"
+    assert host_network_state() == before
+
+    again = kubeinfer("cluster", "down", "--directory", str(directory))
+    assert again.returncode == 0
+    assert again.stderr.strip() == f"kubeinfer cluster down: no cluster runs from {directory}"
 
 
 def test_down_where_no_cluster_ever_ran_says_so_and_succeeds(tmp_path: Path) -> None:

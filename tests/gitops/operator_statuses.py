@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import argocd_lua
+from cluster_harness import file_url
 from decide_scenarios import tuned
 from kubeinfer.operator.state import names
 from kubeinfer.runtime.building.calibration import write_demo_samples
@@ -260,7 +261,7 @@ async def quality_drift(
             name=OWNER,
             engine={
                 "precision": "int8",
-                "calibration": {"uri": f"file://{calibration}", "sha256": digest_of(calibration)},
+                "calibration": {"uri": file_url(calibration), "sha256": digest_of(calibration)},
             },
             qualityWatch={
                 "enabled": True,

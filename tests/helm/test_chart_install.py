@@ -1,18 +1,18 @@
 """`helm install`, `upgrade` and `uninstall` of the chart on a real control plane, as a
 user runs them.
 
-The module starts a control plane of its own (kube-apiserver, etcd, the controller
-manager and the node agent, `cluster_harness`), without the CRD: Helm installs it from
+The module starts a cluster of its own (control plane and real node, in a network
+namespace of its own, `cluster_harness`), without the CRD: Helm installs it from
 the chart's crds/. A cluster-wide operator there touches nothing of the session's other
 tests. prometheus-operator's CRDs are applied first, so the monitoring objects go through
 the API server's own validation, and the operator's PodMonitors through its RBAC. A bad
 value is refused by Helm before anything is made.
 
-The chart's Deployment runs the operator's image, which the node agent runs as
-`kubeinfer operator`: two replicas, under the chart's ServiceAccount and RBAC only. The
-leader reconciles the smallest example (examples/cpu-minimal.yaml, its model source
-pointed at a real ONNX model on this machine) to Ready, its build Job and serving pod
-being real processes. `helm upgrade` to one replica and other settings rolls the
+The chart's Deployment runs the operator's image as containers: two replicas, under the
+chart's ServiceAccount and RBAC only. The leader reconciles the smallest example
+(examples/cpu-minimal.yaml, its model source pointed at a real ONNX model on this machine,
+served to the pods by the cluster's file server) to Ready, its build Job and serving pod
+being containers of the runtime image. `helm upgrade` to one replica and other settings rolls the
 operator, and the new pod takes the Lease. `helm uninstall` leaves none of the objects the
 chart created, namespaced or cluster-scoped; what stays is what Helm documents (the CRD,
 so the InferenceDeployments too) and the Lease the operator made.
@@ -30,7 +30,7 @@ import pytest
 import yaml
 from cluster_harness import LocalCluster
 from helm_harness import CHART, REPO, Helm, KubeObject, names
-from kubeinfer.cluster import control_plane
+from kubeinfer.cluster import control_plane, files
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubernetes.client.exceptions import ApiException
 from prometheus_operator_crds import crd_file
@@ -75,7 +75,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A control plane of this module's own, with prometheus-operator's CRDs and no
     InferenceDeployment CRD."""
     directory = tmp_path_factory.mktemp("helm-cluster")
-    started = control_plane.up(directory, audit=True, node_args=["--crash-loop-backoff-seconds=2"])
+    # A cluster of its own beside the session's: in a network namespace of its own too,
+    # reached through the API server's forwarded port.
+    started = control_plane.up(directory, audit=True)
     configuration = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(str(started.kubeconfig), client_configuration=configuration)
     api_client = kubernetes.client.ApiClient(configuration)
@@ -89,7 +91,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         control_plane.down(directory)
 
 
-def inference_deployment(model: Path, namespace: str) -> KubeObject:
+def inference_deployment(model: Path, namespace: str, cluster_directory: Path) -> KubeObject:
     """examples/cpu-minimal.yaml, served from a real model file, sized for this node."""
     import hashlib
 
@@ -97,7 +99,7 @@ def inference_deployment(model: Path, namespace: str) -> KubeObject:
     manifest["metadata"]["namespace"] = namespace
     spec = manifest["spec"]
     spec["model"]["source"] = {
-        "uri": f"file://{model}",
+        "uri": files.publish(cluster_directory, model),
         "sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
     }
     spec["runtime"]["replicas"] = 1
@@ -158,7 +160,7 @@ def test_install_reconciles_upgrade_rolls_uninstall_leaves_nothing(
 
     # It reconciles the smallest example to Ready, with the chart's RBAC only.
     model = build_tiny_mlp(model_directory / "helm-tiny.onnx")
-    infd = inference_deployment(model, serving)
+    infd = inference_deployment(model, serving, cluster.directory)
     name = infd["metadata"]["name"]
     kube = cluster.admin(serving)
     eventually(lambda: kube.create(infd), 60, "the chart's CRD to serve InferenceDeployments")

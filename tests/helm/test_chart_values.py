@@ -1,9 +1,9 @@
 """The chart's values and their schema come from one typed model (`kubeinfer.cli.chart`):
 the files in the chart are exactly what the model renders (a drift check, as the CRD's),
 values.yaml holds the model's defaults, every operator setting is a value with the
-operator's own bounds, and the default images are ones this repository builds and the
-node agent runs (the operator's as `kubeinfer operator`). No helm binary here: see
-test_chart_render.py for what Helm makes of them."""
+operator's own bounds, and the default images are the ones this repository builds
+(`kubeinfer.cluster.images`, the Dockerfile's targets) at the chart's version. No helm
+binary here: see test_chart_render.py for what Helm makes of them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 from kubeinfer.cli.chart import render
 from kubeinfer.cli.chart.__main__ import main
 from kubeinfer.cli.chart.values import ChartValues, OperatorSettingsValues
-from kubeinfer.cluster.node import images
+from kubeinfer.cluster import images
 from kubeinfer.operator.settings import OperatorSettings
 from pydantic.alias_generators import to_camel
 
@@ -62,11 +62,11 @@ def test_the_default_images_are_the_dockerfiles_targets_at_the_charts_version() 
     assert chart["appVersion"] == project["version"]
     values = ChartValues()
     operator_image = f"{values.image.repository}:{values.image.tag or chart['appVersion']}"
-    config = images.image_config(operator_image)
-    assert [*config.entrypoint, *config.cmd] == ["kubeinfer", "operator"]
-    for image in (values.settings.images.runtime, values.settings.images.gpu_runtime):
-        assert image.endswith(f":{chart['appVersion']}")
-        assert images.image_config(image).entrypoint == ("kubeinfer",)
+    assert operator_image == images.OPERATOR_IMAGE
+    assert values.settings.images.runtime == images.RUNTIME_IMAGE
+    assert values.settings.images.gpu_runtime.endswith(
+        f"kubeinfer-runtime-gpu:{chart['appVersion']}"
+    )
     dockerfile = (REPO / "Dockerfile").read_text()
     for target in ("operator", "runtime", "runtime-gpu"):
         assert f" AS {target}\n" in dockerfile

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from cluster_harness import restricted
 from kopf import ConnectionInfo
 from kubeinfer.operator.kube.client import KubeClient
 from kubeinfer.operator.kube.observe import pods_lister
@@ -272,7 +273,7 @@ async def test_pods_lister_asks_the_api_for_the_scopes_pods(local_cluster) -> No
         kube.create({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": pod_labels},
-            "spec": {"containers": [{"name": "c", "image": "example.com/never-pulled:1"}]},
+            "spec": {"containers": [restricted({"name": "c", "image": "example.com/unpulled:1"})]},
         })  # fmt: skip
     pki = local_cluster.cluster.pki
     connection = ConnectionInfo(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import kopf
-from cluster_harness import ApiCall, Kube, LocalCluster
+from cluster_harness import ApiCall, Kube, LocalCluster, file_url
 from kubeinfer.operator import rbac
 from kubeinfer.operator.handlers import configure_kopf
 from kubeinfer.operator.kube.leader_election import Election
@@ -67,7 +67,7 @@ class Model:
 
     @property
     def uri(self) -> str:
-        return f"file://{self.path}"
+        return file_url(self.path)
 
     @property
     def sha256(self) -> str:

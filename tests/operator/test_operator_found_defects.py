@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cluster_harness import restricted
 from decide_scenarios import tuned
 from kubeinfer.operator.state import names
 from operator_harness import FAST, Model, World, condition, eventually, manifest, start_operator
@@ -147,7 +148,9 @@ async def test_a_build_pod_with_only_the_legacy_job_label_is_gathered(
             },
             "spec": {
                 "restartPolicy": "Never",
-                "containers": [{"name": "build", "image": "example.com/never-pulled:1"}],
+                "containers": [
+                    restricted({"name": "build", "image": "example.com/never-pulled:1"})
+                ],
             },
         }
     )

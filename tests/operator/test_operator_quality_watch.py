@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from cluster_harness import file_url
 from decide_scenarios import tuned
 from kubeinfer.operator.state import names
 from kubeinfer.runtime.building.calibration import write_demo_samples
@@ -107,7 +108,7 @@ def watched_int8(world: World, tiny: Model, model_directory: Path, **watch: Any)
         tiny,
         engine={
             "precision": "int8",
-            "calibration": {"uri": f"file://{calibration}", "sha256": digest_of(calibration)},
+            "calibration": {"uri": file_url(calibration), "sha256": digest_of(calibration)},
         },
         qualityWatch={
             "enabled": True,

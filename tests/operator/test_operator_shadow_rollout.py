@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from cluster_harness import file_url
 from decide_scenarios import tuned
 from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
 from kubeinfer.operator.state import names
@@ -259,7 +260,7 @@ async def test_an_int8_candidate_that_agrees_is_promoted(
         (serving_pod,) = serving_pods(world)
         update = shadow_manifest(
             tiny, "2", precision="int8",
-            calibration={"uri": f"file://{calibration}", "sha256": digest_of(calibration)},
+            calibration={"uri": file_url(calibration), "sha256": digest_of(calibration)},
         )  # fmt: skip
         world.patch_spec(update["spec"])
         await eventually(

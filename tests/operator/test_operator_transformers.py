@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from cluster_harness import file_url
 from decide_scenarios import tuned
 from kubeinfer.operator.state import names
 from models.transformer_models import build_encoder, encoder_inputs
@@ -58,7 +59,7 @@ def encoder_model(world: World, folder: Path) -> tuple[Model, dict[str, Any]]:
     samples = encoder_inputs(np.random.default_rng(5), 64, 32)
     path = folder / f"{world.namespace}-calibration.npz"
     np.savez(path, **samples)
-    return model, {"uri": f"file://{path}", "sha256": digest_of(path)}
+    return model, {"uri": file_url(path), "sha256": digest_of(path)}
 
 
 def encoder_manifest(model: Model, version: str, **spec: Any) -> dict[str, Any]:

@@ -79,9 +79,10 @@ class ModelSource(ApiModel):
     cross_field_rules = (PVC_URI_RULE,)
 
     uri: str = Field(pattern=MODEL_URI, max_length=2048)
-    """The model's location: file://, https://, s3://, gs:// or pvc://CLAIM/PATH (CLAIM a
-    PersistentVolumeClaim in the same namespace, mounted read-only by the build Job; PATH
-    the file inside it, relative, without '.' or '..' segments). It names the .onnx file,
+    """The model's location: file://, https://, http:// (a server inside the cluster; give
+    sha256), s3://, gs:// or pvc://CLAIM/PATH (CLAIM a PersistentVolumeClaim in the same
+    namespace, mounted read-only by the build Job; PATH the file inside it, relative,
+    without '.' or '..' segments). It names the .onnx file,
     whose external data files (torch's model.onnx.data) are fetched from beside it, or a
     folder holding one .onnx file (an https folder ends with / and lists its files)."""
 

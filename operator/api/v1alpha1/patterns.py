@@ -23,7 +23,7 @@ QUALIFIED_NAME = rf"^({_SUBDOMAIN_BODY}/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9]
 SHA256_HEX = r"^[0-9a-f]{64}$"
 ENGINE_DIGEST = r"^sha256:[0-9a-f]{64}$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|Pi|Ei|M|G|T|P|E)?$"
-MODEL_URI = r"^(file|https|s3|gs|pvc)://.+$"
+MODEL_URI = r"^(file|https?|s3|gs|pvc)://.+$"
 
 _SEGMENT = r"([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+)"
 """One path segment other than `.` and `..` (RE2 has no lookahead, hence three cases)."""

@@ -1,4 +1,4 @@
-"""The node agent's door to the API server: plain-dict requests and watches through the
+"""`kubeinfer up`'s door to the API server: plain-dict requests and watches through the
 official `kubernetes.aio` client (its kubeconfig loader, TLS and connection pool; its
 dynamic client's `request` builds each call)."""
 
@@ -17,7 +17,7 @@ from kubernetes.aio.dynamic.exceptions import DynamicApiError
 
 log = logging.getLogger(__name__)
 KubeObject = dict[str, Any]
-USER_AGENT = "kubeinfer-node-agent"
+USER_AGENT = "kubeinfer-up"
 TIMEOUT_SECONDS = 30.0
 
 STRATEGIC = "application/strategic-merge-patch+json"

@@ -1,9 +1,7 @@
-"""Two small cores of the node and `cluster down`: `containers.expand`, Kubernetes' `$(VAR)`
-expansion of command, args and env values (a defined name is replaced, an undefined
-reference kept as written, `$$` is one `$`, nothing is expanded twice), and
-`processes.start_ticks`, the kernel's start time of a pid that tells a process from a
+"""`processes.start_ticks`, the kernel's start time of a pid that tells a process from a
 later one reusing its number (a zombie or a missing pid has none; a name holding spaces
-and parentheses does not confuse the parse)."""
+and parentheses does not confuse the parse): what `cluster down` relies on to stop only
+the processes `up` started."""
 
 from __future__ import annotations
 
@@ -13,37 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-from kubeinfer.cluster.node.containers import expand
 from kubeinfer.cluster.processes import Started, is_running, start_ticks
-
-ENV = {"A": "1", "B": "two", "MODEL_DIR": "/models", "a.b-c": "dotted", "REF": "$(B)"}
-EXPANSIONS = [
-    ("$(A)", "1"),
-    ("x-$(A)-y", "x-1-y"),
-    ("$(A)$(B)", "1two"),
-    ("--model=$(MODEL_DIR)/m.onnx", "--model=/models/m.onnx"),
-    ("$(a.b-c)", "dotted"),
-    ("$(MISSING)", "$(MISSING)"),
-    ("$(MISSING)/$(A)", "$(MISSING)/1"),
-    ("$$", "$"),
-    ("$$(A)", "$(A)"),  # an escaped reference stays a reference, unexpanded
-    ("$$$(A)", "$1"),
-    ("cost: $$5", "cost: $5"),
-    ("$A", "$A"),  # shell syntax is not Kubernetes syntax
-    ("${A}", "${A}"),
-    ("$(A", "$(A"),
-    ("$", "$"),
-    ("$(REF)", "$(B)"),  # a value is not expanded again
-    ("", ""),
-]
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"), EXPANSIONS, ids=[t or "(empty)" for t, _ in EXPANSIONS]
-)
-def test_expand_as_kubernetes_does(text: str, expected: str) -> None:
-    assert expand(text, ENV) == expected
 
 
 def test_start_ticks_of_a_running_process_is_stable_and_after_boot() -> None:

@@ -1,0 +1,129 @@
+"""The real node: the project's images as containers of the real kubelet, containerd and
+runc. A pod of the runtime image, under Pod Security Admission's `restricted` level, with a
+model from this machine served to it by the cluster's file server, serves at its pod IP,
+at its Service's ClusterIP (kube-proxy) and by its Service's DNS name (CoreDNS, asked from
+inside the container); it runs as uid 65532; `kubectl logs` and `exec` work. (`kubeinfer
+cluster up`'s namespace and what `down` leaves: test_cluster_command.)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from cluster_harness import LocalCluster, file_url
+
+pytestmark = pytest.mark.slow
+RUNTIME_IMAGE = "ghcr.io/kubeinfer/kubeinfer-runtime:0.1.0"
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+FETCH_AND_SERVE = (
+    "import os, urllib.request; "
+    "urllib.request.urlretrieve(os.environ['MODEL_URL'], '/tmp/model.onnx'); "
+    "os.execvp('kubeinfer', ['kubeinfer', 'serve', '--onnx', '/tmp/model.onnx', "
+    "'--model-name', 'tiny', '--host', '0.0.0.0', '--port', '8000'])"
+)
+
+
+def wait_for(what: str, check, timeout: float = 120.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+    return found
+
+
+def restricted_namespace(local_cluster: LocalCluster) -> str:
+    namespace = local_cluster.new_namespace("real-node")
+    local_cluster.kubectl(
+        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"
+    )
+    return namespace
+
+
+def test_a_runtime_pod_serves_at_its_ip_its_cluster_ip_and_its_dns_name(
+    local_cluster: LocalCluster, model_directory: Path
+) -> None:
+    from kubeinfer.runtime.demo_models import build_tiny_mlp
+
+    namespace = restricted_namespace(local_cluster)
+    model = build_tiny_mlp(model_directory / f"{namespace}.onnx")
+    kube = local_cluster.admin(namespace)
+    labels = {"app": "tiny"}
+    kube.create({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "tiny", "labels": labels},
+        "spec": {
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "runtime", "image": RUNTIME_IMAGE, "imagePullPolicy": "Never",
+                # Fetch the model the cluster's file server publishes, then serve it.
+                "command": ["python", "-c", FETCH_AND_SERVE],
+                "env": [{"name": "MODEL_URL", "value": file_url(model)}],
+                "ports": [{"name": "http", "containerPort": 8000}],
+                "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": 8000},
+                                   "periodSeconds": 1},
+                "securityContext": RESTRICTED,
+                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+            }],
+            "volumes": [{"name": "tmp", "emptyDir": {}}],
+        },
+    })  # fmt: skip
+    kube.create({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "tiny"},
+        "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": 8000}]},
+    })  # fmt: skip
+
+    def ready_pod():  # type: ignore[no-untyped-def]
+        pod = kube.get("v1", "pods", "tiny")
+        conditions = (pod or {}).get("status", {}).get("conditions") or []
+        return (
+            pod if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) else None
+        )
+
+    pod = wait_for("the runtime pod to be Ready", ready_pod, timeout=180)
+    service = kube.get("v1", "services", "tiny")
+    assert service is not None
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/v2/models/tiny") as answer:
+        assert json.loads(answer.read())["name"] == "tiny"
+
+    def through_the_cluster_ip() -> dict | None:  # type: ignore[type-arg]
+        # kube-proxy refuses a Service's connections until it has programmed the
+        # endpoint the EndpointSlice controller published for the Ready pod.
+        try:
+            url = f"http://{service['spec']['clusterIP']}/v2/models/tiny"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return json.loads(response.read())  # type: ignore[no-any-return]
+        except ConnectionRefusedError:
+            return None
+        except urllib.error.URLError as error:
+            if isinstance(error.reason, ConnectionRefusedError):
+                return None
+            raise
+
+    assert wait_for("the Service to answer", through_the_cluster_ip, timeout=60)["name"] == "tiny"
+
+    name = f"tiny.{namespace}.svc.cluster.local"
+    lookup = (
+        "import json, urllib.request; "
+        f"print(urllib.request.urlopen('http://{name}/v2/models/tiny', timeout=10).read().decode())"
+    )
+    answer = kube.kubectl("exec", "tiny", "--", "python", "-c", lookup)
+    assert json.loads(answer)["name"] == "tiny"
+    assert kube.kubectl("exec", "tiny", "--", "id", "-u").strip() == "65532"
+    # ... a user with a name (kopf's identity, for one, asks for it).
+    whoami = "import getpass; print(getpass.getuser())"
+    assert kube.kubectl("exec", "tiny", "--", "python", "-c", whoami).strip() == "kubeinfer"
+    assert "tiny" in kube.kubectl("logs", "tiny")
