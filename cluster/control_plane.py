@@ -302,11 +302,12 @@ def kubectl(cluster: Cluster, *args: str, stdin: str | None = None, timeout: flo
     return result.stdout
 
 
-def _advertise_gpus(cluster: Cluster, gpus: int) -> None:
+def advertise_gpus(cluster: Cluster, gpus: int) -> None:
     """`nvidia.com/gpu` as an extended resource of the node (no device behind it): what
-    a device plugin would advertise, so GPU manifests schedule."""
-    patch = json.dumps([{"op": "add", "path": "/status/capacity/nvidia.com~1gpu",
-                         "value": str(gpus)}])  # fmt: skip
+    a device plugin would advertise, so GPU manifests schedule. Allocatable too: the
+    scheduler counts that, and the kubelet would copy it over only at its next report."""
+    patch = json.dumps([{"op": "add", "path": f"/status/{field}/nvidia.com~1gpu",
+                         "value": str(gpus)} for field in ("capacity", "allocatable")])  # fmt: skip
     kubectl(cluster, "patch", "node", kubelet.NODE_NAME, "--subresource=status",
             "--type=json", "-p", patch)  # fmt: skip
 
@@ -376,7 +377,7 @@ def up(
                           launcher.network.namespace_path)  # fmt: skip
         launcher.wait("the node to be Ready", lambda: _node_ready(cluster))
         if gpus:
-            _advertise_gpus(cluster, gpus)
+            advertise_gpus(cluster, gpus)
         _install_addons(cluster, launcher, images.RUNTIME_IMAGE)
         progress("node Ready, CoreDNS and storage running")
         if kubeconfig is not None:

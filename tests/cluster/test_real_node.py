@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from cluster_harness import LocalCluster, file_url
+from kubeinfer.cluster import control_plane
 
 pytestmark = pytest.mark.slow
 RUNTIME_IMAGE = "ghcr.io/kubeinfer/kubeinfer-runtime:0.1.0"
@@ -127,3 +128,41 @@ def test_a_runtime_pod_serves_at_its_ip_its_cluster_ip_and_its_dns_name(
     whoami = "import getpass; print(getpass.getuser())"
     assert kube.kubectl("exec", "tiny", "--", "python", "-c", whoami).strip() == "kubeinfer"
     assert "tiny" in kube.kubectl("logs", "tiny")
+
+
+def test_gpus_are_an_extended_resource_the_scheduler_counts(local_cluster: LocalCluster) -> None:
+    """`cluster up --gpus N` advertises `nvidia.com/gpu` (no device behind it): a pod asking
+    for what the node has is scheduled; one asking for more waits Pending, Unschedulable,
+    as on a cluster short of GPUs."""
+    namespace = restricted_namespace(local_cluster)
+    kube = local_cluster.admin(namespace)
+    node = kube.get("v1", "nodes", "kubeinfer-node", namespace=None)
+    assert node is not None
+    had = int(node["status"]["capacity"].get("nvidia.com/gpu", "0"))
+    control_plane.advertise_gpus(local_cluster.cluster, had + 1)
+
+    def sleeper(name: str, gpus: int) -> dict:  # type: ignore[type-arg]
+        container = {
+            "name": "main", "image": RUNTIME_IMAGE, "imagePullPolicy": "Never",
+            "command": ["sleep", "600"], "securityContext": RESTRICTED,
+            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+        }  # fmt: skip
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"containers": [container]}}  # fmt: skip
+
+    def scheduled(name: str) -> dict | None:  # type: ignore[type-arg]
+        pod = kube.get("v1", "pods", name) or {}
+        conditions = {c["type"]: c for c in pod.get("status", {}).get("conditions") or []}
+        return conditions.get("PodScheduled")
+
+    try:
+        kube.create(sleeper("fits", had + 1))
+        kube.create(sleeper("too-many", had + 2))
+        wait_for(
+            "the pod that fits bound", lambda: (scheduled("fits") or {}).get("status") == "True"
+        )
+        refused = wait_for("the other refused", lambda: scheduled("too-many"))
+        assert (refused["status"], refused["reason"]) == ("False", "Unschedulable")
+        assert "Insufficient nvidia.com/gpu" in refused["message"]
+    finally:
+        control_plane.advertise_gpus(local_cluster.cluster, had)
