@@ -1,6 +1,8 @@
 """The host's network namespace as text, to prove a test left it as it was: its links, its
 routes in every table, and its firewall rules (iptables-save, and nft's ruleset where nft
-is installed). Counters and timestamps are left out: traffic changes them, not rules."""
+is installed). Counters and timestamps are left out: traffic changes them, not rules.
+Read from the host's namespace even where the test process has left it (every test
+worker runs in a namespace of its own: `netns.in_host_namespace`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import difflib
 import re
 import shutil
 import subprocess
+
+from kubeinfer.cluster import netns
 
 COMMANDS = {
     "links": ["ip", "-o", "link", "show"],
@@ -36,7 +40,10 @@ def snapshot() -> dict[str, list[str]]:
     views: dict[str, list[str]] = {}
     for name, argv in COMMANDS.items():
         if shutil.which(argv[0], path="/usr/sbin:/sbin:/usr/bin:/bin"):
-            result = subprocess.run(argv, capture_output=True, text=True, check=False)
+            command, descriptors = netns.in_host_namespace(argv)
+            result = subprocess.run(
+                command, capture_output=True, text=True, check=False, pass_fds=descriptors
+            )
             views[name] = _normalized(name, result.stdout + result.stderr)
     return views
 

@@ -4,7 +4,10 @@
 changes and each object's endpoint; `--detach` starts the same session as a background
 process, returns once the manifests are applied and every endpoint is open, and
 `kubeinfer down` stops it later. Either way, stopping stops every process the session
-started: Prometheus, the control plane, the node and the pods it runs.
+started: Prometheus, the control plane, the node and the pods it runs. The session
+process builds what it needs first (the first time: minutes, with progress), then runs
+the cluster in a network namespace of its own; what it prints are 127.0.0.1 ports of the
+namespace it was started in.
 """
 
 from __future__ import annotations
@@ -16,6 +19,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kubeinfer.cli.local.session import LocalSession
+
+QUIET_LIMIT_SECONDS = 900.0
+"""How long a detached start may print nothing before it counts as stuck (a first build
+prints its progress every few seconds)."""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,25 +72,28 @@ def _up(args: argparse.Namespace) -> int:
     directory = _directory(args)
     if args.detach:
         return _detach(args, directory)
-    from kubeinfer.cli.local.session import UpError
+    from kubeinfer.cli.local.namespace import NamespaceProblem
+    from kubeinfer.cli.local.session import LocalSession, UpError
     from kubeinfer.cluster.binaries import BuildError
     from kubeinfer.cluster.control_plane import ClusterError
-
-    try:
-        asyncio.run(_session(args, directory))
-    except (UpError, BuildError, ClusterError) as error:
-        print(f"kubeinfer up: {error}", file=sys.stderr)
-        return 1
-    return 0
-
-
-async def _session(args: argparse.Namespace, directory: Path) -> None:
-    from kubeinfer.cli.local.session import LocalSession
+    from kubeinfer.cluster.netns import NamespaceError
 
     def say(line: str) -> None:
         print(line, flush=True)
 
     session = LocalSession(directory, cpu=args.cpu, say=say)
+    try:
+        say("kubeinfer up: starting a control plane and a node on this machine")
+        session.prepare()  # before the event loop: it may start no thread first
+        asyncio.run(_session(args, session))
+    except (UpError, BuildError, ClusterError, NamespaceProblem, NamespaceError) as error:
+        print(f"kubeinfer up: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _session(args: argparse.Namespace, session: LocalSession) -> None:
+    say = session.say
     stop = asyncio.Event()
     main = asyncio.current_task()
     loop = asyncio.get_running_loop()
@@ -94,7 +108,6 @@ async def _session(args: argparse.Namespace, directory: Path) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, interrupt)
     try:
-        say("kubeinfer up: starting a control plane and a node on this machine")
         await session.start()
         await session.apply_files(args.files)
         say(f"\nexport KUBECONFIG={session.kubeconfig}")
@@ -130,11 +143,13 @@ def _detach(args: argparse.Namespace, directory: Path) -> int:
     ]
     child, _ = processes.spawn("kubeinfer up", argv, log)
     shown = 0
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + QUIET_LIMIT_SECONDS
     wanted = _object_count(args.files)
     while True:
         text = log.read_text(errors="replace") if log.exists() else ""
         print(text[shown:], end="", flush=True)
+        if len(text) > shown:
+            deadline = time.monotonic() + QUIET_LIMIT_SECONDS
         shown = len(text)
         state = _state(directory / SESSION_FILE)
         if state and state.get("phase") == "applied" and len(state.get("endpoints", {})) >= wanted:

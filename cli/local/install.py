@@ -29,9 +29,16 @@ LOCAL_SETTINGS = {
     "KUBEINFER_REQUEUE__SHADOW_POLL_SECONDS": "2",
     "KUBEINFER_PODS__PRE_STOP_SLEEP_SECONDS": "0",
     "KUBEINFER_PODS__DRAIN_GRACE_PERIOD_SECONDS": "5",
+    "KUBEINFER_IMAGES__PULL_POLICY": "Never",
 }
 """Operator settings for one machine: a laptop has no load balancer to drain from, and a
-demo wants the autoscaler and the shadow verdict to look every couple of seconds."""
+demo wants the autoscaler and the shadow verdict to look every couple of seconds; the
+node's images are imported, and a pull could only fail."""
+RESTRICTED_NAMESPACES = (NAMESPACE, "default")
+POD_SECURITY = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
 
 
 def _binding(kind: str, name: str, namespace: str | None, account: str) -> dict[str, Any]:
@@ -73,11 +80,17 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
                 "metadata": {"labels": selector},
                 "spec": {
                     "serviceAccountName": OPERATOR_ACCOUNT,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 65532,
+                        "runAsGroup": 65532,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
                     "containers": [
                         {
                             "name": "operator",
                             "image": OPERATOR_IMAGE,
+                            "imagePullPolicy": "Never",
                             "args": [
                                 "operator",
                                 "--all-namespaces",
@@ -88,15 +101,18 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
                             "securityContext": {
                                 "allowPrivilegeEscalation": False,
                                 "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]},
                             },
+                            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
                         }
                     ],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
                 },
             },
         },
     }
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        *namespace_objects(),
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
@@ -110,8 +126,13 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
     ]
 
 
-def namespace_object() -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+def namespace_objects() -> list[dict[str, Any]]:
+    """The operator's namespace and `default`, each enforcing the restricted level."""
+    return [
+        {"apiVersion": "v1", "kind": "Namespace",
+         "metadata": {"name": name, "labels": POD_SECURITY}}
+        for name in RESTRICTED_NAMESPACES
+    ]  # fmt: skip
 
 
 def prometheus_objects() -> list[dict[str, Any]]:

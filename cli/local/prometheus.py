@@ -4,7 +4,9 @@ as its own ServiceAccount, keeping the pods whose `prometheus.io/scrape` annotat
 so (the operator sets it when no PodMonitor API exists) at the port and path their
 annotations name, labelled with `namespace` and `pod` as the operator's queries expect.
 The binary is upstream's, built with Kubernetes discovery by `kubeinfer cluster build`
-(Debian's package has none); `kubeinfer up` starts it on loopback and stops it."""
+(Debian's package has none). `kubeinfer up` starts it in the session's network namespace,
+on the node's address, where it reaches the API server and the pods directly and the
+operator's pod reaches it, and forwards a port of the host's namespace to it for the user."""
 
 from __future__ import annotations
 
@@ -76,12 +78,13 @@ def write_config(path: Path, server: str, ca_file: Path, token_file: Path) -> Pa
     return path
 
 
-def command(binary: str, config: Path, data: Path, port: int) -> list[str]:
+def command(binary: str, config: Path, data: Path, address: str) -> list[str]:
+    """Prometheus listening at `address` (host:port)."""
     return [
         binary,
         f"--config.file={config}",
         f"--storage.tsdb.path={data}",
-        f"--web.listen-address=127.0.0.1:{port}",
+        f"--web.listen-address={address}",
         "--storage.tsdb.retention.time=1d",
         "--log.level=warn",
     ]

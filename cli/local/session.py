@@ -1,16 +1,19 @@
 """One `kubeinfer up`: start everything, apply the manifests, show what happens, stop.
 
-`LocalSession.start` brings up the control plane and node (`kubeinfer.cluster`), applies
-the CRD (and waits until the API serves it, since the operator resolves its resources
-once, at start), starts Debian's Prometheus when it is installed, installs the operator
-(`install`), and applies the manifests through the cluster's own kubectl (server-side),
-after saying what the machine lacks (`substitutions`). `LocalSession.watch` then prints
-the API server's Table of InferenceDeployments whenever a row changes (`table`) and keeps
-a local forwarding port for each one's Service (`forward`). `LocalSession.stop` stops
-Prometheus and the cluster; the node stops every pod's processes with it.
+`LocalSession.prepare` builds what the cluster runs in the host's network namespace and
+then moves the process into one of its own (`namespace`); `LocalSession.start` brings up
+the control plane and node there (`kubeinfer.cluster`), applies the CRD (and waits until
+the API serves it, since the operator resolves its resources once, at start), starts
+Prometheus on the node's address, and installs the operator (`install`); `apply_files`
+applies manifests through the cluster's own kubectl (server-side), after saying what the
+machine lacks and publishing its files to the pods (`substitutions`). `watch` then prints
+the API server's Table of InferenceDeployments whenever a row changes (`table`).
+`LocalSession.stop` stops Prometheus and the cluster, with every pod.
 
-The directory holds the cluster's files, the admin kubeconfig, Prometheus' data and
-`session.json`, where `kubeinfer down` finds what to stop.
+What the user is given lives in the host's namespace: 127.0.0.1 ports forwarding into
+the session's (`forward`) to the API server (the `kubeconfig` it prints), Prometheus, and
+each InferenceDeployment's Service. The directory holds the cluster's files, that
+kubeconfig, Prometheus' data and `session.json`, where `kubeinfer down` finds what to stop.
 """
 
 from __future__ import annotations
@@ -22,22 +25,26 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from kubeinfer.cli.local import install, prometheus, substitutions, table
+from kubeinfer.cli.local import install, namespace, prometheus, substitutions, table
 from kubeinfer.cli.local.api import ApiError, NodeApi
-from kubeinfer.cli.local.forward import Forwarder
-from kubeinfer.cluster import control_plane, processes
+from kubeinfer.cli.local.forward import Forwarder, Target, fixed
+from kubeinfer.cluster import control_plane, files, netns, processes
 from kubeinfer.operator.crdgen.crd import build_crd
 from kubeinfer.operator.state import names
 
 SESSION_FILE = "session.json"
 FIELD_MANAGER = "kubeinfer-up"
 INFD = "/apis/kubeinfer.io/v1alpha1/inferencedeployments"
+PROMETHEUS_PORT = 9090
+PROMETHEUS_INSIDE = f"http://{netns.NODE_ADDRESS}:{PROMETHEUS_PORT}"
+"""Prometheus on the node's address: where the operator's pod reaches it."""
 
 
 def default_directory() -> Path:
@@ -54,39 +61,76 @@ class LocalSession:
     directory: Path
     cpu: bool = False
     say: Callable[[str], None] = print
+    entered: namespace.Entered | None = None
     cluster: control_plane.Cluster | None = None
     api: NodeApi | None = None
+    api_forward: Forwarder | None = None
     prometheus_process: processes.Started | None = None
-    prometheus_url: str | None = None
+    prometheus_forward: Forwarder | None = None
     forwarders: dict[tuple[str, str], Forwarder] = field(default_factory=dict)
     _rows: dict[str, tuple[str, ...]] = field(default_factory=dict)
     _header_shown: bool = False
 
     @property
     def kubeconfig(self) -> Path:
+        """The user's kubeconfig: the API server at a port of the host's namespace."""
         return self.directory / "kubeconfig"
 
+    @property
+    def prometheus_url(self) -> str | None:
+        return None if self.prometheus_forward is None else self.prometheus_forward.url
+
     # -- starting ----------------------------------------------------------------------------
-    async def start(self) -> None:
+    def prepare(self) -> None:
+        """Builds in the host's namespace, then enters the session's own. Call it before
+        the event loop runs: no thread may exist yet (`namespace`)."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.say("  building (or finding in the cache) the cluster's binaries and images")
+        self.entered = namespace.build_then_enter(lambda line: self.say(f"  {line}"))
+
+    def _entered(self) -> namespace.Entered:
+        if self.entered is None:
+            raise UpError("the session has not entered its namespace (prepare() first)")
+        return self.entered
+
+    async def start(self) -> None:
+        self._entered()
         started = time.monotonic()
         self.cluster = await asyncio.to_thread(
             control_plane.up,
             self.directory / "cluster",
-            self.kubeconfig,
+            in_this_namespace=True,
             progress=lambda line: self.say(f"  {line}"),
         )
-        self.api = await NodeApi.from_kubeconfig(str(self.kubeconfig))
+        self.api = await NodeApi.from_kubeconfig(str(self.cluster.kubeconfig))
+        address = urllib.parse.urlsplit(self.cluster.server)
+        self.api_forward = await self._forward_to(fixed(address.hostname or "", address.port or 0))
+        self._write_kubeconfig(self.api_forward.port)
         self.say(f"  control plane and node up in {time.monotonic() - started:.1f} s")
-        await self.kubectl_apply([build_crd(), install.namespace_object()])
+        await self.kubectl_apply([build_crd(), *install.namespace_objects()])
         await self._wait_for_crd()
         await self._start_prometheus()
-        await self.kubectl_apply(install.operator_objects(self.prometheus_url))
+        inside_url = PROMETHEUS_INSIDE if self.prometheus_forward else None
+        await self.kubectl_apply(install.operator_objects(inside_url))
         self.say(
             f"  operator installed: {install.NAMESPACE}/{install.OPERATOR_ACCOUNT} "
             f"({install.OPERATOR_IMAGE}, the chart's ServiceAccount and RBAC)"
         )
         self._write_state(phase="started")
+
+    async def _forward_to(self, target: Target) -> Forwarder:
+        entered = self._entered()
+        forwarder = Forwarder(entered.host, entered.inside, target)
+        await forwarder.start()
+        return forwarder
+
+    def _write_kubeconfig(self, port: int) -> None:
+        assert self.cluster is not None
+        document = yaml.safe_load(self.cluster.kubeconfig.read_text())
+        for entry in document["clusters"]:
+            entry["cluster"]["server"] = f"https://127.0.0.1:{port}"
+        self.kubeconfig.write_text(yaml.safe_dump(document))
+        self.kubeconfig.chmod(0o600)
 
     async def _wait_for_crd(self) -> None:
         deadline = time.monotonic() + 60
@@ -100,10 +144,11 @@ class LocalSession:
                 await asyncio.sleep(0.1)
 
     async def _start_prometheus(self) -> None:
-        binary, why = await asyncio.to_thread(prometheus.prometheus_binary)
-        if binary is None:
-            self.say(f"  metrics: no Prometheus ({why}); the operator reads the pods' "
-                     "/metrics directly")  # fmt: skip
+        entered, cluster = self._entered(), self.cluster
+        assert cluster is not None
+        if entered.prometheus_binary is None:
+            self.say(f"  metrics: no Prometheus ({entered.prometheus_problem}); the operator "
+                     "reads the pods' /metrics directly")  # fmt: skip
             return
         await self.kubectl_apply(install.prometheus_objects())
         token = await self._token(install.PROMETHEUS_ACCOUNT, 86400)
@@ -112,25 +157,24 @@ class LocalSession:
         token_file = folder / "token"
         token_file.write_text(token)
         token_file.chmod(0o600)
-        assert self.cluster is not None
         config = prometheus.write_config(
-            folder / "prometheus.yml", self.cluster.server, self.cluster.pki.ca_cert, token_file
+            folder / "prometheus.yml", cluster.server, cluster.pki.ca_cert, token_file
         )
-        port = control_plane.free_port()
+        address = f"{netns.NODE_ADDRESS}:{PROMETHEUS_PORT}"
         self.prometheus_process, _ = processes.spawn(
             "prometheus",
-            prometheus.command(binary, config, folder / "data", port),
+            prometheus.command(entered.prometheus_binary, config, folder / "data", address),
             folder / "prometheus.log",
         )
-        url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
-        while not await asyncio.to_thread(control_plane._http_ok, f"{url}/-/ready"):
+        while not await asyncio.to_thread(_answers, f"{PROMETHEUS_INSIDE}/-/ready"):
             if not processes.is_running(self.prometheus_process) or time.monotonic() > deadline:
                 log = (folder / "prometheus.log").read_text(errors="replace")[-2000:]
                 raise UpError(f"Prometheus did not start:\n{log}")
             await asyncio.sleep(0.2)
-        self.prometheus_url = url
-        self.say(f"  metrics: Prometheus at {url}, discovering the pods through the API server")
+        self.prometheus_forward = await self._forward_to(fixed(netns.NODE_ADDRESS, PROMETHEUS_PORT))
+        self.say(f"  metrics: Prometheus at {self.prometheus_url}, discovering the pods "
+                 "through the API server")  # fmt: skip
 
     async def _token(self, account: str, seconds: int) -> str:
         issued = await self._api().request(
@@ -151,10 +195,11 @@ class LocalSession:
 
     # -- manifests ---------------------------------------------------------------------------
     async def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        """The cluster's kubectl, as the admin, from inside the session's namespace."""
         assert self.cluster is not None
         result = await asyncio.to_thread(
             subprocess.run,
-            [str(self.cluster.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            [str(self.cluster.kubectl), f"--kubeconfig={self.cluster.kubeconfig}", *args],
             input=stdin,
             capture_output=True,
             text=True,
@@ -177,8 +222,7 @@ class LocalSession:
         )
 
     async def apply_files(self, files: Sequence[Path]) -> list[dict[str, Any]]:
-        """Applies every document of `files` (InferenceDeployments adapted to the machine,
-        see `substitutions`), saying what the machine lacks first; the applied objects."""
+        """Applies every document of `files` (`apply`); the applied objects."""
         documents = []
         for path in files:
             try:
@@ -186,24 +230,44 @@ class LocalSession:
             except (OSError, yaml.YAMLError) as error:
                 raise UpError(f"{path}: {error}") from None
             documents += loaded
-        adapted = [substitutions.adapt(d, self.cpu) for d in documents]
+        applied, output = await self.apply(documents)
+        for line in output.splitlines():
+            self.say(f"  {line}")
+        self._write_state(phase="applied")
+        return applied
+
+    async def apply(self, documents: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+        """Applies `documents` adapted to the machine (`substitutions`: --cpu, and this
+        machine's files published to the pods), saying what the machine lacks first, and
+        records on each object what was changed; the applied objects and kubectl's output."""
+        published = await asyncio.to_thread(self._publish, documents)
+        adapted = [substitutions.adapt(d, self.cpu, published) for d in documents]
         if not adapted:
-            self._write_state(phase="applied")
-            return []
+            return [], ""
         for item in adapted:
             for note in item.notes:
                 self.say(f"  note: {note}")
         output = await self.kubectl_apply([a.manifest for a in adapted])
-        for line in output.splitlines():
-            self.say(f"  {line}")
         for item in adapted:
-            if item.changes:
-                await self._event(item.manifest, "; ".join(item.changes))
-        self._write_state(phase="applied")
-        return [a.manifest for a in adapted]
+            if item.event_message():
+                await self._event(item.manifest, item.event_message())
+        return [a.manifest for a in adapted], output
 
-    async def _event(self, manifest: dict[str, Any], changes: str) -> None:
-        """Says on the object what `--cpu` changed (what `kubectl describe` lists)."""
+    def _publish(self, documents: Sequence[dict[str, Any]]) -> dict[str, str]:
+        """file:// URI -> the URL at which the cluster's file server gives it to the pods,
+        for each that names an existing file or folder of this machine."""
+        assert self.cluster is not None
+        published = {}
+        for document in documents:
+            for uri in substitutions.local_files(document):
+                path = Path(urllib.parse.unquote(uri.removeprefix("file://")))
+                if path.is_absolute() and path.exists():
+                    url = files.publish(self.cluster.directory, path)
+                    published[uri] = url + "/" if path.is_dir() else url
+        return published
+
+    async def _event(self, manifest: dict[str, Any], message: str) -> None:
+        """Says on the object what was changed for the machine (`kubectl describe` lists it)."""
         meta = manifest["metadata"]
         namespace = meta.get("namespace", "default")
         found = await self._api().get(
@@ -229,8 +293,7 @@ class LocalSession:
                 },
                 "type": "Normal",
                 "reason": "LocalSubstitution",
-                "message": f"kubeinfer up --cpu ran this on CPU with ONNX Runtime and no GPU "
-                f"request: {changes}",
+                "message": message,
                 "source": {"component": FIELD_MANAGER},
                 "reportingComponent": FIELD_MANAGER,
                 "firstTimestamp": now,
@@ -262,59 +325,30 @@ class LocalSession:
             return
         service = names.service_name(name)
 
-        async def endpoints() -> list[str]:
-            return await self.ready_endpoints(namespace, service)
+        async def target() -> tuple[str, int] | None:
+            return await self.service_address(namespace, service)
 
-        forwarder = Forwarder(endpoints)
-        await forwarder.start()
-        self.forwarders[(namespace, name)] = forwarder
+        self.forwarders[(namespace, name)] = forwarder = await self._forward_to(target)
         infd = await self._api().get(
             f"/apis/kubeinfer.io/v1alpha1/namespaces/{namespace}/inferencedeployments/{name}"
         )
         model = ((infd or {}).get("spec") or {}).get("model", {}).get("name", name)
-        self.say(
-            f"  endpoint {namespace}/{name}: http://127.0.0.1:{forwarder.port}"
-            f"/v2/models/{model}/infer"
-        )
+        self.say(f"  endpoint {namespace}/{name}: {forwarder.url}/v2/models/{model}/infer")
         self._write_state(phase="applied")
 
-    async def ready_endpoints(self, namespace: str, service: str) -> list[str]:
-        """`podIP:port` of each ready pod the Service selects, at its first port's target."""
-        found = await self._api().get(f"/api/v1/namespaces/{namespace}/services/{service}")
-        if found is None:
-            return []
-        selector = (found.get("spec") or {}).get("selector")
-        if not selector:
-            return []
-        target = found["spec"]["ports"][0].get("targetPort", found["spec"]["ports"][0]["port"])
-        pods = await self._api().request(
-            "GET",
-            f"/api/v1/namespaces/{namespace}/pods",
-            labelSelector=",".join(f"{k}={v}" for k, v in sorted(selector.items())),
-        )
-        ready = []
-        for pod in pods.get("items") or []:
-            status = pod.get("status") or {}
-            is_ready = any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in status.get("conditions") or []
-            )
-            if not is_ready or pod["metadata"].get("deletionTimestamp") or not status.get("podIP"):
-                continue
-            port = target
-            if not str(target).isdigit():
-                port = next(
-                    (
-                        p["containerPort"]
-                        for c in pod["spec"]["containers"]
-                        for p in c.get("ports") or []
-                        if p.get("name") == target
-                    ),
-                    None,
-                )
-            if port is not None:
-                ready.append(f"{status['podIP']}:{port}")
-        return sorted(ready)
+    async def service_address(self, namespace: str, service: str) -> tuple[str, int] | None:
+        """The Service's ClusterIP and its `http` port (kube-proxy balances it over the
+        ready pods), or None while it does not exist."""
+        try:
+            found = await self._api().get(f"/api/v1/namespaces/{namespace}/services/{service}")
+        except ApiError:
+            return None
+        spec = (found or {}).get("spec") or {}
+        ports = spec.get("ports") or []
+        if not ports or spec.get("clusterIP") in (None, "", "None"):
+            return None
+        port = next((p["port"] for p in ports if p.get("name") == "http"), ports[0]["port"])
+        return str(spec["clusterIP"]), int(port)
 
     async def watch(self, stop: asyncio.Event, interval_seconds: float = 1.0) -> None:
         while not stop.is_set():
@@ -325,8 +359,10 @@ class LocalSession:
 
     # -- stopping ----------------------------------------------------------------------------
     async def stop(self) -> None:
-        for forwarder in self.forwarders.values():
-            await forwarder.close()
+        forwarders = [*self.forwarders.values(), self.prometheus_forward, self.api_forward]
+        for forwarder in forwarders:
+            if forwarder is not None:
+                await forwarder.close()
         self.forwarders.clear()
         if self.api is not None:
             await self.api.close()
@@ -345,12 +381,20 @@ class LocalSession:
             "prometheus": None
             if self.prometheus_process is None
             else self.prometheus_process.__dict__,
-            "endpoints": {
-                f"{ns}/{name}": f"http://127.0.0.1:{f.port}"
-                for (ns, name), f in self.forwarders.items()
-            },
+            "prometheus_url": self.prometheus_url,
+            "endpoints": {f"{ns}/{name}": f.url for (ns, name), f in self.forwarders.items()},
         }
         (self.directory / SESSION_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 def stop_directory(directory: Path, grace_seconds: float = 30.0) -> bool:

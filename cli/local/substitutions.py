@@ -1,17 +1,21 @@
 """What a manifest asks that this machine lacks, said up front, one line each, and what
-`kubeinfer up --cpu` changes so it runs anyway. Pure.
+`kubeinfer up` changes so it runs anyway. Pure.
 
 The machine has no GPU and no TensorRT: a `tensorrt` engine cannot be built and a pod
 that requests `nvidia.com/gpu` cannot be scheduled (it would wait Pending, as on a
 cluster without GPU nodes). With `--cpu` the manifest is applied with ONNX Runtime, no
-GPU request and no GPU product, and the object is annotated with what was changed (the
-session also says so in the object's Events). A model or calibration source that needs
-credentials or a network the machine may not have is named, never rewritten.
+GPU request and no GPU product. A `file://` source names a file of this machine, which
+no pod can see: the session publishes it on the cluster's file server (with its folder,
+for external data) and the manifest is applied with that `http://` URL (`published`
+maps one to the other). Either way the object is annotated with what was changed, and
+the session says so in its Events. A source that needs credentials or a network the
+machine may not have is named, never rewritten.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,28 +31,76 @@ class Adapted:
     """One line per thing the machine lacks (and, with --cpu, what was done instead)."""
     changes: list[str] = field(default_factory=list)
     """What --cpu changed, for the object's annotation and Event."""
+    published: list[str] = field(default_factory=list)
+    """Which file:// sources were applied as the file server's http:// URLs (the same)."""
+
+    def event_message(self) -> str:
+        """What the object's Event says was changed, or "" when nothing was."""
+        parts = []
+        if self.changes:
+            parts.append("kubeinfer up --cpu ran this on CPU with ONNX Runtime and no GPU "
+                         f"request: {'; '.join(self.changes)}")  # fmt: skip
+        if self.published:
+            parts.append("kubeinfer up served this machine's files to the pods over HTTP: "
+                         + "; ".join(self.published))  # fmt: skip
+        return ". ".join(parts)
 
 
-def _source_notes(where: str, source: dict[str, Any] | None) -> list[str]:
-    uri = str((source or {}).get("uri", ""))
-    if uri.startswith(("s3://", "gs://")) and not (source or {}).get("secretRef"):
+SOURCE_FIELDS = (("model source", ("model", "source")), ("calibration", ("engine", "calibration")))
+"""The fields of an InferenceDeployment's spec that name a file to fetch, as said and as
+found."""
+
+
+def _sources(spec: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    found = []
+    for label, (group, key) in SOURCE_FIELDS:
+        source = (spec.get(group) or {}).get(key)
+        if isinstance(source, dict):
+            found.append((label, f"{group}.{key}.uri", source))
+    return found
+
+
+def local_files(manifest: dict[str, Any]) -> list[str]:
+    """The `file://` URIs an InferenceDeployment's sources name, to publish."""
+    if manifest.get("kind") != "InferenceDeployment":
+        return []
+    uris = [str(s.get("uri", "")) for _, _, s in _sources(manifest.get("spec") or {})]
+    return [uri for uri in uris if uri.startswith("file://")]
+
+
+def _source_notes(where: str, source: dict[str, Any]) -> list[str]:
+    uri = str(source.get("uri", ""))
+    if uri.startswith(("s3://", "gs://")) and not source.get("secretRef"):
         return [
             f"{where} {uri}: no credentials (secretRef) are given, and this machine has "
             "none of its own; the build will fail to fetch it"
         ]
     if uri.startswith("https://"):
         return [f"{where} {uri}: this machine may not reach it; a file:// source always works"]
-    path = uri.removeprefix("file://")
-    if uri.startswith("file://") and (path == "/tmp" or path.startswith("/tmp/")):
-        return [
-            f"{where} {uri}: every pod mounts its own /tmp (an emptyDir), which hides "
-            "this file from the build; put the model outside /tmp"
-        ]
+    if uri.startswith("file://"):
+        return [f"{where} {uri}: no such file on this machine; the build will fail to fetch it"]
     return []
 
 
-def adapt(manifest: dict[str, Any], cpu: bool) -> Adapted:
-    """The notes for `manifest`, and with `cpu` the manifest changed to run on CPU."""
+def _publish(
+    where: str, field_path: str, source: dict[str, Any], published: Mapping[str, str]
+) -> tuple[list[str], list[str]]:
+    """(notes, published) for one source: a file:// URI the session published is applied
+    as its http:// URL; any other source is only named where the machine may lack it."""
+    uri = str(source.get("uri", ""))
+    url = published.get(uri)
+    if url is None:
+        return _source_notes(where, source), []
+    source["uri"] = url
+    note = f"{where} {uri}: a file of this machine, which pods cannot see; they read it at {url}"
+    return [note], [f"{field_path} {uri} -> {url}"]
+
+
+def adapt(
+    manifest: dict[str, Any], cpu: bool, published: Mapping[str, str] | None = None
+) -> Adapted:
+    """The notes for `manifest`, with `cpu` the manifest changed to run on CPU, and each
+    file:// source that `published` maps applied as its URL."""
     if manifest.get("kind") != "InferenceDeployment":
         return Adapted(manifest)
     result = copy.deepcopy(manifest)
@@ -83,9 +135,12 @@ def adapt(manifest: dict[str, Any], cpu: bool) -> Adapted:
     if runtime.get("gpuProduct") and cpu:
         changes.append(f"runtime.gpuProduct {runtime['gpuProduct']} -> none")
         del runtime["gpuProduct"]
-    notes += _source_notes(f"{name}: model source", (spec.get("model") or {}).get("source"))
-    notes += _source_notes(f"{name}: calibration", engine.get("calibration"))
-    if changes:
+    served: list[str] = []
+    for label, field_path, source in _sources(spec):
+        said, done = _publish(f"{name}: {label}", field_path, source, published or {})
+        notes += said
+        served += done
+    if changes or served:
         metadata = result.setdefault("metadata", {})
-        metadata.setdefault("annotations", {})[ANNOTATION] = "; ".join(changes)
-    return Adapted(result, notes, changes)
+        metadata.setdefault("annotations", {})[ANNOTATION] = "; ".join(changes + served)
+    return Adapted(result, notes, changes, served)
