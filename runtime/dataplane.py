@@ -1,14 +1,13 @@
 """The data plane: live / ready / metadata / infer, independent of any transport.
 
-The HTTP routes and the gRPC service are thin wrappers over this class: a request is
-first `admitted` (on its arrival, before its body is read: an unknown model is a 404 and
-a server that cannot take it a 503, without reading a byte of the body), then the
-transport decodes it and both go the same way from there, `infer_decoded` (REST through
-`infer_admitted`, which decodes a body with the binary-extension header length), getting
-back the answer in the transport's own encoding; every failure comes out as an
-`InferenceServerError` carrying its status. The request's deadline counts from its
-admission, through reading, decoding (a large body on a worker thread, `CodecPool`),
-queueing and running.
+The HTTP routes and the gRPC service only translate their wire forms to this class and
+back (MLServer's DataPlane, KServe's model server): a request is first `admitted` (on its
+arrival, before its body is read: an unknown model is a 404 and a server that cannot take
+it a 503, without reading a byte of the body), then the transport decodes it (a large one
+on a codec worker thread, `offloaded`) and both go the same way from there,
+`infer_decoded`, getting back the answer in the transport's own encoding; every failure
+comes out as an `InferenceServerError` carrying its status. The request's deadline counts
+from its admission, through reading, decoding, queueing and running.
 
 Readiness is the batcher's admission: false before start, from the moment draining
 begins, and while a batch is stuck on the engine; liveness is false once a stuck batch
@@ -21,17 +20,18 @@ admission is never counted.
 A request answered 200 is offered, after its answer is ready, to the mirrors
 (`kubeinfer.runtime.shadow`: a shadow candidate, a quality watch's reference) with its
 decoded inputs, its outputs, its server time and the raw value of the watch's slice header
-(which the transport reads while a watch names one, `ShadowController.slice_header`): an
-offer never awaits and never raises, so mirroring adds no wait and no failure here.
+(which the transport reads while a watch names one, `slice_header`): an offer never awaits
+and never raises, so mirroring adds no wait and no failure here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from kubeinfer.contract.runtime_config import (
     UNSIZED_REQUEST_BYTES,
@@ -41,22 +41,22 @@ from kubeinfer.contract.runtime_config import (
 from kubeinfer.runtime.batching.queue import Admission, Batcher
 from kubeinfer.runtime.engines.base import Engine, TensorSpec
 from kubeinfer.runtime.metrics import RuntimeMetrics
-from kubeinfer.runtime.protocol.codec_pool import OFFLOAD_BYTES, CodecPool
+from kubeinfer.runtime.protocol.codec_pool import CodecPool
 from kubeinfer.runtime.protocol.errors import (
     ClientGone,
     DeadlineExceeded,
     InferenceServerError,
     InvalidRequest,
     ModelNotFound,
+    over_request_limit,
 )
 from kubeinfer.runtime.protocol.json_tensors import model_json_value_limit
-from kubeinfer.runtime.protocol.tensor_codec import (
-    DecodeLimits,
-    decode_infer_request,
-    encode_infer_response,
-)
+from kubeinfer.runtime.protocol.model_config import model_config
+from kubeinfer.runtime.protocol.tensor_codec import DecodeLimits
 from kubeinfer.runtime.protocol.v2_types import InferOutput, InferRequest, InferResponse
 from kubeinfer.runtime.shadow.controller import ShadowController
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "kubeinfer"
 SERVER_VERSION = "0.1.0"
@@ -64,6 +64,7 @@ EXTENSIONS = ("binary_tensor_data",)
 
 Encoded = TypeVar("Encoded")
 """A transport's wire form of an answer (`DataPlane.infer_decoded`)."""
+Result = TypeVar("Result")
 
 
 def _tensor_metadata(specs: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
@@ -138,19 +139,12 @@ class AdmittedRequest:
         metrics.request_finished()
 
 
-class InferResult(NamedTuple):
-    """An answered infer request, as the transport sends it."""
-
-    body: bytes
-    header_length: int | None
-    """The binary extension's Inference-Header-Content-Length, or None (all JSON)."""
-    seconds: float
-    """The server's time for the request, the span `kubeinfer_request_duration_seconds`
-    observes (the transport reports it in Server-Timing)."""
-
-
 class DataPlane:
-    """One served model (name, version) behind a batcher."""
+    """One served model (name, version) behind a batcher, and its mirrors: assembled once
+    (`kubeinfer.runtime.serving.assemble`) and handed to every transport.
+
+    Lifecycle: `start()` before the first request, `drain(grace)` on SIGTERM (while the
+    transports still answer what was admitted), `close()` once they have stopped."""
 
     def __init__(
         self,
@@ -175,6 +169,35 @@ class DataPlane:
         self._output_datatypes = {spec.name: spec.datatype for spec in engine.outputs}
         self.limits = decode_limits(engine.inputs, config.batching.max_batch_size)
 
+    async def start(self) -> None:
+        """Starts the batcher (the slots' buffers are allocated here) and the mirrors."""
+        await self.batcher.start()
+        if self.shadow is not None:
+            await self.shadow.start()
+
+    async def drain(self, grace_seconds: float) -> bool:
+        """SIGTERM's first step: readiness and admission off at once, mirroring stopped
+        (its work in flight cancelled), then every request admitted before answered;
+        False when that took longer than `grace_seconds`."""
+        drained = asyncio.create_task(self.batcher.drain(grace_seconds))
+        await asyncio.sleep(0)  # admission is off from here on
+        log.info("Started draining admitted=%d grace_period_seconds=%s",
+                 self.batcher.admitted, grace_seconds)  # fmt: skip
+        if self.shadow is not None:
+            await self.shadow.stop()
+        if not await drained:
+            log.warning("Drain grace period ran out admitted=%d", self.batcher.admitted)
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Stops the mirrors and the batcher (what is left fails) and the codec's
+        threads. The engine is the caller's: it is not closed here."""
+        if self.shadow is not None:
+            await self.shadow.stop()
+        await self.batcher.close()
+        self.codec.close()
+
     def live(self) -> bool:
         return self.batcher.watchdog.live(self._clock())
 
@@ -184,6 +207,12 @@ class DataPlane:
     @property
     def draining(self) -> bool:
         return self.batcher.draining
+
+    @property
+    def slice_header(self) -> str | None:
+        """The header (or gRPC metadata key) a quality watch reads each request's slice
+        from, while one names it; None: the transport reads none."""
+        return self.shadow.slice_header if self.shadow is not None else None
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": list(EXTENSIONS)}
@@ -211,6 +240,10 @@ class DataPlane:
             "parameters": {"max_batch_size": self.config.batching.max_batch_size},
         }
 
+    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        """Triton's model configuration of the model (`protocol.model_config`)."""
+        return model_config(self.model_metadata(name, version))
+
     def admitted(self, name: str, version: str | None) -> AdmittedRequest:
         """Admits an infer request on its arrival, before its body is read (raises 404,
         or 503 when the server cannot take it), and accounts for it until it ends: its
@@ -226,46 +259,35 @@ class DataPlane:
         self.metrics.request_started()
         return AdmittedRequest(self, admission)
 
-    async def infer(
-        self, name: str, version: str | None, body: bytes, header_length: int | None
-    ) -> InferResult:
-        """Runs one v2 infer request whose body is already read: `admitted`, then
-        `infer_admitted` (a transport that can answer before reading the body calls
-        those two itself)."""
-        with self.admitted(name, version) as admission:
-            return await self.infer_admitted(admission, body, header_length)
-
-    async def infer_admitted(
-        self,
-        admission: Admission,
-        body: bytes,
-        header_length: int | None,
-        slice_value: str | None = None,
-    ) -> InferResult:
-        """Runs one admitted v2 infer request from its HTTP body (JSON, or with the binary
-        extension): decoded, then `infer_decoded`. Returns the response body, the binary
-        header length and the server time (from its arrival). `slice_value` goes to the
-        mirrors only."""
-        admission.stage = "waiting"
-        json_bytes = len(body) if header_length is None else header_length
-        if json_bytes >= OFFLOAD_BYTES:  # binary tensors are views: no work to move
-            request = await self.codec.run(
-                admission.deadline, decode_infer_request, body, header_length, self.limits
+    def check_request_bytes(self, size: int, what: str) -> None:
+        """Raises 413 when a request of `size` bytes is over the limit (`what`: the
+        request's form on the wire, for the message)."""
+        if size > self.max_request_bytes:
+            raise over_request_limit(
+                f"the request {what} ({size} bytes) is over the limit of "
+                f"{self.max_request_bytes} bytes"
             )
-        else:
-            request = decode_infer_request(body, header_length, self.limits)
-        (payload, response_header_length), seconds = await self.infer_decoded(
-            admission, request, self._encode_http, slice_value
-        )
-        return InferResult(payload, response_header_length, seconds)
 
-    async def _encode_http(self, response: InferResponse) -> tuple[bytes, int | None]:
-        json_tensor_bytes = sum(o.data.nbytes for o in response.outputs if not o.binary)
-        if json_tensor_bytes >= OFFLOAD_BYTES // 4:
-            # JSON writes about 4 bytes of text per byte of float32 (a quarter of the
-            # threshold's worth of tensors makes a body of about the threshold).
-            return await self.codec.run(math.inf, encode_infer_response, response)
-        return encode_infer_response(response)
+    async def offloaded(
+        self, admission: Admission, offload: bool, fn: Callable[..., Result], *args: Any
+    ) -> Result:
+        """`fn(*args)` (a transport's decoding), on a codec worker thread when `offload`
+        (a large request: see `codec_pool`), under the request's deadline."""
+        if offload:
+            return await self.codec.run(admission.deadline, fn, *args)
+        return fn(*args)
+
+    def bound_by_client(
+        self, admission: Admission, request: InferRequest, remaining_seconds: float | None
+    ) -> None:
+        """The client's own deadline (gRPC's), `remaining_seconds` from now, becomes the
+        request's timeout when it is sooner than its timeout parameter (or the default)."""
+        if remaining_seconds is None:
+            return
+        client = int((self._clock() - admission.arrived_at + remaining_seconds) * 1e6)
+        default = self.config.batching.default_timeout_milliseconds * 1000
+        own = request.timeout_microseconds or default
+        request.timeout_microseconds = max(1, min(own, client))
 
     async def infer_decoded(
         self,
@@ -280,35 +302,10 @@ class DataPlane:
         transport's `encode`, counted as answered and offered to the mirrors. Returns the
         encoded answer and the server time (from its arrival)."""
         admission.stage = "waiting"
-        inputs = {}
-        for tensor in request.inputs:
-            if tensor.name in inputs:
-                raise InvalidRequest(f"input {tensor.name!r} is given twice")
-            inputs[tensor.name] = (tensor.datatype, tensor.data)
+        inputs = _named_inputs(request)
         rows, shape = self.batcher.shapes.check(inputs, self.config.batching.max_batch_size)
-        wanted: list[tuple[str, bool | None]]
-        if request.outputs is None:
-            wanted = [(spec.name, None) for spec in self.engine.outputs]
-        else:
-            wanted = []
-            for output in request.outputs:
-                if output.name not in self._output_names:
-                    raise InvalidRequest(
-                        f"unknown output {output.name!r}; the model's outputs are "
-                        f"{sorted(self._output_names)}"
-                    )
-                wanted.append((output.name, output.binary))
-        timeout = request.timeout_microseconds
-        timeout_seconds = timeout / 1e6 if timeout else None  # 0 or absent: the default
-        if timeout_seconds is not None:
-            admission.deadline = admission.arrived_at + timeout_seconds
-        now = self._clock()
-        if now >= admission.deadline:
-            raise DeadlineExceeded(
-                f"the request's deadline passed {(now - admission.arrived_at) * 1000:.1f} ms "
-                "after it arrived, before it was queued (reading and decoding it); it was "
-                "not executed"
-            )
+        wanted = self._wanted_outputs(request)
+        timeout_seconds = self._start_deadline(admission, request)
         results = await self.batcher.infer(
             {name: data for name, (_, data) in inputs.items()},
             rows,
@@ -334,3 +331,46 @@ class DataPlane:
             outputs = {n: (self._output_datatypes[n], array) for n, array in results.items()}
             shadow.offer(inputs, outputs, seconds, slice_value)
         return encoded, seconds
+
+    def _wanted_outputs(self, request: InferRequest) -> list[tuple[str, bool | None]]:
+        """The outputs the request asks for (all, by default), each with its own binary
+        choice (None: the request's)."""
+        if request.outputs is None:
+            return [(spec.name, None) for spec in self.engine.outputs]
+        wanted = []
+        for output in request.outputs:
+            if output.name not in self._output_names:
+                raise InvalidRequest(
+                    f"unknown output {output.name!r}; the model's outputs are "
+                    f"{sorted(self._output_names)}"
+                )
+            wanted.append((output.name, output.binary))
+        return wanted
+
+    def _start_deadline(self, admission: Admission, request: InferRequest) -> float | None:
+        """Applies the request's own timeout (0 or absent: the default) to its deadline,
+        counted from its arrival, and refuses it when that has passed already (while it
+        was read and decoded). Returns the timeout in seconds, or None."""
+        timeout = request.timeout_microseconds
+        timeout_seconds = timeout / 1e6 if timeout else None  # 0 or absent: the default
+        if timeout_seconds is not None:
+            admission.deadline = admission.arrived_at + timeout_seconds
+        now = self._clock()
+        if now >= admission.deadline:
+            raise DeadlineExceeded(
+                f"the request's deadline passed {(now - admission.arrived_at) * 1000:.1f} ms "
+                "after it arrived, before it was queued (reading and decoding it); it was "
+                "not executed"
+            )
+        return timeout_seconds
+
+
+def _named_inputs(request: InferRequest) -> dict[str, tuple[str, Any]]:
+    """The request's inputs by name, each as (datatype, data); a name given twice is
+    refused."""
+    inputs = {}
+    for tensor in request.inputs:
+        if tensor.name in inputs:
+            raise InvalidRequest(f"input {tensor.name!r} is given twice")
+        inputs[tensor.name] = (tensor.datatype, tensor.data)
+    return inputs

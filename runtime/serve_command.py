@@ -41,7 +41,6 @@ from pydantic_settings import (
 )
 
 if TYPE_CHECKING:
-    from aiohttp import web
     from kubeinfer.contract.runtime_config import RuntimeConfig
     from kubeinfer.runtime.engines.base import Engine
     from kubeinfer.runtime.metrics import GpuMemoryReader
@@ -376,10 +375,16 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(error, EngineIncompatibleError):
             return _fail_to_start(path, str(error), EXIT_ENGINE_INCOMPATIBLE)
         return _fail_to_start(path, f"cannot load the engine: {error}", 1)
+    return _serve(config, engine, path)
 
+
+def _serve(config: RuntimeConfig, engine: Engine, path: Path | None) -> int:
+    """Serves the loaded engine until SIGTERM and its drain: the data plane assembled once
+    (`serving.assemble`) and handed to both transports (`serving.serve_transports`). The
+    engine is closed here, unless a batch's thread is still inside it."""
     from kubeinfer.runtime.buffer_memory import available_bytes, buffers_problem
     from kubeinfer.runtime.engines.base import UnsupportedModel, slot_buffer_bytes
-    from kubeinfer.runtime.http.app import DATAPLANE, create_app
+    from kubeinfer.runtime.serving import CannotListen, assemble, serve_transports
 
     slots = config.batching.execution_slots or engine.default_execution_slots
     problem = buffers_problem(
@@ -389,19 +394,19 @@ def run(args: argparse.Namespace) -> int:
         engine.close()
         return _fail_to_start(path, f"cannot serve the model: {problem}", 1)
     try:
-        app = create_app(config, engine, gpu_memory=gpu_memory_reader())
+        dataplane = assemble(config, engine, gpu_memory=gpu_memory_reader())
     except UnsupportedModel as error:  # the shape batching asked for cannot be done on it
         engine.close()
         return _fail_to_start(path, f"cannot serve the model: {error}", 1)
     try:
-        code = asyncio.run(serve_transports(app, config))
+        code = asyncio.run(serve_transports(dataplane))
     except CannotListen as error:
         engine.close()
         return _fail_to_start(path, str(error), 1)
     except BaseException:
         engine.close()
         raise
-    if app[DATAPLANE].batcher.stuck_threads:
+    if dataplane.batcher.stuck_threads:
         # A worker thread is still inside the engine: closing the engine under it could
         # crash, and the interpreter would wait for the thread at exit forever.
         log.error("Exiting with a batch still running on the engine")
@@ -409,41 +414,6 @@ def run(args: argparse.Namespace) -> int:
         os._exit(code)
     engine.close()
     return code
-
-
-class CannotListen(OSError):
-    """A port of the configuration cannot be listened on (a start-up error)."""
-
-
-async def serve_transports(app: web.Application, config: RuntimeConfig) -> int:
-    """Serves the app over HTTP until SIGTERM and its drain (`http.server.serve`), and
-    the same data plane over gRPC when `grpcPort` is set: the gRPC server listens first
-    (a port taken is a start-up error) and begins its own drain when the HTTP server's
-    begins, and the process exits once both are done."""
-    from kubeinfer.runtime.http.app import DATAPLANE
-    from kubeinfer.runtime.http.server import serve
-
-    if config.grpc_port is None:
-        return await serve(app, config)
-    from kubeinfer.runtime.grpc_service.server import GrpcServer
-
-    grpc_server = GrpcServer(app[DATAPLANE], app[DATAPLANE].config)  # its limit resolved
-    try:
-        await grpc_server.start()
-    except OSError as error:
-        raise CannotListen(str(error)) from None
-    stop = asyncio.Event()
-
-    async def stop_grpc_on_drain() -> None:
-        await stop.wait()
-        await grpc_server.stop(config.drain_grace_period_seconds)
-
-    stopping = asyncio.create_task(stop_grpc_on_drain())
-    try:
-        return await serve(app, config, stop=stop)
-    finally:
-        stop.set()  # also when serving failed: the gRPC server must not outlive it
-        await stopping
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -9,7 +9,7 @@ operator's build Jobs), never loaded by a serving pod.
     engine_build.py    the whole build: fetch, key, lock, build, measure, publish to the cache
     build_command.py   `kubeinfer build`'s flags, exit codes and termination message
 
-Serving is the other half (`dataplane`, `serve_command`, `http/`, `protocol/`,
+Serving is the other half (`serving`, `dataplane`, `serve_command`, `http/`, `protocol/`,
 `batching/`, `shadow/`, `metrics`, `gpu_memory`, at the top of `kubeinfer.runtime`). The
 two halves never import each other (`.importlinter`); they meet in the modules both use,
 which stay at the top:

@@ -1,5 +1,6 @@
-"""The gRPC server's lifecycle beside the HTTP server's: started on `grpcPort` before the
-HTTP server, stopped when its drain begins.
+"""The gRPC server's lifecycle beside the HTTP server's (`serving.serve_transports` runs
+both over one data plane): started on `grpcPort` before the HTTP server, stopped when the
+drain begins.
 
 Options: a message may be as large as an HTTP body (`maxRequestBytes`: the service refuses
 larger ones with RESOURCE_EXHAUSTED naming the limit, and gRPC itself, before they are
@@ -19,7 +20,6 @@ from __future__ import annotations
 import logging
 
 import grpc
-from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.grpc_service.open_inference_grpc_pb2_grpc import (
     add_GRPCInferenceServiceServicer_to_server,
@@ -41,9 +41,9 @@ def listen_address(host: str, port: int) -> str:
 class GrpcServer:
     """`inference.GRPCInferenceService` of one data plane on `config.grpc_port`."""
 
-    def __init__(self, dataplane: DataPlane, config: RuntimeConfig) -> None:
-        assert config.grpc_port is not None
-        self._config = config
+    def __init__(self, dataplane: DataPlane) -> None:
+        assert dataplane.config.grpc_port is not None
+        self._config = dataplane.config
         self._server = grpc.aio.server(
             options=[
                 # Room past the limit, so the service refuses most messages over it in

@@ -34,12 +34,7 @@ from kubeinfer.runtime.grpc_service.codec import (
 from kubeinfer.runtime.grpc_service.open_inference_grpc_pb2_grpc import (
     GRPCInferenceServiceServicer,
 )
-from kubeinfer.runtime.protocol.errors import (
-    InferenceServerError,
-    grpc_error_parts,
-    over_request_limit,
-)
-from kubeinfer.runtime.protocol.model_config import model_config
+from kubeinfer.runtime.protocol.errors import InferenceServerError, InternalError, grpc_error_parts
 from kubeinfer.runtime.protocol.v2_types import InferResponse
 
 log = logging.getLogger(__name__)
@@ -101,24 +96,23 @@ class InferenceService(GRPCInferenceServiceServicer):
     ) -> Any:
         return pb.ServerMetadataResponse(**self._dataplane.server_metadata())
 
-    async def _metadata(
-        self, request: pb.ModelMetadataRequest | pb.ModelConfigRequest,
-        context: grpc.aio.ServicerContext,
-    ) -> dict[str, Any]:  # fmt: skip
-        try:
-            return self._dataplane.model_metadata(request.name, request.version or None)
-        except InferenceServerError as error:
-            await _abort(context, error)
-
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> Any:
-        return to_model_metadata_response(await self._metadata(request, context))
+        try:
+            metadata = self._dataplane.model_metadata(request.name, request.version or None)
+        except InferenceServerError as error:
+            await _abort(context, error)
+        return to_model_metadata_response(metadata)
 
     async def ModelConfig(
         self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
     ) -> Any:
-        return to_model_config_response(model_config(await self._metadata(request, context)))
+        try:
+            config = self._dataplane.model_config(request.name, request.version or None)
+        except InferenceServerError as error:
+            await _abort(context, error)
+        return to_model_config_response(config)
 
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
@@ -127,25 +121,13 @@ class InferenceService(GRPCInferenceServiceServicer):
         try:
             with dataplane.admitted(request.model_name, request.model_version or None) as admission:
                 admission.stage = "waiting"  # the message is read: decoding, then queued
-                size = request.ByteSize()
-                if size > dataplane.max_request_bytes:
-                    raise over_request_limit(
-                        f"the request message ({size} bytes) is over the limit of "
-                        f"{dataplane.max_request_bytes} bytes"
-                    )
+                dataplane.check_request_bytes(request.ByteSize(), "message")
                 admission.company_turns = COMPANY_TURNS
-                if typed_elements(request) >= TYPED_OFFLOAD_ELEMENTS:
-                    decoded = await dataplane.codec.run(
-                        admission.deadline, from_model_infer_request, request, dataplane.limits
-                    )
-                else:
-                    decoded = from_model_infer_request(request, dataplane.limits)
-                remaining = context.time_remaining()
-                if remaining is not None:  # the client's deadline, if sooner, is the request's
-                    client = int((dataplane.clock() - admission.arrived_at + remaining) * 1e6)
-                    default = dataplane.config.batching.default_timeout_milliseconds * 1000
-                    own = decoded.timeout_microseconds or default
-                    decoded.timeout_microseconds = max(1, min(own, client))
+                decoded = await dataplane.offloaded(
+                    admission, typed_elements(request) >= TYPED_OFFLOAD_ELEMENTS,
+                    from_model_infer_request, request, dataplane.limits,
+                )  # fmt: skip
+                dataplane.bound_by_client(admission, decoded, context.time_remaining())
                 answer, _ = await dataplane.infer_decoded(
                     admission, decoded, _encode, self._slice_value(context)
                 )
@@ -153,12 +135,11 @@ class InferenceService(GRPCInferenceServiceServicer):
             await _abort(context, error)
         except Exception:
             log.exception("Request failed unexpectedly method=ModelInfer")
-            await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
+            await _abort(context, InternalError())
         return answer
 
     def _slice_value(self, context: grpc.aio.ServicerContext) -> str | None:
-        shadow = self._dataplane.shadow
-        header = shadow.slice_header if shadow is not None else None
+        header = self._dataplane.slice_header
         if not header:
             return None
         key = header.lower()

@@ -1,4 +1,6 @@
-"""The HTTP transport: `create_app(config, engine)` and the v2 routes, thin over `DataPlane`.
+"""The HTTP transport: `create_app(dataplane)` and the v2 routes, which only translate HTTP
+to the `DataPlane` and back (the data plane is assembled, started and stopped by
+`kubeinfer.runtime.serving`, once for both transports).
 
 Why aiohttp: it is already a dependency (kopf runs on it), its HTTP parser is in C, and a
 plain `web.Application` adds only a few microseconds per request on top of the parser,
@@ -41,33 +43,31 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
+from functools import partial
 from typing import Any
 
 from aiohttp import web
-from kubeinfer.contract.runtime_config import RuntimeConfig
-from kubeinfer.runtime.batching.queue import Batcher
-from kubeinfer.runtime.batching.shapes import ShapePlan
-from kubeinfer.runtime.dataplane import DataPlane, request_limit, with_request_limit
-from kubeinfer.runtime.engines.base import Engine
+from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.http.body import content_encoding, inflate, read_body
-from kubeinfer.runtime.metrics import GpuMemoryReader, RuntimeMetrics
-from kubeinfer.runtime.protocol.codec_pool import CodecPool
+from kubeinfer.runtime.protocol.codec_pool import OFFLOAD_BYTES
 from kubeinfer.runtime.protocol.errors import (
     ClientGone,
     InferenceServerError,
+    InternalError,
     InvalidRequest,
     ModelNotFound,
     error_response_parts,
     over_request_limit,
 )
-from kubeinfer.runtime.protocol.model_config import model_config
+from kubeinfer.runtime.protocol.tensor_codec import decode_infer_request, encode_infer_response
 from kubeinfer.runtime.protocol.v2_types import (
     HEADER_LENGTH_HEADER,
     SERVER_TIMING_HEADER,
+    InferResponse,
     format_server_timing,
 )
-from kubeinfer.runtime.shadow.controller import ShadowController
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger(__name__)
@@ -130,12 +130,10 @@ async def model_metadata(request: web.Request) -> web.Response:
 
 async def model_configuration(request: web.Request) -> web.Response:
     try:
-        metadata = request.app[DATAPLANE].model_metadata(
-            request.match_info["name"], _version(request)
-        )
+        config = request.app[DATAPLANE].model_config(request.match_info["name"], _version(request))
     except InferenceServerError as error:
         return _error(error)
-    return _json(model_config(metadata))
+    return _json(config)
 
 
 async def model_ready(request: web.Request) -> web.Response:
@@ -159,54 +157,79 @@ def _header_length(request: web.Request) -> int | None:
 async def infer(request: web.Request) -> web.Response:
     arrived = time.monotonic()
     dataplane = request.app[DATAPLANE]
-    config = dataplane.config
-    limit = dataplane.max_request_bytes
     try:
         with dataplane.admitted(request.match_info["name"], _version(request)) as admission:
             header_length = _header_length(request)
-            encoding = content_encoding(request)
-            body = await read_body(
-                request, limit, admission.deadline, config.body_read_timeout_seconds, time.monotonic
+            body = await _read_inflated(request, dataplane, admission.deadline, header_length)
+            admission.stage = "waiting"
+            json_bytes = len(body) if header_length is None else header_length
+            decoded = await dataplane.offloaded(
+                admission, json_bytes >= OFFLOAD_BYTES,  # binary tensors are views: no work
+                decode_infer_request, body, header_length, dataplane.limits,
+            )  # fmt: skip
+            header = dataplane.slice_header
+            slice_value = request.headers.get(header) if header else None
+            (payload, response_header_length), seconds = await dataplane.infer_decoded(
+                admission, decoded, partial(_encode, dataplane), slice_value
             )
-            if encoding is not None:
-                body = await dataplane.codec.run(
-                    admission.deadline, inflate, body, encoding, limit,
-                    dataplane.limits.max_json_values, header_length,
-                )  # fmt: skip
-            shadow_ = dataplane.shadow
-            slice_header = shadow_.slice_header if shadow_ is not None else None
-            slice_value = request.headers.get(slice_header) if slice_header else None
-            result = await dataplane.infer_admitted(admission, body, header_length, slice_value)
     except InferenceServerError as error:
         return _error(error, time.monotonic() - arrived)
     except ClientGone as gone:
         log.debug("Client left before its answer stage=%s reason=%s", gone.stage, gone)
         return web.Response(status=400)  # nobody reads it: the connection is gone
-    timing = format_server_timing(result.seconds)
-    if result.header_length is None:
+    timing = format_server_timing(seconds)
+    if response_header_length is None:
         return web.Response(
-            body=result.body,
+            body=payload,
             headers={"Content-Type": "application/json", SERVER_TIMING_HEADER: timing},
         )
     return web.Response(
-        body=result.body,
+        body=payload,
         headers={
-            HEADER_LENGTH_HEADER: str(result.header_length),
+            HEADER_LENGTH_HEADER: str(response_header_length),
             "Content-Type": "application/octet-stream",
             SERVER_TIMING_HEADER: timing,
         },
     )
 
 
+async def _read_inflated(
+    request: web.Request, dataplane: DataPlane, deadline: float, header_length: int | None
+) -> bytes:
+    """The request's body (`body.read_body`), inflated on a codec thread when it comes
+    compressed, both bounded by the request limit."""
+    config, limit = dataplane.config, dataplane.max_request_bytes
+    encoding = content_encoding(request)
+    body = await read_body(
+        request, limit, deadline, config.body_read_timeout_seconds, time.monotonic
+    )
+    if encoding is None:
+        return body
+    return await dataplane.codec.run(
+        deadline, inflate, body, encoding, limit, dataplane.limits.max_json_values, header_length
+    )
+
+
+async def _encode(dataplane: DataPlane, response: InferResponse) -> tuple[bytes, int | None]:
+    """The response body (JSON, or with the binary extension) and its header length;
+    large JSON is written on a codec thread."""
+    json_tensor_bytes = sum(o.data.nbytes for o in response.outputs if not o.binary)
+    if json_tensor_bytes >= OFFLOAD_BYTES // 4:
+        # JSON writes about 4 bytes of text per byte of float32 (a quarter of the
+        # threshold's worth of tensors makes a body of about the threshold).
+        return await dataplane.codec.run(math.inf, encode_infer_response, response)
+    return encode_infer_response(response)
+
+
 async def shadow(request: web.Request) -> web.Response:
     controller = request.app[DATAPLANE].shadow
-    assert controller is not None  # create_app always makes one
+    assert controller is not None  # serving.assemble always makes one
     return _json(controller.status())
 
 
 async def quality(request: web.Request) -> web.Response:
     controller = request.app[DATAPLANE].shadow
-    assert controller is not None  # create_app always makes one
+    assert controller is not None  # serving.assemble always makes one
     return _json(controller.quality_status())
 
 
@@ -262,48 +285,16 @@ async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
         )
     except Exception:
         log.exception("Request failed unexpectedly method=%s path=%s", request.method, request.path)
-        return web.Response(
-            body=b'{"error": "internal server error"}', status=500, content_type="application/json"
-        )
+        return _error(InternalError())
 
 
-def create_app(
-    config: RuntimeConfig,
-    engine: Engine,
-    *,
-    gpu_memory: GpuMemoryReader | None = None,
-) -> web.Application:
-    """The server for one model: routes, metrics registry, batcher and shadow mirror (both
-    started on app startup, stopped on cleanup). The engine is the caller's: it is not
-    closed here. Raises `UnsupportedModel` when the configured shape batching cannot be
-    done on this model (`batching.shapes.ShapePlan`)."""
-    config = with_request_limit(config, engine)
-    metrics_ = RuntimeMetrics(config.model_name, config.model_version, gpu_memory)
-    batcher = Batcher(
-        engine,
-        config.batching,
-        observer=metrics_,
-        stuck_liveness_seconds=config.engine_stuck_liveness_seconds,
-        slo_p99_latency_milliseconds=config.slo_p99_latency_milliseconds,
-        shapes=ShapePlan(engine.inputs, engine.outputs, config.batching, config.input_shapes),
+def create_app(dataplane: DataPlane) -> web.Application:
+    """The v2 routes over `dataplane` (`serving.assemble` makes it). Starting and stopping
+    the data plane is its owner's (`serving.serve_transports`), not the app's."""
+    app = web.Application(
+        client_max_size=dataplane.max_request_bytes, middlewares=[_json_http_errors]
     )
-    shadow_ = ShadowController(config, metrics_.registry)
-    limit = request_limit(config, engine)
-    app = web.Application(client_max_size=limit, middlewares=[_json_http_errors])
-    codec = CodecPool()
-    app[DATAPLANE] = DataPlane(config, engine, batcher, metrics_, shadow=shadow_, codec=codec)
-
-    async def start_batcher(_: web.Application) -> None:
-        await batcher.start()
-        await shadow_.start()
-
-    async def close_batcher(_: web.Application) -> None:
-        await shadow_.stop()
-        await batcher.close()
-        codec.close()
-
-    app.on_startup.append(start_batcher)
-    app.on_cleanup.append(close_batcher)
+    app[DATAPLANE] = dataplane
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2", server_metadata)

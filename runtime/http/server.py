@@ -1,5 +1,6 @@
-"""Running the app until SIGTERM, then draining: the serving process's lifecycle, on
-aiohttp's own runner and request handling (no hook into its protocol).
+"""The HTTP server's lifecycle (`HttpServer`), on aiohttp's own runner and request
+handling (no hook into its protocol); `serving.serve_transports` runs it beside the gRPC
+server over one data plane, until SIGTERM, then drains.
 
 What aiohttp's options do here (`make_runner`):
 - `keepalive_timeout` is `headerReadTimeoutSeconds`: a connection that has not delivered
@@ -12,7 +13,7 @@ What aiohttp's options do here (`make_runner`):
 - A request aiohttp's parser refuses is answered by aiohttp itself (400, text/plain, the
   connection closed) and logged at DEBUG, not at ERROR with the client's bytes.
 
-On SIGTERM (or SIGINT), in order:
+On SIGTERM (or SIGINT), in order (the data plane's steps first, `DataPlane.drain`):
 
 1. Readiness turns false at once, and so does admission: an infer request arriving from
    now on is answered 503 with Retry-After, and every answer from now on carries
@@ -34,16 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import socket
 import time
-from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from kubeinfer.contract.runtime_config import RuntimeConfig
-from kubeinfer.runtime.http.app import DATAPLANE, RUNNER_OPTIONS
+from kubeinfer.runtime.http.app import RUNNER_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -94,53 +93,42 @@ def make_runner(app: web.Application, config: RuntimeConfig) -> web.AppRunner:
     )
 
 
-async def serve(
-    app: web.Application,
-    config: RuntimeConfig,
-    *,
-    on_started: Callable[[int], None] | None = None,
-    stop: asyncio.Event | None = None,
-) -> int:
-    """Serves `app` on config.host:config.http_port until SIGTERM/SIGINT (or `stop` is
-    set), drains, and returns the exit code (0). `on_started` gets the bound port."""
-    grace = config.drain_grace_period_seconds
-    runner = make_runner(app, config)
-    await runner.setup()
-    sock = listening_socket(config.host, config.http_port)
-    site = web.SockSite(runner, sock)
-    await site.start()
-    port = sock.getsockname()[1]
-    dataplane = app[DATAPLANE]
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    log.info(
-        "Started serving model=%s version=%s address=%s:%d",
-        config.model_name, config.model_version, config.host, port,
-    )  # fmt: skip
-    if on_started is not None:
-        on_started(port)
-    try:
-        await stop.wait()
-        started = time.monotonic()
-        drained = asyncio.create_task(dataplane.batcher.drain(grace))
-        await asyncio.sleep(0)  # admission is off from here on
-        log.info("Started draining admitted=%d grace_period_seconds=%s",
-                 dataplane.batcher.admitted, grace)  # fmt: skip
-        if dataplane.shadow is not None:
-            await dataplane.shadow.stop()
-        if not await drained:
-            log.warning("Drain grace period ran out admitted=%d", dataplane.batcher.admitted)
-        await _close_listener(site, sock, runner, loop)
-        await _close_connections(runner.server, started + grace)
-        log.info("Drained seconds=%.3f", time.monotonic() - started)
-    finally:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
-        await runner.cleanup()
-    log.info("Stopped serving model=%s", config.model_name)
-    return 0
+class HttpServer:
+    """The app served on config.host:config.http_port: `start()`, then on SIGTERM, once
+    the data plane has drained, `close(deadline)` (see the module), then `cleanup()`."""
+
+    def __init__(self, app: web.Application, config: RuntimeConfig) -> None:
+        self._app, self._config = app, config
+        self._runner = make_runner(app, config)
+        self._site: web.SockSite | None = None
+        self._sock: socket.socket | None = None
+
+    async def start(self) -> int:
+        """Listens and serves; returns the bound port. Raises OSError when the address
+        cannot be listened on."""
+        config = self._config
+        await self._runner.setup()
+        self._sock = sock = listening_socket(config.host, config.http_port)
+        self._site = web.SockSite(self._runner, sock)
+        await self._site.start()
+        port = int(sock.getsockname()[1])
+        log.info(
+            "Started serving model=%s version=%s address=%s:%d",
+            config.model_name, config.model_version, config.host, port,
+        )  # fmt: skip
+        return port
+
+    async def close(self, deadline: float) -> None:
+        """Closes the listener (answering the connections the kernel had accepted), then
+        each connection after the request it is handling, by `deadline` (monotonic)."""
+        assert self._site is not None and self._sock is not None
+        loop = asyncio.get_running_loop()
+        await _close_listener(self._site, self._sock, self._runner, loop)
+        await _close_connections(self._runner.server, deadline)
+
+    async def cleanup(self) -> None:
+        """Releases what `start` made (whatever is still open is closed)."""
+        await self._runner.cleanup()
 
 
 async def _close_listener(

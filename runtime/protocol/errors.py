@@ -125,6 +125,16 @@ class EngineFailed(InferenceServerError):
     status = 500
 
 
+class InternalError(InferenceServerError):
+    """Anything unexpected, logged by the transport that caught it and answered 500
+    without its details: the server's bug, not the client's."""
+
+    status = 500
+
+    def __init__(self) -> None:
+        super().__init__("internal server error")
+
+
 def error_response_parts(error: InferenceServerError) -> tuple[int, bytes, dict[str, str]]:
     """(status, JSON body, headers) for an error: the single status mapping of the server."""
     body = json.dumps({"error": error.message}).encode()

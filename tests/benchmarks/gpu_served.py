@@ -11,7 +11,7 @@ on the same GPU:
 
 - raw: the slots driven directly, one thread each as the batcher drives them, always at
   `--batch` rows (`gpu_slots.throughput`);
-- served: the real runtime (`create_app`: admission, the dynamic batcher with `--slots`
+- served: the real runtime (`serving.assemble`: admission, the dynamic batcher with `--slots`
   execution slots, the binary tensor codec, metrics; `serve_transports`: the HTTP
   server) in its own process, loaded over loopback HTTP by perf_analyzer (`--processes`
   of them, one by default) with `--clients` closed-loop clients in all, each request
@@ -181,8 +181,8 @@ def serve_main(argv: list[str]) -> int:
     """The runtime's own serving path (`serve_command.run` past `load_engine_for`), with
     this file's engine."""
     from kubeinfer.contract.runtime_config import RuntimeConfig
-    from kubeinfer.runtime.http.app import create_app
-    from kubeinfer.runtime.serve_command import gpu_memory_reader, serve_transports
+    from kubeinfer.runtime.serve_command import gpu_memory_reader
+    from kubeinfer.runtime.serving import assemble, serve_transports
 
     parser = argparse.ArgumentParser(prog="gpu_served.py serve")
     parser.add_argument("--config", type=Path, required=True)
@@ -192,9 +192,9 @@ def serve_main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config = RuntimeConfig.model_validate(yaml.safe_load(args.config.read_text()))
     engine = GpuMlpEngine(args.widths, config.batching.max_batch_size, capture_graphs=args.graphs)
-    app = create_app(config, engine, gpu_memory=gpu_memory_reader())
+    dataplane = assemble(config, engine, gpu_memory=gpu_memory_reader())
     try:
-        return asyncio.run(serve_transports(app, config))
+        return asyncio.run(serve_transports(dataplane))
     finally:
         engine.close()
 

@@ -69,7 +69,7 @@ def child(port: int, rate: float, seconds: float, watch: bool) -> dict[str, floa
         controller = ShadowController(config, CollectorRegistry())
 
         def answered(index: int) -> None:
-            """What the data plane does for an answered request (`infer_admitted`)."""
+            """What the data plane does for an answered request (`infer_decoded`)."""
             if controller.active:
                 outputs = {n: (datatypes[n], a) for n, a in results[index % 16].items()}
                 controller.offer(inputs[index % 16], outputs, 0.001, None)

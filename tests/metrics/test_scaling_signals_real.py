@@ -10,9 +10,10 @@ Three kinds of pod, each in its own scope:
   sources read different instants (the last scrape, now); they are compared exactly at a
   quiet moment, after a scrape that followed the load: 0 from both.
 - `held`: a fixed load, for exact agreement on figures other than 0: the runtime's own
-  HTTP app (`create_app`: data plane, batcher, metrics) over the real ONNX Runtime
-  engine, in this process, on a loopback port, its slot held at a gate and real HTTP
-  requests queued behind it, so `DataPlane.infer` counts them in progress. Nothing moves
+  HTTP app (`create_app` over the data plane `serving.assemble` makes: batcher, metrics)
+  over the real ONNX Runtime engine, in this process, on a loopback port, its slot held at
+  a gate and real HTTP requests queued behind it, so the data plane counts them in
+  progress. Nothing moves
   while it is held, so Prometheus' last scrape and the direct read's scrape (both of the
   app's own /metrics) see the same state: pods of 1+3 and 1+0 requests, 2.5 from both.
 - `gpu`: the runtime's metrics with its NVML reader replaced by fixed device readings
@@ -52,11 +53,13 @@ from kubeinfer.operator.metrics.queries import Scope
 from kubeinfer.operator.metrics.scaling import read_scaling_signals, scaling_queries
 from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals
+from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.demo_models import build_mlp, build_tiny_mlp
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from kubeinfer.runtime.gpu_memory import GpuMemory
-from kubeinfer.runtime.http.app import DATAPLANE, RUNNER_OPTIONS, create_app
+from kubeinfer.runtime.http.app import RUNNER_OPTIONS, create_app
 from kubeinfer.runtime.metrics import RuntimeMetrics
+from kubeinfer.runtime.serving import assemble
 from prometheus_client import start_http_server
 from prometheus_harness import (
     PrometheusServer,
@@ -142,6 +145,7 @@ def held_runtimes(model: Path, queued: Sequence[int]) -> Iterator[list[int]]:
     thread.start()
     engines: list[HeldEngine] = []
     runners: list[web.AppRunner] = []
+    dataplanes: list[DataPlane] = []
     requests: list[asyncio.Future[int]] = []
     sessions: list[aiohttp.ClientSession] = []
 
@@ -160,13 +164,14 @@ def held_runtimes(model: Path, queued: Sequence[int]) -> Iterator[list[int]]:
             engine=EngineSource(onnx_path=str(model)),
             batching=BatchingPolicy(execution_slots=1, default_timeout_milliseconds=600_000),
         )
-        app = create_app(config, engine)
-        runner = web.AppRunner(app, **RUNNER_OPTIONS)
+        dataplane = assemble(config, engine)
+        await dataplane.start()
+        dataplanes.append(dataplane)
+        runner = web.AppRunner(create_app(dataplane), **RUNNER_OPTIONS)
         await runner.setup()
         runners.append(runner)
         port = free_port()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        dataplane = app[DATAPLANE]
         url = f"http://127.0.0.1:{port}/v2/models/tiny/infer"
         requests.append(asyncio.ensure_future(post(url, 4)))
         await until(lambda: engine.running == 1, "the held batch running")
@@ -188,7 +193,9 @@ def held_runtimes(model: Path, queued: Sequence[int]) -> Iterator[list[int]]:
             for session in sessions:
                 await session.close()
             for runner in runners:
-                await runner.cleanup()  # stops the batcher
+                await runner.cleanup()
+            for dataplane in dataplanes:
+                await dataplane.close()  # stops the batcher
 
     try:
         yield [asyncio.run_coroutine_threadsafe(hold(n), loop).result(30) for n in queued]

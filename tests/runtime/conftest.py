@@ -1,6 +1,6 @@
 """Fixtures of the runtime server tests: the tiny demo MLP (built once per session, real
 ONNX), the ONNX Runtime engine on it, that engine behind a gate (`gated`) so a test can
-hold an execution slot busy and decide what queues, and `kubeinfer serve`'s own `serve()`
+hold an execution slot busy and decide what queues, and `kubeinfer serve`'s own `serve_transports()`
 running in the test's event loop on that gated engine (`serving`), so that a test decides
 by the gate, not by the clock, what is running and queued when a request or SIGTERM
 comes."""
@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
+from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
-from kubeinfer.runtime.http.app import create_app
-from kubeinfer.runtime.http.server import serve
+from kubeinfer.runtime.serving import assemble, serve_transports
 from onnx_models import build_spin_model
 
 
@@ -139,11 +138,11 @@ def gated_of() -> Iterator[Callable[[OnnxRuntimeEngine], GatedEngine]]:
 
 @dataclass
 class Serving:
-    """`serve()` running in this event loop: its port, app, stop event and task (whose
-    result is serve's exit code)."""
+    """`serve_transports()` running in this event loop: its port, data plane, stop event
+    and task (whose result is the exit code)."""
 
     port: int
-    app: web.Application
+    dataplane: DataPlane
     stop: asyncio.Event
     task: asyncio.Task[int]
 
@@ -158,21 +157,23 @@ def free_port() -> int:
 async def start_serving(
     gated: GatedEngine, one_slot_queue_of_two: RuntimeConfig
 ) -> AsyncIterator[Callable[..., Awaitable[Serving]]]:
-    """Starts the gated tiny model served by `serve()` on a loopback port (one slot, a
+    """Starts the gated tiny model served by `serve_transports()` on a loopback port (one slot, a
     queue of two, a body read timeout of 0.3 s; `start(**updates)` changes the config);
     each one started is stopped, and its exit awaited, at teardown."""
     running: list[Serving] = []
 
     async def start(**updates: object) -> Serving:
         config = one_slot_queue_of_two.model_copy(update={"http_port": free_port(), **updates})
-        app = create_app(config, gated)
+        dataplane = assemble(config, gated)
         started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         stop = asyncio.Event()
-        task = asyncio.create_task(serve(app, config, on_started=started.set_result, stop=stop))
+        task = asyncio.create_task(
+            serve_transports(dataplane, on_started=started.set_result, stop=stop)
+        )
         await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
         if not started.done():
-            task.result()  # serve failed before it started: its error
-        running.append(Serving(started.result(), app, stop, task))
+            task.result()  # serving failed before it started: its error
+        running.append(Serving(started.result(), dataplane, stop, task))
         return running[-1]
 
     try:

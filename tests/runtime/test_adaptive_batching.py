@@ -24,9 +24,9 @@ from kubeinfer.contract.runtime_config import (
 )
 from kubeinfer.runtime.batching.adaptive import DECISION_INTERVAL_SECONDS, SettingReason
 from kubeinfer.runtime.batching.queue import Batcher
-from kubeinfer.runtime.http.app import create_app
 from kubeinfer.runtime.serve_command import ServeSettings, config_from_settings
 from prometheus_client.parser import text_string_to_metric_families
+from served_app import app_of
 from test_batch_scheduler import rows, until
 
 ADAPTIVE = BatchingPolicyKind.ADAPTIVE
@@ -117,7 +117,7 @@ async def test_an_adaptive_runtime_reports_its_slo_setting_and_measurements(
     policy = BatchingPolicy(
         policy=ADAPTIVE, execution_slots=2, max_batch_size=16, slo_margin_percent=25
     )
-    app = create_app(config(tiny_model, policy, 1000), tiny_engine)
+    app = app_of(config(tiny_model, policy, 1000), tiny_engine)
     async with TestClient(TestServer(app)) as client:
         before = await (await client.get("/v2/batching")).json()
         assert before["policy"] == "Adaptive"
@@ -157,7 +157,7 @@ async def test_an_adaptive_runtime_reports_its_slo_setting_and_measurements(
 @pytest.mark.parametrize("slo", [None, 25.0])
 async def test_a_static_runtime_reports_its_configured_values(tiny_engine, tiny_model, slo) -> None:
     policy = BatchingPolicy(max_queue_delay_microseconds=500, preferred_batch_sizes=[4, 8])
-    app = create_app(config(tiny_model, policy, slo), tiny_engine)
+    app = app_of(config(tiny_model, policy, slo), tiny_engine)
     async with TestClient(TestServer(app)) as client:
         assert (await client.post("/v2/models/tiny/infer", json=body(2))).status == 200
         status = await (await client.get("/v2/batching")).json()

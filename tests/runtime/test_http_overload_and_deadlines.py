@@ -1,4 +1,4 @@
-"""Overload and deadlines over HTTP, on the app from `create_app` with the real engine
+"""Overload and deadlines over HTTP, on the app from `served_app.app_of` with the real engine
 behind a gate (an execution slot held busy):
 
 - a full queue answers 503 with Retry-After and a JSON error, at once;
@@ -15,8 +15,9 @@ import asyncio
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
-from kubeinfer.runtime.http.app import DATAPLANE, create_app
+from kubeinfer.runtime.http.app import DATAPLANE
 from prometheus_client import generate_latest
+from served_app import app_of
 
 
 def body(timeout_us: int | None = None) -> dict:
@@ -35,7 +36,7 @@ async def client(gated, tiny_model):
         engine=EngineSource(onnx_path=str(tiny_model)),
         batching=BatchingPolicy(execution_slots=1, max_queue_size=2),
     )
-    app = create_app(config, gated)
+    app = app_of(config, gated)
     async with TestClient(TestServer(app)) as test_client:
         try:
             yield test_client

@@ -1,6 +1,6 @@
 """Thousands of malformed requests against an in-process server, then a valid one.
 
-The app from `create_app` (real ONNX Runtime engine, tiny MLP) runs on a loopback port
+The app from `served_app.app_of` (real ONNX Runtime engine, tiny MLP) runs on a loopback port
 in a background thread; hypothesis sends random bytes, random JSON, valid requests with
 one field mutated, binary-extension bodies with lying sizes and header lengths, bodies
 that claim a Content-Encoding they do not have, odd model paths. Every answer must be a
@@ -25,7 +25,8 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubeinfer.contract.runtime_config import EngineSource, RuntimeConfig
-from kubeinfer.runtime.http.app import RUNNER_OPTIONS, create_app
+from kubeinfer.runtime.http.app import RUNNER_OPTIONS
+from served_app import app_of
 
 
 class InProcessServer:
@@ -84,7 +85,7 @@ def server(tiny_model: Path) -> Iterator[InProcessServer]:
         max_request_bytes=32 * 1024,
     )
     engine = OnnxRuntimeEngine(tiny_model, config.batching.max_batch_size, intra_op_threads=1)
-    with InProcessServer(create_app(config, engine)) as running:
+    with InProcessServer(app_of(config, engine)) as running:
         yield running
     engine.close()
 

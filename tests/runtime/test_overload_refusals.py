@@ -33,7 +33,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kubeinfer.runtime.http.app import DATAPLANE
 from prometheus_client import generate_latest
 
 PATH = "/v2/models/tiny/infer"
@@ -92,11 +91,11 @@ class Load:
             writer.close()
 
     def metric(self, text: str) -> bool:
-        return text in generate_latest(self.serving.app[DATAPLANE].metrics.registry).decode()
+        return text in generate_latest(self.serving.dataplane.metrics.registry).decode()
 
     async def fill(self) -> None:
         """Holds the slot with one request and queues two more: the queue is full."""
-        batcher = self.serving.app[DATAPLANE].batcher
+        batcher = self.serving.dataplane.batcher
         self.gated.gate.clear()
         self.held.append(asyncio.create_task(self.infer()))
         await wait_for(lambda: self.gated.running == 1)
@@ -251,7 +250,7 @@ async def test_what_the_parser_refuses_is_a_400_logged_at_debug(
 
 
 async def test_admissions_of_clients_that_leave_are_given_back(load: Load) -> None:
-    batcher = load.serving.app[DATAPLANE].batcher
+    batcher = load.serving.dataplane.batcher
     body = valid_body()
     for pause in (0.0, 0.01, 0.0, 0.01):  # gone before its route ran, or while it reads
         writers = []

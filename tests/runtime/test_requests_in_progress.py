@@ -1,9 +1,9 @@
-"""`kubeinfer_requests_in_progress`: the inference requests `DataPlane.infer` has started
+"""`kubeinfer_requests_in_progress`: the inference requests the data plane has admitted
 and not yet answered, the autoscaler's load signal (`requests_in_progress_per_replica`), read as a
 scrape reads it, from the app's own /metrics.
 
-Covers, on the app from `create_app` with the real ONNX Runtime engine behind the gate
-(`conftest.GatedEngine`) and one execution slot: a request held on the slot and the ones
+Covers, on the app from `served_app.app_of` with the real ONNX Runtime engine behind the
+gate (`conftest.GatedEngine`) and one execution slot: a request held on the slot and the ones
 queued behind it are counted from their start to their answer (while they are held, the
 gauge is the batcher's queued plus in-flight requests); requests answered with an error
 while others are held (400: inputs the model does not take; 404: no such model; 503: the
@@ -20,8 +20,12 @@ import json
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
-from kubeinfer.runtime.http.app import DATAPLANE, create_app
+from kubeinfer.runtime.dataplane import DataPlane
+from kubeinfer.runtime.http.app import DATAPLANE
+from kubeinfer.runtime.protocol.tensor_codec import decode_infer_request
+from kubeinfer.runtime.protocol.v2_types import InferResponse
 from prometheus_client.parser import text_string_to_metric_families
+from served_app import app_of
 
 INFER = "/v2/models/tiny/infer"
 GAUGES = ("kubeinfer_requests_in_progress", "kubeinfer_queue_depth", "kubeinfer_inflight_requests")
@@ -86,7 +90,7 @@ async def runtime(gated, tiny_model, request):
         engine=EngineSource(onnx_path=str(tiny_model)),
         batching=BatchingPolicy(execution_slots=1, max_queue_size=queue_size),
     )
-    async with TestClient(TestServer(create_app(config, gated))) as client:
+    async with TestClient(TestServer(app_of(config, gated))) as client:
         runtime = Runtime(client, gated)
         try:
             yield runtime
@@ -137,6 +141,18 @@ async def test_a_request_answered_with_an_error_is_no_longer_in_progress(
     assert await runtime.scraped() == (0, 0, 0)
 
 
+async def infer_in_the_dataplane(dataplane: DataPlane) -> InferResponse:
+    """One request through the data plane alone, as a transport takes it there."""
+
+    async def unencoded(response: InferResponse) -> InferResponse:
+        return response
+
+    with dataplane.admitted("tiny", None) as admission:
+        request = decode_infer_request(json.dumps(body()).encode(), None, dataplane.limits)
+        answer, _ = await dataplane.infer_decoded(admission, request, unencoded)
+    return answer
+
+
 async def test_a_request_whose_caller_went_away_is_no_longer_in_progress(runtime, gated) -> None:
     """Cancelled in the data plane itself: aiohttp does not cancel a handler whose client
     disconnected, but a server shutting down does."""
@@ -144,7 +160,7 @@ async def test_a_request_whose_caller_went_away_is_no_longer_in_progress(runtime
     gated.gate.clear()
     running = runtime.send()
     await until(lambda: gated.running == 1, "the first request on the slot")
-    gone = asyncio.create_task(dataplane.infer("tiny", None, json.dumps(body()).encode(), None))
+    gone = asyncio.create_task(infer_in_the_dataplane(dataplane))
     runtime.sent.append(gone)
     await until(lambda: dataplane.batcher.queued == 1, "the second request queued")
     assert await runtime.scraped() == (2, 1, 1)

@@ -33,7 +33,7 @@ import pytest
 from aiohttp import web
 from kubeinfer.contract.runtime_config import MirrorPolicy, MirrorTarget, RuntimeConfig
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
-from kubeinfer.runtime.http.app import RUNNER_OPTIONS, create_app
+from kubeinfer.runtime.http.app import RUNNER_OPTIONS
 from kubeinfer.runtime.protocol.tensor_codec import (
     InvalidResponse,
     decode_infer_request,
@@ -51,6 +51,7 @@ from kubeinfer.runtime.shadow.aggregates import RunningAggregates, ShadowMetrics
 from kubeinfer.runtime.shadow.controller import ShadowController
 from kubeinfer.runtime.shadow.mirror import Mirror
 from prometheus_client import CollectorRegistry, generate_latest
+from served_app import app_of
 
 X = np.random.default_rng(1).standard_normal((2, 16)).astype(np.float32)
 LOGITS = np.random.default_rng(2).standard_normal((2, 10)).astype(np.float32)
@@ -204,7 +205,7 @@ async def test_a_kubeinfer_candidate_is_compared_and_timed_by_its_server_timing(
 ) -> None:
     engine = OnnxRuntimeEngine(tiny_model, max_batch_size=32, intra_op_threads=1)
     config = RuntimeConfig(model_name="m", engine={"onnxPath": str(tiny_model)})
-    runner, url = await serve(create_app(config, engine))
+    runner, url = await serve(app_of(config, engine))
     try:
         slot = engine.create_slot()
         slot.input_views(2)["input"][:] = X

@@ -37,7 +37,6 @@ import onnxruntime as ort
 import pytest
 from aiohttp import ClientSession
 from kubeinfer.contract.runtime_config import BatchingPolicy
-from kubeinfer.runtime.http.app import DATAPLANE
 from prometheus_client import generate_latest
 from serve_process import ServeProcess, head, read_response
 
@@ -203,7 +202,7 @@ async def test_sigterm_answers_every_accepted_request_and_exits_0(
     serving = await start_serving(
         batching=BatchingPolicy(execution_slots=1, max_queue_size=64, max_batch_size=4)
     )
-    registry = serving.app[DATAPLANE].metrics.registry
+    registry = serving.dataplane.metrics.registry
     all_in_progress = f'kubeinfer_requests_in_progress{{model="tiny",version="1"}} {count}.0'
     rng = np.random.default_rng(5)
     inputs = [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(count)]
