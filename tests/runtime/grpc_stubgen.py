@@ -11,9 +11,9 @@ The .proto is compiled under the virtual path `kubeinfer/runtime/grpc_service/`,
 service module imports the messages by their package name. The messages are built in a
 descriptor pool of their own, not protobuf's default one: Triton's client stubs (which
 the tests and users load beside ours) define the same `inference.*` names, and one pool
-refuses a name defined twice. The wire knows field numbers and method paths, not pools. This lives in tests/ rather
-than in the package: grpcio-tools is a development dependency, and the runtime's modules
-import only what its extra declares.
+refuses a name defined twice. The wire knows field numbers and method paths, not pools.
+This lives in tests/ rather than in the package: grpcio-tools is a development dependency,
+and the runtime's modules import only what its extra declares.
 """
 
 from __future__ import annotations
