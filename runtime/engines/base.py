@@ -11,7 +11,7 @@ at a time; `executionSlots` slots run concurrently.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -172,3 +172,67 @@ class Engine(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class EngineBase:
+    """What every engine repeats: the `Engine` protocol's tensors and batch size, read-only
+    (`_inputs`, `_outputs` and `_max_batch_size`, which the engine's load sets)."""
+
+    _inputs: tuple[TensorSpec, ...]
+    _outputs: tuple[TensorSpec, ...]
+    _max_batch_size: int
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self._outputs
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._max_batch_size
+
+
+Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+"""Makes a buffer of a shape and dtype (aligned host memory, pinned host memory, ...)."""
+
+
+def batch_buffers(
+    specs: Sequence[TensorSpec], rows: int, allocate: Allocate
+) -> dict[str, np.ndarray]:
+    """A buffer of `rows` rows for each tensor (of fixed item shape), by name."""
+    return {s.name: allocate((rows, *s.item_shape), s.dtype) for s in specs}
+
+
+class RowPrefixSlot:
+    """What the slots over buffers of `max_batch_size` rows that never move repeat: a batch
+    of n rows is the first n rows of each buffer, seen through one dict of views per n,
+    made once (`_make_views`), so a batch allocates nothing. `input_views(n)` returns the
+    same dict object (of the same views) on every call with the same n."""
+
+    max_batch_size: int
+    _input_views: list[dict[str, np.ndarray]]
+    _output_views: list[dict[str, np.ndarray]]
+
+    def _make_views(
+        self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray], max_batch_size: int
+    ) -> None:
+        self.max_batch_size = max_batch_size
+        # Index n holds the views of the first n rows (index 0 unused).
+        self._input_views = [{}]
+        self._output_views = [{}]
+        for n in range(1, max_batch_size + 1):
+            self._input_views.append({k: b[:n] for k, b in inputs.items()})
+            self._output_views.append({k: b[:n] for k, b in outputs.items()})
+
+    def _drop_views(self) -> None:
+        self._input_views, self._output_views = [{}], [{}]
+
+    def input_views(
+        self, batch_size: int, shape: BatchShape | None = None
+    ) -> dict[str, np.ndarray]:
+        """Writable views of the first `batch_size` rows of each input buffer."""
+        check_batch_size(batch_size, self.max_batch_size)
+        return self._input_views[batch_size]

@@ -33,6 +33,10 @@ input buffers asynchronously. If the compute raises after they were queued, the 
 back to the batcher, which writes the next batch into those buffers while the copy may
 still be reading them; waiting for the stream first hands the slot back idle.
 
+The row views and the buffers' allocation are `engines.base`'s (`RowPrefixSlot`,
+`batch_buffers`), shared with the ONNX Runtime slot: a mechanical move, run since on a CPU
+against the stand-in for pycuda (`tests/runtime/test_gpu_fixes.py`), not on a GPU.
+
 pycuda is imported lazily and guarded: importing this module never needs it; creating a
 context without it (or without a device) raises `BackendUnavailable`.
 
@@ -60,7 +64,9 @@ from kubeinfer.runtime.engines.base import (
     BackendUnavailable,
     BatchShape,
     EngineError,
+    RowPrefixSlot,
     TensorSpec,
+    batch_buffers,
     check_batch_size,
 )
 
@@ -135,7 +141,7 @@ class CudaContext:
 Enqueue = Callable[[int, "CudaSlot"], None]
 
 
-class CudaSlot:
+class CudaSlot(RowPrefixSlot):
     """One batch in flight on the GPU: pinned host and device buffers for `max_batch_size`
     rows of every input and output, a stream and an event, made once.
 
@@ -155,17 +161,12 @@ class CudaSlot:
     ) -> None:
         self.context = context
         self._enqueue = enqueue
-        self.max_batch_size = max_batch_size
         cuda = context.cuda
         with context.active():
-            self.host_inputs = {
-                s.name: cuda.pagelocked_empty((max_batch_size, *s.item_shape), s.dtype)
-                for s in inputs
-            }
-            self.host_outputs = {
-                s.name: cuda.pagelocked_empty((max_batch_size, *s.item_shape), s.dtype)
-                for s in outputs
-            }
+            # pycuda's pinned arrays (`.base` is their pinned allocation, freed at close)
+            pinned = cuda.pagelocked_empty
+            self.host_inputs: dict[str, Any] = batch_buffers(inputs, max_batch_size, pinned)
+            self.host_outputs: dict[str, Any] = batch_buffers(outputs, max_batch_size, pinned)
             for array in (*self.host_inputs.values(), *self.host_outputs.values()):
                 array.fill(0)
             self.device_inputs = {
@@ -189,19 +190,8 @@ class CudaSlot:
             from kubeinfer.runtime.engines.cuda_graphs import SlotGraphs
 
             self.graphs = SlotGraphs(self.stream_handle)
-        # Index n: the views of the first n rows (index 0 unused), made once.
-        self._input_views: list[dict[str, np.ndarray]] = [{}]
-        self._output_views: list[dict[str, np.ndarray]] = [{}]
-        for n in range(1, max_batch_size + 1):
-            self._input_views.append({k: b[:n] for k, b in self.host_inputs.items()})
-            self._output_views.append({k: b[:n] for k, b in self.host_outputs.items()})
+        self._make_views(self.host_inputs, self.host_outputs, max_batch_size)
         self._closed = False
-
-    def input_views(
-        self, batch_size: int, shape: BatchShape | None = None
-    ) -> dict[str, np.ndarray]:
-        check_batch_size(batch_size, self.max_batch_size)
-        return self._input_views[batch_size]
 
     def run(self, batch_size: int, shape: BatchShape | None = None) -> dict[str, np.ndarray]:
         check_batch_size(batch_size, self.max_batch_size)
@@ -251,4 +241,4 @@ class CudaSlot:
                 allocation.free()
             for array in (*self.host_inputs.values(), *self.host_outputs.values()):
                 array.base.free()
-        self._input_views, self._output_views = [{}], [{}]
+        self._drop_views()

@@ -32,9 +32,12 @@ import onnxruntime as ort
 from kubeinfer.contract.runtime_config import InputShape
 from kubeinfer.runtime.engines.base import (
     BatchShape,
+    EngineBase,
     EngineError,
+    RowPrefixSlot,
     TensorSpec,
     UnsupportedModel,
+    batch_buffers,
     check_batch_size,
 )
 from kubeinfer.runtime.engines.onnx_text import (
@@ -212,7 +215,7 @@ def check_servable(path: str | os.PathLike[str]) -> None:
     OnnxRuntimeEngine(path, max_batch_size=1, intra_op_threads=1, input_shapes=None).close()
 
 
-class OnnxRuntimeSlot:
+class OnnxRuntimeSlot(RowPrefixSlot):
     """Buffers for `max_batch_size` rows and, per batch size, a ready IO binding.
 
     `input_views(n)` and `run(n)` return the same dict objects (of the same views) on
@@ -227,22 +230,13 @@ class OnnxRuntimeSlot:
         max_batch_size: int,
     ) -> None:
         self._session: ort.InferenceSession | None = session
-        self.max_batch_size = max_batch_size
-        self.input_buffers = {
-            s.name: aligned_empty((max_batch_size, *s.item_shape), s.dtype) for s in inputs
-        }
-        self.output_buffers = {
-            s.name: aligned_empty((max_batch_size, *s.item_shape), s.dtype) for s in outputs
-        }
+        self.input_buffers = batch_buffers(inputs, max_batch_size, aligned_empty)
+        self.output_buffers = batch_buffers(outputs, max_batch_size, aligned_empty)
         # IO binding takes no string tensor: such a model runs on the views unbound.
         self._unbound = any(s.dtype.kind == "O" for s in (*inputs, *outputs))
-        # Index n holds the views of the first n rows (index 0 unused).
-        self._input_views: list[dict[str, np.ndarray]] = [{}]
-        self._output_views: list[dict[str, np.ndarray]] = [{}]
-        self._bindings: list[ort.IOBinding | None] = [None]
+        self._make_views(self.input_buffers, self.output_buffers, max_batch_size)
+        self._bindings: list[ort.IOBinding | None] = [None]  # index n: n rows (0 unused)
         for n in range(1, max_batch_size + 1):
-            self._input_views.append({k: b[:n] for k, b in self.input_buffers.items()})
-            self._output_views.append({k: b[:n] for k, b in self.output_buffers.items()})
             self._bindings.append(None if self._unbound else self._bind(session, n))
 
     def _bind(self, session: ort.InferenceSession, n: int) -> ort.IOBinding:
@@ -252,12 +246,6 @@ class OnnxRuntimeSlot:
         for name, view in self._output_views[n].items():
             binding.bind_output(name, "cpu", 0, view.dtype, view.shape, view.ctypes.data)
         return binding
-
-    def input_views(
-        self, batch_size: int, shape: BatchShape | None = None
-    ) -> dict[str, np.ndarray]:
-        check_batch_size(batch_size, self.max_batch_size)
-        return self._input_views[batch_size]
 
     def run(self, batch_size: int, shape: BatchShape | None = None) -> dict[str, np.ndarray]:
         check_batch_size(batch_size, self.max_batch_size)
@@ -277,7 +265,7 @@ class OnnxRuntimeSlot:
         self._session = None
 
 
-class OnnxRuntimeEngine:
+class OnnxRuntimeEngine(EngineBase):
     """An ONNX model on ONNX Runtime's CPU execution provider.
 
     The model must have a dynamic first (batch) dimension on every input and output. Its
@@ -324,18 +312,6 @@ class OnnxRuntimeEngine:
             raise UnsupportedModel(
                 f"ONNX Runtime cannot load {self._path}: {error}{load_hint(str(error))}"
             ) from error
-
-    @property
-    def inputs(self) -> tuple[TensorSpec, ...]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> tuple[TensorSpec, ...]:
-        return self._outputs
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._max_batch_size
 
     @property
     def default_execution_slots(self) -> int:

@@ -35,6 +35,7 @@ import numpy as np
 from kubeinfer.runtime.engines.base import (
     NUMPY_TO_V2,
     BackendUnavailable,
+    EngineBase,
     EngineError,
     TensorSpec,
     UnsupportedModel,
@@ -90,9 +91,10 @@ def _tensor_specs(trt: ModuleType, engine: Any, max_batch_size: int) -> tuple[li
     return inputs, outputs
 
 
-class TensorRTEngine:
+class TensorRTEngine(EngineBase):
     """A serialized TensorRT 10 plan on CUDA device `device_index`. Unverified (see the
-    module docstring)."""
+    module docstring; its tensors' properties are `EngineBase`'s, a mechanical change that
+    never ran with TensorRT either)."""
 
     def __init__(
         self, path: str | os.PathLike[str], max_batch_size: int, device_index: int = 0
@@ -114,18 +116,6 @@ class TensorRTEngine:
             )
         inputs, outputs = _tensor_specs(trt, self._engine, max_batch_size)
         self._inputs, self._outputs = tuple(inputs), tuple(outputs)
-
-    @property
-    def inputs(self) -> tuple[TensorSpec, ...]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> tuple[TensorSpec, ...]:
-        return self._outputs
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._max_batch_size
 
     @property
     def default_execution_slots(self) -> int:
