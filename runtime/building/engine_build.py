@@ -192,14 +192,7 @@ def build_engine(
 ) -> BuildResult:
     """Builds (or finds) the engine for these inputs in the cache at `cache_dir`;
     `gate_outputs` names the outputs the gates judge (see the module)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
-    if not 1 <= max_batch_size <= 1024:
-        raise ValueError(f"max batch size {max_batch_size} must be within 1..1024")
-    if precision == "int8" and calibration is None:
-        raise ValueError("precision int8 needs calibration data (--calibration FILE.npz)")
+    _check_arguments(backend, precision, max_batch_size, calibration)
     cache = EngineCache(Path(cache_dir))
     fetched: list[FetchedFile | FetchedModel] = []
     try:
@@ -220,28 +213,59 @@ def build_engine(
             calibration_sha256=data.calibration_sha256 if precision == "int8" else None,
             target=builder.target(),
         )
-        digest = key.digest()
         gates: Gates = (max_top1_drop, min_cosine, gate_outputs)
-        if cache.contains(digest):
-            progress(f"Cache hit: {digest}")
-            return _hit(cache.resolve(digest), gates)
-        with cache.lock(digest):
-            if cache.contains(digest):
-                progress(f"Cache hit after waiting for another builder: {digest}")
-                return _hit(cache.resolve(digest), gates)
-            with cache.staging(digest) as staging:
-                manifest, report = _build_into(
-                    builder, model_file.path, key, staging, data, gate_outputs, progress, now
-                )
-                _check_gates(report, *gates, what=f"the {precision} engine (not published)")
-                progress(f"Publishing {digest}")
-                if not cache.publish(digest, staging, manifest):
-                    progress("Another builder published this key first; keeping its entry")
-        resolved = cache.resolve(digest)
-        return BuildResult(digest, resolved.manifest, False, resolved.engine_path)
+        return _build_through_cache(
+            cache, builder, model_file.path, key, data, gates, progress, now
+        )
     finally:
         for item in fetched:
             item.cleanup()
+
+
+def _check_arguments(
+    backend: str, precision: str, max_batch_size: int, calibration: str | None
+) -> None:
+    """Refuses what no build could make, before anything is fetched (bad input)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    if not 1 <= max_batch_size <= 1024:
+        raise ValueError(f"max batch size {max_batch_size} must be within 1..1024")
+    if precision == "int8" and calibration is None:
+        raise ValueError("precision int8 needs calibration data (--calibration FILE.npz)")
+
+
+def _build_through_cache(
+    cache: EngineCache,
+    builder: Builder,
+    model_path: Path,
+    key: EngineKey,
+    data: _Samples,
+    gates: Gates,
+    progress: Progress,
+    now: Callable[[], datetime],
+) -> BuildResult:
+    """The key's engine from the cache, or built under its lock (checking again once the
+    lock is held: another builder may have finished meanwhile), gated and published."""
+    digest = key.digest()
+    if cache.contains(digest):
+        progress(f"Cache hit: {digest}")
+        return _hit(cache.resolve(digest), gates)
+    with cache.lock(digest):
+        if cache.contains(digest):
+            progress(f"Cache hit after waiting for another builder: {digest}")
+            return _hit(cache.resolve(digest), gates)
+        with cache.staging(digest) as staging:
+            manifest, report = _build_into(
+                builder, model_path, key, staging, data, gates[2], progress, now
+            )
+            _check_gates(report, *gates, what=f"the {key.precision} engine (not published)")
+            progress(f"Publishing {digest}")
+            if not cache.publish(digest, staging, manifest):
+                progress("Another builder published this key first; keeping its entry")
+    resolved = cache.resolve(digest)
+    return BuildResult(digest, resolved.manifest, False, resolved.engine_path)
 
 
 @dataclass(frozen=True)
@@ -390,7 +414,7 @@ def _build_into(
         engine_file=builder.engine_file,
         engine_sha256=sha256_file(engine_path),
         engine_bytes=engine_path.stat().st_size,
-        data_files=_engine_data_files(engine_path, key),
+        data_files=builder.data_files(engine_path),
         inputs=data.inputs,
         outputs=data.outputs,
         created_at=now().isoformat(timespec="seconds").replace("+00:00", "Z"),
@@ -403,15 +427,3 @@ def _build_into(
         accuracy=report,
     )
     return manifest, report
-
-
-def _engine_data_files(engine_path: Path, key: EngineKey) -> dict[str, str]:
-    """The files beside an ONNX engine that it reads (its external data), with their
-    sha256; none for another backend's engine."""
-    if key.backend != "onnxruntime":
-        return {}
-    from kubeinfer.runtime.building.model_files import external_data_locations
-
-    model = onnx.load(str(engine_path), load_external_data=False)
-    locations = external_data_locations(model, str(engine_path))
-    return {name: sha256_file(engine_path.parent / name) for name in locations}

@@ -40,8 +40,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from kubeinfer.runtime.building.builders import BuildError, Progress, Samples, require_space
-from kubeinfer.runtime.engine_manifest import BatchProfile
+from kubeinfer.runtime.building.builders import (
+    Builder,
+    BuildError,
+    Progress,
+    Samples,
+    require_space,
+)
+from kubeinfer.runtime.engine_manifest import BatchProfile, sha256_file
 from kubeinfer.runtime.engines.loader import installed_backend_version
 from kubeinfer.runtime.engines.onnx_text import load_hint, register_extensions
 
@@ -147,17 +153,7 @@ def make_qdq_model(
 ) -> None:
     """Writes a statically quantised QDQ model calibrated on `calibration` (its weights in
     a data file beside it when the source keeps them outside its protobuf)."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
     from onnxruntime.quantization.shape_inference import quant_pre_process
-
-    class Reader(_Reader, CalibrationDataReader):
-        pass
 
     prepared = work_dir / "preprocessed.onnx"
     external = has_external_data(model_path)
@@ -172,29 +168,7 @@ def make_qdq_model(
             save_as_external_data=external, all_tensors_to_one_file=True,
             external_data_location=f"{prepared.name}.data" if external else None,
         )  # fmt: skip
-        quantize_static(
-            str(prepared),
-            str(qdq_path),
-            Reader(calibration),
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            activation_type=QuantType.QInt8 if symmetric_activations else QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            # 7-bit weights for the CPU's u8 x s8 kernels: on x86 without VNNI they add pairs
-            # of products in 16 bits (vpmaddubsw), which saturate with full 8-bit weights
-            # (255 * 127 * 2 > 32767), so the same engine would be less accurate there than
-            # on the machine that built and gated it; 255 * 64 * 2 fits, on every CPU.
-            # TensorRT's symmetric form runs no such kernel and keeps all 8 bits.
-            reduce_range=not symmetric_activations,
-            calibrate_method=CalibrationMethod.MinMax,
-            use_external_data_format=external,
-            extra_options={
-                "ActivationSymmetric": symmetric_activations,
-                "WeightSymmetric": True,
-                # onnxruntime#24815: a [1, N] bias fails the weight adjustment; see the module
-                "QDQDisableWeightAdjustForInt32Bias": True,
-            },
-        )
+        _quantize_static(prepared, qdq_path, calibration, symmetric_activations, external)
     except BuildError:
         raise
     except Exception as error:
@@ -205,9 +179,52 @@ def make_qdq_model(
         (work_dir / f"{prepared.name}.data").unlink(missing_ok=True)
 
 
-class OnnxRuntimeBuilder:
+def _quantize_static(
+    prepared: Path, qdq_path: Path, calibration: Samples, symmetric: bool, external: bool
+) -> None:
+    """`quantize_static` of the pre-processed model: MinMax, per-channel symmetric int8
+    weights, int8 (symmetric) or uint8 activations."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    class Reader(_Reader, CalibrationDataReader):
+        pass
+
+    quantize_static(
+        str(prepared),
+        str(qdq_path),
+        Reader(calibration),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        # 7-bit weights for the CPU's u8 x s8 kernels: on x86 without VNNI they add pairs
+        # of products in 16 bits (vpmaddubsw), which saturate with full 8-bit weights
+        # (255 * 127 * 2 > 32767), so the same engine would be less accurate there than
+        # on the machine that built and gated it; 255 * 64 * 2 fits, on every CPU.
+        # TensorRT's symmetric form runs no such kernel and keeps all 8 bits.
+        reduce_range=not symmetric,
+        calibrate_method=CalibrationMethod.MinMax,
+        use_external_data_format=external,
+        extra_options={
+            "ActivationSymmetric": symmetric,
+            "WeightSymmetric": True,
+            # onnxruntime#24815: a [1, N] bias fails the weight adjustment; see the module
+            "QDQDisableWeightAdjustForInt32Bias": True,
+        },
+    )
+
+
+class OnnxRuntimeBuilder(Builder):
     backend = "onnxruntime"
     engine_file = "model.onnx"
+    int8_form = "int8 QDQ"
+    symmetric_int8 = False
 
     def backend_version(self) -> str:
         """What serving compares the engine's manifest with (`installed_backend_version`)."""
@@ -219,43 +236,41 @@ class OnnxRuntimeBuilder:
     def library_versions(self) -> dict[str, str]:
         return {"onnxruntime": ort.__version__, "onnx": onnx.__version__}
 
-    def build(
+    def data_files(self, engine_path: Path) -> dict[str, str]:
+        """The engine's external data (`ENGINE_DATA_FILE`, when the source had some)."""
+        from kubeinfer.runtime.building.model_files import external_data_locations
+
+        model = onnx.load(str(engine_path), load_external_data=False)
+        locations = external_data_locations(model, str(engine_path))
+        return {name: sha256_file(engine_path.parent / name) for name in locations}
+
+    def _fp16_source(self, model_path: Path, work_dir: Path, progress: Progress) -> Path:
+        """The fp16 copy of the model (float32 inputs and outputs kept), in `work_dir`."""
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        require_space(work_dir, model_bytes(model_path), "the fp16 model")
+        progress("Converting to fp16 (onnxruntime float16 converter, float32 I/O kept)")
+        model = onnx.load(str(model_path))
+        converted = convert_float_to_float16(
+            model, keep_io_types=True, op_block_list=fp16_block_list(model)
+        )
+        source = work_dir / "fp16.onnx"
+        external = has_external_data(model_path)
+        onnx.save(
+            converted, str(source), save_as_external_data=external,
+            all_tensors_to_one_file=True, location=f"{source.name}.data",
+            size_threshold=EXTERNAL_DATA_MIN_BYTES,
+        )  # fmt: skip
+        return source
+
+    def _compile(
         self,
-        model_path: Path,
+        source: Path,
         precision: str,
         engine_path: Path,
-        calibration: Samples | None,
         profile: BatchProfile,
-        work_dir: Path,
         progress: Progress,
     ) -> None:
-        source = model_path
-        if precision != "fp32":  # a converted or quantised copy is written first
-            require_space(work_dir, model_bytes(model_path), f"the {precision} model")
-        if precision == "fp16":
-            from onnxruntime.transformers.float16 import convert_float_to_float16
-
-            progress("Converting to fp16 (onnxruntime float16 converter, float32 I/O kept)")
-            model = onnx.load(str(model_path))
-            converted = convert_float_to_float16(
-                model, keep_io_types=True, op_block_list=fp16_block_list(model)
-            )
-            source = work_dir / "fp16.onnx"
-            external = has_external_data(model_path)
-            onnx.save(
-                converted, str(source), save_as_external_data=external,
-                all_tensors_to_one_file=True, location=f"{source.name}.data",
-                size_threshold=EXTERNAL_DATA_MIN_BYTES,
-            )  # fmt: skip
-        elif precision == "int8":
-            if calibration is None:
-                raise BuildError("int8 needs calibration samples")
-            progress(
-                f"Quantising to int8 QDQ (MinMax over "
-                f"{next(iter(calibration.values())).shape[0]} calibration samples)"
-            )
-            source = work_dir / "qdq.onnx"
-            make_qdq_model(model_path, source, calibration, work_dir, symmetric_activations=False)
         progress("Optimising the graph offline (ONNX Runtime, level EXTENDED)")
         _session(source, optimize_to=engine_path)
         if not engine_path.is_file():

@@ -33,6 +33,10 @@ model (`sm_90-h100-80gb-hbm3`, see `engine_manifest.gpu_target`): a plan only ru
 architecture and TensorRT version that built it, and TensorRT picks its kernels by timing
 them on the GPU model at hand, so an H200's plan is not an H100's. The accuracy report
 runs the plan through the serving engine (`engines.loader.load_engine`).
+
+`build` is the base `Builder`'s, shared with ONNX Runtime (the int8 QDQ model, now after
+a free-space check as ONNX Runtime's); this module's part is `_compile`. That move was
+mechanical and, like the rest, has not run with TensorRT (unverified).
 """
 
 from __future__ import annotations
@@ -41,7 +45,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kubeinfer.runtime.building.builders import BuildError, Progress, Samples, run_through_engine
+from kubeinfer.runtime.building.builders import (
+    Builder,
+    BuildError,
+    Progress,
+    Samples,
+    run_through_engine,
+)
 from kubeinfer.runtime.engine_manifest import BatchProfile, gpu_target
 from kubeinfer.runtime.engines.base import BackendUnavailable
 from kubeinfer.runtime.engines.cuda_streams import CudaContext
@@ -69,9 +79,11 @@ def _tensorrt():
     return trt
 
 
-class TensorRTBuilder:
+class TensorRTBuilder(Builder):
     backend = "tensorrt"
     engine_file = "model.plan"
+    int8_form = "a symmetric int8 QDQ model for explicit quantisation"
+    symmetric_int8 = True
 
     def __init__(self, device_index: int = 0) -> None:
         self.device_index = device_index
@@ -108,27 +120,20 @@ class TensorRTBuilder:
             "onnxruntime": onnxruntime.__version__,
         }
 
-    def build(
+    def _check_backend(self) -> None:
+        _tensorrt()  # refuses a missing TensorRT or another major version, before any work
+
+    def _compile(
         self,
-        model_path: Path,
+        source: Path,
         precision: str,
         engine_path: Path,
-        calibration: Samples | None,
         profile: BatchProfile,
-        work_dir: Path,
         progress: Progress,
     ) -> None:
         trt = _tensorrt()
-        source = model_path
         flags = 0
-        if precision == "int8":
-            from kubeinfer.runtime.building.builders.onnxruntime_builder import make_qdq_model
-
-            if calibration is None:
-                raise BuildError("int8 needs calibration samples")
-            progress("Quantising to a symmetric int8 QDQ model for explicit quantisation")
-            source = work_dir / "qdq.onnx"
-            make_qdq_model(model_path, source, calibration, work_dir, symmetric_activations=True)
+        if precision == "int8":  # a QDQ model: explicit quantisation, strongly typed
             flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
         with self._device().active():  # TensorRT builds on the current context's device
             plan = self._build_plan(trt, source, flags, precision, profile, progress)
