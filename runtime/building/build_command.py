@@ -61,6 +61,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="build an engine into the cache (or resolve a pinned one) and print its digest",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
+    _add_model_arguments(parser)
+    _add_result_arguments(parser)
+    parser.set_defaults(handler=run)
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the engine is built from and for: the model, backend, precision, samples."""
     parser.add_argument(
         "--model",
         metavar="URI",
@@ -86,6 +93,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="largest batch the engine accepts (its profile spans 1..N; default 32)",
     )
+
+
+def _add_result_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the engine goes, the gates it must pass, and how the result is told."""
     parser.add_argument("--cache", required=True, metavar="DIR", help="the engine cache root")
     parser.add_argument("--json", action="store_true", help="print the whole manifest")
     parser.add_argument(
@@ -118,7 +129,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compact JSON; fp16/int8 builds measured on real samples add `accuracy`, the top-1 "
         "agreement with fp32 overall and per reference class (rows, agreements)",
     )
-    parser.set_defaults(handler=run)
 
 
 def _names(value: str) -> list[str]:
@@ -202,13 +212,25 @@ def termination_message(digest: str, manifest: EngineManifest, cache_hit: bool) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubeinfer.runtime.building.builders import BuildError
-    from kubeinfer.runtime.building.engine_build import (
-        BUILD_ERRORS,
-        AccuracyGateError,
-        build_engine,
-        input_bytes_per_row,
-    )
+    if args.pin is not None:
+        outcome = _resolve_pinned(args)
+    elif args.model is None:
+        return _fail(args, "--model is required (or --pin to use an engine already built)", 2)
+    else:
+        outcome = _build(args)
+    if isinstance(outcome, int):  # failed: its exit code, the failure already said
+        return outcome
+    _print_result(args, *outcome)
+    return 0
+
+
+Outcome = tuple[str, "EngineManifest", bool]
+"""The engine's digest, its manifest, and whether it was found in the cache."""
+
+
+def _resolve_pinned(args: argparse.Namespace) -> Outcome | int:
+    """`--pin`: the engine resolved from the cache and checked against this environment."""
+    from kubeinfer.runtime.building.engine_build import BUILD_ERRORS
     from kubeinfer.runtime.engine_cache import (
         EXIT_ENGINE_INCOMPATIBLE,
         EngineIncompatibleError,
@@ -216,49 +238,65 @@ def run(args: argparse.Namespace) -> int:
         resolve_engine,
     )
 
-    if args.pin is not None:
-        if args.model is not None:
-            return _fail(args, "give either --pin or --model, not both", 2)
-        try:
-            resolved = resolve_engine(args.cache, args.pin)
-            check_compatible(resolved)
-        except EngineIncompatibleError as error:
-            return _fail(args, str(error), EXIT_ENGINE_INCOMPATIBLE)
-        except BUILD_ERRORS as error:
-            return _fail(args, str(error), 2)
-        digest, manifest, hit = resolved.digest, resolved.manifest, True
-    else:
-        if args.model is None:
-            return _fail(args, "--model is required (or --pin to use an engine already built)", 2)
-        try:
-            with _sigterm_unwinds():
-                result = build_engine(
-                    args.model,
-                    args.backend,
-                    args.precision,
-                    args.cache,
-                    calibration=args.calibration,
-                    max_batch_size=args.max_batch_size,
-                    max_top1_drop=args.max_top1_drop,
-                    min_cosine=args.min_cosine,
-                    model_sha256=args.model_sha256,
-                    calibration_sha256=args.calibration_sha256,
-                    validation=args.validation,
-                    gate_outputs=args.gate_outputs,
-                    progress=_progress(),
-                )
-        except AccuracyGateError as error:
-            print(error.report.model_dump_json(by_alias=True, indent=2), file=sys.stderr)
-            return _fail(args, str(error), 1)
-        except EngineIncompatibleError as error:
-            return _fail(args, str(error), EXIT_ENGINE_INCOMPATIBLE)
-        except (BuildError, OSError) as error:
-            return _fail(args, f"the build failed: {error}; nothing was published", 1)
-        except BUILD_ERRORS as error:
-            return _fail(args, str(error), 2)
-        except _Terminated:
-            return _fail(args, "the build was stopped (SIGTERM); nothing was published", 143)
-        digest, manifest, hit = result.digest, result.manifest, result.cache_hit
+    if args.model is not None:
+        return _fail(args, "give either --pin or --model, not both", 2)
+    try:
+        resolved = resolve_engine(args.cache, args.pin)
+        check_compatible(resolved)
+    except EngineIncompatibleError as error:
+        return _fail(args, str(error), EXIT_ENGINE_INCOMPATIBLE)
+    except BUILD_ERRORS as error:
+        return _fail(args, str(error), 2)
+    return resolved.digest, resolved.manifest, True
+
+
+def _build(args: argparse.Namespace) -> Outcome | int:
+    """`--model`: the engine built (or found) in the cache; each failure its exit code."""
+    from kubeinfer.runtime.building.builders import BuildError
+    from kubeinfer.runtime.building.engine_build import (
+        BUILD_ERRORS,
+        AccuracyGateError,
+        build_engine,
+    )
+    from kubeinfer.runtime.engine_cache import EXIT_ENGINE_INCOMPATIBLE, EngineIncompatibleError
+
+    try:
+        with _sigterm_unwinds():
+            result = build_engine(
+                args.model,
+                args.backend,
+                args.precision,
+                args.cache,
+                calibration=args.calibration,
+                max_batch_size=args.max_batch_size,
+                max_top1_drop=args.max_top1_drop,
+                min_cosine=args.min_cosine,
+                model_sha256=args.model_sha256,
+                calibration_sha256=args.calibration_sha256,
+                validation=args.validation,
+                gate_outputs=args.gate_outputs,
+                progress=_progress(),
+            )
+    except AccuracyGateError as error:
+        print(error.report.model_dump_json(by_alias=True, indent=2), file=sys.stderr)
+        return _fail(args, str(error), 1)
+    except EngineIncompatibleError as error:
+        return _fail(args, str(error), EXIT_ENGINE_INCOMPATIBLE)
+    except (BuildError, OSError) as error:
+        return _fail(args, f"the build failed: {error}; nothing was published", 1)
+    except BUILD_ERRORS as error:
+        return _fail(args, str(error), 2)
+    except _Terminated:
+        return _fail(args, "the build was stopped (SIGTERM); nothing was published", 143)
+    return result.digest, result.manifest, result.cache_hit
+
+
+def _print_result(
+    args: argparse.Namespace, digest: str, manifest: EngineManifest, hit: bool
+) -> None:
+    """The digest (or with `--json` the manifest) on stdout, and the termination message."""
+    from kubeinfer.runtime.building.engine_build import input_bytes_per_row
+
     row_bytes = input_bytes_per_row(manifest.inputs)
     sizes = {} if row_bytes is None else {"inputBytesPerRow": row_bytes}
     if args.termination_message_path:
@@ -268,4 +306,3 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:
         print(digest)
-    return 0

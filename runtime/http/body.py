@@ -32,7 +32,7 @@ import mmap
 import zlib
 from collections.abc import Callable
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 from kubeinfer.runtime.protocol.errors import (
     ClientGone,
     InvalidRequest,
@@ -93,24 +93,7 @@ async def read_body(
     filled = 0
     try:
         while True:
-            remaining = deadline - clock()
-            if remaining <= 0:
-                raise RequestTimeout(
-                    f"the request body did not arrive by the request's deadline "
-                    f"({filled} bytes had come)"
-                )
-            try:
-                if content.total_bytes > filled or content.is_eof():
-                    chunk = await content.readany()  # buffered: no wait, no timer needed
-                else:
-                    async with asyncio.timeout(min(idle_timeout_seconds, remaining)):
-                        chunk = await content.readany()
-            except TimeoutError:
-                raise RequestTimeout(
-                    f"the request body stalled ({filled} bytes had come; a part must "
-                    f"come within {idle_timeout_seconds:g} s of the previous one, and the "
-                    "whole body by the request's deadline)"
-                ) from None
+            chunk = await _next_part(content, filled, deadline - clock(), idle_timeout_seconds)
             if not chunk:
                 with memoryview(buffer) as view:  # one copy, of the filled part
                     return bytes(view[:filled])
@@ -135,6 +118,28 @@ async def read_body(
             buffer.close()
         else:
             buffer.clear()
+
+
+async def _next_part(
+    content: StreamReader, filled: int, remaining: float, idle_timeout_seconds: float
+) -> bytes:
+    """The body's next part (empty at its end), within `idle_timeout_seconds` of asking and
+    the `remaining` seconds of the request's deadline (RequestTimeout past either)."""
+    if remaining <= 0:
+        raise RequestTimeout(
+            f"the request body did not arrive by the request's deadline ({filled} bytes had come)"
+        )
+    try:
+        if content.total_bytes > filled or content.is_eof():
+            return await content.readany()  # buffered: no wait, no timer needed
+        async with asyncio.timeout(min(idle_timeout_seconds, remaining)):
+            return await content.readany()
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body stalled ({filled} bytes had come; a part must "
+            f"come within {idle_timeout_seconds:g} s of the previous one, and the "
+            "whole body by the request's deadline)"
+        ) from None
 
 
 def inflate(

@@ -131,39 +131,54 @@ def _decode_input(
             f"{kind} {name!r}: shape {list(shape)} declares {count} elements; this model "
             f"takes at most {limits.max_elements} per input"
         )
-    size = _parameters(obj, f"{kind} {name!r}").get(BINARY_DATA_SIZE_PARAMETER)
+    what = f"{kind} {name!r}"
+    size = _parameters(obj, what).get(BINARY_DATA_SIZE_PARAMETER)
     if size is not None:
-        if type(size) is not int or size < 0:
-            raise InvalidRequest(f"{kind} {name!r}: binary_data_size must be an integer >= 0")
-        if offset + size > len(binary):
-            raise InvalidRequest(
-                f"{kind} {name!r}: binary_data_size {size} runs past the end of the body "
-                f"({len(binary) - offset} binary bytes left)"
-            )
-        chunk = binary[offset : offset + size]
-        if datatype == BYTES:
-            array = bytes_tensors.deserialize(chunk, count, f"{kind} {name!r}")
-            if kind == "input":
-                bytes_tensors.check_text(array, f"{kind} {name!r}")
-        elif size != count * dtype.itemsize:
-            raise InvalidRequest(
-                f"{kind} {name!r}: binary_data_size {size} does not match shape "
-                f"{list(shape)} of {datatype} ({count * dtype.itemsize} bytes)"
-            )
-        else:
-            array = np.frombuffer(chunk, dtype=dtype.newbyteorder("<"))
-        return InferInput(name, datatype, _reshape(array, shape, f"{kind} {name!r}")), offset + size
+        array = _binary_array(binary, offset, size, datatype, shape, kind, what)
+        return InferInput(name, datatype, _reshape(array, shape, what)), offset + size
     data = obj.get("data")
     if not isinstance(data, list):
-        raise InvalidRequest(f"{kind} {name!r}: 'data' must be a list (or use binary_data_size)")
+        raise InvalidRequest(f"{what}: 'data' must be a list (or use binary_data_size)")
     if datatype == BYTES:
-        values = leaves(data, shape, count, f"{kind} {name!r}")
-        array = bytes_tensors.from_json(values, datatype, f"{kind} {name!r}")
+        values = leaves(data, shape, count, what)
+        array = bytes_tensors.from_json(values, datatype, what)
     else:
-        array = to_numpy(
-            data, shape, count, dtype, datatype, f"{kind} {name!r}", allow_null=kind == "output"
+        array = to_numpy(data, shape, count, dtype, datatype, what, allow_null=kind == "output")
+    return InferInput(name, datatype, _reshape(array, shape, what)), offset
+
+
+def _binary_array(
+    binary: memoryview,
+    offset: int,
+    size: Any,
+    datatype: str,
+    shape: tuple[int, ...],
+    kind: str,
+    what: str,
+) -> np.ndarray:
+    """The tensor's `size` bytes of the body's binary part from `offset` (Triton's binary
+    extension), checked against its shape, as a flat array (a view of the body)."""
+    if type(size) is not int or size < 0:
+        raise InvalidRequest(f"{what}: binary_data_size must be an integer >= 0")
+    if offset + size > len(binary):
+        raise InvalidRequest(
+            f"{what}: binary_data_size {size} runs past the end of the body "
+            f"({len(binary) - offset} binary bytes left)"
         )
-    return InferInput(name, datatype, _reshape(array, shape, f"{kind} {name!r}")), offset
+    chunk = binary[offset : offset + size]
+    count = math.prod(shape)
+    if datatype == BYTES:
+        array = bytes_tensors.deserialize(chunk, count, what)
+        if kind == "input":
+            bytes_tensors.check_text(array, what)
+        return array
+    dtype = V2_TO_NUMPY[datatype]
+    if size != count * dtype.itemsize:
+        raise InvalidRequest(
+            f"{what}: binary_data_size {size} does not match shape "
+            f"{list(shape)} of {datatype} ({count * dtype.itemsize} bytes)"
+        )
+    return np.frombuffer(chunk, dtype=dtype.newbyteorder("<"))
 
 
 def _decode_outputs(value: Any) -> list[RequestedOutput] | None:

@@ -317,46 +317,15 @@ class Mirror:
     async def _mirror(self, batch: list[MirroredRequest]) -> None:
         """Sends the batch's requests as one (their input rows stacked) and compares each
         request's outputs with its rows of the answer."""
-        assert self._session is not None
         count = len(batch)
         if self._unreachable():  # queued before the refusal
             self._failed("candidate_error", "refused a moment ago", count)
             return
         stacked = batch[0].inputs if count == 1 else stack_requests([r.inputs for r in batch])
-        inputs = [InferInput(name, datatype, data) for name, (datatype, data) in
-                  stacked.items()]  # fmt: skip
-        body, header_length = encode_infer_request(
-            inputs, timeout_microseconds=int(self._timeout * 1e6)
-        )
-        headers = {
-            HEADER_LENGTH_HEADER: str(header_length),
-            "Content-Type": "application/octet-stream",
-        }
-        started = self._clock()
-        try:
-            async with self._session.post(self._url, data=body, headers=headers) as response:
-                payload = await response.read()
-                status = response.status
-                answer_header = response.headers.get(HEADER_LENGTH_HEADER)
-                timing = response.headers.get(SERVER_TIMING_HEADER)
-        except TimeoutError:
-            self._failed("timeout", f"no answer within {self._timeout:g}s", count)
+        answered = await self._send(stacked, count)
+        if answered is None:
             return
-        except aiohttp.ClientConnectorError as error:  # refused, unresolvable, unreachable
-            now = self._clock()
-            if self._unreachable_until is None or now >= self._unreachable_until:
-                self._unreachable_until = now + self._backoff  # several refused at once:
-                self._backoff = min(self._backoff * 2, _BACKOFF_SECONDS[1])  # one window
-            self._failed("candidate_error", f"{type(error).__name__}: {error}", count)
-            return
-        except (aiohttp.ClientError, OSError) as error:
-            self._failed("candidate_error", f"{type(error).__name__}: {error}", count)
-            return
-        self._backoff = _BACKOFF_SECONDS[0]  # it answered: the next refusal starts over
-        round_trip = self._clock() - started
-        if status != 200:
-            self._failed("candidate_error", f"HTTP {status}: {payload[:200]!r}", count)
-            return
+        payload, answer_header, timing, round_trip = answered
         try:
             length = int(answer_header) if answer_header is not None else None
             answer = decode_infer_response(payload, length)
@@ -380,6 +349,50 @@ class Mirror:
                 slice_value=request.slice_value,
                 inputs=request.inputs,
             )
+
+    async def _send(
+        self, stacked: Outputs, count: int
+    ) -> tuple[bytes, str | None, str | None, float] | None:
+        """Posts the stacked inputs (binary tensors, under the mirror's timeout); returns
+        the 200 answer's body, binary header length and Server-Timing, and the round trip's
+        seconds, or None when it failed (recorded for all `count` requests, a refused
+        connection backing off)."""
+        assert self._session is not None
+        inputs = [InferInput(name, datatype, data) for name, (datatype, data) in
+                  stacked.items()]  # fmt: skip
+        body, header_length = encode_infer_request(
+            inputs, timeout_microseconds=int(self._timeout * 1e6)
+        )
+        headers = {
+            HEADER_LENGTH_HEADER: str(header_length),
+            "Content-Type": "application/octet-stream",
+        }
+        started = self._clock()
+        try:
+            async with self._session.post(self._url, data=body, headers=headers) as response:
+                payload = await response.read()
+                status = response.status
+                answer_header = response.headers.get(HEADER_LENGTH_HEADER)
+                timing = response.headers.get(SERVER_TIMING_HEADER)
+        except TimeoutError:
+            self._failed("timeout", f"no answer within {self._timeout:g}s", count)
+            return None
+        except aiohttp.ClientConnectorError as error:  # refused, unresolvable, unreachable
+            now = self._clock()
+            if self._unreachable_until is None or now >= self._unreachable_until:
+                self._unreachable_until = now + self._backoff  # several refused at once:
+                self._backoff = min(self._backoff * 2, _BACKOFF_SECONDS[1])  # one window
+            self._failed("candidate_error", f"{type(error).__name__}: {error}", count)
+            return None
+        except (aiohttp.ClientError, OSError) as error:
+            self._failed("candidate_error", f"{type(error).__name__}: {error}", count)
+            return None
+        self._backoff = _BACKOFF_SECONDS[0]  # it answered: the next refusal starts over
+        round_trip = self._clock() - started
+        if status != 200:
+            self._failed("candidate_error", f"HTTP {status}: {payload[:200]!r}", count)
+            return None
+        return payload, answer_header, timing, round_trip
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

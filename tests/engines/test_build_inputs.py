@@ -151,6 +151,10 @@ def _bad_inputs(models: dict[str, Path], tmp_path: Path) -> dict[str, tuple[list
         "int8 without calibration": (["--model", tiny, *int8], "int8 needs calibration data"),
         "checksum mismatch": (["--model", tiny, "--model-sha256", "1" * 64], "sha256 mismatch"),
         "unknown digest": (["--pin", "sha256:" + "2" * 64], "is not in the cache"),
+        "pin and model": (
+            ["--pin", "sha256:" + "2" * 64, "--model", tiny],
+            "give either --pin or --model, not both",
+        ),
         "bad batch size": (["--model", tiny, "--max-batch-size", "0"], "must be within 1..1024"),
     }
 
@@ -160,7 +164,8 @@ def _bad_inputs(models: dict[str, Path], tmp_path: Path) -> dict[str, tuple[list
     [
         "missing file", "not onnx", "fixed batch", "wrong calibration shape",
         "wrong calibration inputs", "calibration not npz", "calibration npy", "unknown scheme",
-        "int8 without calibration", "checksum mismatch", "unknown digest", "bad batch size",
+        "int8 without calibration", "checksum mismatch", "unknown digest", "pin and model",
+        "bad batch size",
     ],
 )  # fmt: skip
 def test_bad_input_is_one_clear_line_and_leaves_the_cache_unchanged(
