@@ -317,6 +317,43 @@ INFERENCE_DEPLOYMENT_METRICS_UNAVAILABLE = Series(
     "(the decision it feeds waits or holds), 0 when it was read.",
 )
 
+# The operator's own activity (`kubeinfer.operator.activity`): what its cost per object is
+# read from, on every replica (a standby's stay still).
+OPERATOR_RECONCILE_DURATION = Series(
+    "kubeinfer_operator_reconcile_duration_seconds",
+    "histogram",
+    (),
+    "Seconds from the trigger that queued a reconcile pass to its end, waiting for the "
+    "object's turn included.",
+    (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+OPERATOR_RECONCILES = Series(
+    "kubeinfer_operator_reconciles",
+    "counter",
+    ("result",),
+    "Reconcile passes, by result: ok, gone (the object no longer exists), invalid (a spec "
+    "the model refuses), error (a request failed; retried).",
+)
+OPERATOR_API_REQUESTS = Series(
+    "kubeinfer_operator_api_requests",
+    "counter",
+    ("verb",),
+    "The operator's own requests to the API server by verb (kopf's watches not included).",
+)
+OPERATOR_WATCH_EVENTS = Series(
+    "kubeinfer_operator_watch_events",
+    "counter",
+    ("resource",),
+    "Watch events the operator's handlers took, by resource.",
+)
+OPERATOR_METRICS_QUERIES = Series(
+    "kubeinfer_operator_metrics_queries",
+    "counter",
+    ("kind",),
+    "Queries sent to a metrics source: prometheus (one query for one object), "
+    "prometheus_grouped (one query for every object it reads), pod (one pod's /metrics).",
+)
+
 
 def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
     """Prometheus' `histogram_quantile(q, ...)` over classic buckets: `buckets` are (upper

@@ -21,11 +21,17 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
 from kubeinfer.contract import metrics as series
+from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.api.v1alpha1.status import InferenceDeploymentStatus
 from kubeinfer.operator.state.snapshot import ObservedState
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 Key = tuple[str, str]
@@ -52,10 +58,13 @@ def metrics_readers(observed: ObservedState) -> tuple[tuple[str, bool], ...]:
 
 
 class StatusBoard:
-    """The last report per InferenceDeployment (namespace, name)."""
+    """The last report per InferenceDeployment (namespace, name), and the operator's own
+    `activity` (kept across kopf runs: a standby's counters stay where the leader left
+    them)."""
 
     def __init__(self) -> None:
         self._reports: dict[Key, Report] = {}
+        self.activity = Activity()
 
     def record(self, key: Key, report: Report) -> None:
         self._reports[key] = report
@@ -79,6 +88,7 @@ class BoardCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from families(self.board.items())
+        yield from activity_families(self.board.activity)
 
 
 def families(reports: Iterable[tuple[Key, Report]]) -> list[Metric]:
@@ -96,6 +106,31 @@ def families(reports: Iterable[tuple[Key, Report]]) -> list[Metric]:
         for reader, failed in report.unavailable:
             unavailable.add_metric([namespace, name, reader], 1 if failed else 0)
     return [condition, replicas, ready, unavailable]
+
+
+def activity_families(activity: Activity) -> list[Metric]:
+    """The operator's own counters and its passes' durations."""
+    duration = series.OPERATOR_RECONCILE_DURATION
+    histogram = HistogramMetricFamily(duration.name, duration.help)
+    buckets = [(_bound(b), n) for b, n in activity.pass_seconds.cumulative()]
+    histogram.add_metric([], buckets, activity.pass_seconds.total)
+    counted = (
+        (series.OPERATOR_RECONCILES, activity.passes),
+        (series.OPERATOR_API_REQUESTS, activity.api_requests),
+        (series.OPERATOR_WATCH_EVENTS, activity.watch_events),
+        (series.OPERATOR_METRICS_QUERIES, activity.metrics_queries),
+    )
+    result: list[Metric] = [histogram]
+    for family, counts in counted:
+        counter = CounterMetricFamily(family.name, family.help, labels=family.labels)
+        for label, count in sorted(counts.items()):
+            counter.add_metric([label], count)
+        result.append(counter)
+    return result
+
+
+def _bound(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
 
 
 def _gauge(family: series.Series) -> GaugeMetricFamily:

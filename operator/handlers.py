@@ -1,10 +1,14 @@
 """kopf handlers: every trigger calls the same level-triggered reconcile.
 
-Create, update, resume and any event on a child (a build Job, its pods, the runtime
-Deployment, ConfigMap, Service, cache claim) call `Reconciler.reconcile` for the
-InferenceDeployment concerned, and the reconciler schedules the periodic resync itself
-(see its docstring for why not a kopf timer); the handlers never branch on what
-happened. Errors map to kopf's retry classes here and only here: a spec the
+Create, update and resume call `Reconciler.reconcile` for the InferenceDeployment
+concerned; any event on a child (a build Job, its pods, the runtime Deployment,
+ConfigMap, Service, cache claim) asks the reconciler for a pass over its owner
+(`Reconciler.trigger`) without waiting for it, so a burst of events costs one pass; the
+reconciler schedules the periodic resync itself (see its docstring for why not a kopf
+timer). The handlers never branch on what happened. Each child kind also has a kopf
+index, which the passes read instead of listing (`kube.cache`).
+
+Errors map to kopf's retry classes here and only here: a spec the
 model refuses has been written into the status and is a `PermanentError` (kopf does not
 retry it until the spec changes); anything else is a `TemporaryError`, retried after the
 delay the API server asked for (`Retry-After`), else one that is short for conflicts,
@@ -21,15 +25,16 @@ operator command and each test build their own registry, settings and credential
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.api.v1alpha1.resource import GROUP, PLURAL, VERSION
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest
 from kubeinfer.operator.exporter import StatusBoard
+from kubeinfer.operator.kube.cache import CachedReader, index_entry, index_name
 from kubeinfer.operator.kube.client import (
     CONFIGMAP,
     DEPLOYMENT,
@@ -67,16 +72,23 @@ class OperatorContext:
     vault: Vault
     board: StatusBoard | None = None
     client: KubeClient = field(init=False)
+    cache: CachedReader = field(init=False)
     reconciler: Reconciler = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.board is None:
+            self.board = StatusBoard()
         self.client = KubeClient(
             self.vault,
             field_manager=self.settings.api.field_manager,
             timeout_seconds=self.settings.api.timeout_seconds,
             page_size=self.settings.api.page_size,
+            activity=self.board.activity,
         )
-        self.reconciler = Reconciler(self.client, self.settings, board=self.board)
+        self.cache = CachedReader(self.client)
+        self.reconciler = Reconciler(
+            self.client, self.settings, board=self.board, reader=self.cache
+        )
 
     async def close(self) -> None:
         """Stops the reconciler (its requeues included); the vault, which holds the
@@ -133,9 +145,14 @@ def register(
     async def close(**_: Any) -> None:
         await context.close()
 
+    @kopf.on.startup(registry=registry)
+    async def attach_cache(**kwargs: Any) -> None:
+        context.cache.attach(kwargs)  # kopf's indexes, by name, among the arguments
+
     reconcile = _reconcile_of(context)
-    _register_owner(registry, reconcile)
-    _register_children(registry, reconcile)
+    activity = context.reconciler.board.activity
+    _register_owner(registry, reconcile, activity)
+    _register_children(registry, context.reconciler, activity)
     return context
 
 
@@ -178,7 +195,9 @@ def _reconcile_of(context: OperatorContext) -> Reconcile:
     return reconcile
 
 
-def _register_owner(registry: kopf.OperatorRegistry, reconcile: Reconcile) -> None:
+def _register_owner(
+    registry: kopf.OperatorRegistry, reconcile: Reconcile, activity: Activity
+) -> None:
     """Create, update and resume of an InferenceDeployment: one handler, one id, so
     kopf's progress annotation reads kubeinfer.io/reconcile for all three causes."""
 
@@ -187,31 +206,42 @@ def _register_owner(registry: kopf.OperatorRegistry, reconcile: Reconcile) -> No
     @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
     async def reconcile_on_change(namespace: str | None, name: str, **_: Any) -> None:
         assert namespace is not None  # InferenceDeployment is namespaced: kopf gives it one
+        activity.watch_events[PLURAL] += 1
         await reconcile(namespace, name)
 
 
-def _register_children(registry: kopf.OperatorRegistry, reconcile: Reconcile) -> None:
-    """Any event on one of the operator's children reconciles its owner (the instance
-    label names it)."""
+def _register_children(
+    registry: kopf.OperatorRegistry, reconciler: Reconciler, activity: Activity
+) -> None:
+    """Each child kind's kopf index (`kube.cache`: what passes read instead of listing),
+    and its events: any event on one of the operator's children asks for a pass over its
+    owner (the instance label names it), without waiting for it."""
     for child in CHILD_RESOURCES:
+        selected: dict[str, Any] = {
+            LABEL_MANAGED_BY: MANAGED_BY,
+            LABEL_INSTANCE: kopf.PRESENT,
+        }
+
+        @kopf.index(
+            child.group, child.version, child.plural, registry=registry, labels=selected,
+            id=index_name(child),
+        )  # fmt: skip
+        def index_child(
+            namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+        ) -> dict[Any, Any]:
+            return index_entry(namespace or "", labels, body)
 
         @kopf.on.event(
             child.group,
             child.version,
             child.plural,
             registry=registry,
-            labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_INSTANCE: kopf.PRESENT},
+            labels=selected,
             id=f"reconcile_owner_of_{child.plural}",
         )
         async def reconcile_owner(
-            namespace: str | None,
-            labels: Mapping[str, str],
-            logger: logging.Logger | logging.LoggerAdapter[Any],
-            **_: Any,
+            resource: kopf.Resource, namespace: str | None, labels: Mapping[str, str], **_: Any
         ) -> None:
             assert namespace is not None  # every child resource is namespaced
-            try:
-                await reconcile(namespace, labels[LABEL_INSTANCE])
-            except (kopf.PermanentError, kopf.TemporaryError) as error:
-                # kopf does not retry event handlers; the owner's resync retries.
-                logger.info(f"Reconcile after a child's change failed: {error}")
+            activity.watch_events[resource.plural] += 1
+            reconciler.trigger(namespace, labels[LABEL_INSTANCE])

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_spec
 from kubeinfer.operator.exporter import Report, StatusBoard, metrics_readers
 from kubeinfer.operator.kube import apply
+from kubeinfer.operator.kube.cache import Lister
 from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, POD_MONITOR, ApiError, KubeClient
 from kubeinfer.operator.kube.gather import owner_ref_from_body, stored_status
 from kubeinfer.operator.kube.observe import gather, pods_lister
@@ -53,6 +55,14 @@ logger = logging.getLogger(__name__)
 
 DISCOVERY_SECONDS = 300
 """How long a discovery of the PodMonitor API is trusted."""
+CLOSE_GRACE_SECONDS = 1.0
+"""How long `close` lets the passes in flight end: kopf gives its own handlers as long
+(its exit timeout) and a leader that lost its Lease must stop well before another takes
+over (its renew deadline falls short of the Lease's duration by a few seconds)."""
+TRIGGER_DELAY_SECONDS = 0.2
+"""How long a pass asked for by a watch event waits for the events after it: a child's
+change comes in bursts (a pod scheduled, started, ready; its ReplicaSet, its Deployment),
+and one pass after the burst sees all of it."""
 
 
 class ReconcilerClosed(Exception):
@@ -82,8 +92,11 @@ class Reconciler:
         settings: OperatorSettings,
         clock: Callable[[], datetime] = utc_now,
         board: StatusBoard | None = None,
+        reader: Lister | None = None,
     ) -> None:
         self.client = client
+        self.reader: Lister = reader if reader is not None else client
+        """Where a pass reads the children: the API, or the cache of the watches."""
         self.board = board if board is not None else StatusBoard()
         """What each object's last pass wrote, for the operator's /metrics."""
         self.settings = settings
@@ -99,7 +112,7 @@ class Reconciler:
         """The quality watch's past counts per object, for a direct read's window."""
         self._pod_monitors: tuple[float, bool] | None = None
         """(when, whether) the cluster serves PodMonitors, rediscovered every few minutes."""
-        self.metrics = MetricsSources(settings, pods_lister(client))
+        self.metrics = MetricsSources(settings, pods_lister(self.reader), self.board.activity)
         """The metrics sources, made once and kept for the operator's life."""
         self._closed = False
 
@@ -126,7 +139,7 @@ class Reconciler:
         key = (namespace, name)
         queued = self._queued.get(key)
         if queued is None:
-            queued = asyncio.ensure_future(self._serialised(key))
+            queued = asyncio.ensure_future(self._timed(key))
             self._queued[key] = queued
             self._passes.add(queued)
             queued.add_done_callback(self._pass_done)
@@ -136,6 +149,22 @@ class Reconciler:
         self._passes.discard(task)
         if not task.cancelled():
             task.exception()  # retrieved here too: every waiter may have gone
+
+    async def _timed(self, key: tuple[str, str]) -> Outcome:
+        """A serialised pass, counted by result with its time from being queued."""
+        activity = self.board.activity
+        started = time.monotonic()
+        result = "error"
+        try:
+            outcome = await self._serialised(key)
+            result = "ok" if outcome.decision is not None else "gone"
+            return outcome
+        except InvalidManifest:
+            result = "invalid"
+            raise
+        finally:
+            activity.passes[result] += 1
+            activity.pass_seconds.observe(time.monotonic() - started)
 
     async def _serialised(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
@@ -185,7 +214,7 @@ class Reconciler:
         now = self.clock()
         key = (namespace, name)
         observed = await gather(
-            self.client,
+            self.reader,
             self.metrics,
             body,
             spec,
@@ -267,13 +296,27 @@ class Reconciler:
         self._pod_monitors = (clock, serves)
         return serves
 
+    def trigger(self, namespace: str, name: str, delay: float = TRIGGER_DELAY_SECONDS) -> None:
+        """Asks for a pass within `delay` seconds without waiting for it (a watch event's
+        way in): a pass already due sooner stands, so a burst of events costs one pass,
+        and the event's handler returns at once (kopf keeps the object's cache entry
+        current only between its handler's calls). Its errors are the pass' own: logged,
+        and retried by the requeue it schedules."""
+        self._schedule(namespace, name, delay)
+
     def _schedule(self, namespace: str, name: str, delay: float | None) -> None:
-        """Arranges one more pass after `delay` seconds (replacing an earlier request)."""
+        """Arranges one more pass after `delay` seconds, unless one is already due sooner
+        (a pass never postpones another: an event that came in while it ran asked for
+        one); None cancels the pending one."""
         key = (namespace, name)
-        if (previous := self._requeues.pop(key, None)) is not None:
-            previous.cancel()
+        loop = asyncio.get_running_loop()
+        previous = self._requeues.get(key)
+        if delay is not None and previous is not None:
+            if previous.when() <= loop.time() + max(delay, 0.0):
+                return
+        if previous is not None:
+            self._requeues.pop(key).cancel()
         if delay is not None and not self._closed:
-            loop = asyncio.get_running_loop()
             self._requeues[key] = loop.call_later(max(delay, 0.0), self._requeue, key)
 
     def _requeue(self, key: tuple[str, str]) -> None:
@@ -287,13 +330,17 @@ class Reconciler:
         if not task.cancelled() and (error := task.exception()) is not None:
             logger.warning("Resync failed and is retried: %s", error)
 
-    async def close(self) -> None:
-        """Cancels pending requeues and the passes in flight, and refuses new passes."""
+    async def close(self, grace_seconds: float = CLOSE_GRACE_SECONDS) -> None:
+        """Refuses new passes and cancels pending requeues at once; the passes in flight
+        get `grace_seconds` to end (a pass cut in the middle leaves a request the API
+        server answers 504 to nobody), then are cancelled."""
         self._closed = True
         for handle in self._requeues.values():
             handle.cancel()
         self._requeues.clear()
         pending = [*self._tasks, *self._passes]
+        if pending and grace_seconds > 0:
+            await asyncio.wait(pending, timeout=grace_seconds)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)

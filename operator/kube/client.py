@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 import kopf
 from kopf._cogs.structs.credentials import Vault
+from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.kube.resources import (
     CONFIGMAP,
     DEPLOYMENT,
@@ -145,8 +146,11 @@ class KubeClient:
         *,
         timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
         page_size: int = DEFAULT_PAGE_SIZE,
+        activity: Activity | None = None,
     ) -> None:
         self.field_manager = field_manager
+        self.activity = activity if activity is not None else Activity()
+        """Where each request is counted, by verb."""
         self.timeout_seconds = timeout_seconds
         self.page_size = page_size
         self._owns_vault = not isinstance(credentials, Vault)
@@ -198,6 +202,7 @@ class KubeClient:
         content_type: str | None,
         params: Mapping[str, Any],
     ) -> KubeObject:
+        self.activity.request(method, "limit" in params)
         try:
             response = await DynamicClient(api).request(
                 method,

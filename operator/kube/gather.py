@@ -1,6 +1,7 @@
 """Builds the `ObservedState` one reconcile pass decides from: what exists, read fresh.
 
-Children are found by their labels (one LIST per kind, in parallel) and kept only when
+Children are found by their labels (one LIST per kind, in parallel, or one look into the
+operator's cache of its watches, `kube.cache`) and kept only when
 an ownerReference points at this InferenceDeployment's uid, so an unrelated object that
 happens to carry the labels is never adopted. A child that is missing is simply absent
 (None or an empty tuple): absence is an observation, not an error.
@@ -12,6 +13,7 @@ import asyncio
 from typing import Any
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
+from kubeinfer.operator.kube.cache import Lister
 from kubeinfer.operator.kube.client import (
     CONFIGMAP,
     DEPLOYMENT,
@@ -19,7 +21,6 @@ from kubeinfer.operator.kube.client import (
     POD,
     PVC,
     SERVICE,
-    KubeClient,
     KubeObject,
 )
 from kubeinfer.operator.state import names
@@ -58,9 +59,10 @@ def _named(objects: list[KubeObject], name: str) -> KubeObject | None:
 
 
 async def gather_children(
-    client: KubeClient, body: dict[str, Any], spec: InferenceDeploymentSpec
+    client: Lister, body: dict[str, Any], spec: InferenceDeploymentSpec
 ) -> ObservedState:
-    """Reads every child of the InferenceDeployment in `body` and its build Jobs' pods."""
+    """Reads every child of the InferenceDeployment in `body` and its build Jobs' pods,
+    through `client`: the API, or the operator's cache of its watches (`kube.cache`)."""
     owner = owner_ref_from_body(body)
     selector = names.children_selector(owner.name)
     kinds = (PVC, CONFIGMAP, DEPLOYMENT, SERVICE, JOB)

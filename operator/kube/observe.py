@@ -22,7 +22,8 @@ from datetime import datetime
 from typing import Any
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
-from kubeinfer.operator.kube.client import POD, POD_MONITOR, KubeClient, KubeObject
+from kubeinfer.operator.kube.cache import Lister
+from kubeinfer.operator.kube.client import POD, POD_MONITOR, KubeObject
 from kubeinfer.operator.kube.gather import gather_children
 from kubeinfer.operator.metrics.direct import ListPods
 from kubeinfer.operator.metrics.factory import MetricsSources
@@ -44,7 +45,7 @@ from kubeinfer.operator.state.snapshot import ObservedState
 logger = logging.getLogger(__name__)
 
 
-def pods_lister(client: KubeClient) -> ListPods:
+def pods_lister(client: Lister) -> ListPods:
     """The direct metrics read's `ListPods`, over the operator's API client."""
 
     async def list_pods(namespace: str, label_selector: str) -> Sequence[Mapping[str, Any]]:
@@ -54,7 +55,7 @@ def pods_lister(client: KubeClient) -> ListPods:
 
 
 async def gather(
-    client: KubeClient,
+    client: Lister,
     sources: MetricsSources,
     body: dict[str, Any],
     spec: InferenceDeploymentSpec,
@@ -67,7 +68,8 @@ async def gather(
     `spec` is already parsed): its children, the shadow's aggregates, the load and the
     pods, the autoscaler's `history`, the quality watch's window (with the direct read's
     `quality_history`, returned updated in the observed state) and the PodMonitor (when
-    `pod_monitors`: the cluster serves them and the settings allow them)."""
+    `pod_monitors`: the cluster serves them and the settings allow them). Every read of
+    objects goes through `client`: the API, or the operator's cache of its watches."""
     observed = await gather_children(client, body, spec)
     owner = observed.owner
     source = sources.for_object(observed.spec.monitoring.prometheus.url)

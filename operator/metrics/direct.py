@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 import aiohttp
+from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.metrics.pods import PodTarget, metrics_targets
 from kubeinfer.operator.metrics.queries import GroupedQuery, Query, Scope
 from kubeinfer.operator.metrics.samples import PodSamples, parse_exposition
@@ -32,9 +33,12 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 class DirectRead:
     """Evaluates queries over the samples of one scrape of each scope's ready pods."""
 
-    def __init__(self, list_pods: ListPods, timeout_seconds: float) -> None:
+    def __init__(
+        self, list_pods: ListPods, timeout_seconds: float, activity: Activity | None = None
+    ) -> None:
         self._list_pods = list_pods
         self.timeout_seconds = timeout_seconds
+        self.activity = activity if activity is not None else Activity()
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
 
@@ -109,6 +113,7 @@ class DirectRead:
         )
 
     async def _read(self, session: aiohttp.ClientSession, target: PodTarget) -> PodSamples:
+        self.activity.metrics_queries["pod"] += 1
         try:
             async with session.get(target.url) as response:
                 if response.status != 200:

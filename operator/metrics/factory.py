@@ -11,6 +11,7 @@ operator, not per pass; `close` releases them at shutdown.
 
 from __future__ import annotations
 
+from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.metrics.direct import DirectRead, ListPods
 from kubeinfer.operator.metrics.prometheus import PrometheusSource
 from kubeinfer.operator.metrics.source import MetricsSource
@@ -20,8 +21,12 @@ from kubeinfer.operator.settings import OperatorSettings
 class MetricsSources:
     """One source per Prometheus URL and one direct reader, made on first use."""
 
-    def __init__(self, settings: OperatorSettings, list_pods: ListPods) -> None:
+    def __init__(
+        self, settings: OperatorSettings, list_pods: ListPods, activity: Activity | None = None
+    ) -> None:
         self.settings = settings
+        self.activity = activity if activity is not None else Activity()
+        """Where the sources count their queries."""
         self._list_pods = list_pods
         self._prometheus: dict[str, PrometheusSource] = {}
         self._direct: DirectRead | None = None
@@ -32,10 +37,10 @@ class MetricsSources:
         timeout = self.settings.metrics.timeout_seconds
         if url:
             if url not in self._prometheus:
-                self._prometheus[url] = PrometheusSource(url, timeout)
+                self._prometheus[url] = PrometheusSource(url, timeout, self.activity)
             return self._prometheus[url]
         if self._direct is None:
-            self._direct = DirectRead(self._list_pods, timeout)
+            self._direct = DirectRead(self._list_pods, timeout, self.activity)
         return self._direct
 
     async def close(self) -> None:

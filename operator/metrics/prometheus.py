@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 import requests
+from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.metrics.queries import GroupedQuery, Query
 from kubeinfer.operator.metrics.source import MetricsUnavailable
 
@@ -39,9 +40,10 @@ class Refused(Exception):
 class PrometheusSource:
     """Evaluates queries with Prometheus' instant query API at `now`."""
 
-    def __init__(self, url: str, timeout_seconds: float) -> None:
+    def __init__(self, url: str, timeout_seconds: float, activity: Activity | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_seconds = timeout_seconds
+        self.activity = activity if activity is not None else Activity()
         self._session = requests.Session()
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_QUERIES)
 
@@ -91,6 +93,7 @@ class PrometheusSource:
 
     async def _ask(self, query: Query | GroupedQuery, now: datetime) -> tuple[str, Any]:
         """The query's result at `now`: (resultType, result) of the answer's `data`."""
+        self.activity.metrics_queries["prometheus"] += 1
         async with self._slots:
             try:
                 async with asyncio.timeout(self.timeout_seconds):
