@@ -29,10 +29,10 @@ lock: $(STAMP)
 	$(LOCK) $(DEBIAN_311) $(PINNED) requirements/build.in -o requirements/build.txt
 	$(LOCK) $(DEBIAN_311) $(PINNED) pyproject.toml --extra operator -o requirements/operator.txt
 	$(LOCK) $(DEBIAN_311) $(PINNED) pyproject.toml --extra runtime --extra s3 --extra gcs \
-		-o requirements/runtime.txt
+		--extra extensions -o requirements/runtime.txt
 	$(LOCK) --python-version 3.12 --python-platform x86_64-manylinux_2_39 $(PINNED) \
 		pyproject.toml requirements/runtime-gpu.in --extra runtime --extra s3 --extra gcs \
-		-o requirements/runtime-gpu.txt
+		--extra extensions -o requirements/runtime-gpu.txt
 
 # The operator and runtime images (docs/images.md), built with podman from the Dockerfile
 # and exported as OCI archives under $${XDG_CACHE_HOME:-~/.cache}/kubeinfer/images.
@@ -77,6 +77,8 @@ $(PERF_ANALYZER): requirements/perf-analyzer.txt | $(STAMP)
 bench: $(STAMP) $(BENCH_STAMP) $(PERF_ANALYZER)
 	$(BIN)/python tests/benchmarks/bench_serving.py $(BENCH_ARGS)
 
+# The story through the operator on a local cluster; it writes under
+# $${XDG_STATE_HOME:-~/.local/state}/kubeinfer/demo (it says so first), wherever the clone is.
 demo: $(STAMP)
 	$(BIN)/kubeinfer demo
 
@@ -144,7 +146,7 @@ protos: $(STAMP)
 	$(BIN)/python tests/runtime/grpc_stubgen.py
 
 clean:
-	rm -rf $(VENV) .bench .demo .mutmut build *.egg-info
+	rm -rf $(VENV) .bench .mutmut build *.egg-info
 
 # The GPU code's check, on a CUDA machine (no venv: the machine's own Python, with PyTorch
 # and CuPy on GPU images): builds pycuda where missing, runs the gpu tests and the slot

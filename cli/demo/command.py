@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -232,23 +233,35 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def default_workdir() -> Path:
+    """Where the demo writes unless told: the user's state directory, wherever the
+    project is cloned and whatever the current directory."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "kubeinfer" / "demo"
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    args.workdir = (args.workdir or default_workdir()).resolve()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    print(
+        f"kubeinfer demo: writing to {args.workdir} (the models, the engine cache"
+        + ("" if args.serving else ", the local cluster's files")
+        + ")",
+        flush=True,
+    )
     if args.serving:
         return run(args)
     from kubeinfer.cli.demo.story import run_story
+    from kubeinfer.cli.local.namespace import NamespaceProblem
     from kubeinfer.cli.local.session import UpError
     from kubeinfer.cluster.binaries import BuildError
     from kubeinfer.cluster.control_plane import ClusterError
+    from kubeinfer.cluster.netns import NamespaceError
 
     directory = (args.directory or args.workdir / "local").resolve()
-    if args.workdir.resolve().is_relative_to("/tmp"):
-        print("kubeinfer demo: the models are served through file:// sources, and every pod "
-              "mounts its own /tmp, which would hide them: choose a --workdir outside /tmp",
-              file=sys.stderr)  # fmt: skip
-        return 2
     try:
-        return 0 if asyncio.run(run_story(args.workdir, directory)) else 1
-    except (UpError, BuildError, ClusterError) as error:
+        return 0 if run_story(args.workdir, directory) else 1
+    except (UpError, BuildError, ClusterError, NamespaceProblem, NamespaceError) as error:
         print(f"kubeinfer demo: {error}", file=sys.stderr)
         return 1
 
@@ -258,7 +271,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "demo",
         help="run the main job on a built-in model, through the operator on a local cluster",
     )
-    parser.add_argument("--workdir", type=Path, default=Path(".demo"), help="models and cache")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="models, cache and the cluster's files "
+                        "(default: $XDG_STATE_HOME/kubeinfer/demo)")  # fmt: skip
     parser.add_argument("--directory", type=Path, default=None,
                         help="the local cluster's files (default: WORKDIR/local)")  # fmt: skip
     parser.add_argument(

@@ -21,7 +21,6 @@ import itertools
 import json
 import textwrap
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -165,7 +164,7 @@ async def watch_quality(demo: Demo, step: Step) -> None:
         "a watch's default is an hour)"
     )
     await demo.show("get", "pods", "-l", "app.kubernetes.io/instance=demo")
-    url = demo.endpoint("demo")
+    url = await demo.endpoint("demo")
 
     async def phase(
         load: tuple[list[bytes], list[dict[str, str]]],
@@ -232,14 +231,9 @@ async def watch_quality(demo: Demo, step: Step) -> None:
         + (": the aggregate alone would hide it" if overall >= floor else "")
     )
 
-    exemplars_url = url.rsplit("/v2/", 1)[0] + "/v2/quality/exemplars"
+    exemplars_url = demo.shown_endpoint("demo").rsplit("/v2/", 1)[0] + "/v2/quality/exemplars"
     say(f"\n$ curl -o exemplars.npz {exemplars_url}   (the serving pod's worst rows)")
-
-    def fetch() -> bytes:
-        with urllib.request.urlopen(exemplars_url, timeout=10) as response:
-            return bytes(response.read())
-
-    lines, rows, shifted = exemplar_lines(await asyncio.to_thread(fetch), traffic)
+    lines, rows, shifted = exemplar_lines(await demo.from_host(exemplars_url), traffic)
     for line in lines:
         say(f"  {line}")
     assert rows and shifted * 4 >= rows * 3, f"{shifted} of {rows} exemplars are shifted rows"

@@ -1,13 +1,17 @@
 """`kubeinfer demo` (`make demo`): the product doing its job, through the real operator on
 the real API server, on a built-in model.
 
-`kubeinfer up`'s session (`kubeinfer.cli.local`) starts the control plane and node and
-installs the operator; the demo then tells the story an SRE lives, printing what
-`kubectl get infd` prints at each step (the session's watch prints a row whenever it
-changes; at each step's end the demo runs the cluster's own kubectl):
+`kubeinfer up`'s session (`kubeinfer.cli.local`) builds what it needs, starts the control
+plane and node in a network namespace of its own and installs the operator; the demo then
+tells the story an SRE lives, printing what `kubectl get infd` prints at each step (the
+session's watch prints a row whenever it changes; at each step's end the demo runs the
+cluster's own kubectl). The requests it shows go to the endpoints it prints, 127.0.0.1
+ports of the namespace it was started in; its load goes to the Services' ClusterIPs,
+from inside, sparing the two cores the relay:
 
-1. apply an InferenceDeployment of a generated model (a `file://` source): the operator
-   builds its engine in a Job and rolls out a runtime pod: BuildingEngine, then Ready;
+1. apply an InferenceDeployment of a generated model (a `file://` source, which the
+   session serves to the pods over HTTP): the operator builds its engine in a Job and
+   rolls out a runtime pod: BuildingEngine, then Ready;
 2. requests answered at its local endpoint, checked against ONNX Runtime in-process;
 3. a burst of load on a heavier model: the autoscaler scales up on the requests in
    progress, and back down once the burst is over and its window has passed;
@@ -29,8 +33,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import signal
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +43,9 @@ from typing import Any
 import numpy as np
 from kubeinfer.cli.demo.load import drive
 from kubeinfer.cli.demo.quality import WATCH, watch_quality
+from kubeinfer.cli.local import forward
 from kubeinfer.cli.local.session import LocalSession
+from kubeinfer.operator.state import names
 
 NAMESPACE = "default"
 THRESHOLDS = {
@@ -152,9 +158,27 @@ class Demo:
         wanted = generation or infd["metadata"]["generation"]
         return ready.get("status") == "True" and ready.get("observedGeneration") == wanted
 
-    def endpoint(self, name: str) -> str:
+    def shown_endpoint(self, name: str) -> str:
+        """The endpoint the session printed: a port of the host's namespace."""
         forwarder = self.session.forwarders[(NAMESPACE, name)]
-        return f"http://127.0.0.1:{forwarder.port}/v2/models/{name}/infer"
+        return f"{forwarder.url}/v2/models/{name}/infer"
+
+    async def endpoint(self, name: str) -> str:
+        """The same endpoint from inside the session's namespace: its Service's ClusterIP."""
+        address = await self.session.service_address(NAMESPACE, names.service_name(name))
+        assert address is not None, f"the Service of {name} does not exist"
+        return f"http://{address[0]}:{address[1]}/v2/models/{name}/infer"
+
+    async def from_host(self, url: str, body: bytes | None = None) -> bytes:
+        """`url` (a printed endpoint) asked from the host's namespace, as curl would."""
+        entered = self.session.entered
+        assert entered is not None
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        status, answer = await asyncio.to_thread(
+            forward.request_from, entered.host, url, body, headers, 10.0
+        )
+        assert status == 200, f"{url}: {status} {answer[:200]!r}"
+        return answer
 
     async def pods(self, name: str) -> list[dict[str, Any]]:
         listing = json.loads(
@@ -185,7 +209,7 @@ class Demo:
 
     async def apply(self, objects: list[dict[str, Any]]) -> None:
         self.say(f"$ kubectl apply -f - ({', '.join(o['metadata']['name'] for o in objects)})")
-        output = await self.session.kubectl_apply(objects)
+        _, output = await self.session.apply(objects)
         for line in output.splitlines():
             self.say(f"  {line}")
 
@@ -214,15 +238,9 @@ class Demo:
 
         rows = np.random.default_rng(7).standard_normal((4, 512)).astype(np.float32)
         body = infer_body(rows)
-        url = self.endpoint("demo")
-        self.say(f"$ curl -d @request.json {url}")
-
-        def post() -> dict[str, Any]:
-            request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return dict(json.loads(response.read()))
-
-        served = (await asyncio.to_thread(post))["outputs"][0]
+        shown = self.shown_endpoint("demo")
+        self.say(f"$ curl -d @request.json {shown}")
+        served = json.loads(await self.from_host(shown, body))["outputs"][0]
         local = onnxruntime.InferenceSession(str(self.models.small)).run(None, {"input": rows})[0]
         difference = float(np.abs(np.asarray(served["data"]).reshape(local.shape) - local).max())
         self.say(
@@ -230,7 +248,7 @@ class Demo:
             f"max |diff| against ONNX Runtime in-process {difference:.1e}"
         )
         single = infer_body(rows[:1])
-        result = await drive(url, single, 8, 3.0)
+        result = await drive(await self.endpoint("demo"), single, 8, 3.0)
         self.say(
             f"  8 clients for 3 s: {result.requests_per_second:.0f} req/s, p50 "
             f"{result.percentile_milliseconds(50):.1f} ms, p99 "
@@ -272,7 +290,7 @@ class Demo:
 
         watcher = asyncio.create_task(watch_peak())
         try:
-            result = await drive(self.endpoint("burst"), body, 24, 10.0)
+            result = await drive(await self.endpoint("burst"), body, 24, 10.0)
             self.say(
                 f"  the burst: {result.requests_per_second:.0f} req/s, codes "
                 f"{dict(result.codes)}; the runtime went from 1 to {peak} pods"
@@ -301,8 +319,9 @@ class Demo:
         verdict = "Passed" if passes else "Failed"
         deadline = time.monotonic() + 150
         shown = 0
+        url = await self.endpoint("demo")
         while time.monotonic() < deadline:
-            await drive(self.endpoint("demo"), body, 4, 2.0)
+            await drive(url, body, 4, 2.0)
             candidate = (await self.infd("demo")).get("status", {}).get("candidate") or {}
             if candidate.get("version") != version:
                 continue  # the previous trial's record, until this version's candidate runs
@@ -428,7 +447,9 @@ class Demo:
         )
 
 
-async def run_story(workdir: Path, directory: Path) -> bool:
+def run_story(workdir: Path, directory: Path) -> bool:
+    """The story, from building the models to stopping everything; True if every step
+    passed. Synchronous: the session enters its namespace before the event loop runs."""
     started = time.monotonic()
     print("== 0. The built-in models (generated ONNX files, served through file:// sources)\n")
     models = Models.build((workdir / "models").resolve())
@@ -436,9 +457,22 @@ async def run_story(workdir: Path, directory: Path) -> bool:
         print(f"  {path} ({path.stat().st_size / 1e6:.1f} MB)")
     print("\n$ kubeinfer up   (a control plane, a node, the CRD and the operator)")
     session = LocalSession(directory, say=lambda line: print(line, flush=True))
+    session.prepare()
+    try:
+        return asyncio.run(_tell(session, models, started))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        print("\nDemo interrupted; everything it started is stopped.", flush=True)
+        return False
+
+
+async def _tell(session: LocalSession, models: Models, started: float) -> bool:
     stop = asyncio.Event()
     watcher: asyncio.Task[None] | None = None
     demo = Demo(session, models)
+    ok = False
+    main = asyncio.current_task()
+    if main is not None:  # SIGTERM as Ctrl-C (asyncio.run's own): stop everything first
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
     try:
         await session.start()
         print(f"\n  export KUBECONFIG={session.kubeconfig}   (kubectl works in another terminal)")

@@ -68,6 +68,7 @@ class LocalSession:
     prometheus_process: processes.Started | None = None
     prometheus_forward: Forwarder | None = None
     forwarders: dict[tuple[str, str], Forwarder] = field(default_factory=dict)
+    _starting: asyncio.Future[control_plane.Cluster] | None = None
     _rows: dict[str, tuple[str, ...]] = field(default_factory=dict)
     _header_shown: bool = False
 
@@ -96,12 +97,17 @@ class LocalSession:
     async def start(self) -> None:
         self._entered()
         started = time.monotonic()
-        self.cluster = await asyncio.to_thread(
-            control_plane.up,
-            self.directory / "cluster",
-            in_this_namespace=True,
-            progress=lambda line: self.say(f"  {line}"),
+        # A thread cannot be cancelled: `stop` waits for it before stopping the cluster,
+        # or a start interrupted here would go on starting processes after the stop.
+        self._starting = asyncio.ensure_future(
+            asyncio.to_thread(
+                control_plane.up,
+                self.directory / "cluster",
+                in_this_namespace=True,
+                progress=lambda line: self.say(f"  {line}"),
+            )
         )
+        self.cluster = await asyncio.shield(self._starting)
         self.api = await NodeApi.from_kubeconfig(str(self.cluster.kubeconfig))
         address = urllib.parse.urlsplit(self.cluster.server)
         self.api_forward = await self._forward_to(fixed(address.hostname or "", address.port or 0))
@@ -359,6 +365,10 @@ class LocalSession:
 
     # -- stopping ----------------------------------------------------------------------------
     async def stop(self) -> None:
+        if self._starting is not None and not self._starting.done():
+            self.say("  (waiting for the cluster's start to finish, to stop all of it)")
+            with contextlib.suppress(Exception):
+                await self._starting
         forwarders = [*self.forwarders.values(), self.prometheus_forward, self.api_forward]
         for forwarder in forwarders:
             if forwarder is not None:
