@@ -88,7 +88,9 @@ def test_kubectl_facing_parts() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Model", "Version", "Backend", "Precision", "Ready", "Phase", "P99", "Age"]
+    assert columns == [
+        "Model", "Version", "Backend", "Precision", "Ready", "Phase", "Engines", "P99", "Age",
+    ]  # fmt: skip
     conditions = schema()["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"
     assert conditions["x-kubernetes-list-map-keys"] == ["type"]
@@ -128,9 +130,17 @@ def apply_defaults(value: Any, node: dict[str, Any]) -> Any:
 CEL = celpy.Environment()
 
 
+def cel_sum(items: Any) -> Any:
+    """Kubernetes' CEL list library's `sum()` (celpy has no such extension)."""
+    total = celpy.celtypes.IntType(0)
+    for item in items:
+        total = total + item
+    return total
+
+
 @functools.cache
 def cel_program(rule: str) -> Any:
-    return CEL.program(CEL.compile(rule))
+    return CEL.program(CEL.compile(rule), functions={"sum": cel_sum})
 
 
 def cel_violations(value: Any, node: dict[str, Any], path: str = "") -> list[str]:

@@ -143,7 +143,7 @@ def test_alert_alone_never_touches_serving():
 def test_on_tensorrt_the_fallback_is_built_by_tensorrt_at_the_reference_precision():
     spec = make_spec(
         engine={**INT8, "backend": "tensorrt"},
-        runtime={"resources": {"gpus": 1}},
+        runtime={"resources": {"gpus": 1}, "gpuProduct": "NVIDIA-L4"},
         qualityWatch={"enabled": True, "minSamples": 100, "onDrift": "Fallback"},
     )
     cluster = Cluster(spec, name=OWNER)

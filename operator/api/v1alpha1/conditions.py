@@ -60,6 +60,8 @@ class Reason(StrEnum):
     """Runtime pods cannot start for another reason (another exit code, an image that
     cannot be pulled)."""
     WAITING_FOR_ENGINE = "WaitingForEngine"
+    NO_GPU_NODES = "NoGpuNodes"
+    """A mixed GPU fleet has no eligible GPU node: no engine can be built anywhere."""
     SHADOW_RUNNING = "ShadowRunning"
     SHADOW_PASSED = "ShadowPassed"
     SHADOW_FAILED = "ShadowFailed"

@@ -24,6 +24,7 @@ from kubeinfer.operator.api.v1alpha1.enums import (
     Precision,
     RolloutStrategy,
 )
+from kubeinfer.operator.api.v1alpha1.gpu_fleet import FLEET_RULES, GpuFleetSpec
 from kubeinfer.operator.api.v1alpha1.metadata import ObjectMeta
 from kubeinfer.operator.api.v1alpha1.patterns import (
     DNS1123_LABEL,
@@ -302,6 +303,13 @@ class RuntimeSpec(ApiModel):
     engine builds and runtime pods must match, since a TensorRT engine only runs on the
     GPU it was built for."""
 
+    gpu_fleet: GpuFleetSpec | None = None
+    """With backend tensorrt and neither gpuProduct nor engine.pin, the engine is built
+    once per eligible GPU product and each product's pods run its own engine (a mixed
+    fleet, docs/gpu-fleets.md): which products are eligible (default: every product found
+    among the cluster's GPU nodes) and how the pods are split across them (default: in
+    proportion to their GPUs)."""
+
     batching: BatchingPolicy = Field(default_factory=BatchingPolicy)
     """The dynamic batcher's policy."""
 
@@ -481,6 +489,7 @@ class InferenceDeploymentSpec(ApiModel):
                 or s.slo.p99_latency_milliseconds is not None
             ),
         ),
+        *FLEET_RULES,
     )
 
     model: ModelSpec

@@ -27,6 +27,13 @@ PRINTER_COLUMNS = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {
+        "name": "Engines",
+        "type": "string",
+        "jsonPath": ".status.enginesReady",
+        "description": "on a mixed GPU fleet: built engines/eligible GPU products",
+        "priority": 1,
+    },
+    {
         "name": "P99",
         "type": "number",
         "jsonPath": ".status.metrics.p99Milliseconds",

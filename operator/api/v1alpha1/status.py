@@ -14,6 +14,7 @@ from kubeinfer.operator.api.v1alpha1.enums import (
     QualityState,
     ShadowVerdict,
 )
+from kubeinfer.operator.api.v1alpha1.gpu_fleet import ProductEngineStatus
 from pydantic import Field
 
 
@@ -278,7 +279,20 @@ class InferenceDeploymentStatus(ApiModel):
     Reconciling and Stalled (for kstatus), ScalingActive and ScalingLimited."""
 
     engine: EngineStatus | None = None
-    """The current generation's engine."""
+    """The current generation's engine (unset on a mixed GPU fleet: see engines)."""
+
+    engines: list[ProductEngineStatus] = Field(
+        default_factory=list,
+        max_length=32,
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["gpuProduct"],
+        },
+    )
+    """On a mixed GPU fleet: each eligible GPU product's engine, nodes and pods."""
+
+    engines_ready: str | None = Field(default=None, max_length=32)
+    """On a mixed GPU fleet: built engines/eligible GPU products, for `kubectl get`."""
 
     serving: VersionStatus | None = None
     """The version that serves live traffic."""
