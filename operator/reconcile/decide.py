@@ -23,9 +23,12 @@ from __future__ import annotations
 from datetime import datetime
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
+from kubeinfer.operator.api.v1alpha1.gpu_fleet import in_fleet_mode
 from kubeinfer.operator.quality.fallback import fallback_spec
 from kubeinfer.operator.quality.reference import reference_spec
 from kubeinfer.operator.reconcile import desired as build
+from kubeinfer.operator.reconcile.child_writes import needs_write
+from kubeinfer.operator.reconcile.decide_fleet import decide_fleet, fleet_leftovers
 from kubeinfer.operator.reconcile.decide_quality import (
     fallback_engine,
     fallback_key,
@@ -35,12 +38,13 @@ from kubeinfer.operator.reconcile.decide_quality import (
     reference_leftovers,
 )
 from kubeinfer.operator.reconcile.decide_runtime import candidate_leftovers, runtime_children
+from kubeinfer.operator.reconcile.decide_scaling import recommendation as recommended_count
+from kubeinfer.operator.reconcile.decide_scaling import scaling as scaling_of
 from kubeinfer.operator.reconcile.desired_build import build_engine_job
-from kubeinfer.operator.reconcile.drift import carries
 from kubeinfer.operator.reconcile.requeue import requeue_after
 from kubeinfer.operator.reconcile.rollout_progress import available
-from kubeinfer.operator.reconcile.scaling_status import ScalingReport, scaling_report
-from kubeinfer.operator.reconcile.slo_status import SloReport, slo_report
+from kubeinfer.operator.reconcile.scaling_status import ScalingReport
+from kubeinfer.operator.reconcile.slo_status import slo_report
 from kubeinfer.operator.reconcile.status import (
     compute_status,
     forbidden_status,
@@ -53,18 +57,11 @@ from kubeinfer.operator.rollout.shadow import (
     plan_rollout,
     shadow_replaced_event,
 )
-from kubeinfer.operator.scaling.recommend import recommend
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state.engine_state import (
     EngineState,
     engine_state,
     observed_serving,
-)
-from kubeinfer.operator.state.scaling_inputs import (
-    Recommendation,
-    ScalingSignals,
-    ServingPods,
-    SloMiss,
 )
 from kubeinfer.operator.state.snapshot import (
     Decision,
@@ -73,85 +70,6 @@ from kubeinfer.operator.state.snapshot import (
     ObservedState,
     OwnerRef,
 )
-
-
-def _observed_child(observed: ObservedState, kind: str, name: str) -> KubeObject | None:
-    candidates: tuple[KubeObject | None, ...]
-    candidates = {
-        "PersistentVolumeClaim": (observed.pvc,),
-        "ConfigMap": (
-            observed.configmap,
-            observed.candidate_configmap,
-            observed.mirror_configmap,
-        ),
-        "Deployment": (observed.deployment, observed.candidate_deployment),
-        "Service": (observed.service, observed.candidate_service),
-        "PodMonitor": (observed.pod_monitor,),
-        "Job": observed.jobs,
-    }.get(kind, ())
-    for child in candidates:
-        if child and (child.get("metadata") or {}).get("name") == name:
-            return child
-    return None
-
-
-CREATE_ONLY = frozenset({"Job", "PersistentVolumeClaim"})
-"""Kinds written only when missing. A Job's pod template is immutable, and a change
-outside the engine inputs (resources, image, tolerations) must not disturb a build under
-way: the next attempt, if any, is created from the new spec. A claim's class and access
-modes are immutable and its size may only grow, so re-applying a changed cache spec would
-be refused on every pass: the claim is created once and resized on the claim itself."""
-
-
-def needs_write(child: KubeObject, observed: ObservedState) -> bool:
-    """A desired child must be applied when it is missing, or (unless created only) when
-    the observed one lacks or changed a field the operator owns on it. apiVersion and
-    kind are not compared: the child was found by them, and the items of a list the API
-    server answers carry neither."""
-    existing = _observed_child(observed, child["kind"], child["metadata"]["name"])
-    if existing is None:
-        return True
-    owned = {key: value for key, value in child.items() if key not in ("apiVersion", "kind")}
-    return child["kind"] not in CREATE_ONLY and not carries(existing, owned)
-
-
-def _no_pods(observed: ObservedState) -> ServingPods:
-    """What is known of the pods when none were counted (the Deployment is new)."""
-    current = ((observed.deployment or {}).get("spec") or {}).get("replicas")
-    minimum = observed.spec.autoscaling.min_replicas
-    return ServingPods(
-        desired=current if isinstance(current, int) else minimum, ready=0, starting=0
-    )
-
-
-def _slo_miss(observed: ObservedState, slo: SloReport | None, now: datetime) -> SloMiss | None:
-    """The objective missed, for the autoscaler: for how long since the later of the miss'
-    start and the count's last change (a windowed p99 lags a scale-up)."""
-    if slo is None or slo.status.met is not False or slo.status.p99_milliseconds is None:
-        return None
-    since = slo.status.missed_since or now
-    scaled = observed.status.autoscaling.last_scale_time if observed.status.autoscaling else None
-    if scaled is not None and scaled > since:
-        since = scaled
-    return SloMiss(
-        slo.status.p99_milliseconds / 1e3,
-        slo.status.objective_p99_milliseconds / 1e3,
-        max(0.0, (now - since).total_seconds()),
-    )
-
-
-def _recommendation(
-    observed: ObservedState, now: datetime, slo: SloReport | None = None
-) -> Recommendation | None:
-    """The autoscaler's count, once the serving Deployment exists (a new one starts at
-    minReplicas); None with autoscaling off."""
-    scaling = observed.spec.autoscaling
-    if not scaling.enabled or observed.deployment is None:
-        return None
-    signals = observed.scaling_signals or ScalingSignals(error="The signals were not read.")
-    pods = observed.serving_pods or _no_pods(observed)
-    slo_miss = _slo_miss(observed, slo, now)
-    return recommend(scaling, observed.scaling_history, signals, pods, now, slo_miss)
 
 
 def _build_jobs(
@@ -200,23 +118,6 @@ def _plan(
     )
 
 
-def _scaling(
-    observed: ObservedState, recommendation: Recommendation | None, now: datetime
-) -> ScalingReport | None:
-    """The autoscaler's status and Events for this pass (None with autoscaling off)."""
-    if recommendation is None:
-        return None
-    return scaling_report(
-        observed.spec,
-        recommendation,
-        observed.scaling_signals,
-        observed.serving_pods or _no_pods(observed),
-        observed.status.autoscaling,
-        observed.status.metrics,
-        now,
-    )
-
-
 def _deletions(
     observed: ObservedState,
     plan: RolloutPlan,
@@ -254,6 +155,8 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     engine's state, then the rollout plan (which engine serves, which runs as a shadow
     candidate), then the children and the status they lead to."""
     now = now.replace(microsecond=0)  # metav1.Time has whole seconds
+    if in_fleet_mode(observed.spec):
+        return decide_fleet(observed, settings, now)
     spec, owner = observed.spec, observed.owner
     reference = reference_engine(observed, settings, now)
     others = (*((reference.build_key,) if reference else ()), *fallback_key(spec, settings))
@@ -265,7 +168,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
 
     plan = _plan(observed, engine, fallback, now)
     slo = slo_report(spec.slo, observed.scaling_signals, observed.status.slo, now)
-    recommendation = _recommendation(observed, now, slo)
+    recommendation = recommended_count(observed, now, slo)
     replicas = (
         recommendation.replicas if recommendation is not None else build.desired_replicas(spec)
     )
@@ -275,7 +178,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     children += runtime
     if reference is not None:
         children += reference_children(observed, settings, reference)
-    scaling = _scaling(observed, recommendation, now)
+    scaling = scaling_of(observed, recommendation, now)
     watch_report = quality_report(observed, plan.serving, engine, reference, now, held)
     status = compute_status(
         observed, engine, plan, report(spec, plan), rollout, replicas, now, scaling, watch_report,
@@ -283,7 +186,10 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     )  # fmt: skip
     return Decision(
         apply=tuple(child for child in children if needs_write(child, observed)),
-        delete=_deletions(observed, plan, (engine, reference, fallback), reference),
+        delete=(
+            *_deletions(observed, plan, (engine, reference, fallback), reference),
+            *fleet_leftovers(observed, rollout.complete),
+        ),
         status=status,
         events=_events(observed, status, plan, scaling),
         requeue_after_seconds=requeue_after(

@@ -78,16 +78,18 @@ def _serving_config(
     )  # fmt: skip
 
 
-def _serving_children(
+def serving_children(
     observed: ObservedState,
     settings: OperatorSettings,
     serving: ServingEngine,
     engine: EngineState,
     replicas: int,
+    product: str | None = None,
 ) -> tuple[KubeObject, KubeObject, list[KubeObject]]:
     """The serving runtime's ConfigMap and Deployment, then its Service and the PodMonitor
     where the cluster has them. They depend only on the serving engine, which a
-    promotion finishing leaves as it is, so they are rendered once per pass."""
+    promotion finishing leaves as it is, so they are rendered once per pass. With
+    `product`, a mixed GPU fleet's ConfigMap and Deployment of that GPU product."""
     spec, owner = observed.spec, observed.owner
     is_current = serving.build_key == engine.build_key and serving.digest == engine.digest
     serving_bytes = input_bytes_for(engine, serving)
@@ -100,6 +102,7 @@ def _serving_children(
         image,
         input_bytes_per_row=serving_bytes,
         agreement=agreement_for(engine, serving),
+        product=product,
     )
     monitors = observed.pod_monitors_available
     deployment = build.build_runtime_deployment(
@@ -186,7 +189,7 @@ def runtime_children(
     engine whose inputs the serving children carry (the fallback's when it serves)."""
     deployment = None
     if plan.serving is not None:
-        configmap, deployment, others = _serving_children(
+        configmap, deployment, others = serving_children(
             observed, settings, plan.serving, served, replicas
         )
     rollout = rollout_progress(observed.deployment, deployment, replicas)

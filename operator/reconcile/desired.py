@@ -169,11 +169,13 @@ def build_runtime_configmap(
     role: str = names.ROLE_SERVING,
     input_bytes_per_row: int | None = None,
     agreement: BuildAgreement | None = None,
+    product: str | None = None,
 ) -> KubeObject:
     """The runtime's config as YAML; its annotations record which engine inputs the
     digest was built from, the image it runs in (read by the Deployment's builder, and
     by `decide` to keep an older engine in the image that built it), and the engine's
-    input size and build agreement (read back by `engine_state`)."""
+    input size and build agreement (read back by `engine_state`). With `product`, one GPU
+    product's of a mixed fleet (its name and label say which; its Deployment follows)."""
     text = yaml.safe_dump(config.to_wire(), sort_keys=True)
     annotations = {
         names.ANNOTATION_ENGINE_DIGEST: config.engine.digest or "",
@@ -189,6 +191,9 @@ def build_runtime_configmap(
         )
     name, component = _role_names(owner.name, role)
     labels = names.common_labels(owner.name, config.model_version, component)
+    if product is not None:
+        name = names.product_runtime_name(owner.name, product)
+        labels[names.LABEL_GPU_PRODUCT] = product
     body = {"data": {CONFIG_KEY: text}}
     return finish_child("v1", "ConfigMap", name, owner, labels, body, annotations)
 
@@ -228,6 +233,9 @@ def build_runtime_deployment(
     name, component = _role_names(owner.name, role)
     # The serving Deployment's selector is immutable and older than the role label.
     selector = names.runtime_selector(owner.name) if serving else _pods_of(owner.name, role)
+    product = meta["labels"].get(names.LABEL_GPU_PRODUCT)
+    if product is not None:  # a mixed GPU fleet's Deployment of one product
+        name, selector = meta["name"], names.product_selector(owner.name, product)
     template_annotations = {
         names.ANNOTATION_CONFIG_HASH: names.stable_hash(configmap["data"]),
         names.ANNOTATION_ENGINE_DIGEST: meta["annotations"][names.ANNOTATION_ENGINE_DIGEST],
@@ -238,6 +246,8 @@ def build_runtime_deployment(
             names.ANNOTATION_BUILD_KEY
         ]
     labels = names.common_labels(owner.name, version, component)
+    if product is not None:
+        labels[names.LABEL_GPU_PRODUCT] = product
     template_labels = {**labels, names.LABEL_ROLE: role}
     body = {
         "spec": {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 APP_NAME = "kubeinfer"
@@ -25,6 +26,10 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_VERSION = "kubeinfer.io/version"
 LABEL_BUILD_KEY = "kubeinfer.io/build-key"
 LABEL_BUILD_ATTEMPT = "kubeinfer.io/build-attempt"
+LABEL_GPU_PRODUCT = "kubeinfer.io/gpu-product"
+"""On a mixed GPU fleet's runtime ConfigMaps, Deployments and pods: the GPU product
+(`nvidia.com/gpu.product`) whose engine they run. Part of each product Deployment's
+selector, so the Deployments of two products never select each other's pods."""
 LABEL_ROLE = "kubeinfer.io/role"
 """On runtime pods: `serving`, `candidate` or `reference`. The serving Service selects
 `serving` only, so neither a shadow candidate nor a quality reference ever takes live
@@ -61,6 +66,9 @@ ROLE_REFERENCE = "reference"
 MAX_NAME_LENGTH = 63
 """A label value's limit, and a Service's; Jobs label their pods with their name."""
 
+PRODUCT_SLUG_LENGTH = 24
+"""Characters of a GPU product's name kept in its runtime Deployment's name."""
+
 BUILD_KEY_LABEL_LENGTH = 40
 """Hex digits of the build key kept in labels (a label value holds at most 63)."""
 
@@ -93,6 +101,17 @@ def cache_claim_name(owner: str) -> str:
 def runtime_name(owner: str) -> str:
     """The runtime Deployment's and ConfigMap's name."""
     return child_name(owner, "runtime")
+
+
+def product_runtime_name(owner: str, product: str) -> str:
+    """A mixed GPU fleet's runtime Deployment and ConfigMap for one GPU product:
+    `<owner>-runtime-<product>-<hash>`, the product lowercased to a DNS label, cut, and
+    a hash of the product itself (products differing only in case or in what was cut
+    stay apart)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", product.lower()).strip("-").removeprefix("nvidia-")
+    return child_name(
+        owner, f"runtime-{slug[:PRODUCT_SLUG_LENGTH].strip('-')}-{stable_hash(product, 5)}"
+    )
 
 
 def candidate_name(owner: str) -> str:
@@ -138,6 +157,12 @@ def runtime_selector(owner: str) -> dict[str, str]:
     """The serving Deployment's selector. Immutable on a Deployment, so it holds no version
     (and, from before shadow rollouts, no role)."""
     return {LABEL_NAME: APP_NAME, LABEL_INSTANCE: owner, LABEL_COMPONENT: COMPONENT_RUNTIME}
+
+
+def product_selector(owner: str, product: str) -> dict[str, str]:
+    """A mixed GPU fleet's Deployment of one product: the serving selector's keys and the
+    product (a new Deployment, so it may differ from the single runtime's)."""
+    return {**runtime_selector(owner), LABEL_GPU_PRODUCT: product}
 
 
 def serving_selector(owner: str) -> dict[str, str]:

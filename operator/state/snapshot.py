@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
+from kubeinfer.operator.state.gpu_nodes import GpuNode
 from kubeinfer.operator.state.quality_readings import QualityHistory, QualityReading
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.state.shadow_readings import ShadowReading
@@ -85,6 +86,13 @@ class ObservedState:
     pod_monitors_available: bool = False
     """Whether the cluster serves monitoring.coreos.com/v1 PodMonitors (and the operator's
     settings allow creating them)."""
+    product_configmaps: tuple[KubeObject, ...] = ()
+    product_deployments: tuple[KubeObject, ...] = ()
+    """A mixed GPU fleet's runtime ConfigMaps and Deployments, one per GPU product
+    (labelled `kubeinfer.io/gpu-product`)."""
+    gpu_nodes: tuple[GpuNode, ...] | None = None
+    """The cluster's GPU nodes, read for an object on a mixed GPU fleet; None when not
+    read (the object runs one engine)."""
 
 
 @dataclass(frozen=True)

@@ -331,7 +331,9 @@ def test_the_engine_target_is_the_builds_and_outlives_its_job():
         (gpu, json.dumps({"digest": DIGEST_A, "target": "sm_90-h100"}), "sm_90-h100"),
         (gpu, DIGEST_A, None),
     ):
-        spec = make_spec(engine=engine, runtime={"resources": {"gpus": 1}} if engine else {})
+        # One GPU product: a single engine (tests/operator/test_decide_fleet.py has fleets).
+        on_gpu = {"resources": {"gpus": 1}, "gpuProduct": "NVIDIA-H100-80GB-HBM3"}
+        spec = make_spec(engine=engine, runtime=on_gpu if engine else {})
         cluster = Cluster(spec)
         cluster.reconcile()
         (job,) = cluster.jobs()
@@ -539,8 +541,8 @@ def test_the_old_engine_keeps_serving_while_a_new_one_builds_after_its_children_
 
 
 def test_pinning_the_built_engine_keeps_its_target_and_another_pin_has_none_known():
-    gpu = {"backend": "tensorrt"}
-    spec = make_spec(engine=gpu, runtime={"resources": {"gpus": 1}})
+    gpu, on_gpu = {"backend": "tensorrt"}, {"resources": {"gpus": 1}, "gpuProduct": "NVIDIA-L4"}
+    spec = make_spec(engine=gpu, runtime=on_gpu)
     cluster = Cluster(spec)
     cluster.reconcile()
     (job,) = cluster.jobs()

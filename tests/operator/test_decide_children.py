@@ -114,7 +114,13 @@ def test_gpu_runtime_pods_request_gpus_on_the_product_they_were_built_for():
 def test_runtime_pods_run_the_image_for_their_backend_unless_the_spec_names_one():
     for sections, image in (
         ({}, SETTINGS.images.runtime),
-        ({"engine": {"backend": "tensorrt"}, "runtime": {"resources": {"gpus": 1}}}, None),
+        (
+            {
+                "engine": {"backend": "tensorrt"},
+                "runtime": {"resources": {"gpus": 1}, "gpuProduct": "NVIDIA-L4"},
+            },
+            None,
+        ),
         ({"runtime": {"image": "registry.example.com/own:1"}}, "registry.example.com/own:1"),
     ):
         (container,) = ready_cluster(**sections).get("Deployment")["spec"]["template"]["spec"][

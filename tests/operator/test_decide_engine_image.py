@@ -121,7 +121,10 @@ def runtime_image(cluster: Cluster) -> str:
 
 def test_the_operators_default_image_for_the_backend_is_a_build_input():
     onnx = make_spec()
-    tensorrt = make_spec(engine={"backend": "tensorrt"}, runtime={"resources": {"gpus": 1}})
+    tensorrt = make_spec(
+        engine={"backend": "tensorrt"},
+        runtime={"resources": {"gpus": 1}, "gpuProduct": "NVIDIA-L4"},
+    )
     for spec, its_own in ((onnx, "runtime"), (tensorrt, "gpu_runtime")):
         for setting in ("runtime", "gpu_runtime"):
             cluster = Cluster(spec)
