@@ -19,7 +19,8 @@ metadata (gRPC's headers, lower case).
 from __future__ import annotations
 
 import logging
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from kubeinfer.runtime.dataplane import DataPlane
@@ -38,6 +39,9 @@ from kubeinfer.runtime.protocol.errors import InferenceServerError, InternalErro
 from kubeinfer.runtime.protocol.v2_types import InferResponse
 
 log = logging.getLogger(__name__)
+
+Answer = TypeVar("Answer")
+ModelRequest = pb.ModelReadyRequest | pb.ModelMetadataRequest | pb.ModelConfigRequest
 
 COMPANY_TURNS = 32
 """Quiet event-loop turns in a row a ModelInfer request waits in the batcher, while
@@ -60,6 +64,21 @@ async def _abort(context: grpc.aio.ServicerContext, error: InferenceServerError)
     code, details, trailing = grpc_error_parts(error)
     await context.abort(grpc.StatusCode[code], details, trailing_metadata=trailing)
     raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+
+async def _answered(
+    context: grpc.aio.ServicerContext, call: Callable[..., Answer], *args: Any
+) -> Answer:
+    """`call(*args)`, or the RPC aborted with its error's status."""
+    try:
+        return call(*args)
+    except InferenceServerError as error:
+        await _abort(context, error)
+
+
+def _model(request: ModelRequest) -> tuple[str, str | None]:
+    """The model name and version (None: any) a request names."""
+    return request.name, request.version or None
 
 
 async def _encode(response: InferResponse) -> pb.ModelInferResponse:
@@ -85,10 +104,7 @@ class InferenceService(GRPCInferenceServiceServicer):
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> Any:
-        try:
-            ready = self._dataplane.model_ready(request.name, request.version or None)
-        except InferenceServerError as error:
-            await _abort(context, error)
+        ready = await _answered(context, self._dataplane.model_ready, *_model(request))
         return pb.ModelReadyResponse(ready=ready)
 
     async def ServerMetadata(
@@ -99,19 +115,13 @@ class InferenceService(GRPCInferenceServiceServicer):
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> Any:
-        try:
-            metadata = self._dataplane.model_metadata(request.name, request.version or None)
-        except InferenceServerError as error:
-            await _abort(context, error)
+        metadata = await _answered(context, self._dataplane.model_metadata, *_model(request))
         return to_model_metadata_response(metadata)
 
     async def ModelConfig(
         self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
     ) -> Any:
-        try:
-            config = self._dataplane.model_config(request.name, request.version or None)
-        except InferenceServerError as error:
-            await _abort(context, error)
+        config = await _answered(context, self._dataplane.model_config, *_model(request))
         return to_model_config_response(config)
 
     async def ModelInfer(

@@ -100,8 +100,9 @@ def _error(error: InferenceServerError, seconds: float | None = None) -> web.Res
     return response
 
 
-def _version(request: web.Request) -> str | None:
-    return request.match_info.get("version")
+def _model(request: web.Request) -> tuple[str, str | None]:
+    """The model name and version (None: any) the request's path names."""
+    return request.match_info["name"], request.match_info.get("version")
 
 
 async def live(request: web.Request) -> web.Response:
@@ -119,28 +120,15 @@ async def server_metadata(request: web.Request) -> web.Response:
 
 
 async def model_metadata(request: web.Request) -> web.Response:
-    try:
-        metadata = request.app[DATAPLANE].model_metadata(
-            request.match_info["name"], _version(request)
-        )
-    except InferenceServerError as error:
-        return _error(error)
-    return _json(metadata)
+    return _json(request.app[DATAPLANE].model_metadata(*_model(request)))
 
 
 async def model_configuration(request: web.Request) -> web.Response:
-    try:
-        config = request.app[DATAPLANE].model_config(request.match_info["name"], _version(request))
-    except InferenceServerError as error:
-        return _error(error)
-    return _json(config)
+    return _json(request.app[DATAPLANE].model_config(*_model(request)))
 
 
 async def model_ready(request: web.Request) -> web.Response:
-    try:
-        is_ready = request.app[DATAPLANE].model_ready(request.match_info["name"], _version(request))
-    except InferenceServerError as error:
-        return _error(error)
+    is_ready = request.app[DATAPLANE].model_ready(*_model(request))
     return _json({"name": request.match_info["name"], "ready": is_ready}, 200 if is_ready else 503)
 
 
@@ -158,7 +146,7 @@ async def infer(request: web.Request) -> web.Response:
     arrived = time.monotonic()
     dataplane = request.app[DATAPLANE]
     try:
-        with dataplane.admitted(request.match_info["name"], _version(request)) as admission:
+        with dataplane.admitted(*_model(request)) as admission:
             header_length = _header_length(request)
             body = await _read_inflated(request, dataplane, admission.deadline, header_length)
             admission.stage = "waiting"
@@ -257,10 +245,10 @@ async def metrics(request: web.Request) -> web.Response:
 
 @web.middleware
 async def _json_http_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """aiohttp's own errors (no such route, wrong method, body over client_max_size) as
-    JSON `{"error": ...}` like ours, and anything unexpected as a logged JSON 500 rather
-    than a traceback page. Once draining has begun, closes every connection after its
-    answer."""
+    """The data plane's errors (`error_response_parts`), aiohttp's own (no such route,
+    wrong method, body over client_max_size) as JSON `{"error": ...}` like ours, and
+    anything unexpected as a logged JSON 500 rather than a traceback page. Once draining
+    has begun, closes every connection after its answer."""
     response = await _answer(request, handler)
     if request.app[DATAPLANE].draining:
         response.force_close()
@@ -270,6 +258,8 @@ async def _json_http_errors(request: web.Request, handler: Any) -> web.StreamRes
 async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)
+    except InferenceServerError as error:  # the data plane's refusals, in one place
+        return _error(error)
     except web.HTTPException as http_error:
         if http_error.status == 413:
             limit = request.app[DATAPLANE].max_request_bytes
