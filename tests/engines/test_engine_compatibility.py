@@ -21,13 +21,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from kubeinfer.runtime.building.calibration import write_samples
 from kubeinfer.runtime.building.engine_build import BuildResult, build_engine
 from kubeinfer.runtime.engine_manifest import EngineManifest, sha256_file
 from kubeinfer.runtime.engines.loader import installed_backend_version
-from onnx import TensorProto, helper
 from onnx_models import build_reduced_batch_model
 
 pytestmark = pytest.mark.slow
