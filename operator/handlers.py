@@ -47,8 +47,10 @@ from kubeinfer.operator.kube.client import (
     ResourceType,
     Vault,
 )
+from kubeinfer.operator.kube.resources import NODE
 from kubeinfer.operator.reconciler import Reconciler, ReconcilerClosed
 from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.operator.state.gpu_nodes import GPU_PRODUCT_LABEL
 from kubeinfer.operator.state.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
 
 ANNOTATION_PREFIX = "kubeinfer.io"
@@ -119,6 +121,8 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings) -> kopf.OperatorSetting
     kopf_settings.posting.enabled = False
     for child in CHILD_RESOURCES:
         kopf_settings.watching.label_selectors[_is(child)] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
+    # Only the nodes GPU feature discovery labelled with their GPU product (`kube.nodes`).
+    kopf_settings.watching.label_selectors[_is(NODE)] = GPU_PRODUCT_LABEL
     kopf_settings.scanning.disabled = True
     return kopf_settings
 
@@ -153,6 +157,7 @@ def register(
     activity = context.reconciler.board.activity
     _register_owner(registry, reconcile, activity)
     _register_children(registry, context.reconciler, activity)
+    _register_gpu_nodes(registry, context.reconciler)
     return context
 
 
@@ -245,3 +250,12 @@ def _register_children(
             assert namespace is not None  # every child resource is namespaced
             activity.watch_events[resource.plural] += 1
             reconciler.trigger(namespace, labels[LABEL_INSTANCE])
+
+
+def _register_gpu_nodes(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
+    """The GPU nodes' watch: each event goes to the reconciler, which asks for a pass over
+    the objects on a mixed GPU fleet when it changed what their decisions read."""
+
+    @kopf.on.event(NODE.group, NODE.version, NODE.plural, registry=registry, id="gpu_nodes")
+    async def gpu_node_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+        reconciler.node_event(body, deleted=type == "DELETED")

@@ -17,6 +17,11 @@ aborted. Nothing is ever created with POST except Events, and nothing else is de
 read the serving pods' /metrics directly when no Prometheus is configured. Discovery
 (`/api`, `/apis`) needs no rule.
 
+Nodes are read for mixed GPU fleets (`kube.nodes`: which GPU products the cluster has):
+list and watch, nothing else, granted by a ClusterRole of their own (`node_rules`), since
+nodes belong to no namespace; `kubeinfer rbac` prints it beside the Role or ClusterRole
+above, and the chart binds it in both of its modes.
+
 With `--leader-election`, a second Role in the operator's own namespace lets it create
 its Lease and get and update (renew, release) that one Lease by name (`lease_rules`); the
 leader election scenario's calls are part of the comparison.
@@ -38,6 +43,7 @@ from kubeinfer.operator.kube.resources import (
     INFERENCE_DEPLOYMENT,
     JOB,
     LEASE,
+    NODE,
     POD,
     POD_MONITOR,
     PVC,
@@ -88,6 +94,9 @@ RULES: tuple[Rule, ...] = (
     _rule((POD_MONITOR,), ("list", "create", "patch")),
 )
 
+NODE_RULES: tuple[Rule, ...] = (_rule((NODE,), ("list", "watch")),)
+"""The cluster-scoped reads: the GPU nodes, for mixed GPU fleets."""
+
 DEFAULT_LEASE_NAME = "kubeinfer-operator"
 
 
@@ -119,6 +128,16 @@ def role_document(name: str = "kubeinfer-operator", namespace: str | None = None
         "kind": "Role" if namespace else "ClusterRole",
         "metadata": _metadata(name, namespace),
         "rules": [rule.to_dict() for rule in RULES],
+    }
+
+
+def node_role_document(name: str = "kubeinfer-operator-nodes") -> dict[str, Any]:
+    """The ClusterRole that lets the operator list and watch the nodes."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": _metadata(name, None),
+        "rules": [rule.to_dict() for rule in NODE_RULES],
     }
 
 
@@ -193,6 +212,28 @@ subjects:
 {{{{- end }}}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {{{{ .Release.Name }}}}-operator-nodes
+{{{{- include "kubeinfer.rbacLabels" . }}}}
+rules:
+{node_rules}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{{{ .Release.Name }}}}-operator-nodes
+{{{{- include "kubeinfer.rbacLabels" . }}}}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {{{{ .Release.Name }}}}-operator-nodes
+subjects:
+  - kind: ServiceAccount
+    name: {{{{ .Release.Name }}}}-operator
+    namespace: {{{{ .Release.Namespace }}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata:
   name: {{{{ .Release.Name }}}}-operator-leader-election
@@ -227,10 +268,12 @@ def _rule_line(rule: Rule) -> str:
 
 def helm_template() -> str:
     """The Helm chart's `templates/rbac.yaml`: a Role and RoleBinding per watched
-    namespace, else a ClusterRole and ClusterRoleBinding; and the leader election Role
-    and RoleBinding in the release's namespace."""
+    namespace, else a ClusterRole and ClusterRoleBinding; the nodes' ClusterRole and
+    ClusterRoleBinding; and the leader election Role and RoleBinding in the release's
+    namespace."""
     return HELM_TEMPLATE.format(
         rules="\n".join(_rule_line(rule) for rule in RULES),
+        node_rules="\n".join(_rule_line(rule) for rule in NODE_RULES),
         lease_rules="\n".join(_rule_line(rule) for rule in lease_rules(HELM_LEASE_NAME)),
     )
 
@@ -264,7 +307,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.helm:
         print(helm_template(), end="")
         return 0
-    documents = [role_document(args.name, args.namespace)]
+    documents = [role_document(args.name, args.namespace), node_role_document(f"{args.name}-nodes")]
     if args.leader_election:
         namespace = args.lease_namespace or args.namespace
         if not namespace:

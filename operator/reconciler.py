@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -43,6 +43,7 @@ from kubeinfer.operator.kube import apply
 from kubeinfer.operator.kube.cache import Lister
 from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, POD_MONITOR, ApiError, KubeClient
 from kubeinfer.operator.kube.gather import owner_ref_from_body, stored_status
+from kubeinfer.operator.kube.nodes import GpuNodes
 from kubeinfer.operator.kube.observe import gather, pods_lister
 from kubeinfer.operator.metrics.factory import MetricsSources
 from kubeinfer.operator.reconcile.decide import decide, decide_forbidden, decide_invalid
@@ -114,6 +115,8 @@ class Reconciler:
         """(when, whether) the cluster serves PodMonitors, rediscovered every few minutes."""
         self.metrics = MetricsSources(settings, pods_lister(self.reader), self.board.activity)
         """The metrics sources, made once and kept for the operator's life."""
+        self.gpu_nodes = GpuNodes(client, settings.requeue.resync_interval_seconds)
+        """The cluster's GPU nodes, for objects on a mixed GPU fleet (one list for all)."""
         self._closed = False
 
     def tracked(self) -> set[tuple[str, str]]:
@@ -222,6 +225,7 @@ class Reconciler:
             await self._serves_pod_monitors(),
             now,
             self._quality_histories.get(key),
+            gpu_nodes=lambda: self.gpu_nodes.read(key),
         )
         if spec.quality_watch.enabled:
             self._quality_histories[key] = observed.quality_history
@@ -303,6 +307,12 @@ class Reconciler:
         current only between its handler's calls). Its errors are the pass' own: logged,
         and retried by the requeue it schedules."""
         self._schedule(namespace, name, delay)
+
+    def node_event(self, body: Mapping[str, Any], deleted: bool) -> None:
+        """A GPU node's watch event: a pass over every object on a mixed GPU fleet that read
+        the nodes, when the event changed what they read (`kube.nodes`)."""
+        for namespace, name in sorted(self.gpu_nodes.observe(body, deleted)):
+            self._schedule(namespace, name, 0.0)
 
     def _schedule(self, namespace: str, name: str, delay: float | None) -> None:
         """Arranges one more pass after `delay` seconds, unless one is already due sooner

@@ -98,4 +98,12 @@ async def gather_children(
         reference_deployment=_named(deployments, reference),
         reference_service=_named(services, reference),
         annotations=dict(body["metadata"].get("annotations") or {}),
+        product_configmaps=_of_products(configmaps),
+        product_deployments=_of_products(deployments),
     )
+
+
+def _of_products(objects: list[KubeObject]) -> tuple[KubeObject, ...]:
+    """A mixed GPU fleet's runtime children (one per GPU product), by name."""
+    found = [o for o in objects if names.LABEL_GPU_PRODUCT in (o["metadata"].get("labels") or {})]
+    return tuple(sorted(found, key=lambda o: o["metadata"]["name"]))

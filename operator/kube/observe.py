@@ -16,12 +16,13 @@ and ready) costs no extra request.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
+from kubeinfer.operator.api.v1alpha1.gpu_fleet import in_fleet_mode
 from kubeinfer.operator.kube.cache import Lister
 from kubeinfer.operator.kube.client import POD, POD_MONITOR, KubeObject
 from kubeinfer.operator.kube.gather import gather_children
@@ -35,6 +36,7 @@ from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
 from kubeinfer.operator.quality.report import window_to_read
 from kubeinfer.operator.rollout.shadow import ShadowQuery, metrics_query
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.gpu_nodes import GpuNode
 from kubeinfer.operator.state.quality_readings import QualityHistory
 from kubeinfer.operator.state.runtime_failures import unsettled
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory
@@ -63,6 +65,7 @@ async def gather(
     pod_monitors: bool,
     now: datetime,
     quality_history: QualityHistory | None = None,
+    gpu_nodes: Callable[[], Awaitable[tuple[GpuNode, ...]]] | None = None,
 ) -> ObservedState:
     """Everything one pass decides from, for the InferenceDeployment in `body` (whose
     `spec` is already parsed): its children, the shadow's aggregates, the load and the
@@ -78,8 +81,10 @@ async def gather(
     query = metrics_query(observed.status.candidate)
     if query is not None:
         update["shadow"] = await _read_shadow(source, scope, query, now)
-    autoscaled = observed.spec.autoscaling.enabled and observed.deployment is not None
-    if autoscaled or unsettled(observed.deployment):
+    # The serving Deployment, or a mixed GPU fleet's (one per product; `decide_fleet`).
+    runtimes = [d for d in (observed.deployment, *observed.product_deployments) if d]
+    autoscaled = observed.spec.autoscaling.enabled and bool(runtimes)
+    if autoscaled or any(unsettled(deployment) for deployment in runtimes):
         selector = names.selector_string(names.runtime_selector(owner.name))
         pods = await client.list(POD, owner.namespace, selector)
         update["runtime_pods"] = _by_name(pods)
@@ -87,10 +92,14 @@ async def gather(
         selector = names.selector_string(names.candidate_selector(owner.name))
         update["candidate_pods"] = _by_name(await client.list(POD, owner.namespace, selector))
     if autoscaled:
-        update["serving_pods"] = serving_pods(pods, observed.deployment, now)
+        counted = serving_pods(pods, observed.deployment, now)
+        if observed.deployment is None:  # a fleet's pods: what its Deployments ask
+            asked = sum(int((d.get("spec") or {}).get("replicas") or 0) for d in runtimes)
+            counted = replace(counted, desired=asked)
+        update["serving_pods"] = counted
         update["scaling_history"] = history
     objective = observed.spec.slo.p99_latency_milliseconds is not None
-    if autoscaled or (objective and observed.deployment is not None):
+    if autoscaled or (objective and runtimes):
         update["scaling_signals"] = await read_scaling_signals(
             source, scope, observed.spec.monitoring.queries, now
         )
@@ -106,6 +115,8 @@ async def gather(
             update["quality"], update["quality_history"] = await read_quality_tallies(
                 source, scope, reference_digest, window, now, quality_history or QualityHistory()
             )
+    if gpu_nodes is not None and in_fleet_mode(observed.spec):
+        update["gpu_nodes"] = await gpu_nodes()
     if pod_monitors:
         found = await client.list(POD_MONITOR, owner.namespace, names.children_selector(owner.name))
         name = names.runtime_name(owner.name)

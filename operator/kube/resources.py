@@ -14,6 +14,8 @@ class ResourceType:
     version: str
     plural: str
     kind: str
+    namespaced: bool = True
+    """False for a cluster-scoped kind (Nodes): its paths name no namespace."""
 
     @property
     def api_version(self) -> str:
@@ -21,7 +23,8 @@ class ResourceType:
 
     def path(self, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
         root = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        path = f"{root}/namespaces/{namespace}/{self.plural}"
+        within = f"/namespaces/{namespace}" if self.namespaced else ""
+        path = f"{root}{within}/{self.plural}"
         if name is not None:
             path += f"/{name}"
             if subresource is not None:
@@ -41,6 +44,9 @@ DEPLOYMENT = ResourceType("apps", "v1", "deployments", "Deployment")
 JOB = ResourceType("batch", "v1", "jobs", "Job")
 POD_MONITOR = ResourceType("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
 """The prometheus-operator's; only where the cluster serves it."""
+NODE = ResourceType("", "v1", "nodes", "Node", namespaced=False)
+"""Read (listed and watched, never written) for mixed GPU fleets: which GPU products the
+cluster has (`kube.nodes`)."""
 LEASE = ResourceType("coordination.k8s.io", "v1", "leases", "Lease")
 """Leader election's lock, in the operator's own namespace (`kube.leader_election`)."""
 
@@ -57,6 +63,7 @@ RESOURCES: dict[str, ResourceType] = {
         JOB,
         POD_MONITOR,
         LEASE,
+        NODE,
     )
 }
 """Every kind the operator reads or writes, by kind."""

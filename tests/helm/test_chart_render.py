@@ -132,15 +132,17 @@ def test_rbac_is_the_operators_rules_bound_to_its_service_account(
     roles = {(r["kind"], r["metadata"].get("namespace"), r["metadata"]["name"]): r
              for r in kinds.get("Role", []) + kinds.get("ClusterRole", [])}  # fmt: skip
     if namespaces:
-        assert "ClusterRole" not in kinds and "ClusterRoleBinding" not in kinds
         for namespace in namespaces:
             assert roles.pop(("Role", namespace, OPERATOR))["rules"] == rules
     else:
         assert roles.pop(("ClusterRole", None, OPERATOR))["rules"] == rules
+    # Nodes belong to no namespace: their ClusterRole in both modes (mixed GPU fleets).
+    node_rules = [rule.to_dict() for rule in rbac.NODE_RULES]
+    assert roles.pop(("ClusterRole", None, f"{OPERATOR}-nodes"))["rules"] == node_rules
     assert roles.pop(("Role", NAMESPACE, f"{OPERATOR}-leader-election"))["rules"] == lease_rules
     assert roles == {}, "no other role"
     bindings = kinds.get("RoleBinding", []) + kinds.get("ClusterRoleBinding", [])
-    assert len(bindings) == (len(namespaces) if namespaces else 1) + 1
+    assert len(bindings) == (len(namespaces) if namespaces else 1) + 2
     for binding in bindings:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cluster_harness import LocalCluster
 from kubeinfer.runtime.demo_models import build_tiny_mlp
-from operator_harness import SCENARIOS_RUN, Model, World, grant_operator_role
+from operator_harness import SCENARIOS_RUN, Model, World, grant_operator_role, revoke_node_role
 
 
 @pytest.fixture
@@ -25,6 +25,7 @@ def world(local_cluster: LocalCluster, request: pytest.FixtureRequest) -> Iterat
     yield world
     # The namespace controller deletes what is left; the node stops its pods meanwhile.
     local_cluster.admin().delete("v1", "namespaces", namespace, namespace=None)
+    revoke_node_role(world)
 
 
 @pytest.fixture(scope="session")

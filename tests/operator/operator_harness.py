@@ -183,6 +183,7 @@ def grant_operator_role(world: World) -> None:
         rbac.role_document(OPERATOR_ACCOUNT, world.namespace),
         rbac.lease_role_document(f"{OPERATOR_ACCOUNT}-lease", world.namespace, world.lease_name),
     ]
+    grant_node_role(world)
     for role in roles:
         kube.create(role)
         kube.create(
@@ -204,6 +205,39 @@ def grant_operator_role(world: World) -> None:
                 ],
             }
         )
+
+
+def node_role_name(world: World) -> str:
+    """The nodes' ClusterRole (and its binding) of one scenario's operator account."""
+    return f"{OPERATOR_ACCOUNT}-nodes-{world.namespace}"
+
+
+def grant_node_role(world: World) -> None:
+    """The nodes' ClusterRole as `kubeinfer rbac` writes it (list and watch: mixed GPU
+    fleets read the GPU nodes), bound to the account; `revoke_node_role` removes both."""
+    name = node_role_name(world)
+    world.kube.create(rbac.node_role_document(name))
+    world.kube.create(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": OPERATOR_ACCOUNT, "namespace": world.namespace}
+            ],
+        }
+    )
+
+
+def revoke_node_role(world: World) -> None:
+    admin = world.cluster.admin()
+    for plural in ("clusterrolebindings", "clusterroles"):
+        admin.delete("rbac.authorization.k8s.io/v1", plural, node_role_name(world), namespace=None)
 
 
 def kopf_settings() -> kopf.OperatorSettings:

@@ -1,9 +1,9 @@
 """The RBAC rules as shipped: `kubeinfer rbac` prints a valid Role or ClusterRole (strict
-Kubernetes 1.33 schemas), with `--leader-election` also the Lease's Role (create, and get
-and update of that one Lease by name); the Helm chart's `templates/rbac.yaml` is exactly
-what `kubeinfer rbac --helm` generates from `kubeinfer.operator.rbac`. (That those rules
-are exactly the calls the operator makes is checked at the end of
-`test_operator_scenarios.py`.)
+Kubernetes 1.33 schemas) and the nodes' ClusterRole (list and watch only), with
+`--leader-election` also the Lease's Role (create, and get and update of that one Lease by
+name); the Helm chart's `templates/rbac.yaml` is exactly what `kubeinfer rbac --helm`
+generates from `kubeinfer.operator.rbac`. (That those rules are exactly the calls the
+operator makes is checked at the end of `test_operator_scenarios.py`.)
 
 What Helm renders from the chart (the roles and bindings in each mode, the leader
 election Role, the disruption budget, the Deployment) is checked with the real helm in
@@ -36,16 +36,19 @@ def granted_by(document: dict) -> set[tuple[str, str, str]]:
 @pytest.mark.parametrize(("argv", "kind"), [([], "ClusterRole"), (["--namespace", "ml"], "Role")])
 def test_printed_role_is_valid_kubernetes(argv, kind, capsys) -> None:
     assert main(["rbac", *argv]) == 0
-    (document,) = yaml.safe_load_all(capsys.readouterr().out)
-    kubernetes_validate.validate(document, "1.33", strict=True)
+    document, nodes = yaml.safe_load_all(capsys.readouterr().out)
+    for each in (document, nodes):
+        kubernetes_validate.validate(each, "1.33", strict=True)
     assert document["kind"] == kind
     assert granted_by(document) == rbac.granted()
+    assert (nodes["kind"], nodes["metadata"]["name"]) == ("ClusterRole", "kubeinfer-operator-nodes")
+    assert granted_by(nodes) == {("list", "", "nodes"), ("watch", "", "nodes")}
 
 
 def test_leader_election_adds_a_role_for_one_lease(capsys) -> None:
     argv = ["rbac", "--leader-election", "--lease-namespace", "ops", "--lease-name", "infer"]
     assert main(argv) == 0
-    cluster_role, lease_role = yaml.safe_load_all(capsys.readouterr().out)
+    cluster_role, _, lease_role = yaml.safe_load_all(capsys.readouterr().out)
     for document in (cluster_role, lease_role):
         kubernetes_validate.validate(document, "1.33", strict=True)
     assert cluster_role["kind"] == "ClusterRole"
@@ -71,5 +74,5 @@ def test_helm_chart_rbac_is_generated_from_the_rules() -> None:
 def test_chart_rules_are_the_rules() -> None:
     lines = [line[4:] for line in CHART_RBAC.read_text().splitlines() if line.startswith("  - {")]
     rules = [yaml.safe_load(line) for line in lines]
-    for rule in rbac.RULES:
+    for rule in (*rbac.RULES, *rbac.NODE_RULES):
         assert rule.to_dict() in rules
