@@ -4,7 +4,7 @@ placeholders of `spec.monitoring.queries` overrides, and which PromQL `scaling_q
 Covers: the PromQL form sums each pod's `kubeinfer_requests_in_progress` series before
 averaging over pods (so a pod counts once, whatever other labels its series carry); the
 direct form over real expositions of the runtime's registry (the gauge moved by
-`request_started`/`request_finished`, as `DataPlane.infer` moves it) is the same mean
+`request_started`/`request_finished`, as `DataPlane.admitted` moves it) is the same mean
 over the pods, and reads neither of the batcher's gauges; a pod without the series (a
 runtime from before it) is left out of the mean as PromQL's `avg` leaves it out;
 `$namespace`/`${pods}` become the escaped contents of a double-quoted string, other `$`
