@@ -149,7 +149,9 @@ class _Launcher:
     def save(self) -> None:
         processes.write_state(self.directory / STATE_FILE, self.started, **self.extra_state)
 
-    def wait(self, what: str, check: Callable[[], bool], timeout: float = READY_TIMEOUT_SECONDS):  # type: ignore[no-untyped-def]
+    def wait(
+        self, what: str, check: Callable[[], bool], timeout: float = READY_TIMEOUT_SECONDS
+    ) -> None:
         """Polls `check` until true; ClusterError naming a process that exited (with the
         end of its log) or the timeout otherwise."""
         deadline = time.monotonic() + timeout

@@ -17,6 +17,7 @@ import contextlib
 import os
 import signal
 import socket
+from collections.abc import Awaitable, Callable
 
 from kubeinfer.cluster.netns import socket_inside
 
@@ -60,7 +61,9 @@ async def relay(
                 w.close()
 
 
-def forward_handler(namespace: int, host: str, port: int):  # type: ignore[no-untyped-def]
+def forward_handler(
+    namespace: int, host: str, port: int
+) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             upstream = await open_inside(namespace, host, port)

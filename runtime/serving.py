@@ -91,7 +91,10 @@ async def serve_transports(
                 await grpc_server.start()
             except OSError as error:
                 raise CannotListen(str(error)) from None
-        port = await http_server.start()
+        try:
+            port = await http_server.start()
+        except OSError as error:
+            raise CannotListen(f"HTTP on {config.host}:{config.http_port}: {error}") from None
         if on_started is not None:
             on_started(port)
         await stop.wait()

@@ -52,3 +52,24 @@ def test_a_grpc_port_in_use_stops_the_start(tiny_model: Path, tmp_path: Path) ->
     assert result.returncode == 1, result.stderr
     assert f"cannot listen on 127.0.0.1:{taken} (gRPC)" in result.stderr
     assert termination.read_text().startswith(f"error: cannot listen on 127.0.0.1:{taken}")
+
+
+@pytest.mark.slow
+def test_an_http_port_in_use_stops_the_start_with_a_message(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        termination = tmp_path / "termination-log"
+        result = subprocess.run(
+            [sys.executable, "-m", "kubeinfer.cli", "serve", "--onnx", str(tiny_model),
+             "--model-name", "tiny", "--host", "127.0.0.1", "--port", str(taken),
+             "--termination-message-path", str(termination)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"HTTP on 127.0.0.1:{taken}" in result.stderr
+    assert termination.read_text().startswith(f"error: HTTP on 127.0.0.1:{taken}")
