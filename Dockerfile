@@ -82,7 +82,8 @@ COPY --from=operator-project /opt/kubeinfer/project /opt/kubeinfer/project
 CMD ["operator"]
 
 # -- the CPU runtime: serve and build with ONNX Runtime, models from s3:// and gs:// ------
-# (the engine build Jobs run in it too); the same two layers as the operator's.
+# (the engine build Jobs run in it too), graphs with onnxruntime-extensions operators; the
+# same two layers as the operator's.
 FROM tools AS runtime-deps
 ARG PIP_CERT
 ARG PIP_INDEX_URL

@@ -292,8 +292,8 @@ def test_the_runtime_image_runs_its_commands_without_the_operator_libraries(
 REQUIREMENTS = ROOT / "requirements"
 IMAGE_LOCKS = {
     "operator.txt": ["operator"],
-    "runtime.txt": ["runtime", "s3", "gcs"],
-    "runtime-gpu.txt": ["runtime", "s3", "gcs", "gpu"],
+    "runtime.txt": ["runtime", "s3", "gcs", "extensions"],
+    "runtime-gpu.txt": ["runtime", "s3", "gcs", "extensions", "gpu"],
 }
 """Each image's lock and the extras it installs (tests/cluster/test_images_build.py builds
 the operator's and the runtime's; the GPU image's is built nowhere here)."""
