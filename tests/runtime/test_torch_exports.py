@@ -20,83 +20,13 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from models.torch_models import HEADS, HIDDEN, LAYERS, TEXT, export_bert, export_gpt2
 from serve_process import ServeProcess, free_port
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
 
 pytestmark = [pytest.mark.transformers, pytest.mark.slow]
-
-TEXT = ("input_ids", "attention_mask", "token_type_ids")
-LAYERS, HEADS, HIDDEN = 2, 4, 64
-
-
-def export_bert(path: Path) -> Path:
-    config = transformers.BertConfig(
-        vocab_size=1000, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, intermediate_size=128, num_labels=3,
-    )  # fmt: skip
-    model = transformers.BertForSequenceClassification(config).eval()
-    example = tuple(torch.ones((2, 8), dtype=torch.int64) for _ in TEXT)
-    axes = {name: {0: "batch_size", 1: "sequence_length"} for name in TEXT}
-    torch.onnx.export(
-        model, example, str(path), input_names=list(TEXT), output_names=["logits"],
-        dynamic_axes={**axes, "logits": {0: "batch_size"}}, opset_version=17,
-    )  # fmt: skip
-    return path
-
-
-class Gpt2WithPast(torch.nn.Module):
-    """GPT2LMHeadModel with its cache as flat inputs and outputs, as exports name them."""
-
-    def __init__(self, model: object) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask, *past):  # type: ignore[no-untyped-def]
-        legacy = tuple((past[2 * i], past[2 * i + 1]) for i in range(LAYERS))
-        try:
-            from transformers.cache_utils import DynamicCache
-
-            cache = DynamicCache.from_legacy_cache(legacy)
-        except ImportError:
-            cache = legacy
-        out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-            use_cache=True,
-        )  # fmt: skip
-        presents = out.past_key_values
-        if hasattr(presents, "to_legacy_cache"):
-            presents = presents.to_legacy_cache()
-        return (out.logits, *(t for layer in presents for t in layer))
-
-
-def export_gpt2(path: Path) -> Path:
-    config = transformers.GPT2Config(
-        vocab_size=512, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=256
-    )
-    model = Gpt2WithPast(transformers.GPT2LMHeadModel(config).eval())
-    kv = (1, HEADS, 3, HIDDEN // HEADS)
-    past_names = [f"past_{i}_{p}" for i in range(LAYERS) for p in ("key", "value")]
-    present_names = [n.replace("past", "present") for n in past_names]
-    example = (
-        torch.ones((1, 2), dtype=torch.int64),
-        torch.ones((1, 5), dtype=torch.int64),
-        *(torch.zeros(kv) for _ in past_names),
-    )
-    total = "past_sequence_length + sequence_length"
-    axes = {
-        "input_ids": {0: "batch_size", 1: "sequence_length"},
-        "attention_mask": {0: "batch_size", 1: total},
-        "logits": {0: "batch_size", 1: "sequence_length"},
-        **{n: {0: "batch_size", 2: "past_sequence_length"} for n in past_names},
-        **{n: {0: "batch_size", 2: total} for n in present_names},
-    }
-    torch.onnx.export(
-        model, example, str(path), input_names=["input_ids", "attention_mask", *past_names],
-        output_names=["logits", *present_names], dynamic_axes=axes, opset_version=17,
-    )  # fmt: skip
-    return path
 
 
 @pytest.fixture(scope="module")
