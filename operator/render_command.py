@@ -31,6 +31,7 @@ def render_manifest(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """(children, notes) for one InferenceDeployment document; raises InvalidManifest."""
     from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
+    from kubeinfer.operator.api.v1alpha1.gpu_fleet import in_fleet_mode
     from kubeinfer.operator.api.v1alpha1.validation import parse_inference_deployment
     from kubeinfer.operator.reconcile.decide import decide
     from kubeinfer.operator.settings import OperatorSettings
@@ -49,6 +50,12 @@ def render_manifest(
     if uid == PLACEHOLDER_UID:
         notes.append(
             "ownerReferences carry a placeholder uid: the API server assigns the real one."
+        )
+    if in_fleet_mode(manifest.spec):
+        notes.append(
+            "A mixed GPU fleet (backend tensorrt without runtime.gpuProduct or engine.pin) "
+            "builds an engine, a Job and a Deployment per GPU product found among the "
+            "cluster's nodes: offline there are none to render (docs/gpu-fleets.md)."
         )
     jobs = [c for c in first.desired if c["kind"] == "Job"]
     if jobs:

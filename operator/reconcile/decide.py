@@ -11,11 +11,14 @@ the new config roll the Deployment, at once with the Rolling strategy, or after 
 candidate passes its shadow test with the Shadow strategy (`kubeinfer.operator.rollout`
 decides which engine serves and which runs as the candidate; this module only composes).
 
+An object on a mixed GPU fleet (backend tensorrt without a pin or a single gpuProduct)
+is decided by `decide_fleet`: an engine per GPU product, each decided as one engine.
+
 Writes: `Decision.apply` lists only the children that are missing or that no longer
-carry every field the operator owns on them (`drift.carries`: a changed spec changes
-their input-hash annotation, a hand edit changes the field itself), so a pass over an
-unchanged object writes nothing and a hand-edited child is re-applied; `Decision.desired`
-lists them all (for `kubeinfer render`).
+carry every field the operator owns on them (`child_writes`, `drift.carries`: a changed
+spec changes their input-hash annotation, a hand edit changes the field itself), so a
+pass over an unchanged object writes nothing and a hand-edited child is re-applied;
+`Decision.desired` lists them all (for `kubeinfer render`).
 """
 
 from __future__ import annotations

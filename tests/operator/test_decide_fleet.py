@@ -28,6 +28,7 @@ from kubeinfer.operator.reconcile.replica_split import (
 )
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.gpu_nodes import ProductCapacity, eligible_products, gpu_node
+from kubeinfer.operator.state.scaling_inputs import ScalingSignals, ServingPods
 from kubeinfer.operator.state.snapshot import KubeObject, ObservedState
 
 H100, L4, A10G = "NVIDIA-H100-80GB-HBM3", "NVIDIA-L4", "NVIDIA-A10G"
@@ -531,3 +532,28 @@ def test_the_cpu_path_reads_no_nodes_and_renders_as_before():
     cluster.build_to_ready(DIGEST_A)
     assert cluster.status.engines == [] and cluster.status.engines_ready is None
     assert cluster.get("Deployment")["metadata"]["name"] == names.runtime_name(cluster.name)
+
+
+def test_the_autoscalers_count_is_split_across_the_products():
+    """The autoscaler reads every product's serving pods as one count and its total is
+    split as runtime.replicas would be."""
+    cluster = two_products(replicas=1)
+    spec = cluster.spec.model_dump(by_alias=True, exclude_none=True)
+    spec["autoscaling"] = {
+        "enabled": True, "minReplicas": 2, "maxReplicas": 12,
+        "targetRequestsInProgressPerReplica": 4, "scaleUpStabilizationSeconds": 0,
+    }  # fmt: skip
+    cluster.update_spec(type(cluster.spec).model_validate(spec))
+    served(cluster)
+    assert sum(cluster.replicas().values()) == 2, "minReplicas before any signal"
+    cluster.serving_pods = ServingPods(desired=2, ready=2, starting=0)
+    cluster.signals = ScalingSignals(requests_in_progress_per_replica=12.0)
+    cluster.reconcile(T0 + timedelta(minutes=5))
+    assert cluster.status.replicas == 6, "2 pods x 12 in progress / 4"
+    for product in (H100, L4):
+        cluster.roll_out(name=names.product_runtime_name(cluster.name, product))
+    cluster.serving_pods = ServingPods(desired=6, ready=6, starting=0)
+    cluster.signals = ScalingSignals(requests_in_progress_per_replica=4.0)
+    cluster.reconcile(T0 + timedelta(minutes=6))
+    assert cluster.replicas() == {H100: 4, L4: 2}
+    assert cluster.condition(ConditionType.SCALING_ACTIVE).status == TRUE
