@@ -35,7 +35,7 @@ from kubeinfer.operator.reconcile.decide_runtime import candidate_leftovers, ser
 from kubeinfer.operator.reconcile.decide_scaling import recommendation, scaling
 from kubeinfer.operator.reconcile.desired_build import build_engine_job
 from kubeinfer.operator.reconcile.desired_mirror import build_mirror_configmap
-from kubeinfer.operator.reconcile.fleet_status import ProductPass, fleet_status
+from kubeinfer.operator.reconcile.fleet_status import ProductPass, fleet_status, product_events
 from kubeinfer.operator.reconcile.replica_split import (
     hold_while_moving,
     largest_remainder,
@@ -187,7 +187,7 @@ def _deletions(
     ]
     ready = sum(_ready(p.view.deployment)[1] for p in passes)
     single = []
-    if ready >= total and (ready > 0 or not any(p.serving for p in passes)):
+    if ready >= total:
         single = [
             (kind, child["metadata"]["name"])
             for kind, child in (
@@ -246,6 +246,7 @@ def decide_fleet(observed: ObservedState, settings: OperatorSettings, now: datet
     scaled = scaling(observed, recommended, now)
     status = fleet_status(observed, passes, rollouts, replicas, total, now, scaled, slo)
     events = transition_events(observed.status.conditions, status.conditions)
+    events += product_events(observed.status.engines, status.engines)
     waits = [build_wait_seconds(settings.requeue, p.engine, None, now) for p in passes]
     if spec.autoscaling.enabled:
         waits.append(settings.requeue.autoscale_poll_seconds)

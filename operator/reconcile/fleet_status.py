@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Literal
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.conditions import (
@@ -36,7 +37,7 @@ from kubeinfer.operator.state import names
 from kubeinfer.operator.state.engine_state import EnginePhase, EngineState, ServingEngine
 from kubeinfer.operator.state.gpu_nodes import ProductCapacity
 from kubeinfer.operator.state.runtime_failures import runtime_failure
-from kubeinfer.operator.state.snapshot import ObservedState
+from kubeinfer.operator.state.snapshot import Event, ObservedState
 
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 MESSAGE_LIMIT = 1024
@@ -200,6 +201,28 @@ def product_record(
         ready_replicas=rollout.ready_replicas,
         message=_cut(engine.message),
     )
+
+
+PHASE_EVENTS: dict[ProductEnginePhase, tuple[Literal["Normal", "Warning"], Reason]] = {
+    ProductEnginePhase.BUILT: ("Normal", Reason.ENGINE_BUILT),
+    ProductEnginePhase.BUILDING: ("Normal", Reason.ENGINE_BUILDING),
+    ProductEnginePhase.FAILED: ("Warning", Reason.ENGINE_BUILD_FAILED),
+}
+
+
+def product_events(
+    before: Sequence[ProductEngineStatus], after: Sequence[ProductEngineStatus]
+) -> tuple[Event, ...]:
+    """An Event per product whose engine changed phase or digest (or that is new): the
+    summary conditions say how many are built, these say which."""
+    old = {e.gpu_product: (e.phase, e.digest) for e in before}
+    events = []
+    for engine in after:
+        if old.get(engine.gpu_product) == (engine.phase, engine.digest):
+            continue
+        kind, reason = PHASE_EVENTS[engine.phase]
+        events.append(Event(kind, reason, _cut(f"{engine.gpu_product}: {engine.message}")))
+    return tuple(events)
 
 
 def _serving_record(

@@ -308,6 +308,8 @@ def test_each_product_gets_its_own_build_job_on_a_node_of_that_product_and_no_ru
     assert kinds == {"PersistentVolumeClaim", "Job"}, "nothing serves before an engine exists"
     assert cluster.engines() == {H100: ("Building", None), L4: ("Building", None)}
     assert cluster.status.engines_ready == "0/2"
+    building = {e.message.split(":")[0] for e in decision.events if e.reason == "EngineBuilding"}
+    assert {H100, L4} <= building, "an Event per product"
     assert cluster.condition(ConditionType.READY).status == ConditionStatus.FALSE
     assert cluster.status.phase == Phase.BUILDING_ENGINE
 
@@ -316,7 +318,7 @@ def test_a_product_with_no_engine_yet_runs_no_pods_and_its_share_goes_to_the_oth
     cluster = two_products(replicas=3)
     cluster.reconcile()
     cluster.build(H100, DIGEST_H100)
-    cluster.reconcile(T0 + timedelta(seconds=60))
+    decision = cluster.reconcile(T0 + timedelta(seconds=60))
     assert not cluster.has_runtime(L4), "no Deployment, so no pod of L4 behind the Service"
     assert cluster.replicas() == {H100: 3}
     deployment = cluster.runtime(H100)
@@ -337,6 +339,8 @@ def test_a_product_with_no_engine_yet_runs_no_pods_and_its_share_goes_to_the_oth
     assert config["engine"]["digest"] == DIGEST_H100
     assert cluster.engines() == {H100: ("Built", DIGEST_H100), L4: ("Building", None)}
     assert cluster.condition(ConditionType.AVAILABLE).status == ConditionStatus.FALSE
+    built = {e.message.split(":")[0] for e in decision.events if e.reason == Reason.ENGINE_BUILT}
+    assert H100 in built and L4 not in built, "an Event names the product"
     cluster.roll_out(name=names.product_runtime_name(cluster.name, H100))
     cluster.reconcile(T0 + timedelta(seconds=70))
     assert cluster.condition(ConditionType.AVAILABLE).status == TRUE
