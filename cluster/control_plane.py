@@ -366,7 +366,7 @@ def up(
             holder = launcher.launch(
                 "namespace-holder", netns.holder_argv(found["pause"]), inside=False
             )
-            launcher.network = netns.NodeNetwork(netns.namespace_of(holder.pid))
+            launcher.network = netns.NodeNetwork(netns.wait_for_own_namespace(holder.pid))
         netns.set_up_node_network(launcher.network)
         server = _start_control_plane(launcher, paths, audit, progress)
         _start_node(launcher, paths, archives, progress)

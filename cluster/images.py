@@ -39,6 +39,8 @@ from kubeinfer.cluster.podman import Podman, Progress
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
 """The checkout holding the Dockerfile (this module is `cluster/images.py` in it)."""
 VERSION = "0.1.0"
+ARCHIVES_KEPT = 3
+"""Archives kept per image: a cluster of another checkout may be importing an older one."""
 RUNTIME_IMAGE = f"ghcr.io/kubeinfer/kubeinfer-runtime:{VERSION}"
 OPERATOR_IMAGE = f"ghcr.io/kubeinfer/kubeinfer-operator:{VERSION}"
 PROJECT_IMAGES = {RUNTIME_IMAGE: "runtime", OPERATOR_IMAGE: "operator"}
@@ -130,17 +132,23 @@ def _build_project_image(
 
 def _export(podman: Podman, reference: str, inputs: str) -> Path:
     """The image's archive (exported unless one of this image ID is there), recorded as
-    made by `inputs`; older archives of the reference are removed."""
+    made by `inputs`; the reference's older archives beyond the newest few are removed."""
     image_id = podman.image_id(reference)
     if image_id is None:
         raise BuildError(f"podman built {reference} but does not find it")
     archive = images_directory() / f"{slug(reference)}-{image_id[:12]}.oci.tar"
     if not archive.exists():
         podman.export(reference, archive)
+    archive.touch()  # the newest, for the pruning below
     mine = re.compile(re.escape(slug(reference)) + r"-[0-9a-f]{12}\.oci\.tar")
-    for old in images_directory().iterdir():
-        if old != archive and mine.fullmatch(old.name):
-            old.unlink(missing_ok=True)
+    kept = sorted(
+        (p for p in images_directory().iterdir() if mine.fullmatch(p.name)),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    # A few are kept, not one: another checkout's cluster may be importing its own.
+    for old in kept[ARCHIVES_KEPT:]:
+        old.unlink(missing_ok=True)
     record = {"inputs": inputs, "image_id": image_id, "archive": archive.name}
     _record_path(reference).write_text(json.dumps(record, indent=2) + "\n")
     return archive

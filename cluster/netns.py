@@ -31,6 +31,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,3 +197,21 @@ def holder_argv(pause: Path) -> list[str]:
 
 def namespace_of(pid: int) -> str:
     return f"/proc/{pid}/ns/net"
+
+
+def wait_for_own_namespace(pid: int, timeout_seconds: float = 10.0) -> str:
+    """The namespace path of the holder `pid` once it has left the caller's namespace:
+    until `unshare` has run in it, /proc/PID/ns/net is still the caller's, and joining it
+    would set the node up in the host's namespace. NamespaceError if it never leaves."""
+    path = namespace_of(pid)
+    ours = current_namespace_inode()
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        try:
+            if os.stat(path).st_ino != ours:
+                return path
+        except OSError as error:
+            raise NamespaceError(f"the namespace holder {pid} exited: {error}") from None
+        if time.monotonic() > deadline:
+            raise NamespaceError(f"the namespace holder {pid} never left this namespace")
+        time.sleep(0.01)

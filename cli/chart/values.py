@@ -19,7 +19,7 @@ from kubeinfer.operator.settings import Api, Build, Images, LeaderElection, Metr
 from pydantic import BaseModel, ConfigDict, Field
 
 OPERATOR_REPOSITORY = "ghcr.io/kubeinfer/kubeinfer-operator"
-"""The Dockerfile's `operator` target, as the node agent and `kubeinfer up` name it."""
+"""The Dockerfile's `operator` target, as `kubeinfer.cluster.images` tags it."""
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 Namespace = Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]

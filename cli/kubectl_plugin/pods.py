@@ -4,11 +4,11 @@ Exemplars: each serving pod keeps the worst rows of its own quality-watch window
 and serves them as an `.npz` at `GET /v2/quality/exemplars` on its `http` port. They are
 read through the API server's pod proxy (`pods/<pod>:<port>/proxy/...`, the `pods/proxy`
 permission): a Service proxy would answer from one pod the Service happens to pick, and a
-port-forward needs the kubelet's streaming endpoint, which the project's own node agent
-does not serve; the proxy needs only the pod's address, which the API server reaches.
+port-forward needs a local listener per read; the proxy needs only the pod's address,
+which the API server reaches.
 
 Build logs: the build Jobs' pods carry the object's build labels (`names`); the API server
-reads their logs from the kubelet (the node agent serves them), as `kubectl logs` does.
+reads their logs from the kubelet, as `kubectl logs` does.
 """
 
 from __future__ import annotations
