@@ -1,6 +1,6 @@
 """Every binary `kubeinfer cluster` runs: found, or built from pinned Go modules and cached.
 
-The Go module in `control-plane/` (shipped with the package) pins one Kubernetes release
+The Go module in `go-modules/control-plane/` (shipped with the package) pins one Kubernetes release
 and the etcd release it is tested with; its go.mod is the single source of both versions.
 `ensure_binaries` returns `etcd`, `kube-apiserver`, `kube-controller-manager`, `kubectl`,
 and the node's `kubelet`, `kube-scheduler` and `kube-proxy`, each from the first of:
@@ -23,7 +23,7 @@ upstream's, with only Kubernetes service discovery compiled in (its own build ta
 Debian's package leaves Kubernetes discovery out; `kubeinfer up` and the tests discover
 pods through the API server as a cluster's Prometheus does.
 
-So is `helm` (`ensure_helm`), from the Go module in `helm-cli/`, which pins one Helm release
+So is `helm` (`ensure_helm`), from the Go module in `go-modules/helm-cli/`, which pins one Helm release
 apart from the control plane's module, cached under `helm/<release>-<sources>`.
 """
 
@@ -55,7 +55,10 @@ __all__ = [
     "pinned_versions", "say", "sources_hash",
 ]  # fmt: skip
 
-MODULE = Path(__file__).parent / "control-plane"
+GO_MODULES = Path(__file__).parent / "go-modules"
+"""The Go modules that pin and build every binary, one folder each. Under a folder name
+Python cannot import, so setuptools ships them as package data, never as packages."""
+MODULE = GO_MODULES / "control-plane"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
 NODE_COMPONENTS = ("kubelet", "kube-scheduler", "kube-proxy")
 BINARIES = CONTROL_PLANE + NODE_COMPONENTS
@@ -126,7 +129,7 @@ def ensure_binaries(module: Path = MODULE) -> dict[str, Path]:
     return {name: found[name] for name in BINARIES}
 
 
-PROMETHEUS_MODULE = Path(__file__).parent / "prometheus"
+PROMETHEUS_MODULE = GO_MODULES / "prometheus"
 PROMETHEUS_PATH = "github.com/prometheus/prometheus"
 PROMETHEUS_BUILD_TAGS = ("remove_all_sd", "enable_kubernetes_sd")
 """Prometheus' own build tags (`plugins/`) for a binary with no discovery but Kubernetes'
@@ -153,7 +156,7 @@ def ensure_prometheus(module: Path = PROMETHEUS_MODULE) -> Path:
     return ensure_built(cache, ["prometheus"], build)["prometheus"]
 
 
-HELM_MODULE = Path(__file__).parent / "helm-cli"
+HELM_MODULE = GO_MODULES / "helm-cli"
 HELM_PACKAGE = "helm.sh/helm/v4/cmd/helm"
 """Helm's own main package, named by go.mod's `tool` directive: built as it is, nothing
 of ours compiled in."""

@@ -22,7 +22,7 @@ from kubeinfer.cluster.gobuild import (
     sources_hash,
 )
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent / "go-modules"
 CONTAINERD_MODULE = HERE / "containerd"
 CNI_MODULE = HERE / "cni-plugins"
 COREDNS_MODULE = HERE / "coredns"

@@ -105,7 +105,7 @@ def test_the_wheel_ships_the_example_manifests(wheel: Path) -> None:
 def test_the_wheel_ships_the_control_planes_go_module(wheel: Path) -> None:
     """`kubeinfer cluster up` builds the binaries from it wherever the package is installed."""
     names = set(zipfile.ZipFile(wheel).namelist())
-    module = ROOT / "cluster" / "control-plane"
+    module = ROOT / "cluster" / "go-modules" / "control-plane"
     for path in [*module.glob("go.*"), *module.glob("cmd/*/*.go")]:
         assert f"kubeinfer/cluster/{path.relative_to(ROOT / 'cluster')}" in names, path
 

@@ -1,5 +1,5 @@
 """The `helm` the chart's tests run: Helm's own main package at the release its Go module
-pins (`cluster/helm-cli/go.mod`), built by `kubeinfer cluster build` beside the control
+pins (`cluster/go-modules/helm-cli/go.mod`), built by `kubeinfer cluster build` beside the control
 plane and stamped with that release as Helm's own build stamps it. Its module is apart
 from the control plane's, whose Kubernetes pins it must not move."""
 
