@@ -23,6 +23,10 @@ from dataclasses import dataclass
 import aiohttp
 import numpy as np
 
+NO_CONNECTION = 0
+"""The code a request counts under when no connection was made (refused, timed out)."""
+CONNECT_TIMEOUT_SECONDS = 5.0
+
 
 @dataclass(frozen=True)
 class LoadResult:
@@ -36,6 +40,9 @@ class LoadResult:
         return len(self.latencies_seconds) / self.seconds
 
     def percentile_milliseconds(self, q: float) -> float:
+        """NaN when no request was answered."""
+        if not len(self.latencies_seconds):
+            return float("nan")
         return float(np.percentile(self.latencies_seconds, q) * 1000)
 
 
@@ -53,9 +60,16 @@ async def _client(
         index = sent % len(bodies)
         sent += 1
         request_headers = {"Content-Type": "application/json", **headers[index]}
-        async with session.post(url, data=bodies[index], headers=request_headers) as response:
-            await response.read()
-            codes[response.status] += 1
+        try:
+            async with session.post(url, data=bodies[index], headers=request_headers) as response:
+                await response.read()
+                codes[response.status] += 1
+        except aiohttp.ClientConnectionError:
+            # A pod leaving the Service while kube-proxy still sends to it: counted as
+            # NO_CONNECTION, and tried again, as a client behind a Service would.
+            codes[NO_CONNECTION] += 1
+            await asyncio.sleep(0.05)
+            continue
         out.append(time.perf_counter() - start)
 
 
@@ -77,7 +91,8 @@ async def drive(
     latencies: list[float] = []
     codes: Counter[int] = Counter()
     connector = aiohttp.TCPConnector(limit=clients, force_close=False)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    timeout = aiohttp.ClientTimeout(total=60, sock_connect=CONNECT_TIMEOUT_SECONDS)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         started = time.perf_counter()
         until = started + seconds
         await asyncio.gather(

@@ -27,13 +27,13 @@ LABELS = {"app.kubernetes.io/name": "kubeinfer", "app.kubernetes.io/instance": R
 LOCAL_SETTINGS = {
     "KUBEINFER_REQUEUE__AUTOSCALE_POLL_SECONDS": "2",
     "KUBEINFER_REQUEUE__SHADOW_POLL_SECONDS": "2",
-    "KUBEINFER_PODS__PRE_STOP_SLEEP_SECONDS": "0",
     "KUBEINFER_PODS__DRAIN_GRACE_PERIOD_SECONDS": "5",
     "KUBEINFER_IMAGES__PULL_POLICY": "Never",
 }
-"""Operator settings for one machine: a laptop has no load balancer to drain from, and a
-demo wants the autoscaler and the shadow verdict to look every couple of seconds; the
-node's images are imported, and a pull could only fail."""
+"""Operator settings for one machine: a demo wants the autoscaler and the shadow verdict to
+look every couple of seconds and a shorter drain; the node's images are imported, and a
+pull could only fail. The preStop pause keeps its default: kube-proxy needs it to stop
+sending a leaving pod new connections before the pod stops accepting them."""
 RESTRICTED_NAMESPACES = (NAMESPACE, "default")
 POD_SECURITY = {
     "pod-security.kubernetes.io/enforce": "restricted",

@@ -143,4 +143,4 @@ def test_the_local_modes_settings_are_read(environ: Environ) -> None:
     settings = OperatorSettings.from_env()
     requeue, pods = settings.requeue, settings.pods
     assert (requeue.autoscale_poll_seconds, requeue.shadow_poll_seconds) == (2, 2)
-    assert (pods.pre_stop_sleep_seconds, pods.drain_grace_period_seconds) == (0, 5)
+    assert (pods.pre_stop_sleep_seconds, pods.drain_grace_period_seconds) == (5, 5)
