@@ -23,8 +23,8 @@ upstream's, with only Kubernetes service discovery compiled in (its own build ta
 Debian's package leaves Kubernetes discovery out; `kubeinfer up` and the tests discover
 pods through the API server as a cluster's Prometheus does.
 
-So is `helm` (`ensure_helm`), from the Go module in `go-modules/helm-cli/`, which pins one Helm release
-apart from the control plane's module, cached under `helm/<release>-<sources>`.
+So is `helm` (`ensure_helm`), from the Go module in `go-modules/helm-cli/`, which pins one
+Helm release apart from the control plane's module, cached under `helm/<release>-<sources>`.
 """
 
 from __future__ import annotations
