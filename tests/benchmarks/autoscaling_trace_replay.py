@@ -7,7 +7,7 @@ A script, not a test (nothing here is named test_*, so pytest never collects it)
     .venv/bin/python tests/benchmarks/autoscaling_trace_replay.py [--json]
         [--max-queue 64] [--burst-factor 8] [--max-replicas 32] [--pass-offset 7]
 
-The model (tests/scaling_simulation.py, which tests/operator/test_scaling_trace_replay.py
+The model (tests/support/scaling_simulation.py, which tests/operator/test_scaling_trace_replay.py
 checks): open-loop arrivals of 16 requests/s (one pod at its target queue depth of 8),
 128/s during the burst; each ready pod serves 20 requests/s at 0.5 s each, and queues at
 most --max-queue more (beyond, requests are refused, as the runtime's bounded admission
@@ -31,7 +31,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from scaling_simulation import STARTUPS, Outcome, burst_setup, replay
 

@@ -79,7 +79,7 @@ from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.demo_models import build_mlp, build_small_mlp
 from servers import HOST, REPO, ServerProcess, ServerSpec, free_port, http_get
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the spin model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # the spin model
 from onnx_models import build_spin_model
 
 MIB = 1024 * 1024

@@ -21,19 +21,16 @@ machine adds the base (mmdebstrap, about two minutes) and those layers (about tw
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.client
 import json
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +45,8 @@ from kubeinfer.cluster import images
 from kubeinfer.cluster.gobuild import BuildError, find_go
 from kubeinfer.cluster.podman import ensure_programs
 from kubeinfer.runtime.demo_models import build_tiny_mlp
+from ports import free_port
+from waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -236,12 +235,6 @@ def test_the_runtime_image_fetches_s3_and_gs_models(podman: list[str], runtime: 
     assert python_in(podman, runtime, code).strip() == "['s3fs', 'gcsfs']"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Served:
     """The runtime image serving `model` on loopback ports of the host (`--network host`:
     no namespace or rule is made), the model mounted read-only."""
@@ -269,15 +262,15 @@ class Served:
             connection.close()
 
     def wait_ready(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError):  # not listening yet
-                if self.request("GET", "/v2/health/ready")[0] == 200:
-                    return
+        def ready() -> bool:
             if self.state() != "running":
-                raise AssertionError(f"the container stopped: {self.logs()}")
-            time.sleep(0.1)
-        raise AssertionError(f"not ready in {timeout} s: {self.logs()}")
+                raise AssertionError("the container stopped")
+            return self.request("GET", "/v2/health/ready")[0] == 200
+
+        try:
+            wait_for(ready, timeout, "the container to be ready", every=0.1, ignoring=(OSError,))
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}: {self.logs()}") from None
 
     def state(self) -> str:
         return self._podman("inspect", "--format", "{{.State.Status}}", self.name).strip()
@@ -341,9 +334,7 @@ def test_the_runtime_image_serves_over_http_and_grpc_and_exits_0_on_sigterm(
     clients = [threading.Thread(target=client_loop) for _ in range(4)]
     for thread in clients:
         thread.start()
-    deadline = time.monotonic() + 60
-    while len(answers) < 20 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: len(answers) >= 20, 60, "20 answers before SIGTERM", every=0.01)
     terminated.set()
     server._podman("kill", "--signal", "TERM", server.name)
     exit_code = server._podman("wait", server.name).strip()

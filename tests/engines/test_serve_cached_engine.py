@@ -6,10 +6,8 @@ naming the file and the remedy) or an engine built for smaller batches."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,25 +15,20 @@ import onnxruntime as ort
 import pytest
 import tritonclient.http as triton
 from kubeinfer.runtime.building.engine_build import BuildResult, build_engine
+from ports import free_port
+from serve_process import ServeProcess
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _serve(cache: Path, digest: str, *flags: str) -> tuple[subprocess.Popen[str], int]:
-    port = _free_port()
-    process = subprocess.Popen(
+def _serve(cache: Path, digest: str, *flags: str) -> subprocess.Popen[str]:
+    """A serve process that is expected to refuse to start (its output read at its exit)."""
+    return subprocess.Popen(
         [sys.executable, "-m", "kubeinfer.cli", "serve", "--engine", digest,
          "--cache", str(cache), "--model-name", "tiny", "--host", "127.0.0.1",
-         "--port", str(port), *flags],
+         "--port", str(free_port()), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    return process, port
 
 
 @pytest.fixture(scope="module")
@@ -51,21 +44,14 @@ def test_serve_answers_with_the_cached_int8_engine(
     int8: BuildResult, models: dict[str, Path]
 ) -> None:
     cache = int8.engine_path.parents[2]
-    process, port = _serve(cache, int8.digest, "--max-batch-size", "8")
-    try:
-        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 60
-        while not _ready(client):
-            assert process.poll() is None, process.communicate()[0]
-            assert time.monotonic() < deadline, "serve did not become ready"
-            time.sleep(0.2)
+    with ServeProcess(
+        None, "tiny", "--engine", int8.digest, "--cache", str(cache), "--max-batch-size", "8"
+    ) as server:
+        client = triton.InferenceServerClient(server.address)
         x = np.random.default_rng(5).standard_normal((3, 16)).astype(np.float32)
         request = triton.InferInput("input", list(x.shape), "FP32")
         request.set_data_from_numpy(x)
         served = client.infer("tiny", [request]).as_numpy("logits")
-    finally:
-        process.terminate()
-        process.communicate(timeout=30)
     engine_file = ort.InferenceSession(str(int8.engine_path)).run(None, {"input": x})[0]
     fp32 = ort.InferenceSession(str(models["tiny"])).run(None, {"input": x})[0]
     np.testing.assert_allclose(served, engine_file, rtol=1e-5, atol=1e-6)
@@ -78,24 +64,17 @@ def test_serve_answers_with_the_cached_int8_engine(
     assert not np.array_equal(served, fp32)  # it is the quantised engine that answered
 
 
-def _ready(client: triton.InferenceServerClient) -> bool:
-    try:
-        return bool(client.is_server_ready())
-    except Exception:
-        return False
-
-
 def test_serve_refuses_a_corrupted_engine_and_a_too_small_profile(
     int8: BuildResult, tmp_path: Path
 ) -> None:
     cache = tmp_path / "cache"
     shutil.copytree(int8.engine_path.parents[2], cache)
-    process, _ = _serve(cache, int8.digest, "--max-batch-size", "64")
+    process = _serve(cache, int8.digest, "--max-batch-size", "64")
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 1 and "built for batches up to 8" in output
     engine = cache / "engines" / int8.digest.removeprefix("sha256:") / "model.onnx"
     engine.write_bytes(engine.read_bytes()[:-10])  # truncated, as by a full disk
-    process, _ = _serve(cache, int8.digest, "--max-batch-size", "8")
+    process = _serve(cache, int8.digest, "--max-batch-size", "8")
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 1
     assert "is corrupt or was modified" in output and "Traceback" not in output

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 TESTS = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(TESTS), str(TESTS / "operator"), str(TESTS / "gitops")]
+sys.path[:0] = [str(TESTS / "support"), str(TESTS / "operator"), str(TESTS / "gitops")]
 
 from cluster_harness import start_local_cluster  # noqa: E402
 from kubeinfer.operator.gate_command import gate_patch  # noqa: E402

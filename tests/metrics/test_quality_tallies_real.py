@@ -33,6 +33,7 @@ from kubeinfer.operator.state.quality_readings import (
     QualityReading,
     WindowTallies,
 )
+from ports import free_port
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -42,7 +43,6 @@ from prometheus_client.metrics_core import (
 from prometheus_harness import (
     PrometheusServer,
     ScrapeTarget,
-    free_port,
     pod_object,
     running_prometheus,
 )

@@ -35,12 +35,12 @@ from kubeinfer.operator.metrics.source import MetricsUnavailable
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.gpu_memory import GpuMemory
 from kubeinfer.runtime.metrics import RuntimeMetrics
+from ports import free_port
 from prometheus_client import start_http_server
 from prometheus_harness import (
     PrometheusServer,
     RuntimeProcess,
     ScrapeTarget,
-    free_port,
     infer,
     pod_object,
     running_prometheus,

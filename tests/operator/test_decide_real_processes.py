@@ -14,11 +14,8 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
-import signal
-import socket
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,16 +28,12 @@ from kubeinfer.contract.runtime_config import request_bytes_limit
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType
 from kubeinfer.operator.reconcile.desired import CACHE_MOUNT, CONFIG_KEY, TERMINATION_LOG
 from kubeinfer.runtime.demo_models import build_tiny_mlp
+from ports import free_port
+from processes import stop, wait_ready
 
 pytestmark = pytest.mark.slow
 
 CLI = [sys.executable, "-m", "kubeinfer.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def run_job(job: dict, cache: Path, termination_log: Path) -> subprocess.CompletedProcess:
@@ -100,16 +93,10 @@ def test_a_job_built_engine_is_served_from_the_rendered_config(tmp_path):
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, server.stdout.read().decode()  # type: ignore[union-attr]
-            try:
-                if request(port, "GET", "/v2/health/ready")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "serve never became ready"
-            time.sleep(0.1)
+        wait_ready(
+            lambda: request(port, "GET", "/v2/health/ready")[0] == 200,
+            server, "kubeinfer serve --config", output=lambda: server.stdout.read().decode(),
+        )  # fmt: skip
         rows = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
         session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
         (input_meta,) = session.get_inputs()
@@ -135,5 +122,4 @@ def test_a_job_built_engine_is_served_from_the_rendered_config(tmp_path):
         status, answer = request(port, "POST", "/v2/models/tiny/infer", oversized)
         assert status == 413, answer
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        stop(server, timeout=60)

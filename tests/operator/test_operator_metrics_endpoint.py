@@ -14,8 +14,8 @@ from pathlib import Path
 from decide_scenarios import tuned
 from kubeinfer.contract import metrics as series
 from operator_harness import FAST, IDS, Model, World, eventually, manifest, start_operator
+from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_harness import free_port
 
 Sample = tuple[str, frozenset[tuple[str, str]], float]
 

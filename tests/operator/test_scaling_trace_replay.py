@@ -1,6 +1,6 @@
 """The recorded burst (idle, 8x the load for 5 minutes, idle) replayed through
 `recommend` against simulated pods that take 30, 60 or 120 s to become ready
-(tests/scaling_simulation.py; the figures: tests/benchmarks/autoscaling_trace_replay.py).
+(tests/support/scaling_simulation.py; the figures: tests/benchmarks/autoscaling_trace_replay.py).
 
 What it shows, and checks: the plain HPA reads the backlog that builds while its pods
 start as new demand and adds pods it does not need (here 20 where 8 serve the burst at

@@ -33,7 +33,8 @@ from kubeinfer.runtime.batching.policy import (
     next_decision,
 )
 from kubeinfer.runtime.batching.queue import Batcher
-from serve_process import ServeProcess, free_port
+from ports import free_port
+from serve_process import ServeProcess
 from tritonclient.grpc import service_pb2 as pb
 
 FAR = 1e9  # a deadline that never matters

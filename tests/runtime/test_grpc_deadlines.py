@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 from onnx_models import expected_y
-from serve_process import ServeProcess, free_port
+from ports import free_port
+from serve_process import ServeProcess
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.slow

@@ -30,7 +30,8 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as triton
 import tritonclient.http as triton_http
-from serve_process import ServeProcess, free_port
+from ports import free_port
+from serve_process import ServeProcess
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException

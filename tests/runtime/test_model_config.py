@@ -13,7 +13,8 @@ import pytest
 import tritonclient.grpc as triton
 from google.protobuf.json_format import MessageToDict
 from kubeinfer.runtime.protocol.model_config import model_config
-from serve_process import ServeProcess, free_port
+from ports import free_port
+from serve_process import ServeProcess
 from tritonclient.utils import InferenceServerException
 
 

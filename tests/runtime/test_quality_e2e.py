@@ -45,7 +45,9 @@ import pytest
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.demo_models import build_tiny_mlp
-from test_shadow_e2e import SLOW_CANDIDATE, Process, free_port, launch, serve, wait_ready
+from ports import free_port
+from test_shadow_e2e import SLOW_CANDIDATE, Process, launch, serve, wait_ready
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -125,17 +127,10 @@ def start_watch(
 ) -> None:
     """Turns mirroring off, then on with `watch` (and a shadow `target`), from zero."""
     write_mirror_file(watched, None)
-    until(lambda: not watched.quality()["active"])
+    wait_for(lambda: not watched.quality()["active"])
     write_mirror_file(watched, {"qualityWatch": watch, "target": target})
     digest = digest or watch["reference"]["candidateDigest"]
-    until(lambda: (watched.quality()["reference"] or {}).get("digest") == digest)
-
-
-def until(condition, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(lambda: (watched.quality()["reference"] or {}).get("digest") == digest)
 
 
 def post(watched: Watched, x: np.ndarray, headers: dict[str, str] | None = None) -> None:
@@ -185,7 +180,7 @@ def test_five_percent_of_in_distribution_traffic_agrees_and_is_labelled_quality(
     start_watch(watched, watch, shadow)
     x = in_distribution(watched, 1600, seed=1)
     send_all(watched, batches(x, 4))  # 400 requests
-    until(lambda: watched.quality()["requests"]["compared"] == 20)
+    wait_for(lambda: watched.quality()["requests"]["compared"] == 20)
     status = watched.quality()
     assert status["answered"] == 400
     assert status["effectiveSampleRate"] == pytest.approx(0.05)
@@ -197,7 +192,7 @@ def test_five_percent_of_in_distribution_traffic_agrees_and_is_labelled_quality(
     assert status["slices"] == [] and status["sliceHeader"] is None
 
     shadow_status = json.loads(watched.serving.request("GET", "/v2/shadow")[2])
-    until(lambda: json.loads(watched.serving.request("GET", "/v2/shadow")[2])["requests"][
+    wait_for(lambda: json.loads(watched.serving.request("GET", "/v2/shadow")[2])["requests"][
         "compared"] == 40)  # fmt: skip
     assert shadow_status["candidate"]["digest"] == watched.digests["fp32"]
 
@@ -230,7 +225,7 @@ def test_a_shifted_class_falls_behind_and_fills_the_exemplars(watched):
     requests = batches(normal, 2) + batches(shifted, 2)
     order = np.random.default_rng(4).permutation(len(requests))
     send_all(watched, [requests[i] for i in order])
-    until(lambda: watched.quality()["requests"]["compared"] == len(requests))
+    wait_for(lambda: watched.quality()["requests"]["compared"] == len(requests))
     status = watched.quality()
     by_class = {int(c["referenceClass"]): c for c in status["classes"]}
     others = [c for k, c in by_class.items() if k != chosen]
@@ -279,7 +274,7 @@ def test_a_shifted_slice_falls_behind_and_a_flood_of_values_stays_bounded(watche
     ]
     send_all(watched, flood)
     total = len(requests) + len(flood)
-    until(lambda: watched.quality()["requests"]["compared"] == total)
+    wait_for(lambda: watched.quality()["requests"]["compared"] == total)
     status = watched.quality()
     slices = {s["slice"]: s for s in status["slices"]}
     assert set(slices) == {"a", "b", "c", "other"}
@@ -313,11 +308,11 @@ def test_a_slow_or_dead_reference_costs_the_serving_nothing(watched):
 
     watch_to(watched.slow.url, "slow", 200)  # now each held request times out
     send_all(watched, batches(x.repeat(20, axis=0), 1))
-    until(lambda: watched.quality()["requests"]["timeout"] > 0)
+    wait_for(lambda: watched.quality()["requests"]["timeout"] > 0)
     assert watched.quality()["requests"]["compared"] == 0
 
     watch_to(f"http://127.0.0.1:{free_port()}", "dead", 200)  # nobody listens there
     send_all(watched, batches(x.repeat(20, axis=0), 1))
-    until(lambda: watched.quality()["requests"]["candidateError"] > 0)
+    wait_for(lambda: watched.quality()["requests"]["candidateError"] > 0)
     assert watched.quality()["requests"]["compared"] == 0
     write_mirror_file(watched, None)

@@ -12,14 +12,10 @@ requests queued: test_sigterm_drain.py, where a gate rather than the clock holds
 from __future__ import annotations
 
 import gzip
-import http.client
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,79 +24,16 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as triton
-from prometheus_client.parser import text_string_to_metric_families
+from serve_process import ServeProcess
 
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    def __init__(self, process: subprocess.Popen[bytes], port: int) -> None:
-        self.process, self.port = process, port
-        self.url = f"127.0.0.1:{port}"
-
-    def request(
-        self, method: str, path: str, body: bytes | None = None, headers: dict | None = None
-    ) -> tuple[int, dict[str, str], bytes]:
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        try:
-            connection.request(method, path, body, headers or {})
-            response = connection.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        finally:
-            connection.close()
-
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        _, _, body = self.request("GET", "/metrics")
-        return {
-            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(body.decode())
-            for sample in family.samples
-        }
-
-
-def start_server(model: Path, *flags: str) -> Server:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "kubeinfer.cli", "serve", "--onnx", str(model),
-         "--model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    server = Server(process, port)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"serve exited: {process.stdout.read().decode()}")  # type: ignore[union-attr]
-        try:
-            if server.request("GET", "/v2/health/ready")[0] == 200:
-                return server
-        except OSError:
-            pass
-        time.sleep(0.05)
-    process.kill()
-    raise AssertionError("serve did not become ready")
-
-
-def stop_server(server: Server) -> int:
-    if server.process.poll() is None:
-        server.process.send_signal(signal.SIGTERM)
-    try:
-        return server.process.wait(timeout=30)
-    finally:
-        if server.process.poll() is None:
-            server.process.kill()
-
-
 @pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[Server]:
-    running = start_server(tiny_model, "--max-request-bytes", "65536")
-    yield running
-    assert stop_server(running) == 0
+def server(tiny_model: Path) -> Iterator[ServeProcess]:
+    with ServeProcess(tiny_model, "tiny", "--max-request-bytes", "65536") as running:
+        yield running
+        assert running.stop() == 0
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +50,7 @@ def inputs(n: int, seed: int) -> np.ndarray:
 @pytest.mark.parametrize("binary_in", [False, True], ids=["json-in", "binary-in"])
 @pytest.mark.parametrize("binary_out", [False, True], ids=["json-out", "binary-out"])
 def test_outputs_equal_onnxruntime(server, reference, rows, binary_in, binary_out) -> None:
-    client = triton.InferenceServerClient(server.url)
+    client = triton.InferenceServerClient(server.address)
     x = inputs(rows, seed=rows * 10 + binary_in * 2 + binary_out)
     tensor = triton.InferInput("input", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x, binary_data=binary_in)
@@ -132,7 +65,7 @@ def test_outputs_equal_onnxruntime(server, reference, rows, binary_in, binary_ou
 
 
 def test_without_requested_outputs_all_come_back_binary(server, reference) -> None:
-    client = triton.InferenceServerClient(server.url)
+    client = triton.InferenceServerClient(server.address)
     x = inputs(3, seed=7)
     tensor = triton.InferInput("input", [3, 16], "FP32")
     tensor.set_data_from_numpy(x)
@@ -143,7 +76,7 @@ def test_without_requested_outputs_all_come_back_binary(server, reference) -> No
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_compressed_requests_and_responses(server, reference, algorithm) -> None:
-    client = triton.InferenceServerClient(server.url)
+    client = triton.InferenceServerClient(server.address)
     x = inputs(2, seed=11)
     tensor = triton.InferInput("input", [2, 16], "FP32")
     tensor.set_data_from_numpy(x)
@@ -160,7 +93,7 @@ def test_a_gzip_bomb_is_refused_with_413(server) -> None:
 
 
 def test_health_and_metadata(server) -> None:
-    client = triton.InferenceServerClient(server.url)
+    client = triton.InferenceServerClient(server.address)
     assert client.is_server_live() and client.is_server_ready()
     assert client.is_model_ready("tiny") and client.is_model_ready("tiny", "1")
     metadata = client.get_model_metadata("tiny")
@@ -211,7 +144,7 @@ def test_concurrent_load_is_batched_and_counted(server, reference) -> None:
     per_client = 15
 
     def client_loop(seed: int) -> int:
-        client = triton.InferenceServerClient(server.url)
+        client = triton.InferenceServerClient(server.address)
         for i in range(per_client):
             x = inputs(1 + (i % 2), seed * 100 + i)
             tensor = triton.InferInput("input", list(x.shape), "FP32")

@@ -34,7 +34,8 @@ import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from models.sklearn_models import build_digits_mlp, build_text_classifier, digits, mixed_sentences
-from serve_process import ServeProcess, free_port
+from ports import free_port
+from serve_process import ServeProcess
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException

@@ -36,7 +36,8 @@ from models.transformer_models import (
     decoder_inputs,
     encoder_inputs,
 )
-from serve_process import ServeProcess, free_port
+from ports import free_port
+from serve_process import ServeProcess
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.slow

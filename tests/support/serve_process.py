@@ -14,43 +14,39 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from ports import free_port
+from processes import stop, wait_ready
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class ServeProcess:
-    """One `kubeinfer serve --onnx MODEL --model-name NAME FLAGS...` process."""
+    """One `kubeinfer serve --onnx MODEL --model-name NAME FLAGS...` process, started and
+    ready (its readiness route answers 200). With `model` None the flags name the source
+    (`--engine DIGEST --cache DIR`, `--config FILE`)."""
 
-    def __init__(self, model: Path, name: str, *flags: str, ready_timeout: float = 60) -> None:
+    def __init__(
+        self, model: Path | None, name: str, *flags: str, ready_timeout: float = 60
+    ) -> None:
         self.name = name
         self.port = free_port()
         self._log = tempfile.TemporaryFile()
+        source = ["--onnx", str(model)] if model is not None else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "kubeinfer.cli", "serve", "--onnx", str(model),
-             "--model-name", name, "--host", "127.0.0.1", "--port", str(self.port), *flags],
+            [sys.executable, "-m", "kubeinfer.cli", "serve", *source, "--model-name", name,
+             "--host", "127.0.0.1", "--port", str(self.port), *flags],
             stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"serve exited: {self.output()}")
-            try:
-                if self.request("GET", "/v2/health/ready", timeout=2)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.process.kill()
-        raise AssertionError(f"serve did not become ready: {self.output()}")
+        wait_ready(
+            lambda: self.request("GET", "/v2/health/ready", timeout=2)[0] == 200,
+            self.process, f"kubeinfer serve on port {self.port}", ready_timeout, self.output,
+        )  # fmt: skip
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     @property
     def infer_path(self) -> str:
@@ -111,14 +107,7 @@ class ServeProcess:
         self.process.send_signal(signal.SIGTERM)
 
     def stop(self, timeout: float = 60) -> int:
-        if self.process.poll() is None:
-            self.terminate()
-        try:
-            return self.process.wait(timeout=timeout)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
+        return stop(self.process, timeout)
 
     def output(self) -> str:
         self._log.seek(0)

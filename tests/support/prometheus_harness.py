@@ -40,10 +40,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -55,6 +53,9 @@ import numpy as np
 import pytest
 import yaml
 from kubeinfer.cluster import binaries
+from ports import free_port
+from processes import stop, wait_ready
+from waiting import wait_for
 
 SCRAPE_INTERVAL = "500ms"
 JOB = "kubeinfer"
@@ -71,12 +72,6 @@ def require_prometheus() -> str:
     return binary
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def http_get(port: int, path: str, timeout: float = 10) -> tuple[int, bytes]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -87,39 +82,10 @@ def http_get(port: int, path: str, timeout: float = 10) -> tuple[int, bytes]:
         connection.close()
 
 
-def _stop(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(timeout=timeout)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-
-
 def _output(process: subprocess.Popen[bytes], log: Path | None) -> str:
     if log is not None:
         return log.read_text(errors="replace")
     return process.stdout.read().decode(errors="replace") if process.stdout else ""
-
-
-def _wait_until(
-    ready: Any, process: subprocess.Popen[bytes], what: str, timeout: float, log: Path | None = None
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            output = _output(process, log)
-            raise AssertionError(f"{what} exited with {process.returncode}: {output[-2000:]}")
-        try:
-            if ready():
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    _stop(process)
-    raise AssertionError(f"{what} was not ready within {timeout:g} s")
 
 
 @dataclass(eq=False)
@@ -134,7 +100,7 @@ class RuntimeProcess:
         return f"127.0.0.1:{self.port}"
 
     def stop(self) -> int:
-        return _stop(self.process)
+        return stop(self.process)
 
 
 def infer(port: int, model_name: str, rows: int, seed: int, size: int = 16) -> int:
@@ -184,9 +150,9 @@ def start_runtime(model: Path, model_name: str, *flags: str) -> RuntimeProcess:
          "--model-name", model_name, "--host", "127.0.0.1", "--port", str(port), *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    _wait_until(
+    wait_ready(
         lambda: http_get(port, "/v2/health/ready", timeout=2)[0] == 200,
-        process, f"kubeinfer serve on port {port}", 60,
+        process, f"kubeinfer serve on port {port}", 60, lambda: _output(process, None),
     )  # fmt: skip
     return RuntimeProcess(process, port)
 
@@ -234,22 +200,21 @@ class PrometheusServer:
     def wait_for_scrape_after(self, wall_time: float, timeout: float = 20) -> None:
         """Until every target has a successful scrape that started after `wall_time`
         (Unix seconds, as Prometheus stamps its samples)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def scraped() -> bool:
             oldest = self.query(f'min(timestamp(up{{job="{JOB}"}}))')
             healthy = self.query(f'count(up{{job="{JOB}"}} == 1)')
-            if (
+            return bool(
                 oldest
                 and healthy
                 and float(oldest[0]["value"][1]) > wall_time
                 and int(float(healthy[0]["value"][1])) == len(self.targets)
-            ):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"no scrape of every target after {wall_time} within {timeout} s")
+            )
+
+        wait_for(scraped, timeout, f"a scrape of every target after {wall_time}", every=0.1)
 
     def stop(self) -> int:
-        return _stop(self.process)
+        return stop(self.process)
 
     def start(self) -> None:
         """Starts it again after `stop()`, on the same port with the same TSDB (an outage
@@ -295,7 +260,7 @@ def _launch(config: Path, port: int, binary: str | None = None) -> subprocess.Po
             stdout=output, stderr=subprocess.STDOUT,
         )  # fmt: skip
     ready = lambda: http_get(port, "/-/ready", 2)[0] == 200  # noqa: E731
-    _wait_until(ready, process, "prometheus", 30, log)
+    wait_ready(ready, process, "prometheus", 30, lambda: _output(process, log))
     return process
 
 
@@ -438,21 +403,20 @@ class DiscoveringPrometheus(PrometheusServer):
     def wait_for_scrape_after(self, wall_time: float, timeout: float = 20) -> None:
         """Until every pod discovery has found has a successful scrape that started after
         `wall_time` (Unix seconds)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def scraped() -> bool:
             found = len(self.scraped_pods())
             oldest = self.query(f'min(timestamp(up{{job="{DISCOVERY_JOB}"}}))')
             healthy = self.query(f'count(up{{job="{DISCOVERY_JOB}"}} == 1)')
-            if (
+            return bool(
                 found
                 and oldest
                 and healthy
                 and float(oldest[0]["value"][1]) > wall_time
                 and int(float(healthy[0]["value"][1])) == found
-            ):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"no scrape of every pod after {wall_time} within {timeout} s")
+            )
+
+        wait_for(scraped, timeout, f"a scrape of every pod after {wall_time}", every=0.1)
 
     def scraped_pods(self) -> dict[str, str]:
         """The pods discovery found, by name (its `pod` label), each with its last scrape's

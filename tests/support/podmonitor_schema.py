@@ -37,7 +37,7 @@ from kubeinfer.cluster import netns
 
 PACKAGE = "@kubernetes-models/prometheus-operator"
 VERSION = "5.0.1"
-CACHE = Path(__file__).resolve().parents[1] / ".cache" / "npm"
+CACHE = Path(__file__).resolve().parents[2] / ".cache" / "npm"
 SCRIPT = "validate-podmonitors.mjs"
 
 # Reads a JSON array of objects on stdin, prints one array per object: its schema errors.

@@ -32,7 +32,7 @@ from kubeinfer.cluster import control_plane, files
 from kubeinfer.cluster.addons import STORAGE_CLASS
 from kubernetes.client.exceptions import ApiException
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 CRD = REPO / "crds" / "inferencedeployments.kubeinfer.io.yaml"
 KubeObject = dict[str, Any]
 RESTRICTED = {
