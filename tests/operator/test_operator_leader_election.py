@@ -1,18 +1,18 @@
 """Two replicas, one writer: leader election on a real coordination.k8s.io/v1 Lease.
 
 - In process: a leader whose Lease is taken (as when it was cut off from the API server
-  and a standby took over) stops within its renew deadline, and from then on sends no
-  request at all: no handler, no requeue of the reconciler's own, no renewal (the API
-  server's audit log has nothing from it after).
+  and a standby took over) stops at its next renewal (its own Lease would not expire for
+  ten minutes), and from then on sends no request at all: no handler, no requeue of the
+  reconciler's own, no renewal (the API server's audit log has nothing from it after).
 - Two real `kubeinfer operator --leader-election` processes against the real API server,
   each logged in with its own token of the operator's ServiceAccount, so that the audit
   log tells them apart (it records each token's id): only the leader reconciles; killed
-  (SIGKILL) in the middle of a build, the standby takes over within the lease duration
-  and a retry period, adopts the running build Job (one Job, the same uid, never created
-  again or deleted), and brings the object to Ready once the build can finish. Each
-  one's writes are counted.
-- A leader stopped with SIGTERM releases the Lease: the standby takes over within a
-  couple of retry periods, not a lease duration.
+  (SIGKILL) in the middle of a build, the standby takes over once the Lease expires (and
+  wrote nothing before), adopts the running build Job (one Job, the same uid, never
+  created again or deleted), and brings the object to Ready once the build can finish.
+  Each one's writes are counted.
+- A leader stopped with SIGTERM releases the Lease: with a lease of ten minutes, the
+  standby takes over at once, not when it expires.
 
 The build is held in progress by a model on a claim that does not exist yet (its pod
 waits in ContainerCreating), until the test provides the claim.
@@ -51,9 +51,16 @@ PIN = "sha256:" + "d" * 64
 TIMINGS = {"lease_duration_seconds": 4.0, "renew_deadline_seconds": 1.5, "retry_period_seconds": 1}
 """The shortest the election allows (a retry period of at least 1 s, a renew deadline
 above 1.2 of it, a lease above the deadline plus two retry periods)."""
-ENV_TIMINGS = {
-    f"KUBEINFER_LEADER_ELECTION__{key.upper()}": str(value) for key, value in TIMINGS.items()
-}
+LONG_LEASE = {**TIMINGS, "lease_duration_seconds": 600.0}
+"""A Lease that outlives the test: a change of holder during it is never an expiry."""
+
+
+def env_timings(timings: dict[str, float]) -> dict[str, str]:
+    return {
+        f"KUBEINFER_LEADER_ELECTION__{key.upper()}": str(value) for key, value in timings.items()
+    }
+
+
 READS = ("get", "list", "watch")
 
 
@@ -101,7 +108,7 @@ def holder(world: World) -> str:
 async def test_a_leader_whose_lease_is_taken_stops_requeues_included(
     world: World, tiny: Model
 ) -> None:
-    election = Election(world.namespace, world.lease_name, "replica-a", **TIMINGS)
+    election = Election(world.namespace, world.lease_name, "replica-a", **LONG_LEASE)
     # A resync that comes due after kopf has stopped: only the reconciler's own closing
     # can cancel it.
     settings = tuned(FAST, requeue={"resync_interval_seconds": 3})
@@ -113,14 +120,10 @@ async def test_a_leader_whose_lease_is_taken_stops_requeues_included(
         world.kube.patch(
             *LEASE, world.lease_name, {"spec": {"holderIdentity": "replica-b", "renewTime": now}}
         )
-        taken = time.monotonic()
-        await eventually(task.done, within=15, what="the leader to stop")
-        stopped, stopped_at = time.monotonic(), time.time()
+        await eventually(task.done, within=60, what="the leader to stop")
+        stopped_at = time.time()
         with pytest.raises(LeadershipLost):
             task.result()
-    assert (
-        stopped - taken < TIMINGS["retry_period_seconds"] + TIMINGS["renew_deadline_seconds"] + 1.5
-    )
     await asyncio.sleep(3.5)  # past the pending resync
     after = [
         f"{e['verb']} {e['requestURI']}"
@@ -132,7 +135,7 @@ async def test_a_leader_whose_lease_is_taken_stops_requeues_included(
 
 
 async def start_replica(
-    world: World, tmp_path: Path, name: str
+    world: World, tmp_path: Path, name: str, timings: dict[str, float]
 ) -> tuple[asyncio.subprocess.Process, str, Path]:
     """A `kubeinfer operator --leader-election` process whose identity starts with `name`,
     logged in with a token of its own: (the process, its token, its log)."""
@@ -143,7 +146,7 @@ async def start_replica(
     log = tmp_path / f"{name}.log"
     process = await start_operator_process(
         world, kubeconfig, log, "--leader-election", "--lease-namespace", world.namespace,
-        **ENV_TIMINGS, POD_NAME=name, KUBEINFER_REQUEUE__RESYNC_INTERVAL_SECONDS="1",
+        **env_timings(timings), POD_NAME=name, KUBEINFER_REQUEUE__RESYNC_INTERVAL_SECONDS="1",
         KUBEINFER_REQUEUE__BUILD_POLL_SECONDS="0.5",
     )  # fmt: skip
     return process, token, log
@@ -151,15 +154,17 @@ async def start_replica(
 
 @contextlib.asynccontextmanager
 async def leader_and_standby(
-    world: World, tmp_path: Path
+    world: World, tmp_path: Path, timings: dict[str, float] = TIMINGS
 ) -> AsyncIterator[tuple[asyncio.subprocess.Process, dict[str, str], dict[str, Path]]]:
     """Replica a, once it holds the Lease, and replica b, once it has read the Lease as a
     standby: (a's process, each one's token, each one's log). Both are stopped on the way
     out."""
-    leader, first_token, first_log = await start_replica(world, tmp_path, "replica-a")
+    leader, first_token, first_log = await start_replica(world, tmp_path, "replica-a", timings)
     try:
         await eventually(lambda: holder(world).startswith("replica-a"), within=60, what="a to lead")
-        standby, second_token, second_log = await start_replica(world, tmp_path, "replica-b")
+        standby, second_token, second_log = await start_replica(
+            world, tmp_path, "replica-b", timings
+        )
         try:
             await eventually(
                 lambda: any(
@@ -193,13 +198,12 @@ async def test_the_standby_takes_over_a_build_when_the_leader_is_killed(
         await eventually(lambda: condition(world.infd(), "EngineReady"), within=30, what="a status")
         leader.send_signal(signal.SIGKILL)
         await leader.wait()
-        killed, killed_at = time.monotonic(), time.time()
+        killed_at = time.time()
         assert holder(world).startswith("replica-a")
 
         await eventually(
-            lambda: holder(world).startswith("replica-b"), within=30, what="a takeover"
+            lambda: holder(world).startswith("replica-b"), within=60, what="a takeover"
         )
-        took_over = time.monotonic() - killed
         provide_claim(world, tiny)  # the build can finish now
         try:
             await eventually(
@@ -209,12 +213,6 @@ async def test_the_standby_takes_over_a_build_when_the_leader_is_killed(
             )
         except AssertionError:
             raise AssertionError(f"not Ready after 120 s: {situation(world)}") from None
-    lease = TIMINGS["lease_duration_seconds"] + TIMINGS["retry_period_seconds"]
-    print(
-        f"\nTakeover {took_over:.1f} s after SIGKILL (lease {TIMINGS['lease_duration_seconds']} s)"
-    )
-    assert took_over < lease + 1.0, logs["replica-b"].read_text()[-3000:]
-
     (only,) = world.jobs()
     assert only["metadata"]["uid"] == job["metadata"]["uid"], "the build Job was replaced"
     job_writes = {c.verb for c in world.writes() if c.resource == "jobs"}
@@ -236,13 +234,11 @@ async def test_the_standby_takes_over_a_build_when_the_leader_is_killed(
 async def test_a_leader_stopped_with_sigterm_hands_over_at_once(
     world: World, tmp_path: Path
 ) -> None:
-    async with leader_and_standby(world, tmp_path) as (leader, _, logs):
+    async with leader_and_standby(world, tmp_path, LONG_LEASE) as (leader, _, logs):
         leader.send_signal(signal.SIGTERM)
         await asyncio.wait_for(leader.wait(), timeout=60)
-        stopped = time.monotonic()
         assert leader.returncode == 0, logs["replica-a"].read_text()[-3000:]
-        await eventually(lambda: holder(world).startswith("replica-b"), within=30)
-        took_over = time.monotonic() - stopped
-    print(f"\nTakeover {took_over:.1f} s after SIGTERM")
-    within = 2 * TIMINGS["retry_period_seconds"] + 0.5
-    assert took_over < within, logs["replica-b"].read_text()[-2000:]
+        try:  # the Lease lasts ten minutes: a takeover now is one of a released Lease
+            await eventually(lambda: holder(world).startswith("replica-b"), within=60)
+        except AssertionError:
+            raise AssertionError(logs["replica-b"].read_text()[-2000:]) from None

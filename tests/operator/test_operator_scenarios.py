@@ -35,7 +35,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -466,13 +465,16 @@ async def test_where_the_cluster_serves_pod_monitors_one_scrapes_the_serving_pod
     assert monitor["metadata"]["ownerReferences"][0]["uid"] == world.infd()["metadata"]["uid"]
 
 
-async def test_all_children_exist_within_a_second_of_create(world: World, tiny: Model) -> None:
-    pin = "sha256:" + "0" * 64  # never served here: only the children are timed
-    # A slow resync: only the create handler and child events can make it fast.
-    async with start_operator(world, tuned(FAST, requeue={"resync_interval_seconds": 60})):
-        started = time.monotonic()
+async def test_the_create_handler_makes_every_child_without_the_resync(
+    world: World, tiny: Model
+) -> None:
+    pin = "sha256:" + "0" * 64  # never served here: only the children are awaited
+    # A resync far beyond the wait: only the create handler and child events can make
+    # the children in time, however busy the machine.
+    async with start_operator(world, tuned(FAST, requeue={"resync_interval_seconds": 3600})):
         world.create(manifest(tiny, engine={"pin": pin}))
-        await eventually(lambda: runtime_children_exist(world) and world.children(PVCS), 5)
-        elapsed = time.monotonic() - started
-    print(f"\nCreate to all children existing: {elapsed * 1000:.0f} ms")
-    assert elapsed < 1.5
+        await eventually(
+            lambda: runtime_children_exist(world) and world.children(PVCS),
+            within=60,
+            what="every child",
+        )

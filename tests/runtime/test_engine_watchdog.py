@@ -15,13 +15,12 @@ the engine.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from serve_process import ServeProcess
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -50,33 +49,24 @@ def status_of(server: ServeProcess, path: str) -> int:
     return server.request("GET", path, timeout=5)[0]
 
 
-def wait(condition: Callable[[], bool], what: str, seconds: float = 30) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < seconds, f"{what} never happened"
-        time.sleep(0.01)
-    return time.monotonic() - started
-
-
 def test_a_stuck_engine_fails_its_requests_and_turns_health_off(spin_model: Path) -> None:
     with serve(spin_model) as server:
-        started = time.monotonic()
         status, answer = server.infer(spin_request(3_000_000, timeout_us=300_000))
-        answered_after = time.monotonic() - started
         assert status == 504, answer
         assert "engine did not finish" in answer["error"] and "stuck" in answer["error"]
-        assert answered_after < 1.5, f"answered after {answered_after:.2f} s"
+        # Answered at its deadline, not when the batch returned: the batch is still
+        # running (the spin lasts seconds, longer on a busy machine).
+        assert server.metric("kubeinfer_engine_stuck_batches") == 1
         assert status_of(server, "/v2/health/ready") == 503
         assert status_of(server, f"/v2/models/{server.name}/ready") == 503
         assert status_of(server, "/v2/health/live") == 200  # not yet: it may come back
-        assert server.metric("kubeinfer_engine_stuck_batches") == 1
         status, headers, payload = server.request(
             "POST", server.infer_path, json.dumps(spin_request(0)).encode()
         )
         assert status == 503 and headers["Retry-After"] == "1", payload
         assert "has not returned a batch" in json.loads(payload)["error"]
-        wait(lambda: status_of(server, "/v2/health/live") == 503, "liveness off")
-        wait(lambda: status_of(server, "/v2/health/ready") == 200, "the engine's return")
+        wait_for(lambda: status_of(server, "/v2/health/live") == 503, what="liveness off")
+        wait_for(lambda: status_of(server, "/v2/health/ready") == 200, what="the engine's return")
         assert status_of(server, "/v2/health/live") == 200
         assert server.metric("kubeinfer_engine_stuck_batches") == 0
         status, answer = server.infer(spin_request(10))
@@ -89,8 +79,8 @@ def test_a_server_stops_while_its_engine_is_stuck(spin_model: Path) -> None:
     with serve(spin_model) as server:
         status, _ = server.infer(spin_request(200_000_000, timeout_us=100_000))  # minutes
         assert status == 504
-        signalled = time.monotonic()
         server.terminate()
-        assert server.process.wait(timeout=30) == 0
-        assert time.monotonic() - signalled < 10
+        # The batch spins for minutes: an exit at all, within the wait, is one that did
+        # not wait for it.
+        assert server.process.wait(timeout=60) == 0
         assert "Exiting with a batch still running on the engine" in server.output()
