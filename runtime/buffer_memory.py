@@ -3,8 +3,11 @@ the runtime allocates them, so a model too large for its pod says so at start ra
 being killed for memory while it touches its buffers (or under its first long batch).
 
 `available_bytes` reads what is left: the cgroup's limit less its usage (a container's
-`resources.limits.memory`), and the host's `MemAvailable`, whichever is smaller.
-`buffers_problem` is the decision, pure.
+`resources.limits.memory`), and the host's `MemAvailable`, whichever is smaller. Nodes
+still on cgroup v1 (the project's own real node among them) show a container its memory
+controller's files under `memory/`, not v2's `memory.max`: both are read, or the limit
+would go unseen and the buffers be judged against the whole host. `buffers_problem` is
+the decision, pure.
 """
 
 from __future__ import annotations
@@ -13,6 +16,10 @@ from pathlib import Path
 
 CGROUP = Path("/sys/fs/cgroup")
 MEMINFO = Path("/proc/meminfo")
+LIMIT_AND_USAGE = (
+    ("memory.max", "memory.current"),  # cgroup v2
+    ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),  # cgroup v1
+)
 
 
 def _read_int(path: Path) -> int | None:
@@ -26,9 +33,10 @@ def _read_int(path: Path) -> int | None:
 def available_bytes(cgroup: Path = CGROUP, meminfo: Path = MEMINFO) -> int | None:
     """Bytes this process may still allocate, or None when nothing tells."""
     found = []
-    limit, usage = _read_int(cgroup / "memory.max"), _read_int(cgroup / "memory.current")
-    if limit is not None and usage is not None:
-        found.append(max(0, limit - usage))
+    for limit_file, usage_file in LIMIT_AND_USAGE:
+        limit, usage = _read_int(cgroup / limit_file), _read_int(cgroup / usage_file)
+        if limit is not None and usage is not None:
+            found.append(max(0, limit - usage))
     try:
         for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):

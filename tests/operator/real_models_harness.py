@@ -13,7 +13,7 @@ import hashlib
 import itertools
 import re
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,15 +204,35 @@ def served(world: World) -> str | None:
     return (((world.infd() or {}).get("status") or {}).get("serving") or {}).get("engineDigest")
 
 
+def explained(world: World) -> str:
+    """The object's conditions and its pods' container states, for a failure message."""
+    conditions = [
+        (c["type"], c["status"], c["reason"], c.get("message", "")[:300])
+        for c in ((world.infd() or {}).get("status") or {}).get("conditions") or []
+    ]
+    pods = {
+        p["metadata"]["name"]: [
+            (c["name"], c.get("state"), c.get("lastState"), c.get("restartCount"))
+            for c in (p.get("status") or {}).get("containerStatuses") or []
+        ]
+        for p in world.pods()
+    }
+    return f"conditions: {conditions}; pods: {pods}"
+
+
+async def waiting(world: World, check: Callable[[], Any], what: str, within: float = 180) -> Any:
+    """`eventually`, saying on a timeout where the object and its pods stood."""
+    try:
+        return await eventually(check, within, what)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; {explained(world)}") from None
+
+
 async def ready(world: World, what: str) -> str:
     """Waits for the object Ready with a serving pod; the served engine's digest."""
-    try:
-        await eventually(
-            lambda: (condition(world.infd(), "Ready") or {}).get("status") == "True", 180, what
-        )
-    except AssertionError as error:
-        found = ((world.infd() or {}).get("status") or {}).get("conditions")
-        raise AssertionError(f"{error}; the object's conditions: {found}") from None
+    await waiting(
+        world, lambda: (condition(world.infd(), "Ready") or {}).get("status") == "True", what
+    )
     digest = served(world)
     assert digest
     await serving(world, digest)

@@ -50,7 +50,7 @@ from models.transformer_models import (
     decoder_inputs,
     encoder_inputs,
 )
-from operator_harness import Model, World, eventually, start_operator
+from operator_harness import Model, World, condition, eventually, start_operator
 from real_models_harness import (
     OWNER,
     SAMPLES,
@@ -69,6 +69,7 @@ from real_models_harness import (
     shadow,
     source,
     traffic,
+    waiting,
 )
 from test_operator_shadow_rollout import candidate, ready_urls, verdict
 
@@ -217,6 +218,40 @@ async def test_a_gpt2_decoder_of_variable_length_is_shadowed_watched_and_answers
     folder = model_directory / world.namespace
     path = saved_as_torch_saves(build_decoder(folder / "decoder.onnx"))
     await shadowed_and_watched(world, decoder_family(path, folder))
+
+
+def gpt2_shapes(tokens: int) -> list[dict[str, Any]]:
+    """New tokens up to `tokens` after no past (a prompt's first pass)."""
+    no_past = [KV[0], 0, KV[1]]
+    return [
+        {"name": "input_ids", "minShape": [1], "optShape": [64], "maxShape": [tokens]},
+        {"name": "attention_mask", "minShape": [1], "optShape": [64], "maxShape": [tokens]},
+        *({"name": n, "minShape": no_past, "optShape": no_past, "maxShape": no_past} for n in PAST),
+    ]
+
+
+async def test_a_real_vocabulary_past_its_memory_limit_says_so_in_the_status(
+    world: World, model_directory: Path
+) -> None:
+    """GPT-2's 50257-token vocabulary at 256 tokens and 32 rows needs 1.5 GiB of logits
+    buffer: under a 512 MiB limit the pod's runtime reads its cgroup, exits before
+    allocating, and the object says what to lower."""
+    folder = model_directory / world.namespace
+    path = build_decoder(folder / "gpt2-vocabulary.onnx", DecoderConfig(vocab=50257))
+    engine = {"precision": "fp32", "maxBatchSize": 32, "inputShapes": gpt2_shapes(256)}
+    spec = document(Model(path), "1", engine, {"maxBatchSize": 32})
+    spec["spec"]["runtime"]["resources"] = {"memory": "512Mi"}
+
+    def failing() -> dict[str, Any] | None:
+        found = ((world.infd() or {}).get("status") or {}).get("conditions") or []
+        return next((c for c in found if c["reason"] == "RuntimeFailing"), None)
+
+    async with start_operator(world, SETTINGS):
+        world.create(spec)
+        said = await waiting(world, failing, "the runtime's refusal in the status")
+    lower = "available; lower maxBatchSize, executionSlots or the inputs' maxShape"
+    assert lower in said["message"], said
+    assert (condition(world.infd(), "Ready") or {}).get("status") == "False"
 
 
 # -- the digits classifier ----------------------------------------------------------------

@@ -363,6 +363,19 @@ def test_available_memory_is_the_smaller_of_the_cgroups_room_and_the_hosts(tmp_p
     assert available_bytes(tmp_path / "none", tmp_path / "none") is None
 
 
+def test_available_memory_reads_a_cgroup_v1_limit_too(tmp_path: Path) -> None:
+    """A node on cgroup v1 shows its containers `memory/memory.limit_in_bytes` (an
+    unlimited one a page counter's maximum), no `memory.max`."""
+    cgroup, meminfo = tmp_path / "cgroup", tmp_path / "meminfo"
+    (cgroup / "memory").mkdir(parents=True)
+    meminfo.write_text("MemAvailable:    4096 kB\n")
+    (cgroup / "memory" / "memory.limit_in_bytes").write_text("3000000\n")
+    (cgroup / "memory" / "memory.usage_in_bytes").write_text("1000000\n")
+    assert available_bytes(cgroup, meminfo) == 2_000_000
+    (cgroup / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert available_bytes(cgroup, meminfo) == 4096 * 1024
+
+
 def fields(name: str, low: list, opt: list, high: list, pad: float | None = None) -> dict:
     found = {"name": name, "minShape": low, "optShape": opt, "maxShape": high}
     return found if pad is None else found | {"padValue": pad}
