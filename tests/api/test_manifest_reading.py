@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -96,10 +96,15 @@ def alias_bomb(levels: int, where: str = "  uid") -> str:
 def test_an_alias_bomb_is_refused_at_once_and_its_size_is_said() -> None:
     text = alias_bomb(9)  # about 1 KB expanding to 9^9 strings
     assert len(text) < 2000
-    started = time.monotonic()
-    with pytest.raises(ManifestSyntaxError, match="larger than 3145728 bytes with its aliases"):
-        load_documents(text.encode())
-    assert time.monotonic() - started < 1.0
+    tracemalloc.start()
+    try:
+        with pytest.raises(ManifestSyntaxError, match="larger than 3145728 bytes with its aliases"):
+            load_documents(text.encode())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # Counted while parsing, never expanded: a few MB at most.
+    assert peak < 8 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
 
 
 def test_an_alias_in_metadata_uid_within_bounds_is_refused_by_type(tmp_path: Path) -> None:
@@ -117,11 +122,9 @@ def test_an_alias_in_metadata_uid_within_bounds_is_refused_by_type(tmp_path: Pat
 def test_render_of_the_alias_bomb_fails_fast_instead_of_growing(tmp_path: Path) -> None:
     path = tmp_path / "bomb.yaml"
     path.write_text(alias_bomb(9))
-    started = time.monotonic()
-    result = kubeinfer("render", str(path))
+    result = kubeinfer("render", str(path))  # expanding would outlast its 60 s timeout
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "with its aliases expanded" in result.stderr
-    assert time.monotonic() - started < 30
 
 
 def test_strict_integers_refuse_strings_and_booleans_as_the_crd_does() -> None:

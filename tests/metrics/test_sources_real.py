@@ -14,6 +14,7 @@ unavailable, naming the pod; `pods_lister` asks the real API server for the scop
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -195,10 +196,9 @@ async def test_a_stopped_prometheus_is_unavailable_at_once(tmp_path: Path) -> No
     with running_prometheus([], tmp_path) as server:
         url = server.url
     source = PrometheusSource(url, TIMEOUT)
-    started = time.monotonic()
     with pytest.raises(MetricsUnavailable) as error:
         await source.evaluate([q.QUEUE_DEPTH.bind(SCOPE)], datetime.now(UTC))
-    assert time.monotonic() - started < TIMEOUT
+    # Refused, not timed out: unavailable at once.
     assert str(error.value) == "query queue_depth failed: cannot connect (Connection refused)"
     assert source.description == f"Prometheus at {url}"
 
@@ -209,10 +209,17 @@ async def test_a_silent_prometheus_times_out() -> None:
         listener.listen()
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         source = PrometheusSource(url, 0.5)
-        started = time.monotonic()
         with pytest.raises(MetricsUnavailable, match=r"no answer within 0\.5 s$"):
             await source.evaluate([q.QUEUE_DEPTH.bind(SCOPE)] * 3, datetime.now(UTC))
-        assert time.monotonic() - started < 1.5
+        # The three were asked at once, not one after another's timeout: all three had
+        # connected when the first timed out.
+        listener.setblocking(False)
+        connected = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                listener.accept()[0].close()
+                connected += 1
+        assert connected == 3
 
 
 async def test_error_answers_are_unavailable_with_the_reason(
@@ -238,10 +245,8 @@ async def test_a_pod_that_does_not_answer_makes_the_read_unavailable(
         silent = pod_object("demo-runtime-7d9f8c6b5-sxlnt", listener.getsockname()[1])
         dead = pod_object("demo-runtime-7d9f8c6b5-d4d2b", free_port())
         source = DirectRead(lambda ns, sel: _answer([*pods, silent, dead]), 0.5)
-        started = time.monotonic()
         with pytest.raises(MetricsUnavailable) as error:
             await source.evaluate([q.QUEUE_DEPTH.bind(SCOPE)], datetime.now(UTC))
-        assert time.monotonic() - started < 1.5
     message = str(error.value)
     assert "pod demo-runtime-7d9f8c6b5-sxlnt did not answer" in message
     assert "within 0.5 s" in message

@@ -30,6 +30,7 @@ from kubeinfer.runtime.protocol.errors import (
     NotReady,
     Overloaded,
 )
+from waiting import eventually
 
 
 @pytest.fixture
@@ -43,11 +44,16 @@ def rows(n: int, seed: int) -> np.ndarray:
 
 
 async def started(batcher_engine, running: int = 1) -> None:
-    for _ in range(500):
-        if batcher_engine.running >= running:
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError("the slot never started running")
+    await eventually(
+        lambda: batcher_engine.running >= running, what=f"{running} slots running", every=0.002
+    )
+
+
+async def queued(batcher: Batcher, count: int) -> None:
+    """Until `count` requests wait in the queue (checked on the loop, so still true after)."""
+    await eventually(
+        lambda: batcher.queued == count, what=f"{count} queued", every=0.002, in_thread=False
+    )
 
 
 async def at_once(awaitable, what: str, seconds: float = 1.0):
@@ -72,10 +78,10 @@ async def test_requests_queued_while_busy_run_as_one_batch(gated, reference) -> 
     await started(gated)
     sizes = [1, 3, 1, 2, 5]  # some requests carry their own batch dimension
     inputs = [rows(n, seed) for seed, n in enumerate(sizes, start=1)]
-    queued = [asyncio.create_task(batcher.infer({"input": x}, len(x))) for x in inputs]
-    await asyncio.sleep(0.02)
+    waiting = [asyncio.create_task(batcher.infer({"input": x}, len(x))) for x in inputs]
+    await queued(batcher, len(inputs))
     gated.gate.set()
-    results = await asyncio.gather(first, *queued)
+    results = await asyncio.gather(first, *waiting)
     assert gated.batches == [1, sum(sizes)]
     for x, result in zip([rows(1, 0), *inputs], results, strict=True):
         np.testing.assert_allclose(result["logits"], reference(x), rtol=1e-5, atol=1e-6)
@@ -87,8 +93,8 @@ async def test_a_full_queue_refuses_at_once_with_retry_after(gated) -> None:
     gated.gate.clear()
     running = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
     await started(gated)
-    queued = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in range(3)]
-    await asyncio.sleep(0.01)
+    waiting = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in range(3)]
+    await queued(batcher, 3)
     try:
         with pytest.raises(Overloaded) as refused:
             await at_once(
@@ -97,10 +103,12 @@ async def test_a_full_queue_refuses_at_once_with_retry_after(gated) -> None:
             )
         assert refused.value.status == 503 and refused.value.headers["Retry-After"]
         gated.gate.set()
-        await at_once(asyncio.gather(running, *queued), "the held and queued requests answered", 5)
+        await at_once(
+            asyncio.gather(running, *waiting), "the held and queued requests answered", 60
+        )
     finally:  # failed or not, nothing is left running
         gated.gate.set()
-        await asyncio.gather(running, *queued, return_exceptions=True)
+        await asyncio.gather(running, *waiting, return_exceptions=True)
         await batcher.close()
 
 
@@ -127,7 +135,7 @@ async def test_an_engine_error_fans_out_to_its_batch_only(gated, reference) -> N
     blocker = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
     await started(gated)
     batch = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in range(4)]
-    await asyncio.sleep(0.01)
+    await queued(batcher, 4)
     gated.fail_rows = 4  # the batch of the four queued requests fails
     gated.gate.set()
     await blocker
@@ -146,9 +154,9 @@ async def test_a_cancelled_request_is_not_executed(gated) -> None:
     await started(gated)
     gone = asyncio.create_task(batcher.infer({"input": rows(5, 1)}, 5))
     kept = asyncio.create_task(batcher.infer({"input": rows(2, 2)}, 2))
-    await asyncio.sleep(0.01)
+    await queued(batcher, 2)
     gone.cancel()
-    await asyncio.sleep(0.01)
+    await asyncio.wait([gone])
     gated.gate.set()
     await asyncio.gather(running, kept)
     assert gone.cancelled()
@@ -157,13 +165,14 @@ async def test_a_cancelled_request_is_not_executed(gated) -> None:
 
 
 async def test_a_lone_request_pays_no_queue_delay(gated) -> None:
-    batcher = await make_batcher(
-        gated, execution_slots=2, preferred_batch_sizes=[8], max_queue_delay_microseconds=1_000_000
+    # A clock that never moves: had the batcher waited for the queue delay (or for more
+    # requests), its time would never come, and the request would never be answered.
+    policy = BatchingPolicy(
+        execution_slots=2, preferred_batch_sizes=[8], max_queue_delay_microseconds=1_000_000
     )
-    loop = asyncio.get_running_loop()
-    begin = loop.time()
-    await batcher.infer({"input": rows(1, 0)}, 1)
-    assert loop.time() - begin < 0.5  # the 1 s delay was not waited
+    batcher = Batcher(gated, policy, clock=lambda: 1000.0)
+    await batcher.start()
+    await at_once(batcher.infer({"input": rows(1, 0)}, 1), "a lone request", 60)
     await batcher.close()
 
 
@@ -185,16 +194,16 @@ async def test_drain_refuses_new_requests_and_answers_queued_ones(gated) -> None
     gated.gate.clear()
     running = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
     await started(gated)
-    queued = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in range(5)]
-    await asyncio.sleep(0.01)
-    drain = asyncio.create_task(batcher.drain(timeout_seconds=10))
-    await asyncio.sleep(0.01)
+    waiting = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in range(5)]
+    await queued(batcher, 5)
+    drain = asyncio.create_task(batcher.drain(timeout_seconds=60))
+    await eventually(lambda: batcher.draining, what="the drain", every=0.002, in_thread=False)
     assert not batcher.accepting
     with pytest.raises(NotReady):
         await batcher.infer({"input": rows(1, 7)}, 1)
     gated.gate.set()
     assert await drain is True
-    results = await asyncio.gather(running, *queued)
+    results = await asyncio.gather(running, *waiting)
     assert all(r["logits"].shape == (1, 10) for r in results)
     await batcher.close()
 
@@ -274,11 +283,11 @@ async def test_a_freed_slot_starts_the_queued_batch_before_the_finished_one_is_a
 
     first = asyncio.create_task(first_request())
     await started(gated)
-    queued = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in (1, 2)]
-    await asyncio.sleep(0.01)
+    waiting = [asyncio.create_task(batcher.infer({"input": rows(1, i)}, 1)) for i in (1, 2)]
+    await queued(batcher, 2)
     gated.gate.set()
     assert await first == 2
-    await asyncio.gather(*queued)
+    await asyncio.gather(*waiting)
     assert observer.rows == [1, 2]
     await batcher.close()
 
@@ -294,7 +303,7 @@ async def test_unset_execution_slots_take_the_engines_choice(gated) -> None:
     first = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
     await started(gated)
     second = asyncio.create_task(batcher.infer({"input": rows(1, 1)}, 1))
-    await asyncio.sleep(0.05)
+    await queued(batcher, 1)  # queued behind the held slot, not run beside it
     assert gated.running == 1
     gated.gate.set()
     await asyncio.gather(first, second)
