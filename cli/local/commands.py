@@ -126,9 +126,20 @@ async def _session(args: argparse.Namespace, session: LocalSession) -> None:
 
 
 def _detach(args: argparse.Namespace, directory: Path) -> int:
-    from kubeinfer.cli.local.session import SESSION_FILE, python_command, stop_directory
+    from kubeinfer.cli.local.session import (
+        SESSION_FILE,
+        UpError,
+        python_command,
+        refuse_a_second_session,
+        stop_directory,
+    )
     from kubeinfer.cluster import processes
 
+    try:
+        refuse_a_second_session(directory)
+    except UpError as error:
+        print(f"kubeinfer up: {error}", file=sys.stderr)
+        return 1
     directory.mkdir(parents=True, exist_ok=True)
     (directory / SESSION_FILE).unlink(missing_ok=True)
     log = directory / "up.log"

@@ -85,9 +85,15 @@ class LocalSession:
     def prepare(self) -> None:
         """Builds in the host's namespace, then enters the session's own. Call it before
         the event loop runs: no thread may exist yet (`namespace`)."""
+        refuse_a_second_session(self.directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._write_state(phase="preparing")  # `down` and a second session find it from now
         self.say("  building (or finding in the cache) the cluster's binaries and images")
-        self.entered = namespace.build_then_enter(lambda line: self.say(f"  {line}"))
+        try:
+            self.entered = namespace.build_then_enter(lambda line: self.say(f"  {line}"))
+        except BaseException:
+            (self.directory / SESSION_FILE).unlink(missing_ok=True)
+            raise
 
     def _entered(self) -> namespace.Entered:
         if self.entered is None:
@@ -405,6 +411,29 @@ def _answers(url: str) -> bool:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+def live_session(directory: Path) -> int | None:
+    """The pid of the session that runs from `directory` now, if one does (not this one)."""
+    try:
+        state = json.loads((directory / SESSION_FILE).read_text())
+        owner = processes.Started("kubeinfer up", int(state["pid"]), state["start_ticks"], "")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if owner.pid == os.getpid() or not processes.is_running(owner):
+        return None
+    return owner.pid
+
+
+def refuse_a_second_session(directory: Path) -> None:
+    """UpError when a session already runs from `directory`: starting there would stop its
+    cluster (a start clears what a crashed one left)."""
+    pid = live_session(directory)
+    if pid is not None:
+        raise UpError(
+            f"a session already runs from {directory} (pid {pid}): stop it with "
+            f"`kubeinfer down --directory {directory}`, or choose another directory"
+        )
 
 
 def stop_directory(directory: Path, grace_seconds: float = 30.0) -> bool:

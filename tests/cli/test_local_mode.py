@@ -11,7 +11,8 @@
   it was; the operator runs as a pod of its own image under the chart's ServiceAccount; a
   verb taken out of the chart's ClusterRole shows up as the operator's failure
   (Forbidden) on the next object; `down` leaves no process, mount, cgroup or namespace;
-- `up` in the foreground, interrupted with Ctrl-C (SIGINT), stops everything too;
+- `up` in the foreground refuses a second session in its directory (which would stop its
+  cluster) and, interrupted with Ctrl-C (SIGINT), stops everything too;
 - a port the session opens in the host's namespace relays to a server only the
   session's namespace has (`forward`, in this process).
 Plus the pure parts: what `kubeinfer up` changes and says, the Table rendering, the install.
@@ -242,6 +243,11 @@ def test_up_in_the_foreground_stops_everything_on_ctrl_c(tmp_path: Path) -> None
             break
     assert any(line.startswith("export KUBECONFIG=") for line in lines), "".join(lines)
     assert processes_mentioning(directory), "the session runs"
+    second = subprocess.run(
+        [*KUBEINFER, "up", "--detach", f"--directory={directory}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert second.returncode == 1 and "a session already runs from" in second.stderr
     session_namespace = namespace_inode(process.pid)
     assert session_namespace not in (None, namespace_inode("self"))
     process.send_signal(signal.SIGINT)
