@@ -99,6 +99,7 @@ test: $(STAMP) $(PERF_ANALYZER)
 		|| { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends \
 		prometheus >/dev/null 2>&1; }; }; } || echo "prometheus not installed: its tests will skip"
 	$(BIN)/kubeinfer cluster build
+	-$(BIN)/python tests/support/podmonitor_schema.py
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # `make demo`'s whole story, checked: every step passed, nothing left running. Apart from

@@ -10,6 +10,8 @@ release's `stripped-down-crds.yaml`: the CRDs without their descriptions; later
 versions are generated from the Go types instead). It is installed once into
 `.cache/npm/` (git-ignored) with npm, under a file lock (several test runs share the
 checkout), and one `node` call validates a whole batch of objects (`podmonitor_errors`).
+`make test` installs it before the tests start (`python tests/support/podmonitor_schema.py`,
+from the host's network namespace, with npm's progress), so no test waits on npm.
 The package's dependencies ask for Node 22; Node 20 runs it (npm only warns).
 
 Without node or npm, or when the install fails (offline), the calling test skips with
@@ -39,6 +41,8 @@ PACKAGE = "@kubernetes-models/prometheus-operator"
 VERSION = "5.0.1"
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "npm"
 SCRIPT = "validate-podmonitors.mjs"
+INSTALL_SECONDS = 180
+"""Below pytest's per-test timeout, so a stuck npm fails its test with npm's words."""
 
 # Reads a JSON array of objects on stdin, prints one array per object: its schema errors.
 VALIDATOR = """\
@@ -92,13 +96,14 @@ def install_validator() -> tuple[str, Path]:
                 # From the host's network namespace: the registry is not in the test's.
                 argv, fds = netns.in_host_namespace(
                     [npm, "install", "--no-audit", "--no-fund", "--no-save", "--prefix",
-                     str(CACHE), f"{PACKAGE}@{VERSION}"]
+                     str(CACHE), "--fetch-timeout=60000", "--fetch-retries=1",
+                     f"{PACKAGE}@{VERSION}"]
                 )  # fmt: skip
                 done = subprocess.run(
-                    argv, capture_output=True, text=True, timeout=300, pass_fds=fds
+                    argv, capture_output=True, text=True, timeout=INSTALL_SECONDS, pass_fds=fds
                 )
             except subprocess.TimeoutExpired:
-                _unavailable(f"npm install {PACKAGE}@{VERSION} took over 300 s")
+                _unavailable(f"npm install {PACKAGE}@{VERSION} took over {INSTALL_SECONDS} s")
             if done.returncode != 0 or _installed_version() != VERSION:
                 _unavailable(
                     f"npm install {PACKAGE}@{VERSION} failed ({done.returncode}): "
@@ -140,3 +145,14 @@ def validate_podmonitor(obj: dict[str, Any]) -> None:
             f"PodMonitor {name} does not match the prometheus-operator v0.90.1 schema:\n  "
             + "\n  ".join(errors)
         )
+
+
+if __name__ == "__main__":
+    # `make test`'s set-up: the validator installed before any test needs it.
+    try:
+        print(f"PodMonitor schema: {PACKAGE}@{VERSION} in {install_validator()[1].parent}")
+    except BaseException as error:  # pytest's skip and fail outcomes are BaseExceptions
+        if isinstance(error, KeyboardInterrupt):
+            raise
+        print(f"PodMonitor schema not installed: {error}")
+        raise SystemExit(1) from None
