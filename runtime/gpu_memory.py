@@ -19,7 +19,7 @@ that out and the reader keeps to v1 from then on.
 Ran against a real NVML on an H100 (driver 580, nvidia-ml-py): the v2 query path, through
 `tests/runtime/test_gpu_memory.py`'s `gpu` test (the gauge against `nvidia-smi`) and while
 a runtime served on that GPU (`tests/benchmarks/gpu_served.py`: the gauges and nvidia-smi
-agreed to nvidia-smi's MiB rounding; the README's GPU section). The v1 fallback for drivers
+agreed to nvidia-smi's MiB rounding; docs/gpu-check.md). The v1 fallback for drivers
 before R510 never ran on a GPU: it is tested with a stand-in for `pynvml` in the same file.
 """
 

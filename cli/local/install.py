@@ -4,10 +4,10 @@ session with server-side apply.
 
 The RBAC is the chart's own: `kubeinfer.operator.rbac` generates both the chart's
 `templates/rbac.yaml` (a test keeps them equal) and these objects, so a verb the chart
-lacks fails here as it would in a cluster. The operator runs as a pod of its own image,
-which the node agent maps to `kubeinfer operator`, with the chart's arguments (all
-namespaces, leader election on its Lease) and the settings a laptop wants: short metrics
-polls, no preStop delay.
+lacks fails here as it would in a cluster. The operator runs as a pod of its own image
+(imported into the node's containerd; the kubelet runs its container, `kubeinfer
+operator`), with the chart's arguments (all namespaces, leader election on its Lease) and
+the settings a laptop wants (`LOCAL_SETTINGS`): short metrics polls, a shorter drain.
 """
 
 from __future__ import annotations

@@ -48,8 +48,8 @@ Graphs, `close`) but for `run`'s failure branch, and `CudaContext`'s retain, pus
 `synchronize` and `close` (only the TensorRT engine calls them). The `gpu` tests in
 `tests/runtime/test_engines_cuda.py` passed, also under compute-sanitizer's memcheck (no
 memory error); `tests/benchmarks/gpu_slots.py` counted no pycuda, CuPy or driver
-allocation per batch in steady state, and measured the overlap of slots; the README's GPU
-section has the figures. With TensorRT as the compute (`engines/tensorrt.py`) it never ran.
+allocation per batch in steady state, and measured the overlap of slots; docs/gpu-check.md
+has the figures. With TensorRT as the compute (`engines/tensorrt.py`) it never ran.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ preparing: `make gpu-check`.
 
 Ran on an H100 lent to a session (CUDA 13.0, driver 580, Python 3.12, no TensorRT, no
 network), as above: it built pycuda 2026.1 from the sdist in about two minutes and passed
-(the README's GPU section has its table). memcheck there reports 34 failed
+(docs/gpu-check.md has its table). memcheck there reports 34 failed
 `cuGetProcAddress_v2` calls: cuda-python, imported for CUDA Graphs, asks the driver for
 entry points this driver does not have; they touch no memory, and the check tells them
 apart from memory errors and from any other failed API call, which fail it. What ran on a

@@ -32,7 +32,7 @@ installed (`pip install 'pycuda>=2025.1.2'` builds it: nvcc and cuda.h must be f
     python tests/benchmarks/gpu_slots.py --compute torch
     python tests/benchmarks/gpu_slots.py --features 1024 --layers 1   # copy-bound
 
-Ran on an H100 (the README's GPU section has its tables): `make gpu-check` runs it with
+Ran on an H100 (docs/gpu-check.md has its tables): `make gpu-check` runs it with
 its defaults; the overlap and graph figures come from
 
     python tests/benchmarks/gpu_slots.py --features 4096 --layers 1 --batch 512 \

@@ -1,6 +1,6 @@
 """Renders the chart's Grafana dashboard, panel by panel, to a PNG with matplotlib, from a
 real Prometheus scraping real `kubeinfer serve` processes under a changing load (the
-world of `tests/monitoring/monitoring_world.py`): the picture in the README.
+world of `tests/monitoring/monitoring_world.py`): the picture in docs/monitoring.md.
 
     .venv/bin/python tests/benchmarks/render_dashboard.py [--seconds 120] [--out PNG]
 

@@ -71,7 +71,7 @@ USER_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods/log", "pods/proxy"], "verbs": ["get"]},
 ]  # fmt: skip
-"""What the plugin needs (the README's Role), and nothing more."""
+"""What the plugin needs (docs/kubectl-infd.md's Role), and nothing more."""
 
 
 @dataclass

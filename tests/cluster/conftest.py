@@ -1,5 +1,6 @@
-"""Fixtures of the control plane's and node agent's tests: `kube`, a namespace of its own
-on the session's real cluster (deleted after the test; the node stops its pods)."""
+"""Fixtures of the control plane's and the real node's tests: `kube`, a namespace of its
+own on the session's real cluster (deleted after the test: the namespace controller
+deletes its pods, and the kubelet stops their containers)."""
 
 from __future__ import annotations
 

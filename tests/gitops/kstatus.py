@@ -9,7 +9,7 @@ order `checkGenericProperties` applies it (a custom kind has no type-specific ru
    (reason LatestGenerationNotObserved); absent: not checked;
 3. a Reconciling condition True: InProgress; a Stalled condition True: Failed (the first
    of the two found in the list wins);
-4. the README's `Ready` fallback, for resources that have adopted neither standard
+4. the `Ready` fallback of kstatus' README, for resources that have adopted neither standard
    condition: Ready True is Current, Ready False InProgress;
 5. otherwise Current.
 """

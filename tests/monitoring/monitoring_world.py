@@ -1,5 +1,5 @@
-"""What the dashboard and the alerts are checked against (and the README's picture drawn
-from): a real Prometheus scraping real `kubeinfer serve` processes under load, and the
+"""What the dashboard and the alerts are checked against (and docs/monitoring.md's picture
+drawn from): a real Prometheus scraping real `kubeinfer serve` processes under load, and the
 operator's own exporter.
 
 - `ns-a`, pod `tiny-serving`: the tiny model's int8 engine (`kubeinfer build` from

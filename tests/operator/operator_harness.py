@@ -1,15 +1,16 @@
 """The harness of the operator scenarios: the real kopf operator against the session's real
-control plane (kube-apiserver, etcd, kube-controller-manager and the node agent, see
-`cluster_harness`), in a namespace of the test's own.
+cluster (kube-apiserver, etcd, kube-controller-manager, kube-scheduler and a kubelet with
+containerd and runc, see `cluster_harness`), in a namespace of the test's own.
 
 The `world` fixture (conftest) makes the namespace and the operator's identity there: a
 ServiceAccount bound to exactly the Role `kubeinfer rbac` generates (plus leader
 election's), so a verb the Role lacks fails the scenario as it would in a cluster.
 `start_operator` runs `run_operator` in-process, logged in with that account's token,
 with short timings so scenarios take seconds. Nothing is played by hand: the Job
-controller, the ReplicaSet controller and the garbage collector are the real ones, build
-Jobs run `kubeinfer build` and runtime pods `kubeinfer serve` as processes of the node
-agent, from real ONNX models (`models`).
+controller, the ReplicaSet controller and the garbage collector are the real ones, and the
+kubelet runs build Jobs (`kubeinfer build`) and runtime pods (`kubeinfer serve`) as
+containers of the project's runtime image, on real ONNX models (`models`) that reach them
+from the cluster's file server (`Model.uri`).
 
 What the operator did is read from the API server's audit log (`World.calls`).
 """

@@ -1,11 +1,11 @@
 """Autoscaling end to end on the real control plane: the real operator reads a real
 Prometheus and sets the runtime Deployment's replicas; the real ReplicaSet controller
-creates and deletes the pods, the node agent runs them (`kubeinfer serve`, ready by their
-own readiness probes), and Prometheus finds them as it would in a cluster, by Kubernetes
-service discovery as a ServiceAccount of the namespace, keeping the pods whose
-`prometheus.io/*` annotations the operator rendered (the test cluster has no PodMonitor
-API). Closed-loop clients drive the ready serving pods at their own addresses, as the
-Service would.
+creates and deletes the pods, the kubelet runs them as containers of the runtime image
+(`kubeinfer serve`, ready when the kubelet's readiness probes pass), and Prometheus finds
+them as it would in a cluster, by Kubernetes service discovery as a ServiceAccount of the
+namespace, keeping the pods whose `prometheus.io/*` annotations the operator rendered (the
+test cluster has no PodMonitor API). Closed-loop clients drive the ready serving pods at
+their own addresses, as the Service would.
 
 One scenario, in order: load arrives → the count goes up to what the requests in progress call
 for, and ScalingActive/ScalingLimited, status.metrics and an Event say why; Prometheus

@@ -1,18 +1,19 @@
 """The operator against an external cluster (marker `cluster`: runs only when KUBECONFIG
 is set; none is reachable from our machines, so these are unverified here).
 
-The rest of the operator tests run against the session's own control plane (a
-kube-apiserver, etcd and kube-controller-manager of one Kubernetes version, and a node
-agent that runs pods as local processes). What only another cluster can show: the CRD as
-it ships is accepted and Established by that cluster's API server version, and its CEL
-rules refuse at admission what the model refuses; the children the operator renders pass
-that cluster's admission (its defaulting, PodSecurity, quotas) and its server-side apply
-then leaves them alone (their resourceVersions do not move across resync passes); and
-the garbage collector there honours their ownerReferences. The operator runs with the
-kubeconfig's own credentials (to check that the Role from `kubeinfer.operator.rbac` is
-enough, run the suite under a service account bound to it). Builds and readiness need
-the runtime image on that cluster's nodes, so the scenario pins an engine and asserts
-children and status, not Ready.
+The rest of the operator tests run against the session's own cluster (a kube-apiserver,
+etcd, kube-controller-manager and kube-scheduler of one Kubernetes version, and one node
+whose kubelet runs pods as containers with containerd and runc). What only another
+cluster can show: the CRD as it ships is accepted and Established by that cluster's API
+server version, and its CEL rules refuse at admission what the model refuses; the
+children the operator renders pass that cluster's admission (its defaulting,
+PodSecurity, quotas) and its server-side apply then leaves them alone (their
+resourceVersions do not move across resync passes); and the garbage collector there
+honours their ownerReferences. The operator runs with the kubeconfig's own credentials
+(to check that the Role from `kubeinfer.operator.rbac` is enough, run the suite under a
+service account bound to it). Builds and readiness need the runtime image on that
+cluster's nodes, so the scenario pins an engine and asserts children and status, not
+Ready.
 """
 
 from __future__ import annotations

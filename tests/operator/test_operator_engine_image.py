@@ -4,12 +4,12 @@ runtime pod that cannot load its engine with the runtime's own words.
 The engine cache claim holds a real engine entry as another ONNX Runtime (1.16.3) would
 have written it: an engine built here, its manifest's key naming that version (and so
 its own digest). Pinned, it reaches a real runtime pod whose `kubeinfer serve` refuses it
-and exits 3; the node agent reports the exit code and the termination message in the
-pod's container status, and restarts the container (CrashLoopBackOff). From that pod the
-operator turns the object Degraded and not Ready with reason EngineIncompatible and a
-message that names the pod, the engine and what the runtime said. Pinning an engine
-built by this image (what the message advises) brings the object to Ready, no longer
-Degraded.
+and exits 3, its words in /dev/termination-log; the kubelet reports the exit code and
+that termination message in the pod's container status, and restarts the container
+(CrashLoopBackOff). From that pod the operator turns the object Degraded and not Ready
+with reason EngineIncompatible and a message that names the pod, the engine and what the
+runtime said. Pinning an engine built by this image (what the message advises) brings the
+object to Ready, no longer Degraded.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ async def test_a_runtime_refusing_its_engine_is_reported_from_its_pod(
         terminated = last_termination(pod)
         infd = world.infd()
 
-        # What the node agent reported of the real process: exit 3 and its own words.
+        # What the kubelet reported of the real container: exit 3 and the runtime's own words.
         assert terminated is not None and terminated["exitCode"] == EXIT_ENGINE_INCOMPATIBLE
         said = (
             f"engine {incompatible} was built by onnxruntime {OTHER_ONNXRUNTIME}, but this "

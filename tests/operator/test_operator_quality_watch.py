@@ -1,7 +1,8 @@
 """The quality watch end to end on the real control plane: the real operator builds the
 serving int8 engine and its fp32 reference in real build Jobs, runs the reference as a
-pod of its own (`kubeinfer serve`, run by the node agent), writes the reference into the
-serving pods' mirror file, reads the serving pods' own /metrics and judges the window:
+pod of its own (`kubeinfer serve`, a container of the runtime image that the kubelet
+runs), writes the reference into the serving pods' mirror file, reads the serving pods'
+own /metrics and judges the window:
 
 - in-distribution traffic: Healthy, Degraded False, the figures in status.qualityWatch;
 - traffic the int8 engine's calibrated ranges clip (every input scaled far beyond the

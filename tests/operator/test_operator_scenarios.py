@@ -1,8 +1,9 @@
 """The real kopf operator against the real control plane, scenario by scenario.
 
 Each test states a situation, lets the operator converge, and asserts the resulting
-objects and status (never the sequence of calls). Builds are real `kubeinfer build`
-processes and pods real `kubeinfer serve` processes, run by the node agent:
+objects and status (never the sequence of calls). Build Jobs run real `kubeinfer build`
+and runtime pods real `kubeinfer serve`, as containers of the runtime image that the
+kubelet runs:
 - create → build Job → the build succeeds → ConfigMap, Deployment, Service → the pods are
   ready → Ready=True, with Events for the transitions;
 - a failed build → EngineReady=False with the Job's reason and the build's own message,

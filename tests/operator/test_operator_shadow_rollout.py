@@ -1,10 +1,10 @@
-"""The shadow rollout end to end on the real control plane: the real operator (in-process,
+"""The shadow rollout end to end on the real cluster: the real operator (in-process,
 logged in as its ServiceAccount), real build Jobs (`kubeinfer build`), real serving pods
-(`kubeinfer serve`, run by the node agent) mirroring live traffic to a real candidate pod
-(the node resolves the candidate Service's URL in the serving pods' mirror-target file to
-a ready candidate pod), and the operator reading the serving pods' own /metrics and
-judging. Live traffic goes to the ready pods the serving Service selects, as kube-proxy
-would send it.
+(`kubeinfer serve`, containers of the runtime image run by the kubelet) mirroring live
+traffic to a real candidate pod (CoreDNS resolves the candidate Service's name in the
+serving pods' mirror-target file, and kube-proxy sends the mirrored requests to a ready
+candidate pod), and the operator reading the serving pods' own /metrics and judging. Live
+traffic goes to the ready pods the serving Service selects, as kube-proxy would send it.
 
 - a new version built as int8 from the same model agrees with fp32: it is promoted, the
   serving pods roll to its engine, the candidate goes, and every live request got a 200;
@@ -177,7 +177,8 @@ def ready_urls(world: World, service_name: str) -> list[str]:
 
 def runtime_process(pod: dict[str, Any]) -> tuple[str, str, int]:
     """What identifies the process a pod runs: the pod's uid, its runtime container's id
-    (the node agent names the process id in it) and the container's restarts."""
+    (containerd's, new each time the kubelet starts the container) and the container's
+    restarts."""
     (container,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "runtime"]
     return pod["metadata"]["uid"], container["containerID"], container["restartCount"]
 
