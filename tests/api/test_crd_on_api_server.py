@@ -24,6 +24,7 @@ import pytest
 import yaml
 from cluster_harness import CRD, LocalCluster
 from kubeinfer.operator.validate_command import run as validate
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -265,7 +266,16 @@ def test_kubectl_wait_for_ready_is_wired_to_the_status_subresource(
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
-        time.sleep(1)  # let it start watching, so the condition arrives as a change
+        # Watching before the status is written, so the condition arrives as a change.
+        wait_for(
+            lambda: local_cluster.audit.calls(
+                lambda c: (
+                    (c.verb, c.resource, c.namespace)
+                    == ("watch", "inferencedeployments", namespace)
+                )
+            ),
+            what="kubectl wait to watch",
+        )
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         patch_status(local_cluster, namespace, "waited", {"conditions": [
             {"type": "Ready", "status": "True", "reason": "Serving",

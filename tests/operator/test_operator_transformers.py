@@ -5,7 +5,8 @@ drawn from 1 to 128 tokens.
 
 - an int8 build of the same encoder, shadow-tested against the fp32 one on live traffic of
   mixed lengths (the pods padding them to buckets), agrees and is promoted; every live
-  request got a 200;
+  request got a 200; the promoted pods answer requests of 1 to 128 tokens through
+  tritonclient over HTTP and gRPC as ONNX Runtime answers them on the engine file;
 - a quality watch of the int8 engine against its fp32 reference, on the same traffic,
   compares requests of every length and is Healthy.
 
@@ -32,6 +33,7 @@ from decide_scenarios import tuned
 from kubeinfer.operator.state import names
 from models.transformer_models import build_encoder, encoder_inputs
 from operator_harness import FAST, Model, World, condition, eventually, manifest, start_operator
+from real_models_harness import GRPC_PORT, answers_as_the_engine, serving
 from test_operator_shadow_rollout import candidate, ready_urls, served_digest, verdict
 
 pytestmark = pytest.mark.slow
@@ -66,6 +68,7 @@ def encoder_manifest(model: Model, version: str, **spec: Any) -> dict[str, Any]:
     document = manifest(model, version=version, **spec)
     document["spec"]["engine"].update(SHAPES)
     document["spec"]["runtime"]["batching"].update(BATCHING)
+    document["spec"]["runtime"]["grpcPort"] = GRPC_PORT
     return document
 
 
@@ -151,6 +154,12 @@ async def test_an_int8_bert_shadowed_on_mixed_lengths_is_promoted(
         assert record["samples"] >= 40 and record["top1Agreement"] >= 0.8, record
         assert served_digest(world) == record["engineDigest"] != fp32
         assert set(codes) == {200}, codes
+        # The promoted engine answers requests of several lengths through tritonclient,
+        # over HTTP and gRPC, as ONNX Runtime answers them on its engine file.
+        await serving(world, record["engineDigest"])
+        rng = np.random.default_rng(9)
+        feeds = [encoder_inputs(rng, rows, n) for rows, n in ((1, 1), (2, 57), (1, 128))]
+        await asyncio.to_thread(answers_as_the_engine, world, record["engineDigest"], feeds)
 
 
 async def test_a_quality_watch_of_an_int8_bert_compares_every_length(

@@ -19,7 +19,6 @@ request's metadata.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +34,7 @@ from serve_process import ServeProcess
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -268,6 +268,15 @@ def mirrored(serving: ServeProcess, role: str, outcome: str = "compared") -> flo
     )
 
 
+def mirrors_settled(serving: ServeProcess) -> bool:
+    """Both mirrors have an outcome (compared, dropped, failed, timed out) for every
+    answered request they took: nothing of theirs is still in flight."""
+    quality = json.loads(serving.request("GET", "/v2/quality")[2])
+    shadow = json.loads(serving.request("GET", "/v2/shadow")[2])
+    taken = quality["answered"]
+    return sum(quality["requests"].values()) == sum(shadow["requests"].values()) == taken
+
+
 def slice_rows(serving: ServeProcess, value: str) -> float:
     return sum(
         v
@@ -278,15 +287,14 @@ def slice_rows(serving: ServeProcess, value: str) -> float:
 
 def test_answered_grpc_requests_are_offered_to_the_mirrors(served: GrpcServing) -> None:
     serving, candidate = served.serving, served.candidate
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not (
-        mirrored(serving, "shadow") and mirrored(serving, "quality")
-    ):
+
+    def mirroring() -> bool:
         served.client.infer("tiny", [raw_input(inputs(1, seed=0))])  # the target read
-        time.sleep(0.05)
-    shadow = None  # settled: the warm-up's mirrored requests all compared
-    while time.monotonic() < deadline and shadow != (shadow := mirrored(serving, "shadow")):
-        time.sleep(0.3)
+        return bool(mirrored(serving, "shadow") and mirrored(serving, "quality"))
+
+    wait_for(mirroring, what="both mirrors comparing")
+    wait_for(lambda: mirrors_settled(serving), what="an outcome for every mirrored request")
+    shadow = mirrored(serving, "shadow")
     sliced, at_candidate = (
         slice_rows(serving, "acme"),
         candidate.metric("kubeinfer_requests_total", code="200"),
@@ -298,12 +306,13 @@ def test_answered_grpc_requests_are_offered_to_the_mirrors(served: GrpcServing) 
         )
     with pytest.raises(InferenceServerException):  # refused: never mirrored
         served.client.infer("tiny", [raw_input(inputs(2, seed=1)[:, :8].copy())])
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and (
-        mirrored(serving, "shadow") - shadow < count
-        or slice_rows(serving, "acme") - sliced < 2 * count
-    ):
-        time.sleep(0.05)
+    wait_for(
+        lambda: (
+            mirrored(serving, "shadow") - shadow >= count
+            and slice_rows(serving, "acme") - sliced >= 2 * count
+        ),
+        what=f"{count} requests compared by both mirrors",
+    )
     assert mirrored(serving, "shadow") - shadow == count
     # the quality watch's own tallies: only these requests carry the slice (two rows each);
     # its request counter may still be taking earlier tests' samples, so it is not compared

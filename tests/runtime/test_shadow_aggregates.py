@@ -36,6 +36,7 @@ from kubeinfer.runtime.shadow.target import (
 )
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import eventually
 
 INF = float("inf")
 
@@ -284,23 +285,25 @@ async def test_the_watcher_follows_the_file_and_reports_a_bad_one_once(
         assert len(seen) == 1  # unchanged content: nothing new
 
         publish(VALID.replace("sha256:abc", "sha256:def"), 1)
-        await asyncio.sleep(0.1)
+        await eventually(lambda: len(seen) == 2, what="the new target", in_thread=False)
         assert [t.candidate_digest for t in seen] == ["sha256:abc", "sha256:def"]
 
+        def warnings() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.levelno == logging.WARNING]
+
         publish("target: {url: 5}\n", 2)
-        await asyncio.sleep(0.2)  # ten polls of the same bad content
+        await eventually(warnings, what="the bad file reported", in_thread=False)
+        await asyncio.sleep(0.2)  # ten polls of the same bad content (fewer when busy)
         assert len(seen) == 2  # the previous target stays
-        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-        assert len(warnings) == 1 and "target.url" in warnings[0].getMessage()
-        assert "kept the previous target" in warnings[0].getMessage()
+        assert len(warnings()) == 1 and "target.url" in warnings()[0].getMessage()
+        assert "kept the previous target" in warnings()[0].getMessage()
 
         publish("", 3)
-        await asyncio.sleep(0.1)
-        assert seen[-1] is None  # empty: mirroring off
+        await eventually(lambda: seen[-1] is None, what="mirroring off", in_thread=False)
         (tmp_path / "mirror.yaml").unlink()
         publish(VALID, 4)
         await asyncio.sleep(0.1)
         assert seen[-1] is None  # the file is gone: still off, and not an error
-        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+        assert len(warnings()) == 1
     finally:
         await watcher.stop()

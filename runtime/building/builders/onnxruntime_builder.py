@@ -22,9 +22,14 @@
   `QDQDisableWeightAdjustForInt32Bias` is set: without it ONNX Runtime fails on a bias of
   shape [1, N] (scikit-learn's MLPs as skl2onnx exports them; microsoft/onnxruntime#24815)
   and it only matters for weights so small that their bias would overflow int32, which
-  the 7-bit range rules out. What int8 cannot do is refused before anything is built
-  (`int8_refusal`): a graph without a weighted standard operator to quantise (one of
-  `ai.onnx.ml` operators only, such as skl2onnx's linear classifiers).
+  the 7-bit range rules out. Only the weighted operators (`WEIGHTED_OPERATORS`) and
+  their inputs are quantised; elementwise operators and softmaxes stay float32: the
+  quantiser's default (every operator it knows) also quantised a Transformer's mask
+  arithmetic (`(1 - mask) * -10000`, added to the scores) to the range calibration saw,
+  [0, 0] for unpadded samples, so the mask vanished and padding (PadToBuckets, or the
+  client's) changed an int8 BERT's answers. What int8 cannot do is refused before
+  anything is built (`int8_refusal`): a graph without a weighted standard operator to
+  quantise (one of `ai.onnx.ml` operators only, such as skl2onnx's linear classifiers).
 
 External data (torch's `model.onnx` + `model.onnx.data`, and every model over 2 GB): the
 intermediate models are written with their weights in a data file beside them, and so is
@@ -210,6 +215,7 @@ def _quantize_static(
         # TensorRT's symmetric form runs no such kernel and keeps all 8 bits.
         reduce_range=not symmetric,
         calibrate_method=CalibrationMethod.MinMax,
+        op_types_to_quantize=sorted(WEIGHTED_OPERATORS),
         use_external_data_format=external,
         extra_options={
             "ActivationSymmetric": symmetric,
