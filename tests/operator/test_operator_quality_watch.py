@@ -174,10 +174,15 @@ async def test_drift_degrades_the_object_and_recovery_clears_it(
             assert drift["status"] == "True"
             assert "top-1 agreement" in drift["message"]
             assert (condition(world.infd(), "Ready") or {}).get("status") == "True"
-            events = world.events()
-            assert any(
-                e.get("reason") == "QualityDrift" and e.get("type") == "Warning" for e in events
-            ), events
+            # The Event is posted after the status patch of the same pass: awaited, not read.
+            await eventually(
+                lambda: any(
+                    e.get("reason") == "QualityDrift" and e.get("type") == "Warning"
+                    for e in world.events()
+                ),
+                within=30,
+                what="a QualityDrift Warning Event",
+            )
 
             scale[0] = 1.0
             await eventually(
