@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-demo lint bench crds protos clean mutate lock images
+.PHONY: demo test test-demo test-lifecycle lint bench crds protos clean mutate lock images
 
 # The virtual environment is rebuilt only when the dependencies change, at the versions
 # the images ship (requirements/constraints.txt; `make lock` after editing pyproject.toml).
@@ -101,6 +101,13 @@ test: $(STAMP) $(PERF_ANALYZER)
 	$(BIN)/kubeinfer cluster build
 	-$(BIN)/python tests/support/podmonitor_schema.py
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# The lifecycles: `kubeinfer up` (detached and in the foreground) and `kubeinfer cluster
+# up`/`down`, each on a cluster of its own, and the images built from a clean clone. Apart
+# from `make test` for its time, as the demo's story is; CI runs both.
+test-lifecycle: $(STAMP)
+	$(BIN)/kubeinfer cluster build
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m lifecycle
 
 # `make demo`'s whole story, checked: every step passed, nothing left running. Apart from
 # `make test` to keep the suite under ten minutes on two cores; CI runs both.

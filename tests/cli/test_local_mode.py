@@ -110,6 +110,7 @@ def namespace_inode(pid: int | str) -> int | None:
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 @pytest.mark.timeout(1200)
 def test_up_detached_serves_reports_and_down_leaves_nothing(tmp_path: Path) -> None:
     directory = tmp_path / "up-detached"
@@ -225,6 +226,7 @@ def test_up_detached_serves_reports_and_down_leaves_nothing(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.lifecycle
 @pytest.mark.timeout(900)
 def test_up_in_the_foreground_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
     directory = tmp_path / "up-foreground"

@@ -77,6 +77,7 @@ def wait_for(what: str, check, timeout: float = 120.0):  # type: ignore[no-untyp
     return found
 
 
+@pytest.mark.lifecycle
 def test_up_runs_a_node_in_its_own_namespace_and_down_leaves_nothing(tmp_path: Path) -> None:
     before = host_network_state()
     directory = tmp_path / "second-cluster"

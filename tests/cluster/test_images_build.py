@@ -48,7 +48,7 @@ from kubeinfer.runtime.demo_models import build_tiny_mlp
 from ports import free_port
 from waiting import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.lifecycle, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME, OPERATOR = images.RUNTIME_IMAGE, images.OPERATOR_IMAGE
