@@ -310,6 +310,83 @@ async def run_closed_loop(
     return tally.result(clients, duration_s, cpu_s)
 
 
+class _IdleConnections:
+    """The open loop's connections: a request takes an idle one, or opens a new one when
+    none is idle (arrivals do not wait for the server), and hands it back unless the
+    answer said `Connection: close`. `opened` counts every connection the run opened."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self._host = host
+        self._port = port
+        self._idle: list[Connection] = []
+        self.opened = 0
+
+    async def take(self) -> Connection:
+        """An idle connection, or a new one (OSError when the server refuses it)."""
+        while self._idle and not self._idle[-1].usable:
+            self._idle.pop().close()
+        if self._idle:
+            return self._idle.pop()
+        conn = await open_connection(self._host, self._port)
+        self.opened += 1
+        return conn
+
+    def give_back(self, conn: Connection, response: Response) -> None:
+        if response.headers.get("connection", "").lower() == "close":
+            conn.close()
+        else:
+            self._idle.append(conn)
+
+    def close(self) -> None:
+        for conn in self._idle:
+            conn.close()
+
+
+async def _send_when_due(
+    pool: _IdleConnections, tally: _Tally, request: EncodedRequest, due: float, counted: bool
+) -> None:
+    """One open-loop request, sent now although it was due at `due`: its latency counts
+    from then, so the server's queue is charged to it. Every failure is tallied, none
+    raised, as one request's failure must not stop the run."""
+    try:
+        conn = await pool.take()
+    except OSError as error:
+        tally.error(counted, f"cannot connect: {error}")
+        return
+    try:
+        response = await conn.send(request.raw)
+    except LoadGenError as error:
+        conn.close()
+        tally.error(counted, str(error))
+        return
+    except asyncio.CancelledError:
+        conn.close()  # its answer would arrive on a connection nobody reads
+        raise
+    finished = time.perf_counter()
+    pool.give_back(conn, response)
+    if response.status != 200:
+        tally.error(counted, f"{response.status}: {response.body[:200]!r}")
+    elif counted:
+        tally.latencies.append(finished - due)
+        tally.rows += request.rows
+
+
+async def _cancel_the_unanswered(
+    in_flight: dict[asyncio.Task[None], float],
+    drain_timeout_s: float,
+    tally: _Tally,
+    counted: Callable[[float], bool],
+) -> None:
+    """Gives the requests still in flight after the window `drain_timeout_s` to answer,
+    then cancels the rest and counts each as an error: a request that never came back
+    must weigh against the setting, not vanish from its figures."""
+    if in_flight:
+        await asyncio.wait(list(in_flight), timeout=drain_timeout_s)
+    for task, due in list(in_flight.items()):
+        task.cancel()
+        tally.error(counted(due), f"no answer within {drain_timeout_s:g} s after the window")
+
+
 async def run_open_loop(
     host: str,
     port: int,
@@ -333,43 +410,11 @@ async def run_open_loop(
     window_start = start + warmup_s
     window_end = window_start + duration_s
     tally = _Tally()
-    idle: list[Connection] = []
+    pool = _IdleConnections(host, port)
     in_flight: dict[asyncio.Task[None], float] = {}
-    opened = 0
 
-    async def one(due: float, request: EncodedRequest) -> None:
-        nonlocal opened
-        counted = window_start <= due < window_end
-        while idle and not idle[-1].usable:
-            idle.pop().close()
-        if idle:
-            conn = idle.pop()
-        else:
-            try:
-                conn = await open_connection(host, port)
-            except OSError as error:
-                tally.error(counted, f"cannot connect: {error}")
-                return
-            opened += 1
-        try:
-            response = await conn.send(request.raw)
-        except LoadGenError as error:
-            conn.close()
-            tally.error(counted, str(error))
-            return
-        except asyncio.CancelledError:
-            conn.close()  # its answer would arrive on a connection nobody reads
-            raise
-        finished = time.perf_counter()
-        if response.headers.get("connection", "").lower() == "close":
-            conn.close()
-        else:
-            idle.append(conn)
-        if response.status != 200:
-            tally.error(counted, f"{response.status}: {response.body[:200]!r}")
-        elif counted:
-            tally.latencies.append(finished - due)
-            tally.rows += request.rows
+    def counted(due: float) -> bool:
+        return window_start <= due < window_end
 
     hook_task = asyncio.ensure_future(
         _window_hooks(window_start, window_end, on_window_start, on_window_end)
@@ -384,24 +429,16 @@ async def run_open_loop(
                 await asyncio.sleep(delay)
             if len(in_flight) >= max_outstanding:
                 tally.error(
-                    window_start <= due < window_end,
+                    counted(due),
                     f"{max_outstanding} requests were in flight: the server is far behind",
                 )
                 continue
-            task = loop.create_task(one(due, requests[index]))
+            task = loop.create_task(_send_when_due(pool, tally, requests[index], due, counted(due)))
             in_flight[task] = due
             task.add_done_callback(in_flight.pop)
         cpu_s = await hook_task
-        if in_flight:
-            await asyncio.wait(list(in_flight), timeout=drain_timeout_s)
-        for task, due in list(in_flight.items()):
-            task.cancel()
-            tally.error(
-                window_start <= due < window_end,
-                f"no answer within {drain_timeout_s:g} s after the window",
-            )
+        await _cancel_the_unanswered(in_flight, drain_timeout_s, tally, counted)
     finally:
         hook_task.cancel()
-        for conn in idle:
-            conn.close()
-    return tally.result(opened, duration_s, cpu_s)
+        pool.close()
+    return tally.result(pool.opened, duration_s, cpu_s)
