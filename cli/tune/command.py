@@ -201,59 +201,21 @@ def _error(message: str) -> int:
     return 2
 
 
+class _Refused(Exception):
+    """Arguments that describe no sweep; `run` prints the message and exits 2, as argparse
+    does with its own refusals."""
+
+
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-    from kubeinfer.cli.tune import frontier as decide
-    from kubeinfer.cli.tune import perf, sweep, traffic
-    from pydantic import ValidationError
+    from kubeinfer.cli.tune import perf, sweep
 
     if args.warmup_seconds < 0:
         return _error(f"--warmup-seconds must be at least 0, not {args.warmup_seconds:g}")
-    until = args.warmup_seconds + args.duration_seconds
-    rng = np.random.default_rng(args.seed)
     try:
-        if args.trace is not None:
-            if args.rows is not None:
-                return _error("--rows does not apply to --trace: the trace gives every size")
-            try:
-                text = args.trace.read_text()
-            except OSError as error:
-                return _error(f"cannot read the trace: {error}")
-            recorded = traffic.parse_trace(text, str(args.trace))
-            shape: Traffic = sweep.OpenLoop(tuple(traffic.replay_trace(recorded, until)))
-            largest = max(a.rows for a in recorded)
-            described = (
-                f"trace {args.trace} ({len(recorded)} requests per "
-                f"{traffic.trace_period_seconds(recorded):.2f} s play), open loop"
-            )
-        else:
-            mix = traffic.parse_rows_mix(args.rows or "1")
-            largest = mix.largest
-            shares = zip(mix.rows, mix.shares, strict=True)
-            sizes = ", ".join(
-                f"{rows} row{'' if rows == 1 else 's'} {share:.0%}" for rows, share in shares
-            )
-            if args.concurrency is not None:
-                shape = sweep.ClosedLoop(args.concurrency, mix)
-                described = f"{args.concurrency} closed-loop clients, {sizes}"
-            else:
-                arrivals = traffic.poisson_arrivals(args.rate, until, mix, rng)
-                shape = sweep.OpenLoop(tuple(arrivals))
-                described = f"{args.rate:g} requests/s, Poisson arrivals, {sizes}"
-    except traffic.TrafficError as error:
-        return _error(str(error))
-    batch_sizes = args.max_batch_sizes or decide.default_max_batch_sizes(largest)
-    try:
-        grid = decide.sweep_grid(args.queue_delays_us, batch_sizes, args.execution_slots)
-    except ValidationError as error:
-        first = error.errors()[0]
-        return _error(f"{'.'.join(map(str, first['loc']))}: {first['msg']} (a swept value)")
-    smallest_batch = min(s.max_batch_size for s in grid)
-    if largest > smallest_batch:
-        return _error(
-            f"requests of {largest} rows need maxBatchSize >= {largest}, but "
-            f"--max-batch-sizes includes {smallest_batch}: the server would refuse them"
-        )
+        shape, largest, described = _traffic(args)
+        grid = _grid(args, largest)
+    except _Refused as refusal:
+        return _error(str(refusal))
 
     if len(sweep.traffic_sizes(shape)) == 1:  # perf_analyzer sends it: is it there?
         try:
@@ -275,6 +237,69 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _traffic(args: argparse.Namespace) -> tuple[Traffic, int, str]:
+    """The traffic the arguments describe over the warm-up and the window, the most rows
+    one of its requests holds (every swept batch size must take it), and the words that
+    name it in the progress lines and the report."""
+    import numpy as np
+    from kubeinfer.cli.tune import sweep, traffic
+
+    until = args.warmup_seconds + args.duration_seconds
+    rng = np.random.default_rng(args.seed)
+    try:
+        if args.trace is not None:
+            if args.rows is not None:
+                raise _Refused("--rows does not apply to --trace: the trace gives every size")
+            try:
+                text = args.trace.read_text()
+            except OSError as error:
+                raise _Refused(f"cannot read the trace: {error}") from None
+            recorded = traffic.parse_trace(text, str(args.trace))
+            replayed = sweep.OpenLoop(tuple(traffic.replay_trace(recorded, until)))
+            largest = max(a.rows for a in recorded)
+            described = (
+                f"trace {args.trace} ({len(recorded)} requests per "
+                f"{traffic.trace_period_seconds(recorded):.2f} s play), open loop"
+            )
+            return replayed, largest, described
+        mix = traffic.parse_rows_mix(args.rows or "1")
+        shares = zip(mix.rows, mix.shares, strict=True)
+        sizes = ", ".join(
+            f"{rows} row{'' if rows == 1 else 's'} {share:.0%}" for rows, share in shares
+        )
+        if args.concurrency is not None:
+            closed = sweep.ClosedLoop(args.concurrency, mix)
+            return closed, mix.largest, f"{args.concurrency} closed-loop clients, {sizes}"
+        arrivals = traffic.poisson_arrivals(args.rate, until, mix, rng)
+        described = f"{args.rate:g} requests/s, Poisson arrivals, {sizes}"
+        return sweep.OpenLoop(tuple(arrivals)), mix.largest, described
+    except traffic.TrafficError as error:
+        raise _Refused(str(error)) from None
+
+
+def _grid(args: argparse.Namespace, largest: int) -> list[Setting]:
+    """Every combination of the swept values, refused when a value is one `kubeinfer
+    serve` would refuse or a batch size cannot hold the largest request."""
+    from kubeinfer.cli.tune import frontier as decide
+    from pydantic import ValidationError
+
+    batch_sizes = args.max_batch_sizes or decide.default_max_batch_sizes(largest)
+    try:
+        grid = decide.sweep_grid(args.queue_delays_us, batch_sizes, args.execution_slots)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise _Refused(
+            f"{'.'.join(map(str, first['loc']))}: {first['msg']} (a swept value)"
+        ) from None
+    smallest_batch = min(s.max_batch_size for s in grid)
+    if largest > smallest_batch:
+        raise _Refused(
+            f"requests of {largest} rows need maxBatchSize >= {largest}, but "
+            f"--max-batch-sizes includes {smallest_batch}: the server would refuse them"
+        )
+    return grid
 
 
 def _progress(line: str) -> None:
