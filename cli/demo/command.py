@@ -18,6 +18,10 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MODEL_NAME = "demo"
 
@@ -128,8 +132,7 @@ def _histogram(metrics_text: str, name: str) -> dict[str, float]:
 
 def serve_and_load(digest: str, cache: str, seconds: float) -> bool:
     import numpy as np
-    import onnxruntime
-    from kubeinfer.cli.demo.load import drive, free_port, http_get
+    from kubeinfer.cli.demo.load import free_port
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -143,73 +146,113 @@ def serve_and_load(digest: str, cache: str, seconds: float) -> bool:
     print(f"  $ kubeinfer serve --engine {digest[:23]}... --cache {cache} --port {port}")
     server = subprocess.Popen(command)
     try:
-        deadline = time.monotonic() + 60
-        while http_get(f"{base}/v2/health/ready")[0] != 200:
-            if server.poll() is not None or time.monotonic() > deadline:
-                print("  the server did not become ready", file=sys.stderr)
-                return False
-            time.sleep(0.1)
-
-        # One request of 4 rows, checked against ONNX Runtime in this process.
+        if not _wait_ready(server, base):
+            print("  the server did not become ready", file=sys.stderr)
+            return False
         rows = np.random.default_rng(7).standard_normal((4, 512)).astype(np.float32)
-        infer_url = f"{base}/v2/models/{MODEL_NAME}/infer"
-        request = {"inputs": [{"name": "input", "shape": [4, 512], "datatype": "FP32",
-                               "data": rows.ravel().tolist()}]}  # fmt: skip
-        body = json.dumps(request).encode()
-        with urllib.request.urlopen(
-            urllib.request.Request(infer_url, body, {"Content-Type": "application/json"})
-        ) as response:
-            served = json.loads(response.read())["outputs"][0]
-        local = onnxruntime.InferenceSession(_engine_file(cache, digest)).run(
-            None, {"input": rows}
-        )[0]
-        difference = float(np.abs(np.asarray(served["data"]).reshape(local.shape) - local).max())
-        print(f"  a 4-row request matches ONNX Runtime in-process: max |diff| {difference:.2e}\n")
-
-        single = json.dumps({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
-                                         "data": rows[0].tolist()}]}).encode()  # fmt: skip
-        print("  | clients | req/s | p50 ms | p99 ms | mean batch | status codes |")
-        print("  |---:|---:|---:|---:|---:|---|")
-        ok = True
-        for clients in (1, 8, 32):
-            before = _histogram(http_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
-            result = asyncio.run(drive(infer_url, single, clients, seconds))
-            after = _histogram(http_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
-            batches = after.get("count", 0) - before.get("count", 0)
-            rows_run = after.get("sum", 0) - before.get("sum", 0)
-            codes = ", ".join(f"{code}: {n}" for code, n in sorted(result.codes.items()))
-            print(
-                f"  | {clients} | {result.requests_per_second:.0f} "
-                f"| {result.percentile_milliseconds(50):.2f} "
-                f"| {result.percentile_milliseconds(99):.2f} "
-                f"| {rows_run / max(batches, 1):.1f} | {codes} |"
-            )
-            ok = ok and set(result.codes) == {200}
-
-        print("\n  batch sizes the batcher ran, from /metrics (kubeinfer_batch_size):")
-        buckets = _histogram(http_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
-        edges = [(k, v) for k, v in buckets.items() if k not in ("sum", "count")]
-        edges.sort(key=lambda kv: float(kv[0]))
-        previous, total, lower = 0.0, max(buckets.get("count", 1), 1), 1
-        for edge, cumulative in edges:
-            count, previous = cumulative - previous, cumulative
-            if edge == "+Inf":
-                label = f"> {lower - 1}"
-            else:
-                upper = int(float(edge))
-                label = str(upper) if upper == lower else f"{lower}..{upper}"
-                lower = upper + 1
-            if count:
-                print(f"    {label:>7} {count:8.0f}  {'#' * max(1, round(40 * count / total))}")
+        _compare_one_request(base, rows, cache, digest)
+        ok = _load_table(base, rows[0], seconds)
+        _show_batch_sizes(base)
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            code = server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            code = -9
+        code = _stop(server)
     print(f"\n  SIGTERM: the server drained and exited with code {code}")
     return ok and code == 0
+
+
+def _wait_ready(server: subprocess.Popen[bytes], base: str) -> bool:
+    """Polls the server's readiness; False as soon as it exits, or when it never gets ready."""
+    from kubeinfer.cli.demo.load import http_get
+
+    deadline = time.monotonic() + 60
+    while http_get(f"{base}/v2/health/ready")[0] != 200:
+        if server.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _compare_one_request(base: str, rows: np.ndarray, cache: str, digest: str) -> None:
+    """Sends one request of several rows and prints how far the served answer is from
+    ONNX Runtime's on the same engine file in this process: the batcher's stacking and
+    splitting must not change an answer."""
+    import numpy as np
+    import onnxruntime
+
+    infer_url = f"{base}/v2/models/{MODEL_NAME}/infer"
+    request = {"inputs": [{"name": "input", "shape": list(rows.shape), "datatype": "FP32",
+                           "data": rows.ravel().tolist()}]}  # fmt: skip
+    body = json.dumps(request).encode()
+    with urllib.request.urlopen(
+        urllib.request.Request(infer_url, body, {"Content-Type": "application/json"})
+    ) as response:
+        served = json.loads(response.read())["outputs"][0]
+    local = onnxruntime.InferenceSession(_engine_file(cache, digest)).run(None, {"input": rows})[0]
+    difference = float(np.abs(np.asarray(served["data"]).reshape(local.shape) - local).max())
+    print(
+        f"  a {len(rows)}-row request matches ONNX Runtime in-process: "
+        f"max |diff| {difference:.2e}\n"
+    )
+
+
+def _load_table(base: str, row: np.ndarray, seconds: float) -> bool:
+    """Single-row requests from more and more clients, a table row each with the mean batch
+    the batcher ran (from its own /metrics, before and after): batches grow with the
+    clients. True when every request was answered 200."""
+    from kubeinfer.cli.demo.load import drive, http_get
+
+    infer_url = f"{base}/v2/models/{MODEL_NAME}/infer"
+    single = json.dumps({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
+                                     "data": row.tolist()}]}).encode()  # fmt: skip
+    print("  | clients | req/s | p50 ms | p99 ms | mean batch | status codes |")
+    print("  |---:|---:|---:|---:|---:|---|")
+    ok = True
+    for clients in (1, 8, 32):
+        before = _histogram(http_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
+        result = asyncio.run(drive(infer_url, single, clients, seconds))
+        after = _histogram(http_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
+        batches = after.get("count", 0) - before.get("count", 0)
+        rows_run = after.get("sum", 0) - before.get("sum", 0)
+        codes = ", ".join(f"{code}: {n}" for code, n in sorted(result.codes.items()))
+        print(
+            f"  | {clients} | {result.requests_per_second:.0f} "
+            f"| {result.percentile_milliseconds(50):.2f} "
+            f"| {result.percentile_milliseconds(99):.2f} "
+            f"| {rows_run / max(batches, 1):.1f} | {codes} |"
+        )
+        ok = ok and set(result.codes) == {200}
+    return ok
+
+
+def _show_batch_sizes(base: str) -> None:
+    """The batcher's batch-size histogram over the whole run, one bar per bucket."""
+    from kubeinfer.cli.demo.load import http_get
+
+    print("\n  batch sizes the batcher ran, from /metrics (kubeinfer_batch_size):")
+    buckets = _histogram(http_get(f"{base}/metrics")[1].decode(), "kubeinfer_batch_size")
+    edges = [(k, v) for k, v in buckets.items() if k not in ("sum", "count")]
+    edges.sort(key=lambda kv: float(kv[0]))
+    previous, total, lower = 0.0, max(buckets.get("count", 1), 1), 1
+    for edge, cumulative in edges:
+        count, previous = cumulative - previous, cumulative
+        if edge == "+Inf":
+            label = f"> {lower - 1}"
+        else:
+            upper = int(float(edge))
+            label = str(upper) if upper == lower else f"{lower}..{upper}"
+            lower = upper + 1
+        if count:
+            print(f"    {label:>7} {count:8.0f}  {'#' * max(1, round(40 * count / total))}")
+
+
+def _stop(server: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, as Kubernetes stops a pod, so the server drains; its exit code (-9 when it
+    did not exit in time and was killed)."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        return server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        return -9
 
 
 def _engine_file(cache: str, digest: str) -> str:
