@@ -162,6 +162,42 @@ def _sign(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
+def _serving_names() -> list[x509.GeneralName]:
+    """The names and addresses a client may reach the API server (or the node's kubelet)
+    by: every one must be in the certificate, or TLS verification fails."""
+    names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+             "kubernetes.default.svc.cluster.local", NODE_NAME]  # fmt: skip
+    alt: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
+    alt += [x509.IPAddress(ipaddress.ip_address(a)) for a in SERVING_ADDRESSES]
+    return alt
+
+
+def _leaves(
+    pki: Pki, alt: list[x509.GeneralName]
+) -> list[tuple[Path, Path, x509.Name, x509.ObjectIdentifier, list[x509.GeneralName] | None]]:
+    """Every certificate the CA signs: key path, certificate path, subject, extended key
+    usage, alternative names."""
+    server, client = ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH
+    return [
+        (pki.serving_key, pki.serving_cert, _name("kube-apiserver"), server, alt),
+        (pki.admin_key, pki.admin_cert, _name(ADMIN_USER, ADMIN_GROUP), client, None),
+        # The node's kubelet endpoint (pod logs, exec), the API server's client identity
+        # there, and each component's identity at the API server.
+        (pki.kubelet_key, pki.kubelet_cert, _name("kubeinfer-node"), server, alt),
+        (
+            pki.kubelet_client_key,
+            pki.kubelet_client_cert,
+            _name("kube-apiserver-kubelet-client", ADMIN_GROUP),
+            client,
+            None,
+        ),
+        *(
+            (pki.component_key(c), pki.component_cert(c), _name(user, group), client, None)
+            for c, (user, group) in COMPONENTS.items()
+        ),
+    ]
+
+
 def write_pki(directory: Path, now: datetime.datetime | None = None) -> Pki:
     """Makes the CA, the serving and admin certificates and the service-account keys."""
     now = now or datetime.datetime.now(datetime.UTC)
@@ -175,59 +211,7 @@ def write_pki(directory: Path, now: datetime.datetime | None = None) -> Pki:
     _write_key(pki.ca_key, ca_key)
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
 
-    serving_key = ec.generate_private_key(ec.SECP256R1())
-    names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-             "kubernetes.default.svc.cluster.local", NODE_NAME]  # fmt: skip
-    alt: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
-    alt += [x509.IPAddress(ipaddress.ip_address(a)) for a in SERVING_ADDRESSES]
-    serving = _sign(
-        _name("kube-apiserver"),
-        serving_key.public_key(),
-        ca_name,
-        ca_key,
-        now,
-        usage=[ExtendedKeyUsageOID.SERVER_AUTH],
-        alt_names=alt,
-    )
-    _write_key(pki.serving_key, serving_key)
-    pki.serving_cert.write_bytes(serving.public_bytes(serialization.Encoding.PEM))
-
-    admin_key = ec.generate_private_key(ec.SECP256R1())
-    admin = _sign(
-        _name(ADMIN_USER, ADMIN_GROUP),
-        admin_key.public_key(),
-        ca_name,
-        ca_key,
-        now,
-        usage=[ExtendedKeyUsageOID.CLIENT_AUTH],
-    )
-    _write_key(pki.admin_key, admin_key)
-    pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
-
-    # The node's kubelet endpoint (pod logs, exec), the API server's client identity
-    # there, and each component's identity at the API server.
-    components = [
-        (pki.component_key(c), pki.component_cert(c), _name(user, group),
-         ExtendedKeyUsageOID.CLIENT_AUTH, None)
-        for c, (user, group) in COMPONENTS.items()
-    ]  # fmt: skip
-    for key_path, cert_path, subject, usage, alt_names in (
-        (
-            pki.kubelet_key,
-            pki.kubelet_cert,
-            _name("kubeinfer-node"),
-            ExtendedKeyUsageOID.SERVER_AUTH,
-            alt,
-        ),
-        (
-            pki.kubelet_client_key,
-            pki.kubelet_client_cert,
-            _name("kube-apiserver-kubelet-client", ADMIN_GROUP),
-            ExtendedKeyUsageOID.CLIENT_AUTH,
-            None,
-        ),
-        *components,
-    ):
+    for key_path, cert_path, subject, usage, alt_names in _leaves(pki, _serving_names()):
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _sign(
             subject, key.public_key(), ca_name, ca_key, now, usage=[usage], alt_names=alt_names
