@@ -155,6 +155,65 @@ def exemplar_lines(body: bytes, traffic: Traffic) -> tuple[list[str], int, int]:
     return lines, len(metadata), shifted
 
 
+async def drive_until(
+    demo: Demo,
+    url: str,
+    load: tuple[list[bytes], list[dict[str, str]]],
+    done: Callable[[dict[str, Any], dict[str, Any]], bool],
+    what: str,
+    min_rounds: int = 1,
+) -> dict[str, Any]:
+    """Drives `load` with 4 clients, 2 s at a time, printing the watch's status as it
+    changes, until `done(infd, status.qualityWatch)` after `min_rounds` at least: the
+    operator judges a window of live traffic, so the load must go on while it looks."""
+    deadline, last = time.monotonic() + 120, ""
+    for rounds in itertools.count(1):
+        await drive(url, load[0], 4, 2.0, load[1])
+        infd = await demo.infd("demo")
+        watch = (infd.get("status") or {}).get("qualityWatch") or {}
+        text = watch_text(watch)
+        if text != last:
+            demo.say(f"$ kubectl get infd demo -o jsonpath='{{.status.qualityWatch}}'  →  {text}")
+            last = text
+        if rounds >= min_rounds and done(infd, watch):
+            return infd
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting for {what}: {text}")
+    raise AssertionError("unreachable")
+
+
+def say_the_drift(demo: Demo, infd: dict[str, Any]) -> float:
+    """Prints the Degraded condition, the groups drifting and the overall agreement,
+    against its floor: the point of the step is that the aggregate alone would pass.
+    Returns the overall agreement."""
+    degraded = demo.condition(infd, "Degraded")
+    watch = infd["status"]["qualityWatch"]
+    message = f"Degraded=True QualityDrift: {degraded.get('message', '')}"
+    demo.say(textwrap.fill(message, 100, initial_indent="  ", subsequent_indent="    "))
+    drifting = [f"{g['kind']} {g.get('name', '')}".strip() for g in watch.get("drifting") or []]
+    overall, floor = watch.get("top1Agreement") or 0.0, WATCH["minTop1Agreement"]
+    hidden = "above" if overall >= floor else "below"
+    demo.say(
+        f"  drifting: {', '.join(drifting)}; overall top-1 agreement {overall:.3f}, {hidden} "
+        f"minTop1Agreement {floor}"
+        + (": the aggregate alone would hide it" if overall >= floor else "")
+    )
+    return float(overall)
+
+
+async def show_exemplars(demo: Demo, traffic: Traffic) -> tuple[int, int]:
+    """Fetches the serving pod's worst rows as a user would and says what they hold;
+    most must be the shifted inputs, or the exemplars would not lead to the cause.
+    Returns how many rows there are and how many of them are shifted."""
+    exemplars_url = demo.shown_endpoint("demo").rsplit("/v2/", 1)[0] + "/v2/quality/exemplars"
+    demo.say(f"\n$ curl -o exemplars.npz {exemplars_url}   (the serving pod's worst rows)")
+    lines, rows, shifted = exemplar_lines(await demo.from_host(exemplars_url), traffic)
+    for line in lines:
+        demo.say(f"  {line}")
+    assert rows and shifted * 4 >= rows * 3, f"{shifted} of {rows} exemplars are shifted rows"
+    return rows, shifted
+
+
 async def watch_quality(demo: Demo, step: Step) -> None:
     say = demo.say
     traffic = await asyncio.to_thread(make_traffic, demo.models.small)
@@ -166,36 +225,15 @@ async def watch_quality(demo: Demo, step: Step) -> None:
     await demo.show("get", "pods", "-l", "app.kubernetes.io/instance=demo")
     url = await demo.endpoint("demo")
 
-    async def phase(
-        load: tuple[list[bytes], list[dict[str, str]]],
-        done: Callable[[dict[str, Any], dict[str, Any]], bool],
-        what: str,
-        min_rounds: int = 1,
-    ) -> dict[str, Any]:
-        """Drives `load` with 4 clients, 2 s at a time, printing the watch's status as it
-        changes, until `done(infd, status.qualityWatch)` after `min_rounds` at least."""
-        deadline, last = time.monotonic() + 120, ""
-        for rounds in itertools.count(1):
-            await drive(url, load[0], 4, 2.0, load[1])
-            infd = await demo.infd("demo")
-            watch = (infd.get("status") or {}).get("qualityWatch") or {}
-            text = watch_text(watch)
-            if text != last:
-                say(f"$ kubectl get infd demo -o jsonpath='{{.status.qualityWatch}}'  →  {text}")
-                last = text
-            if rounds >= min_rounds and done(infd, watch):
-                return infd
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"gave up waiting for {what}: {text}")
-        raise AssertionError("unreachable")
-
     def healthy(_: dict[str, Any], watch: dict[str, Any]) -> bool:
         return watch.get("state") == "Healthy"
 
     say(f"\n  in-distribution traffic from tenants a and c ({SLICE_HEADER} header), 4 clients:")
     # Two rounds at least: the operator's first look may still judge the window's
     # earlier traffic (the shadow step's, without the header: slice `other`).
-    await phase(in_distribution(traffic), healthy, "the watch Healthy", min_rounds=2)
+    await drive_until(
+        demo, url, in_distribution(traffic), healthy, "the watch Healthy", min_rounds=2
+    )
     say(
         f"\n  now one request in {MIXED_EVERY} from tenant b, its row scaled by {SHIFT:g} "
         f"(far beyond the calibration data), every one of fp32 class {traffic.shifted_class}:"
@@ -214,29 +252,12 @@ async def watch_quality(demo: Demo, step: Step) -> None:
             and expected <= drifting
         )
 
-    infd = await phase(
-        with_shift(traffic), drifted, f"Degraded=True QualityDrift on {sorted(expected)}"
+    infd = await drive_until(
+        demo, url, with_shift(traffic), drifted, f"Degraded=True QualityDrift on {sorted(expected)}"
     )
     await demo.show("get", "infd", "demo")
-    degraded = demo.condition(infd, "Degraded")
-    watch = infd["status"]["qualityWatch"]
-    message = f"Degraded=True QualityDrift: {degraded.get('message', '')}"
-    say(textwrap.fill(message, 100, initial_indent="  ", subsequent_indent="    "))
-    drifting = [f"{g['kind']} {g.get('name', '')}".strip() for g in watch.get("drifting") or []]
-    overall, floor = watch.get("top1Agreement") or 0.0, WATCH["minTop1Agreement"]
-    hidden = "above" if overall >= floor else "below"
-    say(
-        f"  drifting: {', '.join(drifting)}; overall top-1 agreement {overall:.3f}, {hidden} "
-        f"minTop1Agreement {floor}"
-        + (": the aggregate alone would hide it" if overall >= floor else "")
-    )
-
-    exemplars_url = demo.shown_endpoint("demo").rsplit("/v2/", 1)[0] + "/v2/quality/exemplars"
-    say(f"\n$ curl -o exemplars.npz {exemplars_url}   (the serving pod's worst rows)")
-    lines, rows, shifted = exemplar_lines(await demo.from_host(exemplars_url), traffic)
-    for line in lines:
-        say(f"  {line}")
-    assert rows and shifted * 4 >= rows * 3, f"{shifted} of {rows} exemplars are shifted rows"
+    overall = say_the_drift(demo, infd)
+    rows, shifted = await show_exemplars(demo, traffic)
     step.outcome = (
         f"Healthy, then QualityDrift: class {traffic.shifted_class} and slice b drift "
         f"(overall {overall:.2f}); {shifted} of {rows} exemplars are the shifted rows"
