@@ -61,6 +61,24 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
     lease_role = rbac.lease_role_document(
         f"{OPERATOR_ACCOUNT}-leader-election", NAMESPACE, OPERATOR_ACCOUNT
     )
+    return [
+        *namespace_objects(),
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": OPERATOR_ACCOUNT, "namespace": NAMESPACE, "labels": LABELS},
+        },
+        cluster_role,
+        _binding("ClusterRole", cluster_role["metadata"]["name"], None, OPERATOR_ACCOUNT),
+        lease_role,
+        _binding("Role", lease_role["metadata"]["name"], NAMESPACE, OPERATOR_ACCOUNT),
+        _operator_deployment(_operator_env(prometheus_url)),
+    ]
+
+
+def _operator_env(prometheus_url: str | None) -> list[dict[str, object]]:
+    """The laptop's settings, the pod's own name and namespace (the leader election's
+    identity and its Lease's namespace), and Prometheus when the session runs one."""
     env: list[dict[str, object]] = [{"name": k, "value": v} for k, v in LOCAL_SETTINGS.items()]
     env += [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -68,8 +86,14 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
     ]
     if prometheus_url:
         env.append({"name": "KUBEINFER_METRICS__PROMETHEUS_URL", "value": prometheus_url})
+    return env
+
+
+def _operator_deployment(env: list[dict[str, object]]) -> dict[str, Any]:
+    """The operator's Deployment with the chart's arguments: one replica of the operator
+    image (imported into the node, never pulled), non-root, read-only root filesystem."""
     selector = {**LABELS, "app.kubernetes.io/component": "operator"}
-    deployment = {
+    return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": OPERATOR_ACCOUNT, "namespace": NAMESPACE, "labels": selector},
@@ -111,19 +135,6 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
             },
         },
     }
-    return [
-        *namespace_objects(),
-        {
-            "apiVersion": "v1",
-            "kind": "ServiceAccount",
-            "metadata": {"name": OPERATOR_ACCOUNT, "namespace": NAMESPACE, "labels": LABELS},
-        },
-        cluster_role,
-        _binding("ClusterRole", cluster_role["metadata"]["name"], None, OPERATOR_ACCOUNT),
-        lease_role,
-        _binding("Role", lease_role["metadata"]["name"], NAMESPACE, OPERATOR_ACCOUNT),
-        deployment,
-    ]
 
 
 def namespace_objects() -> list[dict[str, Any]]:
