@@ -143,29 +143,6 @@ def provisioner_objects(volumes: Path, helper_image: str) -> list[KubeObject]:
     helper pod (which makes and removes the directories as root) from `helper_image`."""
     namespace, name = "local-path-storage", "local-path-provisioner"
     account = f"{name}-service-account"
-    config = {"sharedFileSystemPath": str(volumes)}
-    helper = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "helper-pod"},
-        "spec": {
-            "containers": [{"name": "helper-pod", "image": helper_image,
-                            "imagePullPolicy": "Never",
-                            "securityContext": {"runAsUser": 0, "runAsNonRoot": False}}],
-        },
-    }  # fmt: skip
-    container = {
-        "name": name,
-        "image": PROVISIONER_IMAGE,
-        "args": ["start", "--config", "/etc/config/config.json"],
-        "env": [
-            {"name": "POD_NAMESPACE",
-             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-            {"name": "CONFIG_MOUNT_PATH", "value": "/etc/config/"},
-        ],
-        "volumeMounts": [{"name": "config", "mountPath": "/etc/config/", "readOnly": True}],
-        "securityContext": RESTRICTED_CONTAINER,
-    }  # fmt: skip
     rules = [
         {"apiGroups": [""], "resources": ["nodes", "persistentvolumeclaims", "configmaps",
                                            "pods", "pods/log"], "verbs": ["get", "list", "watch"]},
@@ -185,15 +162,8 @@ def provisioner_objects(volumes: Path, helper_image: str) -> list[KubeObject]:
          "metadata": {"name": account, "namespace": namespace}},
         _cluster_role(name, rules),
         _cluster_role_binding(name, account, namespace),
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "local-path-config",
-                                                                 "namespace": namespace},
-         "data": {
-             "config.json": json.dumps(config),
-             "setup": '#!/bin/sh\nset -eu\nmkdir -m 0777 -p "$VOL_DIR"\n',
-             "teardown": '#!/bin/sh\nset -eu\nrm -rf "$VOL_DIR"\n',
-             "helperPod.yaml": json.dumps(helper),
-         }},
-        _deployment(name, namespace, account, container,
+        _provisioner_config(namespace, volumes, helper_image),
+        _deployment(name, namespace, account, _provisioner_container(name),
                     [{"name": "config", "configMap": {"name": "local-path-config"}}]),
         {
             "apiVersion": "storage.k8s.io/v1",
@@ -205,3 +175,45 @@ def provisioner_objects(volumes: Path, helper_image: str) -> list[KubeObject]:
             "reclaimPolicy": "Delete",
         },
     ]  # fmt: skip
+
+
+def _provisioner_config(namespace: str, volumes: Path, helper_image: str) -> KubeObject:
+    """The provisioner's ConfigMap: one shared directory for every claim (the node is the
+    only one, so ReadWriteMany holds) and the helper pod that makes and removes a claim's
+    directory, run as root from `helper_image`, which the node has imported."""
+    config = {"sharedFileSystemPath": str(volumes)}
+    helper = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "helper-pod"},
+        "spec": {
+            "containers": [{"name": "helper-pod", "image": helper_image,
+                            "imagePullPolicy": "Never",
+                            "securityContext": {"runAsUser": 0, "runAsNonRoot": False}}],
+        },
+    }  # fmt: skip
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "local-path-config",
+                                                                  "namespace": namespace},
+            "data": {
+                "config.json": json.dumps(config),
+                "setup": '#!/bin/sh\nset -eu\nmkdir -m 0777 -p "$VOL_DIR"\n',
+                "teardown": '#!/bin/sh\nset -eu\nrm -rf "$VOL_DIR"\n',
+                "helperPod.yaml": json.dumps(helper),
+            }}  # fmt: skip
+
+
+def _provisioner_container(name: str) -> KubeObject:
+    """The provisioner itself, restricted like every add-on; it reads its config from the
+    mounted ConfigMap and creates helper pods in its own namespace."""
+    return {
+        "name": name,
+        "image": PROVISIONER_IMAGE,
+        "args": ["start", "--config", "/etc/config/config.json"],
+        "env": [
+            {"name": "POD_NAMESPACE",
+             "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "CONFIG_MOUNT_PATH", "value": "/etc/config/"},
+        ],
+        "volumeMounts": [{"name": "config", "mountPath": "/etc/config/", "readOnly": True}],
+        "securityContext": RESTRICTED_CONTAINER,
+    }  # fmt: skip
