@@ -15,7 +15,11 @@ import re
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from kubeinfer.operator.settings import OperatorSettings
+    from kubeinfer.operator.state.snapshot import Decision, ObservedState
 
 RENDER_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -35,7 +39,6 @@ def render_manifest(
     from kubeinfer.operator.api.v1alpha1.validation import parse_inference_deployment
     from kubeinfer.operator.reconcile.decide import decide
     from kubeinfer.operator.settings import OperatorSettings
-    from kubeinfer.operator.state.engine_state import build_key
     from kubeinfer.operator.state.snapshot import ObservedState, OwnerRef
 
     manifest = parse_inference_deployment(document)
@@ -57,36 +60,45 @@ def render_manifest(
             "builds an engine, a Job and a Deployment per GPU product found among the "
             "cluster's nodes: offline there are none to render (docs/gpu-fleets.md)."
         )
-    jobs = [c for c in first.desired if c["kind"] == "Job"]
-    if jobs:
-        digest = (
-            engine_digest
-            or "sha256:" + hashlib.sha256(build_key(manifest.spec, settings).encode()).hexdigest()
-        )
-        notes.append(
-            f"The runtime objects assume the build Job reports engine {digest}"
-            + ("" if engine_digest else " (a placeholder; set --engine-digest)")
-            + "."
-        )
-        built = _job_succeeded(jobs[0], digest)
-        after = ObservedState(
-            owner=owner,
-            spec=manifest.spec,
-            status=first.status,
-            pvc=next((c for c in first.desired if c["kind"] == "PersistentVolumeClaim"), None),
-            jobs=(built,),
-            job_pods=(_build_pod(built, digest),),
-        )
-        children.update(
-            {
-                (c["kind"], c["metadata"]["name"]): c
-                for c in decide(after, settings, RENDER_TIME).desired
-            }
-        )
+    if any(c["kind"] == "Job" for c in first.desired):
+        after, note = _after_the_build(first, empty, settings, engine_digest)
+        notes.append(note)
+        children.update({(c["kind"], c["metadata"]["name"]): c for c in after})
     ordered = sorted(
         children.values(), key=lambda c: (KIND_ORDER.index(c["kind"]), c["metadata"]["name"])
     )
     return ordered, notes
+
+
+def _after_the_build(
+    first: Decision, empty: ObservedState, settings: OperatorSettings, engine_digest: str | None
+) -> tuple[list[dict[str, Any]], str]:
+    """The children once the first pass's build Job has succeeded with `engine_digest`
+    (else a placeholder derived from the build key), and the note that says which: the
+    runtime's objects exist only once the operator knows the engine's digest."""
+    from kubeinfer.operator.reconcile.decide import decide
+    from kubeinfer.operator.state.engine_state import build_key
+    from kubeinfer.operator.state.snapshot import ObservedState
+
+    digest = (
+        engine_digest
+        or "sha256:" + hashlib.sha256(build_key(empty.spec, settings).encode()).hexdigest()
+    )
+    note = (
+        f"The runtime objects assume the build Job reports engine {digest}"
+        + ("" if engine_digest else " (a placeholder; set --engine-digest)")
+        + "."
+    )
+    built = _job_succeeded(next(c for c in first.desired if c["kind"] == "Job"), digest)
+    after = ObservedState(
+        owner=empty.owner,
+        spec=empty.spec,
+        status=first.status,
+        pvc=next((c for c in first.desired if c["kind"] == "PersistentVolumeClaim"), None),
+        jobs=(built,),
+        job_pods=(_build_pod(built, digest),),
+    )
+    return decide(after, settings, RENDER_TIME).desired, note
 
 
 def _job_succeeded(job: dict[str, Any], digest: str) -> dict[str, Any]:
