@@ -42,7 +42,7 @@ from kubeinfer.operator.state.runtime_failures import unsettled
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory
 from kubeinfer.operator.state.serving_pods import serving_pods
 from kubeinfer.operator.state.shadow_readings import ShadowReading
-from kubeinfer.operator.state.snapshot import ObservedState
+from kubeinfer.operator.state.snapshot import ObservedState, OwnerRef
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,34 @@ async def gather(
     # The serving Deployment, or a mixed GPU fleet's (one per product; `decide_fleet`).
     runtimes = [d for d in (observed.deployment, *observed.product_deployments) if d]
     autoscaled = observed.spec.autoscaling.enabled and bool(runtimes)
+    update.update(await _read_pods(client, observed, runtimes, autoscaled, now))
+    if autoscaled:
+        update["scaling_history"] = history
+    objective = observed.spec.slo.p99_latency_milliseconds is not None
+    if autoscaled or (objective and runtimes):
+        update["scaling_signals"] = await read_scaling_signals(
+            source, scope, observed.spec.monitoring.queries, now
+        )
+    update.update(await _read_quality(source, scope, observed, quality_history, now))
+    if gpu_nodes is not None and in_fleet_mode(observed.spec):
+        update["gpu_nodes"] = await gpu_nodes()
+    if pod_monitors:
+        update["pod_monitor"] = await _read_pod_monitor(client, owner)
+    return replace(observed, **update)  # type: ignore[arg-type]
+
+
+async def _read_pods(
+    client: Lister,
+    observed: ObservedState,
+    runtimes: list[KubeObject],
+    autoscaled: bool,
+    now: datetime,
+) -> dict[str, object]:
+    """The runtime pods, listed when the autoscaler counts them or a Deployment has not
+    settled (a pod that cannot start says why in its container statuses), the shadow
+    candidate's when its Deployment has not settled, and the serving pods counted."""
+    owner = observed.owner
+    update: dict[str, object] = {}
     if autoscaled or any(unsettled(deployment) for deployment in runtimes):
         selector = names.selector_string(names.runtime_selector(owner.name))
         pods = await client.list(POD, owner.namespace, selector)
@@ -97,33 +125,41 @@ async def gather(
             asked = sum(int((d.get("spec") or {}).get("replicas") or 0) for d in runtimes)
             counted = replace(counted, desired=asked)
         update["serving_pods"] = counted
-        update["scaling_history"] = history
-    objective = observed.spec.slo.p99_latency_milliseconds is not None
-    if autoscaled or (objective and runtimes):
-        update["scaling_signals"] = await read_scaling_signals(
-            source, scope, observed.spec.monitoring.queries, now
-        )
+    return update
+
+
+async def _read_quality(
+    source: MetricsSource,
+    scope: Scope,
+    observed: ObservedState,
+    quality_history: QualityHistory | None,
+    now: datetime,
+) -> dict[str, object]:
+    """The quality watch's tallies over the window its stored status asks for, once the
+    reference engine exists; nothing when there is no window to read yet."""
     reference_digest = _engine_digest(observed.reference_configmap)
-    if observed.spec.quality_watch.enabled and reference_digest:
-        window = window_to_read(
-            observed.spec.quality_watch,
-            observed.status.quality_watch,
-            _engine_digest(observed.configmap),
-            now,
-        )
-        if window is not None:
-            update["quality"], update["quality_history"] = await read_quality_tallies(
-                source, scope, reference_digest, window, now, quality_history or QualityHistory()
-            )
-    if gpu_nodes is not None and in_fleet_mode(observed.spec):
-        update["gpu_nodes"] = await gpu_nodes()
-    if pod_monitors:
-        found = await client.list(POD_MONITOR, owner.namespace, names.children_selector(owner.name))
-        name = names.runtime_name(owner.name)
-        update["pod_monitor"] = next(
-            (m for m in found if m["metadata"]["name"] == name and _owned(m, owner.uid)), None
-        )
-    return replace(observed, **update)  # type: ignore[arg-type]
+    if not (observed.spec.quality_watch.enabled and reference_digest):
+        return {}
+    window = window_to_read(
+        observed.spec.quality_watch,
+        observed.status.quality_watch,
+        _engine_digest(observed.configmap),
+        now,
+    )
+    if window is None:
+        return {}
+    quality, history = await read_quality_tallies(
+        source, scope, reference_digest, window, now, quality_history or QualityHistory()
+    )
+    return {"quality": quality, "quality_history": history}
+
+
+async def _read_pod_monitor(client: Lister, owner: OwnerRef) -> KubeObject | None:
+    """The runtime's PodMonitor, found by its name among the children's labels, and only
+    when this object owns it (by the uid in its ownerReferences); otherwise None."""
+    found = await client.list(POD_MONITOR, owner.namespace, names.children_selector(owner.name))
+    name = names.runtime_name(owner.name)
+    return next((m for m in found if m["metadata"]["name"] == name and _owned(m, owner.uid)), None)
 
 
 def _engine_digest(configmap: KubeObject | None) -> str | None:
