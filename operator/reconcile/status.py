@@ -107,18 +107,7 @@ def compute_status(
     autoscaling is off), `quality` what the quality watch adds (None: it is off)."""
     quality = quality or QualityReport()
     generation, serving, previous = observed.owner.generation, plan.serving, observed.status
-    facts = Facts(
-        engine=engine,
-        serving=serving,
-        version=observed.spec.model.version,
-        # Pods of an engine the Deployment no longer runs are on their way out.
-        failure=runtime_failure(observed.runtime_pods, digest=serving.digest if serving else None),
-        rollout=rollout,
-        shadow=shadow,
-        replicas=replicas,
-        quality_drift=quality.drift,
-        fallback=quality.fallback,
-    )
+    facts = _facts(observed, engine, serving, shadow, rollout, replicas, quality)
     summary = summary_conditions(situation_of(facts))
     values: list[tuple[ConditionType, ConditionValue | None]] = [
         (ConditionType.READY, summary.ready),
@@ -152,6 +141,31 @@ def compute_status(
             "quality_watch": quality.status,
             "slo": slo.status if slo else None,
         }
+    )
+
+
+def _facts(
+    observed: ObservedState,
+    engine: EngineState,
+    serving: ServingEngine | None,
+    shadow: ShadowReport,
+    rollout: RolloutProgress,
+    replicas: int,
+    quality: QualityReport,
+) -> Facts:
+    """What `situation_of` chooses the summary from: the deciders' reports for this pass
+    and the runtime pods' failure, read against the engine the Deployment runs."""
+    return Facts(
+        engine=engine,
+        serving=serving,
+        version=observed.spec.model.version,
+        # Pods of an engine the Deployment no longer runs are on their way out.
+        failure=runtime_failure(observed.runtime_pods, digest=serving.digest if serving else None),
+        rollout=rollout,
+        shadow=shadow,
+        replicas=replicas,
+        quality_drift=quality.drift,
+        fallback=quality.fallback,
     )
 
 
