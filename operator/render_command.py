@@ -72,7 +72,7 @@ def render_manifest(
 
 def _after_the_build(
     first: Decision, empty: ObservedState, settings: OperatorSettings, engine_digest: str | None
-) -> tuple[list[dict[str, Any]], str]:
+) -> tuple[tuple[dict[str, Any], ...], str]:
     """The children once the first pass's build Job has succeeded with `engine_digest`
     (else a placeholder derived from the build key), and the note that says which: the
     runtime's objects exist only once the operator knows the engine's digest."""
