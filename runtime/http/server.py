@@ -21,9 +21,10 @@ On SIGTERM (or SIGINT), in order (the data plane's steps first, `DataPlane.drain
    shadow candidate stops, its work in flight cancelled.
 2. Every request admitted before (its body still being read, decoded, queued or running)
    is answered with its result.
-3. The listener closes. The connections it had accepted and the application had not yet
-   seen are accepted first, in the same step as the close, so a client whose connection
-   the kernel had already completed is answered (503) rather than reset.
+3. The listener closes. It first stops taking new handshakes (`handshakes`), then the
+   connections the kernel had completed and the application had not yet seen are
+   accepted, in the same step as the close, so such a client is answered (503) rather
+   than reset.
 4. After `_QUIET_SECONDS` (the requests of those connections arrive and are answered),
    aiohttp's graceful shutdown: each connection closes after the request it is handling,
    idle ones at once.
@@ -43,6 +44,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.http.app import RUNNER_OPTIONS
+from kubeinfer.runtime.http.handshakes import refuse_new_handshakes
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +139,9 @@ async def _close_listener(
     """Stops asyncio accepting (the connections it has just accepted are handed to the
     server a loop turn later: they are let through first, since once the asyncio server
     is closed they would fail and be left unanswered), then accepts what the kernel has
-    queued and closes the listener in the same step (no await in between: no connection
-    can complete in the gap unseen), and hands those connections to the server."""
+    queued and closes the listener (new handshakes refused first, so none completes in
+    the gap unseen), and hands those connections to the server."""
+    refuse_new_handshakes(sock)  # the handshakes under way complete in the sleep below
     loop.remove_reader(sock.fileno())
     await asyncio.sleep(_POLL_SECONDS)
     accepted = []

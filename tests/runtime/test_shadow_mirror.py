@@ -225,10 +225,10 @@ async def test_a_kubeinfer_candidate_is_compared_and_timed_by_its_server_timing(
     status = aggregates.status()
     assert status["mismatches"] == 0 and status["maxAbsDifference"] < 1e-5
     assert status["top1"] == {"rows": 10, "agreements": 10, "agreement": 1.0}
-    # The candidate's own time (Server-Timing: well under a millisecond for this model),
-    # not this side's: 0.1 ms lands in the lowest buckets either way, the candidate's
-    # server time is positive and below the round trip of a loopback HTTP call.
-    assert 0 < status["latency"]["candidateP99Seconds"] < 0.05
+    # The real runtime sends a Server-Timing the mirror reads: a positive time of its own
+    # (how long depends on the machine's load; that the figure is the header's and not
+    # the round trip is the next test's, with a scripted candidate).
+    assert status["latency"]["candidateP99Seconds"] > 0
 
 
 async def test_the_candidates_latency_is_its_own_server_timing(scripted) -> None:
