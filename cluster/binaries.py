@@ -195,7 +195,6 @@ NODE_BINARIES = (
     "coredns",
     "local-path-provisioner",
     "pause",
-    "kwok",
     "cni-bin-dir",
 )
 """The keys of `ensure_node_binaries`: each an executable, except `cni-bin-dir`, the folder
@@ -216,5 +215,4 @@ def ensure_node_binaries() -> dict[str, Path]:
     found["coredns"] = node_builds.ensure_coredns()
     found["local-path-provisioner"] = node_builds.ensure_local_path_provisioner()
     found["pause"] = node_builds.ensure_pause()
-    found["kwok"] = node_builds.ensure_kwok()
     return {name: found[name] for name in NODE_BINARIES}

@@ -100,7 +100,7 @@ def _build(_: argparse.Namespace) -> int:
     """Builds (or finds) each group in turn, printing each binary's path as it is ready,
     then the images the node runs (all of it needs the package registries: the tests and
     local mode, which run in a network namespace with no way out, only find it built)."""
-    from kubeinfer.cluster import binaries, control_plane
+    from kubeinfer.cluster import binaries, control_plane, node_builds
 
     try:
         for name, path in binaries.ensure_binaries().items():
@@ -108,6 +108,7 @@ def _build(_: argparse.Namespace) -> int:
         for name, path in binaries.ensure_node_binaries().items():
             if name not in binaries.BINARIES:
                 print(f"{name}: {path}", flush=True)
+        print(f"kwok: {node_builds.ensure_kwok()}", flush=True)
         print(f"prometheus: {binaries.ensure_prometheus()}", flush=True)
         print(f"helm: {binaries.ensure_helm()}", flush=True)
         for archive in control_plane.node_images(binaries.ensure_node_binaries()):

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubeinfer.cluster import binaries, control_plane, fleet_stages, netns, processes
+from kubeinfer.cluster import control_plane, fleet_stages, netns, node_builds, processes
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 """KWOK manages the nodes annotated `kwok.x-k8s.io/node=fake` (its own convention)."""
@@ -184,7 +184,7 @@ def start(
     the StorageClass whose claims it binds, and `add_nodes(nodes)`. ClusterError when KWOK
     exits or the nodes are not Ready in time (KWOK stopped again)."""
     directory = cluster.directory
-    binary = binaries.ensure_node_binaries()["kwok"]
+    binary = node_builds.ensure_kwok()  # only fleets need it: make demo never builds it
     config = write_config(directory, start_seconds, build_seconds)
     argv = kwok_argv(binary, directory / "kubeconfigs" / "admin.kubeconfig", config)
     command = netns.NodeNetwork(cluster.namespace_path).command(argv)
