@@ -5,9 +5,10 @@ use them are marked `transformers` and skip otherwise).
 
 Their sizes are `transformer_models`' defaults (a vocabulary of 1000 for the encoder and
 512 for the decoder, hidden 64, 4 heads, 2 layers, 3 labels), so the same inputs
-(`encoder_inputs`, `decoder_inputs`) and the same ranges serve both. Unverified: the
-project's machines have neither torch nor transformers, so this module has never run
-there; it is kept to the export.
+(`encoder_inputs`, `decoder_inputs`) and the same ranges serve both. Ran on 2026-11-27
+with torch 2.15.0 (its default exporter, dynamo; onnxscript 0.7.2) and transformers
+5.24.0, from a venv of their own beside the project's, which pins neither
+(docs/development.md, "The transformers marker").
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from typing import Any
 TEXT = ("input_ids", "attention_mask", "token_type_ids")
 LAYERS, HEADS, HIDDEN = 2, 4, 64
 TOTAL = "past_sequence_length + sequence_length"
+# torch's exporter (dynamo, the default since torch 2.9) writes opset 18 and converts
+# down to an older one asked for; its conversion to 17 left Split's opset-18
+# `num_outputs` attribute in the GPT-2 graph, which ONNX Runtime refuses.
+OPSET = 18
+SEED = 0  # the random weights, the same on every run
 
 
 def export_bert(path: Path) -> Path:
@@ -26,47 +32,59 @@ def export_bert(path: Path) -> Path:
     import torch
     import transformers
 
+    torch.manual_seed(SEED)
     config = transformers.BertConfig(
         vocab_size=1000, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
         num_attention_heads=HEADS, intermediate_size=128, num_labels=3,
+        # transformers' default (0.02) leaves a random BERT's logits near 0 whatever the
+        # input: attending to padding moved them by 1e-4. At 0.2 they span units, and
+        # unmasked padding moves them by about 2.6.
+        initializer_range=0.2,
     )  # fmt: skip
     model = transformers.BertForSequenceClassification(config).eval()
     example = tuple(torch.ones((2, 8), dtype=torch.int64) for _ in TEXT)
     axes = {name: {0: "batch_size", 1: "sequence_length"} for name in TEXT}
     torch.onnx.export(
         model, example, str(path), input_names=list(TEXT), output_names=["logits"],
-        dynamic_axes={**axes, "logits": {0: "batch_size"}}, opset_version=17,
+        dynamic_axes={**axes, "logits": {0: "batch_size"}}, opset_version=OPSET,
     )  # fmt: skip
     return path
 
 
 def _with_flat_cache(model: Any) -> Any:
-    """GPT2LMHeadModel with its cache as flat inputs and outputs, as exports name them."""
+    """GPT2LMHeadModel with its cache as flat inputs and outputs, as exports name them.
+
+    The cache's tensors are named parameters, not `*past`: torch's exporter maps
+    `dynamic_axes` onto the forward's parameters, one per input name."""
     import torch
+    from transformers.cache_utils import DynamicCache
 
     class Gpt2WithPast(torch.nn.Module):  # type: ignore[misc, name-defined]
         def __init__(self) -> None:
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids, attention_mask, *past):  # type: ignore[no-untyped-def]
-            legacy = tuple((past[2 * i], past[2 * i + 1]) for i in range(LAYERS))
-            try:
-                from transformers.cache_utils import DynamicCache
-
+        def forward(  # type: ignore[no-untyped-def]
+            self, input_ids, attention_mask, past_0_key, past_0_value, past_1_key, past_1_value
+        ):
+            legacy = ((past_0_key, past_0_value), (past_1_key, past_1_value))
+            if hasattr(DynamicCache, "from_legacy_cache"):  # transformers 4 (not run here)
                 cache = DynamicCache.from_legacy_cache(legacy)
-            except ImportError:
-                cache = legacy
+            else:  # transformers 5 takes the pairs directly
+                cache = DynamicCache(legacy)
             out = self.model(
                 input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
                 use_cache=True,
             )  # fmt: skip
             presents = out.past_key_values
             if hasattr(presents, "to_legacy_cache"):
-                presents = presents.to_legacy_cache()
-            return (out.logits, *(t for layer in presents for t in layer))
+                pairs = presents.to_legacy_cache()
+            else:
+                pairs = [(layer.keys, layer.values) for layer in presents.layers]
+            return (out.logits, *(t for pair in pairs for t in pair))
 
-    return Gpt2WithPast()
+    assert LAYERS == 2, "the forward names two layers' cache"
+    return Gpt2WithPast().eval()
 
 
 def export_gpt2(path: Path) -> Path:
@@ -76,6 +94,7 @@ def export_gpt2(path: Path) -> Path:
     import torch
     import transformers
 
+    torch.manual_seed(SEED)
     config = transformers.GPT2Config(
         vocab_size=512, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=256
     )
@@ -97,6 +116,6 @@ def export_gpt2(path: Path) -> Path:
     }
     torch.onnx.export(
         model, example, str(path), input_names=["input_ids", "attention_mask", *past_names],
-        output_names=["logits", *present_names], dynamic_axes=axes, opset_version=17,
+        output_names=["logits", *present_names], dynamic_axes=axes, opset_version=OPSET,
     )  # fmt: skip
     return path
