@@ -72,12 +72,7 @@ def scaling_report(
         last_scale = now
     metrics = previous_metrics
     if signals is not None and not signals.error:
-        metrics = MetricsStatus(
-            requests_in_progress_per_replica=_rounded(signals.requests_in_progress_per_replica),
-            gpu_memory_used_ratio=_rounded(signals.gpu_memory_used_ratio),
-            p99_milliseconds=_rounded(signals.p99_seconds and signals.p99_seconds * 1e3),
-            read_time=now,
-        )
+        metrics = _figures(signals, previous_metrics, now)
     startup = pods.startup_seconds
     bounds = spec.autoscaling
     autoscaling = AutoscalingStatus(
@@ -88,6 +83,24 @@ def scaling_report(
     return ScalingReport(
         (status, reason, message), recommendation.limited, autoscaling, metrics, events
     )
+
+
+def _figures(
+    signals: ScalingSignals, previous: MetricsStatus | None, now: datetime
+) -> MetricsStatus:
+    """The figures read this pass, stamped `now` unless they are the ones the status
+    already holds: then the status stays as it is (readTime included), so an autoscaled
+    object whose load does not change writes nothing, as the HPA writes its status only
+    when it changes (once per poll per object made a fleet's idle status writes)."""
+    read = MetricsStatus(
+        requests_in_progress_per_replica=_rounded(signals.requests_in_progress_per_replica),
+        gpu_memory_used_ratio=_rounded(signals.gpu_memory_used_ratio),
+        p99_milliseconds=_rounded(signals.p99_seconds and signals.p99_seconds * 1e3),
+        read_time=now,
+    )
+    if previous is not None and previous.model_copy(update={"read_time": now}) == read:
+        return previous
+    return read
 
 
 def _rounded(value: float | None) -> float | None:

@@ -72,3 +72,16 @@ def test_the_figures_are_written_rounded_with_when_they_were_read():
         read_time=T0,
     )
     assert report.autoscaling.pod_startup_seconds == 20.4
+
+
+def test_the_same_figures_read_again_keep_the_status_as_it_was():
+    # An idle autoscaled object writes nothing: the time alone is no change.
+    signals = ScalingSignals(2.0, 0.5, 0.02)
+    pods = ServingPods(4, 4, 0)
+    first = scaling_report(SPEC, recommended(4), signals, pods, None, None, EARLIER).metrics
+    again = scaling_report(SPEC, recommended(4), signals, pods, None, first, T0).metrics
+    assert again is first and again is not None and again.read_time == EARLIER
+    moved = ScalingSignals(2.5, 0.5, 0.02)
+    changed = scaling_report(SPEC, recommended(4), moved, pods, None, first, T0).metrics
+    assert changed is not None and changed.read_time == T0
+    assert changed.requests_in_progress_per_replica == 2.5

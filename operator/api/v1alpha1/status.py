@@ -112,7 +112,8 @@ class MetricsStatus(ApiModel):
     """p99 request latency of the serving pods in milliseconds."""
 
     read_time: datetime | None = None
-    """When these figures were read."""
+    """When the figures were read as they stand: a later read of the same figures keeps
+    it (the status is not written for the time alone)."""
 
 
 class SloStatus(ApiModel):
