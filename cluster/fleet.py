@@ -162,6 +162,7 @@ def kwok_argv(binary: Path, kubeconfig: Path, config: Path) -> list[str]:
         f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
         f"--cidr={POD_NETWORK}",
         "--node-ip=10.64.255.254",
+        "--v=WARN",  # INFO is a line per pod per stage and per Lease renewed
     ]
 
 

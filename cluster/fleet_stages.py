@@ -14,7 +14,10 @@ moves to. Pure data.
   URI: a model the builder cannot read) exits 1 with a message, as a failed build does;
   any running pod annotated `FAIL_ANNOTATION` fails (its container exits 1).
 - Deleted pods go at once (their grace period is the kubelet's, which is KWOK here).
-- Claims of `STORAGE_CLASS` are bound to a volume KWOK makes, as a provisioner would.
+- Claims of `STORAGE_CLASS` get a volume KWOK makes, as an external provisioner would (a
+  PersistentVolume naming the claim, on a path nothing mounts: simulated pods have no
+  volumes), which the persistent volume controller binds. KWOK plays other resources'
+  stages one at a time, so the one request per claim is what a provisioner would make.
 
 Selectors are KWOK's: jq expressions over the object, compared with In, NotIn, Exists or
 DoesNotExist. The stages that move one object are kept mutually exclusive, since KWOK
@@ -211,30 +214,17 @@ spec:
 
 
 def _volume_stages() -> list[Stage]:
-    """A claim of STORAGE_CLASS gets a volume and is bound; the volume is marked Bound."""
+    """A claim of STORAGE_CLASS gets a volume bound to it, as an external provisioner
+    makes one; the persistent volume controller then binds the two, as it would."""
     of_class = {"key": ".spec.storageClassName", "operator": "In", "values": [STORAGE_CLASS]}
     claim = _stage("claim-provision", "PersistentVolumeClaim", [
         of_class, _NOT_DELETING,
+        {"key": ".spec.volumeName", "operator": "DoesNotExist"},
         {"key": ".status.phase", "operator": "NotIn", "values": ["Bound"]},
     ], {})  # fmt: skip
     claim["spec"].pop("next")
-    claim["spec"]["steps"] = [
-        {"apply": {"template": _PVC_VOLUME}},
-        {"patch": {"root": "metadata", "template": (
-            "annotations:\n"
-            '  pv.kubernetes.io/bind-completed: "yes"\n'
-            '  pv.kubernetes.io/bound-by-controller: "yes"\n'
-            f"  volume.kubernetes.io/storage-provisioner: {PROVISIONER}\n")}},
-        {"patch": {"root": "spec", "template": "volumeName: pvc-{{ .metadata.uid }}\n"}},
-        {"patch": {"root": "status", "subresource": "status", "template": (
-            "phase: Bound\naccessModes:\n{{ YAML .spec.accessModes 1 }}\n"
-            "capacity:\n{{ YAML .spec.resources.requests 1 }}\n")}},
-    ]  # fmt: skip
-    volume = _stage("volume-bind", "PersistentVolume", [
-        of_class, _NOT_DELETING,
-        {"key": ".status.phase", "operator": "NotIn", "values": ["Bound", "Released", "Failed"]},
-    ], {"statusTemplate": "phase: Bound\n"})  # fmt: skip
-    return [claim, volume]
+    claim["spec"]["steps"] = [{"apply": {"template": _PVC_VOLUME}}]
+    return [claim]
 
 
 def stages(start_seconds: float = 1.0, build_seconds: float = 2.0) -> list[Stage]:
