@@ -146,11 +146,16 @@ class Reading:
 
     def ready(self) -> int:
         """Objects whose last pass wrote Ready True, by the operator's own gauge."""
-        return sum(
-            1 for (name, labels), value in self.operator.items()
-            if name == series.INFERENCE_DEPLOYMENT_CONDITION.name and value
-            and dict(labels).get("type") == "Ready" and dict(labels).get("status") == "True"
-        )  # fmt: skip
+        return ready_count(self.operator)
+
+
+def ready_count(operator: Samples) -> int:
+    """Objects whose last pass wrote Ready True, by the operator's own gauge."""
+    return sum(
+        1 for (name, labels), value in operator.items()
+        if name == series.INFERENCE_DEPLOYMENT_CONDITION.name and value
+        and dict(labels).get("type") == "Ready" and dict(labels).get("status") == "True"
+    )  # fmt: skip
 
 
 def apiserver_requests(cluster: control_plane.Cluster) -> Counter[str]:
