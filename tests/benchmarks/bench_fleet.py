@@ -4,8 +4,8 @@ simulated GPU nodes, against the real control plane, in one run.
 A script, not a test (nothing here is named test_*, so pytest never collects it); as root:
 
     .venv/bin/python tests/benchmarks/bench_fleet.py [--sizes 10,100,1000] [--nodes 300]
-        [--steady-seconds 60] [--churn-minutes 2] [--failover-at 1000] [--json out.json]
-        [--plot docs/fleet.png]
+        [--steady-seconds 60] [--churn-minutes 2] [--autoscale-seconds 60]
+        [--failover-at 1000] [--cache shared|per-object] [--json out.json]
 
 The cluster is `kubeinfer cluster up`'s (etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler and the real node) with `--nodes` simulated GPU nodes (`cluster.fleet`:
@@ -16,14 +16,18 @@ engine digest as `kubeinfer build` does. The operator runs as its own process
 peak memory (from /proc) are that size's.
 
 Per size N, in a namespace of its own: the N objects (TensorRT fp16, one GPU per pod, 2
-replicas, each pinned to one GPU product in turn) are created at once (16 clients in
-parallel), then: seconds until the operator has written Ready True on all of them, its
+replicas, each pinned to one GPU product in turn; their engine cache one claim the
+namespace shares, or with `--cache per-object` a claim each) are created at once (16
+clients in parallel), then: seconds until the operator has written Ready True on all of them, its
 passes (count, p50/p99 from its own histogram), CPU seconds, peak and settled memory, its
 API requests by verb (its own counter), the watch events its handlers took, every
 client's requests by verb from the API server's `apiserver_request_total`; then
 `--steady-seconds` with nothing changing (goal: no writes at all); then
 `--churn-minutes` in which 10 % of the objects a minute have their replica count changed
-(spread evenly over each minute), with the CPU per minute and the writes per change; at
+(spread evenly over each minute), with the CPU per minute and the writes per change;
+`--autoscale-seconds` with autoscaling on for every object, reading a real Prometheus
+fed with the simulated pods' series (`fleet_load`): metrics queries per poll and which
+objects scaled; at
 `--failover-at`, a leader failover: a second replica waits on the Lease, the leader is
 killed, one object's spec changes, and the time until its status shows the new
 generation is the failover's cost. The namespace is deleted before the next size.
@@ -54,7 +58,13 @@ PRODUCTS = ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-L4", "NVIDIA-A10G")
 API = "/apis/kubeinfer.io/v1alpha1"
 
 
-def manifest(namespace: str, index: int, storage_class: str) -> dict[str, Any]:
+SHARED_CACHE = "fleet-engine-cache"
+"""The engine cache claim every object of a namespace shares (`--cache shared`)."""
+
+
+def manifest(namespace: str, index: int, storage_class: str, shared: bool) -> dict[str, Any]:
+    own = {"storageClassName": storage_class, "size": "1Gi", "accessMode": "ReadWriteMany"}
+    cache = {"existingClaim": SHARED_CACHE} if shared else own
     return {
         "apiVersion": "kubeinfer.io/v1alpha1",
         "kind": "InferenceDeployment",
@@ -63,8 +73,7 @@ def manifest(namespace: str, index: int, storage_class: str) -> dict[str, Any]:
             "model": {"name": f"model-{index:05d}", "version": "1",
                       "source": {"uri": f"https://models.example/fleet/{index}.onnx"}},
             "engine": {"backend": "tensorrt", "precision": "fp16", "maxBatchSize": 8,
-                       "cache": {"storageClassName": storage_class, "size": "1Gi",
-                                 "accessMode": "ReadWriteMany"}},
+                       "cache": cache},
             "runtime": {
                 "replicas": 2,
                 "resources": {"gpus": 1},
@@ -114,6 +123,18 @@ class Fleet:
         self.request("POST", "/api/v1/namespaces", namespace)
         self._wait(lambda: self.cluster.get(
             f"/api/v1/namespaces/{name}/serviceaccounts/default")[0] == 200, 30)  # fmt: skip
+
+    def shared_cache(self, namespace: str) -> None:
+        """The namespace's one engine cache claim (ReadWriteMany, as a fleet shares one),
+        bound by KWOK's provisioner stage."""
+        claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                 "metadata": {"name": SHARED_CACHE, "namespace": namespace},
+                 "spec": {"storageClassName": self.storage_class, "accessModes": ["ReadWriteMany"],
+                          "resources": {"requests": {"storage": "100Gi"}}}}  # fmt: skip
+        path = f"/api/v1/namespaces/{namespace}/persistentvolumeclaims"
+        self.request("POST", path, claim)
+        bound = lambda: self.request("GET", f"{path}/{SHARED_CACHE}").get("status", {})  # noqa: E731
+        self._wait(lambda: bound().get("phase") == "Bound", 120)
 
     def delete_namespace(self, name: str, timeout: float = 900) -> float:
         t0 = time.monotonic()
@@ -309,12 +330,15 @@ AUTOSCALE_POLL_SECONDS = 15.0
 def phase(fleet: Fleet, n: int, args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     namespace = f"fleet-{n}"
     fleet.namespace(namespace)
+    if args.cache == "shared":
+        fleet.shared_cache(namespace)
     operator = operator_process(fleet, directory / f"operator-{n}.log")
     result: dict[str, Any] = {"n": n, "nodes": args.nodes}
     try:
         time.sleep(2)  # its watches started
         start = probe.read(fleet.cluster, operator)
-        objects = [manifest(namespace, i, fleet.storage_class) for i in range(n)]
+        objects = [manifest(namespace, i, fleet.storage_class, args.cache == "shared")
+                   for i in range(n)]  # fmt: skip
         result["create_seconds"] = round(fleet.create_all(objects), 1)
         wait_ready(fleet, operator, n, args.ready_timeout)
         ready = probe.read(fleet.cluster, operator)
@@ -356,7 +380,15 @@ def main() -> int:
     parser.add_argument("--settle-seconds", type=float, default=20)
     parser.add_argument("--churn-minutes", type=float, default=2)
     parser.add_argument("--failover-at", type=int, default=1000)
-    parser.add_argument("--ready-timeout", type=float, default=1200)
+    parser.add_argument("--ready-timeout", type=float, default=1500)
+    parser.add_argument(
+        "--cache",
+        choices=("shared", "per-object"),
+        default="shared",
+        help="one engine cache claim per namespace, or one per object (each "
+        "provisioned by KWOK's one-at-a-time claim stage and bound by the "
+        "persistent volume controller)",
+    )
     parser.add_argument(
         "--autoscale-seconds",
         type=float,
