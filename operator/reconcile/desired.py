@@ -279,11 +279,20 @@ def build_runtime_deployment(
 def build_disruption_budget(owner: OwnerRef, version: str) -> KubeObject:
     """The serving pods' PodDisruptionBudget: one at a time may go by eviction (a drain,
     the cluster autoscaler), the next only once its replacement is ready, so voluntary
-    disruptions never take serving below all its pods but one. Involuntary ones (a node
-    lost) are not bound by it; the spreading is what limits those."""
+    disruptions never take serving below all its pods but one. It selects every serving
+    pod of the object (a mixed fleet's products together), not a shadow candidate's or a
+    quality reference's, which take no traffic. A pod that is not ready may always be
+    evicted: it serves nothing, and a budget counting it would block a drain for good.
+    Involuntary disruptions (a node lost) are not bound by it; the spreading limits those."""
     labels = names.common_labels(owner.name, version, names.COMPONENT_RUNTIME)
     selector = {"matchLabels": names.serving_selector(owner.name)}
-    body = {"spec": {"maxUnavailable": 1, "selector": selector}}
+    body = {
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": selector,
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        }
+    }
     name = names.runtime_name(owner.name)
     return finish_child("policy/v1", "PodDisruptionBudget", name, owner, labels, body)
 

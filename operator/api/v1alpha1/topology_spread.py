@@ -30,7 +30,8 @@ class TopologySpreadSpec(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     """Node labels whose values are the domains to spread over (by default the zone, then
-    the node); empty: no spreading. A node without the label is no domain of that key."""
+    the node); empty: no spreading. A node without the label is no domain of that key:
+    with DoNotSchedule it takes none of the pods."""
 
     max_skew: int = Field(default=1, ge=1, le=100)
     """Most pods one domain may hold beyond the domain with the fewest."""
