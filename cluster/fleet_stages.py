@@ -13,6 +13,8 @@ moves to. Pure data.
 - Failures on demand: a build whose arguments hold `BUILD_FAILS_MARKER` (say in the model
   URI: a model the builder cannot read) exits 1 with a message, as a failed build does;
   any running pod annotated `FAIL_ANNOTATION` fails (its container exits 1).
+- A running serving pod marked not Ready (by the node lifecycle controller, while its
+  node's Lease lapsed) is Ready again after `start` seconds, as its kubelet would report.
 - Deleted pods go at once (their grace period is the kubelet's, which is KWOK here).
 - Claims of `STORAGE_CLASS` get a volume KWOK makes, as an external provisioner would (a
   PersistentVolume naming the claim, on a path nothing mounts: simulated pods have no
@@ -131,6 +133,21 @@ phase: Running
 startTime: {{ $now | Quote }}
 """
 )
+
+POD_READY_AGAIN = """\
+{{ $now := Now }}
+conditions:
+- {type: PodScheduled, status: "True", lastTransitionTime: {{ $now | Quote }}}
+- {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
+- {type: ContainersReady, status: "True", lastTransitionTime: {{ $now | Quote }}}
+- {type: Ready, status: "True", lastTransitionTime: {{ $now | Quote }}}
+{{ range .spec.readinessGates }}
+- {type: {{ .conditionType | Quote }}, status: "True", lastTransitionTime: {{ $now | Quote }}}
+{{ end }}
+"""
+"""A running pod's conditions as its kubelet reports them again: the node lifecycle
+controller marks a node's pods not Ready while its Lease lapses (KWOK renewing late on a
+busy machine), and only the kubelet sets them Ready again."""
 
 _TERMINATED = """\
 {{ $now := Now }}
@@ -260,6 +277,12 @@ def stages(start_seconds: float = 1.0, build_seconds: float = 2.0) -> list[Stage
             {"key": _BUILD_FAILS, "operator": "Exists"},
             {"key": _ASKED_TO_FAIL, "operator": "DoesNotExist"},
         ], {"statusTemplate": BUILD_FAILED}, build, build),
+        _stage("pod-ready-again", "Pod", [
+            _NOT_DELETING, running,
+            {"key": _JOB_POD, "operator": "DoesNotExist"},
+            {"key": _ASKED_TO_FAIL, "operator": "DoesNotExist"},
+            {"key": ready, "operator": "In", "values": ["False"]},
+        ], {"statusTemplate": POD_READY_AGAIN}, start, start),
         _stage("pod-fail", "Pod", [_NOT_DELETING, running,
                                    {"key": _ASKED_TO_FAIL, "operator": "Exists"}],
                {"statusTemplate": POD_FAILED}),
