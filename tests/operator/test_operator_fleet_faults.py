@@ -4,7 +4,10 @@ its taint-based eviction, disruption, ReplicaSet controllers), with KWOK playing
 kubelets (`kubeinfer.cluster.fleet`, as in `test_operator_fleet`).
 
 - The default topology spread: the scheduler places the serving pods evenly over zones,
-  and over the nodes within them.
+  and over the nodes within them. (Its own default constraints, as a preference, place
+  them so too where nothing says otherwise: the operator's keep it so on a scheduler
+  configured without them.) A rule in the spec (`DoNotSchedule`) holds over zones of
+  uneven size, where the preferences alone put more pods in the larger zone.
 - `kubectl drain` goes through the Eviction API, which honours the operator's
   PodDisruptionBudget: the ready serving pods, followed by a watch (every change, not
   samples), never drop below all but one.
@@ -327,3 +330,27 @@ async def test_a_lost_zone_keeps_the_engines_and_serving_comes_back_in_the_other
         }
         assert {zone(p["spec"]["nodeName"]) for p in ready_pods(world)} == {ZONE_B, ZONE_C}
         assert_status_told_the_truth(statuses(seen), 6)
+
+
+async def test_a_zone_spread_rule_in_the_spec_holds_over_uneven_zones(
+    world: World,
+    tiny: Model,
+    gpu_nodes: list[str],  # noqa: F811 (the fixture)
+) -> None:
+    """Three nodes in one zone, one in each other: the scheduler's own preferences put
+    about a pod per node (more in the zone with more nodes); the spec's rule
+    (DoNotSchedule) holds the zones within one pod of each other."""
+    add_nodes(world, gpu_nodes, ("H100", ZONE_A), ("H100", ZONE_A), ("H100", ZONE_A),
+              ("H100", ZONE_B), ("H100", ZONE_C))  # fmt: skip
+    body = faults_manifest(tiny, 6)
+    body["spec"]["runtime"]["topologySpread"] = {
+        "topologyKeys": [fleet.ZONE_LABEL],
+        "maxSkew": 1,
+        "whenUnsatisfiable": "DoNotSchedule",
+    }
+    async with start_operator(world, SETTINGS):
+        world.create(body)
+        await eventually(lambda: serves_all(world, 6), 120, "Ready with 6 pods")
+        zone = zone_of(world)
+        by_zone = Counter(zone(p["spec"]["nodeName"]) for p in ready_pods(world))
+        assert by_zone == {ZONE_A: 2, ZONE_B: 2, ZONE_C: 2}, by_zone
