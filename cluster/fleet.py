@@ -162,13 +162,31 @@ def kwok_argv(binary: Path, kubeconfig: Path, config: Path) -> list[str]:
         f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
         f"--cidr={POD_NETWORK}",
         "--node-ip=10.64.255.254",
+        "--v=WARN",  # INFO is a line per pod per stage and per Lease renewed
     ]
 
 
+LEASE_WORKERS = 16
+"""KWOK's workers renewing node Leases (its default is 4: with hundreds of nodes on a busy
+machine, renewals fell behind the node lifecycle controller's grace period and healthy
+nodes went NotReady, their pods with them)."""
+
+
 def write_config(directory: Path, start_seconds: float = 1.0, build_seconds: float = 2.0) -> Path:
-    """KWOK's configuration (its Stages), as `directory/kwok.yaml`."""
+    """KWOK's configuration (its options and Stages), as `directory/kwok.yaml`."""
     path = directory / "kwok.yaml"
-    path.write_text(yaml.safe_dump_all(fleet_stages.stages(start_seconds, build_seconds)))
+    options = {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokConfiguration",
+        "options": {
+            "nodeLeaseParallelism": LEASE_WORKERS,  # the rest: KWOK's defaults,
+            "nodePlayStageParallelism": 4,
+            "podPlayStageParallelism": 4,
+            "podsOnNodeSyncParallelism": 1,
+        },
+    }  # which a partial set would zero
+    documents = [options, *fleet_stages.stages(start_seconds, build_seconds)]
+    path.write_text(yaml.safe_dump_all(documents))
     return path
 
 

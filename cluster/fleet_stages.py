@@ -13,8 +13,13 @@ moves to. Pure data.
 - Failures on demand: a build whose arguments hold `BUILD_FAILS_MARKER` (say in the model
   URI: a model the builder cannot read) exits 1 with a message, as a failed build does;
   any running pod annotated `FAIL_ANNOTATION` fails (its container exits 1).
+- A running serving pod marked not Ready (by the node lifecycle controller, while its
+  node's Lease lapsed) is Ready again after `start` seconds, as its kubelet would report.
 - Deleted pods go at once (their grace period is the kubelet's, which is KWOK here).
-- Claims of `STORAGE_CLASS` are bound to a volume KWOK makes, as a provisioner would.
+- Claims of `STORAGE_CLASS` get a volume KWOK makes, as an external provisioner would (a
+  PersistentVolume naming the claim, on a path nothing mounts: simulated pods have no
+  volumes), which the persistent volume controller binds. KWOK plays other resources'
+  stages one at a time, so the one request per claim is what a provisioner would make.
 
 Selectors are KWOK's: jq expressions over the object, compared with In, NotIn, Exists or
 DoesNotExist. The stages that move one object are kept mutually exclusive, since KWOK
@@ -129,6 +134,21 @@ startTime: {{ $now | Quote }}
 """
 )
 
+POD_READY_AGAIN = """\
+{{ $now := Now }}
+conditions:
+- {type: PodScheduled, status: "True", lastTransitionTime: {{ $now | Quote }}}
+- {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
+- {type: ContainersReady, status: "True", lastTransitionTime: {{ $now | Quote }}}
+- {type: Ready, status: "True", lastTransitionTime: {{ $now | Quote }}}
+{{ range .spec.readinessGates }}
+- {type: {{ .conditionType | Quote }}, status: "True", lastTransitionTime: {{ $now | Quote }}}
+{{ end }}
+"""
+"""A running pod's conditions as its kubelet reports them again: the node lifecycle
+controller marks a node's pods not Ready while its Lease lapses (KWOK renewing late on a
+busy machine), and only the kubelet sets them Ready again."""
+
 _TERMINATED = """\
 {{ $now := Now }}
 conditions:
@@ -211,30 +231,17 @@ spec:
 
 
 def _volume_stages() -> list[Stage]:
-    """A claim of STORAGE_CLASS gets a volume and is bound; the volume is marked Bound."""
+    """A claim of STORAGE_CLASS gets a volume bound to it, as an external provisioner
+    makes one; the persistent volume controller then binds the two, as it would."""
     of_class = {"key": ".spec.storageClassName", "operator": "In", "values": [STORAGE_CLASS]}
     claim = _stage("claim-provision", "PersistentVolumeClaim", [
         of_class, _NOT_DELETING,
+        {"key": ".spec.volumeName", "operator": "DoesNotExist"},
         {"key": ".status.phase", "operator": "NotIn", "values": ["Bound"]},
     ], {})  # fmt: skip
     claim["spec"].pop("next")
-    claim["spec"]["steps"] = [
-        {"apply": {"template": _PVC_VOLUME}},
-        {"patch": {"root": "metadata", "template": (
-            "annotations:\n"
-            '  pv.kubernetes.io/bind-completed: "yes"\n'
-            '  pv.kubernetes.io/bound-by-controller: "yes"\n'
-            f"  volume.kubernetes.io/storage-provisioner: {PROVISIONER}\n")}},
-        {"patch": {"root": "spec", "template": "volumeName: pvc-{{ .metadata.uid }}\n"}},
-        {"patch": {"root": "status", "subresource": "status", "template": (
-            "phase: Bound\naccessModes:\n{{ YAML .spec.accessModes 1 }}\n"
-            "capacity:\n{{ YAML .spec.resources.requests 1 }}\n")}},
-    ]  # fmt: skip
-    volume = _stage("volume-bind", "PersistentVolume", [
-        of_class, _NOT_DELETING,
-        {"key": ".status.phase", "operator": "NotIn", "values": ["Bound", "Released", "Failed"]},
-    ], {"statusTemplate": "phase: Bound\n"})  # fmt: skip
-    return [claim, volume]
+    claim["spec"]["steps"] = [{"apply": {"template": _PVC_VOLUME}}]
+    return [claim]
 
 
 def stages(start_seconds: float = 1.0, build_seconds: float = 2.0) -> list[Stage]:
@@ -270,6 +277,12 @@ def stages(start_seconds: float = 1.0, build_seconds: float = 2.0) -> list[Stage
             {"key": _BUILD_FAILS, "operator": "Exists"},
             {"key": _ASKED_TO_FAIL, "operator": "DoesNotExist"},
         ], {"statusTemplate": BUILD_FAILED}, build, build),
+        _stage("pod-ready-again", "Pod", [
+            _NOT_DELETING, running,
+            {"key": _JOB_POD, "operator": "DoesNotExist"},
+            {"key": _ASKED_TO_FAIL, "operator": "DoesNotExist"},
+            {"key": ready, "operator": "In", "values": ["False"]},
+        ], {"statusTemplate": POD_READY_AGAIN}, start, start),
         _stage("pod-fail", "Pod", [_NOT_DELETING, running,
                                    {"key": _ASKED_TO_FAIL, "operator": "Exists"}],
                {"statusTemplate": POD_FAILED}),

@@ -44,6 +44,7 @@ from kubeinfer.operator.kube.resources import (
     JOB,
     LEASE,
     NODE,
+    PDB,
     POD,
     POD_MONITOR,
     PVC,
@@ -91,6 +92,7 @@ RULES: tuple[Rule, ...] = (
     _rule((EVENT,), ("create",)),
     _rule((DEPLOYMENT,), ("list", "watch", "create", "patch", "delete")),
     _rule((JOB,), ("list", "watch", "create", "patch", "delete")),
+    _rule((PDB,), ("list", "watch", "create", "patch")),
     _rule((POD_MONITOR,), ("list", "create", "patch")),
 )
 

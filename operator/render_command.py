@@ -23,7 +23,14 @@ if TYPE_CHECKING:
 
 RENDER_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
-KIND_ORDER = ("PersistentVolumeClaim", "Job", "ConfigMap", "Deployment", "Service")
+KIND_ORDER = (
+    "PersistentVolumeClaim",
+    "Job",
+    "ConfigMap",
+    "Deployment",
+    "Service",
+    "PodDisruptionBudget",
+)
 
 
 class RenderError(ValueError):

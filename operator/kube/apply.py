@@ -42,6 +42,7 @@ def observed_children(observed: ObservedState) -> set[tuple[str, str]]:
         ("Service", observed.service),
         ("Service", observed.candidate_service),
         ("PodMonitor", observed.pod_monitor),
+        ("PodDisruptionBudget", observed.disruption_budget),
         *(("Job", job) for job in observed.jobs),
     ]
     # Items of a LIST carry no kind of their own, so the slot names it.

@@ -18,6 +18,7 @@ from kubeinfer.operator.kube.client import (
     CONFIGMAP,
     DEPLOYMENT,
     JOB,
+    PDB,
     POD,
     PVC,
     SERVICE,
@@ -65,9 +66,9 @@ async def gather_children(
     through `client`: the API, or the operator's cache of its watches (`kube.cache`)."""
     owner = owner_ref_from_body(body)
     selector = names.children_selector(owner.name)
-    kinds = (PVC, CONFIGMAP, DEPLOYMENT, SERVICE, JOB)
+    kinds = (PVC, CONFIGMAP, DEPLOYMENT, SERVICE, JOB, PDB)
     listed = await asyncio.gather(*(client.list(k, owner.namespace, selector) for k in kinds))
-    pvcs, configmaps, deployments, services, jobs = (
+    pvcs, configmaps, deployments, services, jobs, budgets = (
         [o for o in objects if _owned_by(o, owner.uid)] for objects in listed
     )
     jobs.sort(key=lambda o: o["metadata"]["name"])
@@ -98,6 +99,7 @@ async def gather_children(
         reference_deployment=_named(deployments, reference),
         reference_service=_named(services, reference),
         annotations=dict(body["metadata"].get("annotations") or {}),
+        disruption_budget=_named(budgets, runtime),
         product_configmaps=_of_products(configmaps),
         product_deployments=_of_products(deployments),
     )

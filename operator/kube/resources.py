@@ -42,6 +42,8 @@ POD = ResourceType("", "v1", "pods", "Pod")
 EVENT = ResourceType("", "v1", "events", "Event")
 DEPLOYMENT = ResourceType("apps", "v1", "deployments", "Deployment")
 JOB = ResourceType("batch", "v1", "jobs", "Job")
+PDB = ResourceType("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
+"""The serving pods' disruption budget (a drain evicts one at a time)."""
 POD_MONITOR = ResourceType("monitoring.coreos.com", "v1", "podmonitors", "PodMonitor")
 """The prometheus-operator's; only where the cluster serves it."""
 NODE = ResourceType("", "v1", "nodes", "Node", namespaced=False)
@@ -61,6 +63,7 @@ RESOURCES: dict[str, ResourceType] = {
         EVENT,
         DEPLOYMENT,
         JOB,
+        PDB,
         POD_MONITOR,
         LEASE,
         NODE,

@@ -5,7 +5,8 @@ of the runtime pods' /metrics.
 
 `MetricsSources` makes each source once and keeps it for the operator's life, owned by
 the reconciler: one HTTP session per Prometheus (connections reused across passes and
-objects) and one for the direct reads, so the caps on queries in flight hold per
+objects; the autoscaler's signals read for every object at once, once per autoscale
+poll: `shared_reads`) and one for the direct reads, so the caps on queries in flight hold per
 operator, not per pass; `close` releases them at shutdown.
 """
 
@@ -37,7 +38,9 @@ class MetricsSources:
         timeout = self.settings.metrics.timeout_seconds
         if url:
             if url not in self._prometheus:
-                self._prometheus[url] = PrometheusSource(url, timeout, self.activity)
+                self._prometheus[url] = PrometheusSource(
+                    url, timeout, self.activity, self.settings.requeue.autoscale_poll_seconds
+                )
             return self._prometheus[url]
         if self._direct is None:
             self._direct = DirectRead(self._list_pods, timeout, self.activity)

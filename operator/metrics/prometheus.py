@@ -17,12 +17,21 @@ import asyncio
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import requests
 from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.metrics.queries import GroupedQuery, Query
+from kubeinfer.operator.metrics.shared_reads import (
+    FleetQuery,
+    Groups,
+    PodSeries,
+    figures,
+    fleet_queries,
+    fresh,
+)
 from kubeinfer.operator.metrics.source import MetricsUnavailable
 
 MAX_CONCURRENT_QUERIES = 4
@@ -37,15 +46,40 @@ class Refused(Exception):
     Prometheus' JSON envelope with status "success"."""
 
 
-class PrometheusSource:
-    """Evaluates queries with Prometheus' instant query API at `now`."""
+@dataclass
+class _Pass:
+    """One shared query of a pass: when it was asked, on which loop, and its answer."""
 
-    def __init__(self, url: str, timeout_seconds: float, activity: Activity | None = None) -> None:
+    at: datetime
+    loop: asyncio.AbstractEventLoop
+    answer: asyncio.Task[PodSeries]
+
+    def serves(self, now: datetime, loop: asyncio.AbstractEventLoop, max_age: float) -> bool:
+        failed = self.answer.done() and (
+            self.answer.cancelled() or self.answer.exception() is not None
+        )
+        return self.loop is loop and not failed and fresh(self.at, now, max_age)
+
+
+class PrometheusSource:
+    """Evaluates queries with Prometheus' instant query API at `now`. With
+    `shared_read_seconds`, the autoscaler's signals are read for every object at once and
+    kept that long (`evaluate_scaling`)."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout_seconds: float,
+        activity: Activity | None = None,
+        shared_read_seconds: float = 0.0,
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout_seconds = timeout_seconds
         self.activity = activity if activity is not None else Activity()
         self._session = requests.Session()
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_QUERIES)
+        self.shared_read_seconds = shared_read_seconds
+        self._passes: dict[str, _Pass] = {}
 
     @property
     def description(self) -> str:
@@ -70,7 +104,42 @@ class PrometheusSource:
             self._groups(query, result) for query, result in zip(queries, results, strict=True)
         )
 
-    def _groups(self, query: GroupedQuery, result: Any) -> dict[tuple[str, ...], float]:
+    @property
+    def shares_scaling_reads(self) -> bool:
+        return self.shared_read_seconds > 0
+
+    async def evaluate_scaling(
+        self, queries: Sequence[Query], now: datetime, p99_window_seconds: int
+    ) -> tuple[float | None, ...]:
+        """The scaling queries' figures: an overridden one from its own query, the others
+        from one query per signal for every object, kept for `shared_read_seconds`.
+        Readers arriving while it is in flight wait for that one query; a failed one is
+        not kept (the next reader asks again). Every query ends before an error is raised,
+        so none is left in flight behind it."""
+        shared = {f.name: f for f in fleet_queries(p99_window_seconds)}
+        asked = [
+            self._one(query, now) if query.overridden_by else self._shared(shared[query.name], now)
+            for query in queries
+        ]
+        answers = await asyncio.gather(*asked, return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                raise answer
+        return figures(queries, cast(list[PodSeries | float | None], answers), p99_window_seconds)
+
+    async def _shared(self, query: FleetQuery, now: datetime) -> PodSeries:
+        loop = asyncio.get_running_loop()
+        current = self._passes.get(query.promql)
+        if current is None or not current.serves(now, loop, self.shared_read_seconds):
+            current = _Pass(now, loop, loop.create_task(self._ask_fleet(query, now)))
+            self._passes[query.promql] = current
+        return await asyncio.shield(current.answer)
+
+    async def _ask_fleet(self, query: FleetQuery, now: datetime) -> PodSeries:
+        """One query answering for every object (counted as `prometheus_grouped`)."""
+        return PodSeries.of(self._groups(query, await self._ask(query, now, "prometheus_grouped")))
+
+    def _groups(self, query: GroupedQuery | FleetQuery, result: Any) -> Groups:
         """A vector's samples by their `by` labels' values ("" for a label a sample lacks,
         as PromQL groups it); NaN kept, for the caller to judge."""
         kind, samples = result
@@ -91,9 +160,11 @@ class PrometheusSource:
     async def _one(self, query: Query, now: datetime) -> float | None:
         return self._value(query, await self._ask(query, now))
 
-    async def _ask(self, query: Query | GroupedQuery, now: datetime) -> tuple[str, Any]:
+    async def _ask(
+        self, query: Query | GroupedQuery | FleetQuery, now: datetime, kind: str = "prometheus"
+    ) -> tuple[str, Any]:
         """The query's result at `now`: (resultType, result) of the answer's `data`."""
-        self.activity.metrics_queries["prometheus"] += 1
+        self.activity.metrics_queries[kind] += 1
         async with self._slots:
             try:
                 async with asyncio.timeout(self.timeout_seconds):
@@ -135,7 +206,9 @@ class PrometheusSource:
             raise self._unavailable(query, "the answer is not a Prometheus vector") from None
         return None if math.isnan(value) else value
 
-    def _unavailable(self, query: Query | GroupedQuery, reason: str) -> MetricsUnavailable:
+    def _unavailable(
+        self, query: Query | GroupedQuery | FleetQuery, reason: str
+    ) -> MetricsUnavailable:
         return MetricsUnavailable(f"query {query.label} failed: {reason}")
 
 

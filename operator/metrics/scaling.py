@@ -8,6 +8,11 @@ status only). The object's `spec.monitoring.queries` may replace the first two's
 the direct read ignores that (an override is PromQL, which only Prometheus evaluates) and
 applies the built-in form.
 
+A source that shares the signals' reads across objects (`SharedScalingSource`: the
+operator's Prometheus, `shared_reads`) answers those an object does not override from
+one query per signal for every object, kept for a pass; the figures are the per-object
+queries' own, at most one pass older.
+
 A source that cannot answer gives signals with `error` set and no figures, never an
 exception: the recommender then holds the count, as the HorizontalPodAutoscaler does when
 its metrics are missing. A figure with no series is None without an error: pods without a
@@ -25,7 +30,11 @@ from datetime import datetime
 from kubeinfer.operator.api.v1alpha1.inference_deployment import MonitoringSpec, QueryOverrides
 from kubeinfer.operator.metrics import queries as q
 from kubeinfer.operator.metrics.queries import Query, Scope
-from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
+from kubeinfer.operator.metrics.source import (
+    MetricsSource,
+    MetricsUnavailable,
+    SharedScalingSource,
+)
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals
 
 P99_WINDOW_SECONDS = 120
@@ -70,7 +79,11 @@ async def read_scaling_signals(
     its message) instead of figures when the source cannot answer."""
     queries = scaling_queries(scope, overrides, p99_window_seconds)
     try:
-        depth, gpu_ratio, p99 = await source.evaluate(queries, now)
+        if isinstance(source, SharedScalingSource) and source.shares_scaling_reads:
+            figures = await source.evaluate_scaling(queries, now, p99_window_seconds)
+        else:
+            figures = await source.evaluate(queries, now)
+        depth, gpu_ratio, p99 = figures
     except MetricsUnavailable as error:
         return ScalingSignals(error=f"{source.description}: {error}")
     signals = checked_signals(depth, gpu_ratio, p99, source.description)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from kubeinfer.operator.metrics.queries import GroupedQuery, Query
 
@@ -54,4 +54,23 @@ class MetricsSource(Protocol):
         `by` labels' values (empty where no series matched). A figure is as the source
         computed it, NaN included: judging it is the caller's. Raises MetricsUnavailable,
         never a partial answer."""
+        ...
+
+
+@runtime_checkable
+class SharedScalingSource(Protocol):
+    """A source that can answer the autoscaler's signals of many objects from one query
+    per signal (`shared_reads`); `PrometheusSource` made with `shared_read_seconds`."""
+
+    @property
+    def shares_scaling_reads(self) -> bool:
+        """Whether `evaluate_scaling` shares its reads (else it is `evaluate`)."""
+        ...
+
+    async def evaluate_scaling(
+        self, queries: Sequence[Query], now: datetime, p99_window_seconds: int
+    ) -> tuple[float | None, ...]:
+        """`scaling.scaling_queries`' figures for their scope at `now`: each overridden one
+        from its own query, the others from the reads shared by every object in the pass.
+        Raises MetricsUnavailable."""
         ...

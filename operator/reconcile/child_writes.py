@@ -24,6 +24,7 @@ def _observed_child(observed: ObservedState, kind: str, name: str) -> KubeObject
         ),
         "Service": (observed.service, observed.candidate_service),
         "PodMonitor": (observed.pod_monitor,),
+        "PodDisruptionBudget": (observed.disruption_budget,),
         "Job": observed.jobs,
     }.get(kind, ())
     for child in candidates:

@@ -86,10 +86,11 @@ def serving_children(
     replicas: int,
     product: str | None = None,
 ) -> tuple[KubeObject, KubeObject, list[KubeObject]]:
-    """The serving runtime's ConfigMap and Deployment, then its Service and the PodMonitor
-    where the cluster has them. They depend only on the serving engine, which a
-    promotion finishing leaves as it is, so they are rendered once per pass. With
-    `product`, a mixed GPU fleet's ConfigMap and Deployment of that GPU product."""
+    """The serving runtime's ConfigMap and Deployment, then its Service, its disruption
+    budget and the PodMonitor where the cluster has them. They depend only on the serving
+    engine, which a promotion finishing leaves as it is, so they are rendered once per
+    pass. With `product`, a mixed GPU fleet's ConfigMap and Deployment of that GPU
+    product."""
     spec, owner = observed.spec, observed.owner
     is_current = serving.build_key == engine.build_key and serving.digest == engine.digest
     serving_bytes = input_bytes_for(engine, serving)
@@ -108,7 +109,10 @@ def serving_children(
     deployment = build.build_runtime_deployment(
         owner, spec, settings, configmap, replicas, pod_monitors=monitors
     )
-    others = [build.build_service(owner, serving.version, grpc_port=spec.runtime.grpc_port)]
+    others = [
+        build.build_service(owner, serving.version, grpc_port=spec.runtime.grpc_port),
+        build.build_disruption_budget(owner, serving.version),
+    ]
     if monitors:
         others.append(
             build_pod_monitor(owner, serving.version, settings.metrics.pod_monitor_labels)

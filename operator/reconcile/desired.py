@@ -266,6 +266,7 @@ def build_runtime_deployment(
                     "securityContext": pod_security(),
                     "terminationGracePeriodSeconds": settings.pods.termination_grace_period_seconds,
                     **placement(spec),
+                    **_spread(spec, selector),
                     "containers": [_runtime_container(spec, settings, meta, serving)],
                     "volumes": _runtime_volumes(owner, spec, meta, serving),
                 },
@@ -273,6 +274,33 @@ def build_runtime_deployment(
         }
     }
     return finish_child("apps/v1", "Deployment", name, owner, labels, body)
+
+
+def build_disruption_budget(owner: OwnerRef, version: str) -> KubeObject:
+    """The serving pods' PodDisruptionBudget: one at a time may go by eviction (a drain,
+    the cluster autoscaler), the next only once its replacement is ready, so voluntary
+    disruptions never take serving below all its pods but one. It selects every serving
+    pod of the object (a mixed fleet's products together), not a shadow candidate's or a
+    quality reference's, which take no traffic. A pod that is not ready may always be
+    evicted: it serves nothing, and a budget counting it would block a drain for good.
+    Involuntary disruptions (a node lost) are not bound by it; the spreading limits those."""
+    labels = names.common_labels(owner.name, version, names.COMPONENT_RUNTIME)
+    selector = {"matchLabels": names.serving_selector(owner.name)}
+    body = {
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": selector,
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        }
+    }
+    name = names.runtime_name(owner.name)
+    return finish_child("policy/v1", "PodDisruptionBudget", name, owner, labels, body)
+
+
+def _spread(spec: InferenceDeploymentSpec, selector: dict[str, str]) -> dict[str, Any]:
+    """The runtime pods' topologySpreadConstraints (`runtime.topologySpread`), if any."""
+    constraints = spec.runtime.topology_spread.constraints(selector)
+    return {"topologySpreadConstraints": constraints} if constraints else {}
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:

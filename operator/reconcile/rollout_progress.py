@@ -20,6 +20,7 @@ class RolloutProgress:
     exists: bool
     complete: bool
     available: bool
+    """At least one pod is available: something serves."""
     stalled: bool
     ready_replicas: int
     message: str
@@ -42,12 +43,6 @@ def rollout_progress(
     generation = observed["metadata"].get("generation")
     seen = generation is None or int(status.get("observedGeneration") or 0) >= int(generation)
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    available_condition = conditions.get("Available")
-    available = (
-        available_condition.get("status") == "True"
-        if available_condition
-        else available_count >= replicas
-    )
     progressing = conditions.get("Progressing") or {}
     stalled = progressing.get("reason") == "ProgressDeadlineExceeded"
     complete = (
@@ -61,7 +56,10 @@ def rollout_progress(
     message = f"Deployment {name}: {updated} of {replicas} pods updated, {ready} ready"
     if stalled:
         message += f"; {progressing.get('message') or 'progress deadline exceeded'}"
-    return RolloutProgress(True, complete, available, stalled, ready, message)
+    # Any available pod serves. Not the Deployment's Available condition: with the roll's
+    # maxUnavailable 0 it is False as soon as one pod is missing (a node lost, a drain),
+    # while the others go on serving.
+    return RolloutProgress(True, complete, available_count > 0, stalled, ready, message)
 
 
 def available(deployment: KubeObject | None) -> bool:

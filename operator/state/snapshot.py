@@ -83,6 +83,8 @@ class ObservedState:
     between passes; empty with Prometheus, which keeps its own)."""
     pod_monitor: KubeObject | None = None
     """The PodMonitor the operator created, if any."""
+    disruption_budget: KubeObject | None = None
+    """The serving pods' PodDisruptionBudget, if it exists."""
     pod_monitors_available: bool = False
     """Whether the cluster serves monitoring.coreos.com/v1 PodMonitors (and the operator's
     settings allow creating them)."""

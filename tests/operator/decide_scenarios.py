@@ -59,6 +59,7 @@ def singletons(owner: str) -> dict[tuple[str, str], str]:
         ("Deployment", names.reference_name(owner)): "reference_deployment",
         ("Service", names.reference_name(owner)): "reference_service",
         ("PodMonitor", names.runtime_name(owner)): "pod_monitor",
+        ("PodDisruptionBudget", names.runtime_name(owner)): "disruption_budget",
     }
 
 

@@ -51,6 +51,7 @@ WATCHED = {
     "configmaps",
     "services",
     "persistentvolumeclaims",
+    "poddisruptionbudgets",
 }
 
 FAST = OperatorSettings(

@@ -87,7 +87,9 @@ def test_a_succeeded_job_s_termination_message_deploys_the_runtime_with_that_dig
     message = json.dumps({"digest": DIGEST_A, "cacheHit": False})
     cluster.succeed_job(job["metadata"]["name"], message, at=T0 + timedelta(seconds=30))
     decision = cluster.reconcile(T0 + timedelta(seconds=31))
-    assert kinds(decision.apply) == ["ConfigMap", "ConfigMap", "Deployment", "Service"]
+    assert kinds(decision.apply) == [
+        "ConfigMap", "ConfigMap", "Deployment", "PodDisruptionBudget", "Service",
+    ]  # fmt: skip
     assert served_digest(cluster) == DIGEST_A
     assert cluster.condition(ENGINE).status == TRUE
     assert cluster.condition(ENGINE).reason == Reason.ENGINE_BUILT
@@ -203,7 +205,9 @@ def test_a_failed_rebuild_keeps_the_previous_version_serving():
 def test_a_pinned_engine_needs_no_job():
     cluster = Cluster(make_spec(engine={"pin": DIGEST_B, "cache": {"existingClaim": "engines"}}))
     decision = cluster.reconcile()
-    assert kinds(decision.apply) == ["ConfigMap", "ConfigMap", "Deployment", "Service"]
+    assert kinds(decision.apply) == [
+        "ConfigMap", "ConfigMap", "Deployment", "PodDisruptionBudget", "Service",
+    ]  # fmt: skip
     assert served_digest(cluster) == DIGEST_B
     assert cluster.condition(ENGINE).reason == Reason.ENGINE_PINNED
     volumes = cluster.get("Deployment")["spec"]["template"]["spec"]["volumes"]
@@ -233,7 +237,9 @@ def test_a_version_change_builds_first_and_keeps_the_old_digest_until_built():
     (new_job,) = [j for j in cluster.jobs() if "status" not in j]
     cluster.succeed_job(new_job["metadata"]["name"], DIGEST_B, at=later + timedelta(seconds=40))
     decision = cluster.reconcile(later + timedelta(seconds=41))
-    assert kinds(decision.apply) == ["ConfigMap", "ConfigMap", "Deployment", "Service"]
+    assert kinds(decision.apply) == [
+        "ConfigMap", "ConfigMap", "Deployment", "PodDisruptionBudget", "Service",
+    ]  # fmt: skip
     assert served_digest(cluster) == DIGEST_B
     config = yaml.safe_load(cluster.get("ConfigMap")["data"][CONFIG_KEY])
     assert config["modelVersion"] == "2" and config["batching"]["maxBatchSize"] == 8

@@ -33,7 +33,8 @@ def spec(version: str):
 
 def every_child(owner: str) -> list[dict]:
     """The children of `owner` after a build, a rollout and a second version's build,
-    which runs as a shadow candidate: claim, Jobs, ConfigMaps, Deployments, Services."""
+    which runs as a shadow candidate: claim, Jobs, ConfigMaps, Deployments, Services and
+    the serving pods' disruption budget."""
     cluster = Cluster(spec("1"), name=owner)
     cluster.build_to_ready(DIGEST_A)
     cluster.update_spec(spec("2"))
@@ -51,7 +52,7 @@ def check_names(owner: str) -> None:
     kinds = sorted(child["kind"] for child in children)
     assert kinds == [
         "ConfigMap", "ConfigMap", "ConfigMap", "Deployment", "Deployment", "Job", "Job",
-        "PersistentVolumeClaim", "Service", "Service",
+        "PersistentVolumeClaim", "PodDisruptionBudget", "Service", "Service",
     ]  # fmt: skip
     for child in children:
         meta, kind = child["metadata"], child["kind"]

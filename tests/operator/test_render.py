@@ -84,6 +84,7 @@ def test_a_built_engine_renders_a_job_and_the_runtime_that_serves_its_digest():
         "ConfigMap",
         "Deployment",
         "Service",
+        "PodDisruptionBudget",
     ]
     data = {key: value for o in objects for key, value in (o.get("data") or {}).items()}
     config = yaml.safe_load(data["runtime.yaml"])
@@ -95,7 +96,13 @@ def test_a_built_engine_renders_a_job_and_the_runtime_that_serves_its_digest():
 
 def test_a_pinned_engine_renders_no_job_and_no_claim_for_an_existing_cache():
     objects = rendered_objects(EXAMPLES / "pinned.yaml")
-    assert [o["kind"] for o in objects] == ["ConfigMap", "ConfigMap", "Deployment", "Service"]
+    assert [o["kind"] for o in objects] == [
+        "ConfigMap",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+    ]
 
 
 def test_the_cli_prints_the_yaml_stream(capsys):
@@ -107,6 +114,7 @@ def test_the_cli_prints_the_yaml_stream(capsys):
         "ConfigMap",
         "Deployment",
         "Service",
+        "PodDisruptionBudget",
     ]
 
 

@@ -56,13 +56,18 @@ def test_a_missing_deployment_is_nothing_yet():
         (deployment(**{**DONE, "replicas": 4}), False, True),  # an old pod is left
         (deployment(**{**DONE, "updatedReplicas": 2}), False, True),
         (deployment(**{**DONE, "readyReplicas": 2}), False, True),
-        (deployment(**{**DONE, "availableReplicas": 2}), False, False),
+        (deployment(**{**DONE, "availableReplicas": 2}), False, True),  # the others serve
+        (deployment(**{**DONE, "readyReplicas": 0, "availableReplicas": 0}), False, False),
         (deployment(**{k: v for k, v in DONE.items() if k != "replicas"}), False, True),
         (deployment(**{k: v for k, v in DONE.items() if k != "updatedReplicas"}), False, True),
-        (  # the controller's Available condition decides over the count
-            deployment(conditions=[{"type": "Available", "status": "False"}], **DONE),
-            True,
+        (  # the controller's Available condition (all pods, with maxUnavailable 0) is not
+            # what Available means here: a pod lost, the others serve
+            deployment(
+                conditions=[{"type": "Available", "status": "False"}],
+                **{**DONE, "readyReplicas": 2, "availableReplicas": 2},
+            ),
             False,
+            True,
         ),
     ],
     ids=[
@@ -74,9 +79,10 @@ def test_a_missing_deployment_is_nothing_yet():
         "not all updated",
         "not all ready",
         "not all available",
+        "none available",
         "no replica count",
         "no updated count",
-        "available condition",
+        "the controller's Available condition",
     ],
 )
 def test_complete_only_when_every_pod_is_updated_ready_and_available(observed, complete, available):

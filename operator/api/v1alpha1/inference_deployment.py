@@ -44,6 +44,7 @@ from kubeinfer.operator.api.v1alpha1.status import (
     MetricsStatus,
     VersionStatus,
 )
+from kubeinfer.operator.api.v1alpha1.topology_spread import TopologySpreadSpec
 from pydantic import Field
 
 # The enums, metadata and status models live in their own modules; they are re-exported
@@ -297,6 +298,10 @@ class RuntimeSpec(ApiModel):
 
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     """Taints the pods (and engine builds) tolerate."""
+
+    topology_spread: TopologySpreadSpec = Field(default_factory=TopologySpreadSpec)
+    """How the runtime pods spread over zones and nodes (by default both, as a
+    preference), so a node or a zone lost takes as few of them as the cluster allows."""
 
     gpu_product: str | None = Field(default=None, pattern=LABEL_VALUE, max_length=63)
     """The nvidia.com/gpu.product node label value (e.g. NVIDIA-H100-80GB-HBM3) that both
