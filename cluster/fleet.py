@@ -13,8 +13,10 @@ GPU feature discovery writes (`nvidia.com/gpu.product`, `.memory`, `.count`, `.f
 a zone and region, an instance type, and a podCIDR of its own for its pods' addresses.
 It is tainted `SIMULATED_TAINT` (NoSchedule), so only pods that tolerate it land there
 and nothing else a cluster runs does; a pod meant for simulated nodes also selects
-`SIMULATED_LABEL`, which the real node lacks. Faults (`stop_reporting`, `resume`, taking
-a zone away) act on the objects exactly as a failed kubelet would leave them.
+`SIMULATED_LABEL`, which the real node lacks. Faults act on the objects as a failed
+kubelet or a lost zone would leave them: a node whose Lease another holder takes is left
+alone by KWOK (it acts only on the nodes whose Lease it holds) and goes NotReady, as the
+fault tests do; `delete_nodes` takes nodes away.
 """
 
 from __future__ import annotations
@@ -252,22 +254,6 @@ def ready_nodes(cluster: control_plane.Cluster) -> set[str]:
         if any(c["type"] == "Ready" and c["status"] == "True"
                for c in (node.get("status") or {}).get("conditions") or [])
     }  # fmt: skip
-
-
-def stop_reporting(cluster: control_plane.Cluster, names: Sequence[str]) -> None:
-    """The nodes' kubelets go silent: KWOK stops managing them (their Lease is no longer
-    renewed, their status no longer updated, their pods no longer moved), so the node
-    lifecycle controller marks them Unknown after its grace period and taints them
-    `node.kubernetes.io/unreachable`, whose NoExecute effect evicts their pods."""
-    for name in names:
-        control_plane.kubectl(cluster, "annotate", "node", name, f"{KWOK_ANNOTATION}-")
-
-
-def resume_reporting(cluster: control_plane.Cluster, names: Sequence[str]) -> None:
-    """The nodes' kubelets come back: KWOK manages them again."""
-    for name in names:
-        control_plane.kubectl(cluster, "annotate", "--overwrite", "node", name,
-                              f"{KWOK_ANNOTATION}=fake")  # fmt: skip
 
 
 def delete_nodes(cluster: control_plane.Cluster, names: Sequence[str]) -> None:

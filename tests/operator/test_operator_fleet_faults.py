@@ -76,9 +76,9 @@ def stop_reporting(world: World, nodes: list[str]) -> None:
     """The nodes' kubelets go silent, as KWOK lets them: each node's Lease is taken by
     another holder for an hour with its renewTime left as it was, so KWOK renews it no
     more and leaves the node and its pods alone (it acts only on nodes whose Lease it
-    holds), and the node lifecycle controller sees no renewal from then on.
-    (`fleet.stop_reporting`, which removes KWOK's annotation, does not: KWOK's informer
-    drops that update, and KWOK v0.8.0 goes on renewing the Lease.)"""
+    holds), and the node lifecycle controller sees no renewal from then on. (Removing
+    KWOK's annotation from the node does not: KWOK's informer drops that update, and
+    KWOK v0.8.0 goes on renewing the Lease.)"""
     leases = world.cluster.admin("kube-node-lease")
     for node in nodes:
         taken = {"spec": {"holderIdentity": SILENT_HOLDER, "leaseDurationSeconds": 3600}}
