@@ -112,28 +112,6 @@ containerStatuses:
 {{ end }}
 """
 
-POD_START = (
-    """\
-{{ $now := Now }}
-conditions:
-- {type: PodScheduled, status: "True", lastTransitionTime: {{ $now | Quote }}}
-- {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
-- {type: ContainersReady, status: "True", lastTransitionTime: {{ $now | Quote }}}
-- {type: Ready, status: "True", lastTransitionTime: {{ $now | Quote }}}
-{{ range .spec.readinessGates }}
-- {type: {{ .conditionType | Quote }}, status: "True", lastTransitionTime: {{ $now | Quote }}}
-{{ end }}
-"""
-    + _CONTAINERS_RUNNING
-    + """\
-hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
-podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )
-          ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
-phase: Running
-startTime: {{ $now | Quote }}
-"""
-)
-
 POD_READY_AGAIN = """\
 {{ $now := Now }}
 conditions:
@@ -148,6 +126,19 @@ conditions:
 """A running pod's conditions as its kubelet reports them again: the node lifecycle
 controller marks a node's pods not Ready while its Lease lapses (KWOK renewing late on a
 busy machine), and only the kubelet sets them Ready again."""
+
+POD_START = (
+    POD_READY_AGAIN
+    + _CONTAINERS_RUNNING
+    + """\
+hostIP: {{ NodeIPWith .spec.nodeName | Quote }}
+podIP: {{ PodIPWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )
+          ( or .metadata.name "" ) ( or .metadata.namespace "" ) | Quote }}
+phase: Running
+startTime: {{ $now | Quote }}
+"""
+)
+
 
 _TERMINATED = """\
 {{ $now := Now }}
