@@ -298,8 +298,20 @@ def build_disruption_budget(owner: OwnerRef, version: str) -> KubeObject:
 
 
 def _spread(spec: InferenceDeploymentSpec, selector: dict[str, str]) -> dict[str, Any]:
-    """The runtime pods' topologySpreadConstraints (`runtime.topologySpread`), if any."""
-    constraints = spec.runtime.topology_spread.constraints(selector)
+    """The runtime pods' topologySpreadConstraints (`runtime.topologySpread`), one per
+    key, over the pods of one revision (a rolling update's new pods spread among
+    themselves: `matchLabelKeys`), if any."""
+    spread = spec.runtime.topology_spread
+    constraints = [
+        {
+            "maxSkew": spread.max_skew,
+            "topologyKey": key,
+            "whenUnsatisfiable": spread.when_unsatisfiable,
+            "labelSelector": {"matchLabels": dict(selector)},
+            "matchLabelKeys": ["pod-template-hash"],
+        }
+        for key in spread.topology_keys
+    ]
     return {"topologySpreadConstraints": constraints} if constraints else {}
 
 

@@ -1,5 +1,6 @@
 """How the runtime pods spread over the cluster's failure domains: the spec's
-`runtime.topologySpread`, rendered as the pods' `topologySpreadConstraints`. Pure.
+`runtime.topologySpread`, which `reconcile.desired` renders as the pods'
+`topologySpreadConstraints`.
 
 By default the pods of a Deployment spread over zones, then over nodes, as a preference:
 a node or a zone that fails takes as few of them as the cluster allows, and where the
@@ -40,16 +41,3 @@ class TopologySpreadSpec(ApiModel):
     """ScheduleAnyway: a preference, the scheduler ranks nodes by it and a pod still
     schedules where it cannot hold; DoNotSchedule: a rule, a pod that would break it
     stays Pending."""
-
-    def constraints(self, match_labels: dict[str, str]) -> list[dict[str, object]]:
-        """The pods' topologySpreadConstraints for pods with `match_labels`."""
-        return [
-            {
-                "maxSkew": self.max_skew,
-                "topologyKey": key,
-                "whenUnsatisfiable": self.when_unsatisfiable,
-                "labelSelector": {"matchLabels": dict(match_labels)},
-                "matchLabelKeys": ["pod-template-hash"],
-            }
-            for key in self.topology_keys
-        ]
