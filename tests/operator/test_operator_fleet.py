@@ -38,7 +38,7 @@ from operator_harness import (
     start_operator,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.lifecycle]
 
 H100, L4, A10G = (fleet.PRODUCTS[p].product for p in ("H100", "L4", "A10G"))
 SLOW_RESYNC = tuned(FAST, requeue={"resync_interval_seconds": 60})

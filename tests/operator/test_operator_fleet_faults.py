@@ -41,7 +41,7 @@ from kubeinfer.operator.state import names
 from operator_harness import FAST, Model, World, condition, eventually, start_operator
 from test_operator_fleet import engines, fleet_manifest, gpu_nodes  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.lifecycle]
 
 ZONE_A, ZONE_B, ZONE_C = fleet.ZONES
 EVICT_AFTER_SECONDS = 5
