@@ -7,17 +7,14 @@ from the cache claim on the node, with the runtime's own session options).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
-import itertools
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 import onnxruntime as ort
 import tritonclient.grpc as triton_grpc
@@ -28,7 +25,7 @@ from kubeinfer.operator.state import names
 from kubeinfer.runtime.engine_cache import resolve_engine
 from kubeinfer.runtime.engines.onnxruntime import serving_session_options
 from operator_harness import FAST, IDS, Model, World, condition, eventually
-from test_operator_shadow_rollout import ready_urls, runs_engine
+from test_operator_shadow_rollout import ready_urls, runs_engine, traffic_to
 from tritonclient.utils import np_to_triton_dtype
 
 SETTINGS = tuned(
@@ -268,44 +265,13 @@ async def refused(world: World, name: str, words: str) -> str:
     return str(message)
 
 
-@contextlib.asynccontextmanager
-async def traffic(world: World, bodies: list[dict[str, Any]]) -> AsyncIterator[Counter[int | str]]:
-    """Two clients sending `bodies` (JSON) in turn to the serving Service's ready pods,
-    not terminating ones (as kube-proxy follows the endpoints), until the block ends;
-    yields the status codes (an error's name where there was no answer)."""
-    codes: Counter[int | str] = Counter()
-    endpoints: list[str] = []
-
-    async def follow() -> None:
-        while True:
-            with contextlib.suppress(Exception):
-                endpoints[:] = await asyncio.to_thread(ready_urls, world, SERVICE)
-            await asyncio.sleep(0.2)
-
-    async def client(index: int) -> None:
-        async with aiohttp.ClientSession() as session:
-            for count in itertools.count():
-                if not endpoints:
-                    await asyncio.sleep(0.05)
-                    continue
-                url = endpoints[(index + count) % len(endpoints)]
-                body = bodies[(index * 7 + count) % len(bodies)]
-                try:
-                    async with session.post(f"{url}/v2/models/resnet/infer", json=body) as answer:
-                        await answer.read()
-                        codes[answer.status] += 1
-                except (aiohttp.ClientError, OSError) as error:
-                    codes[type(error).__name__] += 1
-                    await asyncio.sleep(0.05)
-                await asyncio.sleep(0.01)
-
-    tasks = [asyncio.create_task(follow()), *(asyncio.create_task(client(i)) for i in range(2))]
-    try:
-        yield codes
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+def traffic(
+    world: World, bodies: list[dict[str, Any]]
+) -> contextlib.AbstractAsyncContextManager[Counter[int | str]]:
+    """`bodies` (JSON requests) in turn to the serving Service's ready pods (`traffic_to`)."""
+    return traffic_to(
+        world, SERVICE, lambda index, count: bodies[(index * 7 + count) % len(bodies)]
+    )
 
 
 def body(feed: dict[str, np.ndarray]) -> dict[str, Any]:

@@ -23,11 +23,9 @@ import asyncio
 import contextlib
 import hashlib
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 import pytest
 from cluster_harness import file_url
@@ -35,7 +33,7 @@ from decide_scenarios import tuned
 from kubeinfer.operator.state import names
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from operator_harness import FAST, Model, World, condition, eventually, manifest, start_operator
-from test_operator_shadow_rollout import ready_urls
+from test_operator_shadow_rollout import ready_urls, traffic_to
 
 pytestmark = pytest.mark.slow
 
@@ -64,40 +62,20 @@ def degraded(world: World) -> dict[str, Any]:
     return condition(world.infd(), "Degraded") or {}
 
 
-@contextlib.asynccontextmanager
-async def traffic(world: World, scale: list[float]) -> AsyncIterator[Counter[int | str]]:
-    """Two clients sending 4-row requests to the serving Service's ready pods, every input
+def traffic(
+    world: World, scale: list[float]
+) -> contextlib.AbstractAsyncContextManager[Counter[int | str]]:
+    """4-row requests to the serving Service's ready pods (`traffic_to`), every input
     multiplied by `scale[0]` (read at each request, so the caller can change it)."""
-    codes: Counter[int | str] = Counter()
     rows = np.random.default_rng(3).standard_normal((256, 16)).astype(np.float32)
 
-    async def client(index: int) -> None:
-        async with aiohttp.ClientSession() as session:
-            for count in range(10**9):
-                endpoints = await asyncio.to_thread(ready_urls, world, names.service_name(OWNER))
-                if not endpoints:
-                    await asyncio.sleep(0.1)
-                    continue
-                start = (index * 97 + count * 4) % (len(rows) - 4)
-                batch = rows[start : start + 4] * scale[0]
-                body = {"inputs": [{"name": "input", "shape": [4, 16], "datatype": "FP32",
-                                    "data": batch.ravel().tolist()}]}  # fmt: skip
-                url = endpoints[count % len(endpoints)]
-                try:
-                    async with session.post(f"{url}/v2/models/resnet/infer", json=body) as answer:
-                        await answer.read()
-                        codes[answer.status] += 1
-                except (aiohttp.ClientError, OSError) as error:
-                    codes[type(error).__name__] += 1
-                await asyncio.sleep(0.01)
+    def four_rows(index: int, count: int) -> dict[str, Any]:
+        start = (index * 97 + count * 4) % (len(rows) - 4)
+        batch = rows[start : start + 4] * scale[0]
+        return {"inputs": [{"name": "input", "shape": [4, 16], "datatype": "FP32",
+                            "data": batch.ravel().tolist()}]}  # fmt: skip
 
-    tasks = [asyncio.create_task(client(i)) for i in range(2)]
-    try:
-        yield codes
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    return traffic_to(world, names.service_name(OWNER), four_rows)
 
 
 def watched_int8(world: World, tiny: Model, model_directory: Path, **watch: Any) -> dict:

@@ -24,9 +24,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,38 +190,37 @@ def passes_done(world: World) -> int:
 
 
 @contextlib.asynccontextmanager
-async def live_traffic(world: World) -> AsyncIterator[Counter[int | str]]:
-    """Two clients sending one-row requests to the serving Service's ready pods until the
-    block ends; yields the status codes they got (an error's name where there was no
-    answer). The endpoints are re-read every 0.2 s, as kube-proxy follows the Service's."""
+async def traffic_to(
+    world: World, service: str, body_for: Callable[[int, int], dict[str, Any]]
+) -> AsyncIterator[Counter[int | str]]:
+    """Two clients sending `body_for(client, count)` (a JSON inference request) to the
+    ready pods of `service` until the block ends; yields the status codes they got (an
+    error's name where there was no answer). The endpoints are re-read every 0.2 s, as
+    kube-proxy follows the Service's: only pods not terminating, which keep serving for
+    their preStop, so a request lost is a failed request too."""
     codes: Counter[int | str] = Counter()
     endpoints: list[str] = []
-    rows = np.random.default_rng(1).standard_normal((64, 16)).astype(np.float32)
 
     async def follow_endpoints() -> None:
         while True:
             # A failed read keeps the last endpoints, as kube-proxy keeps its rules.
             with contextlib.suppress(Exception):
-                endpoints[:] = await asyncio.to_thread(ready_urls, world, SERVING_SERVICE)
+                endpoints[:] = await asyncio.to_thread(ready_urls, world, service)
             await asyncio.sleep(0.2)
 
     async def client(index: int) -> None:
         async with aiohttp.ClientSession() as session:
-            for count in range(10**9):
+            for count in itertools.count():
                 if not endpoints:
                     await asyncio.sleep(0.05)
                     continue
                 url = endpoints[(index + count) % len(endpoints)]
-                row = rows[(index + count) % len(rows)]
-                body = {"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32",
-                                    "data": row.tolist()}]}  # fmt: skip
                 try:
+                    body = body_for(index, count)
                     async with session.post(f"{url}/v2/models/resnet/infer", json=body) as answer:
                         await answer.read()
                         codes[answer.status] += 1
                 except (aiohttp.ClientError, OSError) as error:
-                    # A request lost is a failed request too (the pods it may go to are
-                    # only those not terminating, which keep serving for their preStop).
                     codes[type(error).__name__] += 1
                     await asyncio.sleep(0.05)
                 await asyncio.sleep(0.01)
@@ -233,6 +233,18 @@ async def live_traffic(world: World) -> AsyncIterator[Counter[int | str]]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def live_traffic(world: World) -> contextlib.AbstractAsyncContextManager[Counter[int | str]]:
+    """One-row requests to the serving Service (`traffic_to`)."""
+    rows = np.random.default_rng(1).standard_normal((64, 16)).astype(np.float32)
+
+    def one_row(index: int, count: int) -> dict[str, Any]:
+        row = rows[(index + count) % len(rows)]
+        return {"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32",
+                            "data": row.tolist()}]}  # fmt: skip
+
+    return traffic_to(world, SERVING_SERVICE, one_row)
 
 
 async def serve_version_1(world: World, model: Model) -> str:

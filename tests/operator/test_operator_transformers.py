@@ -21,11 +21,9 @@ import asyncio
 import contextlib
 import hashlib
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 import pytest
 from cluster_harness import file_url
@@ -34,7 +32,7 @@ from kubeinfer.operator.state import names
 from models.transformer_models import build_encoder, encoder_inputs
 from operator_harness import FAST, Model, World, condition, eventually, manifest, start_operator
 from real_models_harness import GRPC_PORT, answers_as_the_engine, serving
-from test_operator_shadow_rollout import candidate, ready_urls, served_digest, verdict
+from test_operator_shadow_rollout import candidate, ready_urls, served_digest, traffic_to, verdict
 
 pytestmark = pytest.mark.slow
 
@@ -72,11 +70,9 @@ def encoder_manifest(model: Model, version: str, **spec: Any) -> dict[str, Any]:
     return document
 
 
-@contextlib.asynccontextmanager
-async def mixed_lengths(world: World) -> AsyncIterator[Counter[int | str]]:
-    """Two clients sending one-sequence requests of 1 to 128 tokens to the serving
-    Service's ready pods until the block ends; yields the status codes."""
-    codes: Counter[int | str] = Counter()
+def mixed_lengths(world: World) -> contextlib.AbstractAsyncContextManager[Counter[int | str]]:
+    """One-sequence requests of 1 to 128 tokens to the serving Service's ready pods until
+    the block ends (`traffic_to`); yields the status codes."""
     rng = np.random.default_rng(8)
     bodies = []
     for length in rng.integers(1, 129, 64):
@@ -85,32 +81,8 @@ async def mixed_lengths(world: World) -> AsyncIterator[Counter[int | str]]:
             {"name": n, "shape": [1, int(length)], "datatype": "INT64",
              "data": feed[n].ravel().tolist()} for n in TEXT
         ]})  # fmt: skip
-
-    async def client(index: int) -> None:
-        async with aiohttp.ClientSession() as session:
-            for count in range(10**9):
-                endpoints = await asyncio.to_thread(ready_urls, world, names.service_name(OWNER))
-                if not endpoints:
-                    await asyncio.sleep(0.1)
-                    continue
-                url = endpoints[count % len(endpoints)]
-                body = bodies[(index * 31 + count) % len(bodies)]
-                try:
-                    async with session.post(f"{url}/v2/models/resnet/infer", json=body) as answer:
-                        await answer.read()
-                        codes[answer.status] += 1
-                except (aiohttp.ClientError, OSError) as error:
-                    codes[type(error).__name__] += 1
-                    await asyncio.sleep(0.05)
-                await asyncio.sleep(0.01)
-
-    tasks = [asyncio.create_task(client(i)) for i in range(2)]
-    try:
-        yield codes
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    service = names.service_name(OWNER)
+    return traffic_to(world, service, lambda index, count: bodies[(index * 31 + count) % 64])
 
 
 async def ready(world: World, what: str) -> None:
