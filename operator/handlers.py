@@ -34,6 +34,7 @@ from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.api.v1alpha1.resource import GROUP, KIND, PLURAL, VERSION
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest
 from kubeinfer.operator.exporter import StatusBoard
+from kubeinfer.operator.kube import kopf_toggles
 from kubeinfer.operator.kube.cache import CachedReader, index_entry, index_name
 from kubeinfer.operator.kube.client import (
     CONFIGMAP,
@@ -127,7 +128,9 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings) -> kopf.OperatorSetting
     own bookkeeping in `kubeinfer.io/` annotations; no Events posted by kopf (the
     operator posts one per status transition); child watches filtered by the API server
     to the operator's objects; no scanning of CRDs and namespaces (the resources are
-    known, the namespaces named), which keeps the RBAC rules to what reconciling needs."""
+    known, the namespaces named), which keeps the RBAC rules to what reconciling needs;
+    and kopf's readiness toggles counted (`kopf_toggles`)."""
+    kopf_toggles.install()  # kopf's start with thousands of objects, linear again
     kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=ANNOTATION_PREFIX
     )
