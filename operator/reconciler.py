@@ -8,7 +8,9 @@ the cluster serves PodMonitors. Every trigger (create,
 update, resume, an event on a child, the periodic resync) ends in
 `Reconciler.reconcile(namespace, name)`, which re-reads the InferenceDeployment, so a
 pass never acts on a stale copy of it. Passes over one object are serialised by a lock:
-two triggers arriving together cannot both create a child.
+two triggers arriving together cannot both create a child. Passes over all objects
+share `api.max_concurrent_passes` slots, so a thousand objects created at once queue in
+the operator, not in the API server.
 
 The periodic resync is scheduled here, after each pass: sooner when the decision asks
 for it (a running build is polled, a failed one retried after its backoff), else after
@@ -103,6 +105,8 @@ class Reconciler:
         self.settings = settings
         self.clock = clock
         self._locks: defaultdict[tuple[str, str], asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._slots = asyncio.Semaphore(settings.api.max_concurrent_passes)
+        """Passes in flight over all objects: a pass holds its object's lock, then a slot."""
         self._requeues: dict[tuple[str, str], asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Outcome]] = set()
         self._queued: dict[tuple[str, str], asyncio.Future[Outcome]] = {}
@@ -171,7 +175,9 @@ class Reconciler:
 
     async def _serialised(self, key: tuple[str, str]) -> Outcome:
         namespace, name = key
-        async with self._locks[key]:
+        # The object's lock first, then a slot: a pass waiting for a slot still joins the
+        # triggers that arrive meanwhile, and a slot is never held while waiting for a lock.
+        async with self._locks[key], self._slots:
             self._queued.pop(key, None)  # from now on, a new trigger queues a new pass
             try:
                 outcome = await self._pass(namespace, name)

@@ -177,6 +177,13 @@ class Api(_Group):
     page_size: int = Field(default=500, ge=1, le=10_000)
     """Objects per page when the operator lists (`limit`, then `continue`)."""
 
+    max_concurrent_passes: int = Field(default=16, ge=1, le=1000)
+    """Reconcile passes in flight at once, over all objects (controller-runtime's
+    MaxConcurrentReconciles); the others wait their turn, and the events that arrive
+    meanwhile join the pass already waiting for their object. Without a bound, a
+    thousand objects created together start a thousand passes, whose requests the API
+    server leaves unanswered past the timeout, and every failed pass comes back."""
+
 
 class LeaderElection(_Group):
     """With `--leader-election` (kopf's `peering`, done as client-go does it)."""

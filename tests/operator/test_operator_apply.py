@@ -13,7 +13,10 @@ against the session's real API server, each step checked against what the server
 - Events never fail a pass: a Role without `events/create` makes every Event a logged
   403 while the pass still writes its children and status; several Events with the same
   reason for the same object are all posted (none refused with 409);
-- ten triggers arriving together share one pass (one GET of the object).
+- ten triggers arriving together share one pass (one GET of the object);
+- with one pass slot (`api.max_concurrent_passes`), three objects' passes run one after
+  another (each object's requests contiguous in the audit log), and the triggers that
+  arrive while an object's pass waits for the slot join it.
 
 The raw client calls run as a ServiceAccount with every verb in the test's namespace (the
 I/O layer, apart from the operator's Role); the Reconciler's as the operator's own
@@ -328,3 +331,55 @@ async def test_triggers_arriving_together_share_one_pass(world: World, tiny: Mod
     assert len(gets) == 1, "one pass for ten triggers"
     assert all(outcome is outcomes[0] for outcome in outcomes)
     assert outcomes[0].writes > 0 and world.children(("apps/v1", "deployments"))
+
+
+async def test_passes_share_the_slots_and_waiting_passes_join_triggers(
+    world: World, tiny: Model
+) -> None:
+    owners = ("alpha", "bravo", "charlie")
+    for owner in owners:
+        world.create(manifest(tiny, name=owner, engine={"pin": PIN}))
+    settings = OperatorSettings().model_copy(update={"api": {"max_concurrent_passes": 1}})
+    async with KubeClient(connection(world, world.token())) as client:
+        reconciler = Reconciler(client, settings)
+        read, reading_alpha, go_on = client.get, asyncio.Event(), asyncio.Event()
+
+        async def get(resource: Any, namespace: str, name: str) -> Any:
+            if name == "alpha":  # alpha's pass holds the slot until charlie's triggers came
+                reading_alpha.set()
+                await go_on.wait()
+            return await read(resource, namespace, name)
+
+        client.get = get  # type: ignore[method-assign]
+        try:
+            first = [asyncio.ensure_future(reconciler.reconcile(world.namespace, owner))
+                     for owner in owners]  # fmt: skip
+            await reading_alpha.wait()
+            joining = [asyncio.ensure_future(reconciler.reconcile(world.namespace, "charlie"))
+                       for _ in range(10)]  # fmt: skip
+            await asyncio.sleep(0)
+            go_on.set()
+            await asyncio.gather(*first, *joining)
+        finally:
+            await reconciler.close()
+
+    def owner_of(call: ApiCall) -> str:
+        return next(o for o in owners if call.name == o or call.name.startswith((o + "-", o + ".")))
+
+    def named() -> list[ApiCall]:
+        return [c for c in world.calls() if c.name]
+
+    await eventually(  # each pass: its GET, its children, its status and its Events
+        lambda: (
+            {(c.name, c.resource) for c in named() if c.resource == IDS[1] + "/status"}
+            >= {(o, IDS[1] + "/status") for o in owners}
+        ),
+        within=10,
+        what="three status writes audited",
+    )
+    await asyncio.sleep(0.5)  # a late request would be audited by now
+    order = [owner_of(c) for c in named()]
+    runs = [o for i, o in enumerate(order) if i == 0 or order[i - 1] != o]
+    assert sorted(runs) == sorted(owners), f"one pass at a time, not interleaved: {order}"
+    gets = [c.name for c in named() if c.verb == "get" and c.resource == IDS[1]]
+    assert sorted(gets) == sorted(owners), "charlie's ten triggers joined its waiting pass"
