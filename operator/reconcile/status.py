@@ -318,30 +318,45 @@ def cache_attach_risk(observed: ObservedState) -> tuple[ConditionStatus, Reason,
 
 
 def transition_events(before: list[Condition], after: list[Condition]) -> tuple[Event, ...]:
-    """One Event per condition whose status or reason changed (or that is new); Warning for
-    failure reasons. Reconciling and Stalled only mirror Progressing and Degraded, whose
-    Events already announce the same transitions."""
+    """An Event per piece of news: the conditions whose status or reason changed (or that
+    are new), one Event per reason, Warning for failure reasons. Conditions that change
+    together for one reason are one piece of news (an engine starting to build makes
+    Ready, EngineReady and Progressing say EngineBuilding: one Event names the three).
+    Not news: Reconciling and Stalled, which mirror Progressing and Degraded; a new object
+    not being Degraded, or not yet Available; and Available changing its reason while it
+    stays False (it announces when pods start or stop serving; why none serve is Ready's
+    and Degraded's news)."""
     old = {c.type: c for c in before}
-    events = []
+    news: dict[str, list[Condition]] = {}
     for condition in after:
-        if condition.type in MIRRORED:
-            continue
         previous = old.get(condition.type)
-        if previous and (previous.status, previous.reason) == (condition.status, condition.reason):
+        if condition.type in MIRRORED or not _is_news(previous, condition):
             continue
-        if (
-            previous is None
-            and condition.type == ConditionType.DEGRADED
-            and condition.status == FALSE
-        ):
-            continue  # "not degraded" on creation is no news
-        text = f"{condition.type} is {condition.status}"
-        if condition.message:
-            text += f": {condition.message}"
-        if len(text) > EVENT_MESSAGE_LIMIT:
-            text = text[: EVENT_MESSAGE_LIMIT - 3] + "..."
-        kind: Literal["Normal", "Warning"] = (
-            "Warning" if condition.reason in WARNING_REASONS else "Normal"
-        )
-        events.append(Event(type=kind, reason=condition.reason, message=text))
-    return tuple(events)
+        news.setdefault(condition.reason, []).append(condition)
+    return tuple(_event(reason, conditions) for reason, conditions in news.items())
+
+
+def _is_news(previous: Condition | None, condition: Condition) -> bool:
+    if previous is None:
+        quiet = {ConditionType.DEGRADED, ConditionType.AVAILABLE}
+        return not (condition.type in quiet and condition.status == FALSE)
+    if previous.status != condition.status:
+        return True
+    return previous.reason != condition.reason and not (
+        condition.type == ConditionType.AVAILABLE and condition.status == FALSE
+    )
+
+
+def _event(reason: str, conditions: list[Condition]) -> Event:
+    """One Event for the conditions that changed for `reason`: `A is S, B is T: message`
+    when they say the same, each one's `A is S: message` otherwise."""
+    said = [f"{c.type} is {c.status}" for c in conditions]
+    messages = [c.message for c in conditions]
+    if len(set(messages)) == 1:
+        text = ", ".join(said) + (f": {messages[0]}" if messages[0] else "")
+    else:
+        text = "; ".join(f"{s}: {m}" if m else s for s, m in zip(said, messages, strict=True))
+    if len(text) > EVENT_MESSAGE_LIMIT:
+        text = text[: EVENT_MESSAGE_LIMIT - 3] + "..."
+    kind: Literal["Normal", "Warning"] = "Warning" if reason in WARNING_REASONS else "Normal"
+    return Event(type=kind, reason=reason, message=text)
