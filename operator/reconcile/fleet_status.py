@@ -152,7 +152,11 @@ def fleet_situation(
             f"({total} nodes), each on its own engine."
         )
         return Situation(SituationKind.ROLLED_OUT, Reason.ROLLOUT_COMPLETE, said, serves=serves)
-    return Situation(SituationKind.ROLLING_OUT, Reason.ROLLING_OUT, said, keeps_serving=older)
+    replacing = all(p.current for p in passes) and all(
+        r.complete or r.replacing for r in rollouts.values()
+    )
+    reason = Reason.PODS_NOT_READY if replacing and rollouts else Reason.ROLLING_OUT
+    return Situation(SituationKind.ROLLING_OUT, reason, said, keeps_serving=older)
 
 
 def engines_condition(passes: Sequence[ProductPass], situation: Situation) -> ConditionValue:

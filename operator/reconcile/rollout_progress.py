@@ -24,6 +24,10 @@ class RolloutProgress:
     stalled: bool
     ready_replicas: int
     message: str
+    replacing: bool = False
+    """The Deployment's template is rolled out (its controller says its new ReplicaSet
+    was available) and some of its pods are not ready: pods lost with a node or a drain
+    and started again elsewhere, or a scale-up's new pods starting; nothing rolls."""
 
 
 def rollout_progress(
@@ -59,7 +63,15 @@ def rollout_progress(
     # Any available pod serves. Not the Deployment's Available condition: with the roll's
     # maxUnavailable 0 it is False as soon as one pod is missing (a node lost, a drain),
     # while the others go on serving.
-    return RolloutProgress(True, complete, available_count > 0, stalled, ready, message)
+    rolled_out = (
+        input_hash(observed) == input_hash(desired)
+        and seen
+        and progressing.get("reason") == "NewReplicaSetAvailable"
+    )
+    replacing = rolled_out and not complete and not stalled
+    return RolloutProgress(
+        True, complete, available_count > 0, stalled, ready, message, replacing=replacing
+    )
 
 
 def available(deployment: KubeObject | None) -> bool:

@@ -178,9 +178,10 @@ def _first_that_applies(facts: Facts) -> Situation:
         )
     if facts.ready:
         return Situation(SituationKind.ROLLED_OUT, Reason.ROLLOUT_COMPLETE, said_of_rollout)
+    replacing = facts.current and rollout.replacing
     return Situation(
         SituationKind.ROLLING_OUT,
-        Reason.ROLLING_OUT,
+        Reason.PODS_NOT_READY if replacing else Reason.ROLLING_OUT,
         said_of_rollout,
         keeps_serving=facts.keeps_serving,
     )

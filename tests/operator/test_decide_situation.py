@@ -154,6 +154,12 @@ def test_the_rest_carry_the_rollout_or_the_shadow_in_their_words():
     )
 
 
+def test_pods_not_ready_after_the_rollout_have_a_reason_of_their_own():
+    lost = replace(IN_PROGRESS, replacing=True)
+    assert situation_of(facts(rollout=lost)).reason == Reason.PODS_NOT_READY
+    assert situation_of(facts(rollout=lost, serving=OLD)).reason == Reason.ROLLING_OUT
+
+
 def test_the_spec_served_on_every_replica_is_said_whatever_the_situation():
     ready = f"Version 2 (engine {NEW_DIGEST}) serves on 3 of 3 pods."
     assert situation_of(facts()) == Situation(

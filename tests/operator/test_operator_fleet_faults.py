@@ -17,7 +17,8 @@ kubelets (`kubeinfer.cluster.fleet`, as in `test_operator_fleet`).
 
 Through a fault the status tells the truth, read from a watch on the object: the engines
 stay built (EngineReady True, no build Job added), the object stays Available, nothing is
-Degraded or Failed; Ready is False, with the ready count the status reports, while fewer
+Degraded or Failed; Ready is False (reason PodsNotReady, not RollingOut: nothing rolls),
+with the ready count the status reports, while fewer
 pods than wanted are ready, and True again once the replacements are (decided: Ready
 means the spec's engine serves on every wanted pod, docs/operating.md). The pods
 tolerate the node-state taints for a few seconds, as a user who wants them moved sooner
@@ -228,8 +229,10 @@ def assert_status_told_the_truth(seen: list[dict[str, Any]], replicas: int) -> N
         assert found.get("Degraded") != "True" and status["phase"] != "Failed", status
         if found["Ready"] == "True":
             assert status["ready"] == f"{replicas}/{replicas}", status
-    lows = [s["readyReplicas"] for s in seen if conditions_of(s)["Ready"] == "False"]
-    assert lows and min(lows) < replicas, "the status never said pods were missing"
+    lows = [s for s in seen if conditions_of(s)["Ready"] == "False"]
+    assert lows and min(s["readyReplicas"] for s in lows) < replicas, "no pods said missing"
+    reasons = {c["reason"] for s in lows for c in s["conditions"] if c["type"] == "Ready"}
+    assert "PodsNotReady" in reasons, f"the loss is not named a rollout: {reasons}"
 
 
 async def serving(world: World, model: Model, replicas: int) -> None:

@@ -91,6 +91,17 @@ def test_complete_only_when_every_pod_is_updated_ready_and_available(observed, c
     assert progress.message.startswith("Deployment demo-runtime: ")
 
 
+def test_pods_not_ready_after_the_rollout_are_being_replaced_not_rolled():
+    rolled = [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]
+    rolling = [{"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"}]
+    lost = {**DONE, "readyReplicas": 2, "availableReplicas": 2}
+    assert rollout_progress(deployment(conditions=rolled, **lost), DESIRED, 3).replacing
+    assert not rollout_progress(deployment(conditions=rolling, **lost), DESIRED, 3).replacing
+    assert not rollout_progress(deployment(conditions=rolled, **DONE), DESIRED, 3).replacing
+    other = {"metadata": {"name": "demo-runtime", "annotations": {}}}  # a new template
+    assert not rollout_progress(deployment(conditions=rolled, **lost), other, 3).replacing
+
+
 def test_one_replica_is_not_complete_on_missing_counts():
     one = {"observedGeneration": 1, "updatedReplicas": 1, "readyReplicas": 1}
     one["availableReplicas"] = 1

@@ -53,6 +53,9 @@ class Reason(StrEnum):
     ROLLING_OUT = "RollingOut"
     ROLLOUT_COMPLETE = "RolloutComplete"
     ROLLOUT_STALLED = "RolloutStalled"
+    PODS_NOT_READY = "PodsNotReady"
+    """The runtime's template is rolled out and some of its pods are not ready (lost with
+    a node, evicted by a drain, or new with a scale-up): they are being started."""
     ENGINE_INCOMPATIBLE = "EngineIncompatible"
     """Runtime pods refuse their engine (exit code 3): it was built by another backend
     version than their image has."""
