@@ -8,7 +8,8 @@ bound to one `ApiClient` for life and turns every refusal into a silent False, w
 one goes through `KubeClient` (bounded requests, a 401 that logs in again) and writes the
 Lease with a resourceVersion-guarded PUT, so two candidates cannot both win a race.
 
-What runs while leading is the whole kopf operator (`run_as_leader(run, ...)`). A standby
+The election runs in a thread of its own, so that a busy operator loop never delays a
+renewal. What runs while leading is the whole kopf operator (`run_as_leader(run, ...)`). A standby
 runs nothing but the election: no watch, no handler, no requeue of the reconciler's own.
 Taking over starts kopf afresh, which lists every object and resumes each (its resume
 handler), so the new leader converges from what exists; a build Job in flight is found
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -195,47 +197,111 @@ async def run_as_leader(
     """Runs `run(stopping)` only while this replica holds the Lease, until `stop` is set or
     `run` ends by itself (kopf stops on SIGTERM); then gives the Lease up. `run` must stop
     when `stopping` is set, and must be safe to cancel. Raises LeadershipLost when the
-    Lease is lost while leading (after cancelling `run`)."""
-    vault = Vault()
-    timeout = election.retry_period_seconds / 2  # see the settings' lease duration check
-    lock = LeaseLock(
-        election.name,
-        election.namespace,
-        election.identity,
-        KubeClient(vault, timeout_seconds=timeout),
-    )
-    leader = _Leader(run, election)
+    Lease is lost while leading (after cancelling `run`).
+
+    The election runs in a thread of its own, on an event loop of its own, with its own
+    client: the operator's loop can be busy for seconds (a fresh leader takes in the
+    listing of every object it watches, thousands at a fleet's scale), and a renewal that
+    waited its turn there would time out and lose the Lease of a leader that is working,
+    as client-go's election runs beside the controllers, not among them."""
+    leader = _Leader(run, election, asyncio.get_running_loop())
+    candidate = _Candidate(election, login, leader)
     logger.info(
         "Waiting for the Lease: Lease=%s/%s identity=%s",
         election.namespace, election.name, election.identity,
     )  # fmt: skip
-    tasks = {
-        "election": asyncio.create_task(
-            LeaderElection(leader.config(lock)).run(), name="leader election"
-        ),
-        "login": asyncio.create_task(keep_logged_in(vault, login), name="election login"),
-        "stop": asyncio.create_task(stop.wait(), name="stop flag"),
-        "operator": asyncio.create_task(leader.done.wait(), name="operator ended"),
+    thread = threading.Thread(target=candidate.main, name="leader election", daemon=True)
+    thread.start()
+    waits = {
+        "election": asyncio.ensure_future(candidate.ended.wait()),
+        "stop": asyncio.ensure_future(stop.wait()),
+        "operator": asyncio.ensure_future(leader.done.wait()),
     }
     try:
-        done, _ = await asyncio.wait(tasks.values(), return_when=asyncio.FIRST_COMPLETED)
-        if tasks["election"] in done or tasks["login"] in done:
-            # The election returns only once the Lease is lost; the login only on failure.
+        done, _ = await asyncio.wait(waits.values(), return_when=asyncio.FIRST_COMPLETED)
+        if waits["election"] in done:
+            # The election ends by itself only once the Lease is lost, or the login failed.
             await leader.cancel()
-            if tasks["login"] in done:
-                tasks["login"].result()  # raises the login's error
+            if candidate.error is not None:
+                raise candidate.error
             raise LeadershipLost(f"Lease {election.namespace}/{election.name} lost")
         await leader.finish()
-        tasks["election"].cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await tasks["election"]
-        if leader.operator is not None:
-            await lock.release()
+        candidate.stop(release=leader.operator is not None)
+        await candidate.ended.wait()
     finally:
-        for task in tasks.values():
-            task.cancel()
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
-        await vault.close()
+        candidate.stop(release=False)
+        for wait in waits.values():
+            wait.cancel()
+        await asyncio.gather(*waits.values(), return_exceptions=True)
+        await asyncio.to_thread(thread.join)
+
+
+class _Candidate:
+    """The election, its login and its Lease client, on the election thread's own loop;
+    `ended` (an Event of the operator's loop) is set when it stops, `error` holds the
+    login's failure if that is why."""
+
+    def __init__(self, election: Election, login: Login, leader: _Leader) -> None:
+        self.election, self.login, self.leader = election, login, leader
+        self.ended = asyncio.Event()
+        self.error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._release = False
+        self._stopping = threading.Event()
+
+    def main(self) -> None:
+        try:
+            asyncio.run(self._campaign())
+        finally:
+            self.leader.loop.call_soon_threadsafe(self.ended.set)
+
+    def stop(self, release: bool) -> None:
+        """Ends the election (from the operator's loop); with `release`, the Lease is
+        given up first."""
+        if self._stopping.is_set():
+            return
+        self._release = release
+        self._stopping.set()
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None:
+            with contextlib.suppress(RuntimeError):  # the election ended: its loop is closed
+                loop.call_soon_threadsafe(task.cancel)
+
+    async def _campaign(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        if self._stopping.is_set():
+            return
+        election = self.election
+        vault = Vault()
+        timeout = election.retry_period_seconds / 2  # see the settings' lease duration check
+        lock = LeaseLock(
+            election.name,
+            election.namespace,
+            election.identity,
+            KubeClient(vault, timeout_seconds=timeout),
+        )
+        tasks = [
+            asyncio.create_task(LeaderElection(self.leader.config(lock)).run(), name="election"),
+            asyncio.create_task(keep_logged_in(vault, self.login), name="election login"),
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and (error := task.exception()) is not None:
+                    self.error = error
+        except asyncio.CancelledError:
+            if self._release:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await lock.release()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await vault.close()
 
 
 class _Leader:
@@ -244,9 +310,14 @@ class _Leader:
     or `cancel` (the Lease was lost)."""
 
     def __init__(
-        self, run: Callable[[asyncio.Event], Coroutine[Any, Any, None]], election: Election
+        self,
+        run: Callable[[asyncio.Event], Coroutine[Any, Any, None]],
+        election: Election,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
-        self.run, self.election = run, election
+        self.run, self.election, self.loop = run, election, loop
+        """`loop`: the operator's, where `run` runs; the election calls `leading` and
+        `stopped_leading` on its own."""
         self.stopping = asyncio.Event()
         self.done = asyncio.Event()
         self.operator: asyncio.Task[None] | None = None
@@ -263,14 +334,20 @@ class _Leader:
         )
 
     async def leading(self) -> None:
+        """Starts the operator on its own loop (the election cancels this coroutine when
+        the Lease is lost, which must not reach the operator: `cancel` stops it)."""
         election = self.election
         logger.info(
             "Acquired the Lease, reconciling: Lease=%s/%s identity=%s",
             election.namespace, election.name, election.identity,
         )  # fmt: skip
+        self.loop.call_soon_threadsafe(self._start)
+
+    def _start(self) -> None:
+        if self.stopping.is_set():
+            return
         self.operator = asyncio.create_task(self.run(self.stopping), name="operator (leading)")
         self.operator.add_done_callback(lambda _: self.done.set())
-        await asyncio.shield(self.operator)  # the election cancels this wait, never the operator
 
     async def stopped_leading(self) -> None:
         election = self.election

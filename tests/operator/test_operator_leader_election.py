@@ -13,6 +13,9 @@
   Each one's writes are counted.
 - A leader stopped with SIGTERM releases the Lease: with a lease of ten minutes, the
   standby takes over at once, not when it expires.
+- A leader whose event loop is blocked for three lease durations (as a fresh leader's is
+  while it takes in thousands of objects) renews its Lease meanwhile, from the election's
+  own thread, and goes on leading.
 
 The build is held in progress by a model on a claim that does not exist yet (its pod
 waits in ContainerCreating), until the test provides the claim.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -132,6 +136,32 @@ async def test_a_leader_whose_lease_is_taken_stops_requeues_included(
     ]
     assert after == [], f"requests after the Lease was lost: {after}"
     assert holder(world) == "replica-b"
+
+
+async def test_a_leader_whose_loop_is_busy_keeps_renewing_its_lease(world: World) -> None:
+    election = Election(world.namespace, world.lease_name, "replica-a", **TIMINGS)
+    async with start_operator(world, FAST, election=election) as task:
+        await eventually(lambda: holder(world) == "replica-a", what="the Lease acquired")
+        renewals: list[str] = []
+        blocked = threading.Event()
+
+        def read_the_lease() -> None:
+            while blocked.is_set():
+                lease = world.kube.get(*LEASE, world.lease_name) or {}
+                renewals.append(str((lease.get("spec") or {}).get("renewTime")))
+                time.sleep(0.25)
+
+        blocked.set()
+        reader = threading.Thread(target=read_the_lease)
+        reader.start()
+        try:
+            time.sleep(3 * TIMINGS["lease_duration_seconds"])  # noqa: ASYNC251 (blocks the loop)
+        finally:
+            blocked.clear()
+            reader.join()
+        assert len(set(renewals)) >= 3, f"renewed while the loop was blocked: {renewals}"
+        await asyncio.sleep(2 * TIMINGS["retry_period_seconds"])
+        assert not task.done() and holder(world) == "replica-a", "still leading"
 
 
 async def start_replica(
