@@ -120,7 +120,16 @@ class OwnerEssenceStorage(kopf.AnnotationsDiffBaseStorage):
     ) -> kopf.BodyEssence:
         if body.get("kind") != KIND:
             return cast(kopf.BodyEssence, {})
-        return super().build(body=body, extra_fields=extra_fields)
+        if extra_fields:  # no handler of ours asks for any: kopf's own way, then
+            return super().build(body=body, extra_fields=extra_fields)
+        # kopf deep-copies what it is given, then drops the status and the metadata but
+        # labels and annotations: given only what it keeps, it copies that alone (a
+        # status patch is an event too, and managedFields are often the larger part).
+        metadata = body.get("metadata") or {}
+        keys = ("name", "namespace", "labels", "annotations")
+        kept = {k: metadata[k] for k in keys if k in metadata}
+        essential = {k: v for k, v in body.items() if k not in ("metadata", "status")}
+        return super().build(body=kopf.Body({**essential, "metadata": kept}))
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings) -> kopf.OperatorSettings:
@@ -250,7 +259,7 @@ def _register_children(
             child.group, child.version, child.plural, registry=registry, labels=selected,
             id=index_name(child),
         )  # fmt: skip
-        def index_child(
+        async def index_child(  # async: kopf runs a plain function in a thread
             namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
         ) -> dict[Any, Any]:
             return index_entry(namespace or "", labels, body)

@@ -177,7 +177,7 @@ class Api(_Group):
     page_size: int = Field(default=500, ge=1, le=10_000)
     """Objects per page when the operator lists (`limit`, then `continue`)."""
 
-    max_concurrent_passes: int = Field(default=16, ge=1, le=1000)
+    max_concurrent_passes: int = Field(default=64, ge=1, le=1000)
     """Reconcile passes in flight at once, over all objects (controller-runtime's
     MaxConcurrentReconciles); the others wait their turn, and the events that arrive
     meanwhile join the pass already waiting for their object. Without a bound, a

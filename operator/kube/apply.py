@@ -9,6 +9,7 @@ wrote in between, and the pass is retried.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 from datetime import datetime
@@ -125,16 +126,20 @@ def event_object(owner: OwnerRef, event: Event, now: datetime) -> KubeObject:
 async def post_events(
     client: KubeClient, owner: OwnerRef, events: Iterable[Event], now: datetime
 ) -> None:
-    """Posts the events; they are helpful but auxiliary, so a refusal is logged, not
-    raised (the status, already written, is the record)."""
-    for event in events:
-        try:
-            await client.create(event_object(owner, event, now))
-        except ApiError as error:
-            logger.warning(
-                "Event not posted: InferenceDeployment=%s/%s reason=%s error=%s",
-                owner.namespace,
-                owner.name,
-                event.reason,
-                error,
-            )
+    """Posts the events, all at once (each is an object of its own: their order is their
+    timestamps', not their arrival's); they are helpful but auxiliary, so a refusal is
+    logged, not raised (the status, already written, is the record)."""
+    await asyncio.gather(*(_post_event(client, owner, event, now) for event in events))
+
+
+async def _post_event(client: KubeClient, owner: OwnerRef, event: Event, now: datetime) -> None:
+    try:
+        await client.create(event_object(owner, event, now))
+    except ApiError as error:
+        logger.warning(
+            "Event not posted: InferenceDeployment=%s/%s reason=%s error=%s",
+            owner.namespace,
+            owner.name,
+            event.reason,
+            error,
+        )

@@ -9,7 +9,6 @@ happens to carry the labels is never adopted. A child that is missing is simply 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
@@ -67,7 +66,9 @@ async def gather_children(
     owner = owner_ref_from_body(body)
     selector = names.children_selector(owner.name)
     kinds = (PVC, CONFIGMAP, DEPLOYMENT, SERVICE, JOB, PDB)
-    listed = await asyncio.gather(*(client.list(k, owner.namespace, selector) for k in kinds))
+    # One after another: from the cache each answers at once, and a task each would cost
+    # more than the reading; from the API, a pass has its slot's one request at a time.
+    listed = [await client.list(kind, owner.namespace, selector) for kind in kinds]
     pvcs, configmaps, deployments, services, jobs, budgets = (
         [o for o in objects if _owned_by(o, owner.uid)] for objects in listed
     )

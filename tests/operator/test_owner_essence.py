@@ -1,6 +1,7 @@
 """kopf's diff base (`handlers.OwnerEssenceStorage`): the InferenceDeployment's essence is
-kopf's own, so its update handler sees the same changes; any other kind's is empty, so
-the children's events (most of the events at fleet scale) cost no deep copy. kopf builds
+kopf's own, so its update handler sees the same changes, built from what kopf keeps of it
+(no deep copy of its status and managedFields); any other kind's is empty, so the
+children's events (most of the events at fleet scale) cost no deep copy. kopf builds
 an essence for every event of every kind it watches; only the owner has update handlers.
 """
 
@@ -14,9 +15,20 @@ KEY = "last-handled-configuration"
 OWNER = {
     "apiVersion": "kubeinfer.io/v1alpha1",
     "kind": "InferenceDeployment",
-    "metadata": {"name": "m", "namespace": "n", "labels": {"a": "b"}, "generation": 3},
+    "metadata": {
+        "name": "m",
+        "namespace": "n",
+        "labels": {"a": "b"},
+        "annotations": {
+            "team": "search",
+            f"{ANNOTATION_PREFIX}/{KEY}": '{"spec": {}}',
+            f"{ANNOTATION_PREFIX}/reconcile": "{}",
+        },
+        "generation": 3,
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+    },
     "spec": {"runtime": {"replicas": 2}},
-    "status": {"observedGeneration": 3},
+    "status": {"observedGeneration": 3, "conditions": [{"type": "Ready", "status": "True"}]},
 }
 POD = {
     "apiVersion": "v1",
@@ -33,6 +45,12 @@ def test_the_owner_keeps_kopfs_essence_and_a_child_has_none() -> None:
     owner = kopf.Body(OWNER)
     assert mine.build(body=owner) == stock.build(body=owner)
     assert mine.build(body=owner)["spec"] == {"runtime": {"replicas": 2}}
+    essence = mine.build(body=owner)
+    assert set(essence) == {"spec", "metadata"} and set(essence["metadata"]) == {
+        "labels",
+        "annotations",
+    }
+    assert KEY not in str(essence["metadata"]["annotations"])  # its own record, left out
     assert mine.build(body=kopf.Body(POD)) == {}
     assert stock.build(body=kopf.Body(POD))["spec"]  # what kopf alone would copy
 
