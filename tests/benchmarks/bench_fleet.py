@@ -414,6 +414,10 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_fleet: needs root (a network namespace for the cluster)", file=sys.stderr)
         return 2
+    # Stopped by SIGTERM or SIGINT (which a shell ignores in a background job), the
+    # cluster still comes down: the signal raises, and `finally` stops it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     netns.enter_new_namespace()
     directory = Path(tempfile.mkdtemp(prefix="bench-fleet-", dir="/var/tmp"))
     print(f"# logs in {directory}", flush=True)
