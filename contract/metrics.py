@@ -346,6 +346,13 @@ OPERATOR_WATCH_EVENTS = Series(
     ("resource",),
     "Watch events the operator's handlers took, by resource.",
 )
+OPERATOR_OWNER_READS = Series(
+    "kubeinfer_operator_owner_reads",
+    "counter",
+    ("source",),
+    "A reconcile pass's reads of its InferenceDeployment, by source: cache (the watch's "
+    "index) or api (a GET, when the index is older than what the operator knows).",
+)
 OPERATOR_METRICS_QUERIES = Series(
     "kubeinfer_operator_metrics_queries",
     "counter",

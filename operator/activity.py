@@ -58,6 +58,9 @@ class Activity:
     included: what a change waits before it is acted on)."""
     api_requests: Counter[str] = field(default_factory=Counter)
     """The operator's own API requests by verb (get, list, create, update, patch, delete)."""
+    owner_reads: Counter[str] = field(default_factory=Counter)
+    """A pass's reads of its InferenceDeployment, by where from: `cache` (the watch's
+    index) or `api` (a GET)."""
     watch_events: Counter[str] = field(default_factory=Counter)
     """Watch events its handlers took, by resource plural."""
     metrics_queries: Counter[str] = field(default_factory=Counter)

@@ -118,6 +118,7 @@ def activity_families(activity: Activity) -> list[Metric]:
         (series.OPERATOR_RECONCILES, activity.passes),
         (series.OPERATOR_API_REQUESTS, activity.api_requests),
         (series.OPERATOR_WATCH_EVENTS, activity.watch_events),
+        (series.OPERATOR_OWNER_READS, activity.owner_reads),
         (series.OPERATOR_METRICS_QUERIES, activity.metrics_queries),
     )
     result: list[Metric] = [histogram]

@@ -35,7 +35,13 @@ from kubeinfer.operator.api.v1alpha1.resource import GROUP, KIND, PLURAL, VERSIO
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest
 from kubeinfer.operator.exporter import StatusBoard
 from kubeinfer.operator.kube import kopf_toggles
-from kubeinfer.operator.kube.cache import CachedReader, index_entry, index_name
+from kubeinfer.operator.kube.cache import (
+    OWNERS_INDEX,
+    CachedReader,
+    index_entry,
+    index_name,
+    without_managed_fields,
+)
 from kubeinfer.operator.kube.client import (
     CONFIGMAP,
     DEPLOYMENT,
@@ -91,7 +97,7 @@ class OperatorContext:
         )
         self.cache = CachedReader(self.client)
         self.reconciler = Reconciler(
-            self.client, self.settings, board=self.board, reader=self.cache
+            self.client, self.settings, board=self.board, reader=self.cache, owners=self.cache
         )
 
     async def close(self) -> None:
@@ -233,6 +239,12 @@ def _register_owner(
 ) -> None:
     """Create, update and resume of an InferenceDeployment: one handler, one id, so
     kopf's progress annotation reads kubeinfer.io/reconcile for all three causes."""
+
+    @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id=OWNERS_INDEX)
+    async def index_owner(
+        namespace: str | None, name: str, body: kopf.Body, **_: Any
+    ) -> dict[Any, Any]:
+        return {(namespace or "", name): without_managed_fields(body)}
 
     @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")

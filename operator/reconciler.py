@@ -42,7 +42,7 @@ from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_spec
 from kubeinfer.operator.exporter import Report, StatusBoard, metrics_readers
 from kubeinfer.operator.kube import apply
-from kubeinfer.operator.kube.cache import Lister
+from kubeinfer.operator.kube.cache import CachedReader, Lister
 from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, POD_MONITOR, ApiError, KubeClient
 from kubeinfer.operator.kube.gather import owner_ref_from_body, stored_status
 from kubeinfer.operator.kube.nodes import GpuNodes
@@ -96,10 +96,17 @@ class Reconciler:
         clock: Callable[[], datetime] = utc_now,
         board: StatusBoard | None = None,
         reader: Lister | None = None,
+        owners: CachedReader | None = None,
     ) -> None:
         self.client = client
         self.reader: Lister = reader if reader is not None else client
         """Where a pass reads the children: the API, or the cache of the watches."""
+        self.owners = owners
+        """Where a pass reads its object when the watch is fresh enough (`_read`)."""
+        self._acted_on: dict[tuple[str, str], int] = {}
+        """The generation each object's last pass read."""
+        self._written: dict[tuple[str, str], Any] = {}
+        """The status each object's last status write stored, as the API returned it."""
         self.board = board if board is not None else StatusBoard()
         """What each object's last pass wrote, for the operator's /metrics."""
         self.settings = settings
@@ -131,6 +138,8 @@ class Reconciler:
             *self._queued,
             *self._histories,
             *self._quality_histories,
+            *self._acted_on,
+            *self._written,
         }
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
@@ -204,14 +213,36 @@ class Reconciler:
         self._schedule(*key, None)
         self._histories.pop(key, None)
         self._quality_histories.pop(key, None)
+        self._acted_on.pop(key, None)
+        self._written.pop(key, None)
         self.board.forget(key)
         if key not in self._queued:
             self._locks.pop(key, None)
 
+    async def _read(self, key: tuple[str, str]) -> dict[str, Any] | None:
+        """The object from the watch's index when it is at least as new as what the
+        operator itself knows of it: the generation its last pass read, and the status
+        it last wrote (only the operator writes the status, so another one there means
+        the watch has not delivered that write yet). From the API otherwise, as when the
+        index does not hold it (not seen yet, or deleted)."""
+        cached = self.owners.owner(*key) if self.owners is not None else None
+        if cached is not None:
+            generation = int(cached["metadata"].get("generation") or 0)
+            written = self._written.get(key)
+            if generation >= self._acted_on.get(key, 0) and (
+                written is None or cached.get("status") == written
+            ):
+                self.board.activity.owner_reads["cache"] += 1
+                return cached
+        self.board.activity.owner_reads["api"] += 1
+        return await self.client.get(INFERENCE_DEPLOYMENT, *key)
+
     async def _pass(self, namespace: str, name: str) -> Outcome:
-        body = await self.client.get(INFERENCE_DEPLOYMENT, namespace, name)
+        key = (namespace, name)
+        body = await self._read(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return Outcome(None)
+        self._acted_on[key] = int(body["metadata"].get("generation") or 0)
         owner = owner_ref_from_body(body)
         try:
             spec = parse_spec(body.get("spec"))
@@ -221,7 +252,6 @@ class Reconciler:
             await self._carry_out(body, decision, current)
             raise
         now = self.clock()
-        key = (namespace, name)
         observed = await gather(
             self.reader,
             self.metrics,
@@ -276,13 +306,14 @@ class Reconciler:
         if decision.status != current:
             version = body["metadata"]["resourceVersion"]
             try:
-                await apply.patch_status(self.client, owner, decision.status, version)
+                stored = await apply.patch_status(self.client, owner, decision.status, version)
             except ApiError as error:
                 fresh = await self.client.get(INFERENCE_DEPLOYMENT, owner.namespace, owner.name)
                 if error.status != 409 or fresh is None or owner_ref_from_body(fresh) != owner:
                     raise
                 version = fresh["metadata"]["resourceVersion"]
-                await apply.patch_status(self.client, owner, decision.status, version)
+                stored = await apply.patch_status(self.client, owner, decision.status, version)
+            self._written[(owner.namespace, owner.name)] = stored.get("status")
             writes += 1
         readers = metrics_readers(observed) if observed is not None else ()
         self.board.record((owner.namespace, owner.name), Report(decision.status, readers))

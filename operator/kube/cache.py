@@ -9,6 +9,10 @@ child that exists, and never recreates (or rebuilds) one that was merely not yet
 Each object is kept without its `managedFields`, which no decision reads and which is
 often the larger part of it.
 
+The InferenceDeployments themselves have an index too (`CachedReader.owner`): a pass
+reads its object there when the index is at least as new as what the operator itself
+last read and wrote of it (the reconciler checks), from the API otherwise.
+
 `CachedReader.list` answers the same calls as `KubeClient.list`: from an index where one
 holds the kind and the selector names an owner, from the API otherwise (PodMonitors,
 which kopf does not watch). What it returns may trail the API by the watch's delay: a
@@ -40,16 +44,23 @@ class Lister(Protocol):
     ) -> list[KubeObject]: ...
 
 
+OWNERS_INDEX = "kubeinfer_owners"
+"""kopf's index of the InferenceDeployments themselves, by (namespace, name)."""
+
+
 def index_name(resource: ResourceType) -> str:
     return INDEX_PREFIX + resource.plural
+
+
+def without_managed_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    return {**{k: v for k, v in body.items() if k != "metadata"}, "metadata": meta}
 
 
 def index_entry(namespace: str, labels: Mapping[str, str], body: Mapping[str, Any]) -> dict:
     """What a child's index holds for it: {(namespace, owner): the object without its
     managedFields}."""
-    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
-    kept = {k: v for k, v in body.items() if k != "metadata"}
-    return {(namespace, labels[LABEL_INSTANCE]): {**kept, "metadata": meta}}
+    return {(namespace, labels[LABEL_INSTANCE]): without_managed_fields(body)}
 
 
 def parse_selector(selector: str) -> dict[str, str] | None:
@@ -76,6 +87,7 @@ class CachedReader:
     def __init__(self, client: KubeClient) -> None:
         self.client = client
         self._indices: dict[str, Mapping[IndexKey, Iterable[KubeObject]]] = {}
+        self._owners: Mapping[IndexKey, Iterable[KubeObject]] | None = None
 
     def attach(self, indices: Mapping[str, Any]) -> None:
         """Takes kopf's indexes from a handler's keyword arguments (kopf fills them in
@@ -85,6 +97,14 @@ class CachedReader:
             for name, index in indices.items()
             if name.startswith(INDEX_PREFIX)
         }
+        self._owners = indices.get(OWNERS_INDEX)
+
+    def owner(self, namespace: str, name: str) -> KubeObject | None:
+        """The InferenceDeployment as the watch last delivered it; None when there is no
+        index yet or it holds no such object (not seen yet, or deleted): the API knows."""
+        if self._owners is None:
+            return None
+        return next(iter(self._owners.get((namespace, name), ())), None)
 
     def cached(self, resource: ResourceType) -> bool:
         return resource.plural in self._indices

@@ -14,6 +14,9 @@ against the session's real API server, each step checked against what the server
   403 while the pass still writes its children and status; several Events with the same
   reason for the same object are all posted (none refused with 409);
 - ten triggers arriving together share one pass (one GET of the object);
+- a pass reads its object from the watch's index when that is at least as new as what
+  the operator wrote and read of it, with a GET otherwise: after its own status write,
+  an index still holding the older object is not trusted, one that caught up is;
 - with one pass slot (`api.max_concurrent_passes`), three objects' passes run one after
   another (each object's requests contiguous in the audit log), and the triggers that
   arrive while an object's pass waits for the slot join it.
@@ -38,6 +41,7 @@ from kubeinfer.operator import rbac
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus, Phase
 from kubeinfer.operator.api.v1alpha1.validation import parse_spec
 from kubeinfer.operator.kube import apply
+from kubeinfer.operator.kube.cache import OWNERS_INDEX, CachedReader
 from kubeinfer.operator.kube.client import CONFIGMAP, INFERENCE_DEPLOYMENT, ApiError, KubeClient
 from kubeinfer.operator.kube.gather import gather_children, owner_ref_from_body
 from kubeinfer.operator.reconciler import Reconciler
@@ -383,3 +387,39 @@ async def test_passes_share_the_slots_and_waiting_passes_join_triggers(
     assert sorted(runs) == sorted(owners), f"one pass at a time, not interleaved: {order}"
     gets = [c.name for c in named() if c.verb == "get" and c.resource == IDS[1]]
     assert sorted(gets) == sorted(owners), "charlie's ten triggers joined its waiting pass"
+
+
+async def test_a_pass_reads_its_object_from_the_index_only_when_it_is_fresh_enough(
+    world: World, tiny: Model
+) -> None:
+    world.create(manifest(tiny, engine={"pin": PIN}))
+    index: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    key = (world.namespace, "resnet")
+
+    async with KubeClient(connection(world, world.token())) as client:
+        cache = CachedReader(client)
+        cache.attach({OWNERS_INDEX: index})
+        reconciler = Reconciler(client, OperatorSettings(), owners=cache)
+        reads = reconciler.board.activity.owner_reads
+        try:
+            index[key] = [world.infd()]  # as the watch delivered it
+            first = await reconciler.reconcile(*key)
+            assert first.writes > 0 and reads == {"cache": 1}, "read from the index"
+            await reconciler.reconcile(*key)  # the index still holds the object unwritten
+            assert reads == {"cache": 1, "api": 1}, "an index behind its own write: a GET"
+            index[key] = [world.infd()]  # the watch delivered the status write
+            await reconciler.reconcile(*key)
+            assert reads == {"cache": 2, "api": 1}
+            stale = index[key][0]
+            world.kube.patch(*IDS, "resnet", {"spec": {"runtime": {"replicas": 2}}})
+            index[key] = [world.infd()]
+            await reconciler.reconcile(*key)  # reads generation 2 (and writes its status)
+            index[key] = [stale]  # an index older than the generation a pass read
+            await reconciler.reconcile(*key)
+            assert reads["api"] == 2, "an index behind a generation already acted on: a GET"
+        finally:
+            await reconciler.close()
+    calls = await audited(
+        lambda: [c for c in world.calls() if c.verb == "get" and c.resource == IDS[1]], 2
+    )
+    assert len(calls) == 2, "the passes' two GETs, and no other"
