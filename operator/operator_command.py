@@ -108,6 +108,7 @@ async def run_operator(
     login: Login | None = None,
     kopf_settings: kopf.OperatorSettings | None = None,
     stop_flag: asyncio.Event | None = None,
+    board: StatusBoard | None = None,
     **kopf_options: Any,
 ) -> None:
     """Runs kopf with the operator's handlers until `stop_flag` is set or kopf stops (the
@@ -115,17 +116,18 @@ async def run_operator(
     this replica holds the Lease (LeadershipLost is raised when it loses it). With
     `metrics_port`, the operator's own metrics are served there for the whole run, standby
     included (`kubeinfer.operator.exporter`). `login` and `kopf_settings` replace kopf's
-    credential discovery and default settings (the tests use both)."""
-    if metrics_port is not None:
-        from kubeinfer.operator.exporter import StatusBoard, board_registry, serve_metrics
+    credential discovery and default settings (the tests use both); `board` receives each
+    pass's status and the operator's counters (a new one by default)."""
+    from kubeinfer.operator.exporter import StatusBoard, board_registry, serve_metrics
 
-        board = StatusBoard()
+    board = board if board is not None else StatusBoard()
+    if metrics_port is not None:
         async with serve_metrics(board_registry(board), metrics_port):
             await _run_operator(settings, clusterwide, namespaces, election, liveness_endpoint,
                                 login, kopf_settings, stop_flag, board, kopf_options)  # fmt: skip
         return
     await _run_operator(settings, clusterwide, namespaces, election, liveness_endpoint, login,
-                        kopf_settings, stop_flag, None, kopf_options)  # fmt: skip
+                        kopf_settings, stop_flag, board, kopf_options)  # fmt: skip
 
 
 async def _run_operator(

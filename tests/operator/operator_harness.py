@@ -29,6 +29,7 @@ from typing import Any
 import kopf
 from cluster_harness import ApiCall, Kube, LocalCluster, file_url
 from kubeinfer.operator import rbac
+from kubeinfer.operator.exporter import StatusBoard
 from kubeinfer.operator.handlers import configure_kopf
 from kubeinfer.operator.kube.leader_election import Election
 from kubeinfer.operator.operator_command import run_operator
@@ -127,6 +128,13 @@ class World:
     kube: Kube
     lease_name: str = rbac.DEFAULT_LEASE_NAME
     tokens_issued: list[str] = field(default_factory=list)
+    board: StatusBoard = field(default_factory=StatusBoard)
+    """The running operator's (`start_operator` gives each run a new one)."""
+
+    def passes_done(self) -> int:
+        """Reconcile passes the running operator has ended (a pass may read and write
+        nothing at all, so the audit log cannot count them)."""
+        return sum(self.board.activity.passes.values())
 
     @property
     def namespace(self) -> str:
@@ -280,6 +288,7 @@ async def start_operator(
 
     stop, ready = asyncio.Event(), asyncio.Event()
     since = len(world.calls())
+    world.board = StatusBoard()
     task = asyncio.create_task(
         run_operator(
             settings,
@@ -291,6 +300,7 @@ async def start_operator(
             kopf_settings=kopf_settings(),
             stop_flag=stop,
             ready_flag=ready,
+            board=world.board,
         )
     )
     try:

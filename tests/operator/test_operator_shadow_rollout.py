@@ -184,11 +184,6 @@ def runtime_process(pod: dict[str, Any]) -> tuple[str, str, int]:
     return pod["metadata"]["uid"], container["containerID"], container["restartCount"]
 
 
-def passes_done(world: World) -> int:
-    """Reconcile passes so far: each starts with a GET of the object."""
-    return sum(c.verb == "get" and c.resource == "inferencedeployments" for c in world.calls())
-
-
 @contextlib.asynccontextmanager
 async def traffic_to(
     world: World, service: str, body_for: Callable[[int, int], dict[str, Any]]
@@ -345,8 +340,8 @@ async def test_a_candidate_of_another_model_fails_and_serving_is_untouched(
         assert infd["status"]["phase"] == "Degraded"
         assert condition(infd, "Degraded")["reason"] == "ShadowFailed"
         # Remembered: later passes neither rebuild nor retry it.
-        jobs, before = len(world.jobs()), passes_done(world)
-        await eventually(lambda: passes_done(world) >= before + 3, 60, "three more passes")
+        jobs, before = len(world.jobs()), world.passes_done()
+        await eventually(lambda: world.passes_done() >= before + 3, 60, "three more passes")
         assert len(world.jobs()) == jobs and not candidate_pods(world)
         assert world.kube.get("apps/v1", "deployments", CANDIDATE) is None
         assert candidate(world)["verdict"] == "Failed"
@@ -488,8 +483,8 @@ async def test_the_manual_gate_acts_only_on_the_digest_it_names(
         )
         annotations = world.infd()["metadata"].get("annotations") or {}
         assert annotations.get(GATE_ANNOTATION) == f"promote {new}"
-        before = passes_done(world)
-        await eventually(lambda: passes_done(world) >= before + 3, 60, "three more passes")
+        before = world.passes_done()
+        await eventually(lambda: world.passes_done() >= before + 3, 60, "three more passes")
         assert candidate(world)["verdict"] == "Pending" and served_digest(world) == new
         # ... and abort of the current one removes it, leaving serving as it is.
         code, output = await gate(config, "abort", "resnet")
