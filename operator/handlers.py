@@ -135,7 +135,7 @@ class OwnerEssenceStorage(kopf.AnnotationsDiffBaseStorage):
         keys = ("name", "namespace", "labels", "annotations")
         kept = {k: metadata[k] for k in keys if k in metadata}
         essential = {k: v for k, v in body.items() if k not in ("metadata", "status")}
-        return super().build(body=kopf.Body({**essential, "metadata": kept}))
+        return super().build(body=kopf.Body(cast(kopf.RawBody, {**essential, "metadata": kept})))
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings) -> kopf.OperatorSettings:
