@@ -50,6 +50,8 @@ from test_operator_command import start_operator_process
 from test_operator_relogin import audit_events, made_with
 from test_operator_scenarios import from_missing_claim, provide_claim
 
+pytestmark = pytest.mark.lifecycle  # operators' lifecycles: leaders lost, killed, stopped
+
 LEASE = ("coordination.k8s.io/v1", "leases")
 PIN = "sha256:" + "d" * 64
 TIMINGS = {"lease_duration_seconds": 4.0, "renew_deadline_seconds": 1.5, "retry_period_seconds": 1}
