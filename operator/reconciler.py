@@ -6,9 +6,12 @@ gather step, so the verdict and the recommendation stay pure functions of what w
 It also keeps what must outlive a pass: the autoscaler's history per object, and whether
 the cluster serves PodMonitors. Every trigger (create,
 update, resume, an event on a child, the periodic resync) ends in
-`Reconciler.reconcile(namespace, name)`, which re-reads the InferenceDeployment, so a
-pass never acts on a stale copy of it. Passes over one object are serialised by a lock:
-two triggers arriving together cannot both create a child. Passes over all objects
+`Reconciler.reconcile(namespace, name)`, which reads the InferenceDeployment afresh: from
+the watch's index when that is at least as new as what the operator last read and wrote
+of it, from the API otherwise (`_read`), so a pass never acts on a copy older than one a
+pass acted on, nor on one that lacks the operator's own last status write. Passes over
+one object are serialised by a lock: two triggers arriving together cannot both create a
+child. Passes over all objects
 share `api.max_concurrent_passes` slots, so a thousand objects created at once queue in
 the operator, not in the API server.
 
