@@ -11,9 +11,8 @@ the watch's index when that is at least as new as what the operator last read an
 of it, from the API otherwise (`_read`), so a pass never acts on a copy older than one a
 pass acted on, nor on one that lacks the operator's own last status write. Passes over
 one object are serialised by a lock: two triggers arriving together cannot both create a
-child. Passes over all objects
-share `api.max_concurrent_passes` slots, so a thousand objects created at once queue in
-the operator, not in the API server.
+child. Passes over all objects share `api.max_concurrent_passes` slots, so a thousand
+objects created at once queue in the operator, not in the API server.
 
 The periodic resync is scheduled here, after each pass: sooner when the decision asks
 for it (a running build is polled, a failed one retried after its backoff), else after
