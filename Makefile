@@ -105,7 +105,8 @@ test: $(STAMP) $(PERF_ANALYZER)
 # The lifecycles: `kubeinfer up` (detached and in the foreground) and `kubeinfer cluster
 # up`/`down`, each on a cluster of its own, the simulated GPU fleets (KWOK nodes: mixed
 # products, drains, lost nodes and zones), leader election (replicas taking over from each
-# other), and the images built from a clean clone. Apart
+# other), the Helm release installed, upgraded and removed, and the images built from a
+# clean clone. Apart
 # from `make test` for its time, as the demo's story is; CI runs both.
 test-lifecycle: $(STAMP)
 	$(BIN)/kubeinfer cluster build

@@ -35,7 +35,7 @@ from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubernetes.client.exceptions import ApiException
 from prometheus_operator_crds import crd_file
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.lifecycle]  # a release installed, upgraded, removed
 
 RELEASE = "kubeinfer"
 OPERATOR = f"{RELEASE}-operator"
