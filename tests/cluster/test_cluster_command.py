@@ -9,6 +9,7 @@ where nothing runs says so and succeeds."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -66,6 +67,15 @@ def namespace_inode(pid: int | str) -> int | None:
         return os.stat(f"/proc/{pid}/ns/net").st_ino
     except OSError:
         return None
+
+
+def commands(pids: list[str]) -> list[str]:
+    """Each process's command line, to say what was left."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            found.append(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode())
+    return found
 
 
 def wait_for(what: str, check, timeout: float = 120.0):  # type: ignore[no-untyped-def]
@@ -141,7 +151,7 @@ def test_up_runs_a_node_in_its_own_namespace_and_down_leaves_nothing(tmp_path: P
     assert cgroups.cgroup_directories(root) == []
     assert not (directory / control_plane.STATE_FILE).exists()
     holders = [pid for pid in os.listdir("/proc") if namespace_inode(pid) == cluster_namespace]
-    assert holders == [], "the cluster's namespace outlived its processes"
+    assert holders == [], f"the cluster's namespace outlived its processes: {commands(holders)}"
     assert host_network_state() == before
 
     again = kubeinfer("cluster", "down", "--directory", str(directory))
