@@ -97,7 +97,7 @@ class OperatorContext:
         )
         self.cache = CachedReader(self.client)
         self.reconciler = Reconciler(
-            self.client, self.settings, board=self.board, reader=self.cache, owners=self.cache
+            self.client, self.settings, board=self.board, reader=self.cache
         )
 
     async def close(self) -> None:

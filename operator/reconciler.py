@@ -98,13 +98,12 @@ class Reconciler:
         clock: Callable[[], datetime] = utc_now,
         board: StatusBoard | None = None,
         reader: Lister | None = None,
-        owners: CachedReader | None = None,
     ) -> None:
         self.client = client
         self.reader: Lister = reader if reader is not None else client
-        """Where a pass reads the children: the API, or the cache of the watches."""
-        self.owners = owners
-        """Where a pass reads its object when the watch is fresh enough (`_read`)."""
+        """Where a pass reads the children: the API, or the cache of the watches (which
+        also holds the objects themselves, read when fresh enough: `_read`)."""
+        self.owners = reader if isinstance(reader, CachedReader) else None
         self._acted_on: dict[tuple[str, str], int] = {}
         """The generation each object's last pass read."""
         self._written: dict[tuple[str, str], Any] = {}

@@ -9,8 +9,8 @@ one goes through `KubeClient` (bounded requests, a 401 that logs in again) and w
 Lease with a resourceVersion-guarded PUT, so two candidates cannot both win a race.
 
 The election runs in a thread of its own, so that a busy operator loop never delays a
-renewal. What runs while leading is the whole kopf operator (`run_as_leader(run, ...)`). A standby
-runs nothing but the election: no watch, no handler, no requeue of the reconciler's own.
+renewal. What runs while leading is the whole kopf operator (`run_as_leader(run, ...)`).
+A standby runs nothing but the election: no watch, no handler, no requeue of the reconciler's own.
 Taking over starts kopf afresh, which lists every object and resumes each (its resume
 handler), so the new leader converges from what exists; a build Job in flight is found
 by its deterministic name and adopted, never duplicated. Losing the lease stops kopf at
@@ -286,21 +286,20 @@ class _Candidate:
             asyncio.create_task(LeaderElection(self.leader.config(lock)).run(), name="election"),
             asyncio.create_task(keep_logged_in(vault, self.login), name="election login"),
         ]
+        stopped = False
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if not task.cancelled() and (error := task.exception()) is not None:
                     self.error = error
         except asyncio.CancelledError:
-            if self._release:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                await lock.release()
+            stopped = True  # by `stop`: the operator's loop has finished with the Lease
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if stopped and self._release:
+                await lock.release()
             await vault.close()
 
 

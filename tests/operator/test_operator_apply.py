@@ -399,7 +399,8 @@ async def test_a_pass_reads_its_object_from_the_index_only_when_it_is_fresh_enou
     async with KubeClient(connection(world, world.token())) as client:
         cache = CachedReader(client)
         cache.attach({OWNERS_INDEX: index})
-        reconciler = Reconciler(client, OperatorSettings(), owners=cache)
+        reconciler = Reconciler(client, OperatorSettings(), reader=cache)  # no child index:
+        # the children are listed from the API
         reads = reconciler.board.activity.owner_reads
         try:
             index[key] = [world.infd()]  # as the watch delivered it
