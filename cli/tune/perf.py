@@ -120,9 +120,17 @@ def input_data(rows: Sequence[Mapping[str, np.ndarray]]) -> dict[str, object]:
 
 
 def command(
-    binary: str, target: Target, load: Load, window_seconds: float, data: Path, report: Path
+    binary: str,
+    target: Target,
+    load: Load,
+    window_seconds: float,
+    data: Path | str,
+    report: Path,
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> list[str]:
-    """The command line of one run (its CSV report written to `report`)."""
+    """The command line of one run (its CSV report written to `report`); `data` is an
+    `--input-data` JSON file, or `random` (perf_analyzer's own random values, each
+    variable axis sized by `shapes`: input name -> item shape)."""
     line = [
         binary, "-m", target.model, "-u", target.url, "-i", target.protocol,
         "-b", str(load.rows), "--input-data", str(data),
@@ -130,6 +138,8 @@ def command(
         "--stability-percentage", str(STABILITY_PERCENT), "--max-trials", str(MAX_WINDOWS),
         "-f", str(report), "--verbose-csv",
     ]  # fmt: skip
+    for name, shape in (shapes or {}).items():
+        line += ["--shape", f"{name}:{','.join(map(str, shape))}"]
     if target.protocol == "http":
         line += ["--input-tensor-format", target.tensor_format]
         line += ["--output-tensor-format", target.tensor_format]
@@ -190,25 +200,29 @@ def _run_once(line: list[str], timeout_seconds: float) -> None:
 def run(
     target: Target,
     load: Load,
-    samples: Sequence[Mapping[str, np.ndarray]],
+    samples: Sequence[Mapping[str, np.ndarray]] | None,
     window_seconds: float,
     workdir: Path,
     warmup_seconds: float = 0.0,
     around: Callable[[], object] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> PerfResult:
     """A warm-up run (when `warmup_seconds` > 0, its three windows that long together),
     then the measured run of three `window_seconds` windows; `around` is called just
-    before and just after the measured run (a server's snapshots)."""
+    before and just after the measured run (a server's snapshots). `samples` None sends
+    perf_analyzer's random values instead (tensors too large for JSON; see `command`)."""
     binary = find_perf_analyzer()
     workdir.mkdir(parents=True, exist_ok=True)
-    data = workdir / "input-data.json"
-    data.write_text(json.dumps(input_data(samples)))
+    data: Path | str = "random"
+    if samples is not None:
+        data = workdir / "input-data.json"
+        data.write_text(json.dumps(input_data(samples)))
     report = workdir / "report.csv"
     if warmup_seconds > 0:
         warm = warmup_seconds / 3
-        _run_once(command(binary, target, load, warm, data, report), _timeout(warm))
+        _run_once(command(binary, target, load, warm, data, report, shapes), _timeout(warm))
     report.unlink(missing_ok=True)
-    measured = command(binary, target, load, window_seconds, data, report)
+    measured = command(binary, target, load, window_seconds, data, report, shapes)
     if around is not None:
         around()
     before = _children_cpu_seconds()

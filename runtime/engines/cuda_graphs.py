@@ -33,7 +33,7 @@ installed there), so the TensorRT engine does not turn graphs on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from types import ModuleType
 from typing import Any
 
@@ -63,9 +63,10 @@ def _checked(driver: ModuleType, result: tuple[Any, ...], call: str) -> Any:
 
 
 class SlotGraphs:
-    """The executable graphs of one slot, by batch size.
+    """The executable graphs of one slot, by batch size (by rows and shape for a model with
+    variable axes: any hashable key).
 
-    `queue(n, step)` queues `step(n)`'s work on the stream: the first time at size n
+    `queue(key, step)` queues `step(key)`'s work on the stream: the first time for a key
     eagerly, the second time captured into a graph that is then launched, after that by
     launching the graph. Call it with the slot's context current, from one thread at a
     time (a slot runs one batch at a time)."""
@@ -73,15 +74,15 @@ class SlotGraphs:
     def __init__(self, stream_handle: int, driver: ModuleType | None = None) -> None:
         self._driver = driver or import_cuda_driver()
         self._stream = self._driver.CUstream(stream_handle)
-        self._graphs: dict[int, tuple[Any, Any]] = {}  # size -> (graph, executable graph)
-        self._seen: set[int] = set()
-        self._eager_only: set[int] = set()
+        self._graphs: dict[Hashable, tuple[Any, Any]] = {}  # key -> (graph, executable)
+        self._seen: set[Hashable] = set()
+        self._eager_only: set[Hashable] = set()
 
     @property
-    def captured_sizes(self) -> frozenset[int]:
+    def captured_sizes(self) -> frozenset[Hashable]:
         return frozenset(self._graphs)
 
-    def queue(self, batch_size: int, step: Callable[[int], None]) -> None:
+    def queue(self, batch_size: Hashable, step: Callable[[Any], None]) -> None:
         graph = self._graphs.get(batch_size)
         if graph is not None:
             _checked(self._driver, self._driver.cuGraphLaunch(graph[1], self._stream), "launch")
@@ -96,7 +97,7 @@ class SlotGraphs:
             return
         _checked(self._driver, self._driver.cuGraphLaunch(executable, self._stream), "launch")
 
-    def _capture(self, batch_size: int, step: Callable[[int], None]) -> Any | None:
+    def _capture(self, batch_size: Hashable, step: Callable[[Any], None]) -> Any | None:
         driver = self._driver
         mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         _checked(driver, driver.cuStreamBeginCapture(self._stream, mode), "cuStreamBeginCapture")
@@ -121,11 +122,11 @@ class SlotGraphs:
         self._graphs[batch_size] = (graph, executable)
         return executable
 
-    def _stay_eager(self, batch_size: int, why: str) -> None:
+    def _stay_eager(self, batch_size: Hashable, why: str) -> None:
         """The size is run eagerly from now on (the caller runs this batch eagerly: a
         compute that fails for another reason than the capture fails there)."""
         self._eager_only.add(batch_size)
-        log.warning("Could not capture a CUDA graph size=%d, it stays eager: %s", batch_size, why)
+        log.warning("Could not capture a CUDA graph for %s, it stays eager: %s", batch_size, why)
 
     def close(self) -> None:
         """Destroys the graphs (with the context current; the stream idle)."""

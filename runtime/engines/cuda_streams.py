@@ -54,7 +54,9 @@ has the figures. With TensorRT as the compute (`engines/tensorrt.py`) it never r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -66,9 +68,11 @@ from kubeinfer.runtime.engines.base import (
     EngineError,
     RowPrefixSlot,
     TensorSpec,
+    UnsupportedModel,
     batch_buffers,
     check_batch_size,
 )
+from kubeinfer.runtime.engines.dimensions import named_extents, resolve_item_shape
 
 if TYPE_CHECKING:
     from kubeinfer.runtime.engines.cuda_graphs import SlotGraphs
@@ -76,6 +80,10 @@ if TYPE_CHECKING:
 # cuda.h's CUstream_flags: the stream does not synchronise with the legacy default stream.
 # pycuda's `Stream(flags)` passes the flags to cuStreamCreate and defines no constant.
 CU_STREAM_NON_BLOCKING = 0x1
+
+SHAPED_VIEWS_KEPT = 512
+"""Views a slot of a model with variable axes keeps, most recently used first (one set per
+batch rows and shape)."""
 
 
 def import_pycuda() -> ModuleType:
@@ -147,6 +155,14 @@ class CudaSlot(RowPrefixSlot):
 
     `input_views(n)` are views of the pinned input buffers (write requests there);
     `run(n)` returns views of the pinned output buffers, valid until the next run.
+
+    A model with variable axes besides the batch (a sequence length) gets, per tensor, one
+    flat buffer sized for a full batch at its largest item shape (the input's `maxShape`;
+    an output's from the input extents it follows). A batch of another shape uses the
+    front of it, viewed with the batch's exact shape, and the copies move that many bytes
+    only: 32 tokens cost 32 tokens of PCIe, not the longest bucket's. Its `enqueue` reads
+    the batch's item shapes from `batch_shape`. With CUDA Graphs, a graph is captured per
+    (rows, shape).
     """
 
     def __init__(
@@ -161,12 +177,21 @@ class CudaSlot(RowPrefixSlot):
     ) -> None:
         self.context = context
         self._enqueue = enqueue
+        self._input_specs, self._output_specs = inputs, outputs
+        self.shaped = any(spec.variable for spec in inputs)
+        self.batch_shape: BatchShape | None = None
+        """The item shape of each input of the batch being queued (None: no variable axes)."""
+        sizes = _flat_sizes((*inputs, *outputs), max_batch_size) if self.shaped else None
         cuda = context.cuda
         with context.active():
             # pycuda's pinned arrays (`.base` is their pinned allocation, freed at close)
             pinned = cuda.pagelocked_empty
-            self.host_inputs: dict[str, Any] = batch_buffers(inputs, max_batch_size, pinned)
-            self.host_outputs: dict[str, Any] = batch_buffers(outputs, max_batch_size, pinned)
+            if sizes is None:
+                self.host_inputs: dict[str, Any] = batch_buffers(inputs, max_batch_size, pinned)
+                self.host_outputs: dict[str, Any] = batch_buffers(outputs, max_batch_size, pinned)
+            else:
+                self.host_inputs = {s.name: pinned((sizes[s.name],), s.dtype) for s in inputs}
+                self.host_outputs = {s.name: pinned((sizes[s.name],), s.dtype) for s in outputs}
             for array in (*self.host_inputs.values(), *self.host_outputs.values()):
                 array.fill(0)
             self.device_inputs = {
@@ -190,19 +215,72 @@ class CudaSlot(RowPrefixSlot):
             from kubeinfer.runtime.engines.cuda_graphs import SlotGraphs
 
             self.graphs = SlotGraphs(self.stream_handle)
-        self._make_views(self.host_inputs, self.host_outputs, max_batch_size)
+        Views = tuple[dict[str, np.ndarray], dict[str, np.ndarray]]
+        self._shaped_views: OrderedDict[tuple[int, BatchShape], Views] = OrderedDict()
+        if self.shaped:
+            self.max_batch_size = max_batch_size
+            self._drop_views()
+        else:
+            self._make_views(self.host_inputs, self.host_outputs, max_batch_size)
         self._closed = False
 
-    def run(self, batch_size: int, shape: BatchShape | None = None) -> dict[str, np.ndarray]:
+    def input_views(
+        self, batch_size: int, shape: BatchShape | None = None
+    ) -> dict[str, np.ndarray]:
+        return self._views(batch_size, shape)[0]
+
+    def _views(
+        self, batch_size: int, shape: BatchShape | None
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The input and output views of a batch: the first rows of each buffer, or for a
+        model with variable axes the front of each buffer in the batch's exact shape."""
         check_batch_size(batch_size, self.max_batch_size)
+        if not self.shaped:
+            return self._input_views[batch_size], self._output_views[batch_size]
+        if shape is None:
+            raise EngineError("a model with variable axes needs each batch's shape")
+        key = (batch_size, shape)
+        views = self._shaped_views.get(key)
+        if views is None:
+            views = self._shaped_views[key] = self._carve(batch_size, shape)
+            if len(self._shaped_views) > SHAPED_VIEWS_KEPT:
+                self._shaped_views.popitem(last=False)
+        else:
+            self._shaped_views.move_to_end(key)
+        return views
+
+    def _carve(
+        self, batch_size: int, shape: BatchShape
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        if len(shape) != len(self._input_specs):
+            raise EngineError(f"a batch shape has {len(shape)} inputs, the model has "
+                              f"{len(self._input_specs)}")  # fmt: skip
+        inputs = {
+            spec.name: _front(self.host_inputs[spec.name], (batch_size, *item), spec.name)
+            for spec, item in zip(self._input_specs, shape, strict=True)
+        }
+        extents = named_extents([spec.axis_names for spec in self._input_specs], shape)
+        outputs = {}
+        for spec in self._output_specs:
+            item = resolve_item_shape(spec.item_shape, spec.axis_names, extents)
+            if item is None:  # refused at construction: every output has a largest shape
+                raise EngineError(f"output {spec.name!r}: no input tells its shape")
+            outputs[spec.name] = _front(self.host_outputs[spec.name], (batch_size, *item),
+                                        spec.name)  # fmt: skip
+        return inputs, outputs
+
+    def run(self, batch_size: int, shape: BatchShape | None = None) -> dict[str, np.ndarray]:
+        inputs, outputs = self._views(batch_size, shape)
         if self._closed:
             raise EngineError("the slot is closed")
+        self.batch_shape = shape if self.shaped else None
         self.context.push()  # push/pop rather than `active()`: no generator per batch
         try:
             if self.graphs is None:
-                self._queue_step(batch_size)
+                self._queue_step(batch_size, inputs, outputs)
             else:
-                self.graphs.queue(batch_size, self._queue_step)
+                key: Hashable = (batch_size, shape) if self.shaped else batch_size
+                self.graphs.queue(key, lambda _: self._queue_step(batch_size, inputs, outputs))
             self.done.record(self.stream)
             self.done.synchronize()
         except BaseException as error:
@@ -215,16 +293,19 @@ class CudaSlot(RowPrefixSlot):
             raise
         finally:
             self.context.pop()
-        return self._output_views[batch_size]
+        return outputs
 
-    def _queue_step(self, batch_size: int) -> None:
+    def _queue_step(
+        self, batch_size: int, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]
+    ) -> None:
         """Queues one batch's copy-in, compute and copy-out on the slot's stream."""
         cuda = self.context.cuda
-        for name, view in self._input_views[batch_size].items():
-            # A view of the first rows is contiguous: the copy moves n rows only.
+        for name, view in inputs.items():
+            # A view of the first rows (or the front of a flat buffer) is contiguous: the
+            # copy moves the batch's bytes only.
             cuda.memcpy_htod_async(self.device_inputs[name], view, self.stream)
         self._enqueue(batch_size, self)
-        for name, view in self._output_views[batch_size].items():
+        for name, view in outputs.items():
             cuda.memcpy_dtoh_async(view, self.device_outputs[name], self.stream)
 
     def close(self) -> None:
@@ -242,3 +323,28 @@ class CudaSlot(RowPrefixSlot):
             for array in (*self.host_inputs.values(), *self.host_outputs.values()):
                 array.base.free()
         self._drop_views()
+        self._shaped_views.clear()
+
+
+def _flat_sizes(specs: tuple[TensorSpec, ...], max_batch_size: int) -> dict[str, int]:
+    """Elements of each tensor's flat buffer: a full batch at its largest item shape.
+    Raises UnsupportedModel for a tensor whose largest shape is unknown (an output no
+    input tells the extents of): a CUDA slot allocates every buffer once, up front."""
+    sizes = {}
+    for spec in specs:
+        largest = spec.largest_item_shape
+        if largest is None:
+            raise UnsupportedModel(
+                f"tensor {spec.name!r} has a variable axis whose largest extent is unknown: "
+                "a CUDA slot sizes every buffer once, for the largest batch"
+            )
+        sizes[spec.name] = max_batch_size * math.prod(largest)
+    return sizes
+
+
+def _front(buffer: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """The first elements of a flat buffer, seen in `shape` (contiguous)."""
+    size = math.prod(shape)
+    if size > buffer.size:
+        raise EngineError(f"{name!r} of shape {list(shape)} is past its buffer")
+    return buffer[:size].reshape(shape)

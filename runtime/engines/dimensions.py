@@ -167,5 +167,18 @@ def resolve_item_shape(
     return tuple(shape)
 
 
+def named_extents(
+    axis_names: Sequence[tuple[str | None, ...]], item_shapes: Sequence[tuple[int, ...]]
+) -> dict[str, int]:
+    """The extent of each named variable axis in one batch: the inputs' axis names beside
+    the batch's item shape of each input, in the same order."""
+    values = {}
+    for names, item in zip(axis_names, item_shapes, strict=True):
+        for axis, name in enumerate(names):
+            if name is not None:
+                values[name] = item[axis]
+    return values
+
+
 def elements(shape: Sequence[int]) -> int:
     return math.prod(shape)

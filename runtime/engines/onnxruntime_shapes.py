@@ -37,6 +37,7 @@ from kubeinfer.runtime.engines.base import (
 from kubeinfer.runtime.engines.dimensions import (
     ShapeConfigError,
     largest_extents,
+    named_extents,
     resolve_item_shape,
     resolve_ranges,
     variable_axes,
@@ -70,16 +71,6 @@ def with_ranges(
         for s in outputs
     )
     return ranged, sized
-
-
-def _extents(inputs: Sequence[TensorSpec], shape: BatchShape) -> dict[str, int]:
-    """The extent of each named variable axis in a batch of this shape."""
-    values = {}
-    for spec, item in zip(inputs, shape, strict=True):
-        for axis, name in enumerate(spec.axis_names):
-            if name is not None:
-                values[name] = item[axis]
-    return values
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +126,7 @@ class ShapedOnnxRuntimeSlot:
                 raise EngineError(f"input {spec.name!r} of shape {list(item)} is past its buffer")
             binding.bind_input(spec.name, "cpu", 0, view.dtype, view.shape, view.ctypes.data)
             inputs[spec.name] = view
-        extents = _extents(self._inputs, shape)
+        extents = named_extents([s.axis_names for s in self._inputs], shape)
         outputs, allocated = {}, []
         for position, spec in enumerate(self._outputs):
             sized = resolve_item_shape(spec.item_shape, spec.axis_names, extents)

@@ -53,6 +53,14 @@ def test_each_load_and_wire_form_has_its_command_line(
     assert ("tensor-format" in joined) == (target.protocol == "http")
 
 
+def test_random_values_size_each_variable_axis_by_its_shape() -> None:
+    load = perf.Load(rows=2, concurrency=4)
+    line = perf.command("pa", HTTP, load, 1.0, "random", Path("r"), {"ids": [128], "x": [3, 4]})
+    joined = " ".join(line)
+    assert "--input-data random" in joined
+    assert "--shape ids:128" in joined and "--shape x:3,4" in joined
+
+
 def test_a_load_must_say_how_requests_are_sent() -> None:
     with pytest.raises(ValueError, match="a concurrency, a request rate or a file"):
         perf.command("pa", HTTP, perf.Load(), 1.0, Path("d"), Path("r"))

@@ -285,3 +285,38 @@ def test_the_engine_target_names_this_device_as_nvml_does(
     model = name.lower().removeprefix("nvidia ").split()[0]  # h100, h200, a100, ...
     assert target.startswith(f"sm_{major}{minor}-{model}")
     print(f"engine target on {name}: {target}")
+
+
+# A model with a variable sequence axis: each batch copies its own length, from the front of
+# buffers sized for the longest (compute-sanitizer's memcheck runs this under `make
+# gpu-check`: a view or a copy past a buffer is an out-of-bounds access there).
+SEQUENCE = 64
+IDS = TensorSpec("ids", "FP32", (-1, -1), ("sequence",), (1,), (SEQUENCE,))
+TOKENS_OUT = TensorSpec("tokens", "FP32", (-1, -1), ("sequence",), None, (SEQUENCE,))
+
+
+def copy_tokens(batch_size: int, slot: cuda_streams.CudaSlot) -> None:
+    assert slot.batch_shape is not None
+    [(length,)] = slot.batch_shape
+    slot.context.cuda.memcpy_dtod_async(
+        slot.device_outputs["tokens"], slot.device_inputs["ids"], batch_size * length * 4,
+        slot.stream,
+    )  # fmt: skip
+
+
+@pytest.mark.gpu("pycuda.driver")
+def test_a_sequence_slot_returns_each_batch_at_every_bucket(
+    context: cuda_streams.CudaContext,
+) -> None:
+    slot = cuda_streams.CudaSlot(context, (IDS,), (TOKENS_OUT,), 8, copy_tokens)
+    rng = np.random.default_rng(0)
+    try:
+        for length in (1, 16, 33, SEQUENCE):
+            for n in (1, 5, 8):
+                batch = rng.standard_normal((n, length)).astype(np.float32)
+                slot.input_views(n, ((length,),))["ids"][...] = batch
+                out = slot.run(n, ((length,),))["tokens"]
+                assert out.shape == (n, length)
+                np.testing.assert_array_equal(out, batch)
+    finally:
+        slot.close()

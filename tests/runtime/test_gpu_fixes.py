@@ -37,7 +37,7 @@ from kubeinfer.runtime.engine_manifest import (
     EngineKey,
     gpu_target,
 )
-from kubeinfer.runtime.engines.base import TensorSpec
+from kubeinfer.runtime.engines.base import EngineError, TensorSpec, UnsupportedModel
 from kubeinfer.runtime.engines.cuda_streams import CU_STREAM_NON_BLOCKING, CudaContext, CudaSlot
 from packaging.requirements import Requirement
 
@@ -188,6 +188,74 @@ def test_a_good_batch_waits_on_its_event_only(log: list[str]) -> None:
     log.clear()
     slot.run(2)
     assert log == ["push 0", "htod", "compute", "dtoh", "event.record", "event.synchronize", "pop"]
+
+
+SEQUENCE_SPECS = (
+    TensorSpec("ids", "INT64", (-1, -1), ("sequence",), (1,), (8,)),
+    TensorSpec("pooled", "FP32", (-1, 4)),
+    TensorSpec("hidden", "FP32", (-1, -1, 4), ("sequence", None), None, (8, 4)),
+)
+
+
+@pytest.fixture
+def copies(log: list[str], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The log, with each copy's bytes and its host buffer's address."""
+    driver = sys.modules["pycuda.driver"]
+
+    def htod(device: Any, host: np.ndarray, stream: Any) -> None:
+        log.append(f"htod {host.nbytes} at {host.ctypes.data}")
+
+    def dtoh(host: np.ndarray, device: Any, stream: Any) -> None:
+        log.append(f"dtoh {host.nbytes} at {host.ctypes.data}")
+
+    monkeypatch.setattr(driver, "memcpy_htod_async", htod, raising=False)
+    monkeypatch.setattr(driver, "memcpy_dtoh_async", dtoh, raising=False)
+    return log
+
+
+def test_a_sequence_batch_copies_its_own_length_from_the_front_of_each_buffer(
+    copies: list[str],
+) -> None:
+    seen: list[Any] = []
+    slot = CudaSlot(
+        CudaContext(0), SEQUENCE_SPECS[:1], SEQUENCE_SPECS[1:], 16,
+        lambda n, s: seen.append((n, s.batch_shape)),
+    )  # fmt: skip
+    # Buffers are sized once, for the largest batch at the longest sequence.
+    assert slot.host_inputs["ids"].nbytes == 16 * 8 * 8
+    assert slot.host_outputs["hidden"].nbytes == 16 * 8 * 4 * 4
+    views = slot.input_views(3, ((5,),))
+    assert views["ids"].shape == (3, 5)
+    assert views["ids"].ctypes.data == slot.host_inputs["ids"].ctypes.data
+    assert slot.input_views(3, ((5,),)) is views  # made once per rows and shape
+    views["ids"][...] = np.arange(15).reshape(3, 5)
+    copies.clear()
+    outputs = slot.run(3, ((5,),))
+    base = {name: buffer.ctypes.data for name, buffer in slot.host_outputs.items()}
+    assert copies[1:4] == [
+        f"htod {3 * 5 * 8} at {slot.host_inputs['ids'].ctypes.data}",
+        f"dtoh {3 * 4 * 4} at {base['pooled']}",
+        f"dtoh {3 * 5 * 4 * 4} at {base['hidden']}",
+    ]
+    assert seen == [(3, ((5,),))]
+    assert outputs["hidden"].shape == (3, 5, 4) and outputs["pooled"].shape == (3, 4)
+    assert slot.host_inputs["ids"][:15].tolist() == list(range(15))
+
+
+def test_a_sequence_batch_past_its_buffer_or_without_a_shape_is_refused(log: list[str]) -> None:
+    slot = CudaSlot(CudaContext(0), SEQUENCE_SPECS[:1], SEQUENCE_SPECS[1:], 4, lambda n, s: None)
+    with pytest.raises(EngineError, match="past its buffer"):
+        slot.input_views(4, ((9,),))
+    with pytest.raises(EngineError, match="needs each batch's shape"):
+        slot.run(2)
+
+
+def test_an_output_of_unknown_largest_shape_is_refused_before_anything_is_allocated(
+    log: list[str],
+) -> None:
+    unbounded = TensorSpec("hidden", "FP32", (-1, -1, 4), ("other", None))
+    with pytest.raises(UnsupportedModel, match="'hidden' has a variable axis"):
+        CudaSlot(CudaContext(0), SEQUENCE_SPECS[:1], (unbounded,), 4, lambda n, s: None)
 
 
 # ----------------------------------------------------------------------------- TensorRT builder
