@@ -183,7 +183,7 @@ async def infer(request: web.Request) -> web.Response:
 
 async def _read_inflated(
     request: web.Request, dataplane: DataPlane, deadline: float, header_length: int | None
-) -> bytes:
+) -> bytes | memoryview:
     """The request's body (`body.read_body`), inflated on a codec thread when it comes
     compressed, both bounded by the request limit."""
     config, limit = dataplane.config, dataplane.max_request_bytes

@@ -11,12 +11,18 @@ after it fails.
   otherwise 408, and the connection is closed (the rest of the body may still come).
 - **Memory**: a body of `MAPPED_BODY_BYTES` or more is written into an anonymous memory
   map of its declared length (of the limit for a chunked body), which costs address
-  space, not memory, until bytes arrive; it is unmapped the moment reading ends, so its
-  memory goes back to the OS at once. An exception raised while reading holds a
-  reference cycle (exception -> traceback -> this frame -> the request -> its payload
-  stream -> the exception) that only a full garbage collection breaks, and a heap buffer
-  freed in the middle of the heap stays resident anyway (glibc returns only its top): 20
-  abandoned 64 MiB uploads used to keep 3 GB resident.
+  space, not memory, until bytes arrive.
+  - A body that filled its declared length is returned as a read-only view of that
+    buffer, not copied out of it. The binary tensors decoded from it are views too, so
+    the next copy of a request's bytes is into the batch (on a GPU, its pinned buffers).
+    The map is unmapped when its last view goes.
+  - A chunked body is copied out (its buffer has the limit's size).
+  - A failed read's buffer is unmapped the moment reading ends, so its memory goes back
+    to the OS at once. An exception raised while reading holds a reference cycle
+    (exception -> traceback -> this frame -> the request -> its payload stream -> the
+    exception) that only a full garbage collection breaks, and a heap buffer freed in the
+    middle of the heap stays resident anyway (glibc returns only its top): 20 abandoned
+    64 MiB uploads used to keep 3 GB resident.
 - **A client that leaves** (the connection lost mid-body) raises `ClientGone`: counted and
   logged at DEBUG by the caller, never an ERROR with a traceback.
 
@@ -78,8 +84,9 @@ async def read_body(
     deadline: float,
     idle_timeout_seconds: float,
     clock: Callable[[], float],
-) -> bytes:
-    """The raw (possibly compressed) body, at most `limit` bytes; see the module."""
+) -> bytes | memoryview:
+    """The raw (possibly compressed) body, at most `limit` bytes (a read-only view where
+    it filled its declared length); see the module."""
     check_declared_length(request, limit)
     declared = request.content_length
     size = declared if declared is not None else limit
@@ -90,11 +97,14 @@ async def read_body(
         return await content.read()  # all here already (the common case): one part, no copy
     buffer: mmap.mmap | bytearray
     buffer = mmap.mmap(-1, size) if size >= MAPPED_BODY_BYTES else bytearray(size)
-    filled = 0
+    filled, whole = 0, False
     try:
         while True:
             chunk = await _next_part(content, filled, deadline - clock(), idle_timeout_seconds)
             if not chunk:
+                if filled == size:  # the declared length, all of it: the buffer is the body
+                    whole = True
+                    return memoryview(buffer).toreadonly()
                 with memoryview(buffer) as view:  # one copy, of the filled part
                     return bytes(view[:filled])
             if filled + len(chunk) > size:
@@ -114,7 +124,9 @@ async def read_body(
             ) from None
         raise InvalidRequest(f"the request body cannot be read: {error}") from None
     finally:  # the memory goes back now, whatever still refers to the buffer
-        if isinstance(buffer, mmap.mmap):
+        if whole:
+            pass  # returned: it goes with its last view
+        elif isinstance(buffer, mmap.mmap):
             buffer.close()
         else:
             buffer.clear()
@@ -143,7 +155,7 @@ async def _next_part(
 
 
 def inflate(
-    body: bytes,
+    body: bytes | memoryview,
     encoding: str,
     limit: int,
     max_json_values: int | None = None,

@@ -198,9 +198,13 @@ def _decode_outputs(value: Any) -> list[RequestedOutput] | None:
 
 
 def _split_body(
-    body: bytes, header_length: int | None, what: str, limits: DecodeLimits = NO_LIMITS
+    body: bytes | memoryview,
+    header_length: int | None,
+    what: str,
+    limits: DecodeLimits = NO_LIMITS,
 ) -> tuple[Any, memoryview]:
-    """The parsed JSON header and the binary part after it."""
+    """The parsed JSON header and the binary part after it (a view of the body)."""
+    header: bytes | memoryview
     if header_length is None:
         header, binary = body, memoryview(b"")
     else:
@@ -210,6 +214,8 @@ def _split_body(
                 f"of {len(body)} bytes"
             )
         header, binary = body[:header_length], memoryview(body)[header_length:]
+    if isinstance(header, memoryview):  # the JSON is counted and parsed as bytes
+        header = header.tobytes()
     if limits.max_json_values is not None and len(header) >= COUNT_VALUES_FROM_BYTES:
         values = json_value_count(header)
         if values > limits.max_json_values:
@@ -228,7 +234,9 @@ def _split_body(
 
 
 def decode_infer_request(
-    body: bytes, header_length: int | None = None, limits: DecodeLimits = NO_LIMITS
+    body: bytes | memoryview,
+    header_length: int | None = None,
+    limits: DecodeLimits = NO_LIMITS,
 ) -> InferRequest:
     """Parses an infer request body; `header_length` is the value of the
     Inference-Header-Content-Length header (None when the body is all JSON)."""
