@@ -179,13 +179,15 @@ class TorchSlotEngine:
         import torch
 
         flat = {
-            name: device_tensor(pointer, spec, self._max_batch_size)
+            name: device_tensor(pointer, spec, self._max_batch_size, slot)
             for spec in self.inputs
             for name, pointer in slot.input_pointers.items()
             if name == spec.name
         }
         [out_spec] = self.outputs
-        out = device_tensor(slot.output_pointers[out_spec.name], out_spec, self._max_batch_size)
+        out = device_tensor(
+            slot.output_pointers[out_spec.name], out_spec, self._max_batch_size, slot
+        )
         stream = torch.cuda.ExternalStream(slot.stream_handle)
         module = self.module
 
@@ -228,7 +230,7 @@ class TorchSlotEngine:
         self._slots.clear()
 
 
-def device_tensor(pointer: int, spec: Any, max_batch_size: int) -> Any:
+def device_tensor(pointer: int, spec: Any, max_batch_size: int, owner: object) -> Any:
     """A flat torch tensor over a slot's device buffer (the largest batch's elements),
     through CuPy's view of the pointer (`__cuda_array_interface__`, no copy)."""
     import cupy  # type: ignore[import-not-found]
@@ -236,7 +238,7 @@ def device_tensor(pointer: int, spec: Any, max_batch_size: int) -> Any:
 
     largest = spec.largest_item_shape
     count = max_batch_size * math.prod(largest)
-    memory = cupy.cuda.UnownedMemory(pointer, count * spec.dtype.itemsize, None)
+    memory = cupy.cuda.UnownedMemory(pointer, count * spec.dtype.itemsize, owner)
     array = cupy.ndarray((count,), spec.dtype, cupy.cuda.MemoryPointer(memory, 0))
     return torch.as_tensor(array, device="cuda")
 
@@ -548,7 +550,7 @@ def plan(quick: bool) -> list[tuple[str, int, list[LoadPoint]]]:
     return [
         ("resnet50-fp32", 256, both(8, 64)),
         ("resnet50-fp32", 32, both(1, 64)),
-        ("resnet50-fp32", 1, both(1, 4)),
+        ("resnet50-fp32", 1, [LoadPoint("http", 1, 4)]),
         ("resnet50-fp16", 256, both(8, 64)),
         ("bert-base", 64, [
             *both(1, 128, length=128), LoadPoint("http", 1, 128, length=32),
@@ -574,7 +576,7 @@ def baseline_rows(args: argparse.Namespace, raws: dict[Any, Any], results: dict)
     """The HTTP rows again, served by the runtime in `--baseline` (the same engine): the
     data path before a change against after it, in the same run on the same GPU."""
     for name, batch, points in plan(args.quick):
-        if not name.startswith("resnet50-fp32"):
+        if name != "resnet50-fp32" or batch == 1:
             continue
         load = workload(name)
         with Server(load, batch, args.workdir, args.dry_run, args.baseline) as server:

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU checks on a machine lent to a session (no network; python3 there has PyTorch,
+# torchvision, transformers and CuPy): one step per call, as a lease's calls are limited.
+#
+#   bash tests/benchmarks/gpu_lent_machine.sh setup      # wheels, pycuda, gpu tests, memcheck, smoke
+#   bash tests/benchmarks/gpu_lent_machine.sh data-path  # gpu_data_path.py, every row
+#
+# Carry `.whl` (the wheels listed in gpu_check.py's docstring, plus grpcio, protobuf,
+# aiohttp's, pydantic-settings', py-spy and perf_analyzer; a pycuda wheel built by an
+# earlier setup spares the build) and `.baseline` (a `git archive` of the runtime before
+# the change the data path compares, as `.baseline/<commit>`). Results go to $OUT.
+set -u -o pipefail
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+site=/tmp/kubeinfer-site
+mkdir -p $site/kubeinfer
+for package in runtime contract cli operator; do ln -sfn "$PWD/$package" $site/kubeinfer/$package; done
+
+case "${1:-}" in
+setup)
+    python3 -m pip install -q --no-index --find-links .whl --upgrade aiohttp==3.14.5 \
+        pydantic==2.14.4 pydantic-settings orjson py-spy perf_analyzer grpcio==1.85.3 \
+        protobuf==6.33.6 pytools platformdirs mako siphash24 2>&1 | tail -5
+    python3 -c "import pycuda.driver" 2>/dev/null ||
+        GPU_WHEELS=.whl python3 tests/benchmarks/gpu_check.py --save-wheel "$OUT" \
+            --no-sanitizer --seconds 0.5 2>&1 | tee "$OUT/gpu-check.log" | tail -60
+    python3 -c "import pycuda.driver" || exit 1
+    export PYTHONPATH=$site
+    # The slot tests again under memcheck: a view or copy past a (flat, per-bucket) buffer
+    # is an out-of-bounds access there.
+    (cd /tmp && compute-sanitizer --tool memcheck --print-limit 100 --show-backtrace no \
+        python3 -m pytest -m gpu -q -p no:cacheprovider "$OLDPWD/tests/runtime/test_engines_cuda.py" \
+        2>&1 | tee "$OUT/memcheck.log" | tail -15)
+    timeout 200 python3 tests/benchmarks/gpu_data_path.py --quick --window 1 --warmup 1 \
+        2>&1 | tee "$OUT/smoke.log" | tail -25
+    ;;
+data-path)
+    export PYTHONPATH=$site
+    baseline=$(ls -d .baseline/*/ 2>/dev/null | head -1)
+    python3 tests/benchmarks/gpu_data_path.py --json "$OUT/gpu-data-path.json" \
+        --profile "$OUT/profile.txt" ${baseline:+--baseline "$baseline"} \
+        2>&1 | tee "$OUT/gpu-data-path.log" | tail -60
+    ;;
+*)
+    echo "usage: $0 setup|data-path" >&2
+    exit 2
+    ;;
+esac
