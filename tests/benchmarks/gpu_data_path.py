@@ -36,6 +36,14 @@ FP32 HTTP load at the largest batch, and prints where the event loop's time went
 use; copies are not made, the compute does nothing, outputs are zeros): the server, the
 perf_analyzer command lines, the metrics and the report. It checks the script, not a GPU.
 
+`--baseline DIR` (a `git archive` of the runtime, contract and cli packages at an earlier
+commit) serves the ResNet-50 FP32 HTTP rows again with that runtime and the same engine:
+before and after a change to the data path, in one run. `--compare ROUNDS` runs only that
+comparison, the two in turns (with `--dry-run`, the data path alone on a CPU):
+
+    git archive b11ca9a runtime contract cli | tar -x -C .baseline/b11ca9a
+    python tests/benchmarks/gpu_data_path.py --dry-run --baseline .baseline/b11ca9a --compare 5
+
 `python gpu_data_path.py serve --workload W --config FILE` is the server process alone.
 """
 
@@ -597,6 +605,34 @@ def baseline_rows(args: argparse.Namespace, raws: dict[Any, Any], results: dict)
                 print(f"{label}: {served}", flush=True)
 
 
+def compare(args: argparse.Namespace) -> str:
+    """`--compare ROUNDS`: ResNet-50 FP32 over HTTP (requests of 8 images, 64 clients,
+    maxBatchSize 256) served by this checkout's runtime and by `--baseline`'s, in turns,
+    ROUNDS times each; the median rows/s of each and their ratio. With `--dry-run` the
+    engine does nothing, so what is compared is the data path alone, on a CPU."""
+    load, point = workload("resnet50-fp32"), LoadPoint("http", 8, 64)
+    rates: dict[str, list[float]] = {"after": [], "before": []}
+    cores: dict[str, list[float]] = {"after": [], "before": []}
+    for _ in range(args.compare):
+        for side, checkout in (("after", None), ("before", args.baseline)):
+            with Server(load, 256, args.workdir, args.dry_run, checkout) as server:
+                args.profile_this = False
+                served = measure(load, point, server, args, args.workdir / "perf")
+            rates[side].append(served["rows_per_s"])
+            cores[side].append(served["server_cpu_cores"] or float("nan"))
+            print(f"{side}: {served['rows_per_s']:.0f} rows/s", flush=True)
+    after, before = (float(np.median(rates[k])) for k in ("after", "before"))
+    return (
+        f"ResNet-50 FP32, HTTP, {point.label}, {args.compare} rounds in turns "
+        f"({'data path alone, no GPU' if args.dry_run else 'on the GPU'}):\n"
+        f"  before ({args.baseline.name}): median {before:,.0f} rows/s "
+        f"({float(np.median(cores['before'])):.2f} server cores), rounds {rates['before']}\n"
+        f"  after: median {after:,.0f} rows/s "
+        f"({float(np.median(cores['after'])):.2f} server cores), rounds {rates['after']}\n"
+        f"  after / before: {after / before:.2f}"
+    )
+
+
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"rows": [], "device": None}
     workdir = args.workdir
@@ -719,6 +755,10 @@ def main() -> int:
     parser.add_argument("--raw-seconds", type=float, default=2.0)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument(
+        "--compare", type=int, default=0, metavar="ROUNDS",
+        help="only the before/after comparison (see `compare`), this many rounds in turns",
+    )  # fmt: skip
+    parser.add_argument(
         "--baseline", type=Path,
         help="a checkout of the runtime before a change: its HTTP rows are served again by it",
     )  # fmt: skip
@@ -727,6 +767,11 @@ def main() -> int:
         install_pycuda_stand_in()
     args.workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-data-path-"))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    if args.compare:
+        if args.baseline is None:
+            parser.error("--compare needs --baseline")
+        print(compare(args))
+        return 0
     results = run_all(args)
     text = report(results, args.profile)
     print("\n" + text)
