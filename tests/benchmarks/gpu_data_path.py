@@ -528,7 +528,7 @@ def profile_summary(path: Path, top: int = 12) -> list[str]:
         frames = stack.split(";")
         if not count.isdigit() or len(frames) < 2:
             continue
-        thread = frames[0].split(" (")[0]
+        thread = frames[0].split(": ", 1)[-1]  # "thread (1234): MainThread"
         threads[thread] += int(count)
         leaves[thread][frames[-1]] += int(count)
     if not threads:
@@ -552,7 +552,7 @@ def plan(quick: bool) -> list[tuple[str, int, list[LoadPoint]]]:
 
     if quick:
         return [
-            ("resnet50-fp32", 8, both(1, 16)),
+            ("resnet50-fp32", 64, both(8, 16)),
             ("bert-base", 8, [LoadPoint("http", 1, 16, mixed=True)]),
         ]
     return [
