@@ -32,6 +32,10 @@ from kubeinfer.operator.state.engine_state import (
 from kubeinfer.operator.state.quality_readings import BuildAgreement
 from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
 
+YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+"""libyaml's emitter where PyYAML has it (its wheels do): the same text as PyYAML's own
+safe dumper, several times faster, and a pass renders the runtime's config every time."""
+
 CACHE_MOUNT = "/cache"
 CONFIG_MOUNT = "/etc/kubeinfer"
 CONFIG_KEY = "runtime.yaml"
@@ -176,7 +180,7 @@ def build_runtime_configmap(
     by `decide` to keep an older engine in the image that built it), and the engine's
     input size and build agreement (read back by `engine_state`). With `product`, one GPU
     product's of a mixed fleet (its name and label say which; its Deployment follows)."""
-    text = yaml.safe_dump(config.to_wire(), sort_keys=True)
+    text = yaml.dump(config.to_wire(), Dumper=YAML_DUMPER, sort_keys=True)
     annotations = {
         names.ANNOTATION_ENGINE_DIGEST: config.engine.digest or "",
         names.ANNOTATION_RUNTIME_IMAGE: image,

@@ -7,7 +7,7 @@ import yaml
 from kubeinfer.contract.runtime_config import MirrorFile, MirrorTarget, QualityWatch
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.reconcile.child_meta import finish_child
-from kubeinfer.operator.reconcile.desired import HTTP_PORT, MIRROR_KEY
+from kubeinfer.operator.reconcile.desired import HTTP_PORT, MIRROR_KEY, YAML_DUMPER
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
 
@@ -51,7 +51,7 @@ def build_mirror_configmap(
             window_seconds=settings.window_seconds,
         )
     mirror_file = MirrorFile(target=target, quality_watch=watch)
-    text = yaml.safe_dump(mirror_file.to_wire(), sort_keys=True)
+    text = yaml.dump(mirror_file.to_wire(), Dumper=YAML_DUMPER, sort_keys=True)
     labels = names.common_labels(owner.name, serving_version, names.COMPONENT_RUNTIME)
     body = {"data": {MIRROR_KEY: text}}
     return finish_child("v1", "ConfigMap", names.mirror_name(owner.name), owner, labels, body)

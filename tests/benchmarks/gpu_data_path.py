@@ -59,7 +59,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -72,6 +71,7 @@ import yaml
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
 from gpu_served import metric_values, nvidia_smi_memory, process_cpu_seconds  # noqa: E402
+from kubeinfer.runtime.engines.base import EngineBase  # noqa: E402
 
 HOST = "127.0.0.1"
 MODEL = "bench"
@@ -121,7 +121,7 @@ def workload(name: str) -> Workload:
 # ----------------------------------------------------------------------------- the engine
 
 
-class TorchSlotEngine:
+class TorchSlotEngine(EngineBase):
     """An `Engine` whose slots are `CudaSlot`s and whose step is a PyTorch module launched on
     the slot's stream, reading the slot's device input buffers and writing its output
     buffer. The module and its weights are shared by the slots. A stand-in for TensorRT."""
@@ -130,6 +130,7 @@ class TorchSlotEngine:
         from kubeinfer.runtime.engines.cuda_streams import CudaContext
 
         self.load = load
+        self._inputs, self._outputs = load.inputs, load.outputs
         self._max_batch_size = max_batch_size
         self._dry_run = dry_run
         self.context = CudaContext(0)
@@ -152,18 +153,6 @@ class TorchSlotEngine:
                 module = BertModel(BertConfig(), add_pooling_layer=True).cuda().half().eval()
             torch.cuda.synchronize()  # the slots' non-blocking streams do not wait for it
         return module
-
-    @property
-    def inputs(self) -> tuple[Any, ...]:
-        return self.load.inputs
-
-    @property
-    def outputs(self) -> tuple[Any, ...]:
-        return self.load.outputs
-
-    @property
-    def max_batch_size(self) -> int:
-        return self._max_batch_size
 
     @property
     def default_execution_slots(self) -> int:
@@ -267,29 +256,9 @@ def sample_rows(load: Workload, rows: int, length: int | None, seed: int) -> dic
 
 def batch_seconds(slots: list[Any], n: int, shape: Any, seconds: float) -> float:
     """Seconds per batch with one thread per slot, each running `n` rows back to back."""
-    counts = [0] * len(slots)
-    stop = threading.Event()
-    ready = threading.Barrier(len(slots) + 1)
+    from gpu_slots import throughput
 
-    def work(i: int) -> None:
-        for _ in range(3):
-            slots[i].run(n, shape)
-        ready.wait()
-        while not stop.is_set():
-            slots[i].run(n, shape)
-            counts[i] += 1
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(slots))]
-    for thread in threads:
-        thread.start()
-    ready.wait()
-    start = time.perf_counter()
-    time.sleep(seconds)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    elapsed = time.perf_counter() - start
-    return elapsed / max(1, sum(counts))
+    return 1 / throughput(slots, n, seconds, shape)
 
 
 def raw(engine: TorchSlotEngine, n: int, length: int | None, seconds: float) -> dict[str, Any]:

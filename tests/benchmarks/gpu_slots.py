@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from kubeinfer.runtime.engines.base import TensorSpec
+from kubeinfer.runtime.engines.base import BatchShape, TensorSpec
 from kubeinfer.runtime.engines.cuda_streams import CudaContext, CudaSlot, import_pycuda
 
 Enqueue = Callable[[int, CudaSlot], None]
@@ -332,18 +332,21 @@ def phase_times_ms(
     return {k: statistics.median(v) for k, v in results.items()}
 
 
-def throughput(slots: list[CudaSlot], n: int, seconds: float) -> float:
-    """Batches per second with one thread per slot (each warms up in its own thread)."""
+def throughput(
+    slots: list[CudaSlot], n: int, seconds: float, shape: BatchShape | None = None
+) -> float:
+    """Batches per second with one thread per slot (each warms up in its own thread); a
+    model with variable axes is given each batch's `shape`."""
     counts = [0] * len(slots)
     ready = threading.Barrier(len(slots) + 1)
     stop = threading.Event()
 
     def work(i: int) -> None:
         for _ in range(5):
-            slots[i].run(n)
+            slots[i].run(n, shape)
         ready.wait()
         while not stop.is_set():
-            slots[i].run(n)
+            slots[i].run(n, shape)
             counts[i] += 1
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(slots))]

@@ -86,6 +86,22 @@ def test_the_runtime_drains_for_the_operators_grace_period_and_only_serving_pods
     assert candidate.mirror_target_file is None, "a candidate mirrors to nobody"
 
 
+def test_the_runtime_config_text_is_what_pyyamls_own_dumper_writes():
+    # The ConfigMap's text is hashed into the pods' template: a dumper that wrote it
+    # differently would roll every runtime out on an operator upgrade.
+    spec = make_spec(rollout={"strategy": "Shadow", "shadow": {"trafficPercent": 5}})
+    cluster = Cluster(spec)
+    cluster.reconcile(T0, SETTINGS)
+    (job,) = cluster.jobs()
+    cluster.succeed_job(job["metadata"]["name"], DIGEST_A)
+    cluster.reconcile(T0, SETTINGS)
+    text = cluster.get("ConfigMap")["data"][CONFIG_KEY]
+    assert text == yaml.safe_dump(yaml.safe_load(text), sort_keys=True)
+    owner = OwnerRef("demo", "ns", "uid", 1)
+    mirror = build_mirror_configmap(owner, spec, "1", ("2", DIGEST_A))["data"][MIRROR_KEY]
+    assert mirror == yaml.safe_dump(yaml.safe_load(mirror), sort_keys=True)
+
+
 def test_the_mirror_target_carries_the_shadows_mirror_limits():
     shadow = {"trafficPercent": 5, "mirror": {"maxConcurrency": 9, "timeoutMilliseconds": 750}}
     spec = make_spec(rollout={"strategy": "Shadow", "shadow": shadow})
