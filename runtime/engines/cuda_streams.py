@@ -263,7 +263,7 @@ class CudaSlot(RowPrefixSlot):
         outputs = {}
         for spec in self._output_specs:
             item = resolve_item_shape(spec.item_shape, spec.axis_names, extents)
-            if item is None:  # refused at construction: every output has a largest shape
+            if item is None:  # an axis named after no input's: nothing tells its extent
                 raise EngineError(f"output {spec.name!r}: no input tells its shape")
             outputs[spec.name] = _front(self.host_outputs[spec.name], (batch_size, *item),
                                         spec.name)  # fmt: skip
