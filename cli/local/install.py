@@ -55,9 +55,12 @@ def _binding(kind: str, name: str, namespace: str | None, account: str) -> dict[
 
 
 def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
-    """Namespace, ServiceAccount, the chart's ClusterRole and Lease Role with their
-    bindings, and the operator's Deployment."""
+    """Namespace, ServiceAccount, the chart's ClusterRole, the nodes' ClusterRole and the
+    Lease Role with their bindings, and the operator's Deployment. Without the nodes' role
+    the operator stops about a minute after each start: kopf's watch of the GPU nodes is
+    refused, and once its retries run out, kopf ends the whole operator."""
     cluster_role = rbac.role_document(OPERATOR_ACCOUNT)
+    node_role = rbac.node_role_document(f"{OPERATOR_ACCOUNT}-nodes")
     lease_role = rbac.lease_role_document(
         f"{OPERATOR_ACCOUNT}-leader-election", NAMESPACE, OPERATOR_ACCOUNT
     )
@@ -70,6 +73,8 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
         },
         cluster_role,
         _binding("ClusterRole", cluster_role["metadata"]["name"], None, OPERATOR_ACCOUNT),
+        node_role,
+        _binding("ClusterRole", node_role["metadata"]["name"], None, OPERATOR_ACCOUNT),
         lease_role,
         _binding("Role", lease_role["metadata"]["name"], NAMESPACE, OPERATOR_ACCOUNT),
         _operator_deployment(_operator_env(prometheus_url)),

@@ -417,10 +417,14 @@ def test_the_operator_is_installed_with_the_charts_rbac() -> None:
     objects = {(o["kind"], o["metadata"]["name"]): o for o in install.operator_objects(None)}
     role = objects[("ClusterRole", install.OPERATOR_ACCOUNT)]
     assert role["rules"] == [rule.to_dict() for rule in rbac.RULES]
+    nodes = objects[("ClusterRole", f"{install.OPERATOR_ACCOUNT}-nodes")]
+    assert nodes["rules"] == [rule.to_dict() for rule in rbac.NODE_RULES]
     lease = objects[("Role", f"{install.OPERATOR_ACCOUNT}-leader-election")]
     assert lease["rules"] == [rule.to_dict() for rule in rbac.lease_rules(install.OPERATOR_ACCOUNT)]
-    for binding in ("ClusterRoleBinding", "RoleBinding"):
-        (found,) = [o for (kind, _), o in objects.items() if kind == binding]
+    roles = {name for (kind, name) in objects if kind in ("ClusterRole", "Role")}
+    bindings = [o for (kind, _), o in objects.items() if kind.endswith("Binding")]
+    assert {b["roleRef"]["name"] for b in bindings} == roles, "each role bound, once"
+    for found in bindings:
         assert found["subjects"][0]["name"] == install.OPERATOR_ACCOUNT
     deployment = objects[("Deployment", install.OPERATOR_ACCOUNT)]
     pod = deployment["spec"]["template"]["spec"]
