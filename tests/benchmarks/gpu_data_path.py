@@ -30,7 +30,8 @@ share of the copy time that a second slot's compute hid (1 - (t2 - tk) / tc, wit
 time per batch with two slots, tk the compute alone and tc the copies alone).
 
 `--profile FILE` samples the server with py-spy (per thread, 100 Hz) during the ResNet-50
-FP32 HTTP load at the largest batch, and prints where the event loop's time went.
+FP32 loads at the largest batch (HTTP into FILE, gRPC into FILE-grpc), and prints where
+the busiest thread's time went.
 
 `--dry-run` runs everything on a CPU with a stand-in for pycuda (the one the CPU tests
 use; copies are not made, the compute does nothing, outputs are zeros): the server, the
@@ -418,7 +419,8 @@ def measure(load: Workload, point: LoadPoint, server: Any, args: Any, workdir: P
     probe = Probe(server.process.pid, f"http://{HOST}:{server.spec.port}/metrics")
     profile = None
     if args.profile_this:
-        profile = start_profile(server.process.pid, args.window * 3 + 2, args.profile)
+        output = profile_path(args.profile, point.protocol)
+        profile = start_profile(server.process.pid, args.window * 3 + 2, output)
     try:
         result = perf.run(
             target, perf.Load(rows=point.rows, concurrency=point.concurrency), samples,
@@ -483,6 +485,13 @@ def start_profile(pid: int, seconds: float, output: Path) -> subprocess.Popen[by
         return subprocess.Popen([*command, "--output", str(output)], stderr=subprocess.DEVNULL)
     except OSError:
         return None
+
+
+def profile_path(profile: Path, protocol: str) -> Path:
+    """`--profile FILE` is the HTTP run's profile; the gRPC run's is FILE-grpc."""
+    return (
+        profile if protocol == "http" else profile.with_name(f"{profile.stem}-grpc{profile.suffix}")
+    )
 
 
 def profile_summary(path: Path, top: int = 12) -> list[str]:
@@ -605,7 +614,7 @@ def compare(args: argparse.Namespace) -> str:
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {"rows": [], "device": None}
     workdir = args.workdir
-    profiled = False
+    profiled: set[str] = set()
     all_raws: dict[Any, Any] = {}
     for name, batch, points in plan(args.quick):
         load = workload(name)
@@ -625,8 +634,13 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
         release_device_memory(args.dry_run)
         with Server(load, batch, workdir, args.dry_run) as server:
             for point in points:
-                args.profile_this = bool(args.profile) and not profiled and name == "resnet50-fp32"
-                profiled = profiled or args.profile_this
+                args.profile_this = (
+                    bool(args.profile)
+                    and point.protocol not in profiled
+                    and name == "resnet50-fp32"
+                )
+                if args.profile_this:
+                    profiled.add(point.protocol)
                 try:
                     served = measure(load, point, server, args, workdir / "perf")
                 except Exception as error:
@@ -695,8 +709,9 @@ def report(results: dict[str, Any], profile: Path | None) -> str:
                  f"{best / MLPERF_RESNET50_SERVER_H100:.3f} of MLPerf's "
                  f"{MLPERF_RESNET50_SERVER_H100:,} per H100")  # fmt: skip
     if profile is not None:
-        lines += ["", "profile of the server (ResNet-50 FP32, HTTP, largest batch):"]
-        lines += profile_summary(profile)
+        for protocol in ("http", "grpc"):
+            lines += ["", f"profile of the server (ResNet-50 FP32, {protocol}, largest batch):"]
+            lines += profile_summary(profile_path(profile, protocol))
     return "\n".join(lines)
 
 
