@@ -21,6 +21,8 @@ import logging
 
 import grpc
 from kubeinfer.runtime.dataplane import DataPlane
+from kubeinfer.runtime.grpc_service import open_inference_grpc_pb2 as pb
+from kubeinfer.runtime.grpc_service.codec import read_infer_request
 from kubeinfer.runtime.grpc_service.open_inference_grpc_pb2_grpc import (
     add_GRPCInferenceServiceServicer_to_server,
 )
@@ -32,6 +34,36 @@ log = logging.getLogger(__name__)
 RECEIVE_HEADROOM = 2
 """gRPC's own message limit, in multiples of maxRequestBytes (`InferenceService` refuses
 messages between the two)."""
+
+
+class _Registration:
+    """Stands in for the server in the generated registration, to keep its handlers."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, _: object) -> None:
+        pass
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.service, self.handlers = service, dict(handlers)
+
+
+def service_handlers(servicer: InferenceService) -> tuple[str, dict[str, grpc.RpcMethodHandler]]:
+    """The generated handlers of `inference.GRPCInferenceService`, ModelInfer's with a
+    deserializer that keeps the message's size on the wire (`codec.ReceivedInfer`)."""
+    registration = _Registration()
+    add_GRPCInferenceServiceServicer_to_server(servicer, registration)
+    handlers = registration.handlers
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer,
+        request_deserializer=read_infer_request,
+        response_serializer=pb.ModelInferResponse.SerializeToString,
+    )
+    return registration.service, handlers
 
 
 def listen_address(host: str, port: int) -> str:
@@ -54,7 +86,11 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        add_GRPCInferenceServiceServicer_to_server(InferenceService(dataplane), self._server)
+        service, handlers = service_handlers(InferenceService(dataplane))
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, handlers),)
+        )
+        self._server.add_registered_method_handlers(service, handlers)
         self.port: int | None = None
 
     async def start(self) -> int:

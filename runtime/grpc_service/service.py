@@ -26,6 +26,7 @@ import grpc
 from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.grpc_service import open_inference_grpc_pb2 as pb
 from kubeinfer.runtime.grpc_service.codec import (
+    ReceivedInfer,
     from_model_infer_request,
     to_model_config_response,
     to_model_infer_response,
@@ -124,14 +125,14 @@ class InferenceService(GRPCInferenceServiceServicer):
         config = await _answered(context, self._dataplane.model_config, *_model(request))
         return to_model_config_response(config)
 
-    async def ModelInfer(
-        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
-    ) -> Any:
-        dataplane = self._dataplane
+    async def ModelInfer(self, received: ReceivedInfer, context: grpc.aio.ServicerContext) -> Any:
+        """The request comes with its size on the wire (`server.service_handlers` registers
+        `codec.read_infer_request` as its deserializer)."""
+        dataplane, request = self._dataplane, received.message
         try:
             with dataplane.admitted(request.model_name, request.model_version or None) as admission:
                 admission.stage = "waiting"  # the message is read: decoding, then queued
-                dataplane.check_request_bytes(request.ByteSize(), "message")
+                dataplane.check_request_bytes(received.wire_bytes, "message")
                 admission.company_turns = COMPANY_TURNS
                 decoded = await dataplane.offloaded(
                     admission, typed_elements(request) >= TYPED_OFFLOAD_ELEMENTS,

@@ -38,7 +38,7 @@ use; copies are not made, the compute does nothing, outputs are zeros): the serv
 perf_analyzer command lines, the metrics and the report. It checks the script, not a GPU.
 
 `--baseline DIR` (a `git archive` of the runtime, contract and cli packages at an earlier
-commit) serves the ResNet-50 FP32 HTTP rows again with that runtime and the same engine:
+commit) serves the ResNet-50 FP32 rows again with that runtime and the same engine:
 before and after a change to the data path, in one run. `--compare ROUNDS` runs only that
 comparison, the two in turns (with `--dry-run`, the data path alone on a CPU):
 
@@ -559,16 +559,14 @@ def package_links(checkout: Path, workdir: Path) -> Path:
 
 
 def baseline_rows(args: argparse.Namespace, raws: dict[Any, Any], results: dict) -> None:
-    """The HTTP rows again, served by the runtime in `--baseline` (the same engine): the
-    data path before a change against after it, in the same run on the same GPU."""
+    """The ResNet-50 FP32 rows again, served by the runtime in `--baseline` (the same
+    engine): the data path before a change against after it, in one run on one GPU."""
     for name, batch, points in plan(args.quick):
         if name != "resnet50-fp32" or batch == 1:
             continue
         load = workload(name)
         with Server(load, batch, args.workdir, args.dry_run, args.baseline) as server:
             for point in points:
-                if point.protocol != "http":
-                    continue
                 args.profile_this = False
                 try:
                     served = measure(load, point, server, args, args.workdir / "perf")
@@ -584,11 +582,11 @@ def baseline_rows(args: argparse.Namespace, raws: dict[Any, Any], results: dict)
 
 
 def compare(args: argparse.Namespace) -> str:
-    """`--compare ROUNDS`: ResNet-50 FP32 over HTTP (requests of 8 images, 64 clients,
-    maxBatchSize 256) served by this checkout's runtime and by `--baseline`'s, in turns,
+    """`--compare ROUNDS`: ResNet-50 FP32 over `--compare-protocol` (requests of 8 images,
+    64 clients, maxBatchSize 256) served by this checkout's runtime and by `--baseline`'s, in turns,
     ROUNDS times each; the median rows/s of each and their ratio. With `--dry-run` the
     engine does nothing, so what is compared is the data path alone, on a CPU."""
-    load, point = workload("resnet50-fp32"), LoadPoint("http", 8, 64)
+    load, point = workload("resnet50-fp32"), LoadPoint(args.compare_protocol, 8, 64)
     rates: dict[str, list[float]] = {"after": [], "before": []}
     cores: dict[str, list[float]] = {"after": [], "before": []}
     for _ in range(args.compare):
@@ -601,7 +599,7 @@ def compare(args: argparse.Namespace) -> str:
             print(f"{side}: {served['rows_per_s']:.0f} rows/s", flush=True)
     after, before = (float(np.median(rates[k])) for k in ("after", "before"))
     return (
-        f"ResNet-50 FP32, HTTP, {point.label}, {args.compare} rounds in turns "
+        f"ResNet-50 FP32, {point.label}, {args.compare} rounds in turns "
         f"({'data path alone, no GPU' if args.dry_run else 'on the GPU'}):\n"
         f"  before ({args.baseline.name}): median {before:,.0f} rows/s "
         f"({float(np.median(cores['before'])):.2f} server cores), rounds {rates['before']}\n"
@@ -742,6 +740,7 @@ def main() -> int:
         "--compare", type=int, default=0, metavar="ROUNDS",
         help="only the before/after comparison (see `compare`), this many rounds in turns",
     )  # fmt: skip
+    parser.add_argument("--compare-protocol", choices=("http", "grpc"), default="http")
     parser.add_argument(
         "--baseline", type=Path,
         help="a checkout of the runtime before a change: its HTTP rows are served again by it",

@@ -202,6 +202,13 @@ def bad_requests() -> list[tuple[str, pb.ModelInferRequest, grpc.StatusCode, str
     ranged.inputs[0].contents.int_contents.extend([300] * 32)
     timeout = case("timeout of another type", grpc.StatusCode.INVALID_ARGUMENT, "timeout")
     timeout.parameters["timeout"].string_param = "soon"
+    large = typed_request(x)  # over the serving's 64 KiB limit, under gRPC's own (twice it)
+    large.inputs[0].ClearField("contents")
+    large.raw_input_contents.append(b"\0" * 70_000)
+    cases.append((
+        "over the request limit", large, grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"the request message ({large.ByteSize()} bytes) is over the limit of 65536 bytes",
+    ))  # fmt: skip
     mixed = case("raw and typed outputs", grpc.StatusCode.INVALID_ARGUMENT, "at once")
     mixed.outputs.add(name="logits").parameters["binary_data"].bool_param = True
     mixed.outputs.add(name="logits").parameters["binary_data"].bool_param = False
