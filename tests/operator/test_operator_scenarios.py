@@ -199,12 +199,19 @@ async def test_create_builds_the_engine_then_deploys_and_reports_ready(
     assert not any(k.startswith("status") for k in status), "kopf kept out of status"
     annotations = infd["metadata"].get("annotations") or {}
     assert any(key.startswith("kubeinfer.io/") for key in annotations), annotations
-    # The pods answer: the Service's endpoints are the ready pods' own addresses.
+    # The pods answer: the Service's endpoints are the ready pods' own addresses. The
+    # EndpointSlice controller publishes a pod's readiness after the Deployment counts it,
+    # so the slice is awaited, not read once.
     service = world.one(*SERVICES)["metadata"]["name"]
-    (endpoints,) = world.kube.list(
-        "discovery.k8s.io/v1", "endpointslices", f"kubernetes.io/service-name={service}"
-    )
-    assert len([e for e in endpoints["endpoints"] if e["conditions"]["ready"]]) == 2
+
+    def ready_endpoints() -> bool:
+        slices = world.kube.list(
+            "discovery.k8s.io/v1", "endpointslices", f"kubernetes.io/service-name={service}"
+        )
+        endpoints = [e for s in slices for e in s.get("endpoints") or []]
+        return len([e for e in endpoints if e["conditions"]["ready"]]) == 2
+
+    await eventually(ready_endpoints, what="both ready pods in the Service's EndpointSlice")
 
 
 async def test_failed_build_reports_the_reason_and_retries_after_backoff(
