@@ -35,6 +35,7 @@ import host_network
 import pytest
 import yaml
 from kubeinfer.cli.local import forward, install, substitutions, table
+from kubeinfer.cli.main import main
 from kubeinfer.cluster import cgroups, control_plane, netns, teardown
 from kubeinfer.cluster.binaries import ensure_binaries
 from kubeinfer.operator import rbac
@@ -411,6 +412,28 @@ def test_the_table_renders_as_kubectl_and_age_alone_is_no_change() -> None:
     assert table.row_key(listing, listing["rows"][0]) == table.row_key(older, older["rows"][0])
     older["rows"][0]["cells"][1] = "0/1"
     assert table.row_key(listing, listing["rows"][0]) != table.row_key(older, older["rows"][0])
+
+
+def test_the_local_install_grants_every_rule_kubeinfer_rbac_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # One list of roles for every installer: a role added to `kubeinfer rbac` (and so to
+    # the chart) and not to `kubeinfer up` left the demo's operator without the nodes'
+    # watch, which kopf answers by stopping the whole operator.
+    def rules(documents: list[dict]) -> set[str]:
+        return {
+            json.dumps(rule, sort_keys=True)
+            for document in documents
+            if document["kind"] in ("ClusterRole", "Role")
+            for rule in document["rules"]
+        }
+
+    account = install.OPERATOR_ACCOUNT
+    argv = ["rbac", "--name", account, "--leader-election", "--lease-namespace",
+            install.NAMESPACE, "--lease-name", account]  # fmt: skip
+    assert main(argv) == 0
+    printed = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert rules(install.operator_objects(None)) == rules(printed)
 
 
 def test_the_operator_is_installed_with_the_charts_rbac() -> None:
