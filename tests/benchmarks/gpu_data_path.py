@@ -133,7 +133,6 @@ class TorchSlotEngine(EngineBase):
         self.load = load
         self._inputs, self._outputs = load.inputs, load.outputs
         self._max_batch_size = max_batch_size
-        self._dry_run = dry_run
         self.context = CudaContext(0)
         self.module = None if dry_run else self._module()
         self._slots: list[Any] = []
