@@ -11,9 +11,10 @@ at a time; `executionSlots` slots run concurrently.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -193,6 +194,25 @@ class EngineBase:
     @property
     def max_batch_size(self) -> int:
         return self._max_batch_size
+
+
+Key = TypeVar("Key", bound=Hashable)
+Value = TypeVar("Value")
+
+
+def recently_used(
+    cache: OrderedDict[Key, Value], key: Key, make: Callable[[], Value], keep: int
+) -> Value:
+    """`cache[key]`, made by `make()` the first time it is asked for; the `keep` most
+    recently used entries stay (a slot's views or bindings per batch rows and shape)."""
+    value = cache.get(key)
+    if value is None:
+        value = cache[key] = make()
+        if len(cache) > keep:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    return value
 
 
 Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]

@@ -71,6 +71,7 @@ from kubeinfer.runtime.engines.base import (
     UnsupportedModel,
     batch_buffers,
     check_batch_size,
+    recently_used,
 )
 from kubeinfer.runtime.engines.dimensions import named_extents, resolve_item_shape
 
@@ -239,15 +240,10 @@ class CudaSlot(RowPrefixSlot):
             return self._input_views[batch_size], self._output_views[batch_size]
         if shape is None:
             raise EngineError("a model with variable axes needs each batch's shape")
-        key = (batch_size, shape)
-        views = self._shaped_views.get(key)
-        if views is None:
-            views = self._shaped_views[key] = self._carve(batch_size, shape)
-            if len(self._shaped_views) > SHAPED_VIEWS_KEPT:
-                self._shaped_views.popitem(last=False)
-        else:
-            self._shaped_views.move_to_end(key)
-        return views
+        return recently_used(
+            self._shaped_views, (batch_size, shape),
+            lambda: self._carve(batch_size, shape), SHAPED_VIEWS_KEPT,
+        )  # fmt: skip
 
     def _carve(
         self, batch_size: int, shape: BatchShape

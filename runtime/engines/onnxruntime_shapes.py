@@ -33,6 +33,7 @@ from kubeinfer.runtime.engines.base import (
     TensorSpec,
     UnsupportedModel,
     check_batch_size,
+    recently_used,
 )
 from kubeinfer.runtime.engines.dimensions import (
     ShapeConfigError,
@@ -143,15 +144,9 @@ class ShapedOnnxRuntimeSlot:
         check_batch_size(rows, self.max_batch_size)
         if shape is None:
             raise EngineError("a model with variable axes needs each batch's shape")
-        key = (rows, shape)
-        entry = self._bound.get(key)
-        if entry is None:
-            entry = self._bound[key] = self._bind(rows, shape)
-            if len(self._bound) > BINDINGS_KEPT:
-                self._bound.popitem(last=False)
-        else:
-            self._bound.move_to_end(key)
-        return entry
+        return recently_used(
+            self._bound, (rows, shape), lambda: self._bind(rows, shape), BINDINGS_KEPT
+        )
 
     def input_views(
         self, batch_size: int, shape: BatchShape | None = None
