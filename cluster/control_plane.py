@@ -409,20 +409,16 @@ def down(directory: Path, grace_seconds: float = 15.0) -> list[str]:
         namespace = teardown.net_namespace(holder.pid)
     if namespace == teardown.net_namespace("self"):
         namespace = None  # up(in_this_namespace=True): the caller's, never swept
-    # The kubelet, then containerd, before their containers: a container start that
-    # containerd had in flight when the kubelet stopped must not come up after the sweep.
-    first = ("kubelet", "containerd")
-    problems: list[str] = []
-    for name in first:
-        problems += processes.stop([p for p in started if p.name == name], grace_seconds)
+    kubelet_first = [p for p in started if p.name == "kubelet"]
+    problems = processes.stop(kubelet_first, grace_seconds)
     folders = [directory, node_state]
     problems += teardown.tear_down_node(folders, root, socket_path, grace_seconds)
-    problems += processes.stop([p for p in started if p.name not in first], grace_seconds)
+    problems += processes.stop([p for p in started if p.name != "kubelet"], grace_seconds)
     if namespace is not None:
         # What the node's programs started there and nothing tracks (a helper a
-        # component ran, still exiting; a host-network pod's container a shim was still
-        # starting): the namespace must not outlive `down`.
-        problems += [f"process {pid}" for pid in teardown.empty_namespace(namespace)]
+        # component ran, still exiting): the namespace must not outlive `down`.
+        left = teardown.processes_in_namespace(namespace)
+        problems += [f"process {pid}" for pid in teardown.end_processes(left, 2.0)]
     problems += [f"mount {p}" for folder in folders for p in teardown.unmount_all(folder)]
     if not teardown.mounts_under(node_state):
         shutil.rmtree(node_state, ignore_errors=True)

@@ -53,26 +53,6 @@ def processes_in_namespace(inode: int) -> set[int]:
     }
 
 
-def empty_namespace(
-    inode: int, settle_seconds: float = 1.0, timeout_seconds: float = 15.0
-) -> set[int]:
-    """Ends every process in the network namespace `inode` until none has been seen there
-    for `settle_seconds` (a process still being started shows up late), or until the
-    timeout; returns those that needed SIGKILL or were still there at the end."""
-    killed: set[int] = set()
-    deadline = time.monotonic() + timeout_seconds
-    quiet_since = time.monotonic()
-    while time.monotonic() < deadline:
-        left = processes_in_namespace(inode)
-        if left:
-            killed |= end_processes(left, 2.0)
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since >= settle_seconds:
-            return killed
-        time.sleep(0.05)
-    return killed | processes_in_namespace(inode)
-
-
 def is_alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
