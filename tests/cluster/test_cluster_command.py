@@ -88,7 +88,9 @@ def wait_for(what: str, check, timeout: float = 120.0):  # type: ignore[no-untyp
 
 
 @pytest.mark.lifecycle
-def test_up_runs_a_node_in_its_own_namespace_and_down_leaves_nothing(tmp_path: Path) -> None:
+def test_up_runs_a_node_in_its_own_namespace_and_down_leaves_nothing(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     before = host_network_state()
     directory = tmp_path / "second-cluster"
     try:
@@ -120,8 +122,12 @@ def test_up_runs_a_node_in_its_own_namespace_and_down_leaves_nothing(tmp_path: P
         )
         started, _ = read_state(directory / control_plane.STATE_FILE)
         holder = next(p for p in started if p.name == "namespace-holder")
-        cluster_namespace = namespace_inode(holder.pid)
-        assert cluster_namespace is not None
+        # The namespace is held open to the end: once a namespace is gone its inode number
+        # is given to the next one made (a pod's, in another test's cluster beside this
+        # one), and the check after `down` would find that one's processes.
+        held = os.open(f"/proc/{holder.pid}/ns/net", os.O_RDONLY)
+        request.addfinalizer(lambda: os.close(held))
+        cluster_namespace = os.fstat(held).st_ino
         assert cluster_namespace != namespace_inode("self")
 
         kubectl("apply", "-f", "-", stdin=json.dumps({
