@@ -403,22 +403,11 @@ def down(directory: Path, grace_seconds: float = 15.0) -> list[str]:
     root = str(extra.get("cgroup_root") or cgroup_root(directory))
     node_state = node_directory(directory)
     socket_path = container_runtime.ContainerdPaths(node_state / "containerd").socket
-    holder = next((p for p in started if p.name == "namespace-holder"), None)
-    namespace = None  # the cluster's own network namespace, while its holder runs
-    if holder is not None and processes.is_running(holder):
-        namespace = teardown.net_namespace(holder.pid)
-    if namespace == teardown.net_namespace("self"):
-        namespace = None  # up(in_this_namespace=True): the caller's, never swept
     kubelet_first = [p for p in started if p.name == "kubelet"]
     problems = processes.stop(kubelet_first, grace_seconds)
     folders = [directory, node_state]
     problems += teardown.tear_down_node(folders, root, socket_path, grace_seconds)
     problems += processes.stop([p for p in started if p.name != "kubelet"], grace_seconds)
-    if namespace is not None:
-        # What the node's programs started there and nothing tracks (a helper a
-        # component ran, still exiting): the namespace must not outlive `down`.
-        left = teardown.processes_in_namespace(namespace)
-        problems += [f"process {pid}" for pid in teardown.end_processes(left, 2.0)]
     problems += [f"mount {p}" for folder in folders for p in teardown.unmount_all(folder)]
     if not teardown.mounts_under(node_state):
         shutil.rmtree(node_state, ignore_errors=True)

@@ -36,23 +36,6 @@ def processes_naming(text: str) -> set[int]:
     return pids
 
 
-def net_namespace(pid: int | str) -> int | None:
-    """The inode of a process's network namespace (None once it is gone)."""
-    try:
-        return os.stat(f"/proc/{pid}/ns/net").st_ino
-    except OSError:
-        return None
-
-
-def processes_in_namespace(inode: int) -> set[int]:
-    """Every live process in the network namespace `inode`."""
-    return {
-        int(entry.name)
-        for entry in Path("/proc").iterdir()
-        if entry.name.isdigit() and net_namespace(entry.name) == inode and is_alive(int(entry.name))
-    }
-
-
 def is_alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
