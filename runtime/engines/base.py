@@ -215,6 +215,15 @@ def recently_used(
     return value
 
 
+def front_view(buffer: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray | None:
+    """The first elements of a flat buffer seen in `shape` (contiguous: a batch of any shape
+    at the front of a buffer sized for the largest); None when they do not fit."""
+    size = math.prod(shape)
+    if buffer is None or size > buffer.size:
+        return None
+    return buffer[:size].reshape(shape)
+
+
 Allocate = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 """Makes a buffer of a shape and dtype (aligned host memory, pinned host memory, ...)."""
 

@@ -71,6 +71,7 @@ from kubeinfer.runtime.engines.base import (
     UnsupportedModel,
     batch_buffers,
     check_batch_size,
+    front_view,
     recently_used,
 )
 from kubeinfer.runtime.engines.dimensions import named_extents, resolve_item_shape
@@ -339,8 +340,8 @@ def _flat_sizes(specs: tuple[TensorSpec, ...], max_batch_size: int) -> dict[str,
 
 
 def _front(buffer: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray:
-    """The first elements of a flat buffer, seen in `shape` (contiguous)."""
-    size = math.prod(shape)
-    if size > buffer.size:
+    """`front_view`, or EngineError when the batch is past the buffer."""
+    view = front_view(buffer, shape)
+    if view is None:
         raise EngineError(f"{name!r} of shape {list(shape)} is past its buffer")
-    return buffer[:size].reshape(shape)
+    return view

@@ -33,6 +33,7 @@ from kubeinfer.runtime.engines.base import (
     TensorSpec,
     UnsupportedModel,
     check_batch_size,
+    front_view,
     recently_used,
 )
 from kubeinfer.runtime.engines.dimensions import (
@@ -109,11 +110,7 @@ class ShapedOnnxRuntimeSlot:
         self._bound: OrderedDict[tuple[int, BatchShape], _Bound] = OrderedDict()
 
     def _view(self, name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-        buffer = self._buffers.get(name)
-        size = math.prod(shape)
-        if buffer is None or size > buffer.size:
-            return None
-        return buffer[:size].reshape(shape)
+        return front_view(self._buffers.get(name), shape)
 
     def _bind(self, rows: int, shape: BatchShape) -> _Bound:
         session = self._session
