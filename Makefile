@@ -106,8 +106,7 @@ test: $(STAMP) $(PERF_ANALYZER)
 # up`/`down`, each on a cluster of its own, the simulated GPU fleets (KWOK nodes: mixed
 # products, drains, lost nodes and zones), leader election (replicas taking over from each
 # other), the Helm release installed, upgraded and removed, and the images built from a
-# clean clone. Apart
-# from `make test` for its time, as the demo's story is; CI runs both.
+# clean clone. Apart from `make test` for its time, as the demo's story is; CI runs both.
 test-lifecycle: $(STAMP)
 	$(BIN)/kubeinfer cluster build
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m lifecycle
