@@ -4,6 +4,8 @@
 #
 #   bash tests/benchmarks/gpu_lent_machine.sh setup      # wheels, pycuda, gpu tests, memcheck, smoke
 #   bash tests/benchmarks/gpu_lent_machine.sh data-path  # gpu_data_path.py, every row
+#   bash tests/benchmarks/gpu_lent_machine.sh all SECONDS # both in one call, no smoke run,
+#                                                         # the data path cut at SECONDS
 #
 # Carry `.whl` (the wheels listed in gpu_check.py's docstring, plus grpcio, protobuf,
 # aiohttp's, pydantic-settings', py-spy and perf_analyzer; a pycuda wheel built by an
@@ -17,8 +19,7 @@ site=/tmp/kubeinfer-site
 mkdir -p $site/kubeinfer
 for package in runtime contract cli operator; do ln -sfn "$PWD/$package" $site/kubeinfer/$package; done
 
-case "${1:-}" in
-setup)
+install_and_check() {
     python3 -m pip install -q --no-index --find-links .whl --upgrade aiohttp==3.14.5 \
         pydantic==2.14.4 pydantic-settings orjson py-spy perf_analyzer grpcio==1.85.3 \
         protobuf==6.33.6 pytools platformdirs mako siphash24 2>&1 | tail -5
@@ -29,9 +30,14 @@ setup)
     export PYTHONPATH=$site
     # The slot tests again under memcheck: a view or copy past a (flat, per-bucket) buffer
     # is an out-of-bounds access there.
-    (cd /tmp && compute-sanitizer --tool memcheck --print-limit 100 --show-backtrace no \
+    (cd /tmp && timeout 150 compute-sanitizer --tool memcheck --print-limit 100 --show-backtrace no \
         python3 -m pytest -m gpu -q -p no:cacheprovider "$OLDPWD/tests/runtime/test_engines_cuda.py" \
         2>&1 | tee "$OUT/memcheck.log" | tail -15)
+}
+
+case "${1:-}" in
+setup)
+    install_and_check || exit 1
     timeout 200 python3 tests/benchmarks/gpu_data_path.py --quick --window 1 --warmup 1 \
         2>&1 | tee "$OUT/smoke.log" | tail -25
     ;;
@@ -42,8 +48,18 @@ data-path)
         --profile "$OUT/profile.txt" ${baseline:+--baseline "$baseline"} \
         2>&1 | tee "$OUT/gpu-data-path.log" | tail -60
     ;;
+all)
+    # One call where the lease is short: a second start costs more than the smoke run saves.
+    deadline=$((SECONDS + ${2:-540}))
+    install_and_check || exit 1
+    export PYTHONPATH=$site
+    baseline=$(ls -d .baseline/*/ 2>/dev/null | head -1)
+    timeout $((deadline - SECONDS)) python3 tests/benchmarks/gpu_data_path.py \
+        --json "$OUT/gpu-data-path.json" --profile "$OUT/profile.txt" --window 1 --warmup 1 \
+        ${baseline:+--baseline "$baseline"} 2>&1 | tee "$OUT/gpu-data-path.log" | tail -60
+    ;;
 *)
-    echo "usage: $0 setup|data-path" >&2
+    echo "usage: $0 setup|data-path|all [SECONDS]" >&2
     exit 2
     ;;
 esac
