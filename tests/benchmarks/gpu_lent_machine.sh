@@ -17,7 +17,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 site=/tmp/kubeinfer-site
 mkdir -p $site/kubeinfer
-for package in runtime contract cli operator; do ln -sfn "$PWD/$package" $site/kubeinfer/$package; done
+for package in runtime contract cli operator cluster; do ln -sfn "$PWD/$package" $site/kubeinfer/$package; done
 
 install_and_check() {
     python3 -m pip install -q --no-index --find-links .whl --upgrade aiohttp==3.14.5 \
