@@ -169,7 +169,7 @@ def make_kubeinfer_importable(environment: Environment, scratch: Path) -> str:
         return "installed"
     package = scratch / "site" / "kubeinfer"
     package.mkdir(parents=True)
-    for folder in ("operator", "runtime", "contract"):
+    for folder in ("operator", "runtime", "contract", "cli", "cluster"):
         (package / folder).symlink_to(ROOT / folder, target_is_directory=True)
     paths = [str(package.parent), environment.env.get("PYTHONPATH", "")]
     environment.env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)

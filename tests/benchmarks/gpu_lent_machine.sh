@@ -22,7 +22,8 @@ for package in runtime contract cli operator cluster; do ln -sfn "$PWD/$package"
 install_and_check() {
     python3 -m pip install -q --no-index --find-links .whl --upgrade aiohttp==3.14.5 \
         pydantic==2.14.4 pydantic-settings orjson py-spy perf_analyzer grpcio==1.85.3 \
-        protobuf==6.33.6 pytools platformdirs mako siphash24 2>&1 | tail -5
+        protobuf==6.33.6 pytools platformdirs mako siphash24 $(ls .whl/pycuda-*.whl 2>/dev/null) \
+        2>&1 | tail -5
     python3 -c "import pycuda.driver" 2>/dev/null ||
         GPU_WHEELS=.whl python3 tests/benchmarks/gpu_check.py --save-wheel "$OUT" \
             --no-sanitizer --seconds 0.5 2>&1 | tee "$OUT/gpu-check.log" | tail -60
