@@ -8,6 +8,7 @@ cluster up`'s namespace and what `down` leaves: test_cluster_command.)
 
 from __future__ import annotations
 
+import errno
 import json
 import time
 import urllib.error
@@ -52,6 +53,13 @@ def restricted_namespace(local_cluster: LocalCluster) -> str:
         "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"
     )
     return namespace
+
+
+def not_programmed_yet(reason: object) -> bool:
+    """What connecting to a cluster IP gives before kube-proxy's rules for it exist."""
+    return isinstance(reason, ConnectionRefusedError) or (
+        isinstance(reason, OSError) and reason.errno == errno.EHOSTUNREACH
+    )
 
 
 def test_a_runtime_pod_serves_at_its_ip_its_cluster_ip_and_its_dns_name(
@@ -102,15 +110,19 @@ def test_a_runtime_pod_serves_at_its_ip_its_cluster_ip_and_its_dns_name(
 
     def through_the_cluster_ip() -> dict | None:  # type: ignore[type-arg]
         # kube-proxy refuses a Service's connections until it has programmed the
-        # endpoint the EndpointSlice controller published for the Ready pod.
+        # endpoint the EndpointSlice controller published for the Ready pod; before its
+        # first sync of the Service there is no rule at all, the Service subnet's route
+        # leads onto the bridge, and no one answers ARP for the cluster IP.
         try:
             url = f"http://{service['spec']['clusterIP']}/v2/models/tiny"
             with urllib.request.urlopen(url, timeout=10) as response:
                 return json.loads(response.read())  # type: ignore[no-any-return]
-        except ConnectionRefusedError:
-            return None
         except urllib.error.URLError as error:
-            if isinstance(error.reason, ConnectionRefusedError):
+            if not_programmed_yet(error.reason):
+                return None
+            raise
+        except OSError as error:
+            if not_programmed_yet(error):
                 return None
             raise
 
