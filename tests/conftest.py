@@ -13,6 +13,9 @@ Each test process (each xdist worker) first moves into a network namespace of it
 runs in it, so tests reach pods, Services and the API server as a process on the node
 does, and nothing a test does reaches the host's namespace but what it asks of the host
 through `netns.host_namespace()` (a descriptor of the namespace the process left).
+`KUBEINFER_TESTS_IN_HOST_NAMESPACE=1` keeps them where they start, for runs that need only
+loopback and cannot cross namespaces: the GPU check's tests under compute-sanitizer,
+which cannot attach to a process in another network namespace (`gpu_check.py` sets it).
 
 At the end of the session, failed tests included, no process a test started under the
 session's temporary directory may still run (`no_process_left_behind`).
@@ -32,9 +35,14 @@ import pytest
 CUDA_SUCCESS = 0
 
 
+STAY_IN_HOST_NAMESPACE = "KUBEINFER_TESTS_IN_HOST_NAMESPACE"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     from kubeinfer.cluster import netns
 
+    if os.environ.get(STAY_IN_HOST_NAMESPACE) == "1":
+        return
     if os.geteuid() == 0 and netns.host_namespace() is None:
         netns.enter_new_namespace()
 

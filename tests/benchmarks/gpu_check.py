@@ -173,6 +173,9 @@ def make_kubeinfer_importable(environment: Environment, scratch: Path) -> str:
         (package / folder).symlink_to(ROOT / folder, target_is_directory=True)
     paths = [str(package.parent), environment.env.get("PYTHONPATH", "")]
     environment.env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    # The gpu tests need only loopback, and compute-sanitizer cannot attach to a process in
+    # the network namespace tests/conftest.py would otherwise move them into (as root).
+    environment.env["KUBEINFER_TESTS_IN_HOST_NAMESPACE"] = "1"
     return f"this checkout (PYTHONPATH={package.parent})"
 
 
