@@ -5,7 +5,7 @@ exports them (`exporter`), so its cost per object can be read off a running oper
 (`tests/benchmarks/bench_fleet.py` does) and an alert can see a request storm.
 
 Plain counters, no lock: everything runs on the operator's one event loop. kopf's own
-requests (its watches and the lists that start them, its progress annotations) go
+requests (its watches and the lists that start them) go
 through kopf's session, not the operator's client, so they are not among the requests.
 """
 

@@ -1,18 +1,17 @@
-"""kopf handlers: every trigger calls the same level-triggered reconcile.
+"""kopf handlers: every trigger ends in the same level-triggered pass.
 
-Create, update and resume call `Reconciler.reconcile` for the InferenceDeployment
-concerned; any event on a child (a build Job, its pods, the runtime Deployment,
-ConfigMap, Service, cache claim) asks the reconciler for a pass over its owner
-(`Reconciler.trigger`) without waiting for it, so a burst of events costs one pass; the
-reconciler schedules the periodic resync itself (see its docstring for why not a kopf
-timer). The handlers never branch on what happened. Each child kind also has a kopf
-index, which the passes read instead of listing (`kube.cache`).
+Any event on an InferenceDeployment that changed what a pass reads of it (its first
+sight, a new generation, labels or annotations, its deletion: `kube.owner_events`) and
+any event on a child (a build Job, its pods, the runtime Deployment, ConfigMap, Service,
+cache claim) asks the reconciler for a pass over the object (`Reconciler.trigger`)
+without waiting for it, so a burst of events costs one pass; the reconciler schedules
+the periodic resync and the retries after a failed pass itself (see its docstring for
+why not a kopf timer). The handlers never branch on what happened. Each child kind also
+has a kopf index, which the passes read instead of listing (`kube.cache`).
 
-Errors map to kopf's retry classes here and only here: a spec the
-model refuses has been written into the status and is a `PermanentError` (kopf does not
-retry it until the spec changes); anything else is a `TemporaryError`, retried after the
-delay the API server asked for (`Retry-After`), else one that is short for conflicts,
-throttling and unanswered requests and longer otherwise.
+kopf writes nothing on the objects: with no create, update or resume handler it keeps no
+last-handled spec and no progress in their annotations, so what a user (or a GitOps
+tool) applied stays exactly as applied, metadata included.
 
 Credentials: kopf's login handler here returns what `login` finds (default
 `kopf.login_via_client`: the in-cluster service account, else KUBECONFIG), and kopf keeps
@@ -31,8 +30,7 @@ from typing import Any, cast
 
 import kopf
 from kubeinfer.operator.activity import Activity
-from kubeinfer.operator.api.v1alpha1.resource import GROUP, KIND, PLURAL, VERSION
-from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest
+from kubeinfer.operator.api.v1alpha1.resource import GROUP, PLURAL, VERSION
 from kubeinfer.operator.exporter import StatusBoard
 from kubeinfer.operator.kube import kopf_toggles
 from kubeinfer.operator.kube.cache import (
@@ -50,23 +48,16 @@ from kubeinfer.operator.kube.client import (
     POD,
     PVC,
     SERVICE,
-    ApiError,
     KubeClient,
     ResourceType,
     Vault,
 )
+from kubeinfer.operator.kube.owner_events import OwnerEvents
 from kubeinfer.operator.kube.resources import NODE
-from kubeinfer.operator.reconciler import Reconciler, ReconcilerClosed
+from kubeinfer.operator.reconciler import Reconciler
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state.gpu_nodes import GPU_PRODUCT_LABEL
 from kubeinfer.operator.state.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
-
-ANNOTATION_PREFIX = "kubeinfer.io"
-"""kopf keeps its progress and last-handled spec in annotations under this prefix, so
-nothing but the operator's own fields ever appears in the status."""
-
-RETRY_SOON_SECONDS = 2.0
-RETRY_LATER_SECONDS = 30.0
 
 CHILD_RESOURCES = (JOB, POD, DEPLOYMENT, CONFIGMAP, SERVICE, PVC, PDB)
 
@@ -106,52 +97,34 @@ class OperatorContext:
         await self.reconciler.close()
 
 
-def retry_delay(error: ApiError) -> float:
-    """How long kopf waits before retrying after `error`: what the server asked for
-    (`Retry-After`), else soon for what passes by itself, else later."""
-    if error.retry_after_seconds is not None:
-        return error.retry_after_seconds
-    return RETRY_SOON_SECONDS if error.retryable else RETRY_LATER_SECONDS
-
-
-class OwnerEssenceStorage(kopf.AnnotationsDiffBaseStorage):
-    """kopf's last-handled-configuration in annotations, whose essence (what an update is
-    detected from) is built for InferenceDeployments only. kopf builds one, a deep copy
-    of the whole object, on every event of every kind it watches; only the
-    InferenceDeployment has update handlers, and a pod's or a Job's essence, compared
+class NoDiffBase(kopf.DiffBaseStorage):
+    """kopf's diff base, kept nowhere. kopf builds one (a deep copy of the object's
+    essence) on every event of every kind it watches, to detect what its create and
+    update handlers are for; the operator has none of those (`kube.owner_events`
+    selects the events that ask for a pass), and a pod's or a Job's essence, compared
     with nothing, was most of the operator's CPU with a thousand objects."""
 
     def build(
         self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
     ) -> kopf.BodyEssence:
-        if body.get("kind") != KIND:
-            return cast(kopf.BodyEssence, {})
-        if extra_fields:  # no handler of ours asks for any: kopf's own way, then
-            return super().build(body=body, extra_fields=extra_fields)
-        # kopf deep-copies what it is given, then drops the status and the metadata but
-        # labels and annotations: given only what it keeps, it copies that alone (a
-        # status patch is an event too, and managedFields are often the larger part).
-        metadata = body.get("metadata") or {}
-        keys = ("name", "namespace", "labels", "annotations")
-        kept = {k: metadata[k] for k in keys if k in metadata}
-        essential = {k: v for k, v in body.items() if k not in ("metadata", "status")}
-        return super().build(body=kopf.Body(cast(kopf.RawBody, {**essential, "metadata": kept})))
+        return cast(kopf.BodyEssence, {})
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        raise AssertionError("kopf stores a diff base only for create and update handlers")
 
 
 def configure_kopf(kopf_settings: kopf.OperatorSettings) -> kopf.OperatorSettings:
     """Applies the operator's choices to the settings given to `kopf.operator`: kopf's
-    own bookkeeping in `kubeinfer.io/` annotations; no Events posted by kopf (the
+    diff base built from nothing (`NoDiffBase`); no Events posted by kopf (the
     operator posts one per status transition); child watches filtered by the API server
     to the operator's objects; no scanning of CRDs and namespaces (the resources are
     known, the namespaces named), which keeps the RBAC rules to what reconciling needs;
     and kopf's readiness toggles counted (`kopf_toggles`)."""
     kopf_toggles.install()  # kopf's start with thousands of objects, linear again
-    kopf_settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=ANNOTATION_PREFIX
-    )
-    kopf_settings.persistence.diffbase_storage = OwnerEssenceStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
-    )
+    kopf_settings.persistence.diffbase_storage = NoDiffBase()
     kopf_settings.posting.enabled = False
     for child in CHILD_RESOURCES:
         kopf_settings.watching.label_selectors[_is(child)] = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
@@ -187,16 +160,11 @@ def register(
     async def attach_cache(**kwargs: Any) -> None:
         context.cache.attach(kwargs)  # kopf's indexes, by name, among the arguments
 
-    reconcile = _reconcile_of(context)
     activity = context.reconciler.board.activity
-    _register_owner(registry, reconcile, activity)
+    _register_owner(registry, context.reconciler, activity)
     _register_children(registry, context.reconciler, activity)
     _register_gpu_nodes(registry, context.reconciler)
     return context
-
-
-Reconcile = Callable[[str, str], Awaitable[None]]
-"""(namespace, name) -> one pass over that InferenceDeployment, its errors as kopf's."""
 
 
 def _register_login(registry: kopf.OperatorRegistry, login: Login | None) -> None:
@@ -216,29 +184,13 @@ def _register_login(registry: kopf.OperatorRegistry, login: Login | None) -> Non
         return connection
 
 
-def _reconcile_of(context: OperatorContext) -> Reconcile:
-    """The reconciler's pass with its errors mapped to kopf's retry classes (here only)."""
-
-    async def reconcile(namespace: str, name: str) -> None:
-        try:
-            await context.reconciler.reconcile(namespace, name)
-        except InvalidManifest as invalid:
-            raise kopf.PermanentError(f"Invalid spec: {invalid}") from None
-        except ApiError as error:
-            message = f"API request failed: {error}"
-            raise kopf.TemporaryError(message, delay=retry_delay(error)) from None
-        except ReconcilerClosed as closed:
-            message = f"Operator stopping: {closed}"
-            raise kopf.TemporaryError(message, delay=RETRY_LATER_SECONDS) from None
-
-    return reconcile
-
-
 def _register_owner(
-    registry: kopf.OperatorRegistry, reconcile: Reconcile, activity: Activity
+    registry: kopf.OperatorRegistry, reconciler: Reconciler, activity: Activity
 ) -> None:
-    """Create, update and resume of an InferenceDeployment: one handler, one id, so
-    kopf's progress annotation reads kubeinfer.io/reconcile for all three causes."""
+    """The InferenceDeployments' watch: an event that changed what a pass reads of the
+    object asks for one at once (`kube.owner_events`); the operator's own status writes,
+    coming back, ask for nothing."""
+    events = OwnerEvents()
 
     @kopf.index(GROUP, VERSION, PLURAL, registry=registry, id=OWNERS_INDEX)
     async def index_owner(
@@ -246,13 +198,14 @@ def _register_owner(
     ) -> dict[Any, Any]:
         return {(namespace or "", name): without_managed_fields(body)}
 
-    @kopf.on.resume(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
-    @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
-    @kopf.on.update(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
-    async def reconcile_on_change(namespace: str | None, name: str, **_: Any) -> None:
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")
+    async def owner_changed(
+        type: str | None, namespace: str | None, name: str, body: kopf.Body, **_: Any
+    ) -> None:
         assert namespace is not None  # InferenceDeployment is namespaced: kopf gives it one
-        activity.watch_events[PLURAL] += 1
-        await reconcile(namespace, name)
+        if events.asks_for_pass(type, body):
+            activity.watch_events[PLURAL] += 1
+            reconciler.trigger(namespace, name, 0.0)
 
 
 def _register_children(

@@ -7,12 +7,12 @@ against the emulated API server, in both directions: a verb the operator uses bu
 granted fails the test, and so does a verb granted but never used.
 
 Why each verb: kopf lists and watches the InferenceDeployments and every kind of child
-(child events trigger a reconcile), and merge-patches its progress annotations on the
-InferenceDeployments; a pass GETs the InferenceDeployment fresh, LISTs its children by
-label, server-side applies them (a `patch`, which also creates), patches the status
-subresource, posts Events, deletes build Jobs whose inputs no longer apply, and deletes a
-shadow candidate's Deployment, ConfigMap and Service once it is promoted, failed or
-aborted. Nothing is ever created with POST except Events, and nothing else is deleted
+(their events trigger a reconcile), and writes nothing on either; a pass GETs the
+InferenceDeployment fresh when the watch's copy is older than what it knows, LISTs its
+children by label, server-side applies them (a `patch`, which also creates), patches the
+status subresource, posts Events, deletes build Jobs whose inputs no longer apply, and
+deletes a shadow candidate's Deployment, ConfigMap and Service once it is promoted,
+failed or aborted. Nothing is ever created with POST except Events, and nothing else is deleted
 (ownerReferences let the garbage collector remove children). Pods are listed also to
 read the serving pods' /metrics directly when no Prometheus is configured. Discovery
 (`/api`, `/apis`) needs no rule.
@@ -84,7 +84,7 @@ def _rule(resources: tuple[ResourceType, ...], verbs: tuple[str, ...], sub: str 
 # Children are written by server-side apply: a PATCH, which the API server also
 # authorizes as `create` when the object does not exist yet.
 RULES: tuple[Rule, ...] = (
-    _rule((INFERENCE_DEPLOYMENT,), ("get", "list", "watch", "patch")),
+    _rule((INFERENCE_DEPLOYMENT,), ("get", "list", "watch")),
     _rule((INFERENCE_DEPLOYMENT,), ("patch",), sub="status"),
     _rule((PVC,), ("list", "watch", "create", "patch")),
     _rule((CONFIGMAP, SERVICE), ("list", "watch", "create", "patch", "delete")),

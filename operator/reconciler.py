@@ -4,8 +4,8 @@ This is the only module that joins the pure core with the API (and with the metr
 source: a running shadow's aggregates and an autoscaled object's load are read in the
 gather step, so the verdict and the recommendation stay pure functions of what was read).
 It also keeps what must outlive a pass: the autoscaler's history per object, and whether
-the cluster serves PodMonitors. Every trigger (create,
-update, resume, an event on a child, the periodic resync) ends in
+the cluster serves PodMonitors. Every trigger (an event on the object or on a child, the
+periodic resync, a retry) ends in
 `Reconciler.reconcile(namespace, name)`, which reads the InferenceDeployment afresh: from
 the watch's index when that is at least as new as what the operator last read and wrote
 of it, from the API otherwise (`_read`), so a pass never acts on a copy older than one a
@@ -19,7 +19,11 @@ for it (a running build is polled, a failed one retried after its backoff), else
 `resync_interval_seconds`. A kopf timer would do the same, but kopf puts a finalizer on
 every object with a timer, which blocks `kubectl delete` whenever the operator is down;
 children need no finalizer, since their ownerReferences let the garbage collector
-remove them. On a restart, kopf's resume handler starts the cycle again. Since these
+remove them. A pass that failed is tried again after the delay its error asks for
+(`ApiError.retry_delay_seconds`: the server's `Retry-After`, else soon for conflicts,
+throttling and unanswered requests, later for refusals); one that found the spec invalid
+waits for a new spec. On a restart, the watch's first listing asks for a pass over every
+object, which starts the cycle again. Since these
 requeues are the reconciler's own, kopf cannot pause them: the reconciler lives only as
 long as the kopf run it serves, and `close()` (called when that run ends, and when a
 leader loses its lease) cancels them and refuses further passes.
@@ -193,6 +197,9 @@ class Reconciler:
                 outcome = await self._pass(namespace, name)
             except InvalidManifest:
                 self._schedule(namespace, name, None)  # only a new spec can help
+                raise
+            except ApiError as error:
+                self._schedule(namespace, name, error.retry_delay_seconds)
                 raise
             except Exception:
                 self._schedule(namespace, name, self.settings.requeue.resync_interval_seconds)
@@ -375,8 +382,12 @@ class Reconciler:
 
     def _finished(self, task: asyncio.Task[Outcome]) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
-            logger.warning("Resync failed and is retried: %s", error)
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        if isinstance(error, InvalidManifest):  # in the status; a new spec asks again
+            logger.info("Invalid spec, not retried until it changes: %s", error)
+        elif not isinstance(error, ReconcilerClosed):
+            logger.warning("Pass failed and is retried: %s", error)
 
     async def close(self, grace_seconds: float = CLOSE_GRACE_SECONDS) -> None:
         """Refuses new passes and cancels pending requeues at once; the passes in flight

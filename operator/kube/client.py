@@ -88,6 +88,10 @@ VAULT_PURPOSE = "kubeinfer.operator.kube.client"
 """The key of our `ApiClient` among the objects the vault caches per credential."""
 
 
+RETRY_SOON_SECONDS = 2.0
+RETRY_LATER_SECONDS = 30.0
+
+
 class ApiError(Exception):
     """A request the API server refused (`status` is its HTTP status), or one that got no
     answer (status 0: unreachable or timed out)."""
@@ -115,6 +119,14 @@ class ApiError(Exception):
     def retryable(self) -> bool:
         """No answer, conflicts, throttling and server errors pass; 4xx refusals do not."""
         return self.status in (0, 409, 429) or self.status >= 500
+
+    @property
+    def retry_delay_seconds(self) -> float:
+        """How long to wait before trying again: what the server asked for
+        (`Retry-After`), else soon for what passes by itself, else later."""
+        if self.retry_after_seconds is not None:
+            return self.retry_after_seconds
+        return RETRY_SOON_SECONDS if self.retryable else RETRY_LATER_SECONDS
 
 
 def api_client_for(connection: kopf.ConnectionInfo) -> ApiClient:

@@ -197,8 +197,8 @@ async def test_create_builds_the_engine_then_deploys_and_reports_ready(
     assert all(e["involvedObject"]["uid"] == uid for e in ours)
     assert refusals(world) == []
     assert not any(k.startswith("status") for k in status), "kopf kept out of status"
-    annotations = infd["metadata"].get("annotations") or {}
-    assert any(key.startswith("kubeinfer.io/") for key in annotations), annotations
+    applied = manifest(tiny, runtime={"replicas": 2})["metadata"].get("annotations") or {}
+    assert (infd["metadata"].get("annotations") or {}) == applied, "kopf wrote on the object"
     # The pods answer: the Service's endpoints are the ready pods' own addresses. The
     # EndpointSlice controller publishes a pod's readiness after the Deployment counts it,
     # so the slice is awaited, not read once.
