@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import fleet_probe as probe
 from bench_fleet import PRODUCTS, Fleet
 from kubeinfer.cluster import netns
 
@@ -111,16 +112,27 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--pprof-seconds",
+        type=int,
+        default=0,
+        help="as bench_fleet's (into the logs' directory, pprof/; with --keep)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the logs' directory")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     netns.enter_new_namespace()
     directory = Path(tempfile.mkdtemp(prefix="fleet-floor-", dir="/var/tmp"))
+    print(f"# logs in {directory}", flush=True)
     fleet = Fleet(directory, args.nodes)
     try:
         namespace = "floor"
         fleet.namespace(namespace)
         objects = [children(namespace, i) for i in range(args.n)]
+        processes_before = probe.cpu_by_process_name()
+        if args.pprof_seconds:
+            probe.start_go_profiles(fleet.cluster, args.pprof_seconds, directory / "pprof")
         start = time.monotonic()
         create(fleet, [made[0] for made in objects])  # the builds first: their GPUs are the
         built = wait(fleet, namespace, args.n, start + args.timeout, 0)  # serving pods' after
@@ -129,13 +141,16 @@ def main() -> int:
         ready = wait(fleet, namespace, args.n, start + args.timeout, 1)
         result = {"n": args.n, "nodes": args.nodes, "built": built, "ready": ready,
                   "seconds_to_all_built": round(builds_seconds, 1),
-                  "seconds_to_all_ready": round(time.monotonic() - start, 1)}  # fmt: skip
+                  "seconds_to_all_ready": round(time.monotonic() - start, 1),
+                  "cpu_seconds_to_ready_by_process": probe.cpu_spent(
+                      probe.cpu_by_process_name(), processes_before)}  # fmt: skip
         print(json.dumps(result), flush=True)
         if args.json:
             args.json.write_text(json.dumps(result, indent=1) + "\n")
     finally:
         fleet.control_plane.down(fleet.cluster.directory)
-        shutil.rmtree(directory, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 

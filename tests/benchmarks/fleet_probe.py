@@ -1,14 +1,18 @@
 """What `bench_fleet.py` reads while the operator works: the operator process' CPU and
 memory from /proc, its own counters from its /metrics (`kubeinfer.operator.activity`),
-the API server's `apiserver_request_total`, and a Prometheus exposition parsed into
-plain numbers. No decisions here: readings in, numbers out.
+the API server's `apiserver_request_total`, a Prometheus exposition parsed into plain
+numbers, the CPU of every process in the cluster's network namespace by name (where the
+2 cores went: etcd, kube-apiserver, the controller manager, KWOK...), and Go CPU profiles
+of the API server and the controller manager. No decisions here: readings in, numbers out.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import ssl
 import subprocess
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -52,6 +56,62 @@ def cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def cpu_by_process_name() -> Counter[str]:
+    """CPU seconds of every process in this network namespace (the cluster's, for the
+    benchmarks, which move into one of their own), summed by command name."""
+    own = os.readlink("/proc/self/ns/net")
+    totals: Counter[str] = Counter()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "net") != own:
+                continue
+            totals[(entry / "comm").read_text().strip()] += cpu_seconds(int(entry.name))
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+    return totals
+
+
+def cpu_spent(after: Counter[str], before: Counter[str]) -> dict[str, float]:
+    """CPU seconds by process name between two `cpu_by_process_name` readings, largest
+    first (a process that exited meanwhile is left out: its time is not in `after`)."""
+    spent = {name: round(after[name] - before.get(name, 0), 1) for name in after}
+    return dict(sorted(((k, v) for k, v in spent.items() if v >= 0.1), key=lambda kv: -kv[1]))
+
+
+CONTROLLER_MANAGER_PROFILE = "https://127.0.0.1:10257/debug/pprof/profile"
+
+
+def start_go_profiles(
+    cluster: control_plane.Cluster, seconds: int, directory: Path
+) -> list[threading.Thread]:
+    """CPU profiles of the API server and the controller manager over the next `seconds`
+    (their `/debug/pprof`, on by default), written to DIRECTORY/{apiserver,
+    controller-manager}.pprof; `go tool pprof -top BINARY FILE` reads them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    admin = ssl.create_default_context()  # the controller manager's serving cert is its own
+    admin.check_hostname, admin.verify_mode = False, ssl.CERT_NONE
+    admin.load_cert_chain(str(cluster.pki.admin_cert), str(cluster.pki.admin_key))
+    targets = {"apiserver": (f"{cluster.server}/debug/pprof/profile", cluster.ssl_context()),
+               "controller-manager": (CONTROLLER_MANAGER_PROFILE, admin)}  # fmt: skip
+
+    def fetch(name: str, url: str, context: ssl.SSLContext) -> None:
+        try:
+            with urllib.request.urlopen(
+                f"{url}?seconds={seconds}", context=context, timeout=seconds + 60
+            ) as response:
+                (directory / f"{name}.pprof").write_bytes(response.read())
+        except OSError as error:  # the run goes on; the file says why it is missing
+            (directory / f"{name}.error").write_text(f"{error!r}\n")
+
+    threads = [threading.Thread(target=fetch, args=(name, *target), daemon=True)
+               for name, target in targets.items()]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    return threads
 
 
 def memory_kib(pid: int) -> tuple[int, int]:
