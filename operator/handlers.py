@@ -32,7 +32,7 @@ import kopf
 from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.api.v1alpha1.resource import GROUP, PLURAL, VERSION
 from kubeinfer.operator.exporter import StatusBoard
-from kubeinfer.operator.kube import kopf_toggles
+from kubeinfer.operator.kube import kopf_json, kopf_toggles
 from kubeinfer.operator.kube.cache import (
     OWNERS_INDEX,
     CachedReader,
@@ -122,8 +122,10 @@ def configure_kopf(kopf_settings: kopf.OperatorSettings) -> kopf.OperatorSetting
     operator posts one per status transition); child watches filtered by the API server
     to the operator's objects; no scanning of CRDs and namespaces (the resources are
     known, the namespaces named), which keeps the RBAC rules to what reconciling needs;
-    and kopf's readiness toggles counted (`kopf_toggles`)."""
+    kopf's readiness toggles counted (`kopf_toggles`); and its watch streams parsed with
+    orjson (`kopf_json`)."""
     kopf_toggles.install()  # kopf's start with thousands of objects, linear again
+    kopf_json.install()  # kopf's watch events parsed with orjson
     kopf_settings.persistence.diffbase_storage = NoDiffBase()
     kopf_settings.posting.enabled = False
     for child in CHILD_RESOURCES:

@@ -253,6 +253,11 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     kopf.configure(verbose=args.verbose, log_prefix=True)
+    if not args.verbose:
+        # kopf logs "Handler ... succeeded." at INFO for every watch event it hands to a
+        # handler: tens of thousands of lines with a fleet, saying nothing the operator's
+        # own log and status do not. Warnings and errors still show.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:  # the check kopf's login makes, once, so that a missing kubeconfig is one line
         kopf.login_via_client(logger=logging.getLogger(__name__), settings=kopf.OperatorSettings())
     except kopf.LoginError as error:
