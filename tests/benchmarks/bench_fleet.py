@@ -247,7 +247,6 @@ def wait_ready(
     while len(ready) < n and time.monotonic() < deadline:
         if operator.popen.poll() is not None:  # type: ignore[union-attr]
             raise RuntimeError(f"the operator exited with {len(ready)}/{n} Ready")
-        before = len(ready)
         query = f"?watch=1&allowWatchBookmarks=true&timeoutSeconds=30&resourceVersion={version}"
         for event in fleet.watch(path + query):
             obj = event["object"]
@@ -258,14 +257,15 @@ def wait_ready(
             if event["type"] == "BOOKMARK":
                 continue
             name = obj["metadata"]["name"]
+            before = len(ready)
             if event["type"] != "DELETED" and ready_in_api(obj):
                 ready.add(name)
             else:
                 ready.discard(name)
+            if len(ready) > before and len(ready) % max(1, n // 20) == 0:
+                print(f"#   {len(ready)}/{n} Ready", flush=True)
             if len(ready) >= n:
                 break
-        if len(ready) != before:
-            print(f"#   {len(ready)}/{n} Ready", flush=True)
     return len(ready)  # short of n: the row says how many, and the phases go on
 
 
