@@ -50,8 +50,13 @@ async def test_a_verb_the_role_lacks_is_reported_in_the_status(world: World, tin
         assert degraded["status"] == "True"
         assert 'cannot create resource "jobs"' in degraded["message"], degraded["message"]
         assert condition(world.infd(), "Ready")["reason"] == "Forbidden"
-        warnings = [e for e in world.events() if e["reason"] == "Forbidden"]
-        assert warnings and warnings[0]["type"] == "Warning"
+        # The pass posts its Events after the status write the condition above came from.
+        warnings = await eventually(
+            lambda: [e for e in world.events() if e["reason"] == "Forbidden"],
+            30,
+            "the Forbidden Event",
+        )
+        assert warnings[0]["type"] == "Warning"
 
         kube.request(
             "PUT",
