@@ -205,8 +205,8 @@ def _register_owner(
         type: str | None, namespace: str | None, name: str, body: kopf.Body, **_: Any
     ) -> None:
         assert namespace is not None  # InferenceDeployment is namespaced: kopf gives it one
+        activity.watch_events[PLURAL] += 1
         if events.asks_for_pass(type, body):
-            activity.watch_events[PLURAL] += 1
             reconciler.trigger(namespace, name, 0.0)
 
 

@@ -29,8 +29,8 @@ class OwnerEvents:
         self._seen: dict[Key, Seen] = {}
 
     def asks_for_pass(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
-        """True for the first event of an object (a listing's, or ADDED), for a new
-        generation, labels or annotations, for the start of its deletion and for its
+        """True for the first event of an object (a listing's, or ADDED, or one made
+        again under the same name), for a new generation, labels or annotations, for the start of its deletion and for its
         deletion (the pass then finds it gone and forgets it); False for the rest,
         status writes among them."""
         metadata = body.get("metadata") or {}
@@ -39,6 +39,7 @@ class OwnerEvents:
             self._seen.pop(key, None)
             return True
         seen = (
+            metadata.get("uid"),  # deleted and made again under its name, DELETED missed
             metadata.get("generation"),
             sorted((metadata.get("labels") or {}).items()),
             sorted((metadata.get("annotations") or {}).items()),

@@ -12,10 +12,10 @@
 # earlier setup spares the build) and `.baseline` (a `git archive` of the runtime before
 # the change the data path compares, as `.baseline/<commit>`). Results go to $OUT.
 set -u -o pipefail
-OUT=${OUT:-/tmp/gpu-out}
+export OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-site=/tmp/kubeinfer-site
+export site=/tmp/kubeinfer-site
 mkdir -p $site/kubeinfer
 for package in runtime contract cli operator cluster; do ln -sfn "$PWD/$package" $site/kubeinfer/$package; done
 
@@ -38,6 +38,17 @@ install_and_check() {
         "$OLDPWD/tests/runtime/test_gpu_fixes.py" 2>&1 | tee "$OUT/memcheck.log" | tail -15) || true
 }
 
+# Every row, into $OUT, against the first runtime in .baseline (extra arguments go to
+# gpu_data_path.py).
+data_path() {
+    export PYTHONPATH=$site
+    local baseline
+    baseline=$(ls -d .baseline/*/ 2>/dev/null | head -1)
+    python3 tests/benchmarks/gpu_data_path.py --json "$OUT/gpu-data-path.json" \
+        --profile "$OUT/profile.txt" ${baseline:+--baseline "$baseline"} "$@" \
+        2>&1 | tee "$OUT/gpu-data-path.log" | tail -60
+}
+
 case "${1:-}" in
 setup)
     install_and_check || exit 1
@@ -45,21 +56,13 @@ setup)
         2>&1 | tee "$OUT/smoke.log" | tail -25
     ;;
 data-path)
-    export PYTHONPATH=$site
-    baseline=$(ls -d .baseline/*/ 2>/dev/null | head -1)
-    python3 tests/benchmarks/gpu_data_path.py --json "$OUT/gpu-data-path.json" \
-        --profile "$OUT/profile.txt" ${baseline:+--baseline "$baseline"} \
-        2>&1 | tee "$OUT/gpu-data-path.log" | tail -60
+    data_path
     ;;
 all)
     # One call where the lease is short: a second start costs more than the smoke run saves.
     deadline=$((SECONDS + ${2:-540}))
     install_and_check || exit 1
-    export PYTHONPATH=$site
-    baseline=$(ls -d .baseline/*/ 2>/dev/null | head -1)
-    timeout $((deadline - SECONDS)) python3 tests/benchmarks/gpu_data_path.py \
-        --json "$OUT/gpu-data-path.json" --profile "$OUT/profile.txt" --window 1 --warmup 1 \
-        ${baseline:+--baseline "$baseline"} 2>&1 | tee "$OUT/gpu-data-path.log" | tail -60
+    timeout $((deadline - SECONDS)) bash -c "$(declare -f data_path); data_path --window 1 --warmup 1"
     ;;
 *)
     echo "usage: $0 setup|data-path|all [SECONDS]" >&2

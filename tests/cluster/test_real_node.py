@@ -117,12 +117,10 @@ def test_a_runtime_pod_serves_at_its_ip_its_cluster_ip_and_its_dns_name(
             url = f"http://{service['spec']['clusterIP']}/v2/models/tiny"
             with urllib.request.urlopen(url, timeout=10) as response:
                 return json.loads(response.read())  # type: ignore[no-any-return]
-        except urllib.error.URLError as error:
-            if not_programmed_yet(error.reason):
-                return None
-            raise
-        except OSError as error:
-            if not_programmed_yet(error):
+        except OSError as error:  # urllib's URLError among them, the socket's in `reason`
+            if not_programmed_yet(
+                error.reason if isinstance(error, urllib.error.URLError) else error
+            ):
                 return None
             raise
 

@@ -195,3 +195,28 @@ async def test_the_reconciler_forgets_an_object_once_it_is_gone(world: World, ti
             await reconciler.close()
     deployments = [d["metadata"]["name"] for d in world.children(("apps/v1", "deployments"))]
     assert names.runtime_name("b") in deployments, "b, still tracked, keeps its children"
+
+
+async def test_a_pass_whose_status_write_is_throttled_is_tried_again_after_the_servers_delay(
+    world: World, tiny: Model, proxy: FaultProxy
+) -> None:
+    """The reconciler's own retry: a 429 with Retry-After 1 on the status write fails the
+    pass, and the next one comes after that second, not at the resync a minute later."""
+    settings = OperatorSettings(requeue={"resync_interval_seconds": 60})
+    status_write = lambda request: request.method == "PATCH" and request.path.endswith("/status")  # noqa: E731
+    proxy.throttle(status_write, retry_after=1)
+    world.create(manifest(tiny, "a", engine={"pin": PIN}))
+    async with KubeClient(proxy.connection(world.token(), world.namespace)) as client:
+        reconciler = Reconciler(client, settings)
+        try:
+            reconciler.trigger(world.namespace, "a", 0.0)
+            await eventually(lambda: any(s.by_rule for s in proxy.seen), 30, "a throttled write")
+            proxy.clear()
+            status = await eventually(
+                lambda: (world.infd("a") or {}).get("status"), 15, "the status, on the retry"
+            )
+        finally:
+            await reconciler.close()
+    assert status["observedGeneration"] == 1
+    throttled = [s for s in proxy.seen if s.by_rule]
+    assert throttled and all(status_write(s.request) for s in throttled)

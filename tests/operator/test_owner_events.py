@@ -17,6 +17,7 @@ OWNER: dict[str, Any] = {
     "metadata": {
         "name": "m",
         "namespace": "n",
+        "uid": "5c1d0e2a",
         "generation": 1,
         "resourceVersion": "10",
         "labels": {"team": "search"},
@@ -77,3 +78,12 @@ def test_objects_are_told_apart_by_namespace_and_name() -> None:
     other["metadata"]["namespace"] = "other"
     assert events.asks_for_pass("ADDED", other)
     assert len(events) == 2
+
+
+def test_an_object_made_again_under_its_name_asks_even_with_its_deletion_missed() -> None:
+    events = OwnerEvents()
+    events.asks_for_pass("ADDED", OWNER)
+    # A watch that broke over the deletion lists the new object: same name, metadata and
+    # generation, another uid; no DELETED came between.
+    again = changed(OWNER, uid="9f3b7c61")
+    assert events.asks_for_pass(None, again)
