@@ -30,9 +30,9 @@ class OwnerEvents:
 
     def asks_for_pass(self, event_type: str | None, body: Mapping[str, Any]) -> bool:
         """True for the first event of an object (a listing's, or ADDED, or one made
-        again under the same name), for a new generation, labels or annotations, for the start of its deletion and for its
-        deletion (the pass then finds it gone and forgets it); False for the rest,
-        status writes among them."""
+        again under the same name), for a new generation, labels or annotations, for the
+        start of its deletion and for its deletion (the pass then finds it gone and
+        forgets it); False for the rest, status writes among them."""
         metadata = body.get("metadata") or {}
         key = (metadata.get("namespace") or "", metadata.get("name") or "")
         if event_type == "DELETED":
