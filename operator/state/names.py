@@ -166,8 +166,14 @@ def product_selector(owner: str, product: str) -> dict[str, str]:
 
 
 def serving_selector(owner: str) -> dict[str, str]:
-    """The serving pods: what the Service, the scale subresource and metrics select."""
-    return {**runtime_selector(owner), LABEL_ROLE: ROLE_SERVING}
+    """The serving pods: what the Service, the disruption budget, the spread constraints,
+    the scale subresource and metrics select. Two labels, the instance first in key order:
+    the EndpointSlice and disruption controllers match every pod event of the namespace
+    against every Service's and budget's selector (the latter parsed and validated afresh
+    each time), so with a thousand objects in a namespace each requirement of these
+    selectors was a measurable share of the controller manager's CPU (docs/fleet.md).
+    Every serving pod also carries the Deployment's labels (`runtime_selector`)."""
+    return {LABEL_INSTANCE: owner, LABEL_ROLE: ROLE_SERVING}
 
 
 def candidate_selector(owner: str) -> dict[str, str]:

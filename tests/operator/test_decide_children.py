@@ -154,9 +154,9 @@ def test_the_service_exposes_http_and_metrics_on_the_runtime_pods():
     }
     deployment = cluster.get("Deployment")
     selector = service["spec"]["selector"]
-    assert deployment["spec"]["selector"]["matchLabels"].items() <= selector.items()
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
-    assert selector[names.LABEL_ROLE] == names.ROLE_SERVING
+    # This object's serving pods only, in as few labels as say so (docs/fleet.md).
+    assert selector == {names.LABEL_INSTANCE: cluster.name, names.LABEL_ROLE: names.ROLE_SERVING}
 
 
 def test_a_pvc_source_is_mounted_read_only_and_credentials_come_from_the_secret():

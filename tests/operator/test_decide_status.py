@@ -140,7 +140,9 @@ def test_the_scale_subresource_fields_follow_the_runtime():
     selector = dict(pair.split("=") for pair in status.selector.split(","))
     pod_labels = cluster.get("Deployment")["spec"]["template"]["metadata"]["labels"]
     assert selector.items() <= pod_labels.items()
-    assert cluster.get("Deployment")["spec"]["selector"]["matchLabels"].items() <= selector.items()
+    assert (selector[names.LABEL_INSTANCE], selector[names.LABEL_ROLE]) == (
+        cluster.name, names.ROLE_SERVING,
+    )  # fmt: skip
     build_pod_labels = cluster.jobs()[0]["spec"]["template"]["metadata"]["labels"]
     assert not selector.items() <= build_pod_labels.items()
 

@@ -386,8 +386,13 @@ async def test_kubectl_scale_scales_the_deployment(world: World, tiny: Model) ->
     assert (status["replicas"], status["readyReplicas"], status["ready"]) == (3, 3, "3/3")
     selector = dict(part.split("=") for part in status["selector"].split(","))
     deployment = world.one(*DEPLOYMENTS)
-    assert deployment["spec"]["selector"]["matchLabels"].items() <= selector.items()
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    selected = world.pods(status["selector"])
+    assert {p["metadata"]["name"] for p in selected} == {
+        p["metadata"]["name"]
+        for p in world.pods()
+        if p["metadata"]["labels"].items() >= deployment["spec"]["selector"]["matchLabels"].items()
+    }, "the scale selector is the serving Deployment's pods, and only them"
     running = [p for p in world.pods() if p["status"].get("phase") == "Running"]
     assert len(running) == 3
 
