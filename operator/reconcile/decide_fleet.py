@@ -162,8 +162,10 @@ def _runtime_children(
         rollouts[product] = rollout_progress(each.view.deployment, deployment, replicas[product])
     if shared:
         spec = observed.spec
-        mirror = build_mirror_configmap(observed.owner, spec, spec.model.version, None)
-        children = [mirror, *children, *shared]
+        mirror = build_mirror_configmap(
+            observed.owner, spec, spec.model.version, None, None, observed.mirror_configmap
+        )
+        children = [*([mirror] if mirror is not None else []), *children, *shared]
     return children, rollouts
 
 

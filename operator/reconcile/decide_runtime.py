@@ -127,10 +127,10 @@ def _shadow_children(
     serving: ServingEngine,
     engine: EngineState,
     reference: EngineState | None,
-) -> tuple[KubeObject, list[KubeObject]]:
+) -> tuple[KubeObject | None, list[KubeObject]]:
     """The serving version's mirror file (naming no candidate unless the plan mirrors, no
-    reference unless the watch runs) and the shadow candidate's children when the plan
-    runs one."""
+    reference unless the watch runs; none while it names nothing and never did) and the
+    shadow candidate's children when the plan runs one."""
     spec, owner = observed.spec, observed.owner
     target = plan.candidate if plan.mirror else None
     mirror = build_mirror_configmap(
@@ -139,6 +139,7 @@ def _shadow_children(
         serving.version,
         (target.version, target.digest) if target else None,
         watched_reference(observed, serving, engine, reference),
+        observed.mirror_configmap,
     )
     if plan.candidate is None:
         return mirror, []
@@ -201,4 +202,5 @@ def runtime_children(
     if plan.serving is None or deployment is None:
         return plan, rollout, []
     mirror, candidate = _shadow_children(observed, settings, plan, plan.serving, engine, reference)
-    return plan, rollout, [configmap, mirror, deployment, *others, *candidate]
+    mirrors = [mirror] if mirror is not None else []
+    return plan, rollout, [configmap, *mirrors, deployment, *others, *candidate]

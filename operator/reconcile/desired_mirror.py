@@ -18,12 +18,21 @@ def build_mirror_configmap(
     serving_version: str,
     candidate: tuple[str, str] | None,
     reference: tuple[str, str] | None = None,
-) -> KubeObject:
+    existing: KubeObject | None = None,
+) -> KubeObject | None:
     """The serving pods' mirror targets: the shadow candidate (version, digest) behind its
     Service, or none, and the quality watch's reference (version, digest) behind its own,
     or none. A ConfigMap of its own, mounted as a directory and re-read by the runtime:
     the kubelet refreshes it in place (within its sync period, about a minute), so a
-    shadow or a watch starts and ends without a roll of the serving pods."""
+    shadow or a watch starts and ends without a roll of the serving pods.
+
+    None while it would name nothing and does not exist (`existing`, the observed one):
+    its volume is optional and the runtime reads a missing file as "mirror nothing", so
+    an object that never ran a shadow or a quality watch has no mirror file to write,
+    watch and hold (a ConfigMap an object fewer in a fleet). Once written it stays, and
+    names nothing when the shadow or the watch ends."""
+    if candidate is None and reference is None and existing is None:
+        return None
     target = None
     if candidate is not None:
         version, digest = candidate

@@ -88,7 +88,7 @@ def test_a_succeeded_job_s_termination_message_deploys_the_runtime_with_that_dig
     cluster.succeed_job(job["metadata"]["name"], message, at=T0 + timedelta(seconds=30))
     decision = cluster.reconcile(T0 + timedelta(seconds=31))
     assert kinds(decision.apply) == [
-        "ConfigMap", "ConfigMap", "Deployment", "PodDisruptionBudget", "Service",
+        "ConfigMap", "Deployment", "PodDisruptionBudget", "Service",
     ]  # fmt: skip
     assert served_digest(cluster) == DIGEST_A
     assert cluster.condition(ENGINE).status == TRUE
@@ -206,7 +206,7 @@ def test_a_pinned_engine_needs_no_job():
     cluster = Cluster(make_spec(engine={"pin": DIGEST_B, "cache": {"existingClaim": "engines"}}))
     decision = cluster.reconcile()
     assert kinds(decision.apply) == [
-        "ConfigMap", "ConfigMap", "Deployment", "PodDisruptionBudget", "Service",
+        "ConfigMap", "Deployment", "PodDisruptionBudget", "Service",
     ]  # fmt: skip
     assert served_digest(cluster) == DIGEST_B
     assert cluster.condition(ENGINE).reason == Reason.ENGINE_PINNED
@@ -238,7 +238,7 @@ def test_a_version_change_builds_first_and_keeps_the_old_digest_until_built():
     cluster.succeed_job(new_job["metadata"]["name"], DIGEST_B, at=later + timedelta(seconds=40))
     decision = cluster.reconcile(later + timedelta(seconds=41))
     assert kinds(decision.apply) == [
-        "ConfigMap", "ConfigMap", "Deployment", "PodDisruptionBudget", "Service",
+        "ConfigMap", "Deployment", "PodDisruptionBudget", "Service",
     ]  # fmt: skip
     assert served_digest(cluster) == DIGEST_B
     config = yaml.safe_load(cluster.get("ConfigMap")["data"][CONFIG_KEY])

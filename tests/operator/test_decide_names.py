@@ -51,7 +51,7 @@ def check_names(owner: str) -> None:
     children = every_child(owner)
     kinds = sorted(child["kind"] for child in children)
     assert kinds == [
-        "ConfigMap", "ConfigMap", "ConfigMap", "Deployment", "Deployment", "Job", "Job",
+        "ConfigMap", "ConfigMap", "Deployment", "Deployment", "Job", "Job",
         "PersistentVolumeClaim", "PodDisruptionBudget", "Service", "Service",
     ]  # fmt: skip
     for child in children:

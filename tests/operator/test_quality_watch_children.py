@@ -45,6 +45,10 @@ def argument(job: dict, flag: str) -> str:
 
 
 def mirror_file(cluster: Cluster) -> MirrorFile:
+    """The serving pods' mirror file; an empty one while none is written (the runtime
+    reads a missing file as "mirror nothing")."""
+    if not cluster.has("ConfigMap", names.mirror_name(OWNER)):
+        return MirrorFile()
     text = cluster.get("ConfigMap", names.mirror_name(OWNER))["data"][MIRROR_KEY]
     return MirrorFile.model_validate(yaml.safe_load(text))
 
