@@ -1,13 +1,15 @@
 """kopf handlers: every trigger ends in the same level-triggered pass.
 
 Any event on an InferenceDeployment that changed what a pass reads of it (its first
-sight, a new generation, labels or annotations, its deletion: `kube.owner_events`) and
-any event on a child (a build Job, its pods, the runtime Deployment, ConfigMap, Service,
-cache claim) asks the reconciler for a pass over the object (`Reconciler.trigger`)
-without waiting for it, so a burst of events costs one pass; the reconciler schedules
-the periodic resync and the retries after a failed pass itself (see its docstring for
-why not a kopf timer). The handlers never branch on what happened. Each child kind also
-has a kopf index, which the passes read instead of listing (`kube.cache`).
+sight, a new generation, labels or annotations, its deletion: `kube.owner_events`), and
+any event on a child that carries something a pass reads (a build Job, its pods, the
+runtime Deployment, ConfigMap, Service, cache claim; a runtime pod only when it fails or
+goes, a budget not for its status: `kube.child_events`), asks the reconciler for a pass
+over the object (`Reconciler.trigger`) without waiting for it, so a burst of events
+costs one pass; the reconciler schedules the periodic resync and the retries after a
+failed pass itself (see its docstring for why not a kopf timer). Beyond selecting the
+events, the handlers decide nothing. Each child kind also has a kopf index, which the
+passes read instead of listing (`kube.cache`).
 
 kopf writes nothing on the objects: with no create, update or resume handler it keeps no
 last-handled spec and no progress in their annotations, so what a user (or a GitOps
@@ -40,6 +42,7 @@ from kubeinfer.operator.kube.cache import (
     index_name,
     without_managed_fields,
 )
+from kubeinfer.operator.kube.child_events import ChildEvents
 from kubeinfer.operator.kube.client import (
     CONFIGMAP,
     DEPLOYMENT,
@@ -214,8 +217,10 @@ def _register_children(
     registry: kopf.OperatorRegistry, reconciler: Reconciler, activity: Activity
 ) -> None:
     """Each child kind's kopf index (`kube.cache`: what passes read instead of listing),
-    and its events: any event on one of the operator's children asks for a pass over its
-    owner (the instance label names it), without waiting for it."""
+    and its events: an event on one of the operator's children asks for a pass over its
+    owner (the instance label names it), without waiting for it, unless it carries
+    nothing a pass reads (`kube.child_events`)."""
+    events = ChildEvents()
     for child in CHILD_RESOURCES:
         selected: dict[str, Any] = {
             LABEL_MANAGED_BY: MANAGED_BY,
@@ -240,11 +245,17 @@ def _register_children(
             id=f"reconcile_owner_of_{child.plural}",
         )
         async def reconcile_owner(
-            resource: kopf.Resource, namespace: str | None, labels: Mapping[str, str], **_: Any
+            resource: kopf.Resource,
+            type: str | None,
+            namespace: str | None,
+            labels: Mapping[str, str],
+            body: kopf.Body,
+            **_: Any,
         ) -> None:
             assert namespace is not None  # every child resource is namespaced
             activity.watch_events[resource.plural] += 1
-            reconciler.trigger(namespace, labels[LABEL_INSTANCE])
+            if events.asks_for_pass(resource.plural, type, labels, body):
+                reconciler.trigger(namespace, labels[LABEL_INSTANCE])
 
 
 def _register_gpu_nodes(registry: kopf.OperatorRegistry, reconciler: Reconciler) -> None:
