@@ -50,6 +50,7 @@ from typing import Any
 
 import fleet_load
 import fleet_probe as probe
+from checkout_site import package_links
 from kubeinfer.cluster import netns
 from kubeinfer.operator.settings import LeaderElection
 
@@ -193,6 +194,8 @@ PROFILE: Path | None = None
 """With --profile, where each operator process writes its cProfile statistics."""
 PROMETHEUS_URL = ""
 """The Prometheus the operators read (fleet_load's), once it runs."""
+OPERATOR_SITE: Path | None = None
+"""With --operator-checkout, a PYTHONPATH folder whose `kubeinfer` is that checkout's."""
 
 
 def operator_process(fleet: Fleet, log: Path, election: bool = False) -> probe.OperatorProcess:
@@ -206,6 +209,8 @@ def operator_process(fleet: Fleet, log: Path, election: bool = False) -> probe.O
     environment = {**os.environ, "KUBECONFIG": str(fleet.cluster.kubeconfig)}
     if PROMETHEUS_URL:
         environment["KUBEINFER_METRICS__PROMETHEUS_URL"] = PROMETHEUS_URL
+    if OPERATOR_SITE is not None:
+        environment["PYTHONPATH"] = str(OPERATOR_SITE)
     return probe.OperatorProcess(argv, environment, log, port).start()
 
 
@@ -218,7 +223,8 @@ def summary(before: probe.Reading, after: probe.Reading) -> dict[str, Any]:
         "pass_p50_seconds": probe.quantile(0.5, before, after),
         "pass_p99_seconds": probe.quantile(0.99, before, after),
         "operator_requests": probe.difference(after.requests(), before.requests()),
-        "watch_events": after.watch_events() - before.watch_events(),
+        "watch_events": sum(after.watch_events().values()) - sum(before.watch_events().values()),
+        "watch_events_by_resource": probe.difference(after.watch_events(), before.watch_events()),
         "metrics_queries": probe.difference(after.metrics_queries(), before.metrics_queries()),
         "apiserver_requests": probe.difference(after.apiserver, before.apiserver),
         "load_average_1m": round(os.getloadavg()[0], 2),
@@ -241,7 +247,8 @@ def wait_ready(
     from the operator's /metrics every second, as before, the wait cost the operator a
     rendering of its per-object series each second, and this script as much to parse
     them: CPU taken from the two cores the run measures.)"""
-    deadline, version = time.monotonic() + timeout, "0"
+    started, deadline, version = time.monotonic(), time.monotonic() + timeout, "0"
+    machine = probe.MachineCpu.read()
     ready: set[str] = set()
     path = f"{API}/namespaces/{namespace}/inferencedeployments"
     while len(ready) < n and time.monotonic() < deadline:
@@ -263,7 +270,11 @@ def wait_ready(
             else:
                 ready.discard(name)
             if len(ready) > before and len(ready) % max(1, n // 20) == 0:
-                print(f"#   {len(ready)}/{n} Ready", flush=True)
+                now = probe.MachineCpu.read()
+                cpu = " ".join(f"{k} {v}" for k, v in now.since(machine).items())
+                print(f"#   {len(ready)}/{n} Ready at {time.monotonic() - started:.1f} s "
+                      f"(machine CPU s since the last line: {cpu})", flush=True)  # fmt: skip
+                machine = now
             if len(ready) >= n:
                 break
     return len(ready)  # short of n: the row says how many, and the phases go on
@@ -373,7 +384,7 @@ def phase(fleet: Fleet, n: int, args: argparse.Namespace, directory: Path) -> di
     try:
         time.sleep(2)  # its watches started
         start = probe.read(fleet.cluster, operator)
-        processes_before = probe.cpu_by_process_name()
+        processes_before, machine_before = probe.cpu_by_process_name(), probe.MachineCpu.read()
         if args.pprof_seconds:
             probe.start_go_profiles(fleet.cluster, args.pprof_seconds, directory / f"pprof-{n}")
         objects = [manifest(namespace, i, fleet.storage_class, args.cache == "shared")
@@ -387,6 +398,7 @@ def phase(fleet: Fleet, n: int, args: argparse.Namespace, directory: Path) -> di
         result["cpu_seconds_to_ready_by_process"] = probe.cpu_spent(
             probe.cpu_by_process_name(), processes_before
         )
+        result["machine_cpu_seconds_to_ready"] = probe.MachineCpu.read().since(machine_before)
         result["to_ready"] = summary(start, ready)
         result["peak_rss_mib_to_ready"] = round(ready.peak_kib / 1024, 1)
         time.sleep(args.settle_seconds)  # build Jobs' last events, requeues after Ready
@@ -451,8 +463,13 @@ def main() -> int:
         help="CPU-profile the API server and the controller manager for this long from "
         "the first create (into the logs' directory, pprof-N/; with --keep)",
     )  # fmt: skip
+    parser.add_argument(
+        "--operator-checkout", type=Path, default=None,
+        help="run the operator of this checkout instead (a `git worktree add DIR COMMIT`): "
+        "an earlier version against this one on the same machine in the same hour",
+    )  # fmt: skip
     args = parser.parse_args()
-    global PROFILE, PROMETHEUS_URL
+    global PROFILE, PROMETHEUS_URL, OPERATOR_SITE
     PROFILE = args.profile
     if os.geteuid() != 0:
         print("bench_fleet: needs root (a network namespace for the cluster)", file=sys.stderr)
@@ -464,6 +481,9 @@ def main() -> int:
     netns.enter_new_namespace()
     directory = Path(tempfile.mkdtemp(prefix="bench-fleet-", dir="/var/tmp"))
     print(f"# logs in {directory}", flush=True)
+    if args.operator_checkout is not None:
+        OPERATOR_SITE = package_links(args.operator_checkout, directory)
+        print(f"# the operator of {args.operator_checkout}", flush=True)
     results = []
     fleet = None
     try:

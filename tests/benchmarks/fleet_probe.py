@@ -82,6 +82,30 @@ def cpu_spent(after: Counter[str], before: Counter[str]) -> dict[str, float]:
     return dict(sorted(((k, v) for k, v in spent.items() if v >= 0.1), key=lambda kv: -kv[1]))
 
 
+@dataclass(frozen=True)
+class MachineCpu:
+    """The whole machine's CPU seconds since boot, from /proc/stat's first line: busy
+    (user, nice, system, irq, softirq), idle (idle, iowait) and stolen (the time a
+    virtual machine's host gave to others while this one had work: when it grows, a
+    slower run is the host's doing, not the run's)."""
+
+    busy: float
+    idle: float
+    steal: float
+
+    @classmethod
+    def read(cls) -> MachineCpu:
+        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
+        return cls((user + nice + system + irq + softirq) / CLOCK_TICKS,
+                   (idle + iowait) / CLOCK_TICKS, steal / CLOCK_TICKS)  # fmt: skip
+
+    def since(self, before: MachineCpu) -> dict[str, float]:
+        """CPU seconds busy, idle and stolen between `before` and this reading."""
+        return {name: round(getattr(self, name) - getattr(before, name), 1)
+                for name in ("busy", "idle", "steal")}  # fmt: skip
+
+
 CONTROLLER_MANAGER_PROFILE = "https://127.0.0.1:10257/debug/pprof/profile"
 
 
@@ -194,8 +218,9 @@ class Reading:
     def passes(self) -> Counter[str]:
         return by_label(self.operator, series.OPERATOR_RECONCILES.total, "result")
 
-    def watch_events(self) -> float:
-        return sum(by_label(self.operator, series.OPERATOR_WATCH_EVENTS.total, "resource").values())
+    def watch_events(self) -> Counter[str]:
+        """The watch events the operator's handlers took, by resource."""
+        return by_label(self.operator, series.OPERATOR_WATCH_EVENTS.total, "resource")
 
     def metrics_queries(self) -> Counter[str]:
         return by_label(self.operator, series.OPERATOR_METRICS_QUERIES.total, "kind")

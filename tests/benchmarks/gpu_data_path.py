@@ -72,6 +72,7 @@ import yaml
 
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
+from checkout_site import package_links  # noqa: E402
 from gpu_served import metric_values, nvidia_smi_memory, process_cpu_seconds  # noqa: E402
 from kubeinfer.runtime.engines.base import EngineBase  # noqa: E402
 
@@ -543,19 +544,6 @@ def plan(quick: bool) -> list[tuple[str, int, list[LoadPoint]]]:
             LoadPoint("http", 1, 128, length=384), LoadPoint("http", 1, 128, mixed=True),
         ]),
     ]  # fmt: skip
-
-
-def package_links(checkout: Path, workdir: Path) -> Path:
-    """A folder for PYTHONPATH in which `kubeinfer` is `checkout`'s packages (the layout
-    pyproject's package-dir maps), so a server runs another version of the runtime."""
-    site = workdir / f"site-{checkout.name}"
-    package = site / "kubeinfer"
-    if not package.exists():
-        package.mkdir(parents=True)
-        for folder in ("runtime", "contract", "cli", "operator"):
-            if (checkout / folder).is_dir():
-                (package / folder).symlink_to(checkout.resolve() / folder)
-    return site
 
 
 def baseline_rows(args: argparse.Namespace, raws: dict[Any, Any], results: dict) -> None:
