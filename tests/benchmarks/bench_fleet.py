@@ -15,9 +15,10 @@ engine digest as `kubeinfer build` does. The operator runs as its own process
 (`kubeinfer operator -A --metrics-port`), started afresh for each size, so its CPU and
 peak memory (from /proc) are that size's.
 
-Per size N, in a namespace of its own: the N objects (TensorRT fp16, one GPU per pod, 2
-replicas, each pinned to one GPU product in turn; their engine cache one claim the
-namespace shares, or with `--cache per-object` a claim each) are created at once (16
+Per size N, in a namespace of its own (or spread over K with `--namespaces K`): the N
+objects (TensorRT fp16, one GPU per pod, 2 replicas, each pinned to one GPU product in
+turn; their engine cache one claim each namespace shares, or with `--cache per-object` a
+claim each) are created at once (16
 clients in parallel), then: seconds until the operator has written Ready True on all of them, its
 passes (count, p50/p99 from its own histogram), CPU seconds, peak and settled memory, its
 API requests by verb (its own counter), the watch events its handlers took, every
@@ -45,6 +46,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -161,13 +163,17 @@ class Fleet:
 
     def create_all(self, objects: list[dict[str, Any]], clients: int = 16) -> float:
         t0 = time.monotonic()
-        path = f"{API}/namespaces/{objects[0]['metadata']['namespace']}/inferencedeployments"
+        def create(obj: dict[str, Any]) -> None:
+            namespace = obj["metadata"]["namespace"]
+            self.request("POST", f"{API}/namespaces/{namespace}/inferencedeployments", obj)
+
         with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-            list(pool.map(lambda o: self.request("POST", path, o), objects))
+            list(pool.map(create, objects))
         return time.monotonic() - t0
 
-    def objects(self, namespace: str) -> list[dict[str, Any]]:
-        return self.request("GET", f"{API}/namespaces/{namespace}/inferencedeployments")["items"]
+    def objects(self) -> list[dict[str, Any]]:
+        """Every InferenceDeployment: one size's, which are all that exist at a time."""
+        return self.request("GET", f"{API}/inferencedeployments")["items"]
 
     def patch_spec(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
         self.request("PATCH", f"{API}/namespaces/{namespace}/inferencedeployments/{name}",
@@ -239,18 +245,16 @@ def writes_during(fleet: Fleet, seconds: float) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def wait_ready(
-    fleet: Fleet, operator: probe.OperatorProcess, namespace: str, n: int, timeout: float
-) -> int:
+def wait_ready(fleet: Fleet, operator: probe.OperatorProcess, n: int, timeout: float) -> int:
     """Until all n have Ready True in their status, as `kubectl wait` sees it: one watch of
-    the namespace's InferenceDeployments, renewed every 30 s from where it stopped. (Read
+    the InferenceDeployments, renewed every 30 s from where it stopped. (Read
     from the operator's /metrics every second, as before, the wait cost the operator a
     rendering of its per-object series each second, and this script as much to parse
     them: CPU taken from the two cores the run measures.)"""
     started, deadline, version = time.monotonic(), time.monotonic() + timeout, "0"
     machine = probe.MachineCpu.read()
     ready: set[str] = set()
-    path = f"{API}/namespaces/{namespace}/inferencedeployments"
+    path = f"{API}/inferencedeployments"  # one size's objects exist at a time
     while len(ready) < n and time.monotonic() < deadline:
         if operator.popen.poll() is not None:  # type: ignore[union-attr]
             raise RuntimeError(f"the operator exited with {len(ready)}/{n} Ready")
@@ -280,7 +284,26 @@ def wait_ready(
     return len(ready)  # short of n: the row says how many, and the phases go on
 
 
-def churn(fleet: Fleet, namespace: str, n: int, minutes: float) -> int:
+@dataclass(frozen=True)
+class Spaces:
+    """The namespaces one size's objects live in: object i in the (i mod K)th. One by
+    default (every budget and Service of the fleet in one namespace, the controller
+    manager's worst case: its disruption and EndpointSlice controllers scan a namespace's
+    budgets and pods at every pod event); `--namespaces K` spreads them as teams would."""
+
+    names: tuple[str, ...]
+
+    @classmethod
+    def of_size(cls, n: int, count: int) -> Spaces:
+        if count == 1:
+            return cls((f"fleet-{n}",))
+        return cls(tuple(f"fleet-{n}-{k}" for k in range(count)))
+
+    def of(self, index: int) -> str:
+        return self.names[index % len(self.names)]
+
+
+def churn(fleet: Fleet, spaces: Spaces, n: int, minutes: float) -> int:
     """10 % of the objects a minute get a new replica count, evenly spread; returns how
     many changes were made."""
     changes = max(1, round(n * 0.10 * minutes))
@@ -289,12 +312,13 @@ def churn(fleet: Fleet, namespace: str, n: int, minutes: float) -> int:
     for i in range(changes):
         index = (i * 7919) % n  # a stride through every object
         replicas = 3 + (i * 7919 // n) % 2  # created with 2: every visit changes the count
-        fleet.patch_spec(namespace, f"model-{index:05d}", {"runtime": {"replicas": replicas}})
+        spec = {"runtime": {"replicas": replicas}}
+        fleet.patch_spec(spaces.of(index), f"model-{index:05d}", spec)
         time.sleep(max(0.0, start + (i + 1) * interval - time.monotonic()))
     return changes
 
 
-def failover(fleet: Fleet, namespace: str, directory: Path) -> dict[str, Any]:
+def failover(fleet: Fleet, spaces: Spaces, directory: Path) -> dict[str, Any]:
     """Two replicas with leader election; the leader is killed; seconds until the standby
     has reconciled a spec change made at the kill."""
     first = operator_process(fleet, directory / "operator-a.log", election=True)
@@ -302,7 +326,7 @@ def failover(fleet: Fleet, namespace: str, directory: Path) -> dict[str, Any]:
     second = operator_process(fleet, directory / "operator-b.log", election=True)
     try:
         fleet._wait(lambda: probe.passes_of(first) > 0, 300)
-        target = "model-00001"
+        target, namespace = "model-00001", spaces.of(1)
         obj = fleet.request("GET", f"{API}/namespaces/{namespace}/inferencedeployments/{target}")
         generation = obj["metadata"]["generation"]
         replicas = 1 if obj["spec"]["runtime"].get("replicas") != 1 else 2
@@ -328,7 +352,7 @@ def failover(fleet: Fleet, namespace: str, directory: Path) -> dict[str, Any]:
 
 
 def autoscale(
-    fleet: Fleet, operator: probe.OperatorProcess, namespace: str, n: int, seconds: float
+    fleet: Fleet, operator: probe.OperatorProcess, spaces: Spaces, n: int, seconds: float
 ) -> dict[str, Any]:
     """Autoscaling turned on for every object (fleet_load's Prometheus as the source, one
     object in ten loaded above the target); what the operator did in `seconds`, the
@@ -336,11 +360,11 @@ def autoscale(
     loaded ones, each to maxReplicas)."""
     spec = {"autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 4,
                             "targetRequestsInProgressPerReplica": 8}}  # fmt: skip
-    counts_before = replica_counts(fleet, namespace)
+    counts_before = replica_counts(fleet)
     before = probe.read(fleet.cluster, operator)
     asked = fleet.load.queries_answered() if fleet.load else 0.0
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda i: fleet.patch_spec(namespace, f"model-{i:05d}", spec), range(n)))
+        list(pool.map(lambda i: fleet.patch_spec(spaces.of(i), f"model-{i:05d}", spec), range(n)))
     time.sleep(seconds)
     after = probe.read(fleet.cluster, operator)
     answered = fleet.load.queries_answered() - asked if fleet.load else None
@@ -353,7 +377,7 @@ def autoscale(
         result["metrics_queries"].get("prometheus", 0) / polls, 2
     )
     result["prometheus_queries_answered"] = answered
-    counts = replica_counts(fleet, namespace)
+    counts = replica_counts(fleet)
     scaled_up = {owner for owner, count in counts.items() if count > counts_before.get(owner, 0)}
     loaded = {f"model-{i:05d}" for i in range(n) if fleet_load.hot(f"model-{i:05d}")}
     result["loaded"] = len(loaded)
@@ -363,9 +387,10 @@ def autoscale(
     return result
 
 
-def replica_counts(fleet: Fleet, namespace: str) -> dict[str, int]:
-    """Each object's runtime Deployment's replica count (what the autoscaler sets)."""
-    deployments = fleet.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments")
+def replica_counts(fleet: Fleet) -> dict[str, int]:
+    """Each object's runtime Deployment's replica count (what the autoscaler sets): of the
+    one size whose objects exist."""
+    deployments = fleet.request("GET", "/apis/apps/v1/deployments")
     return {d["metadata"]["name"].removesuffix("-runtime"): int(d["spec"].get("replicas") or 0)
             for d in deployments["items"]}  # fmt: skip
 
@@ -375,24 +400,25 @@ AUTOSCALE_POLL_SECONDS = 15.0
 
 
 def phase(fleet: Fleet, n: int, args: argparse.Namespace, directory: Path) -> dict[str, Any]:
-    namespace = f"fleet-{n}"
-    fleet.namespace(namespace)
-    if args.cache == "shared":
-        fleet.shared_cache(namespace)
+    spaces = Spaces.of_size(n, args.namespaces)
+    for namespace in spaces.names:
+        fleet.namespace(namespace)
+        if args.cache == "shared":
+            fleet.shared_cache(namespace)
     operator = operator_process(fleet, directory / f"operator-{n}.log")
-    result: dict[str, Any] = {"n": n, "nodes": args.nodes}
+    result: dict[str, Any] = {"n": n, "nodes": args.nodes, "namespaces": len(spaces.names)}
     try:
         time.sleep(2)  # its watches started
         start = probe.read(fleet.cluster, operator)
         processes_before, machine_before = probe.cpu_by_process_name(), probe.MachineCpu.read()
         if args.pprof_seconds:
             probe.start_go_profiles(fleet.cluster, args.pprof_seconds, directory / f"pprof-{n}")
-        objects = [manifest(namespace, i, fleet.storage_class, args.cache == "shared")
+        objects = [manifest(spaces.of(i), i, fleet.storage_class, args.cache == "shared")
                    for i in range(n)]  # fmt: skip
         result["create_seconds"] = round(fleet.create_all(objects), 1)
-        result["ready"] = wait_ready(fleet, operator, namespace, n, args.ready_timeout)
+        result["ready"] = wait_ready(fleet, operator, n, args.ready_timeout)
         ready = probe.read(fleet.cluster, operator)
-        listed = fleet.objects(namespace)
+        listed = fleet.objects()
         result["ready_in_api"] = sum(ready_in_api(o) for o in listed)
         result["seconds_to_all_ready"] = round(ready.at - start.at, 1)
         result["cpu_seconds_to_ready_by_process"] = probe.cpu_spent(
@@ -403,32 +429,41 @@ def phase(fleet: Fleet, n: int, args: argparse.Namespace, directory: Path) -> di
         result["peak_rss_mib_to_ready"] = round(ready.peak_kib / 1024, 1)
         time.sleep(args.settle_seconds)  # build Jobs' last events, requeues after Ready
         quiet = probe.read(fleet.cluster, operator)
+        processes_quiet, machine_quiet = probe.cpu_by_process_name(), probe.MachineCpu.read()
         writes = writes_during(fleet, args.steady_seconds)
         steady = probe.read(fleet.cluster, operator)
         result["steady"] = summary(quiet, steady)
+        # What the fleet costs with nothing changing (node heartbeats, Leases): the part
+        # of the time to Ready that grows with the time itself.
+        result["steady"]["cpu_seconds_by_process"] = probe.cpu_spent(
+            probe.cpu_by_process_name(), processes_quiet
+        )
+        result["steady"]["machine_cpu_seconds"] = probe.MachineCpu.read().since(machine_quiet)
         result["steady"]["writes_by_client"] = writes
         result["steady"]["operator_writes"] = sum(
             v for k, v in writes.items() if k.split()[0] in ("kopf", "kubeinfer-operator")
         )
         result["rss_mib_steady"] = round(steady.rss_kib / 1024, 1)
         if args.churn_minutes:
-            changes = churn(fleet, namespace, n, args.churn_minutes)
+            changes = churn(fleet, spaces, n, args.churn_minutes)
             churned = probe.read(fleet.cluster, operator)
             result["churn"] = {"changes": changes, **summary(steady, churned)}
         if PROMETHEUS_URL and args.autoscale_seconds:
-            result["autoscale"] = autoscale(fleet, operator, namespace, n, args.autoscale_seconds)
+            result["autoscale"] = autoscale(fleet, operator, spaces, n, args.autoscale_seconds)
         result["peak_rss_mib"] = round(probe.read(fleet.cluster, operator).peak_kib / 1024, 1)
     finally:
         operator.stop()
     if n == args.failover_at:
         try:
-            result["failover"] = failover(fleet, namespace, directory)
+            result["failover"] = failover(fleet, spaces, directory)
         except TimeoutError as error:  # the row keeps what the other phases measured
             result["failover"] = {"error": str(error)}
         if args.json:
             partial = args.json.with_suffix(".partial.json")  # before the namespace delete
             partial.write_text(json.dumps(result, indent=1) + "\n")
-    result["namespace_delete_seconds"] = round(fleet.delete_namespace(namespace), 1)
+    result["namespace_delete_seconds"] = round(
+        sum(fleet.delete_namespace(namespace) for namespace in spaces.names), 1
+    )
     return result
 
 
@@ -455,6 +490,10 @@ def main() -> int:
         default=60,
         help="the autoscaler phase's length (0: none)",
     )
+    parser.add_argument(
+        "--namespaces", type=int, default=1,
+        help="spread each size's objects over this many namespaces (default: all in one)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory")
     parser.add_argument("--profile", type=Path, help="write each operator's cProfile here")
