@@ -163,6 +163,7 @@ class Fleet:
 
     def create_all(self, objects: list[dict[str, Any]], clients: int = 16) -> float:
         t0 = time.monotonic()
+
         def create(obj: dict[str, Any]) -> None:
             namespace = obj["metadata"]["namespace"]
             self.request("POST", f"{API}/namespaces/{namespace}/inferencedeployments", obj)
@@ -246,42 +247,67 @@ def writes_during(fleet: Fleet, seconds: float) -> dict[str, int]:
 
 
 def wait_ready(fleet: Fleet, operator: probe.OperatorProcess, n: int, timeout: float) -> int:
-    """Until all n have Ready True in their status, as `kubectl wait` sees it: one watch of
-    the InferenceDeployments, renewed every 30 s from where it stopped. (Read
-    from the operator's /metrics every second, as before, the wait cost the operator a
-    rendering of its per-object series each second, and this script as much to parse
-    them: CPU taken from the two cores the run measures.)"""
-    started, deadline, version = time.monotonic(), time.monotonic() + timeout, "0"
-    machine = probe.MachineCpu.read()
+    """Until all n have Ready True in their status, as `kubectl wait` sees it: a list of the
+    InferenceDeployments, then a watch from the list's version, renewed every 30 s from
+    where it stopped; listed again when the version has expired or a whole watch brought
+    nothing while some are not Ready (a watch resumed from an object's version once missed
+    the last changes of some objects). (Read from the operator's /metrics every second,
+    as before, the wait cost the operator a rendering of its per-object series each
+    second, and this script as much to parse them: CPU taken from the two cores the run
+    measures.)"""
+    progress = Progress(n)
+    deadline, version = time.monotonic() + timeout, ""
     ready: set[str] = set()
     path = f"{API}/inferencedeployments"  # one size's objects exist at a time
     while len(ready) < n and time.monotonic() < deadline:
         if operator.popen.poll() is not None:  # type: ignore[union-attr]
             raise RuntimeError(f"the operator exited with {len(ready)}/{n} Ready")
+        if not version:
+            listed = fleet.request("GET", path)
+            ready = {o["metadata"]["name"] for o in listed["items"] if ready_in_api(o)}
+            version = listed["metadata"]["resourceVersion"]
+            progress.report(len(ready))
         query = f"?watch=1&allowWatchBookmarks=true&timeoutSeconds=30&resourceVersion={version}"
+        changes = 0
         for event in fleet.watch(path + query):
             obj = event["object"]
-            if event["type"] == "ERROR":  # the version is too old: start from now
-                version = "0"
+            if event["type"] == "ERROR":  # the version has expired: list again
                 break
             version = obj["metadata"]["resourceVersion"]
             if event["type"] == "BOOKMARK":
                 continue
-            name = obj["metadata"]["name"]
-            before = len(ready)
+            changes += 1
             if event["type"] != "DELETED" and ready_in_api(obj):
-                ready.add(name)
+                ready.add(obj["metadata"]["name"])
             else:
-                ready.discard(name)
-            if len(ready) > before and len(ready) % max(1, n // 20) == 0:
-                now = probe.MachineCpu.read()
-                cpu = " ".join(f"{k} {v}" for k, v in now.since(machine).items())
-                print(f"#   {len(ready)}/{n} Ready at {time.monotonic() - started:.1f} s "
-                      f"(machine CPU s since the last line: {cpu})", flush=True)  # fmt: skip
-                machine = now
+                ready.discard(obj["metadata"]["name"])
+            progress.report(len(ready))
             if len(ready) >= n:
                 break
+        else:
+            if changes:
+                continue
+        version = ""  # an expired version, or a quiet watch short of n: list again
     return len(ready)  # short of n: the row says how many, and the phases go on
+
+
+class Progress:
+    """A line at every twentieth of n Ready: the seconds since the wait began and the
+    machine's CPU since the previous line."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.step, self.shown = n, max(1, n // 20), 0
+        self.started, self.machine = time.monotonic(), probe.MachineCpu.read()
+
+    def report(self, ready: int) -> None:
+        if ready // self.step <= self.shown // self.step:
+            return
+        self.shown = ready
+        now = probe.MachineCpu.read()
+        cpu = " ".join(f"{k} {v}" for k, v in now.since(self.machine).items())
+        print(f"#   {ready}/{self.n} Ready at {time.monotonic() - self.started:.1f} s "
+              f"(machine CPU s since the last line: {cpu})", flush=True)  # fmt: skip
+        self.machine = now
 
 
 @dataclass(frozen=True)
