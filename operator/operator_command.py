@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import socket
@@ -237,6 +238,19 @@ async def _serve(
     )
 
 
+GC_THRESHOLDS = (50_000, 20, 100)
+"""Python's cyclic garbage collector's thresholds in the operator process (the defaults
+are 700, 10, 10). The operator keeps every watched object in kopf's indexes and turns
+each watch event into new objects, so with the defaults the collector walked that large,
+growing heap so often that it took about a quarter of the operator's CPU on a fleet,
+inside whatever allocated (kopf's parsing of watch events, in profiles). Collected this
+much less often it costs a few percent, for some more peak memory (docs/fleet.md)."""
+
+
+def tune_garbage_collector() -> None:
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         settings = OperatorSettings.from_env()
@@ -265,6 +279,8 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     clusterwide, namespaces = scope_of(args, settings)
     from kubeinfer.operator.kube.leader_election import LeadershipLost
+
+    tune_garbage_collector()
 
     try:
         asyncio.run(
