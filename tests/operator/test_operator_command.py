@@ -124,6 +124,7 @@ def test_the_operator_collects_cyclic_garbage_less_often() -> None:
     try:
         tune_garbage_collector()
         assert gc.get_threshold() == GC_THRESHOLDS
-        assert all(ours >= default for ours, default in zip(GC_THRESHOLDS, (700, 10, 10), strict=True))
+        defaults = (700, 10, 10)
+        assert all(ours >= default for ours, default in zip(GC_THRESHOLDS, defaults, strict=True))
     finally:
         gc.set_threshold(*before)
