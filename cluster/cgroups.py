@@ -70,7 +70,13 @@ def remove_cgroups(name: str) -> list[Path]:
 
 
 def _directories(root: Path) -> Iterator[Path]:
+    """`root` and every directory under it; one removed meanwhile (by runc or the kubelet
+    tearing down their own) is left out, not an error that stops the teardown."""
     yield root
-    for entry in root.iterdir():
+    try:
+        entries = list(root.iterdir())
+    except FileNotFoundError:
+        return
+    for entry in entries:
         if entry.is_dir():
             yield from _directories(entry)
