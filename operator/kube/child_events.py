@@ -18,12 +18,13 @@ each a pass that found nothing to do.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from kubeinfer.operator.kube.client import PDB, POD
 from kubeinfer.operator.kube.owner_events import OwnerEvents
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.runtime_failures import runtime_failure
+from kubeinfer.operator.state.snapshot import KubeObject
 
 
 class ChildEvents:
@@ -42,7 +43,9 @@ class ChildEvents:
     ) -> bool:
         """Whether this event on a child (of resource `plural`) asks for a pass."""
         if plural == POD.plural and names.LABEL_ROLE in labels:
-            return event_type == "DELETED" or runtime_failure([body]) is not None
+            # kopf's body is a read-only mapping; the failure reads it with .get only.
+            pod = cast(KubeObject, body)
+            return event_type == "DELETED" or runtime_failure([pod]) is not None
         if plural == PDB.plural:
             return self._budgets.asks_for_pass(event_type, body)
         return True
