@@ -244,7 +244,7 @@ are 700, 10, 10). The operator keeps every watched object in kopf's indexes and 
 each watch event into new objects, so with the defaults the collector walked that large,
 growing heap so often that it took about a quarter of the operator's CPU on a fleet,
 inside whatever allocated (kopf's parsing of watch events, in profiles). Collected this
-much less often it costs a few percent, for some more peak memory (docs/fleet.md)."""
+much less often it costs about a tenth, for some more peak memory (docs/fleet.md)."""
 
 
 def tune_garbage_collector() -> None:
