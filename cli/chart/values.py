@@ -53,7 +53,9 @@ class OperatorImage(_Values):
 
 
 class Resources(_Values):
-    """Requests and limits of the operator's container."""
+    """Requests and limits of the operator's container. Its memory grows with the objects
+    it watches (docs/fleet.md has the figure per object): raise the limit for fleets of a
+    thousand InferenceDeployments and more."""
 
     requests: dict[str, Quantity] = Field(
         default_factory=lambda: dict[str, str | int | float](cpu="100m", memory="256Mi")
