@@ -163,9 +163,9 @@ def _runtime_children(
     if shared:
         spec = observed.spec
         mirror = build_mirror_configmap(
-            observed.owner, spec, spec.model.version, None, None, observed.mirror_configmap
+            observed.owner, spec, spec.model.version, None, existing=observed.mirror_configmap
         )
-        children = [*([mirror] if mirror is not None else []), *children, *shared]
+        children = [*children, *shared] if mirror is None else [mirror, *children, *shared]
     return children, rollouts
 
 

@@ -268,10 +268,11 @@ def wait_ready(fleet: Fleet, operator: probe.OperatorProcess, n: int, timeout: f
             version = listed["metadata"]["resourceVersion"]
             progress.report(len(ready))
         query = f"?watch=1&allowWatchBookmarks=true&timeoutSeconds=30&resourceVersion={version}"
-        changes = 0
+        expired, changes = False, 0
         for event in fleet.watch(path + query):
             obj = event["object"]
-            if event["type"] == "ERROR":  # the version has expired: list again
+            if event["type"] == "ERROR":  # the version has expired
+                expired = True
                 break
             version = obj["metadata"]["resourceVersion"]
             if event["type"] == "BOOKMARK":
@@ -284,10 +285,8 @@ def wait_ready(fleet: Fleet, operator: probe.OperatorProcess, n: int, timeout: f
             progress.report(len(ready))
             if len(ready) >= n:
                 break
-        else:
-            if changes:
-                continue
-        version = ""  # an expired version, or a quiet watch short of n: list again
+        if expired or not changes:  # list again
+            version = ""
     return len(ready)  # short of n: the row says how many, and the phases go on
 
 
