@@ -35,9 +35,18 @@ def rollout_progress(
 ) -> RolloutProgress:
     """Complete means: the observed Deployment is the desired one (same input hash), its
     controller has seen that generation, and all `replicas` pods are updated, ready and
-    available with no old pod left."""
-    if observed is None or desired is None:
+    available with no old pod left.
+
+    A Deployment this pass creates (`observed` None, `desired` not) reads as it will once
+    created, with nothing counted yet: the status is written only after the pass's
+    children are, so it is there by then. The message names the updated pods only while
+    old ones are left, so the pass that sees the new Deployment appear and the passes
+    that see its controller count its first pods compute the same status and write none:
+    an InferenceDeployment's status write is among the API server's costliest requests."""
+    if desired is None:
         return RolloutProgress(False, False, False, False, 0, "the Deployment does not exist yet")
+    if observed is None:
+        observed = {"metadata": desired["metadata"], "status": {}}
     name = observed["metadata"]["name"]
     status: dict[str, Any] = observed.get("status") or {}
     ready = int(status.get("readyReplicas") or 0)
@@ -57,7 +66,10 @@ def rollout_progress(
         and available_count >= replicas
         and total == replicas
     )
-    message = f"Deployment {name}: {updated} of {replicas} pods updated, {ready} ready"
+    if total > updated:
+        message = f"Deployment {name}: {updated} of {replicas} pods updated, {ready} ready"
+    else:
+        message = f"Deployment {name}: {ready} of {replicas} pods ready"
     if stalled:
         message += f"; {progressing.get('message') or 'progress deadline exceeded'}"
     # Any available pod serves. Not the Deployment's Available condition: with the roll's

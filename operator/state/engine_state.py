@@ -244,7 +244,7 @@ def engine_state(
             key,
             digest=recorded.digest,
             target=target(recorded.digest, cpu_target),
-            message=f"Engine {recorded.digest} was built for these inputs.",
+            message=_built_message(observed, now, recorded.digest, mine),
             delete_jobs=stale,
             input_bytes_per_row=recorded.input_bytes_per_row,
             agreement=recorded.agreement,
@@ -252,6 +252,25 @@ def engine_state(
     if not mine:
         return _building(observed.owner.name, key, 0, stale)
     return _latest_attempt(observed, settings, now, key, mine, stale, cpu_target)
+
+
+def _built_message(
+    observed: ObservedState, now: datetime, digest: str, mine: list[KubeObject]
+) -> str:
+    """A recorded engine's message: it names the Job that built it while that Job is
+    there, as the pass that read the engine from the Job did, so the passes after it
+    compute the same status and write none."""
+    if mine:
+        latest = max(mine, key=attempt_number)
+        job_name = latest["metadata"]["name"]
+        outcome = attempt_state(latest, pods_of(job_name, observed.job_pods), now)
+        if outcome.phase == AttemptPhase.SUCCEEDED and outcome.report.digest == digest:
+            return _built_by(digest, job_name)
+    return f"Engine {digest} was built for these inputs."
+
+
+def _built_by(digest: str, job_name: str) -> str:
+    return f"Engine {digest} was built by Job {job_name}."
 
 
 def build_jobs(
@@ -308,7 +327,7 @@ def _latest_attempt(
             key,
             digest=report.digest,
             target=report.target or cpu_target,
-            message=f"Engine {report.digest} was built by Job {job_name}.",
+            message=_built_by(report.digest, job_name),
             delete_jobs=stale,
             input_bytes_per_row=report.input_bytes_per_row,
             agreement=report.agreement,

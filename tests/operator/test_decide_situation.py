@@ -27,7 +27,7 @@ from kubeinfer.operator.state.runtime_failures import RuntimeFailure
 
 TRUE, FALSE, UNKNOWN = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
 NEW_DIGEST, OLD_DIGEST = "sha256:" + "b" * 64, "sha256:" + "a" * 64
-ROLLED = "Deployment demo-runtime: 3 of 3 pods updated, 3 ready"
+ROLLED = "Deployment demo-runtime: 3 of 3 pods ready"
 ROLLING = "Deployment demo-runtime: 1 of 3 pods updated, 3 ready"
 
 BUILT = EngineState(EnginePhase.BUILT, "key", digest=NEW_DIGEST, message="Engine built.")

@@ -265,3 +265,20 @@ def test_engine_ready_tells_only_of_the_engine_while_an_older_version_serves():
     engine = cluster.condition(ConditionType.ENGINE_READY)
     assert (engine.status, engine.reason) == (TRUE, Reason.ENGINE_BUILT)
     assert engine.message == f"Engine {DIGEST_B} was built by Job {job['metadata']['name']}."
+
+
+def test_the_passes_after_a_build_keep_its_message_and_write_no_status():
+    """The pass that reads the built engine from its Job creates the Deployment; the ones
+    after it find the engine recorded and the new Deployment with no pod ready yet, and
+    say the same, Job and all, so nothing is written until a pod is ready."""
+    cluster = Cluster(make_spec())
+    cluster.reconcile()
+    job = cluster.jobs()[0]["metadata"]["name"]
+    cluster.succeed_job(job, DIGEST_A)
+    cluster.reconcile(T0 + timedelta(seconds=1))
+    deployed, writes = cluster.status, cluster.writes
+    for seconds in (2, 3):
+        cluster.reconcile(T0 + timedelta(seconds=seconds))
+    assert cluster.status == deployed and cluster.writes == writes
+    engine = cluster.condition(ConditionType.ENGINE_READY)
+    assert engine.message == f"Engine {DIGEST_A} was built by Job {job}."

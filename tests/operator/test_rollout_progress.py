@@ -39,11 +39,34 @@ DONE = {
 DESIRED = {"metadata": {"name": "demo-runtime", **HASHED}}
 
 
-def test_a_missing_deployment_is_nothing_yet():
-    for observed, desired in ((None, DESIRED), (deployment(**DONE), None)):
-        assert rollout_progress(observed, desired, 3) == RolloutProgress(
-            False, False, False, False, 0, "the Deployment does not exist yet"
-        )
+def test_no_desired_deployment_is_nothing_yet():
+    assert rollout_progress(deployment(**DONE), None, 3) == RolloutProgress(
+        False, False, False, False, 0, "the Deployment does not exist yet"
+    )
+
+
+def test_a_new_deployment_reads_the_same_until_a_pod_is_ready():
+    """The pass that creates the Deployment, the one that sees it appear and the ones that
+    see its controller count the first pods all say the same, so only the first of them
+    writes the status; a pod becoming ready is news."""
+    counted = {"observedGeneration": 2, "replicas": 3, "updatedReplicas": 3}
+    seen = deployment(observedGeneration=2)
+    progresses = {
+        rollout_progress(observed, DESIRED, 3)
+        for observed in (None, deployment(), seen, deployment(**counted))
+    }
+    assert progresses == {
+        RolloutProgress(True, False, False, False, 0, "Deployment demo-runtime: 0 of 3 pods ready")
+    }
+    one_ready = rollout_progress(deployment(**counted, readyReplicas=1), DESIRED, 3)
+    assert one_ready.message == "Deployment demo-runtime: 1 of 3 pods ready"
+
+
+def test_the_updated_pods_are_named_while_old_ones_are_left():
+    rolling = {**DONE, "replicas": 4, "updatedReplicas": 1}
+    assert rollout_progress(deployment(**rolling), DESIRED, 3).message == (
+        "Deployment demo-runtime: 1 of 3 pods updated, 3 ready"
+    )
 
 
 @pytest.mark.parametrize(
@@ -124,9 +147,7 @@ def test_a_deadline_exceeded_is_stalled_and_says_the_controllers_words():
     for condition, words in ((said, said["message"]), (stuck, "progress deadline exceeded")):
         progress = rollout_progress(deployment(conditions=[condition], readyReplicas=1), DESIRED, 3)
         assert progress.stalled and progress.ready_replicas == 1
-        assert progress.message == (
-            f"Deployment demo-runtime: 0 of 3 pods updated, 1 ready; {words}"
-        )
+        assert progress.message == f"Deployment demo-runtime: 1 of 3 pods ready; {words}"
 
 
 # -- runtime pods' failures --------------------------------------------------------------
