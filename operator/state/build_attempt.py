@@ -70,7 +70,7 @@ def attempt_state(job: KubeObject, pods: Sequence[KubeObject], now: datetime) ->
     """Where the attempt `job` stands; `pods` are its pods (`pods_of`)."""
     status = job.get("status") or {}
     if _true_condition(job, "Complete"):
-        for terminated in _terminations(pods):
+        for terminated in build_terminations(pods):
             report = parse_build_report(terminated.get("message"))
             if report.digest and not terminated.get("exitCode"):
                 return AttemptState(AttemptPhase.SUCCEEDED, report=report)
@@ -176,7 +176,7 @@ def _true_condition(job: KubeObject, type_: str) -> dict[str, Any] | None:
     return None
 
 
-def _terminations(pods: Sequence[KubeObject]) -> list[dict[str, Any]]:
+def build_terminations(pods: Sequence[KubeObject]) -> list[dict[str, Any]]:
     """The build container's `state.terminated` of each pod that has one."""
     result = []
     for pod in pods:
@@ -191,7 +191,7 @@ def _failure_text(failed: dict[str, Any], pods: Sequence[KubeObject]) -> str:
     """The Job's Failed condition in its words, and what the build itself said last."""
     reason = failed.get("reason") or "Failed"
     text = f"{reason}: {failed.get('message') or 'the build Job failed'}"
-    said = [t.get("message", "").strip() for t in _terminations(pods) if t.get("exitCode")]
+    said = [t.get("message", "").strip() for t in build_terminations(pods) if t.get("exitCode")]
     if said and said[-1]:
         text += f"; the build reported: {said[-1][:FAILURE_REPORT_LIMIT]}"
     return text

@@ -1,5 +1,6 @@
 """Which children's watch events ask for a pass (`kube.child_events`): every event but a
-healthy runtime pod's and a disruption budget's status write."""
+healthy runtime pod's, a build's before it has finished and a disruption budget's status
+write."""
 
 from __future__ import annotations
 
@@ -40,10 +41,37 @@ def test_a_runtime_pod_asks_only_when_it_fails_or_goes():
     assert events.asks_for_pass("pods", "DELETED", RUNTIME_LABELS, ready)
 
 
-def test_every_event_of_a_build_pod_asks():
+def build_pod(state: dict) -> dict:
+    statuses = [{"name": "build", "ready": False, "state": state}]
+    return {"metadata": {"namespace": "ns", "name": "b", "labels": BUILD_LABELS},
+            "status": {"containerStatuses": statuses}}  # fmt: skip
+
+
+def test_a_build_pod_asks_once_its_build_has_terminated_or_it_goes():
     events = ChildEvents()
-    for event_type in ("ADDED", "MODIFIED", "DELETED"):
-        assert events.asks_for_pass("pods", event_type, BUILD_LABELS, pod(BUILD_LABELS))
+    running = build_pod({"running": {}})
+    done = build_pod({"terminated": {"exitCode": 0, "message": '{"digest": "sha256:ab"}'}})
+    assert not events.asks_for_pass("pods", "ADDED", BUILD_LABELS, pod(BUILD_LABELS))
+    assert not events.asks_for_pass("pods", "MODIFIED", BUILD_LABELS, running)
+    assert events.asks_for_pass("pods", "MODIFIED", BUILD_LABELS, done)
+    assert events.asks_for_pass("pods", "DELETED", BUILD_LABELS, running)
+    assert events.asks_for_pass("pods", None, BUILD_LABELS, running)  # the first listing
+
+
+def job(*conditions: str) -> dict:
+    found = [{"type": c, "status": "True"} for c in conditions]
+    return {"metadata": {"namespace": "ns", "name": "j", "labels": BUILD_LABELS},
+            "status": {"active": 1, "conditions": found}}  # fmt: skip
+
+
+def test_a_build_job_asks_once_it_has_finished_or_it_goes():
+    events = ChildEvents()
+    assert not events.asks_for_pass("jobs", "ADDED", BUILD_LABELS, job())
+    assert not events.asks_for_pass("jobs", "MODIFIED", BUILD_LABELS, job())
+    for end in ("Complete", "Failed"):
+        assert events.asks_for_pass("jobs", "MODIFIED", BUILD_LABELS, job(end))
+    assert events.asks_for_pass("jobs", "DELETED", BUILD_LABELS, job())
+    assert events.asks_for_pass("jobs", None, BUILD_LABELS, job())
 
 
 def test_a_budget_asks_for_its_spec_labels_and_deletion_not_its_status():
@@ -60,7 +88,7 @@ def test_a_budget_asks_for_its_spec_labels_and_deletion_not_its_status():
 
 def test_every_event_of_the_other_kinds_asks():
     events = ChildEvents()
-    for plural in ("jobs", "deployments", "configmaps", "services", "persistentvolumeclaims"):
+    for plural in ("deployments", "configmaps", "services", "persistentvolumeclaims"):
         body = {"metadata": {"namespace": "ns", "name": "x", "generation": 1}, "status": {}}
         assert events.asks_for_pass(plural, "MODIFIED", RUNTIME_LABELS, body)
         assert events.asks_for_pass(plural, "MODIFIED", RUNTIME_LABELS, body), "the same again"

@@ -63,15 +63,17 @@ async def child_event(
     return asked[before:]
 
 
-async def test_a_healthy_runtime_pod_asks_for_nothing_and_a_build_pod_asks(wired) -> None:
+async def test_a_healthy_runtime_pod_asks_for_nothing_and_a_finished_build_asks(wired) -> None:
     assert await child_event(wired, "pods", "MODIFIED", pod(RUNTIME_LABELS, True)) == []
     assert await child_event(wired, "pods", "MODIFIED", pod(RUNTIME_LABELS, False)) == []
     assert await child_event(wired, "pods", "DELETED", pod(RUNTIME_LABELS, True)) == [
         ("ns", "resnet")
     ]
-    assert await child_event(wired, "pods", "MODIFIED", pod(BUILD_LABELS, False)) == [
-        ("ns", "resnet")
+    built = pod(BUILD_LABELS, False)
+    built["status"]["containerStatuses"] = [
+        {"name": "build", "state": {"terminated": {"exitCode": 0, "message": "{}"}}}
     ]
+    assert await child_event(wired, "pods", "MODIFIED", built) == [("ns", "resnet")]
 
 
 async def test_a_budget_asks_once_for_the_same_spec(wired) -> None:
