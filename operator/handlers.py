@@ -2,9 +2,10 @@
 
 Any event on an InferenceDeployment that changed what a pass reads of it (its first
 sight, a new generation, labels or annotations, its deletion: `kube.owner_events`), and
-any event on a child that carries something a pass reads (a build Job, its pods, the
-runtime Deployment, ConfigMap, Service, cache claim; a runtime pod only when it fails or
-goes, a budget not for its status: `kube.child_events`), asks the reconciler for a pass
+any event on a child that carries something a pass reads (the runtime Deployment,
+ConfigMap, Service, cache claim; a build Job once it has finished and its pod once the
+build has terminated, a runtime pod only when it fails, any of them when it goes; a
+budget not for its status: `kube.child_events`), asks the reconciler for a pass
 over the object (`Reconciler.trigger`) without waiting for it, so a burst of events
 costs one pass; the reconciler schedules the periodic resync and the retries after a
 failed pass itself (see its docstring for why not a kopf timer). Beyond selecting the
