@@ -269,7 +269,7 @@ def _built_message(
     return f"Engine {digest} was built for these inputs."
 
 
-def _built_by(digest: str, job_name: str) -> str:
+def _built_by(digest: str | None, job_name: str) -> str:
     return f"Engine {digest} was built by Job {job_name}."
 
 
