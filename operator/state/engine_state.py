@@ -261,12 +261,19 @@ def _built_message(
     there, as the pass that read the engine from the Job did, so the passes after it
     compute the same status and write none."""
     if mine:
-        latest = max(mine, key=attempt_number)
-        job_name = latest["metadata"]["name"]
-        outcome = attempt_state(latest, pods_of(job_name, observed.job_pods), now)
+        latest, outcome = _latest_outcome(observed, mine, now)
         if outcome.phase == AttemptPhase.SUCCEEDED and outcome.report.digest == digest:
-            return _built_by(digest, job_name)
+            return _built_by(digest, latest["metadata"]["name"])
     return f"Engine {digest} was built for these inputs."
+
+
+def _latest_outcome(
+    observed: ObservedState, mine: list[KubeObject], now: datetime
+) -> tuple[KubeObject, AttemptState]:
+    """The latest attempt's Job among `mine` (not empty) and what it has come to."""
+    latest = max(mine, key=attempt_number)
+    pods = pods_of(latest["metadata"]["name"], observed.job_pods)
+    return latest, attempt_state(latest, pods, now)
 
 
 def _built_by(digest: str | None, job_name: str) -> str:
@@ -308,9 +315,8 @@ def _latest_attempt(
     """The engine as the latest build attempt of `key` leaves it: building, awaiting its
     report, built, failed until its backoff ends, or the next attempt once it has."""
     owner = observed.owner.name
-    latest = max(mine, key=attempt_number)
+    latest, outcome = _latest_outcome(observed, mine, now)
     attempt, job_name = attempt_number(latest), latest["metadata"]["name"]
-    outcome = attempt_state(latest, pods_of(job_name, observed.job_pods), now)
     if outcome.phase == AttemptPhase.RUNNING:
         return _building(owner, key, attempt, stale)
     if outcome.phase == AttemptPhase.AWAITING_REPORT:
