@@ -1,0 +1,22 @@
+//! kubeinfer's data plane on tokio: HTTP (hyper), gRPC (tonic), admission before the body,
+//! the scheduler's driver, the slots' threads, metrics, behind the [`engine::Engine`] trait.
+//!
+//! The entry point is [`Server::start`]: it binds, makes the engine's slots (one OS thread
+//! each) and serves on a tokio runtime of its own, so the Python extension only holds a
+//! [`Server`] and calls [`Server::set_ready`] and [`Server::shutdown`].
+
+pub mod admin;
+mod driver;
+pub mod engine;
+mod grpc;
+mod http;
+pub mod metrics;
+mod model;
+mod options;
+mod server;
+mod shm;
+mod state;
+
+pub use dataplane_core;
+pub use options::ServerOptions;
+pub use server::Server;

@@ -1,0 +1,295 @@
+//! The server's lifecycle: bind, slots, serve on its own runtime, drain, stop.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::runtime::Runtime;
+use tokio::sync::watch;
+
+use dataplane_core::batching::shapes::ShapePlan;
+use dataplane_core::error::ApiError;
+
+use crate::ServerOptions;
+use crate::admin::Admin;
+use crate::driver::{Job, drive, slot_thread};
+use crate::engine::Engine;
+use crate::model::Model;
+use crate::state::{Shared, lock};
+
+/// How long a stopped server waits for its connections' last answers to be written.
+const CLOSE_CONNECTIONS_WITHIN: Duration = Duration::from_secs(2);
+
+/// A running server: its own tokio runtime, its listener's port, the state its handlers,
+/// driver and slots' threads share.
+pub struct Server {
+    shared: Arc<Shared>,
+    http_port: u16,
+    grpc_port: Option<u16>,
+    runtime: Mutex<Option<Runtime>>,
+    /// Tells the accept loop and the driver to stop.
+    stop: watch::Sender<bool>,
+    /// Where the accept loop reports that its connections closed.
+    served: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Server {
+    /// Binds, makes the engine's slots (one OS thread each), and serves on its own tokio
+    /// runtime (threads it owns); returns once listening.
+    pub fn start(options: ServerOptions, engine: Arc<dyn Engine>) -> Result<Server, String> {
+        let batching = &options.batching;
+        let plan = ShapePlan::new(
+            engine.inputs(),
+            engine.outputs(),
+            batching.shape_batching,
+            &batching.shape_buckets,
+            &options.pad_values,
+        )?;
+        let model = Model::of(engine.as_ref(), batching.max_batch_size);
+        let slots = (0..batching.execution_slots.max(1))
+            .map(|_| engine.create_slot())
+            .collect::<Result<Vec<_>, String>>()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(options.worker_threads.max(1))
+            .thread_name("dataplane-http")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the server's runtime: {e}"))?;
+        let listener = bind(&runtime, &options.host, options.http_port)?;
+        let http_port = listener.local_addr().map_err(|e| e.to_string())?.port();
+        let grpc_listener = (options.grpc_port)
+            .map(|port| bind(&runtime, &options.host, port))
+            .transpose()?;
+        let grpc_port = (grpc_listener.as_ref())
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        let ready = options.start_ready;
+        let shared = Arc::new(Shared::new(options, model, plan, ready)?);
+        let buffers = slots.len() as u64 * crate::metrics::slot_buffer_bytes(engine.as_ref());
+        shared.metrics.engine_buffers(buffers);
+        let senders = spawn_slots(&shared, slots)?;
+        let (stop, stopped) = watch::channel(false);
+        runtime.spawn(drive(shared.clone(), stopped.clone(), senders));
+        let grpc = grpc_listener.map(|l| crate::grpc::serve(shared.clone(), l, stopped.clone()));
+        let http = accept(shared.clone(), listener, stopped);
+        let served = runtime.spawn(async move {
+            // Both transports' connections are closed before a shutdown returns.
+            let grpc = async move {
+                if let Some(grpc) = grpc {
+                    grpc.await;
+                }
+            };
+            tokio::join!(http, grpc);
+        });
+        log::info!("Serving HTTP port={http_port}");
+        if let Some(port) = grpc_port {
+            // The Python runtime's words (its black-box tests read them).
+            let (model, host) = (&shared.model.name, &shared.options.host);
+            log::info!("Started serving gRPC model={model} address={host}:{port}");
+        }
+        Ok(Server {
+            shared,
+            http_port,
+            grpc_port,
+            runtime: Mutex::new(Some(runtime)),
+            stop,
+            served: Mutex::new(Some(served)),
+        })
+    }
+
+    /// The HTTP port listened on (the one picked, when the options said 0).
+    pub fn http_port(&self) -> u16 {
+        self.http_port
+    }
+
+    /// The gRPC port listened on (None: the options asked for no gRPC).
+    pub fn grpc_port(&self) -> Option<u16> {
+        self.grpc_port
+    }
+
+    /// Readiness the Python side holds (e.g. false until the known-answer check passed):
+    /// while false, readiness is off and infer requests are refused with a 503.
+    pub fn set_ready(&self, ready: bool) {
+        self.shared.held_ready.store(ready, Ordering::Relaxed);
+    }
+
+    /// The Prometheus series, for values the Python side pushes (known answers, mirrors).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.shared.metrics
+    }
+
+    /// [`Server::set_ready`], with what a refused infer's 503 says while held off (the
+    /// Python runtime's: the known-answer probe that failed).
+    pub fn hold(&self, ready: bool, reason: Option<String>) {
+        self.shared.hold(ready, reason);
+    }
+
+    /// Hands the admin routes whose data is the embedding side's to `admin` (once; until
+    /// then they are 404): see [`crate::admin`].
+    pub fn set_admin(&self, admin: Arc<dyn Admin>) -> Result<(), String> {
+        self.shared
+            .admin
+            .set(admin)
+            .map_err(|_| "the server's admin routes are set already".to_string())
+    }
+
+    /// Batches handed to a slot that have not come back from the engine (stuck ones
+    /// included): after [`Server::shutdown`], a slot's thread still inside the engine,
+    /// which the process must not close the engine under.
+    pub fn batches_on_engine(&self) -> usize {
+        self.shared.core().scheduler.running().0
+    }
+
+    /// Nothing admitted, queued or running: a lowest-priority job may run now.
+    pub fn idle(&self) -> bool {
+        self.shared.idle()
+    }
+
+    /// Stops admitting, answers everything accepted (within the drain grace), then stops;
+    /// blocks. Later calls return at once.
+    pub fn shutdown(&self) {
+        let Some(runtime) = lock(&self.runtime).take() else {
+            return;
+        };
+        let grace =
+            Duration::from_secs_f64(self.shared.options.drain_grace_period_seconds.max(0.0));
+        let served = lock(&self.served).take();
+        let started = std::time::Instant::now();
+        runtime.block_on(async {
+            log::info!(
+                "Started draining admitted={} grace_period_seconds={}",
+                self.shared.core().scheduler.queued(),
+                grace.as_secs_f64()
+            );
+            if drain(&self.shared, grace).await {
+                log::info!("Drained seconds={:.3}", started.elapsed().as_secs_f64());
+            } else {
+                log::warn!("Drain grace period ran out");
+            }
+            fail_queued(&self.shared);
+            let _ = self.stop.send(true);
+            if let Some(served) = served {
+                let _ = served.await;
+            }
+        });
+        runtime.shutdown_timeout(Duration::from_secs(1));
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn bind(runtime: &Runtime, host: &str, port: u16) -> Result<TcpListener, String> {
+    let listener = std::net::TcpListener::bind((host, port))
+        .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let _entered = runtime.enter();
+    TcpListener::from_std(listener).map_err(|e| e.to_string())
+}
+
+fn spawn_slots(
+    shared: &Arc<Shared>,
+    slots: Vec<Box<dyn crate::engine::Slot>>,
+) -> Result<Vec<mpsc::Sender<Job>>, String> {
+    let mut senders = Vec::with_capacity(slots.len());
+    for (index, slot) in slots.into_iter().enumerate() {
+        let (sender, jobs) = mpsc::channel();
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("dataplane-slot-{index}"))
+            .spawn(move || slot_thread(shared, slot, jobs))
+            .map_err(|e| format!("cannot start slot thread {index}: {e}"))?;
+        senders.push(sender);
+    }
+    Ok(senders)
+}
+
+/// Accepts connections until told to stop, then waits (a little) for them to close.
+async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
+    let graceful = GracefulShutdown::new();
+    let mut builder = http1::Builder::new();
+    // Headers go out as the Python runtime (aiohttp) writes them, `Content-Type`: HTTP
+    // names are case-insensitive, but clients that read them into a plain dict are not.
+    builder
+        .title_case_headers(true)
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs_f64(
+            shared.options.header_read_timeout_seconds.max(0.001),
+        ));
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    log::warn!("Accept failed error={error}");
+                    continue;
+                }
+            },
+            _ = stop.changed() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let service = service_fn(move |request| crate::http::handle(shared.clone(), request));
+        let connection = builder.serve_connection(TokioIo::new(stream), service);
+        let watched = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = watched.await {
+                log::debug!("Connection ended error={error}");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(CLOSE_CONNECTIONS_WITHIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        log::debug!("Connections still open at stop");
+    }
+}
+
+/// Stops admitting and waits until every admitted request is answered (or `grace` ran
+/// out: false).
+async fn drain(shared: &Shared, grace: Duration) -> bool {
+    {
+        let mut core = shared.core();
+        core.admissions.stop(true);
+        core.scheduler.drain();
+    }
+    shared.wake.notify_one();
+    let until = tokio::time::Instant::now() + grace;
+    loop {
+        {
+            let core = shared.core();
+            if core.scheduler.idle() && core.admissions.unqueued() == 0 {
+                return true;
+            }
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// What is still queued after the grace fails: the server stopped.
+fn fail_queued(shared: &Shared) {
+    let queued = shared.core().scheduler.take_queued();
+    for request in queued {
+        request
+            .payload
+            .reply
+            .send(Err(ApiError::NotReady("the server stopped".into())));
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
