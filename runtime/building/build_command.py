@@ -3,6 +3,7 @@
     kubeinfer build --model URI --backend onnxruntime|tensorrt --precision fp32|fp16|int8
                     [--calibration FILE.npz] [--max-batch-size N] --cache DIR [--json]
                     [--max-top1-drop X] [--min-cosine Y] [--gate-outputs NAME[,NAME...]]
+                    [--probe-set FILE.npz]
     kubeinfer build --pin sha256:... --cache DIR [--json]
 
 stdout carries only the result (the digest, or with `--json` the whole manifest, plus a
@@ -12,7 +13,10 @@ per stage goes to stderr. With `--termination-message-path` (a Kubernetes Job's
 `precision`, `cacheHit`) is also written there, or on failure the `error:` line, where
 the operator reads it from the pod's status; `inputBytesPerRow` (the bytes one row of
 the model's inputs takes as binary tensors, absent when an item dimension is dynamic) is
-in both, and the operator sizes the runtime's request body limit from it.
+in both, and the operator sizes the runtime's request body limit from it; so are
+`batches` (whether the model batches, as a trial run of the built engine found: false
+means the runtime serves it one request per run, null that it was not found out) and
+`batchingReason` (why), which the operator reports in the InferenceDeployment's status.
 
 The gates judge the outputs that hold the scores: those `--gate-outputs` names, else
 those whose name says so (logits, probabilities, scores), else every output; the others
@@ -36,6 +40,12 @@ accuracy gate; 3 when the engine found (`--pin`, or a cache hit) was built by an
 backend version than this environment has, the same refusal and code as `kubeinfer
 serve`'s; 143 when stopped by SIGTERM. The calibration file's format is documented in
 `kubeinfer.runtime.building.calibration`.
+
+Every engine built carries a known-answer set (`kubeinfer.runtime.known_answers`):
+probes and the fp32 reference's answers, which `kubeinfer serve` checks the loaded engine
+against before it reports ready. `--probe-set` names its inputs (an .npz in the
+calibration format); without it they come from the calibration or validation data, or
+are drawn within each input's valid range.
 """
 
 from __future__ import annotations
@@ -86,6 +96,13 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--validation", metavar="URI", help="validation samples for the report (.npz)"
     )
+    parser.add_argument(
+        "--probe-set",
+        metavar="URI",
+        help="the known-answer probes' inputs (.npz, one [probes, ...] array per input; "
+        "default: from the calibration or validation data, else drawn in range)",
+    )
+    parser.add_argument("--probe-set-sha256", metavar="HEX")
     parser.add_argument(
         "--max-batch-size",
         type=int,
@@ -181,6 +198,11 @@ def _fail(args: argparse.Namespace, message: str, code: int) -> int:
     return code
 
 
+BATCHING_REASON_LIMIT = 300
+"""Characters of `batchingReason` in the termination message (its whole is in the manifest),
+so the message stays within what Kubernetes keeps beside the accuracy's budget."""
+
+
 def termination_message(digest: str, manifest: EngineManifest, cache_hit: bool) -> str:
     """The compact JSON a build Job leaves for the operator (see the module docstring):
     a few hundred bytes, plus the `accuracy` object within its own budget, so the whole
@@ -199,6 +221,10 @@ def termination_message(digest: str, manifest: EngineManifest, cache_hit: bool) 
         if measures_quantisation(manifest.key.precision, report)
         else None
     )
+    found = manifest.batching
+    batching: dict[str, object] = {} if found is None else {"batches": found.batches}
+    if found is not None and found.reason:
+        batching["batchingReason"] = found.reason[:BATCHING_REASON_LIMIT]
     summary = {
         "digest": digest,
         "target": manifest.key.target,
@@ -206,6 +232,7 @@ def termination_message(digest: str, manifest: EngineManifest, cache_hit: bool) 
         "precision": manifest.key.precision,
         "cacheHit": cache_hit,
         **({} if row_bytes is None else {"inputBytesPerRow": row_bytes}),
+        **batching,
         **({} if accuracy is None else {"accuracy": accuracy}),
     }
     return compact_json(summary)
@@ -276,6 +303,8 @@ def _build(args: argparse.Namespace) -> Outcome | int:
                 validation=args.validation,
                 gate_outputs=args.gate_outputs,
                 progress=_progress(),
+                probe_set=args.probe_set,
+                probe_set_sha256=args.probe_set_sha256,
             )
     except AccuracyGateError as error:
         print(error.report.model_dump_json(by_alias=True, indent=2), file=sys.stderr)

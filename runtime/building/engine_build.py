@@ -16,9 +16,10 @@ A build refuses what `kubeinfer serve` refuses, so a build Job never succeeds wi
 engine whose pods then crash: the source model is loaded as serving loads it
 (`engines.onnxruntime.check_servable`: dynamic dimensions besides the batch one, outputs
 that do not follow the batch, datatypes without a v2 equivalent) before anything else,
-the built engine is loaded through the serving loader before it is published, and a
-cache hit is checked against this environment's backend version
-(`engine_cache.check_compatible`) before it is handed out.
+the built engine is loaded through the serving loader before it is published (and tried
+with one and two rows, as serving does at start, so that its manifest records whether the
+model batches: `EngineManifest.batching`), and a cache hit is checked against this
+environment's backend version (`engine_cache.check_compatible`) before it is handed out.
 
 What int8 cannot do (a graph with nothing to quantise: `int8_refusal`) is refused before
 anything is built, as bad input.
@@ -30,6 +31,11 @@ output gated or compared only, and the progress lines say which is which.
 Validation samples for the report, first match wins: a given validation file; for int8,
 the calibration file's held-out tail (see `calibration`); for fp32/fp16, the calibration
 file if one is given; otherwise seeded synthetic inputs (the report says which).
+
+Every engine published carries its known-answer set (`known_answer_set`): probes from a
+given probe set, else the first real validation samples, else drawn within each input's
+valid range (`probe_inputs`), with the fp32 reference's answers and a tolerance per
+output. A cache hit keeps the set its build recorded, as it keeps its accuracy report.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import importlib.metadata
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -52,8 +58,16 @@ from kubeinfer.runtime.building.accuracy import (
     gated_output_names,
 )
 from kubeinfer.runtime.building.builders import Builder, BuildError, Progress, get_builder
+from kubeinfer.runtime.building.known_answer_set import (
+    PROBE_COUNT,
+    Gate,
+    ProbeInputs,
+    answered_probes,
+    record_known_answers,
+)
 from kubeinfer.runtime.building.model_fetch import FetchedFile, fetch
 from kubeinfer.runtime.building.model_files import FetchedModel, fetch_model
+from kubeinfer.runtime.building.probe_inputs import draw_probe_inputs
 from kubeinfer.runtime.engine_cache import (
     EngineCache,
     EngineCacheError,
@@ -64,6 +78,7 @@ from kubeinfer.runtime.engine_manifest import (
     BACKENDS,
     PRECISIONS,
     AccuracyReport,
+    BatchingFound,
     BatchProfile,
     EngineKey,
     EngineManifest,
@@ -164,13 +179,24 @@ def _check_gates(
         )
 
 
-def _hit(resolved: ResolvedEngine, gates: Gates) -> BuildResult:
+def _hit(
+    resolved: ResolvedEngine, gates: Gates, probes: ProbeInputs, progress: Progress
+) -> BuildResult:
     # The digest covers the backend version, so a hit is this version's engine; checked
     # all the same, since handing out another version's engine is a crash loop later.
     check_compatible(resolved)
     if resolved.manifest.accuracy is not None:
         what = f"the cached engine {resolved.digest} (built earlier under other gates)"
         _check_gates(resolved.manifest.accuracy, *gates, what=what)
+    recorded = resolved.manifest.known_answers
+    if probes.source == "probe-set" and (
+        recorded is None or recorded.source_sha256 != probes.source_sha256
+    ):
+        progress(
+            "The cached engine keeps the known-answer set its build recorded "
+            f"({'none' if recorded is None else recorded.source}); the probe set given is "
+            "not recorded on a cache hit"
+        )
     return BuildResult(resolved.digest, resolved.manifest, True, resolved.engine_path)
 
 
@@ -189,9 +215,12 @@ def build_engine(
     gate_outputs: Sequence[str] | None = None,
     progress: Progress = _quiet,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    probe_set: str | None = None,
+    probe_set_sha256: str | None = None,
 ) -> BuildResult:
     """Builds (or finds) the engine for these inputs in the cache at `cache_dir`;
-    `gate_outputs` names the outputs the gates judge (see the module)."""
+    `gate_outputs` names the outputs the gates judge, `probe_set` the known-answer
+    set's inputs (see the module)."""
     _check_arguments(backend, precision, max_batch_size, calibration)
     cache = EngineCache(Path(cache_dir))
     fetched: list[FetchedFile | FetchedModel] = []
@@ -202,6 +231,11 @@ def build_engine(
         data = _gather_samples(
             model_file, precision, calibration, calibration_sha256, validation, cache, fetched
         )
+        if probe_set is not None:
+            given = fetch(probe_set, cache.scratch_dir, probe_set_sha256)
+            fetched.append(given)
+            samples = cal.load_samples(given.path, data.inputs, "the probe set")
+            data = replace(data, probes=ProbeInputs(samples, "probe-set", given.sha256))
         _say_gated(data.outputs, gate_outputs, model_file.uri, progress)
         builder = get_builder(backend)
         key = EngineKey(
@@ -251,14 +285,14 @@ def _build_through_cache(
     digest = key.digest()
     if cache.contains(digest):
         progress(f"Cache hit: {digest}")
-        return _hit(cache.resolve(digest), gates)
+        return _hit(cache.resolve(digest), gates, data.probes, progress)
     with cache.lock(digest):
         if cache.contains(digest):
             progress(f"Cache hit after waiting for another builder: {digest}")
-            return _hit(cache.resolve(digest), gates)
+            return _hit(cache.resolve(digest), gates, data.probes, progress)
         with cache.staging(digest) as staging:
             manifest, report = _build_into(
-                builder, model_path, key, staging, data, gates[2], progress, now
+                builder, model_path, key, staging, data, gates, progress, now
             )
             _check_gates(report, *gates, what=f"the {key.precision} engine (not published)")
             progress(f"Publishing {digest}")
@@ -276,6 +310,7 @@ class _Samples:
     calibration_sha256: str | None
     validation: cal.Samples
     validation_source: str
+    probes: ProbeInputs
 
 
 def _say_gated(
@@ -328,12 +363,12 @@ def _gather_samples(
         fetched.append(calib_file)
         calib_samples = cal.load_samples(calib_file.path, inputs, "calibration data")
         calib_sha = calib_file.sha256
-    validation_samples, source = None, "synthetic"
+    validation_samples, source, probes = None, "synthetic", None
     if validation is not None:
         validation_file = fetch(validation, cache.scratch_dir)
         fetched.append(validation_file)
         validation_samples = cal.load_samples(validation_file.path, inputs, "validation data")
-        source = "given"
+        source, probes = "given", ProbeInputs(None, "validation", validation_file.sha256)
     if precision == "int8":
         assert calib_samples is not None
         # The split does not depend on --validation (unless a lone sample must calibrate),
@@ -348,7 +383,9 @@ def _gather_samples(
         validation_samples = cal.synthetic_samples(
             inputs, cal.SYNTHETIC_SAMPLES, names=cal.axis_names(model)
         )
-    return _Samples(inputs, outputs, calib_samples, calib_sha, validation_samples, source)
+        probes = ProbeInputs(draw_probe_inputs(model, inputs, PROBE_COUNT), "drawn")
+    probes = probes or ProbeInputs(None, "calibration", calib_sha)
+    return _Samples(inputs, outputs, calib_samples, calib_sha, validation_samples, source, probes)
 
 
 def _check_servable(model_file: FetchedModel) -> None:
@@ -362,16 +399,43 @@ def _check_servable(model_file: FetchedModel) -> None:
         raise InvalidModelError(f"{model_file.uri} cannot be served: {error}") from error
 
 
-def _check_engine_servable(engine_path: Path, key: EngineKey) -> None:
-    """The built engine loaded through the serving loader, before it is published."""
+NOT_PROBED_AT_BUILD = (
+    "not probed at build: the model's variable input axes take their ranges from the "
+    "serving configuration; the runtime probes it at start"
+)
+
+
+def _check_engine_servable(engine_path: Path, key: EngineKey) -> BatchingFound:
+    """The built engine loaded through the serving loader, before it is published, and
+    whether it batches (`engines.batching_probe`, as serving finds it out at start)."""
     from kubeinfer.runtime.engines.base import EngineError
+    from kubeinfer.runtime.engines.batching_probe import BatchingProbe, probe_batching
     from kubeinfer.runtime.engines.loader import load_engine
 
     try:
         # No shape ranges: they are the serving configuration's, not the engine's.
-        load_engine(engine_path, key.backend, key.batch_profile.max, input_shapes=None).close()
+        engine = load_engine(engine_path, key.backend, key.batch_profile.max, input_shapes=None)
     except EngineError as error:
         raise BuildError(f"the built engine cannot be served: {error}") from error
+    try:
+        if any(spec.variable for spec in engine.inputs):  # its slots need the ranges
+            probe = BatchingProbe(None, NOT_PROBED_AT_BUILD)
+        else:
+            probe = probe_batching(engine)
+    finally:
+        engine.close()
+    return BatchingFound(batches=probe.batches, reason=probe.reason)
+
+
+def _say_batching(found: BatchingFound, progress: Progress) -> None:
+    if found.batches is True:
+        progress("Found the model batches (two different rows run together as alone)")
+    elif found.batches is False:
+        progress(
+            f"Found the model does not batch: it is served one request per run ({found.reason})"
+        )
+    else:
+        progress(f"Whether the model batches is not known ({found.reason})")
 
 
 def _build_into(
@@ -380,11 +444,19 @@ def _build_into(
     key: EngineKey,
     staging: Path,
     data: _Samples,
-    gate_outputs: Sequence[str] | None,
+    gates: Gates,
     progress: Progress,
     now: Callable[[], datetime],
 ) -> tuple[EngineManifest, AccuracyReport]:
     from kubeinfer.runtime.building.builders.onnxruntime_builder import run_model
+
+    # A model that does not batch (or is not known to) is measured as it is served: one
+    # sample per run (`rows_per_run`, set once the built engine was tried).
+    def reference_run(samples: cal.Samples) -> cal.Samples:
+        return run_model(model_path, samples, rows_per_run)
+
+    def engine_run(samples: cal.Samples) -> cal.Samples:
+        return builder.run(engine_path, samples, rows_per_run)
 
     started = time.monotonic()
     engine_path = staging / builder.engine_file
@@ -400,14 +472,20 @@ def _build_into(
         progress,
     )
     build_seconds = time.monotonic() - started
-    _check_engine_servable(engine_path, key)
+    batching = _check_engine_servable(engine_path, key)
+    _say_batching(batching, progress)
     validation, source = data.validation, data.validation_source
     count = cal.sample_count(validation)
     progress(f"Measuring accuracy against fp32 on {count} {source} samples")
-    reference = run_model(model_path, validation, key.batch_profile.max)
-    candidate = builder.run(engine_path, validation, key.batch_profile.max)
-    report = compare_outputs(reference, candidate, source, gate_outputs)
+    rows_per_run = key.batch_profile.max if batching.batches is True else 1
+    reference, candidate = reference_run(validation), engine_run(validation)
+    report = compare_outputs(reference, candidate, source, gates[2])
     shutil.rmtree(work_dir)
+    probes = answered_probes(
+        data.probes, (validation, reference, candidate), reference_run, engine_run
+    )
+    progress(f"Recording {cal.sample_count(probes[0])} known answers ({data.probes.source})")
+    known_answers = record_known_answers(staging, key.precision, Gate(*gates), data.probes, probes)
     manifest = EngineManifest(
         digest=key.digest(),
         key=key,
@@ -425,5 +503,7 @@ def _build_into(
         },
         build_seconds=round(build_seconds, 3),
         accuracy=report,
+        batching=batching,
+        known_answers=known_answers,
     )
     return manifest, report

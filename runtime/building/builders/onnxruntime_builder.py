@@ -54,7 +54,12 @@ from kubeinfer.runtime.building.builders import (
 )
 from kubeinfer.runtime.engine_manifest import BatchProfile, sha256_file
 from kubeinfer.runtime.engines.loader import installed_backend_version
-from kubeinfer.runtime.engines.onnx_text import load_hint, register_extensions
+from kubeinfer.runtime.engines.onnx_text import (
+    bytes_outputs,
+    load_hint,
+    register_extensions,
+    str_inputs,
+)
 
 CALIBRATION_BATCH = 32
 ENGINE_DATA_FILE = "model.onnx.data"
@@ -118,15 +123,18 @@ def _session(model_path: Path, optimize_to: Path | None = None) -> ort.Inference
 
 
 def run_model(model_path: Path, samples: Samples, max_batch_size: int) -> Samples:
-    """Runs an ONNX model on CPU in batches; the outputs concatenated per output name."""
+    """Runs an ONNX model on CPU in batches; the outputs concatenated per output name.
+    Strings go in and come out as the served engine takes and gives them (UTF-8 `bytes`
+    in the data plane, `str` to ONNX Runtime, which would read a `bytes` element as its
+    repr), so the gate and the known answers judge what serving will answer."""
     session = _session(model_path)
     names = [o.name for o in session.get_outputs()]
     count = next(iter(samples.values())).shape[0]
     chunks: dict[str, list[np.ndarray]] = {name: [] for name in names}
     for start in range(0, count, max_batch_size):
-        feed = {k: v[start : start + max_batch_size] for k, v in samples.items()}
+        feed = {k: str_inputs(v[start : start + max_batch_size]) for k, v in samples.items()}
         for name, value in zip(names, session.run(names, feed), strict=True):
-            chunks[name].append(np.asarray(value))
+            chunks[name].append(bytes_outputs(np.asarray(value)))
     return {name: np.concatenate(parts) for name, parts in chunks.items()}
 
 
@@ -137,7 +145,7 @@ class _Reader:
         count = next(iter(samples.values())).shape[0]
         self._batches: Iterator[dict[str, np.ndarray]] = iter(
             [
-                {k: v[start : start + CALIBRATION_BATCH] for k, v in samples.items()}
+                {k: str_inputs(v[start : start + CALIBRATION_BATCH]) for k, v in samples.items()}
                 for start in range(0, count, CALIBRATION_BATCH)
             ]
         )

@@ -1,0 +1,123 @@
+"""A replica that starts answering wrong after its check at start, caught on the real
+node: the real operator (in-process) asks each serving pod its known answers on the
+schedule of `spec.knownAnswers.intervalSeconds`, and a pod that fails its set leaves
+its Service's endpoints (its readiness gate False, the pod alive), is taken out of its
+ReplicaSet (a replacement starts), is named in the status with its node and engine, and
+AnswersCorrect turns False, while the other replica serves throughout.
+
+The fault: every serving pod runs `--testing-faults perturb-batches=1,
+perturb-after-batches=N` (the operator's `pods.testing_faults`), so a pod answers wrong
+from its (N+1)th batch on; the test sends N requests to one pod only, so that pod goes
+wrong and the other (which runs only its checks' few batches) stays right.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from decide_scenarios import tuned
+from kubeinfer.operator.state import names
+from kubeinfer.operator.state.known_answers import GATE_CONDITION, pod_condition
+from operator_harness import FAST, Model, World, condition, eventually, manifest, start_operator
+from test_operator_shadow_rollout import ready_urls
+
+pytestmark = pytest.mark.slow
+
+CLEAN_BATCHES = 40
+"""Batches a pod runs right: its check at start and the operator's first checks take a
+few each (1 + 2 for the tiny model's probes in batches of up to 8)."""
+INTERVAL_SECONDS = 30
+SETTINGS = tuned(
+    FAST,
+    pods={"testing_faults": f"perturb-batches=1,perturb-after-batches={CLEAN_BATCHES}"},
+)
+SERVICE = names.service_name("resnet")
+ROW = np.random.default_rng(1).standard_normal((1, 16)).astype(np.float32)
+
+
+def serving_pods(world: World) -> list[dict[str, Any]]:
+    return [
+        pod
+        for pod in world.pods(names.selector_string(names.runtime_selector("resnet")))
+        if not pod["metadata"].get("deletionTimestamp")
+    ]
+
+
+def url_of(pod: dict[str, Any]) -> str:
+    return f"http://{pod['status']['podIP']}:8000"
+
+
+def answers(world: World) -> dict[str, Any]:
+    return condition(world.infd(), "AnswersCorrect") or {}
+
+
+async def infer(session: aiohttp.ClientSession, url: str) -> int:
+    body = {"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32",
+                        "data": ROW[0].tolist()}]}  # fmt: skip
+    async with session.post(f"{url}/v2/models/resnet/infer", json=body) as answer:
+        await answer.read()
+        return answer.status
+
+
+async def test_a_replica_that_goes_wrong_is_taken_out_and_replaced(
+    world: World, tiny: Model
+) -> None:
+    document = manifest(
+        tiny, runtime={"replicas": 2}, knownAnswers={"intervalSeconds": INTERVAL_SECONDS}
+    )
+    async with start_operator(world, SETTINGS):
+        world.create(document)
+        await eventually(lambda: len(ready_urls(world, SERVICE)) == 2, 180, "two ready pods")
+        await eventually(lambda: answers(world).get("status") == "True", 30, "AnswersCorrect")
+        bad, good = sorted(serving_pods(world), key=lambda p: p["metadata"]["name"])
+        bad_url, good_url = url_of(bad), url_of(good)
+        async with aiohttp.ClientSession() as session:
+            for _ in range(CLEAN_BATCHES + 5):  # one pod only: past its clean batches
+                assert await infer(session, bad_url) == 200
+            good_throughout = True
+
+            async def watch_good() -> None:
+                nonlocal good_throughout
+                while True:
+                    urls = await asyncio.to_thread(ready_urls, world, SERVICE)
+                    good_throughout &= good_url in urls
+                    await asyncio.sleep(0.5)
+
+            watcher = asyncio.create_task(watch_good())
+            try:
+                await eventually(
+                    lambda: bad_url not in ready_urls(world, SERVICE),
+                    INTERVAL_SECONDS + 15,
+                    "the wrong pod out of the Service's endpoints within one interval",
+                )
+                await eventually(lambda: answers(world).get("status") == "False", 15, "False")
+                await eventually(
+                    lambda: len([p for p in serving_pods(world)
+                                 if p["metadata"]["uid"] != bad["metadata"]["uid"]]) == 2,
+                    60, "a replacement created",
+                )  # fmt: skip
+                assert await infer(session, good_url) == 200
+            finally:
+                watcher.cancel()
+        assert good_throughout, "the good pod left the Service's endpoints"
+        status = world.infd()["status"]  # type: ignore[index]
+        (record,) = status["wrongAnswers"]
+        assert record["pod"] == bad["metadata"]["name"]
+        assert record["node"] == bad["spec"]["nodeName"]
+        digest = bad["metadata"]["annotations"][names.ANNOTATION_ENGINE_DIGEST]
+        assert record["engineDigest"] == digest
+        assert record["reason"] == "KnownAnswersFailed" and record["output"]
+        assert answers(world)["reason"] == "KnownAnswersFailed"
+        kept = world.pods(names.selector_string(names.wrong_answers_selector("resnet")))
+        assert [p["metadata"]["name"] for p in kept] == [bad["metadata"]["name"]]
+        (evidence,) = kept  # alive, unready by its gate, no longer the ReplicaSet's
+        assert not evidence["metadata"].get("deletionTimestamp")
+        assert pod_condition(evidence, GATE_CONDITION) == "False"
+        assert pod_condition(evidence, "Ready") == "False"
+        assert not any(o.get("controller") for o in evidence["metadata"]["ownerReferences"])
+        reasons = {e["reason"] for e in world.events()}
+        assert "KnownAnswersFailed" in reasons
