@@ -8,6 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kubeinfer.cluster import control_plane, fleet
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,6 +45,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="nvidia.com/gpu the node advertises (pods run on CPU regardless)",
     )
     up.add_argument(
+        "--simulated-gpu-nodes",
+        type=_product_count,
+        action="append",
+        default=[],
+        metavar="PRODUCT=COUNT",
+        help="add COUNT GPU nodes of PRODUCT (H100, H200, L4, A10G) that KWOK simulates, "
+        "spread over three zones; repeat for a mixed fleet (docs/gpu-fleets.md)",
+    )
+    up.add_argument(
         "--audit-log", action="store_true", help="record every API request in DIRECTORY/audit.log"
     )
     up.set_defaults(handler=_up)
@@ -63,12 +76,19 @@ def _directory(args: argparse.Namespace) -> Path:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from kubeinfer.cluster import binaries, control_plane
+    from kubeinfer.cluster import binaries, control_plane, fleet, node_builds
 
+    counts: dict[str, int] = {}
+    for product, count in args.simulated_gpu_nodes:
+        counts[product] = counts.get(product, 0) + count
     try:
+        if counts:
+            node_builds.ensure_kwok()  # before the cluster starts: a missing build fails fast
         cluster = control_plane.up(
             _directory(args), args.kubeconfig, gpus=args.gpus, audit=args.audit_log
         )
+        if counts:
+            _start_fleet(cluster, fleet.plan_products(counts))
     except (control_plane.ClusterError, binaries.BuildError) as error:
         print(f"kubeinfer cluster up: {error}", file=sys.stderr)
         return 1
@@ -77,7 +97,32 @@ def _up(args: argparse.Namespace) -> int:
         f"# kubectl: {cluster.kubectl}   stop with: kubeinfer cluster down"
         + (f" --directory {args.directory}" if args.directory else "")
     )
+    if counts:
+        nodes = ", ".join(f"{count} {product}" for product, count in counts.items())
+        print(f"# simulated GPU nodes: {nodes}; pods reach them with the node selector "
+              f"{'='.join(fleet.SIMULATED_LABEL)} and a toleration of the taint "
+              f"{fleet.KWOK_ANNOTATION}")  # fmt: skip
     return 0
+
+
+def _start_fleet(cluster: control_plane.Cluster, nodes: list[fleet.SimulatedNode]) -> None:
+    """The simulated nodes started in `cluster`, or the whole cluster stopped again."""
+    from kubeinfer.cluster import control_plane, fleet
+
+    try:
+        fleet.start(cluster, nodes)
+    except BaseException:
+        control_plane.down(cluster.directory)
+        raise
+
+
+def _product_count(text: str) -> tuple[str, int]:
+    from kubeinfer.cluster import fleet
+
+    try:
+        return fleet.product_count(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _down(args: argparse.Namespace) -> int:

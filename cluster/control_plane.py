@@ -31,7 +31,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -375,7 +375,9 @@ def up(
         )
         admin_path = directory / "admin.kubeconfig"
         _write_private(admin_path, yaml.safe_dump(admin))
-        cluster = Cluster(directory, server, kubeconfig or admin_path, found["kubectl"], pki,
+        # Our own kubectl calls read the copy in the directory: the caller's `kubeconfig`
+        # is written only once the cluster is up, so a failed `up` leaves none behind.
+        cluster = Cluster(directory, server, admin_path, found["kubectl"], pki,
                           launcher.network.namespace_path)  # fmt: skip
         launcher.wait("the node to be Ready", lambda: _node_ready(cluster))
         if gpus:
@@ -384,6 +386,7 @@ def up(
         progress("node Ready, CoreDNS and storage running")
         if kubeconfig is not None:
             _write_private(kubeconfig, yaml.safe_dump(admin))
+            cluster = replace(cluster, kubeconfig=kubeconfig)
         launcher.extra_state.update(server=server, kubeconfig=str(cluster.kubeconfig))
         launcher.save()
         return cluster

@@ -11,6 +11,11 @@ mirror no longer has is installed at the mirror's version and the difference is 
 `python -m kubeinfer.cluster.images --pin-base` rewrites the pins from a base of the
 newest packages. SOURCE_DATE_EPOCH is fixed, so the same packages give the same bytes.
 Built once per machine: the image is named by a hash of all of the above.
+
+Its builder twin (`builder=True`) is the same base with apt (`BUILDER_PACKAGES`): the
+Dockerfile's stages that install Debian packages (the Rust toolchain of its `rust-tools`
+stage) build on it, as they would on python:3.11-slim, which has apt; no image ships it.
+apt and what it alone needs are the mirror's newest, unpinned; the rest is the base's pins.
 """
 
 from __future__ import annotations
@@ -42,6 +47,13 @@ DPKG_OPTIONS = tuple(
 SOURCE_DATE_EPOCH = "1735689600"
 """A fixed time (2025-01-01) for the files mmdebstrap writes, so the tarball is reproducible."""
 REPOSITORY = "localhost/kubeinfer/python-base"
+BUILDER_PACKAGES = ("apt",)
+BUILDER_REPOSITORY = "localhost/kubeinfer/python-build-base"
+
+
+def packages(builder: bool = False) -> tuple[str, ...]:
+    """The packages asked for: the base's, and apt for the builder's."""
+    return PACKAGES + BUILDER_PACKAGES if builder else PACKAGES
 
 
 def read_pins(path: Path) -> dict[str, str]:
@@ -58,14 +70,13 @@ def write_pins(path: Path, packages: dict[str, str]) -> None:
     path.write_text(header + "".join(f"{name}={packages[name]}\n" for name in sorted(packages)))
 
 
-def reference(pins: dict[str, str]) -> str:
-    """The base's image name: its suite and a hash of everything that makes it."""
-    digest = hashlib.sha256(
-        repr(
-            (SUITE, PACKAGES, SOURCES, DPKG_OPTIONS, SOURCE_DATE_EPOCH, sorted(pins.items()))
-        ).encode()
-    ).hexdigest()
-    return f"{REPOSITORY}:{SUITE}-{digest[:12]}"
+def reference(pins: dict[str, str], builder: bool = False) -> str:
+    """The base's image name (the builder's, `builder`): its suite and a hash of
+    everything that makes it."""
+    made_of = (SUITE, packages(builder), SOURCES, DPKG_OPTIONS, SOURCE_DATE_EPOCH,
+               sorted(pins.items()))  # fmt: skip
+    digest = hashlib.sha256(repr(made_of).encode()).hexdigest()
+    return f"{BUILDER_REPOSITORY if builder else REPOSITORY}:{SUITE}-{digest[:12]}"
 
 
 def preferences(pins: dict[str, str]) -> str:
@@ -85,13 +96,17 @@ def drift(pins: dict[str, str], installed: dict[str, str]) -> list[str]:
     ]
 
 
-def ensure_base(podman: Podman, pins_file: Path, progress: Progress, work: Path) -> str:
-    """The base's reference, built and imported into podman unless it is there already."""
+def ensure_base(
+    podman: Podman, pins_file: Path, progress: Progress, work: Path, builder: bool = False
+) -> str:
+    """The base's reference (the builder's, `builder`), built and imported into podman
+    unless it is there already."""
     pins = read_pins(pins_file)
-    name = reference(pins)
+    name = reference(pins, builder)
     if podman.image_id(name) is None:
-        installed = build_base(podman, pins, name, progress, work)
-        changed = drift(pins, installed)
+        installed = build_base(podman, pins, name, progress, work, builder)
+        changed = [line for line in drift(pins, installed)
+                   if not builder or "(unpinned)" not in line]  # fmt: skip
         if changed:
             progress(f"{len(changed)} of the base's packages are not at the versions of "
                      f"{pins_file} (the mirror has moved on; `python -m "
@@ -113,9 +128,9 @@ def pin_base(podman: Podman, pins_file: Path, progress: Progress, work: Path) ->
 
 
 def build_base(podman: Podman, pins: dict[str, str], name: str, progress: Progress,
-               work: Path) -> dict[str, str]:  # fmt: skip
-    """mmdebstrap's tarball of the base, imported into podman as `name`; the installed
-    packages and their versions."""
+               work: Path, builder: bool = False) -> dict[str, str]:  # fmt: skip
+    """mmdebstrap's tarball of the base (the builder's, `builder`), imported into podman
+    as `name`; the installed packages and their versions."""
     mmdebstrap = ensure_programs(["mmdebstrap"], progress)["mmdebstrap"]
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -123,12 +138,14 @@ def build_base(podman: Podman, pins: dict[str, str], name: str, progress: Progre
         prefs, manifest, tarball = (Path(folder) / n for n in ("pins.pref", "packages", "base.tar"))
         prefs.write_text(preferences(pins))
         listing = "chroot \"$1\" dpkg-query --show --showformat='${Package}=${Version}\\n'"
-        argv = [mmdebstrap, "--variant=essential", f"--include={','.join(PACKAGES)}",
+        included = ",".join(packages(builder))
+        argv = [mmdebstrap, "--variant=essential", f"--include={included}",
                 *DPKG_OPTIONS, f"--aptopt=Dir::Etc::Preferences \"{prefs}\"",
                 f"--customize-hook={listing} > {manifest}",
                 SUITE, str(tarball), *SOURCES]  # fmt: skip
-        progress(f"making the Debian {SUITE} base with mmdebstrap (once per machine, a few "
-                 "minutes): Python 3.11 from Debian's packages")  # fmt: skip
+        what = "builder's base (the base with apt)" if builder else "base"
+        progress(f"making the Debian {SUITE} {what} with mmdebstrap (once per machine, a "
+                 "few minutes): Python 3.11 from Debian's packages")  # fmt: skip
         log = Path(folder) / "mmdebstrap.log"
         env = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
         if run_logged(argv, log, progress, _said, env) != 0:

@@ -1,5 +1,7 @@
 """Simulated GPU nodes in a cluster: KWOK (`sigs.k8s.io/kwok`) keeps them and their pods
-alive against the real API server, with no process behind either.
+alive against the real API server, with no process behind either. `kubeinfer cluster up
+--simulated-gpu-nodes H100=2 ...` starts a cluster with them, to rehearse a mixed fleet
+on one machine (docs/gpu-fleets.md); the fleet tests and benchmark start them in theirs.
 
 `start(cluster, nodes)` starts the KWOK controller in the cluster's network namespace like
 the cluster's other processes (its log in `logs/kwok.log`, its pid in `state.json`, so
@@ -25,7 +27,7 @@ import contextlib
 import itertools
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,8 @@ POD_NETWORK = "10.128.0.0/10"
 """Simulated pods' addresses, a /24 per node: apart from the real node's pods
 (10.244.0.0/24) and Services (10.96.0.0/16); nothing routes to them."""
 NODE_NETWORK = "10.64.0.0/16"
+MAX_NODES = 16_000
+"""As many nodes as POD_NETWORK has a /24 for (16384), rounded down."""
 KWOK_LOG = "kwok"
 
 
@@ -97,13 +101,43 @@ def plan_fleet(
     unknown = [p for p in products if p not in PRODUCTS]
     if unknown or not products or not zones:
         raise ValueError(f"products must be some of {sorted(PRODUCTS)}, zones not empty")
-    if count > 16_000:
-        raise ValueError("at most 16000 simulated nodes (a /24 of pods each)")
+    if count > MAX_NODES:
+        raise ValueError(f"at most {MAX_NODES} simulated nodes (a /24 of pods each)")
     turns = itertools.product(zones, products)
     return [
         SimulatedNode(f"{prefix}-{product.lower()}-{index:05d}", product, zone, index)
         for index, (zone, product) in zip(range(count), itertools.cycle(turns), strict=False)
     ]
+
+
+def plan_products(
+    counts: Mapping[str, int], zones: Sequence[str] = ZONES, prefix: str = "sim"
+) -> list[SimulatedNode]:
+    """`counts[product]` nodes of each product (keys of PRODUCTS), each product's nodes
+    spread over `zones` in turn, named `<prefix>-<product>-<index>` as `plan_fleet` names
+    them."""
+    unknown = [p for p in counts if p not in PRODUCTS]
+    if unknown or not zones or any(count < 0 for count in counts.values()):
+        raise ValueError(f"products must be some of {sorted(PRODUCTS)}, counts not negative, "
+                         "zones not empty")  # fmt: skip
+    if sum(counts.values()) > MAX_NODES:
+        raise ValueError(f"at most {MAX_NODES} simulated nodes (a /24 of pods each)")
+    turns = [(product, k) for product, count in counts.items() for k in range(count)]
+    return [
+        SimulatedNode(f"{prefix}-{product.lower()}-{index:05d}", product, zones[k % len(zones)],
+                      index)
+        for index, (product, k) in enumerate(turns)
+    ]  # fmt: skip
+
+
+def product_count(text: str) -> tuple[str, int]:
+    """`PRODUCT=COUNT` as a user writes it (`H100=2`, `l4=1`): the key of PRODUCTS and the
+    count; ValueError saying what is allowed otherwise."""
+    name, _, count = text.partition("=")
+    product = next((p for p in PRODUCTS if p.lower() == name.strip().lower()), None)
+    if product is None or not count.strip().isdigit():
+        raise ValueError(f"{text!r}: expected PRODUCT=COUNT, PRODUCT one of {', '.join(PRODUCTS)}")
+    return product, int(count)
 
 
 def node_manifest(node: SimulatedNode) -> dict[str, Any]:

@@ -11,7 +11,8 @@ only) and an image whose ID changed is exported again. Builds run one at a time 
 machine (a lock), so test workers and `make images` can start together.
 
 The project's images are built on the Debian base of `debian_base` unless a PYTHON_BASE is
-given; the context is the source checkout, the files `.dockerignore` lets in, which are
+given (the stages that install Debian packages on its builder twin, the base with apt:
+BUILD_BASE); the context is the source checkout, the files `.dockerignore` lets in, which are
 also what is hashed. `make images` runs `python -m kubeinfer.cluster.images`.
 """
 
@@ -60,8 +61,11 @@ def ensure_project_images(
     Dockerfile on `python_base` (default: the Debian base) where missing or stale."""
     pins = root / "requirements" / "debian-base.txt"
     base = python_base or debian_base.reference(debian_base.read_pins(pins))
+    build_base = python_base or debian_base.reference(debian_base.read_pins(pins), builder=True)
+    bases = (base, build_base)
     files = context_files(root)
-    inputs = {ref: inputs_hash(root, files, target, base) for ref, target in PROJECT_IMAGES.items()}
+    inputs = {ref: inputs_hash(root, files, target, f"{base}\0{build_base}")
+              for ref, target in PROJECT_IMAGES.items()}  # fmt: skip
     found = {ref: recorded_archive(ref, inputs[ref]) for ref in PROJECT_IMAGES}
     if all(found.values()):
         return {ref: archive for ref, archive in found.items() if archive}
@@ -71,10 +75,11 @@ def ensure_project_images(
         podman = Podman(progress) if missing else None
         if podman and python_base is None:
             debian_base.ensure_base(podman, pins, progress, images_directory())
+            debian_base.ensure_base(podman, pins, progress, images_directory(), builder=True)
         for ref in missing:
             assert podman is not None
             target = PROJECT_IMAGES[ref]
-            found[ref] = _build_project_image(podman, root, ref, target, base, inputs[ref])
+            found[ref] = _build_project_image(podman, root, ref, target, bases, inputs[ref])
     return {ref: archive for ref, archive in found.items() if archive}
 
 
@@ -117,11 +122,14 @@ def ensure_binary_image(
 
 
 def _build_project_image(
-    podman: Podman, root: Path, reference: str, target: str, base: str, inputs: str
-) -> Path:
+    podman: Podman, root: Path, reference: str, target: str, bases: tuple[str, str],
+    inputs: str,
+) -> Path:  # fmt: skip
+    """`bases`: the images' base (PYTHON_BASE) and the builder stages' (BUILD_BASE)."""
     log = images_directory() / f"{slug(reference)}.build.log"
     arguments = ["--network", "host", "--target", target, "--tag", reference,
-                 "--build-arg", f"PYTHON_BASE={base}", *pip_settings(),
+                 "--build-arg", f"PYTHON_BASE={bases[0]}",
+                 "--build-arg", f"BUILD_BASE={bases[1]}", *pip_settings(),
                  "--file", str(root / "Dockerfile"), str(root)]  # fmt: skip
     progress = podman.progress
     progress(f"building {reference} (the Dockerfile's {target} target) with podman; its "

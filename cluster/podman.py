@@ -10,51 +10,27 @@ runs a container on podman's default bridge network. Callers that run containers
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kubeinfer.cluster import debian_packages
 from kubeinfer.cluster.gobuild import BuildError
 
 PACKAGES = {"podman": "podman", "runc": "runc", "mmdebstrap": "mmdebstrap"}
 """Each program the images need from Debian, and the package that ships it."""
 
-SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/local/sbin", "/usr/sbin", "/sbin"])
-
 Progress = Callable[[str], None]
-
-
-def find_programs(programs: Sequence[str]) -> dict[str, str]:
-    found = {name: shutil.which(name, path=SEARCH_PATH) for name in programs}
-    return {name: path for name, path in found.items() if path}
 
 
 def ensure_programs(programs: Sequence[str], progress: Progress) -> dict[str, str]:
     """The path of each of `programs` (keys of `PACKAGES`), installing the missing ones'
-    packages with apt-get as root; BuildError naming them where that cannot be done."""
-    found = find_programs(programs)
-    missing = sorted({PACKAGES[name] for name in programs if name not in found})
-    if not missing:
-        return found
-    command = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise BuildError(f"the images need Debian's {', '.join(missing)}: run "
-                         f"`{' '.join(command)}` as root")  # fmt: skip
-    progress(f"installing {', '.join(missing)} from Debian to build the images")
-    waiting = ["-o", "DPkg::Lock::Timeout=300"]  # another apt-get may hold the lock
-    result = subprocess.run([*command, *waiting], capture_output=True, text=True, check=False)
-    if result.returncode != 0:  # a fresh machine may have no package lists yet
-        subprocess.run(["apt-get", "update"], capture_output=True, check=False)
-        result = subprocess.run([*command, *waiting], capture_output=True, text=True, check=False)
-    found = find_programs(programs)
-    absent = [name for name in programs if name not in found]
-    if result.returncode != 0 or absent:
-        raise BuildError(f"`{' '.join(command)}` failed; still missing: {', '.join(absent)}\n"
-                         + (result.stderr or result.stdout)[-2000:])  # fmt: skip
-    return found
+    packages with apt-get as root (`debian_packages`); BuildError naming them where that
+    cannot be done."""
+    wanted = {name: PACKAGES[name] for name in programs}
+    found = debian_packages.ensure_programs(wanted, "building the images", progress)
+    return {name: str(path) for name, path in found.items()}
 
 
 class Podman:

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from kubeinfer.cluster import binaries, gobuild, host_packages, node_builds
+from kubeinfer.cluster import binaries, debian_packages, gobuild, host_packages, node_builds
+from waiting import wait_for
 
 
 def test_the_versions_are_go_mods() -> None:
@@ -72,13 +73,6 @@ def _blocked_on_lock(lock: Path) -> bool:
     )
 
 
-def _wait_for(condition: Callable[[], bool], what: str, timeout_seconds: float = 30) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.02)
-
-
 def test_a_folder_is_built_once_however_many_ask_at_once(tmp_path: Path) -> None:
     cache, calls, release = tmp_path / "cache", [], threading.Event()
 
@@ -93,10 +87,10 @@ def test_a_folder_is_built_once_however_many_ask_at_once(tmp_path: Path) -> None
     ask = lambda: found.append(gobuild.ensure_built(cache, ("one", "two"), build))  # noqa: E731
     first = threading.Thread(target=ask)
     first.start()
-    _wait_for(lambda: bool(calls), "the first build started")
+    wait_for(lambda: bool(calls), what="the first build started")
     second = threading.Thread(target=ask)
     second.start()
-    _wait_for(lambda: _blocked_on_lock(cache / ".lock"), "the second waited on the lock")
+    wait_for(lambda: _blocked_on_lock(cache / ".lock"), what="the second waited on the lock")
     release.set()
     first.join(30)
     second.join(30)
@@ -122,7 +116,7 @@ def _cached(ensure: Callable[[], object]) -> object:
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(gobuild, "find_go", _refuse_to_build)  # every go_build asks first
-            patch.setattr(host_packages, "install", _refuse_to_install)
+            patch.setattr(debian_packages, "install", _refuse_to_install)
             return ensure()
     except gobuild.BuildError as error:
         if os.environ.get("CI") == "true":
@@ -134,7 +128,7 @@ def _refuse_to_build() -> str:
     raise gobuild.BuildError("not in the cache")
 
 
-def _refuse_to_install(packages: list[str]) -> None:
+def _refuse_to_install(packages: list[str], *_: object) -> None:
     raise gobuild.BuildError(f"{', '.join(packages)} not installed")
 
 
@@ -210,13 +204,13 @@ def test_pause_as_pid_1_reaps_orphans_and_stops_on_sigterm() -> None:
     sandbox = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", str(pause)],
                                stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        _wait_for(lambda: bool(_children(sandbox.pid)), "pause started")
+        wait_for(lambda: bool(_children(sandbox.pid)), what="pause started")
         (pid,) = _children(sandbox.pid)
         # a shell in pause's namespace leaves a child behind: it is reparented to pause
         subprocess.run(["nsenter", "-t", str(pid), "-p", "sh", "-c", "sleep 1 & exit 0"],
                        check=True)  # fmt: skip
-        _wait_for(lambda: bool(_children(pid)), "the orphan was reparented to pause")
-        _wait_for(lambda: not _children(pid), "pause reaped the orphan once it exited")
+        wait_for(lambda: bool(_children(pid)), what="the orphan was reparented to pause")
+        wait_for(lambda: not _children(pid), what="pause reaped the orphan once it exited")
         os.kill(pid, signal.SIGTERM)
         _, stderr = sandbox.communicate(timeout=30)
         assert "Shutting down, got signal: terminated" in stderr
@@ -267,9 +261,9 @@ def test_missing_debian_programs_are_installed_by_package_name(
     for name in ("runc", "iptables"):
         (tmp_path / name).write_text("#!/bin/sh\n")
         (tmp_path / name).chmod(0o755)
-    monkeypatch.setattr(host_packages, "SEARCH_PATH", str(tmp_path))
+    monkeypatch.setattr(debian_packages, "SEARCH_PATH", str(tmp_path))
     asked: list[list[str]] = []
-    monkeypatch.setattr(host_packages, "install", asked.append)
+    monkeypatch.setattr(debian_packages, "install", lambda packages, *_: asked.append(packages))
     with pytest.raises(gobuild.BuildError, match="left conntrack, ip missing"):
         host_packages.ensure_node_packages()
     assert asked == [["conntrack", "iproute2"]]

@@ -2,10 +2,13 @@
 subprocesses, on a second cluster beside the session's: `up` makes a network namespace of
 the cluster's own, returns once the node is Ready (printing the `export KUBECONFIG=...` line
 and kubectl's path) with the API server at a forwarded 127.0.0.1 port, so kubectl works at
-once; a pod of the runtime image runs as a container; `down` leaves no process (the pod's
-included), mount, cgroup or namespace behind; the host's network namespace holds the same
-links, addresses, routes, rules and firewall rules before, during and after; and `down`
-where nothing runs says so and succeeds."""
+once; `--kubeconfig FILE` writes a FILE that did not exist (nor its folder) and names it;
+`--simulated-gpu-nodes` adds Ready GPU nodes of the products asked for, where a pod that
+tolerates them runs (KWOK plays it); a pod of the runtime image runs as a container on the
+real node; `down` leaves no process (the pod's and KWOK's included), mount, cgroup or
+namespace behind; the host's network namespace holds the same links, addresses, routes,
+rules and firewall rules before, during and after; and `down` where nothing runs says so
+and succeeds."""
 
 from __future__ import annotations
 
@@ -14,13 +17,15 @@ import json
 import os
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from kubeinfer.cluster import cgroups, control_plane, netns, teardown
+from kubeinfer.cluster import cgroups, control_plane, fleet, netns, teardown
 from kubeinfer.cluster.processes import read_state
 from processes_left import processes_mentioning
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 KUBEINFER = Path(sys.executable).parent / "kubeinfer"
@@ -78,13 +83,23 @@ def commands(pids: list[str]) -> list[str]:
     return found
 
 
-def wait_for(what: str, check, timeout: float = 120.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-    return found
+def simulated_pod_runs_on_an_l4(kubectl: Callable[..., str], ready: dict[str, str | None]) -> None:
+    """A pod asking for an L4's GPU lands on a simulated L4 node and runs there."""
+    kubectl("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "on-an-l4"},
+        "spec": {"nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4",
+                                  fleet.SIMULATED_LABEL[0]: fleet.SIMULATED_LABEL[1]},
+                 "tolerations": [fleet.SIMULATED_TOLERATION],
+                 "containers": [{"name": "main", "image": RUNTIME_IMAGE,
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }))  # fmt: skip
+
+    def running() -> dict[str, Any] | None:
+        pod = json.loads(kubectl("get", "pod", "on-an-l4", "-o", "json"))
+        return pod if pod["status"].get("phase") == "Running" else None
+
+    pod = wait_for(running, within=120, what="the pod on a simulated L4 to run")
+    assert ready[pod["spec"]["nodeName"]] == "NVIDIA-L4"
 
 
 @pytest.mark.lifecycle
@@ -93,13 +108,20 @@ def test_up_runs_a_node_in_its_own_namespace_and_down_leaves_nothing(
 ) -> None:
     before = host_network_state()
     directory = tmp_path / "second-cluster"
+    kubeconfig = tmp_path / "not-yet" / "kubeconfig"
     try:
-        up = kubeinfer("cluster", "up", "--directory", str(directory))
+        fleet_of = ["--simulated-gpu-nodes", "H100=1", "--simulated-gpu-nodes", "L4=2"]
+        up = kubeinfer(
+            "cluster", "up", "--directory", str(directory), "--kubeconfig", str(kubeconfig),
+            *fleet_of,
+        )  # fmt: skip
         assert up.returncode == 0, up.stderr[-3000:]
-        kubeconfig = directory / "admin.kubeconfig"
         lines = up.stdout.splitlines()
         assert lines[0] == f"export KUBECONFIG={kubeconfig}", up.stdout
+        assert kubeconfig.stat().st_mode & 0o777 == 0o600
+        assert kubeconfig.read_text() == (directory / "admin.kubeconfig").read_text()
         assert lines[1].startswith("# kubectl: ") and "cluster down --directory" in lines[1]
+        assert lines[2].startswith("# simulated GPU nodes: 1 H100, 2 L4; "), up.stdout
         kubectl_path = lines[1].removeprefix("# kubectl: ").split()[0]
 
         def kubectl(*args: str, stdin: str | None = None) -> str:
@@ -112,8 +134,16 @@ def test_up_runs_a_node_in_its_own_namespace_and_down_leaves_nothing(
 
         # No waiting: `up` returned once the node was Ready; the API server is a forwarded
         # port of this namespace, the node in the cluster's own.
-        [node] = json.loads(kubectl("get", "nodes", "-o", "json"))["items"]
-        assert {c["type"]: c["status"] for c in node["status"]["conditions"]}["Ready"] == "True"
+        nodes = json.loads(kubectl("get", "nodes", "-o", "json"))["items"]
+        ready = {
+            n["metadata"]["name"]: n["metadata"]["labels"].get("nvidia.com/gpu.product")
+            for n in nodes
+            if {c["type"]: c["status"] for c in n["status"]["conditions"]}["Ready"] == "True"
+        }
+        assert sorted(ready.values(), key=str) == [
+            "NVIDIA-H100-80GB-HBM3", "NVIDIA-L4", "NVIDIA-L4", None
+        ], ready  # fmt: skip
+        simulated_pod_runs_on_an_l4(kubectl, ready)
         assert (
             "127.0.0.1"
             in json.loads(kubectl("config", "view", "-o", "json"))["clusters"][0]["cluster"][
@@ -142,7 +172,7 @@ def test_up_runs_a_node_in_its_own_namespace_and_down_leaves_nothing(
             phase = json.loads(kubectl("get", "pod", "sleeper", "-o", "json"))["status"]["phase"]
             return cgroups.cgroup_processes(root) if phase == "Running" else set()
 
-        in_pods = wait_for("the pod to run", pod_processes)
+        in_pods = wait_for(pod_processes, within=120, what="the pod to run")
         assert host_network_state() == before
     finally:
         down = kubeinfer("cluster", "down", "--directory", str(directory))

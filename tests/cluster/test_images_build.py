@@ -7,13 +7,15 @@ its digest) naming its reference; a second call returning them without podman; t
 entry points (`kubeinfer --help`, `operator --help`, `crds`, `validate` of a packaged
 example, `serve --help`); uid and gid 65532; a read-only root filesystem (no tmpfs
 either) with every capability dropped and no network but loopback or none; no pip,
-setuptools, wheel or compiler; the runtime's s3:// and gs:// file systems; an inference
-over HTTP and over gRPC by the runtime image serving a model mounted read-only, equal to
-ONNX Runtime's answer here, and SIGTERM answered with exit status 0 while a client sends
-requests (drain semantics themselves: tests/runtime's in-process SIGTERM tests); a
-one-line source change rebuilding the project's layer only; an image of one static Go
-binary (`ensure_binary_image`) run as 65532 or as root. The host's links, addresses,
-routes and firewall rules are the same after all of it.
+setuptools, wheel, compiler, cargo or rustc; the runtime's s3:// and gs:// file systems;
+an inference over HTTP and over gRPC by the runtime image serving a model mounted
+read-only, equal to ONNX Runtime's answer here, and SIGTERM answered with exit status 0
+while a client sends requests (drain semantics themselves: tests/runtime's in-process
+SIGTERM tests); the same over HTTP on the Rust data plane (`serve --data-plane rust`, the
+extension kubeinfer_dataplane the Dockerfile builds from runtime/native); a one-line
+source change rebuilding the project's layer only (not the Rust extension's); an image of
+one static Go binary (`ensure_binary_image`) run as 65532 or as root. The host's links,
+addresses, routes and firewall rules are the same after all of it.
 
 About three minutes with the Debian base and the dependencies' layers cached; a cold
 machine adds the base (mmdebstrap, about two minutes) and those layers (about two).
@@ -21,6 +23,7 @@ machine adds the base (mmdebstrap, about two minutes) and those layers (about tw
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import json
@@ -214,7 +217,8 @@ def test_each_image_runs_as_65532_without_pip_or_a_compiler(
         "import importlib.util as u, os, shutil, sys;"
         "print(os.getuid(), os.getgid(), os.environ['HOME']);"
         "print([m for m in ('pip', 'setuptools', 'wheel') if u.find_spec(m)]);"
-        "print([p for p in ('pip', 'pip3', 'gcc', 'cc', 'c++', 'apt-get') if shutil.which(p)])"
+        "print([p for p in ('pip', 'pip3', 'gcc', 'cc', 'c++', 'apt-get', 'cargo', 'rustc',"
+        " 'maturin') if shutil.which(p)])"
     )
     assert python_in(podman, image, code).splitlines() == ["65532 65532 /tmp", "[]", "[]"]
     bundled = run(podman, image, "-c", "find / -xdev -name '*.whl' | head -5",
@@ -235,18 +239,33 @@ def test_the_runtime_image_fetches_s3_and_gs_models(podman: list[str], runtime: 
     assert python_in(podman, runtime, code).strip() == "['s3fs', 'gcsfs']"
 
 
+def test_the_runtime_image_has_the_rust_data_plane_and_no_rust_toolchain(
+    podman: list[str], runtime: str, operator: str
+) -> None:
+    """kubeinfer_dataplane from its own layer (/opt/kubeinfer/dataplane); the builder
+    stage's toolchain (Debian's rustc-web, cargo-web) in neither image."""
+    code = "import kubeinfer_dataplane as d; print(d.__file__)"
+    assert python_in(podman, runtime, code).startswith("/opt/kubeinfer/dataplane/")
+    toolchain = "find / -xdev \\( -name cargo -o -name 'rustc*' -o -name 'libstd-*.so' \\) | head"
+    for image in (runtime, operator):
+        assert run(podman, image, "-c", toolchain, options=("--entrypoint", "sh")) == ""
+
+
 class Served:
     """The runtime image serving `model` on loopback ports of the host (`--network host`:
     no namespace or rule is made), the model mounted read-only."""
 
-    def __init__(self, podman: list[str], image: str, model: Path) -> None:
+    def __init__(self, podman: list[str], image: str, model: Path, data_plane: str) -> None:
         self.podman, self.name = podman, f"kubeinfer-test-{uuid.uuid4().hex[:8]}"
         self.http, self.grpc = free_port(), free_port()
+        # gRPC on the Python data plane; the Rust one is driven over HTTP here.
+        serve = ["--grpc-port", str(self.grpc)] if data_plane == "python" else []
         subprocess.run(
             [*podman, "run", "--detach", "--name", self.name, "--network", "host", *CONTAINER,
              "--volume", f"{model.parent}:/models:ro", image,
              "serve", "--onnx", f"/models/{model.name}", "--model-name", "tiny",
-             "--host", "127.0.0.1", "--port", str(self.http), "--grpc-port", str(self.grpc)],
+             "--host", "127.0.0.1", "--port", str(self.http), "--data-plane", data_plane,
+             *serve],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
 
@@ -286,18 +305,42 @@ class Served:
         self._podman("rm", "--force", "--time", "0", self.name)
 
 
-@pytest.fixture
-def served(podman: list[str], runtime: str, tmp_path: Path) -> Iterator[tuple[Served, Path]]:
-    models = tmp_path / "models"
+@contextlib.contextmanager
+def serving(
+    podman: list[str], runtime: str, folder: Path, data_plane: str
+) -> Iterator[tuple[Served, Path]]:
+    models = folder / "models"
     model = build_tiny_mlp(models / "tiny.onnx")
     models.chmod(0o755)  # the container's user reads it, as from a volume
     model.chmod(0o644)
-    server = Served(podman, runtime, model)
+    server = Served(podman, runtime, model, data_plane)
     try:
         server.wait_ready()
         yield server, model
     finally:
         server.remove()
+
+
+@pytest.fixture
+def served(podman: list[str], runtime: str, tmp_path: Path) -> Iterator[tuple[Served, Path]]:
+    with serving(podman, runtime, tmp_path, "python") as found:
+        yield found
+
+
+def test_the_runtime_image_serves_on_the_rust_data_plane(
+    podman: list[str], runtime: str, tmp_path: Path
+) -> None:
+    with serving(podman, runtime, tmp_path, "rust") as (server, model):
+        rows = np.random.default_rng(11).standard_normal((2, 16)).astype(np.float32)
+        expected = ort.InferenceSession(str(model)).run(None, {"input": rows})[0]
+        body = {"inputs": [{"name": "input", "shape": [2, 16], "datatype": "FP32",
+                            "data": rows.ravel().tolist()}]}  # fmt: skip
+        status, answer = server.request("POST", "/v2/models/tiny/infer", body)
+        assert status == 200, answer
+        got = np.array(answer["outputs"][0]["data"], dtype=np.float32).reshape(2, 10)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        server._podman("kill", "--signal", "TERM", server.name)
+        assert server._podman("wait", server.name).strip() == "0", server.logs()
 
 
 def test_the_runtime_image_serves_over_http_and_grpc_and_exits_0_on_sigterm(

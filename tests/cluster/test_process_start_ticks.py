@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from kubeinfer.cluster.processes import Started, is_running, start_ticks
+from waiting import wait_for
 
 
 def test_start_ticks_of_a_running_process_is_stable_and_after_boot() -> None:
@@ -28,13 +28,15 @@ def test_start_ticks_of_no_such_process_is_none() -> None:
     assert start_ticks(child.pid) is None
 
 
+def state_of(pid: int) -> str:
+    """The process's state letter (field 3 of proc(5)'s stat)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
 def test_a_zombie_has_no_start_ticks() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
-        deadline = time.monotonic() + 30
-        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-            assert time.monotonic() < deadline, "the child never exited"
-            time.sleep(0.02)
+        wait_for(lambda: state_of(child.pid) == "Z", what="the child to exit (a zombie)")
         assert start_ticks(child.pid) is None
         assert not is_running(Started("child", child.pid, 1, "/dev/null"))
     finally:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import json
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 from cluster_harness import LocalCluster, file_url
 from kubeinfer.cluster import control_plane
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 RUNTIME_IMAGE = "ghcr.io/kubeinfer/kubeinfer-runtime:0.1.0"
@@ -36,15 +36,6 @@ FETCH_AND_SERVE = (
     "os.execvp('kubeinfer', ['kubeinfer', 'serve', '--onnx', '/tmp/model.onnx', "
     "'--model-name', 'tiny', '--host', '0.0.0.0', '--port', '8000'])"
 )
-
-
-def wait_for(what: str, check, timeout: float = 120.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-    return found
 
 
 def restricted_namespace(local_cluster: LocalCluster) -> str:
@@ -102,7 +93,7 @@ def test_a_runtime_pod_serves_at_its_ip_its_cluster_ip_and_its_dns_name(
             pod if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions) else None
         )
 
-    pod = wait_for("the runtime pod to be Ready", ready_pod, timeout=180)
+    pod = wait_for(ready_pod, 180, "the runtime pod to be Ready", every=0.2)
     service = kube.get("v1", "services", "tiny")
     assert service is not None
     with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8000/v2/models/tiny") as answer:
@@ -124,7 +115,8 @@ def test_a_runtime_pod_serves_at_its_ip_its_cluster_ip_and_its_dns_name(
                 return None
             raise
 
-    assert wait_for("the Service to answer", through_the_cluster_ip, timeout=60)["name"] == "tiny"
+    answered = wait_for(through_the_cluster_ip, 60, "the Service to answer", every=0.2)
+    assert answered["name"] == "tiny"
 
     name = f"tiny.{namespace}.svc.cluster.local"
     lookup = (
@@ -168,10 +160,9 @@ def test_gpus_are_an_extended_resource_the_scheduler_counts(local_cluster: Local
     try:
         kube.create(sleeper("fits", had + 1))
         kube.create(sleeper("too-many", had + 2))
-        wait_for(
-            "the pod that fits bound", lambda: (scheduled("fits") or {}).get("status") == "True"
-        )
-        refused = wait_for("the other refused", lambda: scheduled("too-many"))
+        wait_for(lambda: (scheduled("fits") or {}).get("status") == "True", 120,
+                 "the pod that fits bound", every=0.2)  # fmt: skip
+        refused = wait_for(lambda: scheduled("too-many"), 120, "the other refused", every=0.2)
         assert (refused["status"], refused["reason"]) == ("False", "Unschedulable")
         assert "Insufficient nvidia.com/gpu" in refused["message"]
     finally:
