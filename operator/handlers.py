@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
-from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.api.v1alpha1.resource import GROUP, PLURAL, VERSION
-from kubeinfer.operator.exporter import StatusBoard
+from kubeinfer.operator.controller import Reconciler
 from kubeinfer.operator.kube import kopf_json, kopf_toggles
 from kubeinfer.operator.kube.cache import (
     OWNERS_INDEX,
@@ -58,10 +57,11 @@ from kubeinfer.operator.kube.client import (
 )
 from kubeinfer.operator.kube.owner_events import OwnerEvents
 from kubeinfer.operator.kube.resources import NODE
-from kubeinfer.operator.reconciler import Reconciler
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state.gpu_nodes import GPU_PRODUCT_LABEL
 from kubeinfer.operator.state.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MANAGED_BY
+from kubeinfer.operator.telemetry.activity import Activity
+from kubeinfer.operator.telemetry.exporter import StatusBoard
 
 CHILD_RESOURCES = (JOB, POD, DEPLOYMENT, CONFIGMAP, SERVICE, PVC, PDB)
 

@@ -12,7 +12,10 @@ InferenceDeployment fresh when the watch's copy is older than what it knows, LIS
 children by label, server-side applies them (a `patch`, which also creates), patches the
 status subresource, posts Events, deletes build Jobs whose inputs no longer apply, and
 deletes a shadow candidate's Deployment, ConfigMap and Service once it is promoted,
-failed or aborted. Nothing is ever created with POST except Events, and nothing else is deleted
+failed or aborted. A serving pod is patched in two ways only, by the known-answer
+checks: its status, for its readiness gate (`kubeinfer.io/answers-correct`), and, when
+it answered wrong, its labels, annotations and ownerReferences, to take it out of its
+ReplicaSet and Service. Nothing is ever created with POST except Events, and nothing else is deleted
 (ownerReferences let the garbage collector remove children). Pods are listed also to
 read the serving pods' /metrics directly when no Prometheus is configured. Discovery
 (`/api`, `/apis`) needs no rule.
@@ -29,13 +32,10 @@ leader election scenario's calls are part of the comparison.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
 from kubeinfer.operator.kube.resources import (
     CONFIGMAP,
     DEPLOYMENT,
@@ -88,7 +88,8 @@ RULES: tuple[Rule, ...] = (
     _rule((INFERENCE_DEPLOYMENT,), ("patch",), sub="status"),
     _rule((PVC,), ("list", "watch", "create", "patch")),
     _rule((CONFIGMAP, SERVICE), ("list", "watch", "create", "patch", "delete")),
-    _rule((POD,), ("list", "watch")),
+    _rule((POD,), ("list", "watch", "patch")),
+    _rule((POD,), ("patch",), sub="status"),
     _rule((EVENT,), ("create",)),
     _rule((DEPLOYMENT,), ("list", "watch", "create", "patch", "delete")),
     _rule((JOB,), ("list", "watch", "create", "patch", "delete")),
@@ -96,8 +97,9 @@ RULES: tuple[Rule, ...] = (
     _rule((POD_MONITOR,), ("list", "create", "patch")),
 )
 
-NODE_RULES: tuple[Rule, ...] = (_rule((NODE,), ("list", "watch")),)
-"""The cluster-scoped reads: the GPU nodes, for mixed GPU fleets."""
+NODE_RULES: tuple[Rule, ...] = (_rule((NODE,), ("get", "list", "watch")),)
+"""The cluster-scoped reads: the GPU nodes, for mixed GPU fleets, and the node of each
+serving pod, for the hardware its known answers are compared on."""
 
 DEFAULT_LEASE_NAME = "kubeinfer-operator"
 
@@ -134,7 +136,7 @@ def role_document(name: str = "kubeinfer-operator", namespace: str | None = None
 
 
 def node_role_document(name: str = "kubeinfer-operator-nodes") -> dict[str, Any]:
-    """The ClusterRole that lets the operator list and watch the nodes."""
+    """The ClusterRole that lets the operator read the nodes."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "ClusterRole",
@@ -278,44 +280,3 @@ def helm_template() -> str:
         node_rules="\n".join(_rule_line(rule) for rule in NODE_RULES),
         lease_rules="\n".join(_rule_line(rule) for rule in lease_rules(HELM_LEASE_NAME)),
     )
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "rbac",
-        help="print the operator's RBAC Role or ClusterRole",
-        description="Prints the Role (with --namespace) or ClusterRole holding exactly the "
-        "permissions the operator uses.",
-    )
-    parser.add_argument("--namespace", help="print a Role in this namespace")
-    parser.add_argument("--name", default="kubeinfer-operator", help="the role's name")
-    parser.add_argument(
-        "--leader-election",
-        action="store_true",
-        help="also print the Role for leader election's Lease (kubeinfer operator "
-        "--leader-election)",
-    )
-    parser.add_argument("--lease-name", default=DEFAULT_LEASE_NAME, help="the Lease's name")
-    parser.add_argument(
-        "--lease-namespace", help="the operator's own namespace (default: --namespace)"
-    )
-    parser.add_argument(
-        "--helm", action="store_true", help="print the Helm chart's templates/rbac.yaml"
-    )
-    parser.set_defaults(handler=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    if args.helm:
-        print(helm_template(), end="")
-        return 0
-    documents = [role_document(args.name, args.namespace), node_role_document(f"{args.name}-nodes")]
-    if args.leader_election:
-        namespace = args.lease_namespace or args.namespace
-        if not namespace:
-            print("kubeinfer rbac: --leader-election needs --lease-namespace", file=sys.stderr)
-            return 2
-        name = f"{args.name}-leader-election"
-        documents.append(lease_role_document(name, namespace, args.lease_name))
-    print(yaml.safe_dump_all(documents, sort_keys=False), end="")
-    return 0

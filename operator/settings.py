@@ -125,6 +125,11 @@ class Pods(_Group):
     """How long a terminating runtime pod may answer queued and in-flight requests (the
     runtime's drainGracePeriodSeconds); the pod's termination grace period is longer."""
 
+    testing_faults: str | None = Field(default=None, max_length=256)
+    """FOR TESTS ONLY: faults the serving pods inject (`kubeinfer serve --testing-faults`,
+    docs/known-answers.md), so the tests can show wrong answers caught; never set in
+    production."""
+
     @property
     def termination_grace_period_seconds(self) -> int:
         """preStop pause + drain + a margin, so the kubelet never kills a draining pod."""

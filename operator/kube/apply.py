@@ -24,7 +24,8 @@ from kubeinfer.operator.kube.client import (
     KubeClient,
     KubeObject,
 )
-from kubeinfer.operator.state.snapshot import Event, ObservedState, OwnerRef
+from kubeinfer.operator.state.decision import Event
+from kubeinfer.operator.state.observed import ObservedState, OwnerRef
 
 REPORTING_COMPONENT = "kubeinfer-operator"
 

@@ -31,8 +31,9 @@ from kubeinfer.operator.kube.client import JOB, PDB, POD
 from kubeinfer.operator.kube.owner_events import OwnerEvents
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.build_attempt import build_terminations, finished
+from kubeinfer.operator.state.known_answers import awaits_answer_check
+from kubeinfer.operator.state.observed import KubeObject
 from kubeinfer.operator.state.runtime_failures import runtime_failure
-from kubeinfer.operator.state.snapshot import KubeObject
 
 
 class ChildEvents:
@@ -57,7 +58,7 @@ class ChildEvents:
         if event_type in (None, "DELETED"):
             return True
         if plural == POD.plural and names.LABEL_ROLE in labels:
-            return runtime_failure([child]) is not None
+            return runtime_failure([child]) is not None or awaits_answer_check(child)
         if plural == POD.plural:
             return bool(build_terminations([child]))
         if plural == JOB.plural:

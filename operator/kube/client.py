@@ -32,7 +32,6 @@ from typing import Any
 import aiohttp
 import kopf
 from kopf._cogs.structs.credentials import Vault
-from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.kube.resources import (
     CONFIGMAP,
     DEPLOYMENT,
@@ -48,7 +47,8 @@ from kubeinfer.operator.kube.resources import (
     SERVICE,
     ResourceType,
 )
-from kubeinfer.operator.state.snapshot import KubeObject
+from kubeinfer.operator.state.observed import KubeObject
+from kubeinfer.operator.telemetry.activity import Activity
 from kubernetes.aio.client import ApiClient, Configuration
 from kubernetes.aio.dynamic import DynamicClient
 from kubernetes.aio.dynamic.exceptions import DynamicApiError
@@ -329,6 +329,25 @@ class KubeClient:
                 f"JSON patch of {namespace}/{target} not applied: a test operation failed "
                 f"or a path it names does not exist (the server said: {error.message})",
             ) from None
+
+    async def strategic_patch(
+        self,
+        resource: ResourceType,
+        namespace: str,
+        name: str,
+        body: KubeObject,
+        *,
+        subresource: str | None = None,
+    ) -> KubeObject:
+        """A strategic merge patch: lists merge by their key (a pod's conditions by
+        type), so one entry is set without reading or replacing the others."""
+        return await self._request(
+            "PATCH",
+            resource.path(namespace, name, subresource),
+            body=body,
+            content_type="application/strategic-merge-patch+json",
+            field_manager=self.field_manager,
+        )
 
     async def create(self, obj: KubeObject) -> KubeObject:
         resource = RESOURCES[obj["kind"]]

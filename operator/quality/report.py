@@ -169,15 +169,22 @@ def judged(
     baseline: QualityBaseline = NO_BASELINE,
     notes: tuple[str, ...] = (),
     engine_digest: str | None = None,
+    coverage: str | None = None,
 ) -> QualityReport:
     """The verdict on this pass's window, as the status records it; `notes` (sentences:
-    readings set aside, a window not yet covered) follow the verdict's message."""
+    readings set aside) and `coverage` (how much of the window the counts cover, while
+    they do not cover it all) follow the verdict's message.
+
+    A pass that finds the figures as the last one recorded them leaves the status as it
+    was (`_settled`): only the time would change (`lastEvaluated`, the coverage), and a
+    status write per pass for nothing new is what the operator never does."""
     verdict: QualityVerdict = judge_quality(
         thresholds_of(watch), baseline, window, memory_of(previous)
     )
+    sentences = (verdict.message, *notes, *((coverage,) if coverage else ()))
     status = QualityWatchStatus(
         state=verdict.state,
-        message=" ".join((verdict.message, *notes))[:4096],
+        message=" ".join(sentences)[:4096],
         reference_engine_digest=reference_digest,
         window_seconds=watch.window_seconds,
         samples=window.overall.samples,
@@ -194,7 +201,18 @@ def judged(
         engine_digest=engine_digest,
         watching_since=previous.watching_since if previous else now,
     )
+    if previous is not None and _settled(status, previous, " ".join((verdict.message, *notes))):
+        status = previous
     return QualityReport(status, _drift_of(status))
+
+
+def _settled(status: QualityWatchStatus, previous: QualityWatchStatus, verdict: str) -> bool:
+    """Whether `status` says what `previous` said, but for the time: the same figures and
+    verdict, the message the same before its coverage sentence."""
+    timeless = {"last_evaluated", "message"}
+    if status.model_dump(exclude=timeless) != previous.model_dump(exclude=timeless):
+        return False
+    return (previous.message or "")[: len(verdict)] == verdict[:4096]
 
 
 def starting(

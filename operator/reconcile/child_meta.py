@@ -11,7 +11,7 @@ from typing import Any
 
 from kubeinfer.operator.api.v1alpha1.resource import API_VERSION, KIND
 from kubeinfer.operator.state import names
-from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
+from kubeinfer.operator.state.observed import KubeObject, OwnerRef
 
 
 def owner_reference(owner: OwnerRef) -> dict[str, Any]:

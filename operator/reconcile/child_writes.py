@@ -4,7 +4,7 @@ no longer carries every field the operator owns on them. Pure."""
 from __future__ import annotations
 
 from kubeinfer.operator.reconcile.drift import carries
-from kubeinfer.operator.state.snapshot import KubeObject, ObservedState
+from kubeinfer.operator.state.observed import KubeObject, ObservedState
 
 
 def _observed_child(observed: ObservedState, kind: str, name: str) -> KubeObject | None:

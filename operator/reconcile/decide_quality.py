@@ -30,7 +30,8 @@ from kubeinfer.operator.state.engine_state import (
     engine_state,
     observed_serving,
 )
-from kubeinfer.operator.state.snapshot import KubeObject, ObservedState
+from kubeinfer.operator.state.observed import KubeObject, ObservedState
+from kubeinfer.operator.state.quality_readings import QualityReading
 
 
 def reference_engine(
@@ -42,8 +43,7 @@ def reference_engine(
     if not observed.spec.quality_watch.enabled:
         return None
     reference = replace(observed, spec=reference_spec(observed.spec))
-    others = (build_key(observed.spec, settings), *fallback_key(observed.spec, settings))
-    return engine_state(reference, settings, now, others)
+    return engine_state(reference, settings, now)
 
 
 def reference_children(
@@ -118,23 +118,22 @@ def fallback_engine(
     if fallback.uses_reference_engine(spec):
         state = reference
     else:
-        others = (engine.build_key, reference.build_key)
-        state = engine_state(
-            replace(observed, spec=fallback.fallback_spec(spec)), settings, now, others
-        )
+        state = engine_state(replace(observed, spec=fallback.fallback_spec(spec)), settings, now)
     return fallback.fallback_report(spec, latch, state), state
 
 
 def quality_report(
     observed: ObservedState,
+    reading: QualityReading | None,
     serving: ServingEngine | None,
     engine: EngineState,
     reference: EngineState | None,
     now: datetime,
     held: FallbackReport | None = None,
 ) -> QualityReport:
-    """The quality watch's status and drift for this pass (`quality.report`); `held`, the
-    fallback this pass holds."""
+    """The quality watch's status and drift for this pass (`quality.report`) on the window
+    the gather step read (`reading`; None: none was read); `held`, the fallback this pass
+    holds."""
     if reference is None:
         return QualityReport()
     watch, previous = observed.spec.quality_watch, observed.status.quality_watch
@@ -160,32 +159,18 @@ def quality_report(
         previous = None  # figures of another engine, or none: this one is watched afresh
     if previous is None:
         return quality.starting(watch, reference.digest, serving.digest, now)
-    reading = observed.quality
     if reading is None or reading.window is None:
         why = reading.error if reading and reading.error else "No figures were read yet."
         return quality.unreadable(watch, previous, reference.digest, why)
     agreement = agreement_for(engine, serving)
     baseline = quality.NO_BASELINE if agreement is None else quality.baseline_of(agreement)
-    notes = reading.set_aside
     covered = reading.covered_seconds
-    if covered is not None and covered < watch.window_seconds:
-        notes += (
-            f"The counts cover {covered:.0f} s of the {watch.window_seconds} s window so far.",
-        )
+    coverage = (
+        f"The counts cover {covered:.0f} s of the {watch.window_seconds} s window so far."
+        if covered is not None and covered < watch.window_seconds
+        else None
+    )
     return quality.judged(
-        watch, previous, reference.digest, reading.window, now, baseline, notes, serving.digest
-    )
-
-
-def reference_leftovers(
-    observed: ObservedState, reference: EngineState | None
-) -> tuple[tuple[str, str], ...]:
-    """The reference's children once the watch is off."""
-    if reference is not None:
-        return ()
-    found = (
-        ("Deployment", observed.reference_deployment),
-        ("Service", observed.reference_service),
-        ("ConfigMap", observed.reference_configmap),
-    )
-    return tuple((kind, child["metadata"]["name"]) for kind, child in found if child)
+        watch, previous, reference.digest, reading.window, now, baseline,
+        reading.set_aside, serving.digest, coverage,
+    )  # fmt: skip

@@ -1,5 +1,7 @@
-"""The runtime's children for one pass: the serving ConfigMap, Deployment, Service and
-PodMonitor, the mirror file, and a shadow candidate's children. Pure.
+"""The runtime's children for one pass: each engine's serving ConfigMap and Deployment
+(the object's one, or each GPU product's on a mixed fleet), the Service, disruption
+budget and PodMonitor they share, the mirror file, and a shadow candidate's children.
+Pure.
 
 The serving children run the engine the rollout plan serves. For the current engine they
 are rendered from the spec; for an older one (a new engine still building or on trial)
@@ -9,6 +11,9 @@ change of spec never reaches pods running an engine built for another image.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 import yaml
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
@@ -17,6 +22,7 @@ from kubeinfer.operator.reconcile import desired as build
 from kubeinfer.operator.reconcile.decide_quality import watched_reference
 from kubeinfer.operator.reconcile.desired_mirror import build_mirror_configmap
 from kubeinfer.operator.reconcile.desired_monitoring import build_pod_monitor
+from kubeinfer.operator.reconcile.engines import EnginePass
 from kubeinfer.operator.reconcile.rollout_progress import RolloutProgress, rollout_progress
 from kubeinfer.operator.rollout.shadow import RolloutPlan, promotion_complete
 from kubeinfer.operator.settings import OperatorSettings
@@ -25,9 +31,10 @@ from kubeinfer.operator.state.engine_state import (
     EngineState,
     ServingEngine,
     agreement_for,
+    batching_for,
     input_bytes_for,
 )
-from kubeinfer.operator.state.snapshot import KubeObject, ObservedState
+from kubeinfer.operator.state.observed import KubeObject, ObservedState
 from pydantic import ValidationError
 
 
@@ -104,6 +111,7 @@ def serving_children(
         input_bytes_per_row=serving_bytes,
         agreement=agreement_for(engine, serving),
         product=product,
+        batching=batching_for(engine, serving),
     )
     monitors = observed.pod_monitors_available
     deployment = build.build_runtime_deployment(
@@ -156,6 +164,7 @@ def _shadow_children(
         role,
         candidate_bytes,
         agreement_for(engine, candidate),
+        batching=batching_for(engine, candidate),
     )
     replicas = spec.rollout.shadow.replicas
     return mirror, [
@@ -165,42 +174,43 @@ def _shadow_children(
     ]
 
 
-def candidate_leftovers(observed: ObservedState, plan: RolloutPlan) -> tuple[tuple[str, str], ...]:
-    """The candidate's children when the plan runs no candidate (Failed, Aborted,
-    Promoted, replaced)."""
-    if plan.candidate is not None:
-        return ()
-    found = (
-        ("Deployment", observed.candidate_deployment),
-        ("Service", observed.candidate_service),
-        ("ConfigMap", observed.candidate_configmap),
-    )
-    return tuple((kind, child["metadata"]["name"]) for kind, child in found if child)
-
-
 def runtime_children(
-    observed: ObservedState,
-    settings: OperatorSettings,
-    plan: RolloutPlan,
-    served: EngineState,
-    engine: EngineState,
-    reference: EngineState | None,
-    replicas: int,
-) -> tuple[RolloutPlan, RolloutProgress, list[KubeObject]]:
-    """The plan once the serving roll's progress is known (a promoted engine rolled out
-    on every pod lets the candidate go), that progress, and the runtime's children: the
-    serving ConfigMap, the mirror file before the Deployment whose pods mount it, the
-    Deployment, its Service and PodMonitor, then the candidate's children. `served` is the
-    engine whose inputs the serving children carry (the fallback's when it serves)."""
-    deployment = None
-    if plan.serving is not None:
-        configmap, deployment, others = serving_children(
-            observed, settings, plan.serving, served, replicas
-        )
-    rollout = rollout_progress(observed.deployment, deployment, replicas)
-    plan = promotion_complete(plan, rollout.complete)
-    if plan.serving is None or deployment is None:
-        return plan, rollout, []
-    mirror, candidate = _shadow_children(observed, settings, plan, plan.serving, engine, reference)
+    settings: OperatorSettings, passes: Sequence[EnginePass]
+) -> tuple[tuple[EnginePass, ...], tuple[RolloutProgress, ...], list[KubeObject]]:
+    """The engines once each serving roll's progress is known (a promoted engine rolled
+    out on every pod lets the candidate go), those progresses, and the runtime's
+    children: each serving engine's ConfigMap, the mirror file before the Deployments
+    whose pods mount it, each serving engine's Deployment (its share of the pods), then the
+    Service with the disruption budget and PodMonitor they share, and a shadow
+    candidate's children. Nothing runs where no engine serves yet."""
+    configmaps: list[KubeObject] = []
+    deployments: list[KubeObject] = []
+    shared: list[KubeObject] = []
+    passes = list(passes)
+    rollouts = []
+    for index, each in enumerate(passes):
+        deployment = None
+        if each.plan.serving is not None:
+            configmap, deployment, shared = serving_children(
+                each.view,
+                settings,
+                each.plan.serving,
+                each.fallback or each.engine,
+                each.replicas,
+                each.product,
+            )
+            configmaps.append(configmap)
+            deployments.append(deployment)
+        rollout = rollout_progress(each.view.deployment, deployment, each.replicas)
+        rollouts.append(rollout)
+        passes[index] = replace(each, plan=promotion_complete(each.plan, rollout.complete))
+    serving = [(each, each.plan.serving) for each in passes if each.plan.serving is not None]
+    if not serving:
+        return tuple(passes), tuple(rollouts), []
+    last, served = serving[-1]
+    mirror, candidate = _shadow_children(
+        last.view, settings, last.plan, served, last.engine, last.reference
+    )
     mirrors = [mirror] if mirror is not None else []
-    return plan, rollout, [configmap, *mirrors, deployment, *others, *candidate]
+    children = [*configmaps, *mirrors, *deployments, *shared, *candidate]
+    return tuple(passes), tuple(rollouts), children

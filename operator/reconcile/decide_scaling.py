@@ -8,13 +8,13 @@ from datetime import datetime
 from kubeinfer.operator.reconcile.scaling_status import ScalingReport, scaling_report
 from kubeinfer.operator.reconcile.slo_status import SloReport
 from kubeinfer.operator.scaling.recommend import recommend
+from kubeinfer.operator.state.observed import KubeObject, ObservedState
 from kubeinfer.operator.state.scaling_inputs import (
     Recommendation,
     ScalingSignals,
     ServingPods,
     SloMiss,
 )
-from kubeinfer.operator.state.snapshot import KubeObject, ObservedState
 
 
 def _serving_deployments(observed: ObservedState) -> list[KubeObject]:

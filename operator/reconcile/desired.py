@@ -25,12 +25,15 @@ from kubeinfer.operator.reconcile.child_meta import finish_child
 from kubeinfer.operator.reconcile.desired_monitoring import scrape_annotations
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.build_attempt import BatchingFinding
 from kubeinfer.operator.state.engine_state import (
     ANNOTATION_AGREEMENT,
+    ANNOTATION_BATCHING,
     ANNOTATION_INPUT_BYTES_PER_ROW,
 )
+from kubeinfer.operator.state.known_answers import GATE_CONDITION
+from kubeinfer.operator.state.observed import KubeObject, OwnerRef
 from kubeinfer.operator.state.quality_readings import BuildAgreement
-from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
 
 YAML_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 """libyaml's emitter where PyYAML has it (its wheels do): the same text as PyYAML's own
@@ -48,6 +51,7 @@ HTTP_PORT = 8000
 METRICS_SERVICE_PORT = 9090
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+TESTING_FAULTS_ENV = "KUBEINFER_SERVE_TESTING_FAULTS"
 NON_ROOT_ID = 65532
 
 
@@ -174,11 +178,13 @@ def build_runtime_configmap(
     input_bytes_per_row: int | None = None,
     agreement: BuildAgreement | None = None,
     product: str | None = None,
+    batching: BatchingFinding | None = None,
 ) -> KubeObject:
     """The runtime's config as YAML; its annotations record which engine inputs the
     digest was built from, the image it runs in (read by the Deployment's builder, and
     by `decide` to keep an older engine in the image that built it), and the engine's
-    input size and build agreement (read back by `engine_state`). With `product`, one GPU
+    input size, build agreement and whether its model batches (read back by
+    `engine_state`). With `product`, one GPU
     product's of a mixed fleet (its name and label say which; its Deployment follows)."""
     text = yaml.dump(config.to_wire(), Dumper=YAML_DUMPER, sort_keys=True)
     annotations = {
@@ -192,6 +198,10 @@ def build_runtime_configmap(
     if agreement is not None:
         annotations[ANNOTATION_AGREEMENT] = json.dumps(
             agreement.to_wire(), sort_keys=True, separators=(",", ":")
+        )
+    if batching is not None:
+        annotations[ANNOTATION_BATCHING] = json.dumps(
+            batching.to_wire(), sort_keys=True, separators=(",", ":")
         )
     name, component = _role_names(owner.name, role)
     labels = names.common_labels(owner.name, config.model_version, component)
@@ -273,6 +283,7 @@ def build_runtime_deployment(
                     **_spread(spec, selector),
                     "containers": [_runtime_container(spec, settings, meta, serving)],
                     "volumes": _runtime_volumes(owner, spec, meta, serving),
+                    **_readiness_gates(spec, serving),
                 },
             },
         }
@@ -343,7 +354,7 @@ def _runtime_container(
         "imagePullPolicy": settings.images.pull_policy,
         "command": ["kubeinfer"],
         "args": ["serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
-        "env": [{"name": "HOME", "value": "/tmp"}],
+        "env": _runtime_env(settings, serving),
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             *_grpc_ports(spec.runtime.grpc_port, "containerPort"),
@@ -371,6 +382,25 @@ def _runtime_container(
     if _runtime_resources(spec):
         container["resources"] = _runtime_resources(spec)
     return container
+
+
+def _readiness_gates(spec: InferenceDeploymentSpec, serving: bool) -> dict[str, Any]:
+    """Where spec.knownAnswers turns the checks on, a serving pod takes traffic only once
+    the operator saw it answer its known-answer set (reconcile.known_answers), and leaves
+    its Service, alive, when it answers wrong later. Off (the default): no gate, so a pod's
+    readiness never waits on the operator."""
+    if not serving or spec.known_answers is None:
+        return {}
+    return {"readinessGates": [{"conditionType": GATE_CONDITION}]}
+
+
+def _runtime_env(settings: OperatorSettings, serving: bool) -> list[dict[str, str]]:
+    """HOME, and on serving pods the tests' injected faults where the operator's settings
+    name some (never in production: docs/known-answers.md)."""
+    env = [{"name": "HOME", "value": "/tmp"}]
+    if serving and settings.pods.testing_faults:
+        env.append({"name": TESTING_FAULTS_ENV, "value": settings.pods.testing_faults})
+    return env
 
 
 def _runtime_volumes(

@@ -26,7 +26,7 @@ from kubeinfer.operator.reconcile.desired import (
 )
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state import names
-from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
+from kubeinfer.operator.state.observed import KubeObject, OwnerRef
 
 
 def _source_argument(uri: str, volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]) -> str:

@@ -9,7 +9,7 @@ from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.reconcile.child_meta import finish_child
 from kubeinfer.operator.reconcile.desired import HTTP_PORT, MIRROR_KEY, YAML_DUMPER
 from kubeinfer.operator.state import names
-from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
+from kubeinfer.operator.state.observed import KubeObject, OwnerRef
 
 
 def build_mirror_configmap(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from kubeinfer.operator.reconcile.child_meta import finish_child
 from kubeinfer.operator.state import names
-from kubeinfer.operator.state.snapshot import KubeObject, OwnerRef
+from kubeinfer.operator.state.observed import KubeObject, OwnerRef
 
 SCRAPE_INTERVAL = "15s"
 """As often as the autoscaler and the shadow verdict read (their default periods)."""

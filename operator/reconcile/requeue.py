@@ -9,6 +9,7 @@ those that apply, or for nothing (the resync timer still runs).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from kubeinfer.operator.settings import Requeue
@@ -31,20 +32,20 @@ def build_wait_seconds(
 
 def requeue_after(
     polls: Requeue,
-    engine: EngineState,
-    fallback: EngineState | None,
+    engines: Sequence[tuple[EngineState, EngineState | None]],
     now: datetime,
     *,
     shadowing: bool,
     autoscaling: bool,
     watching: bool,
 ) -> float | None:
-    """The soonest next pass any part of this one wants: the builds' (`build_wait_seconds`),
-    a shadow test or promotion under way (`shadowing`) and the quality watch (`watching`,
-    whose window slides: judged as often as a shadow) at the shadow poll, autoscaling at
-    the autoscaler's; None when nothing asks."""
+    """The soonest next pass any part of this one wants: the builds' of each of `engines`
+    (an engine and its fallback, `build_wait_seconds`), a shadow test or promotion under
+    way (`shadowing`) and the quality watch (`watching`, whose window slides: judged as
+    often as a shadow) at the shadow poll, autoscaling at the autoscaler's; None when
+    nothing asks."""
     wanted = (
-        build_wait_seconds(polls, engine, fallback, now),
+        *(build_wait_seconds(polls, engine, fallback, now) for engine, fallback in engines),
         polls.shadow_poll_seconds if shadowing or watching else None,
         polls.autoscale_poll_seconds if autoscaling else None,
     )

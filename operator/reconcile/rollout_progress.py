@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeinfer.operator.reconcile.child_meta import input_hash
-from kubeinfer.operator.state.snapshot import KubeObject
+from kubeinfer.operator.state.observed import KubeObject
 
 
 @dataclass(frozen=True)

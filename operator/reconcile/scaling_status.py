@@ -17,12 +17,12 @@ from datetime import datetime
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionValue, Reason
 from kubeinfer.operator.api.v1alpha1.inference_deployment import InferenceDeploymentSpec
 from kubeinfer.operator.api.v1alpha1.status import AutoscalingStatus, MetricsStatus
+from kubeinfer.operator.state.decision import Event
 from kubeinfer.operator.state.scaling_inputs import (
     Recommendation,
     ScalingSignals,
     ServingPods,
 )
-from kubeinfer.operator.state.snapshot import Event
 
 
 @dataclass(frozen=True)

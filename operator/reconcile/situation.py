@@ -1,21 +1,23 @@
 """What is going on with an InferenceDeployment, and what that makes of its summary
 conditions and phase. Pure.
 
-One chain, most pressing first, picks the single situation that applies (`situation_of`):
+One chain, most pressing first, picks the single situation that applies (`situation_of`),
+over every engine the object runs (its own, or each GPU product's on a mixed fleet):
 
-    build failed > building > runtime pods failing > rollout stalled > a shadow rollout's
-    say > quality fallback > quality drift > rolled out > rolling out
+    no eligible GPU product (a fleet) > a build failed > builds under way > runtime pods
+    failing > a rollout stalled > a shadow rollout's say > quality fallback > quality
+    drift > rolled out everywhere > rolling out
 
 and one table (`summary_conditions`) turns that situation into Ready, Progressing,
 Degraded, Reconciling, Stalled and the phase. The order is written once, so the
 conditions and the phase can never disagree about which situation they describe.
 
 Ready and the phase also answer a question beside the chain: does the spec's engine
-serve on every desired replica? When it does, they say so whatever else the situation
-reports (a promotion whose record still says Passed, a leftover pod that crashes, a
-deadline the Deployment's controller has not cleared yet): Ready is what `kubectl wait`
-and Argo CD read, and those want to know whether the spec is served, while Progressing
-and Degraded tell the rest.
+serve on every desired replica (on a fleet, each product's engine on every pod wanted
+there)? When it does, they say so whatever else the situation reports (a promotion whose
+record still says Passed, a leftover pod that crashes, a deadline the Deployment's
+controller has not cleared yet): Ready is what `kubectl wait` and Argo CD read, and those
+want to know whether the spec is served, while Progressing and Degraded tell the rest.
 """
 
 from __future__ import annotations
@@ -53,10 +55,21 @@ class SituationKind(StrEnum):
     ROLLING_OUT = "RollingOut"
 
 
+MESSAGE_LIMIT = 1024
+"""The longest message a fleet's joined sentences make (one per GPU product)."""
+
+
+def cut(text: str) -> str:
+    """`text`, cut to MESSAGE_LIMIT."""
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
+
+
 @dataclass(frozen=True)
-class Facts:
-    """What the chain reads. `serving` is the engine the desired runtime runs; `failure`
-    is why runtime pods of that engine cannot start."""
+class EngineFacts:
+    """What the chain reads of one engine: the engine, the one its runtime runs
+    (`serving`), why runtime pods of that engine cannot start (`failure`) and its roll.
+    `product` is a mixed fleet's GPU product (None: the object's own engine), `nodes`
+    its eligible nodes."""
 
     engine: EngineState
     serving: ServingEngine | None
@@ -64,16 +77,12 @@ class Facts:
     """The spec's model version."""
     failure: RuntimeFailure | None
     rollout: RolloutProgress
-    shadow: ShadowReport
-    replicas: int
-    quality_drift: str | None = None
-    """The quality watch's message when it finds the served engine drifting, else None."""
-    fallback: str | None = None
-    """What serving falling back to the reference-precision engine says, while it does."""
+    product: str | None = None
+    nodes: int = 0
 
     @property
     def current(self) -> bool:
-        """Whether the desired runtime runs the spec's engine and model version."""
+        """Whether the runtime runs the spec's engine and model version."""
         return (
             self.engine.ready
             and self.serving is not None
@@ -81,17 +90,103 @@ class Facts:
             and self.serving.version == self.version
         )
 
+
+@dataclass(frozen=True)
+class Facts:
+    """What the chain reads: each engine's facts (the object's own, or on a mixed GPU
+    fleet each eligible product's: `fleet`), the replicas wanted over all of them, and
+    what the deciders report. An object on a fleet with no eligible product has no
+    engine, and `no_products` says why. How the engines' sentences join into one message
+    is said here too: one engine's message is its own; a fleet's name each product."""
+
+    engines: tuple[EngineFacts, ...]
+    version: str
+    """The spec's model version."""
+    replicas: int
+    shadow: ShadowReport = field(default_factory=ShadowReport)
+    quality_drift: str | None = None
+    """The quality watch's message when it finds the served engine drifting, else None."""
+    fallback: str | None = None
+    """What serving falling back to the reference-precision engine says, while it does."""
+    fleet: bool = False
+    no_products: str = ""
+
+    @property
+    def current(self) -> bool:
+        """Whether every engine's runtime runs the spec's engine and model version."""
+        return bool(self.engines) and all(each.current for each in self.engines)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every engine's roll is complete."""
+        return all(each.rollout.complete for each in self.engines)
+
     @property
     def ready(self) -> bool:
-        """Whether the spec's engine serves on every desired replica."""
-        return self.current and self.rollout.complete
+        """Whether the spec's engines serve on every desired replica."""
+        return self.current and self.complete
+
+    @property
+    def failure(self) -> RuntimeFailure | None:
+        """The first engine's runtime failure, if any engine has one."""
+        return next((each.failure for each in self.engines if each.failure), None)
+
+    @property
+    def ready_replicas(self) -> int:
+        return sum(each.rollout.ready_replicas for each in self.engines)
 
     @property
     def keeps_serving(self) -> str:
-        """A sentence naming the older version that serves meanwhile, or ""."""
-        if self.serving is None or self.current:
+        """A sentence naming the older versions that serve meanwhile, or ""."""
+        older = sorted({e.serving.version for e in self.engines if e.serving and not e.current})
+        if not older:
             return ""
-        return f" Version {self.serving.version} keeps serving."
+        if self.fleet:
+            return f" Version {', '.join(older)} keeps serving meanwhile."
+        return f" Version {older[0]} keeps serving."
+
+    def said(self, phase: EnginePhase) -> str:
+        """What the engines in `phase` say (on a fleet, each after its product's name)."""
+        engines = [each for each in self.engines if each.engine.phase == phase]
+        if not self.fleet:
+            return " ".join(each.engine.message for each in engines)
+        return cut(" ".join(f"{each.product}: {each.engine.message}" for each in engines))
+
+    @property
+    def stalled(self) -> str | None:
+        """What the stalled rolls say; None while none is."""
+        stalled = [each.rollout.message for each in self.engines if each.rollout.stalled]
+        if not stalled:
+            return None
+        return cut("; ".join(stalled)) if self.fleet else f"{stalled[0]}."
+
+    @property
+    def rollouts_said(self) -> str:
+        """What each engine's roll says."""
+        return cut(" ".join(f"{each.rollout.message}." for each in self.engines))
+
+    @property
+    def serves(self) -> str:
+        """Ready's message once the spec's engines serve on every desired replica."""
+        if self.fleet:
+            nodes = sum(each.nodes for each in self.engines)
+            return (
+                f"Version {self.version} serves on {len(self.engines)} GPU products "
+                f"({nodes} nodes), each on its own engine."
+            )
+        digests = ", ".join(str(each.engine.digest) for each in self.engines)
+        return (
+            f"Version {self.version} (engine {digests}) serves on "
+            f"{self.replicas} of {self.replicas} pods."
+        )
+
+    @property
+    def replacing(self) -> bool:
+        """The spec's engines run everywhere and every roll that is not complete is only
+        replacing pods (`RolloutProgress.replacing`): nothing rolls."""
+        return self.current and all(
+            each.rollout.complete or each.rollout.replacing for each in self.engines
+        )
 
 
 @dataclass(frozen=True)
@@ -113,35 +208,33 @@ class Situation:
 
 def situation_of(facts: Facts) -> Situation:
     """The first situation of the chain that applies, with Ready's message when the spec's
-    engine serves on every replica."""
+    engines serve on every replica."""
+    if facts.fleet and not facts.engines:  # no eligible GPU product: nothing else to say
+        return Situation(SituationKind.ROLLOUT_STALLED, Reason.NO_GPU_NODES, facts.no_products)
     situation = _first_that_applies(facts)
     if not facts.ready:
         return situation
-    serves = (
-        f"Version {facts.version} (engine {facts.engine.digest}) serves on "
-        f"{facts.replicas} of {facts.replicas} pods."
-    )
-    return replace(situation, serves=serves)
+    return replace(situation, serves=facts.serves)
 
 
 def _first_that_applies(facts: Facts) -> Situation:
-    engine, failure, rollout, shadow = facts.engine, facts.failure, facts.rollout, facts.shadow
-    said_of_rollout = f"{rollout.message}."
-    if engine.phase == EnginePhase.FAILED:
+    phases = {each.engine.phase for each in facts.engines}
+    failure, shadow, stalled = facts.failure, facts.shadow, facts.stalled
+    if EnginePhase.FAILED in phases:
         return Situation(
             SituationKind.BUILD_FAILED,
             Reason.ENGINE_BUILD_FAILED,
-            engine.message,
+            facts.said(EnginePhase.FAILED),
             keeps_serving=facts.keeps_serving,
-            still_serving=facts.serving is not None,
+            still_serving=any(each.serving for each in facts.engines),
         )
-    if engine.phase == EnginePhase.BUILDING:
+    if EnginePhase.BUILDING in phases:
         # A new image rolls the pods before its engine is built, and they refuse the old
         # engine until it is: worth a mention, not a failure.
         return Situation(
             SituationKind.BUILDING,
             Reason.ENGINE_BUILDING,
-            engine.message,
+            facts.said(EnginePhase.BUILDING),
             keeps_serving=facts.keeps_serving,
             meanwhile=f" Meanwhile: {failure.message}" if failure else "",
         )
@@ -151,10 +244,10 @@ def _first_that_applies(facts: Facts) -> Situation:
             failure.reason,
             failure.message,
             keeps_serving=facts.keeps_serving,
-            still_serving=rollout.ready_replicas > 0,
+            still_serving=facts.ready_replicas > 0,
         )
-    if rollout.stalled:
-        return Situation(SituationKind.ROLLOUT_STALLED, Reason.ROLLOUT_STALLED, said_of_rollout)
+    if stalled is not None:
+        return Situation(SituationKind.ROLLOUT_STALLED, Reason.ROLLOUT_STALLED, stalled)
     if shadow.progress is not None:
         _, reason, message = shadow.progress
         return Situation(SituationKind.SHADOW, reason, message, shadow=shadow)
@@ -164,7 +257,7 @@ def _first_that_applies(facts: Facts) -> Situation:
             SituationKind.QUALITY_FALLBACK,
             Reason.QUALITY_DRIFT,
             facts.fallback,
-            meanwhile="" if rollout.complete else said_of_rollout,
+            meanwhile="" if facts.complete else facts.rollouts_said,
             still_serving=True,
         )
     if facts.current and facts.quality_drift is not None:
@@ -174,15 +267,14 @@ def _first_that_applies(facts: Facts) -> Situation:
             SituationKind.QUALITY_DRIFT,
             Reason.QUALITY_DRIFT,
             facts.quality_drift,
-            meanwhile="" if rollout.complete else said_of_rollout,
+            meanwhile="" if facts.complete else facts.rollouts_said,
         )
     if facts.ready:
-        return Situation(SituationKind.ROLLED_OUT, Reason.ROLLOUT_COMPLETE, said_of_rollout)
-    replacing = facts.current and rollout.replacing
+        return Situation(SituationKind.ROLLED_OUT, Reason.ROLLOUT_COMPLETE, facts.rollouts_said)
     return Situation(
         SituationKind.ROLLING_OUT,
-        Reason.PODS_NOT_READY if replacing else Reason.ROLLING_OUT,
-        said_of_rollout,
+        Reason.PODS_NOT_READY if facts.replacing else Reason.ROLLING_OUT,
+        facts.rollouts_said,
         keeps_serving=facts.keeps_serving,
     )
 

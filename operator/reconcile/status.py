@@ -1,4 +1,4 @@
-"""The InferenceDeployment's status and the Events of its transitions. Pure.
+"""The InferenceDeployment's status; the Events of its transitions are `events`'s. Pure.
 
 Conditions are written through `set_condition`, so an unchanged condition keeps its
 lastTransitionTime, and every message is built from facts that change only when the
@@ -23,16 +23,17 @@ until it is (the old pods keep serving meanwhile).
 Which situation wins (a failed build over one under way over failing pods over a
 stalled rollout over a shadow rollout's say), and what it makes of Ready, Progressing,
 Degraded, Reconciling, Stalled and the phase, is written once: `situation`'s chain and
-table. `rollout_progress` is re-exported for `decide`.
+table, over every engine the object runs. What differs on a mixed GPU fleet is only
+what its status shows of its engines: `status.engines`, a line per GPU product (and an
+Event per product whose engine changes, `events`), instead of `status.engine`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Literal
 
-from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
+from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.conditions import (
     Condition,
     ConditionStatus,
@@ -41,46 +42,38 @@ from kubeinfer.operator.api.v1alpha1.conditions import (
     Reason,
     set_condition,
 )
+from kubeinfer.operator.api.v1alpha1.gpu_fleet import ProductEnginePhase, ProductEngineStatus
 from kubeinfer.operator.api.v1alpha1.inference_deployment import (
+    EngineBatchingStatus,
     EngineStatus,
     Phase,
     RolloutStrategy,
     VersionStatus,
+    in_fleet_mode,
 )
 from kubeinfer.operator.quality.report import QualityReport
-from kubeinfer.operator.reconcile.rollout_progress import RolloutProgress as RolloutProgress
-from kubeinfer.operator.reconcile.rollout_progress import rollout_progress as rollout_progress
+from kubeinfer.operator.reconcile.engines import EnginePass
+from kubeinfer.operator.reconcile.rollout_progress import RolloutProgress
 from kubeinfer.operator.reconcile.scaling_status import ScalingReport
-from kubeinfer.operator.reconcile.situation import Facts, situation_of, summary_conditions
+from kubeinfer.operator.reconcile.situation import (
+    EngineFacts,
+    Facts,
+    Situation,
+    SituationKind,
+    cut,
+    situation_of,
+    summary_conditions,
+)
 from kubeinfer.operator.reconcile.slo_status import SloReport
 from kubeinfer.operator.rollout.report import ShadowReport
-from kubeinfer.operator.rollout.shadow import RolloutPlan
 from kubeinfer.operator.state import names
-from kubeinfer.operator.state.engine_state import EnginePhase, EngineState, ServingEngine
-from kubeinfer.operator.state.runtime_failures import runtime_failure
-from kubeinfer.operator.state.snapshot import Event, ObservedState
+from kubeinfer.operator.state.engine_state import EnginePhase, EngineState
+from kubeinfer.operator.state.known_answers import AnswersReport
+from kubeinfer.operator.state.observed import ObservedState
 
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 
-WARNING_REASONS = frozenset(
-    {
-        Reason.INVALID_SPEC,
-        Reason.FORBIDDEN,
-        Reason.ENGINE_BUILD_FAILED,
-        Reason.ROLLOUT_STALLED,
-        Reason.SHADOW_FAILED,
-        Reason.SHADOW_ABORTED,
-        Reason.READ_WRITE_ONCE_ACROSS_NODES,
-        Reason.ENGINE_INCOMPATIBLE,
-        Reason.RUNTIME_FAILING,
-        Reason.QUALITY_DRIFT,
-        Reason.QUALITY_FALLBACK,
-        Reason.SLO_MISSED,
-    }
-)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-EVENT_MESSAGE_LIMIT = 1024
-MIRRORED = frozenset({ConditionType.RECONCILING, ConditionType.STALLED})
 ENGINE_READY = {
     EnginePhase.PINNED: (TRUE, Reason.ENGINE_PINNED),
     EnginePhase.BUILT: (TRUE, Reason.ENGINE_BUILT),
@@ -92,80 +85,140 @@ ENGINE_READY = {
 
 def compute_status(
     observed: ObservedState,
-    engine: EngineState,
-    plan: RolloutPlan,
-    shadow: ShadowReport,
-    rollout: RolloutProgress,
-    replicas: int,
+    passes: Sequence[EnginePass],
+    rollouts: Sequence[RolloutProgress],
+    total: int,
     now: datetime,
+    shadow: ShadowReport | None = None,
     scaling: ScalingReport | None = None,
     quality: QualityReport | None = None,
     slo: SloReport | None = None,
+    answers: AnswersReport | None = None,
 ) -> InferenceDeploymentStatus:
-    """The whole status for this pass; `plan.serving` is the engine the desired runtime
-    runs, `shadow` what a shadow rollout adds, `scaling` what the autoscaler adds (None:
-    autoscaling is off), `quality` what the quality watch adds (None: it is off)."""
+    """The whole status for this pass: `passes` are the engines the object runs (its own,
+    or each eligible GPU product's, with its share of the pods), `rollouts` each one's
+    roll, `total` the pods wanted over all of them (a fleet's shares hold more while pods
+    move); `shadow` is what a shadow rollout adds, `scaling` what the autoscaler adds
+    (None: autoscaling is off), `quality` what the quality watch adds (None: it is off)."""
     quality = quality or QualityReport()
-    generation, serving, previous = observed.owner.generation, plan.serving, observed.status
-    facts = _facts(observed, engine, serving, shadow, rollout, replicas, quality)
-    summary = summary_conditions(situation_of(facts))
+    generation, previous = observed.owner.generation, observed.status
+    facts = _facts(observed, passes, rollouts, total, shadow or ShadowReport(), quality)
+    ready = sum(rollout.ready_replicas for rollout in rollouts)
+    situation = situation_of(facts)
+    summary = summary_conditions(situation)
     values: list[tuple[ConditionType, ConditionValue | None]] = [
         (ConditionType.READY, summary.ready),
-        (ConditionType.ENGINE_READY, engine_ready(engine, facts.keeps_serving)),
-        (ConditionType.AVAILABLE, availability(rollout, serving)),
+        (
+            ConditionType.ENGINE_READY,
+            engine_ready(facts, situation, _own_batching(observed, passes)),
+        ),
+        (ConditionType.AVAILABLE, availability(facts)),
         (ConditionType.PROGRESSING, summary.progressing),
         (ConditionType.DEGRADED, summary.degraded),
         (ConditionType.RECONCILING, summary.reconciling),
         (ConditionType.STALLED, summary.stalled),
         # Shown only where the feature that writes them is on:
-        (ConditionType.SHADOW_PASSED, shadow.shadow_passed),
+        (ConditionType.SHADOW_PASSED, facts.shadow.shadow_passed),
         (ConditionType.CACHE_ATTACH_RISK, cache_attach_risk(observed)),
         (ConditionType.SCALING_ACTIVE, scaling.active if scaling else None),
         (ConditionType.SCALING_LIMITED, scaling.limited if scaling else None),
         (ConditionType.SLO_MET, slo.condition if slo else None),
+        (ConditionType.ANSWERS_CORRECT, _answers_condition(observed, answers)),
     ]
     return previous.model_copy(
         update={
             "observed_generation": generation,
-            "phase": summary.phase,
+            "phase": Phase.PENDING if facts.fleet and not passes else summary.phase,
             "conditions": set_or_remove(previous.conditions, values, generation, now),
-            "engine": engine_record(observed, engine),
-            "serving": serving_record(previous.serving, serving, rollout),
-            "replicas": replicas,
-            "ready_replicas": rollout.ready_replicas,
-            "ready": f"{rollout.ready_replicas}/{replicas}",
+            **engine_records(observed, passes, rollouts),
+            "serving": serving_record(previous.serving, facts),
+            "replicas": total,
+            "ready_replicas": ready,
+            "ready": f"{ready}/{total}",
             "selector": names.selector_string(names.serving_selector(observed.owner.name)),
-            "candidate": plan.record,
+            "candidate": next((p.plan.record for p in passes if p.plan.record), None),
             "autoscaling": scaling.autoscaling if scaling else None,
             "metrics": scaling.metrics if scaling else previous.metrics,
             "quality_watch": quality.status,
             "slo": slo.status if slo else None,
+            **_answers_records(observed, answers),
         }
     )
 
 
+def _answers_condition(
+    observed: ObservedState, answers: AnswersReport | None
+) -> ConditionValue | None:
+    """AnswersCorrect as this pass' verdicts say; as stored on a pass that read none;
+    absent while spec.knownAnswers leaves the checks off (as the other features' own
+    conditions are while they are off)."""
+    if observed.spec.known_answers is None:
+        return None
+    if answers is not None:
+        return answers.condition
+    for condition in observed.status.conditions:
+        if condition.type == ConditionType.ANSWERS_CORRECT:
+            return (condition.status, Reason(condition.reason), condition.message)
+    return None
+
+
+def _answers_records(observed: ObservedState, answers: AnswersReport | None) -> dict[str, object]:
+    """The pods taken out, as this pass read them; none listed while the checks are off
+    (pods taken out before keep their label and annotation)."""
+    if observed.spec.known_answers is None:
+        return {"wrong_answers": [], "suspect_nodes": []}
+    if answers is None:
+        return {}
+    return {
+        "wrong_answers": list(answers.wrong_answers),
+        "suspect_nodes": list(answers.suspect_nodes),
+    }
+
+
 def _facts(
     observed: ObservedState,
-    engine: EngineState,
-    serving: ServingEngine | None,
-    shadow: ShadowReport,
-    rollout: RolloutProgress,
+    passes: Sequence[EnginePass],
+    rollouts: Sequence[RolloutProgress],
     replicas: int,
+    shadow: ShadowReport,
     quality: QualityReport,
 ) -> Facts:
-    """What `situation_of` chooses the summary from: the deciders' reports for this pass
-    and the runtime pods' failure, read against the engine the Deployment runs."""
+    """What `situation_of` chooses the summary from: each engine's state, the engine its
+    runtime runs, its roll and its runtime pods' failure (read against the engine its
+    Deployment runs: pods of another are on their way out), and the deciders' reports."""
+    engines = tuple(
+        EngineFacts(
+            engine=each.engine,
+            serving=each.plan.serving,
+            version=observed.spec.model.version,
+            failure=each.failure,
+            rollout=rollout,
+            product=each.product,
+            nodes=each.capacity.nodes if each.capacity else 0,
+        )
+        for each, rollout in zip(passes, rollouts, strict=True)
+    )
     return Facts(
-        engine=engine,
-        serving=serving,
+        engines=engines,
         version=observed.spec.model.version,
-        # Pods of an engine the Deployment no longer runs are on their way out.
-        failure=runtime_failure(observed.runtime_pods, digest=serving.digest if serving else None),
-        rollout=rollout,
-        shadow=shadow,
         replicas=replicas,
+        shadow=shadow,
         quality_drift=quality.drift,
         fallback=quality.fallback,
+        fleet=in_fleet_mode(observed.spec),
+        no_products=_no_products(observed.spec),
+    )
+
+
+def _no_products(spec: InferenceDeploymentSpec) -> str:
+    """Why a mixed fleet has no engine: no GPU node is eligible."""
+    fleet = spec.runtime.gpu_fleet
+    listed = ", ".join(p.name for p in fleet.products) if fleet and fleet.products else ""
+    return (
+        "No GPU node is eligible: none carries an nvidia.com/gpu.product label "
+        "(GPU feature discovery) with allocatable nvidia.com/gpu"
+        + (f" of the products {listed}" if listed else "")
+        + " and matches runtime.nodeSelector with its taints tolerated by runtime.tolerations."
     )
 
 
@@ -186,43 +239,158 @@ def set_or_remove(
     return result
 
 
-def engine_ready(engine: EngineState, keeps_serving: str) -> ConditionValue:
-    """EngineReady: the phase's status and reason, and the engine's message; while it is
-    not ready, followed by what keeps serving meanwhile."""
-    status, reason = ENGINE_READY[engine.phase]
-    return status, reason, engine.message if status == TRUE else engine.message + keeps_serving
+def engine_ready(facts: Facts, situation: Situation, batching: str = "") -> ConditionValue:
+    """EngineReady: True once every engine is built (or pinned), with what the engine
+    says (and, for the object's own engine, `batching`: what its build found of whether
+    the model batches, where it does not or is not known to; on a fleet, which products
+    have one); while one is not, why, followed by what keeps serving meanwhile."""
+    if facts.fleet and not facts.engines:
+        return FALSE, Reason.NO_GPU_NODES, situation.message
+    if situation.kind == SituationKind.BUILD_FAILED:
+        return FALSE, Reason.ENGINE_BUILD_FAILED, situation.message + situation.keeps_serving
+    if situation.kind == SituationKind.BUILDING:
+        return FALSE, Reason.ENGINE_BUILDING, situation.message + situation.keeps_serving
+    if not facts.fleet:
+        (one,) = facts.engines
+        return *ENGINE_READY[one.engine.phase], one.engine.message + batching
+    products = ", ".join(str(each.product) for each in facts.engines)
+    built = f"Engines built for {len(facts.engines)} GPU products: {products}."
+    return TRUE, Reason.ENGINE_BUILT, cut(built)
 
 
-def availability(rollout: RolloutProgress, serving: ServingEngine | None) -> ConditionValue:
+def _own_batching(observed: ObservedState, passes: Sequence[EnginePass]) -> str:
+    """`batching_said` of the object's own engine (a fleet's products say nothing)."""
+    if in_fleet_mode(observed.spec) or len(passes) != 1:
+        return ""
+    return batching_said(observed, passes[0].engine)
+
+
+def batching_record(observed: ObservedState, engine: EngineState) -> EngineBatchingStatus | None:
+    """status.engine.batching: what the build found, with the maxBatchSize the runtime
+    serves with (the spec's where the model batches, 1 where it does not). A fleet's
+    engines carry none (status.engines)."""
+    found = engine.batching
+    if found is None or not engine.ready:
+        return None
+    configured = observed.spec.runtime.batching.max_batch_size
+    effective = (
+        {True: configured, False: 1}.get(found.batches) if found.batches is not None else None
+    )
+    return EngineBatchingStatus(
+        batches=found.batches, max_batch_size=effective, reason=found.reason
+    )
+
+
+def batching_said(observed: ObservedState, engine: EngineState | None = None) -> str:
+    """What EngineReady's message adds of the build's finding for the object's own engine
+    (`engine`, else its recorded one; nothing on a fleet): nothing where the model
+    batches; where it does not, that it is served one request per run, with maxBatchSize
+    in effect and the spec's set aside; where it was not found out, that the runtime finds
+    out at start."""
+    if engine is None:
+        return ""
+    record = batching_record(observed, engine)
+    if record is None or record.batches is True:
+        return ""
+    if record.batches is None:
+        return (
+            f" Whether the model batches was not found out at build ({record.reason}); the "
+            "runtime finds out at start."
+        )
+    configured = observed.spec.runtime.batching.max_batch_size
+    set_aside = (
+        f"; runtime.batching.maxBatchSize {configured} is set aside" if configured > 1 else ""
+    )
+    return (
+        f" The model does not batch ({record.reason}): the runtime serves it one request per "
+        f"run, maxBatchSize 1 in effect{set_aside}."
+    )
+
+
+def availability(facts: Facts) -> ConditionValue:
     """Available: is anything serving, whichever version it is?"""
-    if not rollout.exists:
-        waiting = Reason.WAITING_FOR_ENGINE if serving is None else Reason.DEPLOYMENT_UNAVAILABLE
-        return FALSE, waiting, f"No runtime pods: {rollout.message}."
-    if rollout.available:
-        return TRUE, Reason.DEPLOYMENT_AVAILABLE, f"{rollout.message}."
-    return FALSE, Reason.DEPLOYMENT_UNAVAILABLE, f"{rollout.message}."
+    existing = [each.rollout for each in facts.engines if each.rollout.exists]
+    said = cut(" ".join(f"{rollout.message}." for rollout in existing))
+    if any(rollout.available for rollout in existing):
+        return TRUE, Reason.DEPLOYMENT_AVAILABLE, said
+    if existing:
+        return FALSE, Reason.DEPLOYMENT_UNAVAILABLE, said
+    if facts.fleet:
+        return (
+            FALSE,
+            Reason.WAITING_FOR_ENGINE,
+            "No runtime pods: no GPU product's engine is built yet.",
+        )
+    serves = any(each.serving for each in facts.engines)
+    waiting = Reason.DEPLOYMENT_UNAVAILABLE if serves else Reason.WAITING_FOR_ENGINE
+    return FALSE, waiting, f"No runtime pods: {facts.engines[0].rollout.message}."
 
 
-def serving_record(
-    previous: VersionStatus | None, serving: ServingEngine | None, rollout: RolloutProgress
-) -> VersionStatus | None:
-    """status.serving: the version and engine every serving pod runs once the roll is
-    complete; until then what it was."""
-    if serving is not None and rollout.complete:
-        return VersionStatus(version=serving.version, engine_digest=serving.digest)
-    return previous
+def serving_record(previous: VersionStatus | None, facts: Facts) -> VersionStatus | None:
+    """status.serving: the version every serving pod runs once every roll is complete,
+    with one engine its digest too (a fleet's products each have their own, in
+    status.engines); until then what it was."""
+    versions = {each.serving.version for each in facts.engines if each.serving is not None}
+    if len(versions) != 1 or not facts.complete:
+        return previous
+    version = versions.pop()
+    if facts.fleet:
+        return VersionStatus(version=version)
+    (one,) = facts.engines
+    return VersionStatus(version=version, engine_digest=one.serving.digest if one.serving else None)
 
 
-def engine_record(observed: ObservedState, engine: EngineState) -> EngineStatus:
-    """status.engine: the spec's engine, with the build key it was built from once it is."""
-    spec = observed.spec.engine
-    return EngineStatus(
+def engine_records(
+    observed: ObservedState, passes: Sequence[EnginePass], rollouts: Sequence[RolloutProgress]
+) -> dict[str, object]:
+    """status.engine for the object's own engine, with the build key it was built from
+    once it is; on a fleet, a line per eligible product in status.engines (its engine,
+    nodes and pods) and status.enginesReady, the built engines counted, for `kubectl get
+    -o wide`."""
+    if not in_fleet_mode(observed.spec):
+        (one,) = passes
+        spec, engine = observed.spec.engine, one.engine
+        record = EngineStatus(
+            digest=engine.digest,
+            backend=spec.backend,
+            precision=spec.precision,
+            target=engine.target,
+            max_batch_size=spec.max_batch_size,
+            build_key=engine.build_key if engine.digest else None,
+            batching=batching_record(observed, engine),
+        )
+        return {"engine": record}
+    built = sum(1 for each in passes if each.engine.ready)
+    return {
+        "engine": None,
+        "engines": [
+            product_record(each, rollout) for each, rollout in zip(passes, rollouts, strict=True)
+        ],
+        "engines_ready": f"{built}/{len(passes)}",
+    }
+
+
+PRODUCT_PHASES = {
+    EnginePhase.BUILT: ProductEnginePhase.BUILT,
+    EnginePhase.BUILDING: ProductEnginePhase.BUILDING,
+    EnginePhase.FAILED: ProductEnginePhase.FAILED,
+}
+
+
+def product_record(each: EnginePass, rollout: RolloutProgress) -> ProductEngineStatus:
+    """A fleet's line for one GPU product in status.engines."""
+    engine, capacity = each.engine, each.capacity
+    return ProductEngineStatus(
+        gpu_product=each.product or "",
+        phase=PRODUCT_PHASES.get(engine.phase, ProductEnginePhase.BUILDING),
         digest=engine.digest,
-        backend=spec.backend,
-        precision=spec.precision,
         target=engine.target,
-        max_batch_size=spec.max_batch_size,
         build_key=engine.build_key if engine.digest else None,
+        nodes=capacity.nodes if capacity else 0,
+        gpus=capacity.gpus if capacity else 0,
+        replicas=each.replicas,
+        ready_replicas=rollout.ready_replicas,
+        message=cut(engine.message),
     )
 
 
@@ -315,48 +483,3 @@ def cache_attach_risk(observed: ObservedState) -> tuple[ConditionStatus, Reason,
         "shareable engine.cache.existingClaim, or keep the pods on one node "
         f"(runtime.nodeSelector {HOSTNAME_LABEL}).",
     )
-
-
-def transition_events(before: list[Condition], after: list[Condition]) -> tuple[Event, ...]:
-    """An Event per piece of news: the conditions whose status or reason changed (or that
-    are new), one Event per reason, Warning for failure reasons. Conditions that change
-    together for one reason are one piece of news (an engine starting to build makes
-    Ready, EngineReady and Progressing say EngineBuilding: one Event names the three).
-    Not news: Reconciling and Stalled, which mirror Progressing and Degraded; a new object
-    not being Degraded, or not yet Available; and Available changing its reason while it
-    stays False (it announces when pods start or stop serving; why none serve is Ready's
-    and Degraded's news)."""
-    old = {c.type: c for c in before}
-    news: dict[str, list[Condition]] = {}
-    for condition in after:
-        previous = old.get(condition.type)
-        if condition.type in MIRRORED or not _is_news(previous, condition):
-            continue
-        news.setdefault(condition.reason, []).append(condition)
-    return tuple(_event(reason, conditions) for reason, conditions in news.items())
-
-
-def _is_news(previous: Condition | None, condition: Condition) -> bool:
-    if previous is None:
-        quiet = {ConditionType.DEGRADED, ConditionType.AVAILABLE}
-        return not (condition.type in quiet and condition.status == FALSE)
-    if previous.status != condition.status:
-        return True
-    return previous.reason != condition.reason and not (
-        condition.type == ConditionType.AVAILABLE and condition.status == FALSE
-    )
-
-
-def _event(reason: str, conditions: list[Condition]) -> Event:
-    """One Event for the conditions that changed for `reason`: `A is S, B is T: message`
-    when they say the same, each one's `A is S: message` otherwise."""
-    said = [f"{c.type} is {c.status}" for c in conditions]
-    messages = [c.message for c in conditions]
-    if len(set(messages)) == 1:
-        text = ", ".join(said) + (f": {messages[0]}" if messages[0] else "")
-    else:
-        text = "; ".join(f"{s}: {m}" if m else s for s, m in zip(said, messages, strict=True))
-    if len(text) > EVENT_MESSAGE_LIMIT:
-        text = text[: EVENT_MESSAGE_LIMIT - 3] + "..."
-    kind: Literal["Normal", "Warning"] = "Warning" if reason in WARNING_REASONS else "Normal"
-    return Event(type=kind, reason=reason, message=text)

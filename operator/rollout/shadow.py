@@ -37,10 +37,11 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import InferenceDeploy
 from kubeinfer.operator.api.v1alpha1.status import CandidateStatus
 from kubeinfer.operator.rollout.verdict import Verdict, engine_incompatible, judge
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.decision import Event
 from kubeinfer.operator.state.engine_state import EngineState, ServingEngine
+from kubeinfer.operator.state.observed import KubeObject
 from kubeinfer.operator.state.runtime_failures import runtime_failure
 from kubeinfer.operator.state.shadow_readings import ShadowReading
-from kubeinfer.operator.state.snapshot import Event, KubeObject
 
 GATE_ANNOTATION = "kubeinfer.io/shadow-gate"
 """`promote <digest>` or `abort <digest>`: the manual gate on the candidate with that

@@ -7,7 +7,8 @@ current build key and decides, from what `attempt_state` says of it, whether the
 is built, still building, or failed and when to try again.
 
 A succeeded attempt is known by its pod: `kubeinfer build --json` writes the engine's
-digest (and its target and input size) to the build container's termination message.
+digest (and its target, input size and whether the model batches) to the build
+container's termination message.
 A Job can be Complete before the watch has delivered its pod, so a Complete Job whose
 pod has said nothing yet waits `MISSING_MESSAGE_GRACE` before the attempt counts as
 failed (NoDigest).
@@ -24,8 +25,8 @@ from enum import StrEnum
 from typing import Any
 
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.observed import KubeObject
 from kubeinfer.operator.state.quality_readings import BuildAgreement, parse_build_agreement
-from kubeinfer.operator.state.snapshot import KubeObject
 
 BUILD_CONTAINER = "build"
 DIGEST_PATTERN = re.compile(r"sha256:[0-9a-f]{64}")
@@ -43,6 +44,36 @@ class AttemptPhase(StrEnum):
     FAILED = "Failed"
 
 
+REASON_LIMIT = 1024
+"""Characters of the build's batching reason kept (the status field's limit)."""
+
+
+@dataclass(frozen=True)
+class BatchingFinding:
+    """Whether the model batches, as the build's trial run of its engine found: `batches`
+    True, False (the runtime serves it one request per run), or None (not found out at
+    build; the runtime finds out at start); `reason` says how or why."""
+
+    batches: bool | None
+    reason: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        """The compact JSON form, as the build writes it."""
+        return {"batches": self.batches, "batchingReason": self.reason}
+
+
+def parse_batching(document: Any) -> BatchingFinding | None:
+    """The finding of a build's JSON (its termination message, or the ConfigMap's
+    annotation): `batches` true, false or null, and `batchingReason`; None where the
+    document says nothing of it (a build before it was recorded)."""
+    if not isinstance(document, dict) or "batches" not in document:
+        return None
+    batches, reason = document["batches"], document.get("batchingReason")
+    if batches is not None and not isinstance(batches, bool):
+        return None
+    return BatchingFinding(batches, reason[:REASON_LIMIT] if isinstance(reason, str) else "")
+
+
 @dataclass(frozen=True)
 class BuildReport:
     """What a build Job's termination message says of the engine it built."""
@@ -53,6 +84,8 @@ class BuildReport:
     agreement: BuildAgreement | None = None
     """The build's top-1 agreement with fp32 (reduced-precision builds with validation
     data only)."""
+    batching: BatchingFinding | None = None
+    """Whether the model batches (None: the build did not say)."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +190,7 @@ def parse_build_report(message: str | None) -> BuildReport:
                 target if isinstance(target, str) else None,
                 positive_int(document.get("inputBytesPerRow")),
                 parse_build_agreement(document.get("accuracy")),
+                parse_batching(document),
             )
     match = DIGEST_PATTERN.search(message)
     return BuildReport(match.group(0) if match else None)

@@ -39,7 +39,8 @@ show the deleted Job as the new attempt's outcome.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -51,19 +52,24 @@ from kubeinfer.operator.state import names
 from kubeinfer.operator.state.build_attempt import (
     AttemptPhase,
     AttemptState,
+    BatchingFinding,
     attempt_number,
     attempt_state,
     finished,
+    parse_batching,
     pods_of,
     positive_int,
 )
+from kubeinfer.operator.state.observed import KubeObject, ObservedState
 from kubeinfer.operator.state.quality_readings import BuildAgreement, parse_build_agreement
-from kubeinfer.operator.state.snapshot import KubeObject, ObservedState
 
 ANNOTATION_INPUT_BYTES_PER_ROW = "kubeinfer.io/input-bytes-per-row"
 ANNOTATION_AGREEMENT = "kubeinfer.io/engine-top1-agreement"
 """On the runtime ConfigMap: the build's top-1 agreement with fp32 (`BuildAgreement`'s
 JSON), so the quality watch's baseline outlives the build Job."""
+ANNOTATION_BATCHING = "kubeinfer.io/engine-batching"
+"""On the runtime ConfigMap: whether the model batches, as its build found
+(`BatchingFinding`'s JSON), so the status keeps saying it after the build Job is gone."""
 
 
 class EnginePhase(StrEnum):
@@ -82,13 +88,13 @@ class ServingEngine:
     build_key: str | None
     input_bytes_per_row: int | None = None
     agreement: BuildAgreement | None = None
+    batching: BatchingFinding | None = None
 
 
 @dataclass(frozen=True)
 class EngineState:
     """The current spec's engine. `job_attempt` is the attempt whose Job must exist (None:
-    no Job wanted); `retry_at` is when a failed build is retried; `delete_jobs` names
-    unfinished Jobs of inputs that no longer apply."""
+    no Job wanted); `retry_at` is when a failed build is retried."""
 
     phase: EnginePhase
     build_key: str
@@ -97,10 +103,11 @@ class EngineState:
     job_attempt: int | None = None
     message: str = ""
     retry_at: datetime | None = None
-    delete_jobs: tuple[str, ...] = ()
     input_bytes_per_row: int | None = None
     agreement: BuildAgreement | None = None
     """The build's top-1 agreement with fp32, where the build reported one."""
+    batching: BatchingFinding | None = None
+    """Whether the model batches, where the build reported it."""
 
     @property
     def ready(self) -> bool:
@@ -113,6 +120,14 @@ def agreement_for(engine: EngineState, serving: ServingEngine) -> BuildAgreement
     if serving.digest == engine.digest and engine.agreement is not None:
         return engine.agreement
     return serving.agreement
+
+
+def batching_for(engine: EngineState, serving: ServingEngine) -> BatchingFinding | None:
+    """Whether the model of the engine `serving` names batches: the current engine's
+    finding, or what its own ConfigMap recorded."""
+    if serving.digest == engine.digest and engine.batching is not None:
+        return engine.batching
+    return serving.batching
 
 
 def input_bytes_for(engine: EngineState, serving: ServingEngine) -> int | None:
@@ -184,6 +199,7 @@ def _engine_of(child: KubeObject | None) -> ServingEngine | None:
             annotations.get(names.ANNOTATION_BUILD_KEY),
             positive_int(annotations.get(ANNOTATION_INPUT_BYTES_PER_ROW)),
             _recorded_agreement(annotations.get(ANNOTATION_AGREEMENT)),
+            _recorded_batching(annotations.get(ANNOTATION_BATCHING)),
         )
     return None
 
@@ -191,6 +207,13 @@ def _engine_of(child: KubeObject | None) -> ServingEngine | None:
 def _recorded_agreement(text: str | None) -> BuildAgreement | None:
     try:
         return parse_build_agreement(json.loads(text)) if text else None
+    except ValueError:
+        return None
+
+
+def _recorded_batching(text: str | None) -> BatchingFinding | None:
+    try:
+        return parse_batching(json.loads(text)) if text else None
     except ValueError:
         return None
 
@@ -209,18 +232,12 @@ def backoff_seconds(attempt: int, settings: OperatorSettings) -> float:
     )
 
 
-def engine_state(
-    observed: ObservedState,
-    settings: OperatorSettings,
-    now: datetime,
-    other_wanted_keys: tuple[str, ...] = (),
-) -> EngineState:
-    """Where the engine of `observed.spec` stands, and which build Job must exist. The
-    unfinished Jobs of other inputs are stale, except those of `other_wanted_keys` (the
-    engines the object also needs: the quality watch's reference)."""
+def engine_state(observed: ObservedState, settings: OperatorSettings, now: datetime) -> EngineState:
+    """Where the engine of `observed.spec` stands, and which build Job must exist (the
+    Jobs of inputs no engine of the object has are `stale_jobs`)."""
     spec = observed.spec
     key = build_key(spec, settings)
-    mine, stale = build_jobs(observed, key, other_wanted_keys)
+    mine = jobs_of(observed, key)
     previous = observed.status.engine
 
     def target(digest: str, otherwise: str | None) -> str | None:
@@ -234,7 +251,6 @@ def engine_state(
             digest=spec.engine.pin,
             target=target(spec.engine.pin, None),
             message=f"Engine {spec.engine.pin} is pinned; the runtime verifies it at start.",
-            delete_jobs=stale,
         )
     cpu_target = "cpu" if spec.engine.backend == Backend.ONNXRUNTIME else None
     recorded = recorded_engine(observed, key)
@@ -245,13 +261,13 @@ def engine_state(
             digest=recorded.digest,
             target=target(recorded.digest, cpu_target),
             message=_built_message(observed, now, recorded.digest, mine),
-            delete_jobs=stale,
             input_bytes_per_row=recorded.input_bytes_per_row,
             agreement=recorded.agreement,
+            batching=recorded.batching,
         )
     if not mine:
-        return _building(observed.owner.name, key, 0, stale)
-    return _latest_attempt(observed, settings, now, key, mine, stale, cpu_target)
+        return _building(observed.owner.name, key, 0)
+    return _latest_attempt(observed, settings, now, key, mine, cpu_target)
 
 
 def _built_message(
@@ -280,27 +296,28 @@ def _built_by(digest: str | None, job_name: str) -> str:
     return f"Engine {digest} was built by Job {job_name}."
 
 
-def build_jobs(
-    observed: ObservedState, key: str, other_wanted_keys: tuple[str, ...] = ()
-) -> tuple[list[KubeObject], tuple[str, ...]]:
-    """The object's build Jobs of build key `key`, and the names (sorted) of its
-    unfinished Jobs of keys neither `key` nor one of `other_wanted_keys`: stale."""
-    owner = observed.owner.name
-    jobs = [job for job in observed.jobs if _labels(job).get(names.LABEL_INSTANCE) == owner]
+def jobs_of(observed: ObservedState, key: str) -> list[KubeObject]:
+    """The object's build Jobs of build key `key`."""
+    short = key[: names.BUILD_KEY_LABEL_LENGTH]
+    return [job for job in _own_jobs(observed) if _labels(job).get(names.LABEL_BUILD_KEY) == short]
 
-    def key_of(job: KubeObject) -> str | None:
-        return _labels(job).get(names.LABEL_BUILD_KEY)
 
-    mine = [j for j in jobs if key_of(j) == key[: names.BUILD_KEY_LABEL_LENGTH]]
-    wanted = {other[: names.BUILD_KEY_LABEL_LENGTH] for other in other_wanted_keys}
-    stale = tuple(
+def stale_jobs(observed: ObservedState, wanted_keys: Iterable[str]) -> tuple[str, ...]:
+    """The names (sorted) of the object's unfinished build Jobs of none of `wanted_keys`,
+    the build keys of the engines it needs: stale, their inputs no longer apply."""
+    wanted = {key[: names.BUILD_KEY_LABEL_LENGTH] for key in wanted_keys}
+    return tuple(
         sorted(
-            j["metadata"]["name"]
-            for j in jobs
-            if j not in mine and key_of(j) not in wanted and not finished(j)
+            job["metadata"]["name"]
+            for job in _own_jobs(observed)
+            if _labels(job).get(names.LABEL_BUILD_KEY) not in wanted and not finished(job)
         )
     )
-    return mine, stale
+
+
+def _own_jobs(observed: ObservedState) -> list[KubeObject]:
+    owner = observed.owner.name
+    return [job for job in observed.jobs if _labels(job).get(names.LABEL_INSTANCE) == owner]
 
 
 def _latest_attempt(
@@ -309,7 +326,6 @@ def _latest_attempt(
     now: datetime,
     key: str,
     mine: list[KubeObject],
-    stale: tuple[str, ...],
     cpu_target: str | None,
 ) -> EngineState:
     """The engine as the latest build attempt of `key` leaves it: building, awaiting its
@@ -318,13 +334,12 @@ def _latest_attempt(
     latest, outcome = _latest_outcome(observed, mine, now)
     attempt, job_name = attempt_number(latest), latest["metadata"]["name"]
     if outcome.phase == AttemptPhase.RUNNING:
-        return _building(owner, key, attempt, stale)
+        return _building(owner, key, attempt)
     if outcome.phase == AttemptPhase.AWAITING_REPORT:
         return EngineState(
             EnginePhase.BUILDING,
             key,
             message=f"Job {job_name} completed; waiting for its pod's termination message.",
-            delete_jobs=stale,
         )
     if outcome.phase == AttemptPhase.SUCCEEDED:
         report = outcome.report
@@ -334,20 +349,19 @@ def _latest_attempt(
             digest=report.digest,
             target=report.target or cpu_target,
             message=_built_by(report.digest, job_name),
-            delete_jobs=stale,
             input_bytes_per_row=report.input_bytes_per_row,
             agreement=report.agreement,
+            batching=report.batching,
         )
     retry_at = retry_time(outcome, attempt, settings)
     if retry_at is None or now >= retry_at:
-        return _building(owner, key, attempt + 1, stale)
+        return _building(owner, key, attempt + 1)
     return EngineState(
         EnginePhase.FAILED,
         key,
         message=f"Job {job_name} failed: {outcome.failure}. "
         f"Retrying at {retry_at:%Y-%m-%dT%H:%M:%SZ}.",
         retry_at=retry_at,
-        delete_jobs=stale,
     )
 
 
@@ -368,10 +382,15 @@ def recorded_engine(observed: ObservedState, key: str) -> ServingEngine | None:
         observed_candidate(observed),
         _engine_of(observed.reference_configmap),
     ]
+    found = previous.batching if previous else None
+    reported = None if found is None else BatchingFinding(found.batches, found.reason)
     if previous and previous.digest and previous.build_key:
-        known.append(ServingEngine("", previous.digest, previous.build_key))
+        known.append(ServingEngine("", previous.digest, previous.build_key, batching=reported))
     for engine in known:
         if engine and engine.build_key == key:
+            if engine.batching is None and previous and previous.digest == engine.digest:
+                # The pod template records no finding: the status still holds the build's.
+                return replace(engine, batching=reported)
             return engine
     return None
 
@@ -380,7 +399,7 @@ def _labels(job: KubeObject) -> dict[str, str]:
     return (job.get("metadata") or {}).get("labels") or {}
 
 
-def _building(owner: str, key: str, attempt: int, stale: tuple[str, ...]) -> EngineState:
+def _building(owner: str, key: str, attempt: int) -> EngineState:
     """The message depends only on the attempt, so passes during one build write the same
     status; the failure that led to a retry was reported by its own Event."""
     job_name = names.build_job_name(owner, key, attempt)
@@ -390,5 +409,4 @@ def _building(owner: str, key: str, attempt: int, stale: tuple[str, ...]) -> Eng
         key,
         job_attempt=attempt,
         message=f"Job {job_name} is building the engine{retry}.",
-        delete_jobs=stale,
     )

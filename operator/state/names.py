@@ -63,6 +63,14 @@ ROLE_SERVING = "serving"
 ROLE_CANDIDATE = "candidate"
 ROLE_REFERENCE = "reference"
 
+COMPONENT_WRONG_ANSWERS = "wrong-answers"
+ROLE_WRONG_ANSWERS = "wrong-answers"
+"""A runtime pod taken out of serving for wrong answers: relabelled with these, so neither
+its ReplicaSet (which then creates a replacement) nor its Service selects it any more,
+and kept as evidence."""
+ANNOTATION_WRONG_ANSWERS = "kubeinfer.io/wrong-answers"
+"""On a pod taken out of serving: what it answered, where (JSON: the status' record)."""
+
 MAX_NAME_LENGTH = 63
 """A label value's limit, and a Service's; Jobs label their pods with their name."""
 
@@ -194,6 +202,11 @@ def reference_selector(owner: str) -> dict[str, str]:
         LABEL_COMPONENT: COMPONENT_REFERENCE,
         LABEL_ROLE: ROLE_REFERENCE,
     }
+
+
+def wrong_answers_selector(owner: str) -> dict[str, str]:
+    """The pods taken out of serving for wrong answers."""
+    return {LABEL_INSTANCE: owner, LABEL_COMPONENT: COMPONENT_WRONG_ANSWERS}
 
 
 def selector_string(selector: dict[str, str]) -> str:

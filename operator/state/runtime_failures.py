@@ -28,7 +28,7 @@ from typing import Any
 
 from kubeinfer.operator.api.v1alpha1.conditions import Reason
 from kubeinfer.operator.state import names
-from kubeinfer.operator.state.snapshot import KubeObject
+from kubeinfer.operator.state.observed import KubeObject
 
 EXIT_ENGINE_INCOMPATIBLE = 3
 """`kubeinfer serve`'s exit code for an engine built by another backend version

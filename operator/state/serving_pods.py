@@ -14,8 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from kubeinfer.operator.state.build_attempt import parse_time
+from kubeinfer.operator.state.observed import KubeObject
 from kubeinfer.operator.state.scaling_inputs import ServingPods
-from kubeinfer.operator.state.snapshot import KubeObject
 
 RECENT_PODS = 20
 """How many of the most recently created ready pods the startup time is the median of."""

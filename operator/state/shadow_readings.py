@@ -1,6 +1,6 @@
 """What the serving runtimes measured of one shadow candidate, as the operator reads it.
 
-The metrics source (`kubeinfer.operator.metrics`) fills this from Prometheus or from the
+The metrics source (`kubeinfer.operator.metrics_sources`) fills this from Prometheus or from the
 runtime pods' own /metrics; the verdict (`kubeinfer.operator.rollout.verdict`) judges it.
 Every figure covers the whole shadow of one candidate engine (its digest), summed or
 maximised over the serving pods.

@@ -4,13 +4,17 @@
 spec changes (leaving its status stale until a test marks it rolled out, as the
 Deployment controller would), and lets a test play the part of the Job and Deployment
 controllers: a build succeeds with a termination message, fails with a reason, or the
-runtime pods become ready. Each `reconcile()` is one pass of `decide` over what is stored.
+runtime pods become ready. Each `reconcile()` is one pass of `decide` over what is stored,
+as the gather step would bring it (`as_gathered`): each signal the gather does not read
+for those children (`reconcile.reads`) is `Unread`, which fails the test if `decide`
+touches it.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,13 +22,15 @@ import kubernetes_validate
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionType
 from kubeinfer.operator.reconcile.decide import decide
+from kubeinfer.operator.reconcile.reads import SIGNALS, signals_to_read
 from kubeinfer.operator.rollout.shadow import metrics_query
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.decision import Decision
+from kubeinfer.operator.state.observed import KubeObject, ObservedState, OwnerRef
 from kubeinfer.operator.state.quality_readings import QualityReading
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
 from kubeinfer.operator.state.shadow_readings import ShadowReading
-from kubeinfer.operator.state.snapshot import Decision, KubeObject, ObservedState, OwnerRef
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 SETTINGS = OperatorSettings(build={"backoff_seconds": 30, "backoff_max_seconds": 600})
@@ -93,6 +99,45 @@ def validate_kubernetes(obj: KubeObject) -> None:
 _VALID: set[str] = set()
 
 
+class Unread:
+    """A signal the gather step does not read, where `decide` finds it: any use of it (a
+    look at an attribute, a truth test, iterating, comparing) fails the test with the
+    signal's name, so a decision that starts to read a signal the gather does not bring
+    fails every table test that reaches it."""
+
+    def __init__(self, signal: str) -> None:
+        self.signal = signal
+
+    def _read(self, *_: object) -> Any:
+        raise AssertionError(
+            f"decide read {self.signal!r}, which the gather step does not read for this "
+            "observed state: declare it in reconcile.reads.signals_to_read"
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        self._read()
+
+    __bool__ = __iter__ = __len__ = __contains__ = __getitem__ = _read
+    __eq__ = __lt__ = __le__ = __gt__ = __ge__ = __add__ = __radd__ = _read  # type: ignore[assignment]
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Unread({self.signal!r})"
+
+
+def as_gathered(observed: ObservedState, now: datetime) -> ObservedState:
+    """`observed` as the gather step brings it: each signal it does not read for these
+    children (`signals_to_read`) replaced by `Unread`."""
+    wanted = signals_to_read(observed, now.replace(microsecond=0))
+    unread = {
+        field: Unread(field)
+        for signal, fields in SIGNALS.items()
+        if not getattr(wanted, signal)
+        for field in fields
+    }
+    return replace(observed, **unread)
+
+
 class Cluster:
     """One InferenceDeployment and its children, as the API server would store them."""
 
@@ -153,7 +198,7 @@ class Cluster:
         )
 
     def reconcile(self, now: datetime = T0, settings: OperatorSettings = SETTINGS) -> Decision:
-        decision = decide(self.observe(), settings, now)
+        decision = decide(as_gathered(self.observe(), now), settings, now)
         self.history = decision.scaling_history or ScalingHistory()
         for child in decision.apply:
             if child["kind"] == "PodMonitor":

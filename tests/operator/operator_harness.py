@@ -29,11 +29,11 @@ from typing import Any
 import kopf
 from cluster_harness import ApiCall, Kube, LocalCluster, file_url
 from kubeinfer.operator import rbac
-from kubeinfer.operator.exporter import StatusBoard
+from kubeinfer.operator.commands.run import run_operator
 from kubeinfer.operator.handlers import configure_kopf
 from kubeinfer.operator.kube.leader_election import Election
-from kubeinfer.operator.operator_command import run_operator
 from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.operator.telemetry.exporter import StatusBoard
 
 IDS = ("kubeinfer.io/v1alpha1", "inferencedeployments")
 OPERATOR_ACCOUNT = "kubeinfer-operator"

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
-from kubeinfer.operator.operator_command import run_operator
+from kubeinfer.operator.commands.run import run_operator
 from operator_harness import FAST, Model, eventually, manifest
 
 pytestmark = pytest.mark.cluster

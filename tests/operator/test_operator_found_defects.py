@@ -130,8 +130,8 @@ async def test_a_build_pod_with_only_the_legacy_job_label_is_gathered(
 ) -> None:
     import kopf
     from kubeinfer.operator.api.v1alpha1.validation import parse_spec
+    from kubeinfer.operator.kube.children import read_children
     from kubeinfer.operator.kube.client import KubeClient
-    from kubeinfer.operator.kube.gather import gather_children
 
     async with start_operator(world):
         world.create(from_missing_claim_spec(tiny))
@@ -159,7 +159,7 @@ async def test_a_build_pod_with_only_the_legacy_job_label_is_gathered(
         server=world.cluster.server, ca_path=str(world.cluster.ca_file), token=world.token()
     )
     async with KubeClient(connection) as client:
-        observed = await gather_children(client, body, parse_spec(body["spec"]))
+        observed = await read_children(client, body, parse_spec(body["spec"]))
     assert "legacy-build-pod" in [p["metadata"]["name"] for p in observed.job_pods]
 
 

@@ -27,7 +27,6 @@ both passed on 2026-11-27, torch 2.15.0 and transformers 5.24.0, docs/developmen
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from models.sklearn_models import (
     build_text_classifier,
     digits,
     mixed_sentences,
+    normalised,
     text_split,
 )
 from models.transformer_models import (
@@ -313,11 +313,6 @@ async def test_a_digits_classifier_zipmap_refused_otherwise_shadowed_watched_and
 
 
 # -- the text classifier ------------------------------------------------------------------
-
-
-def normalised(text: str) -> str:
-    """What the graph's extensions operators make of a text."""
-    return re.sub(r"[^a-z ]", "", text.lower())
 
 
 def column(texts: list[str]) -> np.ndarray:

@@ -42,8 +42,8 @@ from typing import Any
 import kopf
 import pytest
 from decide_scenarios import tuned
+from kubeinfer.operator.controller import Reconciler
 from kubeinfer.operator.kube.client import KubeClient
-from kubeinfer.operator.reconciler import Reconciler
 from kubeinfer.operator.state import names
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from operator_harness import (

@@ -27,6 +27,9 @@ class ConditionType(StrEnum):
     SCALING_LIMITED = "ScalingLimited"
     SLO_MET = "SLOMet"
     """Present while spec.slo sets an objective: whether the serving pods' p99 meets it."""
+    ANSWERS_CORRECT = "AnswersCorrect"
+    """Present while spec.knownAnswers turns the operator's checks on: whether every
+    serving pod checked answered its known-answer set correctly."""
     CACHE_ATTACH_RISK = "CacheAttachRisk"
     """Present (True) only while the engine cache claim is ReadWriteOnce and the pods that
     mount it may land on more than one node."""
@@ -109,6 +112,11 @@ class Reason(StrEnum):
     SCALED_DOWN = "ScaledDown"
     READ_WRITE_ONCE_ACROSS_NODES = "ReadWriteOnceAcrossNodes"
     AS_EXPECTED = "AsExpected"
+    ANSWERS_CORRECT = "AnswersCorrect"
+    ANSWERS_UNCHECKED = "AnswersUnchecked"
+    """No serving pod has answered its known-answer set yet."""
+    KNOWN_ANSWERS_FAILED = "KnownAnswersFailed"
+    ANSWERS_DIFFER_FROM_PEERS = "AnswersDifferFromPeers"
     READY = "Ready"
     NOT_READY = "NotReady"
 

@@ -1,6 +1,7 @@
 """A mixed GPU fleet: one TensorRT engine per GPU product, and how the runtime pods are
-split across the products. The spec's `runtime.gpuFleet`, the status' `engines`, and the
-rules that keep the two modes apart. Pure.
+split across the products: the spec's `runtime.gpuFleet` and the status' `engines`. Pure.
+Which specs run on a mixed fleet, and the rules that keep the two modes apart, are the
+spec's own (`inference_deployment.in_fleet_mode`, `FLEET_RULES`).
 
 A TensorRT engine runs only on the GPU model it was built on. An InferenceDeployment with
 backend tensorrt, no `engine.pin` and no single `runtime.gpuProduct` runs on every
@@ -12,14 +13,10 @@ See docs/gpu-fleets.md.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
 from kubeinfer.operator.api.v1alpha1.patterns import LABEL_VALUE
 from pydantic import Field
-
-if TYPE_CHECKING:  # the spec's module imports this one
-    from kubeinfer.operator.api.v1alpha1.inference_deployment import InferenceDeploymentSpec
 
 
 class ReplicaSplit(StrEnum):
@@ -130,51 +127,3 @@ class ProductEngineStatus(ApiModel):
 
     message: str = Field(default="", max_length=1024)
     """Where the engine stands, for humans."""
-
-
-FLEET = (
-    "self.engine.backend == 'tensorrt' && !has(self.engine.pin) && !has(self.runtime.gpuProduct)"
-)
-"""CEL: the spec runs on a mixed GPU fleet (`in_fleet_mode`'s predicate)."""
-
-FLEET_RULES = (
-    CrossFieldRule(
-        cel="!has(self.runtime.gpuFleet) || self.engine.backend == 'tensorrt'",
-        message="runtime.gpuFleet needs engine.backend tensorrt: an ONNX Runtime engine "
-        "runs on any node",
-        field="runtime.gpuFleet",
-        holds=lambda s: s.runtime.gpu_fleet is None or s.engine.backend == "tensorrt",
-    ),
-    CrossFieldRule(
-        cel="!has(self.runtime.gpuFleet) || "
-        "(!has(self.runtime.gpuProduct) && !has(self.engine.pin))",
-        message="runtime.gpuFleet excludes runtime.gpuProduct and engine.pin, which serve "
-        "one engine on one GPU product",
-        field="runtime.gpuFleet",
-        holds=lambda s: (
-            s.runtime.gpu_fleet is None or (s.runtime.gpu_product is None and s.engine.pin is None)
-        ),
-    ),
-    CrossFieldRule(
-        cel=f"!({FLEET}) || self.rollout.strategy != 'Shadow'",
-        message="rollout.strategy Shadow with backend tensorrt needs runtime.gpuProduct or "
-        "engine.pin: a mixed GPU fleet (one engine per product) rolls out Rolling",
-        field="rollout.strategy",
-        holds=lambda s: not in_fleet_mode(s) or s.rollout.strategy != "Shadow",
-    ),
-    CrossFieldRule(
-        cel=f"!({FLEET}) || !self.qualityWatch.enabled",
-        message="qualityWatch with backend tensorrt needs runtime.gpuProduct or engine.pin: "
-        "a mixed GPU fleet (one engine per product) has no quality watch yet",
-        field="qualityWatch.enabled",
-        holds=lambda s: not in_fleet_mode(s) or not s.quality_watch.enabled,
-    ),
-)
-"""The InferenceDeployment spec's rules about mixed GPU fleets."""
-
-
-def in_fleet_mode(spec: InferenceDeploymentSpec) -> bool:
-    """Whether the spec runs on a mixed GPU fleet: backend tensorrt, no pinned engine and
-    no single gpuProduct (one engine per eligible GPU product)."""
-    engine, runtime = spec.engine, spec.runtime
-    return engine.backend == "tensorrt" and engine.pin is None and runtime.gpu_product is None

@@ -15,7 +15,6 @@ from kubeinfer.contract.runtime_config import (
     BatchingPolicy,
     BatchingPolicyKind,
     InputShape,
-    MirrorPolicy,
 )
 from kubeinfer.operator.api.v1alpha1.autoscaling import AutoscalingSpec
 from kubeinfer.operator.api.v1alpha1.enums import (
@@ -24,8 +23,14 @@ from kubeinfer.operator.api.v1alpha1.enums import (
     Precision,
     RolloutStrategy,
 )
-from kubeinfer.operator.api.v1alpha1.gpu_fleet import FLEET_RULES, GpuFleetSpec
+from kubeinfer.operator.api.v1alpha1.gpu_fleet import GpuFleetSpec
 from kubeinfer.operator.api.v1alpha1.metadata import ObjectMeta
+from kubeinfer.operator.api.v1alpha1.monitoring import (
+    MonitoringSpec,
+    PrometheusSpec,
+    QueryOverrides,
+    SloSpec,
+)
 from kubeinfer.operator.api.v1alpha1.patterns import (
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
@@ -37,8 +42,10 @@ from kubeinfer.operator.api.v1alpha1.patterns import (
     SHA256_HEX,
 )
 from kubeinfer.operator.api.v1alpha1.quality_watch import QualityWatchSpec
+from kubeinfer.operator.api.v1alpha1.rollout import RolloutSpec, ShadowSpec, ShadowThresholds
 from kubeinfer.operator.api.v1alpha1.status import (
     CandidateStatus,
+    EngineBatchingStatus,
     EngineStatus,
     InferenceDeploymentStatus,
     MetricsStatus,
@@ -47,20 +54,28 @@ from kubeinfer.operator.api.v1alpha1.status import (
 from kubeinfer.operator.api.v1alpha1.topology_spread import TopologySpreadSpec
 from pydantic import Field
 
-# The enums, metadata and status models live in their own modules; they are re-exported
-# here, the module that describes a whole InferenceDeployment.
+# The enums, metadata, status models and the spec's larger sections live in their own
+# modules; they are re-exported here, the module that describes a whole InferenceDeployment.
 __all__ = [
     "AutoscalingSpec",
     "Backend",
     "CandidateStatus",
+    "EngineBatchingStatus",
     "EngineStatus",
     "InferenceDeploymentStatus",
     "MetricsStatus",
+    "MonitoringSpec",
     "ObjectMeta",
     "Phase",
     "Precision",
+    "PrometheusSpec",
     "QualityWatchSpec",
+    "QueryOverrides",
+    "RolloutSpec",
     "RolloutStrategy",
+    "ShadowSpec",
+    "ShadowThresholds",
+    "SloSpec",
     "VersionStatus",
 ]
 
@@ -324,122 +339,65 @@ class RuntimeSpec(ApiModel):
     unset: HTTP only."""
 
 
-class ShadowThresholds(ApiModel):
-    """When a shadowed candidate is good enough to promote. Each is checked on the
-    aggregates of every mirrored request compared so far, over all serving pods."""
+class KnownAnswersSpec(ApiModel):
+    """The operator's known-answer checks, on when set (`knownAnswers: {}` for the
+    defaults): each serving pod carries the readiness gate `kubeinfer.io/answers-correct`
+    and takes traffic only once the operator saw it answer its engine's known-answer set;
+    it is asked again on this schedule (docs/known-answers.md), and a pod that fails it,
+    or whose answers differ from its peers' on the same engine and hardware, is taken out
+    of its Service and replaced."""
 
-    max_absolute_output_difference: float = Field(default=0.01, ge=0)
-    """Largest acceptable absolute difference between one element of the candidate's output
-    and the serving engine's, over every compared request. A request whose outputs differ
-    in name, shape or datatype breaks it whatever its value. Broken at any time, the
-    candidate fails at once (the largest difference can only grow)."""
-
-    min_top1_agreement: float = Field(default=0.99, ge=0, le=1)
-    """Smallest acceptable share of compared rows whose top-1 class (argmax over the last
-    axis of outputs with at least 2 classes) agrees with the serving engine's (0..1).
-    Checked once minSamples requests are compared; not applicable to models without such
-    outputs."""
-
-    max_p99_latency_regression_percent: float = Field(default=10, ge=0, le=1000)
-    """Largest acceptable increase of the candidate's p99 latency over the serving
-    engine's on the same mirrored requests, in percent. Both are the servers' own time
-    for a request; the candidate receives only the mirrored share of the traffic, so its
-    batches are smaller than serving's. Checked once minSamples requests are compared."""
+    interval_seconds: int = Field(default=300, ge=30, le=86_400)
+    """Seconds between two checks of one serving pod (a new pod is checked once it
+    started, before it serves)."""
 
 
-class ShadowSpec(ApiModel):
-    """Shadow testing: the serving pods mirror a share of their live requests to the
-    candidate, compare its answers with their own, and the operator promotes it or rolls it
-    back on the thresholds."""
+FLEET = (
+    "self.engine.backend == 'tensorrt' && !has(self.engine.pin) && !has(self.runtime.gpuProduct)"
+)
+"""CEL: the spec runs on a mixed GPU fleet (`in_fleet_mode`'s predicate)."""
 
-    traffic_percent: int = Field(default=10, ge=1, le=100)
-    """Share of live requests mirrored to the candidate, in percent."""
-
-    replicas: int = Field(default=1, ge=1, le=100)
-    """Candidate pods; fixed for the shadow's duration (autoscaling never changes it)."""
-
-    min_samples: int = Field(default=1000, ge=1, le=10_000_000)
-    """Mirrored requests compared before a verdict."""
-
-    max_duration_seconds: int = Field(default=3600, ge=1, le=604_800)
-    """Longest a shadow test runs, from the candidate's start; a candidate without
-    minSamples compared requests by then fails (and is rolled back)."""
-
-    thresholds: ShadowThresholds = Field(default_factory=ShadowThresholds)
-    """Promotion thresholds."""
-
-    mirror: MirrorPolicy = Field(default_factory=MirrorPolicy)
-    """How the serving pods mirror: queue, concurrency and timeout. Mirrored work never
-    delays or fails a live request; what does not fit is dropped and counted."""
-
-
-class RolloutSpec(ApiModel):
-    """How a new model version or engine replaces the serving one."""
-
-    strategy: RolloutStrategy = RolloutStrategy.ROLLING
-    """Rolling (replace pods as soon as the new engine is ready) or Shadow (run the new
-    engine as a candidate beside the serving one, mirror live traffic to it, compare the
-    answers request by request, then promote or roll back on the thresholds). The first
-    engine of an InferenceDeployment has nothing to be compared with and is deployed
-    directly."""
-
-    shadow: ShadowSpec = Field(default_factory=ShadowSpec)
-    """Shadow test settings, used with strategy Shadow."""
-
-
-class PrometheusSpec(ApiModel):
-    """A Prometheus server that scrapes the runtime pods."""
-
-    url: str | None = Field(default=None, pattern=r"^https?://.+$", max_length=2048)
-    """Prometheus base URL; the operator's default (Helm value prometheus.url) when unset."""
+FLEET_RULES = (
+    CrossFieldRule(
+        cel="!has(self.runtime.gpuFleet) || self.engine.backend == 'tensorrt'",
+        message="runtime.gpuFleet needs engine.backend tensorrt: an ONNX Runtime engine "
+        "runs on any node",
+        field="runtime.gpuFleet",
+        holds=lambda s: s.runtime.gpu_fleet is None or s.engine.backend == "tensorrt",
+    ),
+    CrossFieldRule(
+        cel="!has(self.runtime.gpuFleet) || "
+        "(!has(self.runtime.gpuProduct) && !has(self.engine.pin))",
+        message="runtime.gpuFleet excludes runtime.gpuProduct and engine.pin, which serve "
+        "one engine on one GPU product",
+        field="runtime.gpuFleet",
+        holds=lambda s: (
+            s.runtime.gpu_fleet is None or (s.runtime.gpu_product is None and s.engine.pin is None)
+        ),
+    ),
+    CrossFieldRule(
+        cel=f"!({FLEET}) || self.rollout.strategy != 'Shadow'",
+        message="rollout.strategy Shadow with backend tensorrt needs runtime.gpuProduct or "
+        "engine.pin: a mixed GPU fleet (one engine per product) rolls out Rolling",
+        field="rollout.strategy",
+        holds=lambda s: not in_fleet_mode(s) or s.rollout.strategy != "Shadow",
+    ),
+    CrossFieldRule(
+        cel=f"!({FLEET}) || !self.qualityWatch.enabled",
+        message="qualityWatch with backend tensorrt needs runtime.gpuProduct or engine.pin: "
+        "a mixed GPU fleet (one engine per product) has no quality watch yet",
+        field="qualityWatch.enabled",
+        holds=lambda s: not in_fleet_mode(s) or not s.quality_watch.enabled,
+    ),
+)
+"""The InferenceDeployment spec's rules about mixed GPU fleets."""
 
 
-class QueryOverrides(ApiModel):
-    """PromQL that replaces one of the operator's named queries for this object, when the
-    figures come from Prometheus (e.g. where a recording rule or other labels serve
-    better). `$namespace` and `$pods` stand for the object's namespace and a regex of its
-    serving pods' names, escaped as the inside of a double-quoted string, so write them
-    in double quotes: `{namespace="$namespace", pod=~"$pods"}` (`$$` is a literal `$`).
-    Each query must answer one series or a scalar (aggregate with `avg`, `max`...); no
-    series reads as no figure. A query Prometheus refuses, or one answering several
-    series, makes the autoscaler hold the count, with the field named in the status.
-    Without Prometheus (the pods' own /metrics), the built-in definitions apply."""
-
-    requests_in_progress_per_replica: str | None = Field(
-        default=None, min_length=1, max_length=4096
-    )
-    """Replaces `requests_in_progress_per_replica`: requests received and not yet answered per
-    pod. The built-in is `avg(sum by (namespace, pod)
-    (kubeinfer_requests_in_progress{...}))`, over every pod Prometheus scrapes; with
-    kube-state-metrics, `avg((<the same sum>) and on (namespace, pod)
-    (kube_pod_status_ready{condition="true"} == 1))` averages over the ready ones only."""
-
-    gpu_memory_used_ratio: str | None = Field(default=None, min_length=1, max_length=4096)
-    """Replaces `gpu_memory_used_ratio`: the highest used/total ratio over the pods' GPUs
-    (built-in: `max(kubeinfer_gpu_memory_used_bytes{...} /
-    (kubeinfer_gpu_memory_total_bytes{...} > 0))`)."""
-
-
-class MonitoringSpec(ApiModel):
-    """Where the operator reads the runtime pods' metrics: shadow verdicts and the
-    autoscaler read them. From Prometheus when a URL is set here or in the operator's
-    settings; otherwise the operator reads each runtime pod's /metrics itself."""
-
-    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
-    """The Prometheus to query."""
-
-    queries: QueryOverrides = Field(default_factory=QueryOverrides)
-    """PromQL overrides of the named queries, for this object."""
-
-
-class SloSpec(ApiModel):
-    """Service level objectives: the status reports the serving pods' p99 against them
-    (`status.slo`, the SLOMet condition), and the autoscaler may scale up on a sustained
-    miss (autoscaling.scaleUpOnSloMissAfterSeconds)."""
-
-    p99_latency_milliseconds: float | None = Field(default=None, gt=0, le=3_600_000)
-    """Objective for the serving pods' p99 request latency (arrival to response), in
-    milliseconds."""
+def in_fleet_mode(spec: InferenceDeploymentSpec) -> bool:
+    """Whether the spec runs on a mixed GPU fleet: backend tensorrt, no pinned engine and
+    no single gpuProduct (one engine per eligible GPU product)."""
+    engine, runtime = spec.engine, spec.runtime
+    return engine.backend == "tensorrt" and engine.pin is None and runtime.gpu_product is None
 
 
 class InferenceDeploymentSpec(ApiModel):
@@ -520,6 +478,11 @@ class InferenceDeploymentSpec(ApiModel):
 
     quality_watch: QualityWatchSpec = Field(default_factory=QualityWatchSpec)
     """Watch a reduced-precision engine against its reference on live traffic."""
+
+    known_answers: KnownAnswersSpec | None = None
+    """The operator's checks of the serving pods' answers (unset: off)."""
+    # Off by default: with it on, a pod is Ready only once the operator checked it, so
+    # every rollout's availability would hang on the operator (docs/known-answers.md).
 
 
 class InferenceDeployment(ApiModel):

@@ -39,5 +39,12 @@ PRINTER_COLUMNS = [
         "jsonPath": ".status.metrics.p99Milliseconds",
         "description": "p99 request latency in milliseconds",
     },
+    {
+        "name": "Answers",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="AnswersCorrect")].reason',
+        "description": "whether every serving pod answers its known-answer set correctly "
+        "(empty: spec.knownAnswers unset, the checks are off)",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -18,6 +18,25 @@ from kubeinfer.operator.api.v1alpha1.gpu_fleet import ProductEngineStatus
 from pydantic import Field
 
 
+class EngineBatchingStatus(ApiModel):
+    """Whether the model batches, as its build found by trying the built engine with one
+    row and with two different rows, compared with the rows run alone."""
+
+    batches: bool | None = None
+    """True: rows run together are answered as alone, and the runtime batches requests;
+    false: they are not (a tokenizer in the graph that reads one text per run, a graph that
+    mixes rows), and the runtime serves one request per run; unset: not found out at build
+    (`reason` says why): the runtime finds out at start."""
+
+    max_batch_size: int | None = Field(default=None, ge=1)
+    """The maxBatchSize the runtime serves with: runtime.batching.maxBatchSize where the
+    model batches, 1 where it does not (the spec's is set aside); unset where the runtime
+    finds out at start."""
+
+    reason: str = Field(default="", max_length=1024)
+    """How the rows differed, or why it was not found out; empty where the model batches."""
+
+
 class EngineStatus(ApiModel):
     """The engine the current generation uses."""
 
@@ -39,6 +58,11 @@ class EngineStatus(ApiModel):
     build_key: str | None = Field(default=None, max_length=64)
     """Hash of the engine inputs the digest was built from: a digest is reused (never
     rebuilt) while the inputs hash the same, even after its build Job is gone."""
+
+    batching: EngineBatchingStatus | None = None
+    """Whether the model batches and the maxBatchSize the runtime serves with, as the build
+    found (unset until it is built, and for a pinned engine: the runtime finds out at
+    start, and says so in its log and /v2/batching)."""
 
 
 class VersionStatus(ApiModel):
@@ -248,7 +272,8 @@ class QualityWatchStatus(ApiModel):
     hysteresis)."""
 
     last_evaluated: datetime | None = None
-    """When the operator last judged the window."""
+    """When the operator last judged the window on figures that had changed: a pass that
+    reads the figures already recorded leaves this status as it was."""
 
     engine_digest: str | None = Field(default=None, max_length=71)
     """The served engine these figures judge (a new engine starts a new watch)."""
@@ -260,6 +285,53 @@ class QualityWatchStatus(ApiModel):
     fallback: QualityFallbackStatus | None = None
     """Set while serving runs the reference-precision engine after drift (onDrift:
     Fallback)."""
+
+
+class WrongAnswersStatus(ApiModel):
+    """A pod taken out of serving because its engine answered wrong: its known-answer
+    set failed, or its answers differed from its peers' on the same engine and hardware.
+    The pod itself is kept (relabelled, out of its ReplicaSet) as evidence."""
+
+    pod: str = Field(max_length=253)
+    """The pod, still in the namespace (`kubectl logs` it)."""
+
+    node: str = Field(default="", max_length=253)
+    """The node it ran on."""
+
+    gpu_product: str | None = Field(default=None, max_length=128)
+    """The node's nvidia.com/gpu.product, on a GPU node."""
+
+    gpu_uuid: str | None = Field(default=None, max_length=128)
+    """The GPU's UUID, where the node's labels name one (nvidia.com/gpu.uuid)."""
+
+    cpu_model: str | None = Field(default=None, max_length=256)
+    """The node's CPU model as its labels name it (node feature discovery's
+    cpu-model vendor, family and id), else its architecture."""
+
+    engine_digest: str = Field(default="", max_length=71)
+    """The engine it served."""
+
+    reason: str = Field(max_length=64)
+    """KnownAnswersFailed (its set failed) or AnswersDifferFromPeers."""
+
+    output: str = Field(default="", max_length=256)
+    """The output that answered wrong (empty where peers disagreed)."""
+
+    probe: int | None = Field(default=None, ge=0)
+    """The probe that answered worst (or first differed from its peers')."""
+
+    error: float | None = Field(default=None, ge=0)
+    """That probe's error (relative L2, or probes that differ for labels); unset where it
+    was not finite (a NaN or infinity)."""
+
+    tolerance: float | None = Field(default=None, ge=0)
+    """The output's tolerance."""
+
+    message: str = Field(default="", max_length=2048)
+    """What the pod answered, in words."""
+
+    detected: datetime
+    """When the operator took it out of serving."""
 
 
 class InferenceDeploymentStatus(ApiModel):
@@ -325,3 +397,10 @@ class InferenceDeploymentStatus(ApiModel):
 
     slo: SloStatus | None = None
     """The p99 against spec.slo, while an objective is set."""
+
+    wrong_answers: list[WrongAnswersStatus] = Field(default_factory=list, max_length=32)
+    """Pods taken out of serving for wrong answers, newest first, while they exist."""
+
+    suspect_nodes: list[str] = Field(default_factory=list, max_length=32)
+    """Nodes where pods of different engines answered wrong: the node (its device, its
+    CPU) is suspect rather than one engine."""

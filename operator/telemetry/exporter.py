@@ -1,0 +1,171 @@
+"""The operator's own /metrics: each InferenceDeployment's conditions and replicas as the
+last pass wrote them, and whether that pass could read the serving pods' metrics.
+
+The runtime pods export what they do; what only the operator knows (a build failed, a
+shadow failed, the quality watch found drift, the autoscaler is held at maxReplicas, the
+metrics it decides from cannot be read) is in the status. kube-state-metrics exports a
+Deployment's status the same way, and Flux its objects' (`gotk_reconcile_condition`), so
+an alert needs no reader of the API. The series are named in `kubeinfer.contract.metrics`.
+
+`StatusBoard` is what the reconciler records after each pass (and forgets when the object
+is gone); `BoardCollector` turns the board into metric families at scrape time, so a
+scrape sees exactly the objects the operator holds now. `serve_metrics` serves the
+registry over aiohttp for the operator's whole life, standby included: a standby's board
+is empty (only the leader reconciles), so the series come from one replica at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
+
+from kubeinfer.contract import metrics as series
+from kubeinfer.operator.api.v1alpha1.status import InferenceDeploymentStatus
+from kubeinfer.operator.state.observed import ObservedState
+from kubeinfer.operator.telemetry.activity import Activity
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Report:
+    """One object's last pass: the status written, and per metrics reader the pass used,
+    whether its read failed."""
+
+    status: InferenceDeploymentStatus
+    unavailable: tuple[tuple[str, bool], ...] = ()
+
+
+def metrics_readers(observed: ObservedState) -> tuple[tuple[str, bool], ...]:
+    """(reader, failed) for each read of the serving pods' metrics the gather step made:
+    the shadow's aggregates, the quality watch's window, the autoscaler's signals."""
+    readings = (
+        ("shadow", observed.shadow),
+        ("quality", observed.quality),
+        ("scaling", observed.scaling_signals),
+    )
+    return tuple((reader, bool(reading.error)) for reader, reading in readings if reading)
+
+
+class StatusBoard:
+    """The last report per InferenceDeployment (namespace, name), and the operator's own
+    `activity` (kept across kopf runs: a standby's counters stay where the leader left
+    them)."""
+
+    def __init__(self) -> None:
+        self._reports: dict[Key, Report] = {}
+        self.activity = Activity()
+
+    def record(self, key: Key, report: Report) -> None:
+        self._reports[key] = report
+
+    def forget(self, key: Key) -> None:
+        self._reports.pop(key, None)
+
+    def clear(self) -> None:
+        """Forgets every object: this replica no longer reconciles (its kopf run ended)."""
+        self._reports.clear()
+
+    def items(self) -> list[tuple[Key, Report]]:
+        return sorted(self._reports.items())
+
+
+class BoardCollector(Collector):
+    """The board as metric families, read at each scrape."""
+
+    def __init__(self, board: StatusBoard) -> None:
+        self.board = board
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self.board.items())
+        yield from activity_families(self.board.activity)
+
+
+def families(reports: Iterable[tuple[Key, Report]]) -> list[Metric]:
+    """The operator's series for these reports."""
+    condition = _gauge(series.INFERENCE_DEPLOYMENT_CONDITION)
+    replicas = _gauge(series.INFERENCE_DEPLOYMENT_REPLICAS)
+    ready = _gauge(series.INFERENCE_DEPLOYMENT_READY_REPLICAS)
+    unavailable = _gauge(series.INFERENCE_DEPLOYMENT_METRICS_UNAVAILABLE)
+    for (namespace, name), report in reports:
+        status = report.status
+        for c in status.conditions:
+            condition.add_metric([namespace, name, c.type.value, c.status.value, c.reason], 1)
+        replicas.add_metric([namespace, name], status.replicas)
+        ready.add_metric([namespace, name], status.ready_replicas)
+        for reader, failed in report.unavailable:
+            unavailable.add_metric([namespace, name, reader], 1 if failed else 0)
+    return [condition, replicas, ready, unavailable]
+
+
+def activity_families(activity: Activity) -> list[Metric]:
+    """The operator's own counters and its passes' durations."""
+    duration = series.OPERATOR_RECONCILE_DURATION
+    histogram = HistogramMetricFamily(duration.name, duration.help)
+    buckets = [(_bound(b), n) for b, n in activity.pass_seconds.cumulative()]
+    histogram.add_metric([], buckets, activity.pass_seconds.total)
+    counted = (
+        (series.OPERATOR_RECONCILES, activity.passes),
+        (series.OPERATOR_API_REQUESTS, activity.api_requests),
+        (series.OPERATOR_WATCH_EVENTS, activity.watch_events),
+        (series.OPERATOR_OWNER_READS, activity.owner_reads),
+        (series.OPERATOR_METRICS_QUERIES, activity.metrics_queries),
+    )
+    result: list[Metric] = [histogram]
+    for family, counts in counted:
+        counter = CounterMetricFamily(family.name, family.help, labels=family.labels)
+        for label, count in sorted(counts.items()):
+            counter.add_metric([label], count)
+        result.append(counter)
+    return result
+
+
+def _bound(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+def _gauge(family: series.Series) -> GaugeMetricFamily:
+    assert family.kind == "gauge", family.name
+    return GaugeMetricFamily(family.name, family.help, labels=family.labels)
+
+
+def board_registry(board: StatusBoard) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BoardCollector(board))
+    return registry
+
+
+@contextlib.asynccontextmanager
+async def serve_metrics(
+    registry: CollectorRegistry, port: int, host: str = "0.0.0.0"
+) -> AsyncIterator[int]:
+    """Serves `registry` at http://host:port/metrics for the block; yields the port bound
+    (`port` 0 picks a free one)."""
+    from aiohttp import web
+
+    async def metrics(_: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        yield int(sockets[0].getsockname()[1]) if sockets else port
+    finally:
+        await runner.cleanup()
