@@ -8,14 +8,21 @@
 #
 # Each image is its base, one layer of pinned dependencies (rebuilt only when its lock
 # changes) and one small layer of the project itself, so a source change rebuilds in
-# seconds. Every image runs as uid 65532 and writes nothing outside /tmp (HOME) and its
-# mounts, so pods can set readOnlyRootFilesystem; bytecode is compiled at install time. No
-# pip, setuptools, wheel or compiler is left in the operator and runtime images.
+# seconds; the runtime images have one more, the Rust data plane's extension
+# (kubeinfer_dataplane), built in a stage of its own from runtime/native alone, so only a
+# change there rebuilds it. Every image runs as uid 65532 and writes nothing outside /tmp
+# (HOME) and its mounts, so pods can set readOnlyRootFilesystem; bytecode is compiled at
+# install time. No pip, setuptools, wheel, compiler, cargo or rustc is left in the operator
+# and runtime images.
 
 # Python 3.11 on Debian 12, by digest (docker-library/repo-info's record of the tag).
 # `make images` builds on a base made from Debian's packages instead (PYTHON_BASE), where no
 # image registry is reachable.
 ARG PYTHON_BASE=python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
+# The base of the stages that install Debian packages with apt-get (the Rust toolchain),
+# none of them copied into an image: the same base, which has apt. `make images` passes
+# its Debian base's builder twin, the same packages with apt (its images' base has none).
+ARG BUILD_BASE=${PYTHON_BASE}
 # NVIDIA's TensorRT image: 25.01 ships TensorRT 10.8, CUDA 12.8 and Python 3.12 on Ubuntu
 # 24.04 (requirements/runtime-gpu.txt is locked for that Python; cuda-bindings < 13 for that
 # CUDA). Add its digest where nvcr.io is reachable: it is not from the development machines.
@@ -40,6 +47,41 @@ COPY . /src
 WORKDIR /build
 RUN /opt/pip/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-deps \
       --no-build-isolation --wheel-dir /wheels /src
+
+# -- the Rust data plane (runtime/native) as the wheel of the extension kubeinfer_dataplane:
+# Debian 12's Rust toolchain (rustc-web and cargo-web, 1.85: the workspace's rust-version)
+# and the tools' pinned maturin. Only runtime/native is copied in, so the toolchain's layer
+# is kept until the Dockerfile changes and the build's until a file of runtime/native does;
+# neither stage is copied into an image, only the wheel is. The extension is abi3 (Python
+# 3.11 and later): the one wheel serves the GPU image's Python 3.12 too.
+FROM ${BUILD_BASE} AS rust-tools
+# The pinned toolchain; where the mirror no longer has it (a point release moved
+# bookworm's), the mirror's newest rustc-web and cargo-web, said in the log.
+ARG RUST_DEBIAN_VERSION=1.85.0+dfsg3-1~deb12u3
+ARG DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && { apt-get install -y --no-install-recommends rustc-web=${RUST_DEBIAN_VERSION} \
+        cargo-web=${RUST_DEBIAN_VERSION} libstd-rust-web-dev=${RUST_DEBIAN_VERSION} \
+      || { echo "rustc-web ${RUST_DEBIAN_VERSION} is gone from the mirror: its newest" \
+           && apt-get install -y --no-install-recommends rustc-web cargo-web; }; } \
+ && rm -rf /var/lib/apt/lists/* \
+ && cargo --version && rustc --version
+# The tools' venv (maturin), the same Python at the same path in both bases.
+COPY --from=tools /opt/pip /opt/pip
+
+FROM rust-tools AS dataplane
+# The builder's CA bundle (a proxy that re-signs TLS), which cargo needs as pip does, when
+# `make images` passes the host's; the crates Cargo.lock pins are fetched from crates.io.
+ARG PIP_CERT
+COPY runtime/native /native
+WORKDIR /native/crates/python
+# maturin from the crate's folder (nowhere near the project's operator/); the crates are
+# fetched first, then built offline: every one Cargo.lock pins, at its checksum.
+RUN export CARGO_HOME=/cargo ${PIP_CERT:+CARGO_HTTP_CAINFO=$PIP_CERT} \
+ && cargo fetch --locked \
+ && /opt/pip/bin/maturin build --release --locked --offline --out /dataplane \
+ && rm -rf /native/target /cargo \
+ && ls -l /dataplane
 
 # -- the final images' common base: no installer, non-root, kubeinfer as the entry point ---
 FROM ${PYTHON_BASE} AS base
@@ -93,7 +135,15 @@ RUN python -m venv --without-pip /opt/kubeinfer \
       --disable-pip-version-check --require-hashes --no-deps --only-binary :all: \
       -r /requirements/runtime.txt \
  && for site in /opt/kubeinfer/lib/python3*/site-packages; do \
-      echo /opt/kubeinfer/project > "$site/kubeinfer-project.pth"; done
+      echo /opt/kubeinfer/project > "$site/kubeinfer-project.pth" \
+      && echo /opt/kubeinfer/dataplane > "$site/kubeinfer-dataplane.pth"; done
+
+# The Rust data plane's wheel, in /opt/kubeinfer/dataplane (on the venv's path by its .pth):
+# a layer of its own, below the project's, rebuilt only when runtime/native changes.
+FROM runtime-deps AS runtime-dataplane
+COPY --from=dataplane /dataplane /dataplane
+RUN /opt/pip/bin/pip --python /opt/kubeinfer/bin/python install --no-cache-dir \
+      --disable-pip-version-check --no-deps --target /opt/kubeinfer/dataplane /dataplane/*.whl
 
 FROM runtime-deps AS runtime-project
 COPY --from=wheel /wheels /wheels
@@ -102,6 +152,7 @@ RUN /opt/pip/bin/pip --python /opt/kubeinfer/bin/python install --no-cache-dir \
 
 FROM base AS runtime
 COPY --from=runtime-deps /opt/kubeinfer /opt/kubeinfer
+COPY --from=runtime-dataplane /opt/kubeinfer/dataplane /opt/kubeinfer/dataplane
 COPY --from=runtime-project /opt/kubeinfer/project /opt/kubeinfer/project
 # HTTP (v2 API, health, /metrics) and the conventional gRPC port (Triton's clients use
 # 8001; the runtime listens there when its config sets grpcPort).
@@ -131,7 +182,14 @@ RUN python3 -m venv --without-pip --system-site-packages /opt/kubeinfer \
       --disable-pip-version-check --require-hashes --no-deps --only-binary :all: \
       --no-binary pycuda -r /requirements/runtime-gpu.txt \
  && for site in /opt/kubeinfer/lib/python3*/site-packages; do \
-      echo /opt/kubeinfer/project > "$site/kubeinfer-project.pth"; done
+      echo /opt/kubeinfer/project > "$site/kubeinfer-project.pth" \
+      && echo /opt/kubeinfer/dataplane > "$site/kubeinfer-dataplane.pth"; done
+
+# The same Rust wheel (abi3, built on glibc 2.36; the base's is 2.39).
+FROM runtime-gpu-deps AS runtime-gpu-dataplane
+COPY --from=dataplane /dataplane /dataplane
+RUN /opt/pip/bin/pip --python /opt/kubeinfer/bin/python install --no-cache-dir \
+      --disable-pip-version-check --no-deps --target /opt/kubeinfer/dataplane /dataplane/*.whl
 
 FROM runtime-gpu-deps AS runtime-gpu-project
 COPY --from=wheel /wheels /wheels
@@ -146,6 +204,7 @@ RUN (python3 -m pip uninstall --yes --quiet --break-system-packages pip setuptoo
  && echo "kubeinfer:x:65532:65532:kubeinfer:/tmp:/usr/sbin/nologin" >> /etc/passwd \
  && echo "kubeinfer:x:65532:" >> /etc/group
 COPY --from=runtime-gpu-deps /opt/kubeinfer /opt/kubeinfer
+COPY --from=runtime-gpu-dataplane /opt/kubeinfer/dataplane /opt/kubeinfer/dataplane
 COPY --from=runtime-gpu-project /opt/kubeinfer/project /opt/kubeinfer/project
 ENV PATH=/opt/kubeinfer/project/bin:/opt/kubeinfer/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME=/tmp

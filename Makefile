@@ -4,7 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-demo test-lifecycle lint bench crds protos clean mutate lock images
+.PHONY: demo test test-demo test-lifecycle lint bench crds protos clean mutate lock images \
+	native-test native-lint dataplane native-test-python
 
 # The virtual environment is rebuilt only when the dependencies change, at the versions
 # the images ship (requirements/constraints.txt; `make lock` after editing pyproject.toml).
@@ -13,6 +14,23 @@ $(STAMP): pyproject.toml requirements/constraints.txt requirements/build.txt
 	$(BIN)/pip install --quiet --require-hashes -r requirements/build.txt
 	$(BIN)/pip install --quiet --no-build-isolation -c requirements/constraints.txt -e '.[dev]'
 	touch $@
+
+# The Rust data plane as the Python extension kubeinfer_dataplane (runtime/native/crates/
+# python, `kubeinfer serve --data-plane rust`), built by maturin (requirements/build.txt)
+# into the venv, again whenever a source of runtime/native changed. Cargo fetches the crates
+# Cargo.lock pins on the first build (from the host's network, before any test runs).
+DATAPLANE     := $(VENV)/.dataplane
+DATAPLANE_SRC := $(shell find runtime/native -path runtime/native/target -prune -o -type f \
+	\( -name '*.rs' -o -name '*.py' -o -name '*.toml' -o -name Cargo.lock \) -print)
+
+# maturin runs from the crate's folder: at the repository's root, the Python it asks about
+# itself would import the folder operator/ in place of the standard library's operator.
+$(DATAPLANE): $(STAMP) $(DATAPLANE_SRC)
+	cd runtime/native/crates/python && VIRTUAL_ENV=$(abspath $(VENV)) \
+		$(abspath $(BIN))/maturin develop --quiet --release --locked
+	touch $@
+
+dataplane: $(DATAPLANE)
 
 # The pins (docs/images.md): one resolution of every extra but gpu, for Python 3.11 on
 # Debian 12's glibc, constrains the venv; each image's lock is its share of it, with
@@ -79,7 +97,7 @@ bench: $(STAMP) $(BENCH_STAMP) $(PERF_ANALYZER)
 
 # The story through the operator on a local cluster; it writes under
 # $${XDG_STATE_HOME:-~/.local/state}/kubeinfer/demo (it says so first), wherever the clone is.
-demo: $(STAMP)
+demo: $(STAMP) $(DATAPLANE)
 	$(BIN)/kubeinfer demo
 
 # The real-Prometheus tests need Debian's prometheus: installed here when missing and we
@@ -88,18 +106,44 @@ demo: $(STAMP)
 # kube-controller-manager, kubectl), and helm for the chart's, are built from their Go
 # modules once per machine and cached (`kubeinfer cluster build`, with progress); a failed
 # build stops here, saying why.
+# What tests need from package registries (a Go module, an npm package) is fetched next,
+# from the host's network, with progress (tests/support/registry_prefetch.py): pytest then
+# runs with every registry off, so no test downloads anything, on any machine.
 # Two workers (pytest-xdist), a test file per worker at a time: most tests wait on real
 # processes (a control plane, Prometheus, runtimes), so two share two cores well. Each
 # worker starts its own control plane and Prometheus; `TEST_WORKERS=0` runs in one process.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) $(PERF_ANALYZER)
+# The Rust data plane (runtime/native, docs/architecture.md): its crates' tests, and
+# rustfmt and clippy with warnings as errors. Cargo fetches the crates Cargo.lock pins on
+# the first run (from the host's network, before pytest switches registries off).
+CARGO        ?= cargo
+NATIVE       := --manifest-path runtime/native/Cargo.toml
+NATIVE_FLAGS := --locked
+# The extension's crate embeds the venv's Python (PyO3): its build asks that Python, and
+# its tests need numpy from the venv.
+WITH_PYTHON  := PYO3_PYTHON=$(abspath $(BIN))/python \
+	PYTHONPATH=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+
+native-test:
+	$(CARGO) test $(NATIVE) -p kubeinfer-dataplane-core -p kubeinfer-dataplane-server \
+		$(NATIVE_FLAGS)
+
+native-test-python: $(STAMP)
+	$(WITH_PYTHON) $(CARGO) test $(NATIVE) -p kubeinfer-dataplane $(NATIVE_FLAGS)
+
+native-lint: $(STAMP)
+	$(CARGO) fmt $(NATIVE) --all --check
+	$(WITH_PYTHON) $(CARGO) clippy $(NATIVE) --workspace $(NATIVE_FLAGS) --all-targets \
+		-- -D warnings
+
+test: $(STAMP) $(PERF_ANALYZER) $(DATAPLANE) native-test native-test-python
 	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& { apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
 		|| { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends \
 		prometheus >/dev/null 2>&1; }; }; } || echo "prometheus not installed: its tests will skip"
 	$(BIN)/kubeinfer cluster build
-	-$(BIN)/python tests/support/podmonitor_schema.py
+	$(BIN)/python tests/support/registry_prefetch.py
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The lifecycles: `kubeinfer up` (detached and in the foreground) and `kubeinfer cluster
@@ -109,6 +153,7 @@ test: $(STAMP) $(PERF_ANALYZER)
 # clean clone. Apart from `make test` for its time, as the demo's story is; CI runs both.
 test-lifecycle: $(STAMP)
 	$(BIN)/kubeinfer cluster build
+	$(BIN)/python tests/support/registry_prefetch.py
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m lifecycle
 
 # `make demo`'s whole story, checked: every step passed, nothing left running. Apart from
@@ -126,10 +171,11 @@ STRICT_TYPED := kubeinfer/contract kubeinfer/operator/api kubeinfer/operator/sta
 	kubeinfer/runtime/batching/policy.py kubeinfer/runtime/batching/assembler.py \
 	kubeinfer/runtime/batching/admission.py kubeinfer/runtime/batching/adaptive.py \
 	kubeinfer/runtime/batching/shapes.py kubeinfer/runtime/engines/dimensions.py \
+	kubeinfer/runtime/known_answers/probe_file.py \
 	kubeinfer/cli/tune/frontier.py kubeinfer/cli/tune/traffic.py kubeinfer/cli/tune/report.py
 TYPED := kubeinfer/operator kubeinfer/runtime kubeinfer/cluster kubeinfer/cli kubeinfer/contract
 
-lint: $(STAMP)
+lint: $(STAMP) native-lint
 	$(BIN)/ruff check operator runtime contract cluster cli tests examples
 	$(BIN)/ruff format --check operator runtime contract cluster cli tests examples
 	$(BIN)/lint-imports

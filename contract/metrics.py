@@ -142,6 +142,13 @@ ENGINE_STUCK_BATCHES = Series(
     MODEL_LABELS,
     "Batches still running on the engine past the deadlines of all their requests.",
 )
+BATCH_OUTPUT_ROW_MISMATCHES = Series(
+    "kubeinfer_batch_output_row_mismatches",
+    "counter",
+    MODEL_LABELS,
+    "Batches failed (every request of them answered 500) because an output's first axis "
+    "did not hold the batch's rows: the model's outputs did not line up with its requests.",
+)
 SLO_P99_LATENCY = Series(
     "kubeinfer_slo_p99_latency_seconds",
     "gauge",
@@ -177,6 +184,34 @@ ENGINE_BUFFER_BYTES = Series(
     "Bytes the execution slots reserve for input and output buffers: per slot, a full "
     "batch (maxBatchSize rows) of every tensor at its largest allowed shape (a model with "
     "variable axes maps those pages as its batches reach them).",
+)
+KNOWN_ANSWER_RESULTS = ("passed", "failed", "skipped")
+KNOWN_ANSWER_CHECKS = Series(
+    "kubeinfer_known_answer_checks",
+    "counter",
+    (*MODEL_LABELS, "result"),
+    "Runs of the engine's known-answer set (at start and on demand), by result: passed, "
+    "failed, or skipped (no set recorded, or probes this configuration cannot run).",
+)
+KNOWN_ANSWERS_FAILING = Series(
+    "kubeinfer_known_answers_failing",
+    "gauge",
+    MODEL_LABELS,
+    "1 when the latest run of the known-answer set failed (an output of a probe beyond its "
+    "tolerance, or the engine raised), else 0.",
+)
+KNOWN_ANSWER_ERROR_RATIO = Series(
+    "kubeinfer_known_answer_error_ratio",
+    "gauge",
+    (*MODEL_LABELS, "output"),
+    "The latest known-answer run's worst probe error on this output over its tolerance "
+    "(above 1 fails).",
+)
+KNOWN_ANSWER_SECONDS = Series(
+    "kubeinfer_known_answer_seconds",
+    "counter",
+    MODEL_LABELS,
+    "Engine compute seconds spent running the known-answer set.",
 )
 GPU_MEMORY_USED = Series(
     "kubeinfer_gpu_memory_used_bytes", "gauge", GPU_LABELS, "GPU memory in use."
@@ -317,7 +352,7 @@ INFERENCE_DEPLOYMENT_METRICS_UNAVAILABLE = Series(
     "(the decision it feeds waits or holds), 0 when it was read.",
 )
 
-# The operator's own activity (`kubeinfer.operator.activity`): what its cost per object is
+# The operator's own activity (`kubeinfer.operator.telemetry.activity`): what its cost per object is
 # read from, on every replica (a standby's stay still).
 OPERATOR_RECONCILE_DURATION = Series(
     "kubeinfer_operator_reconcile_duration_seconds",

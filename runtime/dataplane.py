@@ -11,7 +11,9 @@ from its admission, through reading, decoding, queueing and running.
 
 Readiness is the batcher's admission: false before start, from the moment draining
 begins, and while a batch is stuck on the engine; liveness is false once a stuck batch
-has not returned within `engineStuckLivenessSeconds` (`batching.watchdog`).
+has not returned within `engineStuckLivenessSeconds` (`batching.watchdog`). An engine
+that failed its known-answer check at start (`known_answers`) holds readiness false for
+good, and its infer requests are refused (503) saying why.
 
 `kubeinfer_requests_in_progress` counts a request from its admission to its end, whatever
 that is (an answer, an error, or its client leaving), exactly once; a request refused at
@@ -40,6 +42,8 @@ from kubeinfer.contract.runtime_config import (
 )
 from kubeinfer.runtime.batching.queue import Admission, Batcher
 from kubeinfer.runtime.engines.base import Engine, TensorSpec
+from kubeinfer.runtime.known_answers.comparison import Verdict
+from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck, log_verdict
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.protocol.codec_pool import CodecPool
 from kubeinfer.runtime.protocol.errors import (
@@ -48,6 +52,7 @@ from kubeinfer.runtime.protocol.errors import (
     InferenceServerError,
     InvalidRequest,
     ModelNotFound,
+    NotReady,
     over_request_limit,
 )
 from kubeinfer.runtime.protocol.json_tensors import model_json_value_limit
@@ -155,6 +160,7 @@ class DataPlane:
         clock: Callable[[], float] = time.monotonic,
         shadow: ShadowController | None = None,
         codec: CodecPool | None = None,
+        known_answers: KnownAnswerCheck | None = None,
     ) -> None:
         self.config = config = with_request_limit(config, engine)
         self.max_request_bytes = request_limit(config, engine)
@@ -168,6 +174,9 @@ class DataPlane:
         self._output_names = {spec.name for spec in engine.outputs}
         self._output_datatypes = {spec.name: spec.datatype for spec in engine.outputs}
         self.limits = decode_limits(engine.inputs, config.batching.max_batch_size)
+        self.known_answers = known_answers
+        if known_answers is not None and known_answers.latest is not None:
+            metrics.known_answers_checked(known_answers.latest)
 
     async def start(self) -> None:
         """Starts the batcher (the slots' buffers are allocated here) and the mirrors."""
@@ -202,7 +211,22 @@ class DataPlane:
         return self.batcher.watchdog.live(self._clock())
 
     def ready(self) -> bool:
-        return self.batcher.accepting and not self.batcher.watchdog.stuck
+        return self.serving_allowed and self.batcher.accepting and not self.batcher.watchdog.stuck
+
+    @property
+    def serving_allowed(self) -> bool:
+        """False for good once the engine failed its known-answer check at start."""
+        return self.known_answers is None or self.known_answers.serving_allowed
+
+    async def check_known_answers(self) -> Verdict | None:
+        """Runs the known-answer set again, each probe batch once the batcher is idle
+        (the lowest priority), exports the verdict and returns it (None: no check)."""
+        if self.known_answers is None:
+            return None
+        verdict = await self.known_answers.run_when_idle(lambda: self.batcher.idle)
+        self.metrics.known_answers_checked(verdict)
+        log_verdict(verdict, "on demand")
+        return verdict
 
     @property
     def draining(self) -> bool:
@@ -252,6 +276,9 @@ class DataPlane:
         arrived = self._clock()
         try:
             self._check_model(name, version)
+            if not self.serving_allowed:
+                assert self.known_answers is not None
+                raise NotReady(self.known_answers.hold_reason)
             admission = self.batcher.admit(arrived)
         except InferenceServerError as error:
             self.metrics.request_answered(error.status, self._clock() - arrived)

@@ -5,6 +5,7 @@ Layout, under the cache root (a volume shared by build Jobs and runtime pods):
     engines/<hex>/manifest.json     the EngineManifest (key, engine sha256, report, ...)
     engines/<hex>/<engine file>     model.onnx (ONNX Runtime) or model.plan (TensorRT)
     engines/<hex>/<data files>      model.onnx.data: an ONNX engine's external data, if any
+    engines/<hex>/known_answers.npz the probes and their expected outputs (known_answers)
     tmp/                            staging directories and downloads, same filesystem
     locks/<hex>.lock                one flock per key, so one builder works per key
 
@@ -25,9 +26,11 @@ directory whose key's lock nobody holds, at once rather than after a day. Other 
 entries (downloads, staging directories of older versions) go after STALE_SCRATCH_SECONDS.
 
 `resolve_engine` is what serving and `--pin` use: it re-derives the digest from the
-manifest's key and re-hashes the engine file and every data file beside it (an ONNX
-engine's external data, `EngineManifest.data_files`), and refuses an entry that does not
-match, with a message naming the path and what to do.
+manifest's key and re-hashes the engine file and every file beside it (an ONNX engine's
+external data, `EngineManifest.data_files`, and the known-answer set), and refuses an
+entry that does not match, with a message naming the path and what to do. A file changed
+after that check (on the node, between the check and the load) is what the known-answer
+set, run on the loaded engine before serving, is there to catch.
 
 An engine runs only on the backend version that built it (a TensorRT plan does not
 deserialize under another TensorRT; an ONNX Runtime engine is a graph optimised by one
@@ -49,7 +52,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -175,8 +178,7 @@ class EngineCache:
         engine_path = directory / manifest.engine_file
         if not engine_path.is_file():
             raise EngineIntegrityError(f"engine {digest}: {engine_path} is missing; {remedy}")
-        files = {manifest.engine_file: manifest.engine_sha256, **manifest.data_files}
-        for name, expected in files.items():
+        for name, expected in manifest.entry_files.items():
             path = directory / name
             if not path.is_file():
                 raise EngineIntegrityError(f"engine {digest}: {path} is missing; {remedy}")
@@ -268,7 +270,7 @@ class EngineCache:
     def publish(self, digest: str, staging: Path, manifest: EngineManifest) -> bool:
         """Writes the manifest into `staging` and renames it into place. False when an
         entry for the digest already exists (another builder won; ours is dropped)."""
-        for name in (manifest.engine_file, *manifest.data_files):
+        for name in manifest.entry_files:
             with (staging / name).open("rb+") as handle:
                 os.fsync(handle.fileno())
         manifest_path = staging / MANIFEST_FILE
@@ -312,13 +314,29 @@ def check_compatible(resolved: ResolvedEngine) -> None:
     )
 
 
-def load_cached_engine(
+@dataclass(frozen=True)
+class CachedEngine:
+    """An engine loaded from the cache, and the verified entry it was loaded from (its
+    manifest: the key, the known-answer set)."""
+
+    engine: Engine
+    resolved: ResolvedEngine
+
+
+AfterDigestCheck = Callable[[ResolvedEngine], None]
+"""Called between the entry's verification and the engine's load: the window in which a
+file changed on the node goes unseen by the digest check (a fault `kubeinfer serve`'s
+`testing_faults` makes there, for its tests)."""
+
+
+def load_cached(
     cache_dir: str | Path,
     digest: str,
     max_batch_size: int,
     intra_op_threads: int | None = None,
     input_shapes: Sequence[InputShape] = (),
-) -> Engine:
+    after_digest_check: AfterDigestCheck | None = None,
+) -> CachedEngine:
     """Resolves and verifies `digest`, checks that this environment has the backend
     version that built it, then loads it with the manifest's backend: the serving side's
     one call (`kubeinfer serve --engine sha256:... --cache DIR`)."""
@@ -333,10 +351,24 @@ def load_cached_engine(
             f"runtime's maxBatchSize is {max_batch_size}; lower maxBatchSize or build the "
             f"engine with --max-batch-size {max_batch_size}"
         )
-    return load_engine(
+    if after_digest_check is not None:
+        after_digest_check(resolved)
+    engine = load_engine(
         resolved.engine_path,
         key.backend,
         max_batch_size,
         intra_op_threads=intra_op_threads,
         input_shapes=input_shapes,
     )
+    return CachedEngine(engine, resolved)
+
+
+def load_cached_engine(
+    cache_dir: str | Path,
+    digest: str,
+    max_batch_size: int,
+    intra_op_threads: int | None = None,
+    input_shapes: Sequence[InputShape] = (),
+) -> Engine:
+    """`load_cached`'s engine alone."""
+    return load_cached(cache_dir, digest, max_batch_size, intra_op_threads, input_shapes).engine

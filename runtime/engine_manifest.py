@@ -14,9 +14,12 @@ serving an engine built by the old recipe.
 
 `EngineManifest` is `manifest.json` beside the engine: the key, the engine file's own
 sha256 (checked before serving), its I/O, creation time, builder versions and the
-accuracy report (`AccuracyReport`, computed by the build's `accuracy` module). Every file
-is named by `sha256_file`: the model and calibration data in the key, the engine in the
-manifest.
+accuracy report (`AccuracyReport`, computed by the build's `accuracy` module), and the
+known-answer set (`KnownAnswerSet`: a few probe inputs, the fp32 reference's answers and a
+tolerance per output, in a file beside the engine, `kubeinfer.runtime.known_answers`) that
+serving checks the loaded engine against before it reports ready. Every file is named by
+`sha256_file`: the model and calibration data in the key, the engine and the known-answer
+file in the manifest.
 """
 
 from __future__ import annotations
@@ -33,7 +36,11 @@ from pydantic import Field, StringConstraints
 DIGEST_PATTERN = r"^sha256:[0-9a-f]{64}$"
 SHA256_HEX_PATTERN = r"^[0-9a-f]{64}$"
 MANIFEST_FILE = "manifest.json"
-BUILD_LAYOUT = 1
+BUILD_LAYOUT = 3
+"""2: every build records a known-answer set beside the engine (1: none), so an entry of
+the older recipe is rebuilt rather than served without one. 3: a model's string inputs
+reach the fp32 reference as text (2 fed it their bytes' repr), so a text model's gate and
+known answers judge what serving answers; an entry of 2 would fail its own check."""
 HASH_CHUNK_BYTES = 1 << 20
 
 Backend = Literal["onnxruntime", "tensorrt"]
@@ -214,6 +221,78 @@ class AccuracyReport(ApiModel):
         return max(drops) if drops else None
 
 
+class BatchingFound(ApiModel):
+    """Whether the model batches, as the build found it by a trial run of the built engine
+    (one row, and two different rows, compared with the rows run alone:
+    `kubeinfer.runtime.engines.batching_probe`)."""
+
+    batches: bool | None = None
+    """True: rows run together are answered as alone; false: they are not, and the runtime
+    serves the model one request per run (maxBatchSize 1); unset: not found out."""
+
+    reason: str = Field(default="", max_length=1024)
+    """How the rows differed, or why it was not found out; empty where it batches."""
+
+
+KnownAnswerComparison = Literal["relativeError", "equal"]
+ProbeSource = Literal["probe-set", "calibration", "validation", "drawn"]
+
+
+class KnownAnswerTolerance(ApiModel):
+    """How one output of the known-answer set is judged, and how far the engine was from
+    it on the build node."""
+
+    name: str
+    """The output's name."""
+
+    comparison: KnownAnswerComparison
+    """relativeError (numbers): a probe's answer is judged by its L2 distance from the
+    expected answer over the expected answer's L2 norm; equal (labels, token ids, text):
+    by whether it is the expected answer."""
+
+    tolerance: float = Field(ge=0)
+    """relativeError: the largest relative error a probe's answer may have; equal: how
+    many probes may answer otherwise than expected."""
+
+    build_error: float = Field(ge=0)
+    """The engine's own worst error on the probes when it was built (relativeError), or
+    how many of its answers differed (equal): what the tolerance was set above."""
+
+    gated: bool
+    """Whether the build's accuracy gate judged this output (its tolerance follows from
+    the gate)."""
+
+
+class KnownAnswerSet(ApiModel):
+    """The known-answer set recorded beside the engine: the probes' inputs and expected
+    outputs in `file` (an .npz, `known_answers.probe_file`), hashed here as the engine
+    is, and the tolerance of each output."""
+
+    file: FileName
+    """The .npz file in the entry's directory holding the probes and expected outputs."""
+
+    sha256: str = Field(pattern=SHA256_HEX_PATTERN)
+    """sha256 of that file: checked before the engine is served, as the engine is."""
+
+    probes: int = Field(ge=1)
+    """How many probes (rows) the set holds."""
+
+    source: ProbeSource
+    """Where the probes' inputs came from: a probe set given to the build (`--probe-set`),
+    the calibration data (its held-out tail for int8), the validation data, or drawn
+    within each input's valid range (token ids below the vocabulary, masks of ones,
+    images in the model's range)."""
+
+    source_sha256: str | None = Field(default=None, pattern=SHA256_HEX_PATTERN)
+    """sha256 of the file the probes came from (probe-set, calibration, validation)."""
+
+    reference: str = "fp32 ONNX model on ONNX Runtime CPU"
+    """What gave the expected outputs: the full-precision model on the build node."""
+
+    outputs: list[KnownAnswerTolerance]
+    """One entry per model output, in the model's order."""
+
+
 class EngineManifest(ApiModel):
     """`manifest.json`: written last into the build directory, before it is published."""
 
@@ -247,6 +326,23 @@ class EngineManifest(ApiModel):
     build_seconds: float = Field(ge=0)
     accuracy: AccuracyReport | None = None
     """The engine against the fp32 reference on validation samples."""
+    known_answers: KnownAnswerSet | None = None
+    """The probes serving checks the engine against before it is ready; absent in
+    manifests of builds before they were recorded (layout 1)."""
+
+    @property
+    def entry_files(self) -> dict[str, str]:
+        """Every file of the entry besides the manifest, by name, with its sha256: the
+        engine, its data files and the known-answer file (each checked before serving)."""
+        known = (
+            {}
+            if self.known_answers is None
+            else {self.known_answers.file: self.known_answers.sha256}
+        )
+        return {self.engine_file: self.engine_sha256, **self.data_files, **known}
+
+    batching: BatchingFound | None = None
+    """Whether the model batches (absent in manifests written before it was recorded)."""
 
     def to_json(self) -> str:
         return json.dumps(self.to_wire(), indent=2, sort_keys=True) + "\n"

@@ -18,11 +18,16 @@ dashboards read these names, so they are a public interface:
 | kubeinfer_requests_total | counter | model, version, code |
 | kubeinfer_requests_cancelled_total | counter (client left first) | model, version, stage |
 | kubeinfer_engine_stuck_batches | gauge (running past deadlines) | model, version |
+| kubeinfer_batch_output_row_mismatches_total | counter (outputs not the rows) | model, version |
 | kubeinfer_slo_p99_latency_seconds | gauge (only with an SLO) | model, version |
 | kubeinfer_batching_queue_delay_seconds | gauge (Adaptive's delay) | model, version |
 | kubeinfer_batching_preferred_batch_size | gauge (Adaptive's size) | model, version |
 | kubeinfer_batching_concurrent_batches | gauge (Adaptive's batches at once) | model, version |
 | kubeinfer_engine_buffer_bytes | gauge (the slots' buffers, set at start) | model, version |
+| kubeinfer_known_answer_checks_total | counter (known-answer runs) | model, version, result |
+| kubeinfer_known_answers_failing | gauge (1: the latest run failed) | model, version |
+| kubeinfer_known_answer_error_ratio | gauge (worst error / tolerance) | model, version, output |
+| kubeinfer_known_answer_seconds_total | counter (compute on probes) | model, version |
 | kubeinfer_gpu_memory_used_bytes | gauge (only where a GPU exists) | device, name |
 | kubeinfer_gpu_memory_total_bytes | gauge (only where a GPU exists) | device, name |
 
@@ -83,6 +88,7 @@ from typing import Any
 from kubeinfer.contract import metrics as series
 from kubeinfer.contract.metrics import Series
 from kubeinfer.runtime.gpu_memory import GpuMemory
+from kubeinfer.runtime.known_answers.comparison import Verdict
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -137,11 +143,16 @@ class RuntimeMetrics:
         self._requests = family(series.REQUESTS, r)
         self._cancelled = family(series.REQUESTS_CANCELLED, r)
         self._stuck_batches = family(series.ENGINE_STUCK_BATCHES, r).labels(*values)
+        self._row_mismatches = family(series.BATCH_OUTPUT_ROW_MISMATCHES, r).labels(*values)
         self._slo = family(series.SLO_P99_LATENCY, r)  # a series only once there is an SLO
         self._queue_delay = family(series.BATCHING_QUEUE_DELAY, r)  # under Adaptive only
         self._preferred_size = family(series.BATCHING_PREFERRED_BATCH_SIZE, r)
         self._concurrent_batches = family(series.BATCHING_CONCURRENT_BATCHES, r)
         self._buffer_bytes = family(series.ENGINE_BUFFER_BYTES, r).labels(*values)
+        self._known_answer_checks = family(series.KNOWN_ANSWER_CHECKS, r)
+        self._known_answers_failing = family(series.KNOWN_ANSWERS_FAILING, r)
+        self._known_answer_ratio = family(series.KNOWN_ANSWER_ERROR_RATIO, r)
+        self._known_answer_seconds = family(series.KNOWN_ANSWER_SECONDS, r)
         self._values = values
         self._by_code: dict[int, Counter] = {}
         if gpu_memory is not None:
@@ -168,6 +179,9 @@ class RuntimeMetrics:
     def stuck_batches(self, count: int) -> None:
         self._stuck_batches.set(count)
 
+    def output_rows_mismatched(self) -> None:
+        self._row_mismatches.inc()
+
     def slo_p99_latency(self, seconds: float) -> None:
         self._slo.labels(*self._values).set(seconds)
 
@@ -180,6 +194,17 @@ class RuntimeMetrics:
         self._queue_delay.labels(*self._values).set(queue_delay_seconds)
         self._preferred_size.labels(*self._values).set(preferred_batch_size)
         self._concurrent_batches.labels(*self._values).set(concurrent_batches)
+
+    def known_answers_checked(self, verdict: Verdict) -> None:
+        """A run of the known-answer set: counted by result; a run that checked sets
+        the failing gauge and each output's error ratio, and adds its compute."""
+        self._known_answer_checks.labels(*self._values, verdict.result).inc()
+        if not verdict.checked:
+            return
+        self._known_answers_failing.labels(*self._values).set(0 if verdict.passed else 1)
+        self._known_answer_seconds.labels(*self._values).inc(verdict.seconds)
+        for output in verdict.outputs:
+            self._known_answer_ratio.labels(*self._values, output.name).set(output.error_ratio)
 
     # Data plane
     def request_started(self) -> None:

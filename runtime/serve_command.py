@@ -19,6 +19,14 @@ On a failure to start (1, 2 or 3), the one-line `error:` message also goes to th
 container's termination message, where the kubelet reports it in the pod's status:
 `--termination-message-path`, by default `/dev/termination-log` when that file exists
 (the kubelet creates it in every container; elsewhere nothing is written).
+
+An engine from the cache answers its known-answer set before the transports listen
+(`kubeinfer.runtime.known_answers`). One that answers wrong does not exit: the process
+serves its health, metrics and the verdict, stays live and never becomes ready, and
+refuses inference with 503 naming the probe, the output and the error against its
+tolerance, so the evidence stays where the operator can read it and a restart cannot
+roll the dice again. `--testing-faults` (`KUBEINFER_SERVE_TESTING_FAULTS`) injects faults
+for the tests of that path only (`kubeinfer.runtime.testing_faults`).
 """
 
 from __future__ import annotations
@@ -43,7 +51,9 @@ from pydantic_settings import (
 if TYPE_CHECKING:
     from kubeinfer.contract.runtime_config import RuntimeConfig
     from kubeinfer.runtime.engines.base import Engine
+    from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck
     from kubeinfer.runtime.metrics import GpuMemoryReader
+    from kubeinfer.runtime.testing_faults import InjectedFaults
 
 log = logging.getLogger("kubeinfer.serve")
 
@@ -148,6 +158,12 @@ class ServeSettings(BaseSettings):
         int | None, Into("mirrorPollIntervalMilliseconds")
     ] = None
     """how often the mirror target file is re-read"""
+    data_plane: Literal["python", "rust"] = "python"
+    """which data plane serves the model: python, or rust (the kubeinfer_dataplane
+    extension, runtime/native; built by make)"""
+    testing_faults: str | None = None
+    """FOR TESTS ONLY: faults to inject (kubeinfer.runtime.testing_faults), e.g.
+    perturb-batches=1,seed=3 or damage-engine-after-digest-check; never set in production"""
 
     @field_validator("input_shape", mode="before")
     @classmethod
@@ -295,33 +311,53 @@ def _check_mirror_target_file(path: str | None) -> None:
         )
 
 
-def load_engine_for(config: RuntimeConfig) -> Engine:
-    """The engine `config.engine` names, loaded for the batcher's maxBatchSize.
+def load_engine_for(
+    config: RuntimeConfig, faults: InjectedFaults | None = None
+) -> tuple[Engine, KnownAnswerCheck]:
+    """The engine `config.engine` names, loaded for the batcher's maxBatchSize, and its
+    known-answer check (not run yet); `faults` are the tests' (`testing_faults`).
 
     The one place that turns an `EngineSource` into an `Engine`: an ONNX file goes to ONNX
-    Runtime as it is; an engine digest from the cache is resolved here too (the engine
-    cache's own code adds that branch)."""
+    Runtime as it is (no build, so no known answers); an engine digest is resolved and
+    verified in the cache, and brings the known-answer set its build recorded."""
     from kubeinfer.runtime.engines.loader import load_engine
+    from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck, load_known_answers
+    from kubeinfer.runtime.testing_faults import InjectedFaults
 
-    source = config.engine
+    faults = faults or InjectedFaults()
+
+    source, rows = config.engine, config.batching.max_batch_size
     if source.digest is not None:  # resolved and sha256-verified against its manifest
-        from kubeinfer.runtime.engine_cache import load_cached_engine
+        from kubeinfer.runtime.engine_cache import load_cached
 
-        return load_cached_engine(
+        cached = load_cached(
             source.cache_directory or "",
             source.digest,
-            config.batching.max_batch_size,
+            rows,
             intra_op_threads=config.intra_op_threads,
             input_shapes=config.input_shapes,
+            after_digest_check=faults.after_digest_check(),
         )
+        engine, known = (
+            faults.wrap(cached.engine),
+            load_known_answers(cached.resolved.directory, cached.resolved.manifest),
+        )
+        missing = "the engine's manifest records no known-answer set (built before they were)"
+        return engine, KnownAnswerCheck(engine, known, missing_reason=missing, batch_rows=rows)
     assert source.onnx_path is not None
-    return load_engine(
+    engine = load_engine(
         source.onnx_path,
         "onnxruntime",
-        config.batching.max_batch_size,
+        rows,
         intra_op_threads=config.intra_op_threads,
         input_shapes=config.input_shapes,
     )
+    engine = faults.wrap(engine)
+    missing = "an ONNX file served as it is has no known-answer set (serve a built engine)"
+    check = KnownAnswerCheck(
+        engine, None, missing_reason=missing, missing_expected=True, batch_rows=rows
+    )
+    return engine, check
 
 
 def gpu_memory_reader() -> GpuMemoryReader | None:
@@ -360,12 +396,15 @@ def run(args: argparse.Namespace) -> int:
         path = Path(raw) if isinstance(raw, str) and raw else None
         return _fail_to_start(path, f"invalid configuration:\n{error}", 2)
     path = settings.termination_message_path
+    from kubeinfer.runtime.testing_faults import parse_testing_faults
+
     try:
         config = config_from_settings(settings)
+        faults = parse_testing_faults(settings.testing_faults)
     except ValueError as error:
         return _fail_to_start(path, f"invalid configuration:\n{error}", 2)
     try:
-        engine = load_engine_for(config)
+        engine, known_answers = load_engine_for(config, faults)
     except Exception as error:  # any load failure is a clean exit with its message
         from kubeinfer.runtime.engine_cache import (
             EXIT_ENGINE_INCOMPATIBLE,
@@ -375,15 +414,45 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(error, EngineIncompatibleError):
             return _fail_to_start(path, str(error), EXIT_ENGINE_INCOMPATIBLE)
         return _fail_to_start(path, f"cannot load the engine: {error}", 1)
-    return _serve(config, engine, path)
+    if settings.data_plane == "rust":
+        return _serve_rust(config, engine, known_answers, path)
+    return _serve(config, engine, known_answers, path)
 
 
-def _serve(config: RuntimeConfig, engine: Engine, path: Path | None) -> int:
-    """Serves the loaded engine until SIGTERM and its drain: the data plane assembled once
+def _serve_rust(
+    config: RuntimeConfig, engine: Engine, known_answers: KnownAnswerCheck, path: Path | None
+) -> int:
+    """Serves the loaded engine through the Rust data plane (`rust_dataplane.serve`) until
+    SIGTERM and its drain; the engine is closed here."""
+    from kubeinfer.runtime.buffer_memory import available_bytes, buffers_problem
+    from kubeinfer.runtime.engines.base import slot_buffer_bytes
+    from kubeinfer.runtime.rust_dataplane import CannotServe, serve
+
+    slots = config.batching.execution_slots or engine.default_execution_slots
+    problem = buffers_problem(
+        slot_buffer_bytes(engine), slots, engine.max_batch_size, available_bytes()
+    )
+    try:
+        if problem is not None:
+            return _fail_to_start(path, f"cannot serve the model: {problem}", 1)
+        return serve(config, engine, known_answers)
+    except CannotServe as error:
+        return _fail_to_start(path, str(error), 1)
+    finally:
+        engine.close()
+
+
+def _serve(
+    config: RuntimeConfig, engine: Engine, known_answers: KnownAnswerCheck, path: Path | None
+) -> int:
+    """Serves the loaded engine until SIGTERM and its drain: whether the model batches
+    found out (`engines.batching_probe`), its known answers checked, the data plane
+    assembled once
     (`serving.assemble`) and handed to both transports (`serving.serve_transports`). The
     engine is closed here, unless a batch's thread is still inside it."""
     from kubeinfer.runtime.buffer_memory import available_bytes, buffers_problem
     from kubeinfer.runtime.engines.base import UnsupportedModel, slot_buffer_bytes
+    from kubeinfer.runtime.engines.batching_probe import probe_batching
     from kubeinfer.runtime.serving import CannotListen, assemble, serve_transports
 
     slots = config.batching.execution_slots or engine.default_execution_slots
@@ -393,8 +462,15 @@ def _serve(config: RuntimeConfig, engine: Engine, path: Path | None) -> int:
     if problem is not None:
         engine.close()
         return _fail_to_start(path, f"cannot serve the model: {problem}", 1)
+    known_answers.run()  # before readiness: a failure holds it false (see the module)
+    # Whether the model batches, found out by trying it before anything is served (once
+    # the engine answered its known answers, which the trial runs would not catch).
+    probe = probe_batching(engine, config.input_shapes)
     try:
-        dataplane = assemble(config, engine, gpu_memory=gpu_memory_reader())
+        dataplane = assemble(
+            config, engine, gpu_memory=gpu_memory_reader(), probe=probe,
+            known_answers=known_answers,
+        )  # fmt: skip
     except UnsupportedModel as error:  # the shape batching asked for cannot be done on it
         engine.close()
         return _fail_to_start(path, f"cannot serve the model: {error}", 1)

@@ -3,11 +3,13 @@ over it until SIGTERM (`serve_transports`): the composition root of `kubeinfer s
 
 `assemble` is the one place that makes the data plane's parts (the metrics registry, the
 batcher, the shadow controller with its quality watch, the codec threads) and joins them
-in a `DataPlane`; the HTTP app and the gRPC service are each handed that one object and
-only translate their wire forms to it (MLServer's `MLServer.start`, KServe's
-`ModelServer`). `serve_transports` owns its lifecycle: started before either transport
-listens, drained on SIGTERM while both still answer what was admitted, closed once both
-have stopped.
+in a `DataPlane`, with the maxBatchSize that what the load found of the model allows
+(`engines.batching_probe`: a model that does not batch, or is not known to, is served one
+request per run, and the log says so and why); the HTTP app and the gRPC service are each
+handed that one object and only translate their wire forms to it (MLServer's
+`MLServer.start`, KServe's `ModelServer`). `serve_transports` owns its lifecycle:
+started before either transport listens, drained on SIGTERM while both still answer what
+was admitted, closed once both have stopped.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from kubeinfer.runtime.batching.queue import Batcher
 from kubeinfer.runtime.batching.shapes import ShapePlan
 from kubeinfer.runtime.dataplane import DataPlane, with_request_limit
 from kubeinfer.runtime.engines.base import Engine
+from kubeinfer.runtime.engines.batching_probe import BatchingProbe, effective_max_batch_size
 from kubeinfer.runtime.http.app import create_app
 from kubeinfer.runtime.http.server import HttpServer
+from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck
 from kubeinfer.runtime.metrics import GpuMemoryReader, RuntimeMetrics
 from kubeinfer.runtime.protocol.codec_pool import CodecPool
 from kubeinfer.runtime.shadow.controller import ShadowController
@@ -36,16 +40,56 @@ class CannotListen(OSError):
     """A port of the configuration cannot be listened on (a start-up error)."""
 
 
+def with_batching_found(config: RuntimeConfig, probe: BatchingProbe) -> RuntimeConfig:
+    """`config` with the maxBatchSize in effect for what the probe found: the configured
+    one for a model that batches; 1 otherwise (and no preferred batch size above it)."""
+    configured = config.batching.max_batch_size
+    effective = effective_max_batch_size(probe, configured)
+    if effective == configured:
+        return config
+    batching = config.batching.model_copy(
+        update={"max_batch_size": effective, "preferred_batch_sizes": []}
+    )
+    return config.model_copy(update={"batching": batching})
+
+
+def _say_batching_found(config: RuntimeConfig, probe: BatchingProbe, effective: int) -> None:
+    if probe.batches is True:
+        log.info("Found the model batches model=%s max_batch_size=%d",
+                 config.model_name, effective)  # fmt: skip
+        return
+    configured = config.batching.max_batch_size
+    if configured == 1:  # asked for: nothing is set aside
+        log.info("Serving one request per run model=%s max_batch_size=1 (%s)",
+                 config.model_name, probe.reason)  # fmt: skip
+        return
+    finding = "does not batch" if probe.batches is False else "is not known to batch"
+    set_aside = f"; maxBatchSize {configured} set aside" if configured > effective else ""
+    log.warning(
+        "Serving one request per run: the model %s (%s) model=%s max_batch_size=%d%s",
+        finding, probe.reason, config.model_name, effective, set_aside,
+    )  # fmt: skip
+
+
 def assemble(
     config: RuntimeConfig,
     engine: Engine,
     *,
     gpu_memory: GpuMemoryReader | None = None,
     clock: Callable[[], float] = time.monotonic,
+    probe: BatchingProbe | None = None,
+    known_answers: KnownAnswerCheck | None = None,
 ) -> DataPlane:
     """The data plane of one model on `engine` (the caller's: never closed here), not yet
-    started; `clock` (monotonic) is every part's. Raises `UnsupportedModel` when the
-    configured shape batching cannot be done on this model (`batching.shapes.ShapePlan`)."""
+    started; `clock` (monotonic) is every part's; `probe` what the load found of whether
+    the model batches (None: not probed, served as configured). Raises `UnsupportedModel`
+    when the configured shape batching cannot be done on this model
+    (`batching.shapes.ShapePlan`)."""
+    configured_max_batch_size = config.batching.max_batch_size
+    if probe is not None:
+        effective = with_batching_found(config, probe)
+        _say_batching_found(config, probe, effective.batching.max_batch_size)
+        config = effective
     config = with_request_limit(config, engine)
     metrics = RuntimeMetrics(config.model_name, config.model_version, gpu_memory)
     batcher = Batcher(
@@ -56,10 +100,16 @@ def assemble(
         stuck_liveness_seconds=config.engine_stuck_liveness_seconds,
         slo_p99_latency_milliseconds=config.slo_p99_latency_milliseconds,
         shapes=ShapePlan(engine.inputs, engine.outputs, config.batching, config.input_shapes),
+        model_name=config.model_name,
+        probe=probe,
+        configured_max_batch_size=configured_max_batch_size,
     )
     shadow = ShadowController(config, metrics.registry, clock=clock)
     codec = CodecPool(clock=clock)
-    return DataPlane(config, engine, batcher, metrics, clock, shadow=shadow, codec=codec)
+    return DataPlane(
+        config, engine, batcher, metrics, clock, shadow=shadow, codec=codec,
+        known_answers=known_answers,
+    )  # fmt: skip
 
 
 async def serve_transports(

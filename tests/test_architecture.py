@@ -1,7 +1,8 @@
 """The layers hold: import-linter's contracts in `.importlinter` (the runtime never imports
 the operator; serving and the engine build never import each other; pure decisions import
 no I/O; only engines import engine libraries), and they cover a module added to a package
-as well as those there now."""
+as well as those there now. No import cycle, between packages or between modules (not even
+under `TYPE_CHECKING`)."""
 
 from __future__ import annotations
 
@@ -33,9 +34,16 @@ def test_import_contracts_are_kept() -> None:
         ("operator/reconcile/new_part.py", "import requests", "pure-core"),
         ("operator/state/new_part.py", "import asyncio", "pure-core"),
         ("operator/rollout/new_part.py", "import kopf", "kopf-at-the-edge"),
-        ("operator/metrics/new_part.py", "import math", "metrics-sources-on-top"),
-        ("operator/metrics/queries.py", "import requests", "pure-core"),
+        ("operator/metrics_sources/new_part.py", "import math", "metrics-sources-on-top"),
+        ("operator/metrics_sources/queries.py", "import requests", "pure-core"),
         ("operator/new_part.py", "import math", "operator-layers"),
+        ("operator/commands/new_part.py", "import math", "commands-layers"),
+        ("operator/telemetry/new_part.py", "import math", "telemetry-layers"),
+        (
+            "operator/kube/new_part.py",
+            "import kubeinfer.operator.telemetry.exporter",
+            "exporter-is-read-from-above",
+        ),
         ("runtime/batching/new_part.py", "import math", "batching-mechanism-on-top"),
         ("runtime/batching/policy.py", "import asyncio", "pure-batching"),
         ("runtime/shadow/new_part.py", "import math", "shadow-mechanism-on-top"),
@@ -134,6 +142,53 @@ def test_no_package_cycle() -> None:
             list(TopologicalSorter(graph).static_order())
         except CycleError as error:
             raise AssertionError(f"{name}: import cycle {' -> '.join(error.args[1])}") from None
+
+
+def module_level_imports(source: Path) -> set[str]:
+    """Every module `source` imports when it is imported itself, or when a type checker
+    reads it: its top-level imports, those under `if TYPE_CHECKING:` and in class bodies,
+    not those inside functions (a lazy import that keeps a backend unloaded)."""
+    import ast
+
+    found: set[str] = set()
+    pending: list[ast.AST] = list(ast.parse(source.read_text()).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Each module of the five packages (a package is its `__init__`), and the modules of
+    theirs it imports at module level."""
+    modules: dict[str, Path] = {}
+    for package in PACKAGES:
+        for source in (ROOT / package).rglob("*.py"):
+            parts = source.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(("kubeinfer", *parts)).removesuffix(".__init__")] = source
+    return {
+        name: {m for m in module_level_imports(source) if m in modules and m != name}
+        for name, source in modules.items()
+    }
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No two modules import each other at module level, through any chain, not even
+    under `TYPE_CHECKING`: a cycle kept only for the type checker still means two modules
+    that cannot be read, or moved, one without the other. Where a module needs only the
+    shape of another's type, it names that shape itself (a Protocol)."""
+    from graphlib import CycleError, TopologicalSorter
+
+    try:
+        list(TopologicalSorter(module_graph()).static_order())
+    except CycleError as error:
+        raise AssertionError(f"import cycle {' -> '.join(error.args[1])}") from None
 
 
 def test_a_library_whose_private_modules_are_imported_is_pinned_to_the_minor_tested() -> None:

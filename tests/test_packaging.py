@@ -55,11 +55,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+def _in_the_native_crates(source: Path) -> bool:
+    """runtime/native holds the Rust crates (their tests' Python helpers and generators
+    among them), shipped as the extension's own wheel, not as modules of kubeinfer."""
+    return source.is_relative_to(ROOT / "runtime" / "native")
+
+
 def test_the_wheel_carries_every_module_under_its_kubeinfer_name(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for folder, package in PACKAGES.items():
         for source in (ROOT / folder).rglob("*.py"):
-            if "__pycache__" in source.parts:
+            if "__pycache__" in source.parts or _in_the_native_crates(source):
                 continue
             inside = f"{package}/{source.relative_to(ROOT / folder).as_posix()}"
             assert inside in names, f"{inside} is missing from the wheel"
@@ -140,6 +146,9 @@ OPTIONAL_MODULES = {
     "onnxruntime_extensions": "extensions",
 }  # fmt: skip
 """Imports of an optional extra (each one guarded: a missing one is a clear error)."""
+PROJECT_EXTENSIONS = {"kubeinfer_dataplane"}
+"""The project's own compiled extension (runtime/native, built by `make dataplane` and the
+runtime image's builder stage), no registry's distribution."""
 PART_OF = {"pydantic_core": "pydantic"}
 """Packages that come pinned with a declared one (pydantic pins its core exactly)."""
 STDLIB = sys.stdlib_module_names | {"_typeshed"}  # typeshed's, for annotations only
@@ -199,6 +208,8 @@ def distribution_of(module: str) -> str:
         if module == prefix or module.startswith(prefix + "."):
             return f"[{extra}]"
     top = module.split(".")[0]
+    if top in PROJECT_EXTENSIONS:
+        return "[project extension]"
     if module.startswith("google.protobuf"):
         return "protobuf"
     top = PART_OF.get(top, top)
@@ -375,3 +386,26 @@ def test_the_dockerfile_pins_its_bases_and_leaves_the_gpu_image_non_root() -> No
     assert "requirements/runtime-gpu.txt" in stages["runtime-gpu-deps"]
     gpu = stages["runtime-gpu"]
     assert "USER 65532:65532" in gpu and "HOME=/tmp" in gpu and "EXPOSE 8000 8001" in gpu
+
+
+def test_the_dockerfile_builds_the_rust_extension_apart_with_the_workspaces_rust() -> None:
+    """The Rust data plane's stage: Debian's toolchain at the workspace's rust-version,
+    only runtime/native copied in (a Python change does not rebuild it), the lock kept;
+    its wheel alone reaches the runtime images, below the project's layer."""
+    text = (ROOT / "Dockerfile").read_text()
+    debian = re.search(r"^ARG RUST_DEBIAN_VERSION=(\d+\.\d+)\.", text, re.M).group(1)
+    cargo = tomllib.loads((ROOT / "runtime" / "native" / "Cargo.toml").read_text())
+    assert debian == cargo["workspace"]["package"]["rust-version"]
+    stages = dict(re.findall(r"^FROM \S+ AS (\S+)\n(.*?)(?=^FROM |\Z)", text, re.M | re.S))
+    copied = re.findall(r"^COPY (?!--from)(\S+)", stages["dataplane"], re.M)
+    assert copied == ["runtime/native"]
+    assert "cargo fetch --locked" in stages["dataplane"]
+    assert "maturin build --release --locked" in stages["dataplane"]
+    for image in ("runtime", "runtime-gpu"):
+        copies = re.findall(r"^COPY --from=(\S+)", stages[image], re.M)
+        assert copies[-2:] == [f"{image}-dataplane", f"{image}-project"], copies
+    assert not any(
+        "--from=rust-tools" in body or "--from=dataplane " in body
+        for name, body in stages.items()
+        if not name.endswith("-dataplane")
+    )

@@ -41,7 +41,7 @@ def _step(title: str) -> None:
 
 
 def show_manifests() -> bool:
-    from kubeinfer.operator.validate_command import validate_file
+    from kubeinfer.operator.commands.validate import validate_file
 
     ok = True
     for path in sorted(examples_dir().glob("*.yaml")):
@@ -54,7 +54,7 @@ def show_manifests() -> bool:
 
 def show_children(path: Path) -> None:
     from kubeinfer.operator.api.manifest_loader import load_documents
-    from kubeinfer.operator.render_command import render_manifest
+    from kubeinfer.operator.commands.render import render_manifest
 
     children, _ = render_manifest(load_documents(path.read_bytes())[0])
     for child in children:

@@ -25,13 +25,37 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from kubeinfer.cli.demo.load import drive
 
-if TYPE_CHECKING:
-    from kubeinfer.cli.demo.story import Demo, Step
+
+class _Models(Protocol):
+    @property
+    def small(self) -> Path: ...
+
+
+class Demo(Protocol):
+    """What this step uses of the story that runs it (`story.Demo`, which imports this
+    module for its steps)."""
+
+    @property
+    def models(self) -> _Models: ...
+    def say(self, text: str) -> None: ...
+    async def show(self, *args: str) -> None: ...
+    async def infd(self, name: str) -> dict[str, Any]: ...
+    def condition(self, infd: dict[str, Any], kind: str) -> dict[str, Any]: ...
+    def shown_endpoint(self, name: str) -> str: ...
+    async def endpoint(self, name: str) -> str: ...
+    async def from_host(self, url: str, body: bytes | None = None) -> bytes: ...
+
+
+class Step(Protocol):
+    """What this step writes of its line in the story's summary (`story.Step`)."""
+
+    outcome: str
+
 
 SHIFT = 6.0
 SLICE_HEADER = "X-Tenant"

@@ -110,7 +110,7 @@ def status(api_client: Any, namespace: str, args: argparse.Namespace) -> int:
 
 
 def gate(api_client: Any, namespace: str, args: argparse.Namespace) -> int:
-    from kubeinfer.operator.gate_command import set_gate
+    from kubeinfer.operator.commands.gate import set_gate
     from kubernetes.client import CustomObjectsApi
 
     api = CustomObjectsApi(api_client)
@@ -202,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         from kubeinfer.cli.kubectl_plugin.pods import PodsRefused
-        from kubeinfer.operator.gate_command import GateRefused, connect
+        from kubeinfer.operator.commands.gate import GateRefused, connect
         from urllib3.exceptions import HTTPError
 
         api_client, namespace = connect(

@@ -1,5 +1,6 @@
 """How a batch is made: check a request against the model's inputs, pack requests into an
-execution slot's preallocated input views, and split the outputs back per request.
+execution slot's preallocated input views, check that the outputs hold the batch's rows
+(`check_output_rows`), and split them back per request.
 
 Pure (numpy only, no asyncio, no engine import): `pack` writes into views the caller
 passes in and `split` copies rows out of output views that the slot will overwrite on
@@ -13,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from kubeinfer.runtime.engines.base import TensorSpec
-from kubeinfer.runtime.protocol.errors import InvalidRequest
+from kubeinfer.runtime.protocol.errors import InvalidRequest, OutputRowsMismatch
 
 
 def check_inputs(
@@ -100,6 +101,16 @@ def pack_padded(
         ranges.append(slice(start, stop))
         start = stop
     return ranges
+
+
+def check_output_rows(model: str, outputs: Mapping[str, np.ndarray], rows: int) -> None:
+    """Raises `OutputRowsMismatch` unless every output's first axis holds `rows` rows, the
+    rows the batch ran (for a model served one request per run, the rows one request
+    sent): checked before `split` hands any row out."""
+    for name, array in outputs.items():
+        output_rows = int(array.shape[0]) if array.ndim else 0
+        if output_rows != rows:
+            raise OutputRowsMismatch(model, name, rows, output_rows)
 
 
 Cut = tuple[tuple[str, tuple[slice, ...]], ...]

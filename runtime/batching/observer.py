@@ -23,6 +23,10 @@ class BatchObserver(Protocol):
 
     def stuck_batches(self, count: int) -> None: ...
 
+    def output_rows_mismatched(self) -> None:
+        """A batch failed: an output's first axis did not hold the batch's rows."""
+        ...
+
     def slo_p99_latency(self, seconds: float) -> None: ...
 
     def engine_buffers(self, total_bytes: int) -> None: ...
@@ -51,6 +55,9 @@ class NoObserver:
         pass
 
     def stuck_batches(self, count: int) -> None:
+        pass
+
+    def output_rows_mismatched(self) -> None:
         pass
 
     def slo_p99_latency(self, seconds: float) -> None:

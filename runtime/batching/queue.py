@@ -33,6 +33,7 @@ from kubeinfer.runtime.batching.shapes import RequestShape, ShapePlan
 from kubeinfer.runtime.batching.slot_runner import SlotRunner
 from kubeinfer.runtime.batching.watchdog import EngineWatchdog
 from kubeinfer.runtime.engines.base import Engine
+from kubeinfer.runtime.engines.batching_probe import BatchingProbe
 from kubeinfer.runtime.protocol.errors import NotReady
 
 __all__ = ["Admission", "Batcher"]
@@ -56,12 +57,21 @@ class Batcher:
         stuck_liveness_seconds: float = 60.0,
         slo_p99_latency_milliseconds: float | None = None,
         shapes: ShapePlan | None = None,
+        model_name: str = "",
+        probe: BatchingProbe | None = None,
+        configured_max_batch_size: int | None = None,
     ) -> None:
+        """`probe`: what the load found of whether the model batches (None: not probed),
+        `policy` already the one in effect (`effective_max_batch_size`), and
+        `configured_max_batch_size` the one the configuration asked for; both reported in
+        `batching_status`. `model_name` goes into the errors that name the model."""
         if policy.max_batch_size > engine.max_batch_size:
             raise ValueError(
                 f"maxBatchSize {policy.max_batch_size} exceeds the engine's {engine.max_batch_size}"
             )
         observer = observer or NoObserver()
+        self._probe = probe
+        self._configured_max_batch_size = configured_max_batch_size or policy.max_batch_size
         self.shapes = shapes or ShapePlan(engine.inputs, engine.outputs, policy)
         """Which shapes requests may take and which batches they join (`shapes`)."""
         self._clock = clock
@@ -74,6 +84,7 @@ class Batcher:
             inline_below_seconds=inline_below_seconds,
             stuck_liveness_seconds=stuck_liveness_seconds,
             pad_values=self.shapes.pad_values,
+            model_name=model_name,
         )
         self._scheduler = Scheduler(
             policy,
@@ -90,8 +101,19 @@ class Batcher:
         return self._scheduler.setting
 
     def batching_status(self) -> dict[str, Any]:
-        """The policy and the setting in force, as JSON (the runtime's GET /v2/batching)."""
-        return self._scheduler.status()
+        """The policy and the setting in force, as JSON (the runtime's GET /v2/batching):
+        `maxBatchSize` is the one in effect; `modelBatches` (null: not found out) and
+        `modelBatchesReason` what the load found of whether the model batches, and
+        `configuredMaxBatchSize` what the configuration asked for (set aside for a model
+        served one request per run); `outputRowMismatches` the batches failed because an
+        output did not hold their rows."""
+        status = self._scheduler.status()
+        if self._probe is not None:
+            status["modelBatches"] = self._probe.batches
+            status["modelBatchesReason"] = self._probe.reason
+        status["configuredMaxBatchSize"] = self._configured_max_batch_size
+        status["outputRowMismatches"] = self._runner.output_row_mismatches
+        return status
 
     @property
     def watchdog(self) -> EngineWatchdog:

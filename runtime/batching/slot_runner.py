@@ -12,8 +12,11 @@ A batch in a worker thread is bounded by the latest deadline of its requests
 batch returns, however long that takes.
 
 Whatever happens, a batch ends as one `BatchOutcome`: each request's outputs, or the one
-error all of them get. The slot goes back before the outcome is returned, so the caller
-can start the next batch on it before answering this one.
+error all of them get. A batch whose outputs do not hold its rows
+(`assembler.check_output_rows`) is such an error, counted (`output_row_mismatches`, the
+observer's metric) and logged with the model, the output and both counts. The slot goes
+back before the outcome is returned, so the caller can start the next batch on it before
+answering this one.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from kubeinfer.runtime.batching.policy import SmallBatchSpeed
 from kubeinfer.runtime.batching.shapes import RequestShape
 from kubeinfer.runtime.batching.watchdog import EngineWatchdog
 from kubeinfer.runtime.engines.base import Engine, ExecutionSlot, slot_buffer_bytes
-from kubeinfer.runtime.protocol.errors import EngineFailed, EngineTimeout
+from kubeinfer.runtime.protocol.errors import EngineFailed, EngineTimeout, OutputRowsMismatch
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +86,12 @@ class SlotRunner:
         inline_below_seconds: float,
         stuck_liveness_seconds: float,
         pad_values: Mapping[str, float] | None = None,
+        model_name: str = "",
     ) -> None:
         self._engine = engine
+        self._model_name = model_name
+        self.output_row_mismatches = 0
+        """Batches failed because an output's rows were not the batch's (since start)."""
         self._pad_values = pad_values or {}
         self._slot_count = slots or engine.default_execution_slots
         self._clock = clock
@@ -142,7 +149,7 @@ class SlotRunner:
         try:
             outcome = self._execute(lease.slot, inputs, rows, shapes)
         except Exception as error:
-            outcome = _failed(rows, error)
+            outcome = self._failed(rows, error)
         self._give_back(lease, rows, outcome)
         return outcome
 
@@ -174,9 +181,9 @@ class SlotRunner:
             if not running.done():
                 self._abandoned_threads += 1
                 raise
-            outcome = _failed(rows, EngineFailed("the batch was cancelled before it finished"))
+            outcome = self._failed(rows, EngineFailed("the batch was cancelled before it finished"))
         except Exception as error:
-            outcome = _failed(rows, error)
+            outcome = self._failed(rows, error)
         self._give_back(lease, rows, outcome)
         return outcome
 
@@ -211,7 +218,7 @@ class SlotRunner:
         except asyncio.CancelledError:
             raise
         except Exception as error:
-            outcome = _failed(rows, error)
+            outcome = self._failed(rows, error)
         self.watchdog.batch_returned()
         self._observer.stuck_batches(self.watchdog.stuck_batches)
         log.warning("Engine returned the stuck batch after %.3f s", self._clock() - now)
@@ -230,14 +237,16 @@ class SlotRunner:
         started = self._clock()
         if not shapes:
             ranges = assembler.pack(inputs, slot.input_views(rows))
-            outputs = assembler.split(slot.run(rows), ranges)
-            return BatchRan(outputs, self._clock() - started)
+            ran = slot.run(rows)
+            assembler.check_output_rows(self._model_name, ran, rows)
+            return BatchRan(assembler.split(ran, ranges), self._clock() - started)
         shape = shapes[0].batch_shape
         views = slot.input_views(rows, shape)
         ranges = assembler.pack_padded(inputs, views, self._pad_values)
         cuts = [request.cut for request in shapes]
-        outputs = assembler.split(slot.run(rows, shape), ranges, cuts)
-        return BatchRan(outputs, self._clock() - started)
+        ran = slot.run(rows, shape)
+        assembler.check_output_rows(self._model_name, ran, rows)
+        return BatchRan(assembler.split(ran, ranges, cuts), self._clock() - started)
 
     def _give_back(self, lease: SlotLease, rows: int, outcome: BatchOutcome) -> None:
         compute_seconds = outcome.compute_seconds if isinstance(outcome, BatchRan) else 0.0
@@ -261,7 +270,13 @@ class SlotRunner:
             slot.close()
         self._free = []
 
-
-def _failed(rows: int, error: BaseException) -> BatchFailed:
-    log.error("Engine failed on a batch of %d rows", rows, exc_info=error)
-    return BatchFailed(EngineFailed(f"the engine failed on this request's batch: {error}"))
+    def _failed(self, rows: int, error: BaseException) -> BatchFailed:
+        """The batch's one error: an output's rows not the batch's (counted, and logged
+        without a traceback: it is the model's answer, not a crash), or the engine's."""
+        if isinstance(error, OutputRowsMismatch):
+            self.output_row_mismatches += 1
+            self._observer.output_rows_mismatched()
+            log.error("Failed a batch whose outputs do not hold its rows: %s", error)
+            return BatchFailed(error)
+        log.error("Engine failed on a batch of %d rows", rows, exc_info=error)
+        return BatchFailed(EngineFailed(f"the engine failed on this request's batch: {error}"))

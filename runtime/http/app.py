@@ -18,7 +18,10 @@ see `kubeinfer.runtime.shadow`), `GET /v2/quality` (the quality watch's running 
 JSON) and `GET /v2/quality/exemplars` (the watch's worst input rows of its window, an
 `.npz` as `application/octet-stream`, see `kubeinfer.runtime.shadow.exemplars`), and
 `GET /v2/batching` (the batching policy and the queue delay and preferred batch size in
-force, JSON; see `kubeinfer.runtime.batching.adaptive`).
+force, JSON; see `kubeinfer.runtime.batching.adaptive`), and `GET /v2/known-answers` (the
+verdicts of the engine's known-answer set at start and latest, JSON) and `POST
+/v2/known-answers` (the set run again at the lowest priority, answered with the verdicts;
+see `kubeinfer.runtime.known_answers`).
 
 While a quality watch names a slice header, the infer route reads that one header's raw
 value and hands it to the data plane (one dictionary lookup; the mirror sanitizes and
@@ -51,6 +54,7 @@ from typing import Any
 from aiohttp import web
 from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.http.body import content_encoding, inflate, read_body
+from kubeinfer.runtime.known_answers.runner import known_answers_body
 from kubeinfer.runtime.protocol.codec_pool import OFFLOAD_BYTES
 from kubeinfer.runtime.protocol.errors import (
     ClientGone,
@@ -278,6 +282,14 @@ async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(InternalError())
 
 
+async def known_answers(request: web.Request) -> web.Response:
+    """The known-answer verdicts; a POST runs the set again first (when idle)."""
+    dataplane = request.app[DATAPLANE]
+    if request.method == "POST":
+        await dataplane.check_known_answers()
+    return _json(known_answers_body(dataplane.known_answers))
+
+
 def create_app(dataplane: DataPlane) -> web.Application:
     """The v2 routes over `dataplane` (`serving.assemble` makes it). Starting and stopping
     the data plane is its owner's (`serving.serve_transports`), not the app's."""
@@ -297,5 +309,7 @@ def create_app(dataplane: DataPlane) -> web.Application:
     app.router.add_get("/v2/quality", quality)
     app.router.add_get("/v2/quality/exemplars", quality_exemplars)
     app.router.add_get("/v2/batching", batching)
+    app.router.add_get("/v2/known-answers", known_answers)
+    app.router.add_post("/v2/known-answers", known_answers)
     app.router.add_get("/metrics", metrics)
     return app

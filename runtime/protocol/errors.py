@@ -125,6 +125,21 @@ class EngineFailed(InferenceServerError):
     status = 500
 
 
+class OutputRowsMismatch(EngineFailed):
+    """A batch's output does not hold one row per row the batch ran (its first axis is not
+    the batch's row count): handing its rows out would answer a request with another's, or
+    with nothing, so every request of the batch gets this instead (500). The message names
+    the model, the output and both counts."""
+
+    def __init__(self, model: str, output: str, rows: int, output_rows: int) -> None:
+        super().__init__(
+            f"model {model!r} gave output {output!r} {output_rows} rows for a batch of {rows} "
+            "rows: its outputs do not line up with the requests' rows, so none is answered "
+            "from them"
+        )
+        self.model, self.output, self.rows, self.output_rows = model, output, rows, output_rows
+
+
 class InternalError(InferenceServerError):
     """Anything unexpected, logged by the transport that caught it and answered 500
     without its details: the server's bug, not the client's."""

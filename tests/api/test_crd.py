@@ -21,6 +21,7 @@ from kubeinfer.contract.api_model import ApiModel
 from kubeinfer.operator.api.v1alpha1.inference_deployment import InferenceDeployment
 from kubeinfer.operator.api.v1alpha1.metadata import NAME_FORM_MESSAGE, NAME_LENGTH_MESSAGE
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_inference_deployment
+from kubeinfer.operator.commands import crds as crds_command
 from kubeinfer.operator.crdgen.crd import CRD_FILE, HELM_CRD_FILE, build_crd, render_crd_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +40,21 @@ def test_committed_crd_is_current(relative: Path) -> None:
     assert committed.exists(), f"{relative} is missing: run `kubeinfer crds --write`"
     assert committed.read_text() == render_crd_yaml(), (
         f"{relative} is stale: run `kubeinfer crds --write`"
+    )
+
+
+def test_crds_writes_both_copies_and_its_check_names_a_stale_or_missing_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert crds_command.run(write=False, check=True, root=tmp_path) == 1
+    assert f"{CRD_FILE} is missing: run `kubeinfer crds --write`" in capsys.readouterr().err
+    assert crds_command.run(write=True, check=False, root=tmp_path) == 0
+    assert (tmp_path / HELM_CRD_FILE).read_text() == render_crd_yaml()
+    assert crds_command.run(write=False, check=True, root=tmp_path) == 0
+    (tmp_path / HELM_CRD_FILE).write_text("kind: CustomResourceDefinition\n")
+    assert crds_command.run(write=False, check=True, root=tmp_path) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"{HELM_CRD_FILE} is stale: run `kubeinfer crds --write`"
     )
 
 
@@ -89,7 +105,8 @@ def test_kubectl_facing_parts() -> None:
     }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == [
-        "Model", "Version", "Backend", "Precision", "Ready", "Phase", "Engines", "P99", "Age",
+        "Model", "Version", "Backend", "Precision", "Ready", "Phase", "Engines", "P99",
+        "Answers", "Age",
     ]  # fmt: skip
     conditions = schema()["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"

@@ -6,7 +6,6 @@ so these have not run here."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import pytest
 import yaml
 from kubeinfer.operator.api.v1alpha1 import GROUP, PLURAL, VERSION
 from kubeinfer.operator.crdgen.crd import build_crd
+from waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,23 +34,17 @@ def api() -> Any:
         existing = extensions.read_custom_resource_definition(crd["metadata"]["name"])
         crd["metadata"]["resourceVersion"] = existing.metadata.resource_version
         extensions.replace_custom_resource_definition(crd["metadata"]["name"], crd)
-    deadline = time.monotonic() + 60
-    while True:
-        conditions = {
-            c.type: c
-            for c in extensions.read_custom_resource_definition(
-                crd["metadata"]["name"]
-            ).status.conditions
-            or []
-        }
+
+    def established() -> bool:
+        read = extensions.read_custom_resource_definition(crd["metadata"]["name"])
+        conditions = {c.type: c for c in read.status.conditions or []}
         assert (
             "NonStructuralSchema" not in conditions
             or conditions["NonStructuralSchema"].status != "True"
         ), conditions["NonStructuralSchema"].message
-        if "Established" in conditions and conditions["Established"].status == "True":
-            break
-        assert time.monotonic() < deadline, "the CRD was not Established within 60 s"
-        time.sleep(1)
+        return "Established" in conditions and conditions["Established"].status == "True"
+
+    wait_for(established, 60, "the CRD to be Established", every=0.2)
     return kubernetes.client.CustomObjectsApi(client)
 
 

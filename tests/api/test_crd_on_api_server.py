@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 from cluster_harness import CRD, LocalCluster
-from kubeinfer.operator.validate_command import run as validate
+from kubeinfer.operator.commands.validate import run as validate
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -221,7 +221,8 @@ def test_kubectl_get_prints_the_printer_columns(
     table = kubectl(local_cluster, "get", "infd", "columns", "-n", namespace)
     header, row = table.splitlines()
     assert header.split() == [
-        "NAME", "MODEL", "VERSION", "BACKEND", "PRECISION", "READY", "PHASE", "P99", "AGE",
+        "NAME", "MODEL", "VERSION", "BACKEND", "PRECISION", "READY", "PHASE", "P99",
+        "ANSWERS", "AGE",
     ]  # fmt: skip
     assert row.split()[:-1] == ["columns", "resnet", "1", "onnxruntime", "fp32", "2/2", "Ready",
                                 "12.5"]  # fmt: skip

@@ -19,8 +19,8 @@ from kubeinfer.operator.api.manifest_loader import (
     load_documents,
 )
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_inference_deployment
-from kubeinfer.operator.render_command import render_file
-from kubeinfer.operator.validate_command import run
+from kubeinfer.operator.commands.render import render_file
+from kubeinfer.operator.commands.validate import run
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = (ROOT / "examples" / "cpu-minimal.yaml").read_text()

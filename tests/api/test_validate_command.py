@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_inference_deployment
-from kubeinfer.operator.validate_command import run
+from kubeinfer.operator.commands.validate import run
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

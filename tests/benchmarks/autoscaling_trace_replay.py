@@ -7,9 +7,10 @@ A script, not a test (nothing here is named test_*, so pytest never collects it)
     .venv/bin/python tests/benchmarks/autoscaling_trace_replay.py [--json]
         [--max-queue 64] [--burst-factor 8] [--max-replicas 32] [--pass-offset 7]
 
-The model (tests/support/scaling_simulation.py, which tests/operator/test_scaling_trace_replay.py
-checks): open-loop arrivals of 16 requests/s (one pod at its target queue depth of 8),
-128/s during the burst; each ready pod serves 20 requests/s at 0.5 s each, and queues at
+The model (tests/support/scaling_simulation.py, which
+tests/operator/scaling/test_scaling_trace_replay.py checks): open-loop arrivals of 16
+requests/s (one pod at its target queue depth of 8), 128/s during the burst; each ready
+pod serves 20 requests/s at 0.5 s each, and queues at
 most --max-queue more (beyond, requests are refused, as the runtime's bounded admission
 does); the autoscaler reads queued plus in-flight requests over the ready pods, every 15 s
 (the operator's resync), with the HPA's default policies. Columns: pods needed (the count

@@ -8,7 +8,7 @@ A script, not a test (nothing here is named test_*, so pytest never collects it)
 
 The servers run with this interpreter and its import path (`python -m kubeinfer.cli
 serve`), so on a checkout others are editing, run it from an export of a commit with
-PYTHONPATH pointing there, as docs/benchmarks.md shows.
+PYTHONPATH pointing there, as docs/latency-objective.md shows.
 
 Each configuration is a real `kubeinfer serve` process (its RuntimeConfig from a
 `--config` file, as the operator renders it) serving the memory-bound demo MLP ([batch,

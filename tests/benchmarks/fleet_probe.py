@@ -1,5 +1,5 @@
 """What `bench_fleet.py` reads while the operator works: the operator process' CPU and
-memory from /proc, its own counters from its /metrics (`kubeinfer.operator.activity`),
+memory from /proc, its own counters from its /metrics (`kubeinfer.operator.telemetry.activity`),
 the API server's `apiserver_request_total`, a Prometheus exposition parsed into plain
 numbers, the CPU of every process in the cluster's network namespace by name (where the
 2 cores went: etcd, kube-apiserver, the controller manager, KWOK...), and Go CPU profiles

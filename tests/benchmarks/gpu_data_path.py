@@ -11,7 +11,7 @@ configuration, random weights), fp16, eager, launched on the `CudaSlot`'s stream
 the slot's own copies (pinned, preallocated buffers; `runtime/engines/cuda_streams.py`).
 TensorRT, the product's GPU engine, would replace only that launch; it is not installed
 anywhere we run, so its speed is not what is measured here: the data path around it is.
-Run on an H200 on 2026-11-27: the figures are in docs/gpu-check.md.
+Run on an H200 on 2026-11-27: the figures are in docs/benchmarks.md.
 
 - ResNet-50: input `input` (n, 3, 224, 224), FP32 on the wire (602,112 B per image) or FP16
   (301,056 B; INT8 would be 150,528 B); output `logits` (n, 1000) FP32. Requests of

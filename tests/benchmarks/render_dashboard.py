@@ -39,7 +39,7 @@ from kubeinfer.operator.api.v1alpha1.conditions import (  # noqa: E402
     set_condition,
 )
 from kubeinfer.operator.api.v1alpha1.status import InferenceDeploymentStatus  # noqa: E402
-from kubeinfer.operator.exporter import Report  # noqa: E402
+from kubeinfer.operator.telemetry.exporter import Report  # noqa: E402
 from monitoring_world import World, running_world  # noqa: E402
 
 RATE_INTERVAL = "10s"

@@ -89,6 +89,12 @@ def create_app(model_path: str, name: str, intra_op_threads: int) -> web.Applica
     async def metadata(_: web.Request) -> web.Response:
         return web.json_response(described)
 
+    async def server_metadata(_: web.Request) -> web.Response:
+        """The v2 server metadata, which perf_analyzer reads before it starts."""
+        return web.json_response(
+            {"name": "unbatched", "version": "1", "extensions": ["binary_tensor_data"]}
+        )
+
     async def config(_: web.Request) -> web.Response:
         """Triton's model configuration, which perf_analyzer reads first: any batch runs."""
 
@@ -157,6 +163,7 @@ def create_app(model_path: str, name: str, intra_op_threads: int) -> web.Applica
         )
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_get("/v2", server_metadata)
     app.router.add_get("/v2/health/live", ready)
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2/models/{model}", metadata)

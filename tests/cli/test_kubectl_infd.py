@@ -28,9 +28,8 @@ import re
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,6 +59,7 @@ from operator_harness import (
     manifest,
     start_operator,
 )
+from waiting import wait_for
 
 SETTINGS = tuned(FAST, requeue={"shadow_poll_seconds": 0.5})
 BIN = Path(sys.executable).parent
@@ -101,15 +101,6 @@ class Setup:
             env=env, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         return done.returncode, done.stdout, done.stderr
-
-
-def until(check: Callable[[], Any], within: float, what: str) -> Any:
-    """Polls `check` until it returns something truthy; fails saying what was awaited."""
-    deadline = time.monotonic() + within
-    while not (result := check()):
-        assert time.monotonic() < deadline, f"Timed out after {within} s waiting for {what}"
-        time.sleep(0.1)
-    return result
 
 
 def grant(world: World, account: str, rules: list[dict[str, Any]]) -> str:
@@ -235,22 +226,36 @@ def setup(
             world.create(watched)
             world.create(manifest(tiny, name="shadow", engine={"pin": engines[0]},
                                   rollout={"strategy": "Shadow"}))  # fmt: skip
-            until(lambda: ready(setup.infd("watched")), 180, "watched Ready")
+            wait_for(lambda: ready(setup.infd("watched")), 180, "watched Ready")
             reference = names.reference_name("watched")
-            until(lambda: ready_urls(world, reference), 120, "its reference running")
+            wait_for(lambda: ready_urls(world, reference), 120, "its reference running")
 
             def counted() -> int:
                 watch = (setup.infd("watched").get("status") or {}).get("qualityWatch") or {}
                 return int(watch.get("samples") or 0)
 
             # Requests until the operator has read them compared (the mirror reaches the
-            # reference a moment after the reference's pod is ready).
+            # reference a moment after the reference's pod is ready), then until the pod
+            # has settled every request it sampled (all of them: 100 %) and the operator has
+            # read all its compared rows: from then on nothing moves the status.
             (url,) = ready_urls(world, names.service_name("watched"))
-            deadline = time.monotonic() + 60
-            while counted() < 48:
-                assert time.monotonic() < deadline, setup.infd("watched")["status"]
+
+            def compared_enough() -> bool:
+                if counted() >= 48:
+                    return True
                 send_requests(url, 4)
-                time.sleep(0.2)
+                return False
+
+            wait_for(compared_enough, 60, lambda: f"48 samples: {setup.infd('watched')['status']}",
+                     every=0.2)  # fmt: skip
+
+            def settled() -> bool:
+                with urllib.request.urlopen(f"{url}/v2/quality", timeout=10) as answer:
+                    figures = json.loads(answer.read())
+                resolved = sum(figures["requests"].values()) == figures["answered"]
+                return resolved and counted() == figures["top1"]["rows"]
+
+            wait_for(settled, 120, "every sampled request settled and its rows counted")
             yield setup
     finally:
         local_cluster.admin().delete("v1", "namespaces", namespace, namespace=None)
@@ -263,15 +268,13 @@ def ready(obj: dict[str, Any]) -> bool:
 def status_between_unchanged_reads(
     setup: Setup, *args: str
 ) -> tuple[int, str, str, dict[str, Any]]:
-    """`kubectl infd status watched` run between two reads of the object that found the
-    same status, and that status: the quality watch's state may move on while the
-    command runs (a verdict over the window), and the output is checked against it."""
-    for _ in range(10):
-        before = setup.infd("watched")["status"]
-        code, out, err = setup.run("status", "watched", *args)
-        if setup.infd("watched")["status"] == before:
-            return code, out, err, before
-    raise AssertionError("the status changed during each of 10 runs of the command")
+    """`kubectl infd status watched` run between two reads of the object, and the status
+    they read: the setup has waited until every request sent was compared and counted, so
+    nothing moves it any more (the operator writes nothing in steady state)."""
+    before = setup.infd("watched")["status"]
+    code, out, err = setup.run("status", "watched", *args)
+    assert setup.infd("watched")["status"] == before, "the status moved with nothing new"
+    return code, out, err, before
 
 
 @pytest.mark.slow
@@ -316,9 +319,9 @@ def test_promote_and_abort_set_the_gate_the_operator_acts_on(setup: Setup) -> No
     def pending(digest: str) -> bool:
         return candidate().get("engineDigest") == digest and candidate().get("verdict") == "Pending"
 
-    until(lambda: ready(setup.infd("shadow")), 120, "shadow Ready on its first engine")
+    wait_for(lambda: ready(setup.infd("shadow")), 120, "shadow Ready on its first engine")
     world.kube.patch(*IDS, "shadow", {"spec": {"model": {"version": "2"}, "engine": {"pin": new}}})
-    until(lambda: pending(new), 120, "the second engine under shadow test")
+    wait_for(lambda: pending(new), 120, "the second engine under shadow test")
     code, out, err = setup.run("status", "shadow", *ml)
     assert code == 0, err
     assert re.search(rf"^\s+candidate\s+2\s+{new[:19]}\s+Pending\s", out, re.M), out
@@ -329,14 +332,14 @@ def test_promote_and_abort_set_the_gate_the_operator_acts_on(setup: Setup) -> No
     assert GATE_ANNOTATION not in (setup.infd("shadow")["metadata"].get("annotations") or {})
     code, out, err = setup.run("promote", "shadow", *ml)
     assert code == 0 and f"candidate {new} will be promoted" in out, err
-    until(lambda: candidate().get("verdict") == "Promoted", 120, "the candidate promoted")
+    wait_for(lambda: candidate().get("verdict") == "Promoted", 120, "the candidate promoted")
 
     third = {"model": {"version": "3"}, "engine": {"pin": newer}}
     world.kube.patch(*IDS, "shadow", {"spec": third})
-    until(lambda: pending(newer), 120, "the third engine under shadow test")
+    wait_for(lambda: pending(newer), 120, "the third engine under shadow test")
     code, out, err = setup.run("abort", "shadow", "--digest", newer, *ml)
     assert code == 0 and f"candidate {newer} will be aborted" in out, err
-    until(lambda: candidate().get("verdict") == "Aborted", 60, "the candidate aborted")
+    wait_for(lambda: candidate().get("verdict") == "Aborted", 60, "the candidate aborted")
     code, _, err = setup.run("abort", "shadow", *ml)
     assert code == 1 and "no candidate under shadow test (last verdict: Aborted)" in err, err
 

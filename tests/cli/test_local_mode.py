@@ -41,6 +41,7 @@ from kubeinfer.cluster.binaries import ensure_binaries
 from kubeinfer.operator import rbac
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from processes_left import processes_mentioning
+from waiting import wait_for
 
 KUBEINFER = [sys.executable, "-m", "kubeinfer.cli.main"]
 CLUSTER_RANGES = [ipaddress.ip_network(r) for r in (netns.POD_SUBNET, netns.SERVICE_SUBNET)]
@@ -73,15 +74,6 @@ def in_host(argv: list[str], timeout: float = 180, stdin: str | None = None):  #
         command, input=stdin, capture_output=True, text=True, timeout=timeout, check=False,
         pass_fds=descriptors,
     )  # fmt: skip
-
-
-def wait_for(what: str, check, timeout: float = 120.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.5)
-    return found
 
 
 def routes_into_the_cluster(view: dict[str, list[str]], pod_ip: str) -> list[str]:
@@ -180,7 +172,8 @@ def test_up_detached_serves_reports_and_down_leaves_nothing(tmp_path: Path) -> N
             active = json.loads(found.stdout or "{}").get("data", {}).get("activeTargets", [])
             return [t["labels"].get("pod", "") for t in active if t.get("health") == "up"]
 
-        assert any(p.startswith("tiny-runtime-") for p in wait_for("a scraped pod", scraped))
+        up_targets = wait_for(scraped, 120, "a scraped pod", every=0.5)
+        assert any(p.startswith("tiny-runtime-") for p in up_targets)
 
         # The pods are the session's: the host's namespace has no way to them.
         pods = json.loads(run("get", "pods", "-l", "kubeinfer.io/role=serving", "-o", "json"))

@@ -71,7 +71,7 @@ def test_build_prints_the_digest_and_progress_and_writes_the_termination_message
     assert digest.startswith("sha256:")
     assert json.loads(message.read_text()) == {
         "digest": digest, "target": "cpu", "backend": "onnxruntime", "precision": "fp16",
-        "cacheHit": False, "inputBytesPerRow": 64,
+        "cacheHit": False, "inputBytesPerRow": 64, "batches": True,
     }  # fmt: skip
     assert "Converting to fp16" in err and "Publishing" in err
     code, out, err = _cli(capsys, "--pin", digest, "--cache", str(tmp_path / "c"), "--json")

@@ -62,7 +62,7 @@ def test_the_digest_is_the_sha256_of_the_keys_canonical_json() -> None:
     )
     canonical = (
         '{"backend":"onnxruntime","backendVersion":"1.20.0","batchProfile":'
-        '{"max":8,"min":1,"opt":8},"calibrationSha256":"' + "b" * 64 + '","layout":1,'
+        '{"max":8,"min":1,"opt":8},"calibrationSha256":"' + "b" * 64 + '","layout":3,'
         '"modelSha256":"' + "a" * 64 + '","precision":"int8","target":"cpu"}'
     )
     assert key.canonical_json() == canonical
@@ -79,6 +79,7 @@ def test_the_digest_is_the_sha256_of_the_keys_canonical_json() -> None:
         {"batch_profile": BatchProfile.up_to(16)},
         {"calibration_sha256": None},
         {"target": "sm_90"},
+        {"layout": 1},  # the recipe before known-answer sets: never a hit on a new entry
     ],
 )
 def test_every_key_field_changes_the_digest(change: dict[str, object]) -> None:
@@ -163,6 +164,7 @@ def test_publishing_onto_an_existing_entry_keeps_the_first_one_whole(
     cache = EngineCache(tmp_path)
     with cache.staging(result.digest) as staging:
         (staging / result.manifest.engine_file).write_bytes(b"a different engine")
+        (staging / "known_answers.npz").write_bytes(b"different known answers")
         assert not cache.publish(result.digest, staging, result.manifest)
     assert resolve_engine(tmp_path, result.digest).manifest == result.manifest
     assert list((tmp_path / "tmp").iterdir()) == []
@@ -189,7 +191,8 @@ def test_two_concurrent_builders_of_one_key_leave_one_complete_entry(
     assert sorted(m["cacheHit"] for m in manifests) == [False, True]  # one built, one waited
     entries = list((cache / "engines").iterdir())
     assert [e.name for e in entries] == [manifests[0]["digest"].removeprefix("sha256:")]
-    assert sorted(p.name for p in entries[0].iterdir()) == ["manifest.json", "model.onnx"]
+    names = sorted(p.name for p in entries[0].iterdir())
+    assert names == ["known_answers.npz", "manifest.json", "model.onnx"]
     assert list((cache / "tmp").iterdir()) == []
     resolve_engine(cache, manifests[0]["digest"])
 

@@ -47,6 +47,8 @@ def publish_as(built: BuildResult, cache: Path, **key: str) -> str:
     entry.mkdir(parents=True)
     engine_file = manifest.engine_file if "backend" not in key else "model.plan"
     shutil.copyfile(built.engine_path, entry / engine_file)
+    for name in manifest.entry_files.keys() - {manifest.engine_file}:  # the known answers
+        shutil.copyfile(built.engine_path.parent / name, entry / name)
     relabelled = manifest.model_copy(
         update={
             "key": new_key,

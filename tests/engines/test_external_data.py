@@ -173,7 +173,7 @@ def test_a_model_with_external_data_builds_caches_and_serves(
     result = build_engine(str(external["path"]), "onnxruntime", precision, cache, calibration)
     entry = result.engine_path.parent
     assert sorted(p.name for p in entry.iterdir()) == [
-        "manifest.json", "model.onnx", "model.onnx.data"
+        "known_answers.npz", "manifest.json", "model.onnx", "model.onnx.data"
     ]  # fmt: skip
     data = entry / "model.onnx.data"
     assert result.manifest.data_files == {"model.onnx.data": sha256_file(data)}

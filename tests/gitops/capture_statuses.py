@@ -7,7 +7,7 @@ starts a control plane of its own (`cluster_harness`), runs every situation of
 `testdata/<situation>.yaml` (the object as the API server held it, see `as_testdata`),
 `testdata/progressing_readyConditionBehind.yaml` (derived from the newGeneration capture,
 see below) and the actions' testdata: the shadowing object, and what it becomes with the
-patch `kubeinfer promote|abort` would send (`gate_command.gate_patch`).
+patch `kubeinfer promote|abort` would send (`commands.gate.gate_patch`).
 `tests/gitops/test_health_on_the_control_plane.py` checks, on every `make test`, that the
 operator still writes what these files hold.
 """
@@ -24,10 +24,14 @@ from typing import Any
 import yaml
 
 TESTS = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(TESTS / "support"), str(TESTS / "operator"), str(TESTS / "gitops")]
+OPERATOR_TESTS = [
+    TESTS / "operator",
+    *sorted(p for p in (TESTS / "operator").iterdir() if p.is_dir()),
+]
+sys.path[:0] = [str(TESTS / "support"), *map(str, OPERATOR_TESTS), str(TESTS / "gitops")]
 
 from cluster_harness import start_local_cluster  # noqa: E402
-from kubeinfer.operator.gate_command import gate_patch  # noqa: E402
+from kubeinfer.operator.commands.gate import gate_patch  # noqa: E402
 from kubeinfer.runtime.demo_models import build_tiny_mlp  # noqa: E402
 from operator_harness import Model, World, grant_operator_role  # noqa: E402
 from operator_statuses import CUSTOMIZATION, as_testdata, capture  # noqa: E402
@@ -94,7 +98,7 @@ def main() -> int:
         patch, _ = gate_patch(shadowing, action, None)
         after = (
             "# progressing_shadowing.yaml with the patch `kubeinfer {action}` sends\n"
-            "# (gate_command.gate_patch), written by {script}.\n"
+            "# (commands.gate.gate_patch), written by {script}.\n"
         ).replace("{action}", action)
         write(actions / f"shadowing_{action}.yaml", after, apply_merge_patch(shadowing, patch))
     return 0

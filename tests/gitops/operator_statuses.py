@@ -44,10 +44,10 @@ from operator_harness import (
     Model,
     World,
     condition,
-    eventually,
     manifest,
     start_operator,
 )
+from waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 CUSTOMIZATION = REPO / "deploy/argocd/resource_customizations/kubeinfer.io/InferenceDeployment"

@@ -20,7 +20,7 @@ import kstatus
 import pytest
 import yaml
 from kubeinfer.operator.api.v1alpha1.status import InferenceDeploymentStatus
-from kubeinfer.operator.gate_command import GateRefused, gate_patch
+from kubeinfer.operator.commands.gate import GateRefused, gate_patch
 from kubeinfer.operator.rollout.shadow import parse_gate
 
 CUSTOMIZATION = (

@@ -20,10 +20,9 @@ so the InferenceDeployments too) and the Lease the operator made.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import kubernetes
 import pytest
@@ -34,6 +33,7 @@ from kubeinfer.cluster import control_plane, files
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubernetes.client.exceptions import ApiException
 from prometheus_operator_crds import crd_file
+from waiting import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.lifecycle]  # a release installed, upgraded, removed
 
@@ -54,20 +54,22 @@ PLURALS = {
 }
 
 
-def eventually(check: Callable[[], Any], within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
+T = TypeVar("T")
+
+
+def settling(check: Callable[[], T]) -> Callable[[], T | None]:
+    """`check`, with the 404 or 429 that a resource just installed answers for a moment
+    counted as not yet; any other refusal fails the wait."""
+
+    def guarded() -> T | None:
         try:
-            result = check()
-        except ApiException as error:  # a resource just installed may answer 404/429 briefly
+            return check()
+        except ApiException as error:
             if error.status not in (404, 429):
                 raise
-            result = None
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"Timed out after {within} s waiting for {what}")
-        time.sleep(0.2)
+            return None
+
+    return guarded
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +157,7 @@ def test_install_reconciles_upgrade_rolls_uninstall_leaves_nothing(
     pods = operator_pods(cluster, namespace)
     assert len(pods) == 2
     assert {p["spec"]["serviceAccountName"] for p in pods} == {OPERATOR}
-    leader = eventually(lambda: lease_holder(cluster, namespace), 60, "a leader")
+    leader = wait_for(settling(lambda: lease_holder(cluster, namespace)), 60, "a leader", every=0.2)
     assert leader.split("_")[0] in {p["metadata"]["name"] for p in pods}
 
     # It reconciles the smallest example to Ready, with the chart's RBAC only.
@@ -163,8 +165,13 @@ def test_install_reconciles_upgrade_rolls_uninstall_leaves_nothing(
     infd = inference_deployment(model, serving, cluster.directory)
     name = infd["metadata"]["name"]
     kube = cluster.admin(serving)
-    eventually(lambda: kube.create(infd), 60, "the chart's CRD to serve InferenceDeployments")
-    eventually(lambda: ready(kube.get(*INFD, name)), 120, f"{name} Ready")
+    wait_for(
+        settling(lambda: kube.create(infd)),
+        60,
+        "the chart's CRD to serve InferenceDeployments",
+        every=0.2,
+    )
+    wait_for(settling(lambda: ready(kube.get(*INFD, name))), 120, f"{name} Ready", every=0.2)
     account = f"system:serviceaccount:{namespace}:{OPERATOR}"
     writes = cluster.audit.calls(lambda c: c.user == account and c.namespace == serving
                                  and c.verb in ("create", "patch", "update"))  # fmt: skip
@@ -190,7 +197,7 @@ def test_install_reconciles_upgrade_rolls_uninstall_leaves_nothing(
         current = {p["metadata"]["name"] for p in operator_pods(cluster, namespace)}
         return holder if holder in current - old else ""
 
-    eventually(new_leader, 60, "the upgraded operator to take the Lease")
+    wait_for(settling(new_leader), 60, "the upgraded operator to take the Lease", every=0.2)
     assert ready(kube.get(*INFD, name))
 
     # Uninstall: nothing the chart created is left, cluster-scoped objects included.
@@ -203,7 +210,12 @@ def test_install_reconciles_upgrade_rolls_uninstall_leaves_nothing(
         if admin.get(api_version, plural, object_name, namespace=where) is not None:
             left.append((kind, object_name))
     assert left == []
-    eventually(lambda: not operator_pods(cluster, namespace), 60, "the operator pods to go")
+    wait_for(
+        settling(lambda: not operator_pods(cluster, namespace)),
+        60,
+        "the operator pods to go",
+        every=0.2,
+    )
     # What stays: the CRD (Helm never deletes one) and the operator's own Lease. Helm
     # deletes the RBAC while the last leader is still stopping, so its release is refused
     # (403) and the Lease expires on its own after leaseDurationSeconds.

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 import requests
-from kubeinfer.operator.metrics.prometheus import NOT_A_RESULT, Refused, cause, query_result
+from kubeinfer.operator.metrics_sources.prometheus import NOT_A_RESULT, Refused, cause, query_result
 
 
 def body(**envelope: object) -> str:

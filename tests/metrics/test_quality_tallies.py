@@ -19,8 +19,8 @@ from itertools import pairwise
 import pytest
 from kubeinfer.contract import metrics as series
 from kubeinfer.operator.api.v1alpha1.enums import QualityGroupKind as GroupKind
-from kubeinfer.operator.metrics import queries as q
-from kubeinfer.operator.metrics.quality import (
+from kubeinfer.operator.metrics_sources import queries as q
+from kubeinfer.operator.metrics_sources.quality import (
     SNAPSHOTS_PER_WINDOW,
     by_pod,
     checked_tallies,
@@ -28,9 +28,9 @@ from kubeinfer.operator.metrics.quality import (
     remember,
     window_counts,
 )
-from kubeinfer.operator.metrics.queries import GroupedQuery, Scope
-from kubeinfer.operator.metrics.samples import PodSamples
-from kubeinfer.operator.metrics.source import MetricsUnavailable
+from kubeinfer.operator.metrics_sources.queries import GroupedQuery, Scope
+from kubeinfer.operator.metrics_sources.samples import PodSamples
+from kubeinfer.operator.metrics_sources.source import MetricsUnavailable
 from kubeinfer.operator.state.quality_readings import (
     OVERALL,
     AgreementTally,

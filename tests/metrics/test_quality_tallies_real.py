@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 from kubeinfer.contract import metrics as series
-from kubeinfer.operator.metrics.direct import DirectRead
-from kubeinfer.operator.metrics.prometheus import PrometheusSource
-from kubeinfer.operator.metrics.quality import read_quality_tallies
-from kubeinfer.operator.metrics.queries import Scope
+from kubeinfer.operator.metrics_sources.direct import DirectRead
+from kubeinfer.operator.metrics_sources.prometheus import PrometheusSource
+from kubeinfer.operator.metrics_sources.quality import read_quality_tallies
+from kubeinfer.operator.metrics_sources.queries import Scope
 from kubeinfer.operator.state.quality_readings import (
     AgreementTally,
     QualityHistory,

@@ -21,16 +21,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubeinfer.contract.metrics import histogram_quantile
-from kubeinfer.operator.metrics import queries as q
-from kubeinfer.operator.metrics.direct import DirectRead
-from kubeinfer.operator.metrics.factory import MetricsSources
-from kubeinfer.operator.metrics.pods import PodTarget, metrics_targets
-from kubeinfer.operator.metrics.prometheus import PrometheusSource
-from kubeinfer.operator.metrics.promql import deployment_pod_regex
-from kubeinfer.operator.metrics.queries import Scope
-from kubeinfer.operator.metrics.samples import parse_exposition, quantile_of
-from kubeinfer.operator.metrics.shadow import WINDOW_MARGIN_SECONDS, shadow_window_seconds
-from kubeinfer.operator.metrics.source import MetricsUnavailable
+from kubeinfer.operator.metrics_sources import queries as q
+from kubeinfer.operator.metrics_sources.direct import DirectRead
+from kubeinfer.operator.metrics_sources.factory import MetricsSources
+from kubeinfer.operator.metrics_sources.pods import PodTarget, metrics_targets
+from kubeinfer.operator.metrics_sources.prometheus import PrometheusSource
+from kubeinfer.operator.metrics_sources.promql import deployment_pod_regex
+from kubeinfer.operator.metrics_sources.queries import Scope
+from kubeinfer.operator.metrics_sources.samples import parse_exposition, quantile_of
+from kubeinfer.operator.metrics_sources.shadow import WINDOW_MARGIN_SECONDS, shadow_window_seconds
+from kubeinfer.operator.metrics_sources.source import MetricsUnavailable
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.runtime.gpu_memory import GpuMemory
 from kubeinfer.runtime.metrics import RuntimeMetrics

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import pytest
 from kubeinfer.operator.api.v1alpha1.inference_deployment import QueryOverrides
-from kubeinfer.operator.metrics import queries as q
-from kubeinfer.operator.metrics.promql import substitute_placeholders
-from kubeinfer.operator.metrics.queries import Scope
-from kubeinfer.operator.metrics.samples import PodSamples, parse_exposition
-from kubeinfer.operator.metrics.scaling import P99_WINDOW_SECONDS, checked_signals, scaling_queries
+from kubeinfer.operator.metrics_sources import queries as q
+from kubeinfer.operator.metrics_sources.promql import substitute_placeholders
+from kubeinfer.operator.metrics_sources.queries import Scope
+from kubeinfer.operator.metrics_sources.samples import PodSamples, parse_exposition
+from kubeinfer.operator.metrics_sources.scaling import (
+    P99_WINDOW_SECONDS,
+    checked_signals,
+    scaling_queries,
+)
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from prometheus_client import generate_latest
 

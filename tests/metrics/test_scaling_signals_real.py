@@ -34,7 +34,7 @@ import asyncio
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
@@ -47,11 +47,11 @@ import pytest
 from aiohttp import web
 from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
 from kubeinfer.operator.api.v1alpha1.inference_deployment import QueryOverrides
-from kubeinfer.operator.metrics.direct import DirectRead
-from kubeinfer.operator.metrics.prometheus import PrometheusSource
-from kubeinfer.operator.metrics.queries import Scope
-from kubeinfer.operator.metrics.scaling import read_scaling_signals, scaling_queries
-from kubeinfer.operator.metrics.source import MetricsSource, MetricsUnavailable
+from kubeinfer.operator.metrics_sources.direct import DirectRead
+from kubeinfer.operator.metrics_sources.prometheus import PrometheusSource
+from kubeinfer.operator.metrics_sources.queries import Scope
+from kubeinfer.operator.metrics_sources.scaling import read_scaling_signals, scaling_queries
+from kubeinfer.operator.metrics_sources.source import MetricsSource, MetricsUnavailable
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals
 from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.demo_models import build_mlp, build_tiny_mlp
@@ -71,6 +71,7 @@ from prometheus_harness import (
     running_prometheus,
     start_runtime,
 )
+from waiting import eventually
 
 pytestmark = pytest.mark.slow
 
@@ -120,14 +121,6 @@ class HeldSlot:
         self.slot.close()
 
 
-async def until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(2500):
-        if condition():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError(f"{what} never happened")
-
-
 def infer_body(rows: int) -> dict[str, Any]:
     return {"inputs": [{"name": "input", "datatype": "FP32", "shape": [rows, 16],
                         "data": [0.5] * (rows * 16)}]}  # fmt: skip
@@ -174,9 +167,11 @@ def held_runtimes(model: Path, queued: Sequence[int]) -> Iterator[list[int]]:
         await web.TCPSite(runner, "127.0.0.1", port).start()
         url = f"http://127.0.0.1:{port}/v2/models/tiny/infer"
         requests.append(asyncio.ensure_future(post(url, 4)))
-        await until(lambda: engine.running == 1, "the held batch running")
+        await eventually(lambda: engine.running == 1, what="the held batch running",
+                         every=0.002, in_thread=False)  # fmt: skip
         requests.extend(asyncio.ensure_future(post(url, 1)) for _ in range(count))
-        await until(lambda: dataplane.batcher.queued == count, f"{count} requests queued")
+        await eventually(lambda: dataplane.batcher.queued == count,
+                         what=f"{count} requests queued", every=0.002, in_thread=False)  # fmt: skip
         in_progress = dataplane.metrics.registry.get_sample_value(
             "kubeinfer_requests_in_progress", {"model": "tiny", "version": "1"}
         )
@@ -330,20 +325,23 @@ async def test_under_load_both_sources_read_requests_in_progress(
     seen_in_progress: set[str] = set()  # pods Prometheus saw with requests in progress
     with ThreadPoolExecutor(len(jobs)) as pool:
         clients = [pool.submit(client, port, seed) for port, seed in jobs]
+
+        async def read_under_load() -> bool:
+            """A reading after a fresh scrape: every pod seen busy, both sources' readings
+            with requests in progress and a p99."""
+            await asyncio.to_thread(prometheus.wait_for_scrape_after, time.time())
+            reading = (await signals(source, LOAD), await signals(direct, LOAD))
+            readings.append(reading)
+            seen_in_progress.update(
+                series["metric"]["pod"] for series in prometheus.query(in_progress_now)
+            )
+            return seen_in_progress == set(LOAD_PODS) and all(
+                s.requests_in_progress_per_replica and s.p99_seconds for s in reading
+            )
+
         try:
-            deadline = time.monotonic() + 15
-            while True:
-                await asyncio.to_thread(prometheus.wait_for_scrape_after, time.time())
-                reading = (await signals(source, LOAD), await signals(direct, LOAD))
-                readings.append(reading)
-                seen_in_progress |= {
-                    series["metric"]["pod"] for series in prometheus.query(in_progress_now)
-                }
-                if seen_in_progress == set(LOAD_PODS) and all(
-                    s.requests_in_progress_per_replica and s.p99_seconds for s in reading
-                ):
-                    break
-                assert time.monotonic() < deadline, f"no reading under load: {readings}"
+            await eventually(read_under_load, 15, lambda: f"a reading under load: {readings}",
+                             every=0)  # fmt: skip
         finally:
             stop.set()
         sent = [c.result() for c in clients]

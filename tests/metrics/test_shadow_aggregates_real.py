@@ -24,10 +24,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from kubeinfer.operator.metrics.direct import DirectRead
-from kubeinfer.operator.metrics.prometheus import PrometheusSource
-from kubeinfer.operator.metrics.queries import Scope
-from kubeinfer.operator.metrics.shadow import read_shadow_aggregates
+from kubeinfer.operator.metrics_sources.direct import DirectRead
+from kubeinfer.operator.metrics_sources.prometheus import PrometheusSource
+from kubeinfer.operator.metrics_sources.queries import Scope
+from kubeinfer.operator.metrics_sources.shadow import read_shadow_aggregates
 from kubeinfer.operator.state.shadow_readings import ShadowAggregates
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from prometheus_harness import (
@@ -40,6 +40,7 @@ from prometheus_harness import (
     running_prometheus,
     start_runtime,
 )
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -135,14 +136,13 @@ def drive(prometheus: PrometheusServer, load: dict[RuntimeProcess, int]) -> list
             pool.map(lambda job: infer(job[0].port, "tiny", rows(job[1]), job[1]), jobs)
         )
     assert statuses == [200] * len(jobs)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        figures = [shadow_status(p) for p in load]
-        if [sum(f["requests"].values()) for f in figures] == list(load.values()):
-            break
-        time.sleep(0.05)
-    else:
-        raise AssertionError(f"mirror did not settle: {figures}")
+    figures: list[dict] = []
+
+    def settled() -> bool:
+        figures[:] = [shadow_status(p) for p in load]
+        return [sum(f["requests"].values()) for f in figures] == list(load.values())
+
+    wait_for(settled, 20, lambda: f"the mirror to settle: {figures}")
     prometheus.wait_for_scrape_after(time.time())
     return figures
 

@@ -27,12 +27,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from kubeinfer.contract import metrics as series
-from kubeinfer.operator.activity import Activity
 from kubeinfer.operator.api.v1alpha1.inference_deployment import QueryOverrides
-from kubeinfer.operator.metrics.prometheus import PrometheusSource
-from kubeinfer.operator.metrics.queries import Scope
-from kubeinfer.operator.metrics.scaling import read_scaling_signals
+from kubeinfer.operator.metrics_sources.prometheus import PrometheusSource
+from kubeinfer.operator.metrics_sources.queries import Scope
+from kubeinfer.operator.metrics_sources.scaling import read_scaling_signals
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals
+from kubeinfer.operator.telemetry.activity import Activity
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_harness import PrometheusServer, ScrapeTarget, http_get, running_prometheus

@@ -26,13 +26,13 @@ import pytest
 from cluster_harness import restricted
 from kopf import ConnectionInfo
 from kubeinfer.operator.kube.client import KubeClient
-from kubeinfer.operator.kube.observe import pods_lister
-from kubeinfer.operator.metrics import queries as q
-from kubeinfer.operator.metrics.direct import DirectRead
-from kubeinfer.operator.metrics.prometheus import PrometheusSource
-from kubeinfer.operator.metrics.promql import promql_string
-from kubeinfer.operator.metrics.queries import Query, Scope
-from kubeinfer.operator.metrics.source import MetricsUnavailable
+from kubeinfer.operator.kube.gather import pods_lister
+from kubeinfer.operator.metrics_sources import queries as q
+from kubeinfer.operator.metrics_sources.direct import DirectRead
+from kubeinfer.operator.metrics_sources.prometheus import PrometheusSource
+from kubeinfer.operator.metrics_sources.promql import promql_string
+from kubeinfer.operator.metrics_sources.queries import Query, Scope
+from kubeinfer.operator.metrics_sources.source import MetricsUnavailable
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.gpu_memory import GpuMemory
 from kubeinfer.runtime.metrics import RuntimeMetrics

@@ -24,6 +24,7 @@ refuses the model at load.
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass
 from functools import cache
@@ -198,6 +199,11 @@ def build_text_classifier(
     if extensions:
         model = _behind_text_normalisation(model)
     return _save(model, path), pipeline
+
+
+def normalised(text: str) -> str:
+    """What `_behind_text_normalisation`'s operators make of a text."""
+    return re.sub(r"[^a-z ]", "", text.lower())
 
 
 def _behind_text_normalisation(model: onnx.ModelProto) -> onnx.ModelProto:

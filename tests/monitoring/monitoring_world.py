@@ -10,10 +10,11 @@ operator's own exporter.
   agree less with the reference, as in production when the inputs drift.
 - `ns-b`, pod `tiny-orphan`: the same engine whose quality reference is a port nobody
   listens on, so the watch loses its samples.
-- The operator's exporter (`kubeinfer.operator.exporter`'s collector, over
+- The operator's exporter (`kubeinfer.operator.telemetry.exporter`'s collector, over
   prometheus_client's HTTP server) serving a board of statuses the caller writes, scraped
   with honor_labels as the chart's PodMonitor does: no control plane runs here (the
-  operator filling the board on one is `tests/operator/test_operator_metrics_endpoint.py`).
+  operator filling the board on one is
+  `tests/operator/telemetry/test_operator_metrics_endpoint.py`).
 
 Prometheus scrapes every `SCRAPE_INTERVAL`; `query` and `query_range` ask it.
 """
@@ -21,12 +22,12 @@ Prometheus scrapes every `SCRAPE_INTERVAL`; `query` and `query_range` ask it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,12 +37,14 @@ from typing import Any
 
 import numpy as np
 import yaml
-from kubeinfer.operator.exporter import StatusBoard, board_registry
+from kubeinfer.operator.telemetry.exporter import StatusBoard, board_registry
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.demo_models import build_tiny_mlp
+from processes import wait_ready
 from prometheus_client import start_http_server
 from prometheus_harness import _launch, free_port, http_get
+from waiting import wait_for
 
 SCRAPE_INTERVAL = "500ms"
 MODEL = "tiny"
@@ -80,19 +83,13 @@ def _serve(directory: Path, name: str, *flags: str) -> Process:
 
 
 def _wait_ready(*processes: Process, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
     for p in processes:
-        while True:
-            if p.process.poll() is not None:
-                raise AssertionError(f"{p.log.name} exited:\n{p.log.read_text()[-2000:]}")
-            try:
-                if http_get(p.port, "/v2/health/ready", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{p.log.name} not ready:\n{p.log.read_text()[-2000:]}")
-            time.sleep(0.05)
+        wait_ready(functools.partial(_answers_ready, p.port), p.process, p.log.name, timeout,
+                   output=p.log.read_text)  # fmt: skip
+
+
+def _answers_ready(port: int) -> bool:
+    return http_get(port, "/v2/health/ready", timeout=2)[0] == 200
 
 
 def _target(url: str, version: str, digest: str) -> dict[str, Any]:
@@ -158,16 +155,16 @@ class World:
     def settle(self, timeout: float = 30) -> None:
         """Until the serving pod's mirrors have an outcome for every request they took
         (compared, dropped, failed or timed out): the counters stop moving."""
-        deadline = time.monotonic() + timeout
-        while True:
+        last: list[dict[str, Any]] = []
+
+        def settled() -> bool:
             quality = json.loads(http_get(self.serving.port, "/v2/quality")[1])
             shadow = json.loads(http_get(self.serving.port, "/v2/shadow")[1])
+            last[:] = [quality["requests"], shadow]
             answered = quality["answered"]
-            if sum(quality["requests"].values()) == sum(shadow["requests"].values()) == answered:
-                return
-            if time.monotonic() > deadline:
-                raise AssertionError(f"mirrors still busy: {quality['requests']}, {shadow}")
-            time.sleep(0.1)
+            return sum(quality["requests"].values()) == sum(shadow["requests"].values()) == answered
+
+        wait_for(settled, timeout, lambda: f"the mirrors to settle; still busy: {last}", every=0.1)
 
     def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
         params = {"query": promql, **({"time": repr(at)} if at is not None else {})}
@@ -186,19 +183,18 @@ class World:
 
     def wait_for_scrape_after(self, wall_time: float, timeout: float = 20) -> None:
         """Until every target has a successful scrape that started after `wall_time`."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def scraped() -> bool:
             oldest = self.query("min(timestamp(up))")
             healthy = self.query("count(up == 1)")
-            if (
+            return bool(
                 oldest
                 and healthy
                 and float(oldest[0]["value"][1]) > wall_time
                 and int(float(healthy[0]["value"][1])) == self.scrape_targets
-            ):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"no scrape of every target after {wall_time} within {timeout} s")
+            )
+
+        wait_for(scraped, timeout, f"a scrape of every target after {wall_time}", every=0.1)
 
 
 def prometheus_config(world_ports: dict[str, tuple[str, int]], exporter_port: int) -> str:

@@ -167,6 +167,8 @@ async def test_a_static_runtime_reports_its_configured_values(tiny_engine, tiny_
             "maxBatchSize": 32,
             "queueDelayMicroseconds": 500,
             "preferredBatchSize": 8,
+            "configuredMaxBatchSize": 32,
+            "outputRowMismatches": 0,
         }
         exported = gauges(await (await client.get("/metrics")).text())
         assert not any(name.startswith("kubeinfer_batching_") for name in exported)

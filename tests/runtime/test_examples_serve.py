@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import yaml
-from kubeinfer.operator.render_command import render_manifest
+from kubeinfer.operator.commands.render import render_manifest
 from models.transformer_models import build_encoder, encoder_inputs
 from serve_process import ServeProcess
 

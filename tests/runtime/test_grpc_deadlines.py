@@ -67,6 +67,9 @@ def spinning(spin_model: Path) -> Iterator[Spinning]:
     with ServeProcess(
         spin_model, "spin", "--grpc-port", str(grpc_port), "--intra-op-threads", "1",
         "--execution-slots", "1", "--max-batch-size", "8", "--drain-grace-period-seconds", "30",
+        # The holding request has no timeout of its own: the default deadline must outlast
+        # its spin on a loaded machine (a CI run took past the usual ten seconds for four).
+        "--default-timeout-milliseconds", "120000",
     ) as server:  # fmt: skip
         running = Spinning(server, grpc_port)
         yield running

@@ -20,7 +20,6 @@ import contextlib
 import json
 import secrets
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ import yaml
 from kubeinfer.cluster import control_plane, files
 from kubeinfer.cluster.addons import STORAGE_CLASS
 from kubernetes.client.exceptions import ApiException
+from waiting import wait_for
 
 REPO = Path(__file__).parents[2]
 CRD = REPO / "crds" / "inferencedeployments.kubeinfer.io.yaml"
@@ -343,11 +343,8 @@ class LocalCluster:
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
         )
         # Pods need the namespace's default ServiceAccount, which a controller makes.
-        deadline = time.monotonic() + 30
-        while self.admin(name).get("v1", "serviceaccounts", "default") is None:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no default ServiceAccount in {name}")
-            time.sleep(0.05)
+        wait_for(lambda: self.admin(name).get("v1", "serviceaccounts", "default"), 30,
+                 f"the default ServiceAccount in {name}")  # fmt: skip
         return name
 
     def service_account_token(self, namespace: str, account: str, seconds: int = 3600) -> str:
@@ -400,6 +397,18 @@ def established(local: LocalCluster, name: str) -> bool:
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
+def lists_inference_deployments(local: LocalCluster) -> bool:
+    """Whether the CRD's storage answers a list (it says 429 "(re)initializing" for a
+    moment after the CRD is Established)."""
+    local.admin().list("kubeinfer.io/v1alpha1", "inferencedeployments", namespace=None)
+    return True
+
+
+def discovery_names_infd(local: LocalCluster) -> bool:
+    listed = local.kubectl("get", "infd", "-A", "-o", "name", check=False)
+    return "resource type" not in listed
+
+
 RUNNING: list[LocalCluster] = []
 """The session's cluster, once started (one per test process)."""
 
@@ -424,26 +433,14 @@ def start_local_cluster(directory: Path) -> Iterator[LocalCluster]:
         # Established, then a list that succeeds: `kubectl wait` gives up on a CRD with no
         # conditions yet, and the resource's storage answers 429 "(re)initializing" for a
         # moment after Established.
-        deadline = time.monotonic() + 60
-        while not established(local, "inferencedeployments.kubeinfer.io"):
-            if time.monotonic() > deadline:
-                raise AssertionError("the CRD was not Established within 60 s")
-            time.sleep(0.1)
-        while True:
-            try:
-                local.admin().list("kubeinfer.io/v1alpha1", "inferencedeployments", namespace=None)
-                break
-            except ApiException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_for(lambda: established(local, "inferencedeployments.kubeinfer.io"), 60,
+                 "the CRD to be Established", every=0.1)  # fmt: skip
+        wait_for(lambda: lists_inference_deployments(local), 60, "the CRD's storage to answer",
+                 every=0.1, ignoring=(ApiException,))  # fmt: skip
         # And discovery naming the short name: the aggregated discovery document is
         # rebuilt a moment after the storage answers, later the larger the schema, and
         # until then `kubectl get infd` says the server has no such resource type.
-        while "resource type" in local.kubectl("get", "infd", "-A", "-o", "name", check=False):
-            if time.monotonic() > deadline:
-                raise AssertionError("discovery did not name infd within 60 s")
-            time.sleep(0.2)
+        wait_for(lambda: discovery_names_infd(local), 60, "discovery to name infd", every=0.2)
         yield local
     finally:
         RUNNING.remove(local)

@@ -10,12 +10,13 @@ release's `stripped-down-crds.yaml`: the CRDs without their descriptions; later
 versions are generated from the Go types instead). It is installed once into
 `.cache/npm/` (git-ignored) with npm, under a file lock (several test runs share the
 checkout), and one `node` call validates a whole batch of objects (`podmonitor_errors`).
-`make test` installs it before the tests start (`python tests/support/podmonitor_schema.py`,
-from the host's network namespace, with npm's progress), so no test waits on npm.
+`make test` installs it before the tests start (`registry_prefetch`, from the host's
+network namespace), and no test installs it: a test that finds it missing fails, naming
+the prefetch.
 The package's dependencies ask for Node 22; Node 20 runs it (npm only warns).
 
-Without node or npm, or when the install fails (offline), the calling test skips with
-the reason; under `CI=true` it fails, as CI must run it.
+Without node or npm the calling test skips with the reason; under `CI=true` it fails, as CI
+must run it.
 
 What the schema checks: types, enums, patterns (durations such as `interval`), required
 fields, bounds. What it does not: unknown fields. The CRD allows them and the API server
@@ -36,13 +37,14 @@ from typing import Any
 
 import pytest
 from kubeinfer.cluster import netns
+from registry_prefetch import missing_download
 
 PACKAGE = "@kubernetes-models/prometheus-operator"
 VERSION = "5.0.1"
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "npm"
 SCRIPT = "validate-podmonitors.mjs"
 INSTALL_SECONDS = 180
-"""Below pytest's per-test timeout, so a stuck npm fails its test with npm's words."""
+"""How long the prefetch waits for npm."""
 
 # Reads a JSON array of objects on stdin, prints one array per object: its schema errors.
 VALIDATOR = """\
@@ -80,38 +82,58 @@ def _installed_version() -> str | None:
         return None
 
 
-def install_validator() -> tuple[str, Path]:
-    """(node, the validator script), installing the package on first use; skips (fails
-    under CI) without node or npm or when npm cannot install it."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        _unavailable("node and npm are needed for the PodMonitor schema (apt-get install npm)")
-    assert node is not None and npm is not None
-    script = CACHE / SCRIPT
+def install_package() -> Path:
+    """Installs the package into `.cache/npm/` (under a file lock: several runs share the
+    checkout) unless it is there already, from the host's network namespace; returns the
+    folder. Raises RuntimeError with npm's words when npm cannot (`make test`'s prefetch,
+    `registry_prefetch`; tests never call it: they run with the registries off)."""
+    npm = shutil.which("npm")
+    if npm is None or shutil.which("node") is None:
+        raise RuntimeError(
+            "node and npm are needed for the PodMonitor schema (apt-get install npm)"
+        )
     CACHE.mkdir(parents=True, exist_ok=True)
     with (CACHE / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _installed_version() != VERSION:
-            try:
-                # From the host's network namespace: the registry is not in the test's.
-                argv, fds = netns.in_host_namespace(
-                    [npm, "install", "--no-audit", "--no-fund", "--no-save", "--prefix",
-                     str(CACHE), "--fetch-timeout=60000", "--fetch-retries=1",
-                     f"{PACKAGE}@{VERSION}"]
-                )  # fmt: skip
-                done = subprocess.run(
-                    argv, capture_output=True, text=True, timeout=INSTALL_SECONDS, pass_fds=fds
-                )
-            except subprocess.TimeoutExpired:
-                _unavailable(f"npm install {PACKAGE}@{VERSION} took over {INSTALL_SECONDS} s")
+            # From the host's network namespace: the registry is not in the tests'.
+            argv, fds = netns.in_host_namespace(
+                [npm, "install", "--no-audit", "--no-fund", "--no-save", "--prefix",
+                 str(CACHE), "--fetch-timeout=60000", "--fetch-retries=1",
+                 f"{PACKAGE}@{VERSION}"]
+            )  # fmt: skip
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=INSTALL_SECONDS, pass_fds=fds
+            )
             if done.returncode != 0 or _installed_version() != VERSION:
-                _unavailable(
+                raise RuntimeError(
                     f"npm install {PACKAGE}@{VERSION} failed ({done.returncode}): "
                     f"{done.stderr.strip()[-500:]}"
                 )
-        if not script.exists() or script.read_text() != VALIDATOR:
-            script.write_text(VALIDATOR)
-    return node, script
+        _write_script()
+    return CACHE
+
+
+def _write_script() -> Path:
+    script = CACHE / SCRIPT
+    if not script.exists() or script.read_text() != VALIDATOR:
+        script.write_text(VALIDATOR)
+    return script
+
+
+def install_validator() -> tuple[str, Path]:
+    """(node, the validator script), the package installed by `make test`'s prefetch;
+    skips (fails under CI) without node or npm, and fails, naming the prefetch, when the
+    package is not installed: no test installs it (the registries are off)."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        _unavailable("node and npm are needed for the PodMonitor schema (apt-get install npm)")
+    assert node is not None
+    if _installed_version() != VERSION:
+        pytest.fail(str(missing_download(f"the npm package {PACKAGE}@{VERSION}")), pytrace=False)
+    with (CACHE / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return node, _write_script()
 
 
 def podmonitor_errors(objects: Sequence[dict[str, Any]]) -> list[list[str]]:
@@ -145,14 +167,3 @@ def validate_podmonitor(obj: dict[str, Any]) -> None:
             f"PodMonitor {name} does not match the prometheus-operator v0.90.1 schema:\n  "
             + "\n  ".join(errors)
         )
-
-
-if __name__ == "__main__":
-    # `make test`'s set-up: the validator installed before any test needs it.
-    try:
-        print(f"PodMonitor schema: {PACKAGE}@{VERSION} in {install_validator()[1].parent}")
-    except BaseException as error:  # pytest's skip and fail outcomes are BaseExceptions
-        if isinstance(error, KeyboardInterrupt):
-            raise
-        print(f"PodMonitor schema not installed: {error}")
-        raise SystemExit(1) from None

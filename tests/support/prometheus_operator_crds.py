@@ -1,8 +1,8 @@
 """prometheus-operator's own CRDs (PodMonitor, PrometheusRule, …), for the test cluster.
 
-They come from the prometheus-operator Go module at a pinned release, fetched through the
-Go module proxy by `go mod download` (cached in the module cache like any module), so the
-API server validates what the operator writes against the very schema a cluster with
+They come from the prometheus-operator Go module at a pinned release, which `make test`
+fetches through the Go module proxy before the tests (`registry_prefetch`), so the API
+server validates what the operator writes against the very schema a cluster with
 prometheus-operator serves. `installed_crd` applies one for the duration of a block and
 removes it after, since the operator's behaviour depends on whether the API exists.
 """
@@ -10,39 +10,37 @@ removes it after, since the operator's behaviour depends on whether the API exis
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import subprocess
-import time
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
 import pytest
-
-MODULE = "github.com/prometheus-operator/prometheus-operator"
-VERSION = "v0.90.1"
+from registry_prefetch import (
+    PROMETHEUS_OPERATOR_MODULE,
+    PROMETHEUS_OPERATOR_VERSION,
+    MissingDownload,
+    go_module_directory,
+)
+from waiting import wait_for
 
 
 @cache
 def crd_directory() -> Path:
-    go = shutil.which("go")
-    if go is None:
-        message = "needs Go to fetch prometheus-operator's CRDs from the module proxy"
+    """The CRDs' folder in the Go module cache, where `make test`'s prefetch put the module
+    (`registry_prefetch`); the test fails, naming the prefetch, when it is not there (tests
+    run with GOPROXY=off)."""
+    if shutil.which("go") is None:
+        message = "needs Go to read prometheus-operator's CRDs from the Go module cache"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-    result = subprocess.run(
-        [go, "mod", "download", "-json", f"{MODULE}@{VERSION}"],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-    )
-    if result.returncode != 0:
-        pytest.fail(f"go mod download {MODULE}@{VERSION} failed: {result.stdout}{result.stderr}")
-    return Path(json.loads(result.stdout)["Dir"]) / "example" / "prometheus-operator-crd"
+    try:
+        module = go_module_directory(PROMETHEUS_OPERATOR_MODULE, PROMETHEUS_OPERATOR_VERSION)
+    except MissingDownload as missing:
+        pytest.fail(str(missing), pytrace=False)
+    return module / "example" / "prometheus-operator-crd"
 
 
 def crd_file(plural: str) -> Path:
@@ -57,10 +55,8 @@ def installed_crd(cluster, plural: str) -> Iterator[None]:  # type: ignore[no-un
     name = f"{plural}.monitoring.coreos.com"
     from cluster_harness import established
 
-    deadline = time.monotonic() + 60
-    while not established(cluster, name):  # `kubectl wait` gives up before any condition
-        assert time.monotonic() < deadline, f"{name} was not Established within 60 s"
-        time.sleep(0.1)
+    # Not `kubectl wait`: it gives up on a CRD that has no condition yet.
+    wait_for(lambda: established(cluster, name), 60, f"{name} to be Established", every=0.1)
     try:
         yield
     finally:

@@ -1,5 +1,5 @@
 """A recorded burst replayed through the autoscaler's `recommend`, against simulated
-serving pods: the trace replay that `tests/operator/test_scaling_trace_replay.py` checks
+serving pods: the trace replay that `tests/operator/scaling/test_scaling_trace_replay.py` checks
 and `tests/benchmarks/autoscaling_trace_replay.py` prints as a table.
 
 The model, kept small enough to reason about:

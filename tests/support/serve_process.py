@@ -24,11 +24,17 @@ from prometheus_client.parser import text_string_to_metric_families
 
 class ServeProcess:
     """One `kubeinfer serve --onnx MODEL --model-name NAME FLAGS...` process, started and
-    ready (its readiness route answers 200). With `model` None the flags name the source
-    (`--engine DIGEST --cache DIR`, `--config FILE`)."""
+    ready (its readiness route answers 200; `ready_path` another route to wait for, such
+    as liveness for a process that must never become ready). With `model` None the flags
+    name the source (`--engine DIGEST --cache DIR`, `--config FILE`)."""
 
     def __init__(
-        self, model: Path | None, name: str, *flags: str, ready_timeout: float = 60
+        self,
+        model: Path | None,
+        name: str,
+        *flags: str,
+        ready_timeout: float = 60,
+        ready_path: str = "/v2/health/ready",
     ) -> None:
         self.name = name
         self.port = free_port()
@@ -40,7 +46,7 @@ class ServeProcess:
             stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         wait_ready(
-            lambda: self.request("GET", "/v2/health/ready", timeout=2)[0] == 200,
+            lambda: self.request("GET", ready_path, timeout=2)[0] == 200,
             self.process, f"kubeinfer serve on port {self.port}", ready_timeout, self.output,
         )  # fmt: skip
 
