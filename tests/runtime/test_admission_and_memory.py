@@ -28,6 +28,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from serve_process import ServeProcess, head, read_response
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -73,13 +74,6 @@ def body(rows: int = 1, spin: int = 0, **parameters: int) -> bytes:
     return json.dumps(request).encode()
 
 
-def wait_for(condition, what: str, seconds: float = 10) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} never happened"
-        time.sleep(0.005)
-
-
 def test_the_deadline_counts_from_arrival(small_queue) -> None:
     server = small_queue
     batches = server.metric("kubeinfer_batch_size_count")
@@ -88,8 +82,12 @@ def test_the_deadline_counts_from_arrival(small_queue) -> None:
         sock.sendall(head(server.infer_path, server.port, len(payload)))
         # Admitted (its arrival taken) before the wait: the 200 ms have passed, whatever
         # the machine's load, when the body is sent.
-        wait_for(lambda: server.metric("kubeinfer_requests_in_progress") == 1, "the admission")
-        time.sleep(0.3)
+        wait_for(
+            lambda: server.metric("kubeinfer_requests_in_progress") == 1,
+            what="the admission",
+            every=0.005,
+        )
+        time.sleep(0.3)  # not a wait: the 200 ms deadline passes, as the test needs
         sock.sendall(payload)
         status, _, answer = read_response(sock)
     assert status == 504, answer
@@ -156,7 +154,11 @@ def test_abandoned_uploads_give_their_memory_back(roomy) -> None:
         for sock in sockets:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_ON_CLOSE)
             sock.close()  # a reset, as a client that crashed or timed out
-        wait_for(lambda: server.metric("kubeinfer_requests_in_progress") == 0, "the aborts noticed")
+        wait_for(
+            lambda: server.metric("kubeinfer_requests_in_progress") == 0,
+            what="the aborts noticed",
+            every=0.005,
+        )
     growth_mb = (server.memory_kib("VmRSS") - start_kib) / 1024
     assert growth_mb < 100, f"resident memory grew by {growth_mb:.0f} MB and stayed"
     assert server.metric("kubeinfer_requests_cancelled_total", stage="reading") - cancelled == (

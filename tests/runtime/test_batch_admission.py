@@ -26,6 +26,7 @@ from kubeinfer.runtime.protocol.errors import (
     NotReady,
     Overloaded,
 )
+from waiting import eventually
 
 
 def rows(n: int = 1) -> dict[str, np.ndarray]:
@@ -41,14 +42,6 @@ async def batcher(gated):
     yield batcher
     gated.gate.set()
     await batcher.close()
-
-
-async def until(condition, what: str) -> None:
-    for _ in range(2000):
-        if condition():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError(f"{what} never happened")
 
 
 async def test_admitted_requests_count_against_the_queue_before_they_are_queued(
@@ -72,7 +65,7 @@ async def test_admitted_requests_count_against_the_queue_before_they_are_queued(
 async def test_draining_refuses_new_admissions_and_answers_earlier_ones(batcher) -> None:
     early = batcher.admit()  # its body is still being read when the drain begins
     drain = asyncio.create_task(batcher.drain(10))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: batcher.draining, what="the drain", every=0.002, in_thread=False)
     assert not drain.done()
     with pytest.raises(NotReady, match="shutting down"):
         batcher.admit()
@@ -98,7 +91,9 @@ async def test_a_batch_past_its_deadline_is_answered_and_the_engine_counts_stuck
     with pytest.raises(NotReady, match="has not returned a batch"):
         batcher.admit()
     gated.gate.set()
-    await until(lambda: not batcher.watchdog.stuck, "the engine's return")
+    await eventually(
+        lambda: not batcher.watchdog.stuck, what="the engine's return", every=0.002, in_thread=False
+    )
     assert not batcher.stuck_threads
     result = await batcher.infer(rows(), 1)
     assert result["logits"].shape == (1, 10)

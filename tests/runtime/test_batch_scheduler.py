@@ -19,6 +19,7 @@ from kubeinfer.runtime.batching.observer import NoObserver
 from kubeinfer.runtime.batching.queue import Batcher
 from kubeinfer.runtime.batching.slot_runner import BatchFailed, BatchRan, SlotRunner
 from kubeinfer.runtime.protocol.errors import EngineFailed, NotReady
+from waiting import eventually
 
 
 class HandClock:
@@ -37,23 +38,17 @@ def rows(n: int = 1) -> dict[str, np.ndarray]:
     return {"input": np.full((n, 16), 0.5, np.float32)}
 
 
-async def until(condition, what: str) -> None:
-    for _ in range(2000):
-        if condition():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError(f"{what} never happened")
-
-
 async def test_the_drain_timeout_runs_on_the_injected_clock(gated) -> None:
     clock = HandClock()
     batcher = Batcher(gated, BatchingPolicy(execution_slots=1), clock=clock)
     await batcher.start()
     gated.gate.clear()
     held = asyncio.create_task(batcher.infer(rows(5), 5))
-    await until(lambda: gated.running == 1, "the batch running")
+    await eventually(
+        lambda: gated.running == 1, what="the batch running", every=0.002, in_thread=False
+    )
     drain = asyncio.create_task(batcher.drain(timeout_seconds=10))
-    await asyncio.sleep(0.01)
+    await eventually(lambda: batcher.draining, what="the drain", every=0.002, in_thread=False)
     assert not drain.done()
     clock.now += 11  # ten seconds pass on the batcher's clock, none on the wall
     try:
@@ -97,7 +92,9 @@ async def test_a_batch_outliving_close_is_still_answered(gated) -> None:
     await batcher.start()
     gated.gate.clear()
     held = asyncio.create_task(batcher.infer(rows(3), 3))
-    await until(lambda: gated.running == 1, "the batch running")
+    await eventually(
+        lambda: gated.running == 1, what="the batch running", every=0.002, in_thread=False
+    )
     await batcher.close(timeout_seconds=0.05)  # gives up waiting for the batch
     assert not held.done()
     gated.gate.set()

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import numpy as np
 from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.batching.queue import Batcher
 from kubeinfer.runtime.metrics import RuntimeMetrics
 from kubeinfer.runtime.protocol.errors import EngineFailed
+from waiting import eventually, wait_for
 
 LABELS = {"model": "tiny", "version": "1"}
 
@@ -40,22 +40,6 @@ def gauges(metrics: RuntimeMetrics) -> tuple[float | None, ...]:
     )
 
 
-async def until(condition, what: str) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError(f"{what} never happened")
-
-
-def block_until(condition, what: str) -> None:
-    """Waits without yielding to the event loop (so it cannot act meanwhile)."""
-    deadline = time.monotonic() + 10
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} never happened"
-        time.sleep(0.001)
-
-
 async def observed_batcher(engine, **options) -> tuple[Batcher, RuntimeMetrics]:
     metrics = RuntimeMetrics("tiny", "1")
     batcher = Batcher(engine, BatchingPolicy(execution_slots=1), observer=metrics, **options)
@@ -68,18 +52,24 @@ async def test_requests_in_running_batches_are_in_flight_and_the_rest_queued(gat
     assert gauges(metrics) == (0, 0, 0)
     gated.gate.clear()
     first = asyncio.create_task(batcher.infer({"input": rows(4, 0)}, 4))
-    await until(lambda: gated.running == 1, "the first batch running")
+    await eventually(
+        lambda: gated.running == 1, what="the first batch running", every=0.002, in_thread=False
+    )
     assert gauges(metrics) == (0, 1, 1)  # one request of 4 rows
     queued = [asyncio.create_task(batcher.infer({"input": rows(n, n)}, n)) for n in (1, 3, 2)]
-    await until(lambda: batcher.queued == 3, "three requests queued")
+    await eventually(
+        lambda: batcher.queued == 3, what="three requests queued", every=0.002, in_thread=False
+    )
     assert gauges(metrics) == (3, 1, 1)
     # Let the first batch through and close the gate behind it, before the event loop
     # (blocked here, not awaiting) can start the next batch: that one waits at the gate.
     gated.gate.set()
-    block_until(lambda: gated.batches == [4], "the first batch finishing")
+    wait_for(lambda: gated.batches == [4], what="the first batch finishing", every=0.001)
     gated.gate.clear()
     await first
-    await until(lambda: gated.running == 1, "the second batch running")
+    await eventually(
+        lambda: gated.running == 1, what="the second batch running", every=0.002, in_thread=False
+    )
     assert gauges(metrics) == (0, 3, 1)
     gated.gate.set()
     await asyncio.gather(*queued)
@@ -92,9 +82,13 @@ async def test_a_failed_batch_leaves_nothing_in_flight(gated) -> None:
     batcher, metrics = await observed_batcher(gated, inline_below_seconds=0.0)
     gated.gate.clear()
     blocker = asyncio.create_task(batcher.infer({"input": rows(1, 0)}, 1))
-    await until(lambda: gated.running == 1, "the first batch running")
+    await eventually(
+        lambda: gated.running == 1, what="the first batch running", every=0.002, in_thread=False
+    )
     failing = [asyncio.create_task(batcher.infer({"input": rows(n, n)}, n)) for n in (2, 3)]
-    await until(lambda: batcher.queued == 2, "two requests queued")
+    await eventually(
+        lambda: batcher.queued == 2, what="two requests queued", every=0.002, in_thread=False
+    )
     assert gauges(metrics) == (2, 1, 1)
     gated.fail_rows = 5  # the batch of the two queued requests
     gated.gate.set()

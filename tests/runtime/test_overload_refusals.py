@@ -29,11 +29,11 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
+from waiting import eventually
 
 PATH = "/v2/models/tiny/infer"
 
@@ -64,13 +64,6 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, st
     return int(lines[0].split()[1]), headers, body
 
 
-async def wait_for(condition: Callable[[], bool], seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the server never got there"
-        await asyncio.sleep(0.002)
-
-
 class Load:
     """Requests against a `Serving`, and the slot held and queue filled by the gate."""
 
@@ -98,9 +91,13 @@ class Load:
         batcher = self.serving.dataplane.batcher
         self.gated.gate.clear()
         self.held.append(asyncio.create_task(self.infer()))
-        await wait_for(lambda: self.gated.running == 1)
+        await eventually(
+            lambda: self.gated.running == 1, what="the slot held", every=0.002, in_thread=False
+        )
         self.held += [asyncio.create_task(self.infer()) for _ in range(2)]
-        await wait_for(lambda: batcher.queued == 2)
+        await eventually(
+            lambda: batcher.queued == 2, what="the queue full", every=0.002, in_thread=False
+        )
 
     async def release(self) -> list[bytes]:
         """Opens the gate; the bodies of the held and queued requests' answers (200)."""
@@ -165,13 +162,13 @@ async def test_a_head_a_byte_at_a_time_and_a_body_in_parts(load: Load) -> None:
     for byte in head(len(payload)):
         writer.write(bytes([byte]))
         await writer.drain()
-        await asyncio.sleep(0.0005)
+        await asyncio.sleep(0.0005)  # not a wait: a client this slow is the test
     status, _, _ = await read_response(reader)
     assert status == 503
     for start in range(0, len(payload), 50):
         writer.write(payload[start : start + 50])
         await writer.drain()
-        await asyncio.sleep(0.0005)
+        await asyncio.sleep(0.0005)  # not a wait: a client this slow is the test
     await load.release()
     writer.write(head(len(payload)) + payload)
     assert (await read_response(reader))[0] == 200
@@ -258,12 +255,20 @@ async def test_admissions_of_clients_that_leave_are_given_back(load: Load) -> No
             _, writer = await load.connect()
             writer.write(head(len(body)) + body[:10])
             writers.append(writer)
-        await asyncio.sleep(pause)
+        await asyncio.sleep(pause)  # not a wait: how long the clients stay before leaving
         for writer in writers:
             writer.transport.abort()  # a reset: the rest of the body never comes
-    await wait_for(lambda: batcher.admitted == 0)
-    await wait_for(
-        lambda: load.metric('kubeinfer_requests_in_progress{model="tiny",version="1"} 0.0')
+    await eventually(
+        lambda: batcher.admitted == 0,
+        what="every admission given back",
+        every=0.002,
+        in_thread=False,
+    )
+    await eventually(
+        lambda: load.metric('kubeinfer_requests_in_progress{model="tiny",version="1"} 0.0'),
+        what="no request in progress",
+        every=0.002,
+        in_thread=False,
     )
     status, _, answer = await load.infer()
     assert status == 200, answer
@@ -283,10 +288,14 @@ async def test_a_flood_of_refusals_does_not_starve_admitted_requests(load: Load)
         writer.close()
 
     flooders = [asyncio.create_task(flood()) for _ in range(16)]
-    await wait_for(lambda: statuses.get(503, 0) >= 200)
+    await eventually(
+        lambda: statuses.get(503, 0) >= 200, what="200 refusals", every=0.002, in_thread=False
+    )
     assert set(statuses) == {503}  # the queue is full: all refused
     await load.release()  # the held and queued requests complete under the flood
-    await wait_for(lambda: statuses.get(200, 0) >= 20)  # and more get in
+    await eventually(
+        lambda: statuses.get(200, 0) >= 20, what="20 answers", every=0.002, in_thread=False
+    )  # and more get in
     flooding = False
     await asyncio.gather(*flooders)
     assert set(statuses) == {200, 503}

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 
@@ -323,5 +322,4 @@ async def test_a_shadow_and_a_watch_run_at_once_each_with_its_own_queue() -> Non
     assert controller.slice_header is None and not controller.quality_status()["active"]
     assert controller.status()["active"]
     await controller.stop()
-    await asyncio.sleep(0)
     assert not controller.active

@@ -26,6 +26,7 @@ from kubeinfer.runtime.protocol.tensor_codec import decode_infer_request
 from kubeinfer.runtime.protocol.v2_types import InferResponse
 from prometheus_client.parser import text_string_to_metric_families
 from served_app import app_of
+from waiting import eventually
 
 INFER = "/v2/models/tiny/infer"
 GAUGES = ("kubeinfer_requests_in_progress", "kubeinfer_queue_depth", "kubeinfer_inflight_requests")
@@ -73,9 +74,19 @@ class Runtime:
         """One request running on the held slot, two queued behind it (the queue's limit)."""
         self.gated.gate.clear()
         held = [self.send()]
-        await until(lambda: self.gated.running == 1, "the first request on the slot")
+        await eventually(
+            lambda: self.gated.running == 1,
+            what="the first request on the slot",
+            every=0.002,
+            in_thread=False,
+        )
         held += [self.send(), self.send()]
-        await until(lambda: self.dataplane.batcher.queued == 2, "two requests queued")
+        await eventually(
+            lambda: self.dataplane.batcher.queued == 2,
+            what="two requests queued",
+            every=0.002,
+            in_thread=False,
+        )
         return held
 
 
@@ -97,14 +108,6 @@ async def runtime(gated, tiny_model, request):
         finally:
             gated.gate.set()
             await asyncio.gather(*runtime.sent, return_exceptions=True)
-
-
-async def until(condition, what: str) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError(f"{what} never happened")
 
 
 async def test_requests_are_in_progress_from_their_start_to_their_answer(runtime, gated) -> None:
@@ -159,10 +162,20 @@ async def test_a_request_whose_caller_went_away_is_no_longer_in_progress(runtime
     dataplane = runtime.dataplane
     gated.gate.clear()
     running = runtime.send()
-    await until(lambda: gated.running == 1, "the first request on the slot")
+    await eventually(
+        lambda: gated.running == 1,
+        what="the first request on the slot",
+        every=0.002,
+        in_thread=False,
+    )
     gone = asyncio.create_task(infer_in_the_dataplane(dataplane))
     runtime.sent.append(gone)
-    await until(lambda: dataplane.batcher.queued == 1, "the second request queued")
+    await eventually(
+        lambda: dataplane.batcher.queued == 1,
+        what="the second request queued",
+        every=0.002,
+        in_thread=False,
+    )
     assert await runtime.scraped() == (2, 1, 1)
     gone.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
@@ -277,11 +276,26 @@ async def test_the_watcher_follows_the_file_and_reports_a_bad_one_once(
         seen.append(target)
 
     watcher = TargetWatcher(tmp_path / "mirror.yaml", 0.02, on_target)
+    polls = [0]  # the watcher's reads done; "nothing new" holds over a few of them
+    poll = watcher.poll
+
+    async def counted_poll() -> None:
+        try:
+            await poll()
+        finally:
+            polls[0] += 1
+
+    watcher.poll = counted_poll  # type: ignore[method-assign]
+
+    async def polled(times: int) -> None:
+        done = polls[0] + times
+        await eventually(lambda: polls[0] >= done, what=f"{times} more reads", in_thread=False)
+
     caplog.set_level(logging.WARNING, logger="kubeinfer.runtime.shadow.target")
     await watcher.start()
     try:
         assert [t.candidate_digest for t in seen] == ["sha256:abc"]  # read before start returns
-        await asyncio.sleep(0.1)
+        await polled(5)
         assert len(seen) == 1  # unchanged content: nothing new
 
         publish(VALID.replace("sha256:abc", "sha256:def"), 1)
@@ -293,7 +307,7 @@ async def test_the_watcher_follows_the_file_and_reports_a_bad_one_once(
 
         publish("target: {url: 5}\n", 2)
         await eventually(warnings, what="the bad file reported", in_thread=False)
-        await asyncio.sleep(0.2)  # ten polls of the same bad content (fewer when busy)
+        await polled(10)  # of the same bad content
         assert len(seen) == 2  # the previous target stays
         assert len(warnings()) == 1 and "target.url" in warnings()[0].getMessage()
         assert "kept the previous target" in warnings()[0].getMessage()
@@ -302,7 +316,7 @@ async def test_the_watcher_follows_the_file_and_reports_a_bad_one_once(
         await eventually(lambda: seen[-1] is None, what="mirroring off", in_thread=False)
         (tmp_path / "mirror.yaml").unlink()
         publish(VALID, 4)
-        await asyncio.sleep(0.1)
+        await polled(5)
         assert seen[-1] is None  # the file is gone: still off, and not an error
         assert len(warnings()) == 1
     finally:

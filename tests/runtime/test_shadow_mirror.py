@@ -52,6 +52,7 @@ from kubeinfer.runtime.shadow.controller import ShadowController
 from kubeinfer.runtime.shadow.mirror import Mirror
 from prometheus_client import CollectorRegistry, generate_latest
 from served_app import app_of
+from waiting import eventually
 
 X = np.random.default_rng(1).standard_normal((2, 16)).astype(np.float32)
 LOGITS = np.random.default_rng(2).standard_normal((2, 10)).astype(np.float32)
@@ -86,7 +87,7 @@ class Scripted:
         body = await request.read()
         self.received.append((body, dict(request.headers)))
         self.arrived.set()
-        await asyncio.sleep(self.delay)
+        await asyncio.sleep(self.delay)  # not a wait: the candidate's answer is this slow
         length = request.headers.get(HEADER_LENGTH_HEADER)
         status, payload, headers = self.answer(body, int(length) if length else None)
         return web.Response(status=status, body=payload, headers=headers)
@@ -117,13 +118,6 @@ def target(url: str, percent: int = 100, **policy: int) -> MirrorTarget:
 
 def aggregates_for(to: MirrorTarget) -> RunningAggregates:
     return RunningAggregates(to, "m", "1", ShadowMetrics(CollectorRegistry()))
-
-
-async def until(condition: Callable[[], bool], seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        await asyncio.sleep(0.005)
 
 
 INPUTS = {"input": ("FP32", X)}
@@ -187,7 +181,12 @@ async def test_the_candidate_gets_binary_inputs_and_is_asked_for_binary_outputs(
     await mirror.start()
     try:
         mirror.offer(INPUTS, SERVING, 0.003)
-        await until(lambda: aggregates.outcomes["compared"] == 1)
+        await eventually(
+            lambda: aggregates.outcomes["compared"] == 1,
+            what="1 compared",
+            every=0.005,
+            in_thread=False,
+        )
     finally:
         await mirror.close()
     body, headers = candidate.received[0]
@@ -217,7 +216,12 @@ async def test_a_kubeinfer_candidate_is_compared_and_timed_by_its_server_timing(
         await mirror.start()
         for _ in range(5):
             mirror.offer(INPUTS, serving, 0.0001)
-        await until(lambda: aggregates.outcomes["compared"] == 5)
+        await eventually(
+            lambda: aggregates.outcomes["compared"] == 5,
+            what="5 compared",
+            every=0.005,
+            in_thread=False,
+        )
         await mirror.close()
     finally:
         await runner.cleanup()
@@ -245,7 +249,12 @@ async def test_the_candidates_latency_is_its_own_server_timing(scripted) -> None
     await mirror.start()
     for _ in range(3):
         mirror.offer(INPUTS, SERVING, 0.002)
-    await until(lambda: aggregates.outcomes["compared"] == 3)
+    await eventually(
+        lambda: aggregates.outcomes["compared"] == 3,
+        what="3 compared",
+        every=0.005,
+        in_thread=False,
+    )
     await mirror.close()
     latency = aggregates.status()["latency"]
     assert 0.123 / 2 ** (1 / 6) < latency["candidateP99Seconds"] <= 0.123 * 2 ** (1 / 6)
@@ -260,7 +269,12 @@ async def test_without_server_timing_the_round_trip_stands_in(scripted) -> None:
     mirror = Mirror(to, aggregates)
     await mirror.start()
     mirror.offer(INPUTS, SERVING, 0.001)
-    await until(lambda: aggregates.outcomes["compared"] == 1)
+    await eventually(
+        lambda: aggregates.outcomes["compared"] == 1,
+        what="1 compared",
+        every=0.005,
+        in_thread=False,
+    )
     await mirror.close()
     assert aggregates.status()["latency"]["candidateP99Seconds"] >= 0.06 / 2 ** (1 / 6)
 
@@ -278,7 +292,13 @@ async def test_a_slow_candidate_times_out_and_what_does_not_fit_is_dropped(scrip
             mirror.offer(INPUTS, SERVING, 0.001)
         assert time.perf_counter() - started < 0.05
         assert aggregates.outcomes["dropped"] == 8 and mirror.queued == 2
-        await until(lambda: aggregates.outcomes["timeout"] == 2, seconds=3)
+        await eventually(
+            lambda: aggregates.outcomes["timeout"] == 2,
+            within=3,
+            what="2 timeout",
+            every=0.005,
+            in_thread=False,
+        )
         assert mirror.queued == 0 and mirror.queued_bytes == 0
     finally:
         await mirror.close()
@@ -323,10 +343,17 @@ async def test_a_failing_candidate_is_counted_and_logged_once_without_traceback(
     aggregates = aggregates_for(to)
     mirror = Mirror(to, aggregates)
     await mirror.start()
-    for _ in range(20):
+    for taken in range(1, 21):  # each taken alone: twenty attempts, none batched
         mirror.offer(INPUTS, SERVING, 0.001)
-        await asyncio.sleep(0)
-    await until(lambda: aggregates.outcomes["candidate_error"] == 20)
+        await eventually(
+            lambda: mirror.queued == 0, what=f"offer {taken} taken", every=0.005, in_thread=False
+        )
+    await eventually(
+        lambda: aggregates.outcomes["candidate_error"] == 20,
+        what="20 candidate_error",
+        every=0.005,
+        in_thread=False,
+    )
     await mirror.close()
     assert aggregates.outcomes["dropped"] == 0 and aggregates.outcomes["compared"] == 0
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -350,9 +377,15 @@ async def test_a_refusing_candidate_is_not_retried_until_its_backoff_ends(
         return len([r for r in caplog.records if r.levelno == logging.DEBUG])
 
     async def offer_and_settle() -> None:
+        # each offer ends as a candidate_error, counted (and logged) once it is settled
+        settled = aggregates.outcomes["candidate_error"] + 1
         mirror.offer(INPUTS, SERVING, 0.001)
-        await until(lambda: mirror.queued == 0)
-        await asyncio.sleep(0.05)
+        await eventually(
+            lambda: aggregates.outcomes["candidate_error"] == settled,
+            what=f"{settled} candidate errors",
+            every=0.005,
+            in_thread=False,
+        )
 
     await mirror.start()
     try:
@@ -383,7 +416,12 @@ async def test_an_answer_of_another_shape_is_a_mismatch(scripted) -> None:
     mirror = Mirror(to, aggregates)
     await mirror.start()
     mirror.offer(INPUTS, {"logits": ("FP32", LOGITS[:, :4])}, 0.001)
-    await until(lambda: aggregates.outcomes["compared"] == 1)
+    await eventually(
+        lambda: aggregates.outcomes["compared"] == 1,
+        what="1 compared",
+        every=0.005,
+        in_thread=False,
+    )
     await mirror.close()
     assert aggregates.mismatches == 1 and aggregates.max_abs_difference is None
 
@@ -402,7 +440,7 @@ async def test_close_cancels_work_in_flight_at_once_and_records_nothing_after(sc
     await mirror.close()
     assert time.perf_counter() - started < 1.0
     mirror.offer(INPUTS, SERVING, 0.001)  # a closed mirror takes nothing
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # not a wait: time for cancelled work to record, which it must not
     assert aggregates.outcomes == dict.fromkeys(aggregates.outcomes, 0)
 
 
@@ -426,7 +464,12 @@ async def test_the_controller_keeps_aggregates_for_a_new_share_and_restarts_for_
     first = target(url, percent=100)
     await controller.apply(first)
     controller.offer(INPUTS, SERVING, 0.001)
-    await until(lambda: controller.status()["requests"]["compared"] == 1)
+    await eventually(
+        lambda: controller.status()["requests"]["compared"] == 1,
+        what="1 compared by the controller",
+        every=0.005,
+        in_thread=False,
+    )
 
     await controller.apply(first.model_copy(update={"traffic_percent": 50}))
     status = controller.status()

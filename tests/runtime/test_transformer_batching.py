@@ -15,7 +15,6 @@ are padded; the slot buffer bytes match what the engine allocated.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +35,7 @@ from models.transformer_models import (
     encoder_inputs,
 )
 from onnx import TensorProto, helper
+from waiting import eventually
 
 TEXT = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -158,22 +158,23 @@ async def serve_queued(
         return await batcher.infer(request, rows, shape=shape)
 
     first = asyncio.create_task(infer(requests[0]))
-    await until(lambda: engine.running == 1, "the first request held in the slot")
+    await eventually(
+        lambda: engine.running == 1,
+        what="the first request held in the slot",
+        every=0.001,
+        in_thread=False,
+    )
     others = [asyncio.create_task(infer(r)) for r in requests[1:]]
-    await until(lambda: batcher.queued == len(others), "the others queued")
+    await eventually(
+        lambda: batcher.queued == len(others),
+        what="the others queued",
+        every=0.001,
+        in_thread=False,
+    )
     engine.gate.set()
     answers = await asyncio.gather(first, *others)
     await batcher.close()
     return answers
-
-
-async def until(check: Callable[[], bool], what: str) -> None:
-    """Lets the event loop turn until `check` holds (the batcher runs in this loop)."""
-    for _ in range(10_000):
-        if check():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"never: {what}")
 
 
 def _typed(request: dict[str, np.ndarray]) -> dict[str, tuple[str, np.ndarray]]:
