@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from kubeinfer.operator.handlers import configure_kopf
 from kubeinfer.operator.kube.leader_election import Election
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.telemetry.exporter import StatusBoard
+from waiting import eventually  # the tests import it from here too
 
 IDS = ("kubeinfer.io/v1alpha1", "inferencedeployments")
 OPERATOR_ACCOUNT = "kubeinfer-operator"
@@ -97,20 +97,6 @@ def manifest(model: Model, name: str = "resnet", version: str = "1", **spec: Any
         "metadata": {"name": name},
         "spec": body,
     }
-
-
-async def eventually(check: Callable[[], Any], within: float = 30.0, what: str = "") -> Any:
-    """Polls `check` in a worker thread (it may call the API server; the operator runs in
-    this event loop) until it returns something truthy; fails after `within` seconds
-    saying what was awaited."""
-    deadline = time.monotonic() + within
-    while True:
-        result = await asyncio.to_thread(check)
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"Timed out after {within} s waiting for {what or check}")
-        await asyncio.sleep(0.05)
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any] | None:

@@ -27,7 +27,8 @@ from kubeinfer.runtime.batching.queue import Batcher
 from kubeinfer.runtime.serve_command import ServeSettings, config_from_settings
 from prometheus_client.parser import text_string_to_metric_families
 from served_app import app_of
-from test_batch_scheduler import rows, until
+from test_batch_scheduler import rows
+from waiting import eventually
 
 ADAPTIVE = BatchingPolicyKind.ADAPTIVE
 
@@ -61,17 +62,19 @@ async def a_free_slot_takes_a_request_within(policy: BatchingPolicy, gated) -> f
     held = second = None
     try:
         await batcher.infer(rows(1), 1)
-        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)
+        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)  # not a wait: a decision interval passes
         gated.gate.clear()
         held = asyncio.create_task(batcher.infer(rows(1), 1))
-        await until(lambda: gated.running == 1, "the first batch running")
+        await eventually(
+            lambda: gated.running == 1, what="the first batch running", every=0.002, in_thread=False
+        )
         started = asyncio.get_running_loop().time()
         second = asyncio.create_task(batcher.infer(rows(1), 1))
-        for _ in range(250):
-            if gated.running == 2:
-                return asyncio.get_running_loop().time() - started
-            await asyncio.sleep(0.002)
-        return None
+        try:
+            await eventually(lambda: gated.running == 2, within=0.5, every=0.002, in_thread=False)
+        except AssertionError:
+            return None
+        return asyncio.get_running_loop().time() - started
     finally:
         gated.gate.set()
         await asyncio.gather(*(t for t in (held, second) if t), return_exceptions=True)
@@ -131,7 +134,7 @@ async def test_an_adaptive_runtime_reports_its_slo_setting_and_measurements(
                 *(client.post("/v2/models/tiny/infer", json=body(n)) for n in (1, 3, 4, 8))
             )
             assert [a.status for a in answers] == [200] * 4
-            await asyncio.sleep(DECISION_INTERVAL_SECONDS)
+            await asyncio.sleep(DECISION_INTERVAL_SECONDS)  # not a wait: a decision interval passes
         await client.post("/v2/models/tiny/infer", json=body(1))  # a step after the interval
 
         status = await (await client.get("/v2/batching")).json()
@@ -184,12 +187,19 @@ async def test_batches_are_timed_apart_alone_and_beside_another(gated) -> None:
     await batcher.start()
     try:
         await batcher.infer(rows(4), 4)  # alone
-        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)
+        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)  # not a wait: a decision interval passes
         gated.gate.clear()
         first = asyncio.create_task(batcher.infer(rows(1), 1))
-        await until(lambda: gated.running == 1, "the first batch running")
+        await eventually(
+            lambda: gated.running == 1, what="the first batch running", every=0.002, in_thread=False
+        )
         second = asyncio.create_task(batcher.infer(rows(2), 2))  # no delay: beside it
-        await until(lambda: gated.running == 2, "the second batch running beside it")
+        await eventually(
+            lambda: gated.running == 2,
+            what="the second batch running beside it",
+            every=0.002,
+            in_thread=False,
+        )
         gated.gate.set()
         await asyncio.gather(first, second)
         status = batcher.batching_status()
@@ -208,22 +218,31 @@ async def test_slots_that_slow_each_other_down_run_one_batch_at_a_time(gated) ->
     await batcher.start()
     try:
         await batcher.infer(rows(1), 1)  # alone: fast
-        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)
+        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)  # not a wait: a decision interval passes
         gated.gate.clear()
         held = [asyncio.create_task(batcher.infer(rows(1), 1))]
-        await until(lambda: gated.running == 1, "a batch running")
+        await eventually(
+            lambda: gated.running == 1, what="a batch running", every=0.002, in_thread=False
+        )
         held.append(asyncio.create_task(batcher.infer(rows(1), 1)))
-        await until(lambda: gated.running == 2, "two batches side by side")
-        await asyncio.sleep(0.05)  # beside each other: 50 ms
+        await eventually(
+            lambda: gated.running == 2,
+            what="two batches side by side",
+            every=0.002,
+            in_thread=False,
+        )
+        await asyncio.sleep(0.05)  # not a wait: the 50 ms the two spend beside each other
         gated.gate.set()
         await asyncio.gather(*held)
-        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)
+        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)  # not a wait: a decision interval passes
 
         gated.gate.clear()
         first = asyncio.create_task(batcher.infer(rows(1), 1))
-        await until(lambda: gated.running == 1, "the next batch running")
+        await eventually(
+            lambda: gated.running == 1, what="the next batch running", every=0.002, in_thread=False
+        )
         second = asyncio.create_task(batcher.infer(rows(1), 1))
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.3)  # not a wait: time for a second batch to start, which must not
         assert gated.running == 1, "a second batch started beside the first"
         status = batcher.batching_status()
         assert (status["concurrentBatches"], status["parallelSlots"]) == (1, 1.0)

@@ -18,6 +18,7 @@ from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, Runt
 from kubeinfer.runtime.http.app import DATAPLANE
 from prometheus_client import generate_latest
 from served_app import app_of
+from waiting import eventually
 
 
 def body(timeout_us: int | None = None) -> dict:
@@ -47,11 +48,9 @@ async def client(gated, tiny_model):
 async def hold_the_slot(client: TestClient, gated) -> asyncio.Task:
     gated.gate.clear()
     task = asyncio.create_task(client.post("/v2/models/tiny/infer", json=body()))
-    for _ in range(500):
-        if gated.running:
-            return task
-        await asyncio.sleep(0.002)
-    raise AssertionError("the first request never reached the engine")
+    await eventually(lambda: gated.running, what="the first request on the engine",
+                     every=0.002, in_thread=False)  # fmt: skip
+    return task
 
 
 async def test_a_full_queue_is_a_503_with_retry_after(client, gated) -> None:
@@ -59,7 +58,10 @@ async def test_a_full_queue_is_a_503_with_retry_after(client, gated) -> None:
     queued = [
         asyncio.create_task(client.post("/v2/models/tiny/infer", json=body())) for _ in range(2)
     ]
-    await asyncio.sleep(0.05)
+    batcher = client.app[DATAPLANE].batcher
+    await eventually(
+        lambda: batcher.queued == 2, what="the queue full", every=0.002, in_thread=False
+    )
     # With the slot held, anything but a refusal would wait 10 s for the gate.
     refusal = asyncio.create_task(client.post("/v2/models/tiny/infer", json=body()))
     if not (await asyncio.wait({refusal}, timeout=1))[0]:
@@ -90,8 +92,9 @@ async def test_a_request_past_its_timeout_is_a_504_and_never_runs(client, gated)
 
 async def test_draining_turns_readiness_off_and_refuses_new_requests(client, gated) -> None:
     running = await hold_the_slot(client, gated)
-    drain = asyncio.create_task(client.app[DATAPLANE].batcher.drain(10))
-    await asyncio.sleep(0.01)
+    batcher = client.app[DATAPLANE].batcher
+    drain = asyncio.create_task(batcher.drain(10))
+    await eventually(lambda: batcher.draining, what="the drain", every=0.002, in_thread=False)
     assert (await client.get("/v2/health/ready")).status == 503
     assert (await client.get("/v2/models/tiny/ready")).status == 503
     refused = await client.post("/v2/models/tiny/infer", json=body())

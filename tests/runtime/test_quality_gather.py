@@ -31,7 +31,8 @@ from kubeinfer.runtime.shadow.comparison import compare_request, compare_request
 from kubeinfer.runtime.shadow.mirror import Mirror
 from kubeinfer.runtime.shadow.quality import QualityAggregates
 from prometheus_client import CollectorRegistry
-from test_shadow_mirror import Scripted, serve, target, until
+from test_shadow_mirror import Scripted, serve, target
+from waiting import eventually
 
 RNG = np.random.default_rng(11)
 CLASSES = 10
@@ -160,7 +161,12 @@ async def test_samples_go_as_one_request_and_each_is_judged_on_its_own_rows(refe
                 logits[0, (logits.argmax() + 1) % CLASSES] = logits.max() + 1
             mirror.offer({"input": ("FP32", inputs[tenant])}, {"logits": ("FP32", logits)},
                          0.001, tenant)  # fmt: skip
-        await until(lambda: aggregates.outcomes["compared"] == len(tenants))
+        await eventually(
+            lambda: aggregates.outcomes["compared"] == len(tenants),
+            what="one comparison per tenant",
+            every=0.005,
+            in_thread=False,
+        )
     finally:
         await mirror.close()
     assert rows_received(scripted) == [(6, 16)]  # one request to the reference
@@ -184,7 +190,12 @@ async def test_a_gather_holds_at_most_gather_rows_and_sends_at_once_when_they_wa
         started = asyncio.get_running_loop().time()
         for _ in range(8):  # two full batches wait: neither waits for the 30 s
             mirror.offer({"input": ("FP32", x)}, {"logits": ("FP32", logits_of(x))}, 0.001)
-        await until(lambda: aggregates.outcomes["compared"] == 8)
+        await eventually(
+            lambda: aggregates.outcomes["compared"] == 8,
+            what="8 compared",
+            every=0.005,
+            in_thread=False,
+        )
         assert asyncio.get_running_loop().time() - started < 5
     finally:
         await mirror.close()
@@ -209,7 +220,12 @@ async def test_requests_that_do_not_stack_go_apart_and_a_shadow_sends_each_alone
         try:
             for x in offers:
                 mirror.offer({"input": ("FP32", x)}, {"logits": ("FP32", logits_of(x))}, 0.001)
-            await until(lambda a=aggregates: a.outcomes["compared"] == len(offers))
+            await eventually(
+                lambda a=aggregates: a.outcomes["compared"] == len(offers),
+                what="every offer compared",
+                every=0.005,
+                in_thread=False,
+            )
         finally:
             await mirror.close()
         assert sorted(rows_received(scripted)) == sorted(expected), gather_rows

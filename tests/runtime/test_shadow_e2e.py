@@ -326,7 +326,7 @@ def test_exactly_the_share_of_requests_answered_200_is_mirrored(shadows) -> None
         if i % 3 == 0:  # refused requests are neither counted nor mirrored
             assert shadows.serving.request("POST", "/v2/models/tiny/infer", bad)[0] == 400
     wait_compared(shadows, 10)
-    time.sleep(0.1)
+    time.sleep(0.1)  # not a wait: time for an eleventh comparison to show, which must not
     assert shadows.serving.shadow()["requests"]["compared"] == 10  # 25 % of 40, exactly
     assert candidate_requests(shadows.int8) - before == 10
 
@@ -364,7 +364,7 @@ def test_switching_the_target_file_a_to_b_to_empty(shadows) -> None:
 
     switch(shadows, None)
     infer_many(shadows, 10, seed=5)
-    time.sleep(0.2)
+    time.sleep(0.2)  # not a wait: time for a mirrored request to show, which must not
     assert candidate_requests(b) == before[b.port] + 10  # nothing mirrored any more
     assert shadows.serving.shadow()["candidate"] is None
     assert shadow_samples(shadows.serving) == {}
@@ -381,7 +381,8 @@ def test_an_invalid_file_keeps_the_target_and_is_logged_once(shadows) -> None:
         return [line for line in log.splitlines() if "Ignored the mirror target file" in line]
 
     wait_for(reports, what="the invalid file reported")
-    time.sleep(POLL_MS / 1000 * 6)  # several polls of the same bad content
+    # not a wait: several polls of the same bad content, which must not be reported again
+    time.sleep(POLL_MS / 1000 * 6)
     infer_many(shadows, 10, seed=6)
     status = wait_compared(shadows, 10)
     assert status["candidate"]["digest"] == shadows.digests["int8"]  # still mirrored

@@ -29,7 +29,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +38,7 @@ from aiohttp import ClientSession
 from kubeinfer.contract.runtime_config import BatchingPolicy
 from prometheus_client import generate_latest
 from serve_process import ServeProcess, head, read_response
+from waiting import eventually, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -106,6 +106,7 @@ def client_loop(server: ServeProcess, outcomes: Outcomes, seed: int, per_request
         elif response.status != 503 or response.getheader("Retry-After") != "1":
             outcomes.wrong.append(f"{response.status} {payload[:200]!r}")
         else:
+            # not a wait: a client that honours Retry-After, as the drain expects
             time.sleep(int(response.getheader("Retry-After")))
         if per_request:
             connection.close()
@@ -120,8 +121,13 @@ def run_until_sigterm(server: ServeProcess, clients: int, per_request: bool) -> 
     ]
     for thread in threads:
         thread.start()
-    wait(lambda: sum(outcomes.answered.values()) >= 3 * clients, "the load", 60)
-    wait(lambda: server.metric("kubeinfer_queue_depth") >= 4, "a queue", 30)
+    wait_for(
+        lambda: sum(outcomes.answered.values()) >= 3 * clients,
+        within=60,
+        what="the load",
+        every=0.01,
+    )
+    wait_for(lambda: server.metric("kubeinfer_queue_depth") >= 4, what="a queue", every=0.01)
     signalled = time.monotonic()
     server.terminate()
     assert server.process.wait(timeout=GRACE_SECONDS + 10) == 0
@@ -130,13 +136,6 @@ def run_until_sigterm(server: ServeProcess, clients: int, per_request: bool) -> 
         thread.join(timeout=30)
     assert exited < GRACE_SECONDS / 3, f"exit took {exited:.1f} s"
     return outcomes
-
-
-def wait(condition: Callable[[], bool], what: str, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} never came"
-        time.sleep(0.01)
 
 
 def check(outcomes: Outcomes, server: ServeProcess) -> None:
@@ -164,10 +163,10 @@ def test_an_upload_in_progress_gets_its_result(spin_model: Path) -> None:
         body, expected = request_body(7)
         with server.socket(timeout=GRACE_SECONDS) as sock:
             sock.sendall(head(server.infer_path, server.port, len(body)) + body[:40])
-            wait(lambda: server.metric("kubeinfer_requests_in_progress") == 1, "admission", 10)
+            wait_for(lambda: server.metric("kubeinfer_requests_in_progress") == 1, what="admission")
             server.terminate()
-            wait(lambda: server.request("GET", "/v2/health/ready")[0] == 503, "unready", 10)
-            time.sleep(0.3)
+            wait_for(lambda: server.request("GET", "/v2/health/ready")[0] == 503, what="unready")
+            time.sleep(0.3)  # not a wait: the upload goes on a while into the drain
             sock.sendall(body[40:])
             status, headers, answer = read_response(sock)
             assert status == 200, answer
@@ -218,17 +217,20 @@ async def test_sigterm_answers_every_accepted_request_and_exits_0(
 
         gated.gate.clear()
         accepted = [asyncio.create_task(infer(x)) for x in inputs]
+
         # Every request accepted; one batch held on the engine by the gate, the rest queued.
-        while not (gated.running == 1 and all_in_progress in generate_latest(registry).decode()):
+        def all_accepted() -> bool:
             assert not any(task.done() for task in accepted), "answered with the gate shut"
-            await asyncio.sleep(0.002)
+            return gated.running == 1 and all_in_progress in generate_latest(registry).decode()
+
+        await eventually(all_accepted, what="every request accepted", every=0.002, in_thread=False)
         os.kill(os.getpid(), signal.SIGTERM)  # to serve's handler, on this loop
-        for _ in range(15_000):  # the signal is handled on this loop, soon after
+
+        async def unready() -> bool:  # the signal is handled on this loop, soon after
             async with client.get("/v2/health/ready") as readiness:
-                if readiness.status == 503:
-                    break
-            await asyncio.sleep(0.002)
-        assert readiness.status == 503
+                return readiness.status == 503
+
+        await eventually(unready, what="unready after the signal", every=0.002)
         status, headers, refusal = await infer(inputs[0])
         assert status == 503 and headers["Retry-After"] == "1", refusal
         assert not serving.task.done()  # draining: the accepted requests are still held

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 import struct
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,6 +38,7 @@ from serve_process import ServeProcess
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("onnxruntime_extensions")
@@ -221,25 +221,28 @@ def _samples(served: Served) -> list:
 
 def _settled_shadow(served: Served) -> dict:
     """/v2/shadow once every request answered so far has had its mirror outcome."""
-    deadline = time.monotonic() + 30
-    while True:
+    seen: list[tuple[float, dict]] = []
+
+    def settled() -> dict | None:
         answered = sum(
             s.value for s in _samples(served)
             if s.name == "kubeinfer_requests_total" and s.labels.get("code") == "200"
         )  # fmt: skip
         status = _shadow(served)
-        if sum(status["requests"].values()) >= answered:
-            return status
-        assert time.monotonic() < deadline, (answered, status)
-        time.sleep(0.02)
+        seen.append((answered, status))
+        return status if sum(status["requests"].values()) >= answered else None
+
+    return wait_for(settled, what=lambda: f"a mirror outcome per answer; saw {seen[-1]}")
 
 
 def _wait_compared(served: Served, count: int) -> dict:
-    deadline = time.monotonic() + 30
-    while (status := _shadow(served))["requests"]["compared"] < count:
-        assert time.monotonic() < deadline, status
-        time.sleep(0.02)
-    return status
+    seen: list[dict] = []
+
+    def compared() -> dict | None:
+        seen.append(status := _shadow(served))
+        return status if status["requests"]["compared"] >= count else None
+
+    return wait_for(compared, what=lambda: f"{count} compared; saw {seen[-1]}")
 
 
 def test_the_digits_mlp_answers_scikit_learns_labels_over_both_transports(

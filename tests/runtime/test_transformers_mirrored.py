@@ -13,7 +13,6 @@ with other weights, disagreeing, measured, not a mismatch.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,6 +20,7 @@ import pytest
 import tritonclient.http as triton
 from models.transformer_models import EncoderConfig, build_encoder, encoder_inputs
 from serve_process import ServeProcess
+from waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -59,19 +59,20 @@ def figures(serving: ServeProcess, path: str) -> dict:
 
 
 def wait_for_compared(serving: ServeProcess, count: int) -> tuple[dict, dict]:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    seen: list[tuple[dict, dict]] = []
+
+    def compared() -> tuple[dict, dict] | None:
         shadow, quality = figures(serving, "/v2/shadow"), figures(serving, "/v2/quality")
-        if shadow["requests"]["compared"] >= count and quality["requests"]["compared"] >= count:
-            return shadow, quality
-        time.sleep(0.05)
-    raise AssertionError(f"not all compared: {shadow['requests']}, {quality['requests']}")
+        seen.append((shadow["requests"], quality["requests"]))
+        done = min(shadow["requests"]["compared"], quality["requests"]["compared"]) >= count
+        return (shadow, quality) if done else None
+
+    return wait_for(compared, within=60, what=lambda: f"all compared; saw {seen[-1]}")
 
 
 def test_answers_of_every_length_are_compared_request_by_request(mirrored: ServeProcess) -> None:
     client = triton.InferenceServerClient(f"127.0.0.1:{mirrored.port}")
-    while not figures(mirrored, "/v2/shadow")["active"]:  # the target file read
-        time.sleep(0.05)
+    wait_for(lambda: figures(mirrored, "/v2/shadow")["active"], what="the target file read")
     rng = np.random.default_rng(4)
     lengths = [3, 17, 64, 120, 9, 33, 128, 1]
     for length in lengths:
