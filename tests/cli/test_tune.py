@@ -385,7 +385,7 @@ async def test_the_open_loop_charges_a_server_that_falls_behind_for_its_queue() 
                 assert length is not None
                 await reader.readexactly(int(length.group(1)))
                 async with lock:
-                    await asyncio.sleep(service_s)
+                    await asyncio.sleep(service_s)  # not a wait: the fake server's service time
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):

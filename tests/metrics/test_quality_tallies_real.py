@@ -184,6 +184,7 @@ def prometheus(tmp_path: Path, cluster: Cluster) -> Iterator[PrometheusServer]:
 
 
 def wait_until(moment: datetime) -> None:
+    # not a wait: the tally window's time passes
     time.sleep(max(0.0, (moment - datetime.now(UTC)).total_seconds()))
 
 

@@ -294,5 +294,5 @@ async def test_pods_lister_asks_the_api_for_the_scopes_pods(local_cluster) -> No
 
 
 async def _answer(pods: list[dict]) -> list[dict]:
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # not a wait: one loop turn, as an awaited lister answers
     return pods

@@ -116,6 +116,7 @@ async def test_pinned_deployment_gets_its_children_and_then_no_writes(
         for child in found:
             assert child.metadata.owner_references[0].uid == obj["metadata"]["uid"]
         versions = {child.metadata.name: child.metadata.resource_version for child in found}
+        # not a wait: four resyncs pass, which must change nothing
         await asyncio.sleep(4 * FAST.requeue.resync_interval_seconds)
         # Services and ConfigMaps have no controller writing their status: any change of
         # their resourceVersion would be ours. (The Deployment's moves as pods start.)

@@ -130,8 +130,8 @@ async def handed_over_turns_apart(batcher: Batcher, company_turns: int) -> None:
         admission = batcher.admit()
         admission.company_turns = company_turns
         answers.append(asyncio.ensure_future(batcher.infer(one_row(), 1, admission=admission)))
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # not a wait: two loop turns apart, as grpc.aio hands RPCs over
+        await asyncio.sleep(0)  # not a wait: two loop turns apart, as grpc.aio hands RPCs over
     for answer in answers:
         assert (await answer)["logits"].shape == (1, 10)
 

@@ -27,11 +27,12 @@ async def _read(body: bytes, declared: bool, limit: int = 64 * 2**20) -> bytes |
     async def send() -> None:  # in parts, as a socket delivers them
         for start in range(0, len(body), PART):
             reader.feed_data(body[start : start + PART])
+            # not a wait: the parts arrive a loop turn apart, as from a socket
             await asyncio.sleep(0)
         reader.feed_eof()
 
     sender = asyncio.create_task(send())
-    await asyncio.sleep(0)  # the first part is there, the rest comes while reading
+    await asyncio.sleep(0)  # not a wait: the first part is there, the rest comes while reading
     try:
         return await read_body(request, limit, time.monotonic() + 30, 10, time.monotonic)
     finally:

@@ -26,7 +26,7 @@ async def test_all_is_on_only_when_every_toggle_is_and_releases_its_waiters_then
     second = await toggles.make_toggle(True, name="second")
     assert toggles.is_off()
     waiter = asyncio.create_task(toggles.wait_for(True))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # not a wait: one loop turn: the waiter waits before the toggle turns
     await first.turn_to(True)
     await asyncio.wait_for(waiter, 1)
     await second.turn_to(False)
@@ -46,7 +46,7 @@ async def test_any_is_on_while_one_toggle_is() -> None:
     paused = await toggles.make_toggle(True, name="peering")
     assert toggles.is_on()
     waiter = asyncio.create_task(toggles.wait_for(False))
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # not a wait: one loop turn: the waiter waits before the toggle turns
     await paused.turn_to(False)
     await asyncio.wait_for(waiter, 1)
     await paused.turn_to(True)
@@ -73,7 +73,8 @@ async def test_a_start_with_many_objects_checks_the_set_linearly(objects: int) -
     for index in range(objects):  # kopf's watcher: a toggle per object, then its worker
         toggle = await indexed.make_toggle(name=f"object {index}")
         waiters.append(asyncio.create_task(indexed.wait_for(True)))
-        await asyncio.sleep(0)  # the worker waits before the next object comes
+        # not a wait: one loop turn: the worker waits before the next object comes
+        await asyncio.sleep(0)
         await indexed.drop_toggle(toggle)  # its index handlers ran
     await indexed.drop_toggle(blocker)  # the listing is over
     await asyncio.wait_for(asyncio.gather(*waiters), 5)

@@ -331,6 +331,7 @@ async def test_triggers_arriving_together_share_one_pass(world: World, tiny: Mod
     gets = await audited(
         lambda: [c for c in world.calls() if c.verb == "get" and c.resource == IDS[1]], 1
     )
+    # not a wait: a second pass's GET would be audited by now
     await asyncio.sleep(0.5)  # a second pass's GET would be written by now
     gets = [c for c in world.calls() if c.verb == "get" and c.resource == IDS[1]]
     assert len(gets) == 1, "one pass for ten triggers"
@@ -362,6 +363,7 @@ async def test_passes_share_the_slots_and_waiting_passes_join_triggers(
             await reading_alpha.wait()
             joining = [asyncio.ensure_future(reconciler.reconcile(world.namespace, "charlie"))
                        for _ in range(10)]  # fmt: skip
+            # not a wait: one loop turn: charlie's ten triggers join before alpha goes on
             await asyncio.sleep(0)
             go_on.set()
             await asyncio.gather(*first, *joining)
@@ -382,7 +384,7 @@ async def test_passes_share_the_slots_and_waiting_passes_join_triggers(
         within=10,
         what="three status writes audited",
     )
-    await asyncio.sleep(0.5)  # a late request would be audited by now
+    await asyncio.sleep(0.5)  # not a wait: a late request would be audited by now
     order = [owner_of(c) for c in named()]
     runs = [o for i, o in enumerate(order) if i == 0 or order[i - 1] != o]
     assert sorted(runs) == sorted(owners), f"one pass at a time, not interleaved: {order}"

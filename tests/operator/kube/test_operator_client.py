@@ -108,7 +108,7 @@ async def test_lists_are_read_in_pages_and_every_page_is_read(world: World) -> N
         ]
 
     await eventually(lambda: len(pages()) >= 3, what="the list requests in the audit log")
-    await asyncio.sleep(0.5)  # a page requested after the last would be logged by now
+    await asyncio.sleep(0.5)  # not a wait: a page requested after the last would be audited by now
     assert [q["limit"] for q in pages()] == [["3"]] * 3
     assert ["continue" in q for q in pages()] == [False, True, True]
 

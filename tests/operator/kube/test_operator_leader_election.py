@@ -130,7 +130,7 @@ async def test_a_leader_whose_lease_is_taken_stops_requeues_included(
         stopped_at = time.time()
         with pytest.raises(LeadershipLost):
             task.result()
-    await asyncio.sleep(3.5)  # past the pending resync
+    await asyncio.sleep(3.5)  # not a wait: past the pending resync, whose requests must not come
     after = [
         f"{e['verb']} {e['requestURI']}"
         for e in audit_events(world.cluster)
@@ -151,17 +151,19 @@ async def test_a_leader_whose_loop_is_busy_keeps_renewing_its_lease(world: World
             while blocked.is_set():
                 lease = world.kube.get(*LEASE, world.lease_name) or {}
                 renewals.append(str((lease.get("spec") or {}).get("renewTime")))
-                time.sleep(0.25)
+                time.sleep(0.25)  # not a wait: the Lease read every 0.25 s
 
         blocked.set()
         reader = threading.Thread(target=read_the_lease)
         reader.start()
         try:
+            # not a wait: the loop blocked this long is the test
             time.sleep(3 * TIMINGS["lease_duration_seconds"])  # noqa: ASYNC251 (blocks the loop)
         finally:
             blocked.clear()
             reader.join()
         assert len(set(renewals)) >= 3, f"renewed while the loop was blocked: {renewals}"
+        # not a wait: retry periods pass, in which it must keep leading
         await asyncio.sleep(2 * TIMINGS["retry_period_seconds"])
         assert not task.done() and holder(world) == "replica-a", "still leading"
 

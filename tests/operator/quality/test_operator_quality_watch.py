@@ -215,6 +215,7 @@ async def test_fallback_serves_the_fp32_engine_until_on_drift_is_alert_again(
             assert any(e.get("reason") == "QualityFallback" for e in world.events())
             # Whatever the traffic does now, serving stays on the fallback.
             scale[0] = 1.0
+            # not a wait: time for serving to leave the fallback, which it must not
             await asyncio.sleep(3)
             assert served_engine(world) == fallback["engineDigest"]
 

@@ -201,13 +201,14 @@ async def traffic_to(
             # A failed read keeps the last endpoints, as kube-proxy keeps its rules.
             with contextlib.suppress(Exception):
                 endpoints[:] = await asyncio.to_thread(ready_urls, world, service)
+            # not a wait: the endpoints are re-read every 0.2 s, as kube-proxy would
             await asyncio.sleep(0.2)
 
     async def client(index: int) -> None:
         async with aiohttp.ClientSession() as session:
             for count in itertools.count():
                 if not endpoints:
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)  # not a wait: paces a client with nowhere to send yet
                     continue
                 url = endpoints[(index + count) % len(endpoints)]
                 try:
@@ -217,8 +218,8 @@ async def traffic_to(
                         codes[answer.status] += 1
                 except (aiohttp.ClientError, OSError) as error:
                     codes[type(error).__name__] += 1
-                    await asyncio.sleep(0.05)
-                await asyncio.sleep(0.01)
+                    await asyncio.sleep(0.05)  # not a wait: a client's pause after a failed request
+                await asyncio.sleep(0.01)  # not a wait: paces the load
 
     tasks = [asyncio.create_task(follow_endpoints())]
     tasks += [asyncio.create_task(client(i)) for i in range(2)]

@@ -180,6 +180,7 @@ async def load(world: World, clients: int = CLIENTS) -> AsyncIterator[dict[int, 
             with contextlib.suppress(Exception):
                 found = await asyncio.to_thread(serving_endpoints, world)
                 urls[:] = sorted(found.values())
+            # not a wait: the endpoints are re-read every 0.5 s, as a Service's
             await asyncio.sleep(0.5)
 
     async def client() -> None:
@@ -191,7 +192,7 @@ async def load(world: World, clients: int = CLIENTS) -> AsyncIterator[dict[int, 
         ) as session:
             while True:
                 if not urls:
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)  # not a wait: paces a client with nowhere to send yet
                     continue
                 url = urls[next(turn) % len(urls)]
                 try:
@@ -199,7 +200,7 @@ async def load(world: World, clients: int = CLIENTS) -> AsyncIterator[dict[int, 
                         await answer.read()
                         codes[answer.status] = codes.get(answer.status, 0) + 1
                 except (aiohttp.ClientError, OSError):  # TimeoutError included
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)  # not a wait: a client's pause after a failed request
 
     tasks = [asyncio.create_task(follow_endpoints())]
     tasks += [asyncio.create_task(client()) for _ in range(clients)]
@@ -290,7 +291,8 @@ async def scale_through_an_outage(
             what="ScalingLimited TooManyReplicas",
         )
         assert 1 <= status(world)["autoscaling"]["desiredReplicas"] <= MAX_REPLICAS
-        await asyncio.sleep(3)  # settled at the demand: no overshoot, no flapping
+        # not a wait: settled at the demand, it must not overshoot or flap meanwhile
+        await asyncio.sleep(3)
         assert replicas(world) == MAX_REPLICAS
 
         # Prometheus goes away under load: the count holds, and the status says why.
@@ -301,6 +303,7 @@ async def scale_through_an_outage(
             what="ScalingActive=False MetricsUnavailable",
         )
     # ...and still holds once the load is gone: missing data never scales down.
+    # not a wait: polls pass without data, which must not scale down
     await asyncio.sleep(4 * SCALING_FAST.requeue.autoscale_poll_seconds + 5)
     assert replicas(world) == MAX_REPLICAS
     assert scaling_active(world)["status"] == "False"
