@@ -6,7 +6,9 @@ under `TYPE_CHECKING`)."""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -230,3 +232,99 @@ def test_a_library_whose_private_modules_are_imported_is_pinned_to_the_minor_tes
                 f"{sorted(files)} import private modules of {distribution}: declare it as "
                 f"{distribution}{pin} (the minor installed and tested), not {requirement!r}"
             )
+
+
+TESTS = ROOT / "tests"
+NOT_A_WAIT = "# not a wait:"
+WAITING_NAME = re.compile(r"_?(wait|until|eventually|poll|block_until)(_\w+)?")
+OWNED_ELSEWHERE = {
+    # Its one sleep (a watcher's pacing) is for the known-answer work to mark.
+    "tests/operator/test_operator_known_answers.py",
+}
+
+
+def _is_sleep(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    if isinstance(func, ast.Attribute):
+        return (
+            func.attr == "sleep"
+            and isinstance(func.value, ast.Name)
+            and (func.value.id in ("time", "asyncio"))
+        )
+    return isinstance(func, ast.Name) and func.id == "sleep"
+
+
+def _marked(lines: list[str], call: ast.Call) -> bool:
+    """The marker on the call's own lines, or on a comment line right above it."""
+    own = lines[call.lineno - 1 : call.end_lineno]
+    above = lines[call.lineno - 2].strip() if call.lineno > 1 else ""
+    return any(NOT_A_WAIT in line for line in own) or (
+        above.startswith("#") and NOT_A_WAIT in above
+    )
+
+
+def _sleeps_and_polling_helpers(source: str) -> tuple[list[int], list[str]]:
+    """The lines of the sleeps without the marker, and the functions named as a waiting
+    helper that sleep in a loop (their own polling helper, marker or not)."""
+    tree, lines = ast.parse(source), source.splitlines()
+    bare = [n.lineno for n in ast.walk(tree) if _is_sleep(n) and not _marked(lines, n)]
+    helpers = [
+        f"{function.name} (line {function.lineno})"
+        for function in ast.walk(tree)
+        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef)
+        and WAITING_NAME.fullmatch(function.name)
+        for loop in ast.walk(function)
+        if isinstance(loop, ast.For | ast.AsyncFor | ast.While)
+        and any(_is_sleep(n) for n in ast.walk(loop))
+    ]
+    return bare, sorted(set(helpers))
+
+
+def test_tests_wait_on_conditions_through_the_one_helper() -> None:
+    """Tests wait for what they need through `tests/support/waiting.py` (`wait_for`,
+    `eventually`), which hold on a busy machine where a sleep that was long enough on an
+    idle one does not. So outside tests/support no function named as a waiting helper
+    (`wait...`, `until...`, `eventually`, `poll...`) sleeps in a loop, and in the tests
+    (the benchmarks, scripts that pace load and settle measurements, aside) each
+    `time.sleep`/`asyncio.sleep` that remains is the thing under test (a slow client,
+    paced load, an absence window) and says so: `# not a wait: why`, on its line or on a
+    comment line right above it."""
+    bare: dict[str, list[int]] = {}
+    helpers: dict[str, list[str]] = {}
+    for path in sorted(TESTS.rglob("*.py")):
+        name = str(path.relative_to(ROOT))
+        if path.is_relative_to(TESTS / "support") or name in OWNED_ELSEWHERE:
+            continue
+        sleeps, defined = _sleeps_and_polling_helpers(path.read_text())
+        if sleeps and not path.is_relative_to(TESTS / "benchmarks"):
+            bare[name] = sleeps
+        if defined:
+            helpers[name] = defined
+    assert helpers == {}, f"polling helpers of their own (use tests/support/waiting): {helpers}"
+    assert bare == {}, f"sleeps without {NOT_A_WAIT!r} (wait on the condition instead): {bare}"
+
+
+@pytest.mark.parametrize(
+    ("source", "bare", "helpers"),
+    [
+        ("import time\ntime.sleep(1)\n", [2], []),
+        ("import time\ntime.sleep(1)  # not a wait: a slow client\n", [], []),
+        ("import time\n# not a wait: a slow client\ntime.sleep(\n    1\n)\n", [], []),
+        ("import time\n# settles\ntime.sleep(1)\n", [3], []),
+        ("from asyncio import sleep\nasync def f():\n    await sleep(0)\n", [3], []),
+        (
+            "import time\ndef until(ok):\n    while not ok():\n"
+            "        time.sleep(0.01)  # not a wait: honest?\n",
+            [],
+            ["until (line 2)"],
+        ),
+        ("def wait_ready(ps):\n    for p in ps:\n        p.wait()\n", [], []),
+        ("s = 'time.sleep(60)'\n", [], []),
+    ],
+)
+def test_the_waiting_check_finds_bare_sleeps_and_polling_helpers(
+    source: str, bare: list[int], helpers: list[str]
+) -> None:
+    assert _sleeps_and_polling_helpers(source) == (bare, helpers)

@@ -56,6 +56,9 @@ from checkout_site import package_links
 from kubeinfer.cluster import netns
 from kubeinfer.operator.settings import LeaderElection
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # waiting
+from waiting import wait_for
+
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "inferencedeployments.kubeinfer.io.yaml"
 PRODUCTS = ("NVIDIA-H100-80GB-HBM3", "NVIDIA-H200", "NVIDIA-L4", "NVIDIA-A10G")
@@ -182,11 +185,11 @@ class Fleet:
 
     @staticmethod
     def _wait(check: Any, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"waited {timeout:.0f} s for {check}")
-            time.sleep(0.2)
+        """`wait_for`, failing with a TimeoutError (a phase's row keeps what it measured)."""
+        try:
+            wait_for(check, within=timeout, every=0.2)
+        except AssertionError as error:
+            raise TimeoutError(str(error)) from None
 
 
 def ready_in_api(obj: dict[str, Any]) -> bool:

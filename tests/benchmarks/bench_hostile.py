@@ -81,6 +81,7 @@ from servers import HOST, REPO, ServerProcess, ServerSpec, free_port, http_get
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # the spin model
 from onnx_models import build_spin_model
+from waiting import wait_for
 
 MIB = 1024 * 1024
 MODEL = "small"
@@ -434,9 +435,11 @@ def refusal_cost(tree: Tree, spin_model: Path, logs: Path, binary: bool, count: 
         holders = [socket.create_connection((HOST, port)) for _ in range(2)]
         try:
             holders[0].sendall(raw_request(port, SPIN_FOREVER))
-            wait_until(lambda: metric(port, "kubeinfer_inflight_batches") == 1)
+            wait_for(lambda: metric(port, "kubeinfer_inflight_batches") == 1, within=60,
+                     what="the spinning batch running", every=0.01)  # fmt: skip
             holders[1].sendall(raw_request(port, SPIN_FOREVER))
-            wait_until(lambda: metric(port, "kubeinfer_queue_depth") == 1)
+            wait_for(lambda: metric(port, "kubeinfer_queue_depth") == 1, within=60,
+                     what="the second request queued", every=0.01)  # fmt: skip
             raw = raw_request(port, body, headers)
             before = main_thread_cpu_ns(process.pid)
             statuses = asyncio.run(refused_in_a_loop(port, raw, count, 8))
@@ -448,14 +451,6 @@ def refusal_cost(tree: Tree, spin_model: Path, logs: Path, binary: bool, count: 
             process.wait()
     assert set(statuses) == {503}, statuses
     return spent / sum(statuses.values()) / 1000
-
-
-def wait_until(condition: Callable[[], bool], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise RuntimeError("the server never got there")
-        time.sleep(0.01)
 
 
 def refusal_cost_report(trees: list[Tree], scratch: Path, rounds: int, quick: bool) -> str:

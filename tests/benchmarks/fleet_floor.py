@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import shutil
 import signal
@@ -32,6 +33,9 @@ from typing import Any
 import fleet_probe as probe
 from bench_fleet import PRODUCTS, Fleet
 from kubeinfer.cluster import netns
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # waiting
+from waiting import wait_for
 
 KWOK = {"nodeSelector": {"type": "kwok"},
         "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists",
@@ -97,13 +101,18 @@ def create(fleet: Fleet, requests: list[tuple[str, dict[str, Any]]]) -> None:
 
 def wait(fleet: Fleet, namespace: str, n: int, deadline: float, which: int) -> int:
     """Until all n are built (`which` 0) or ready (1), or the deadline; how many are."""
-    last = (-1, -1)
-    while (now := done(fleet, namespace))[which] < n and time.monotonic() < deadline:
-        if now != last:
+    seen = [(-1, -1)]
+
+    def all_done() -> bool:
+        now = done(fleet, namespace)
+        if now != seen[-1]:
             print(f"#   {now[0]} built, {now[1]} ready of {n}", flush=True)
-            last = now
-        time.sleep(2)
-    return now[which]
+        seen.append(now)
+        return now[which] >= n
+
+    with contextlib.suppress(AssertionError):  # the deadline: the row says how many
+        wait_for(all_done, within=max(0.0, deadline - time.monotonic()), every=2)
+    return seen[-1][which]
 
 
 def main() -> int:

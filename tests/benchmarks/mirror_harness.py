@@ -17,7 +17,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,9 @@ from servers import (
     kubeinfer_spec,
     link_source_tree,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # waiting
+from waiting import wait_for
 
 MODELS = {"small-mlp": (build_small_mlp, 512), "memory-bound-mlp": (build_memory_bound_mlp, 1024)}
 T = TypeVar("T")
@@ -162,15 +164,14 @@ def get_json(port: int, path: str) -> dict[str, Any]:
 
 
 def wait_until(read: Callable[[], T], holds: Callable[[T], bool], what: str) -> T:
-    """Polls `read()` until `holds` its value (10 s at most)."""
-    deadline = time.monotonic() + 10
-    while True:
-        value = read()
-        if holds(value):
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what}: {value}")
-        time.sleep(0.02)
+    """`read()`'s value once `holds` it (10 s at most), through tests/support/waiting."""
+    seen: list[T] = []
+
+    def held() -> tuple[T] | None:
+        seen.append(value := read())
+        return (value,) if holds(value) else None  # a tuple: truthy whatever the value
+
+    return wait_for(held, within=10, what=lambda: f"{what}: {seen[-1]}", every=0.02)[0]
 
 
 @dataclass
