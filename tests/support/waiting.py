@@ -8,6 +8,9 @@ return what the check returned, so a test can wait for an object and use it; bot
 naming what never came (`what`: a text, or a function giving one when the wait fails, to
 say the last state seen). The bounds are generous on purpose: they only decide how long a
 broken test takes to fail, never whether a working one passes.
+
+They are the tests' only polling helpers: a sleep elsewhere in the tests is the thing
+under test and says `# not a wait: why` (`tests/test_architecture.py` checks both).
 """
 
 from __future__ import annotations
