@@ -2,7 +2,8 @@
 the operator; serving and the engine build never import each other; pure decisions import
 no I/O; only engines import engine libraries), and they cover a module added to a package
 as well as those there now. No import cycle, between packages or between modules (not even
-under `TYPE_CHECKING`)."""
+under `TYPE_CHECKING`). The tests wait through their one helper (`tests/support/waiting.py`):
+no polling helper of their own, no sleep without `# not a wait: why`."""
 
 from __future__ import annotations
 
