@@ -13,6 +13,7 @@ MLP, behind the gate where a slot must be held busy):
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -52,17 +53,33 @@ def test_the_batcher_refuses_adaptive_batching_without_an_slo(tiny_engine) -> No
         Batcher(tiny_engine, BatchingPolicy(policy=ADAPTIVE))
 
 
+class SteppedClock:
+    """The batcher's clock: the monotonic one, stepped ahead on demand, so that a decision
+    interval passes between two batches without the test sleeping through it (each
+    batch's own time, read while no step is taken, stays the real one)."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.ahead
+
+    def pass_decision_interval(self) -> None:
+        self.ahead += DECISION_INTERVAL_SECONDS * 2
+
+
 async def a_free_slot_takes_a_request_within(policy: BatchingPolicy, gated) -> float | None:
     """With one of two slots held busy, the seconds until a second request runs on the
     other (None: not within 0.5 s). One request runs first, so a batch is measured."""
+    clock = SteppedClock()
     batcher = Batcher(
-        gated, policy, slo_p99_latency_milliseconds=0.001, inline_below_seconds=0.0
+        gated, policy, slo_p99_latency_milliseconds=0.001, inline_below_seconds=0.0, clock=clock
     )  # no batch inline: a held one would hold the event loop
     await batcher.start()
     held = second = None
     try:
         await batcher.infer(rows(1), 1)
-        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)  # not a wait: a decision interval passes
+        clock.pass_decision_interval()
         gated.gate.clear()
         held = asyncio.create_task(batcher.infer(rows(1), 1))
         await eventually(
@@ -183,11 +200,14 @@ async def test_a_static_runtime_reports_its_configured_values(tiny_engine, tiny_
 
 async def test_batches_are_timed_apart_alone_and_beside_another(gated) -> None:
     policy = BatchingPolicy(policy=ADAPTIVE, execution_slots=2)
-    batcher = Batcher(gated, policy, slo_p99_latency_milliseconds=0.001, inline_below_seconds=0.0)
+    clock = SteppedClock()
+    batcher = Batcher(
+        gated, policy, slo_p99_latency_milliseconds=0.001, inline_below_seconds=0.0, clock=clock
+    )
     await batcher.start()
     try:
         await batcher.infer(rows(4), 4)  # alone
-        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)  # not a wait: a decision interval passes
+        clock.pass_decision_interval()
         gated.gate.clear()
         first = asyncio.create_task(batcher.infer(rows(1), 1))
         await eventually(
@@ -214,11 +234,14 @@ async def test_slots_that_slow_each_other_down_run_one_batch_at_a_time(gated) ->
     # Two batches held side by side take far longer than one alone: measured so, the two
     # slots are worth one, and a second batch waits for the first instead of starting.
     policy = BatchingPolicy(policy=ADAPTIVE, execution_slots=2)
-    batcher = Batcher(gated, policy, slo_p99_latency_milliseconds=60_000, inline_below_seconds=0.0)
+    clock = SteppedClock()
+    batcher = Batcher(
+        gated, policy, slo_p99_latency_milliseconds=60_000, inline_below_seconds=0.0, clock=clock
+    )
     await batcher.start()
     try:
         await batcher.infer(rows(1), 1)  # alone: fast
-        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)  # not a wait: a decision interval passes
+        clock.pass_decision_interval()
         gated.gate.clear()
         held = [asyncio.create_task(batcher.infer(rows(1), 1))]
         await eventually(
@@ -234,7 +257,7 @@ async def test_slots_that_slow_each_other_down_run_one_batch_at_a_time(gated) ->
         await asyncio.sleep(0.05)  # not a wait: the 50 ms the two spend beside each other
         gated.gate.set()
         await asyncio.gather(*held)
-        await asyncio.sleep(DECISION_INTERVAL_SECONDS * 2)  # not a wait: a decision interval passes
+        clock.pass_decision_interval()
 
         gated.gate.clear()
         first = asyncio.create_task(batcher.infer(rows(1), 1))
