@@ -1,5 +1,6 @@
-"""`kubectl infd status NAME` and `answers NAME`: an InferenceDeployment's status as a person reads it. Pure:
-the object as the API server returns it, and `now` for the ages, in; lines out.
+"""`kubectl infd status NAME` and `answers NAME`: an InferenceDeployment's status as a
+person reads it. Pure: the object as the API server returns it, and `now` for the ages,
+in; lines out.
 
 Five blocks: the summary (phase, Ready and Degraded with their reasons and messages, the
 replicas), the versions (the engine the spec asks for, the serving version and the shadow

@@ -6,12 +6,13 @@ as `rule_files`).
 
 Two kinds of source. The operator's own series (`kubeinfer operator --metrics-port`) carry
 its verdicts: a failed build, a failed shadow, quality drift, the autoscaler held at
-maxReplicas, metrics it cannot read, a pod taken out for wrong answers, a suspect node. An alert on them says what the status says, with the
-operator's own judgement (its significance test, its backoff), so it never disagrees with
-`kubectl describe`. The runtime's series carry what only Prometheus sees over time: p99
-against the object's SLO, and the quality watch's plain thresholds (a class or a slice
-below 90 % agreement over an hour on 200 rows or more; a reference losing most samples),
-which complement the operator's verdict for a dashboard's Prometheus.
+maxReplicas, metrics it cannot read, a pod taken out for wrong answers, a suspect node.
+An alert on them says what the status says, with the operator's own judgement (its
+significance test, its backoff), so it never disagrees with `kubectl describe`. The
+runtime's series carry what only Prometheus sees over time: p99 against the object's SLO,
+and the quality watch's plain thresholds (a class or a slice below 90 % agreement over an
+hour on 200 rows or more; a reference losing most samples), which complement the
+operator's verdict for a dashboard's Prometheus.
 """
 
 from __future__ import annotations

@@ -520,7 +520,8 @@ def test_answers_prints_the_status_the_checks_wrote_to_a_user_who_may_only_get(
             for i, r in enumerate(WRONG)
         ]
         assert [row[6:8] for row in answer_rows(out)] == [
-            ["6", "0.4001 (tolerance 0.1398)"], ["3", "-"]
+            ["6", "0.4001 (tolerance 0.1398)"],
+            ["3", "-"],
         ]
         assert "Suspect nodes: node-1" in out
         code, out, err = setup.run("status", "answered", "--context", "ml")
