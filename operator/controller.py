@@ -220,10 +220,10 @@ class Reconciler:
             except Exception:
                 self._schedule(namespace, name, self.settings.requeue.resync_interval_seconds)
                 raise
+            if self.settings.known_answers.taint_suspect_nodes:
+                await self._sync_taints()  # before `_forget`: no await may follow that
             if outcome.decision is None:
                 self._forget(key)
-            if self.settings.known_answers.taint_suspect_nodes:
-                await self._sync_taints()
             else:
                 delay = outcome.decision.requeue_after_seconds
                 self._schedule(

@@ -4,11 +4,13 @@ operator's setting `known_answers.taint_suspect_nodes` asks. Thin I/O.
 
 One labelled LIST finds the nodes the operator tainted (its mark); a node to taint that is
 not among them is read with one GET. Each is written with a JSON patch guarded by its
-resourceVersion. The nodes are looked at again only when the set of suspect nodes changed
-or `max_age_seconds` (the resync interval) passed, so a fleet of objects costs one list
-per interval, not one per pass. A write that fails (the node changed meanwhile, or is
-gone, or the operator may not patch nodes) is logged and retried at the next sync: the
-taint keeps new pods off a node and is never what an object's own pass depends on.
+resourceVersion, and written again on a fresh read where the node changed meanwhile (the
+kubelet and the node controllers write nodes often). The nodes are looked at again only
+when the set of suspect nodes changed or `max_age_seconds` (the resync interval) passed,
+so a fleet of objects costs one list per interval, not one per pass. A write that fails
+(the node kept changing, or the operator may not patch nodes) is logged and retried at
+the next sync: the taint keeps new pods off a node and is never what an object's own pass
+depends on.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from kubeinfer.operator.kube.client import ApiError, KubeClient
+from kubeinfer.operator.kube.client import ApiError, JsonPatch, KubeClient, KubeObject
 from kubeinfer.operator.kube.resources import NODE
 from kubeinfer.operator.reconcile.node_taints import (
     MARK_LABEL,
@@ -31,6 +33,9 @@ from kubeinfer.operator.reconcile.node_taints import (
 )
 
 logger = logging.getLogger(__name__)
+
+WRITE_ATTEMPTS = 3
+"""Tries of one node's write, each on a fresh read after the node changed under it."""
 
 
 class SuspectNodeTaints:
@@ -69,9 +74,10 @@ class SuspectNodeTaints:
             for name in plan.taint:
                 try:
                     node = by_name.get(name) or await self.client.get(NODE, "", name)
-                    if node is None:
+                    if node is None or not await self._patch(
+                        node, lambda n: taint_operations(n, now)
+                    ):
                         continue  # gone: nothing new lands on it anyway
-                    await self.client.json_patch(NODE, "", name, taint_operations(node, now))
                 except ApiError as error:
                     logger.warning("Node not tainted: node=%s error=%s", name, error)
                     failed = True
@@ -81,14 +87,35 @@ class SuspectNodeTaints:
                 writes += 1
             for name in plan.untaint:
                 try:
-                    await self.client.json_patch(NODE, "", name, untaint_operations(by_name[name]))
+                    if not await self._patch(by_name[name], untaint_operations):
+                        continue
                 except ApiError as error:
-                    if error.status != 404:
-                        logger.warning("Node not untainted: node=%s error=%s", name, error)
-                        failed = True
+                    logger.warning("Node not untainted: node=%s error=%s", name, error)
+                    failed = True
                     continue
                 logger.info("Node untainted: node=%s taint=%s (no InferenceDeployment names "
                             "it suspect any more)", name, TAINT_KEY)  # fmt: skip
                 writes += 1
             self._synced = None if failed else (suspect, complete, self.clock())
             return writes
+
+    async def _patch(self, node: KubeObject, operations: Callable[[KubeObject], JsonPatch]) -> bool:
+        """Writes `operations(node)`, read again and rebuilt where the node changed since it
+        was read (409, or 422: its resourceVersion test failed; the kubelet and the node
+        controllers write nodes often), up to WRITE_ATTEMPTS times; False where it is
+        gone."""
+        name = str(node["metadata"]["name"])
+        for attempt in range(1, WRITE_ATTEMPTS + 1):
+            try:
+                await self.client.json_patch(NODE, "", name, operations(node))
+                return True
+            except ApiError as error:
+                if error.status == 404:
+                    return False
+                if error.status not in (409, 422) or attempt == WRITE_ATTEMPTS:
+                    raise
+            fresh = await self.client.get(NODE, "", name)
+            if fresh is None:
+                return False
+            node = fresh
+        return False

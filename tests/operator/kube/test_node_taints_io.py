@@ -3,7 +3,8 @@ the API server's nodes, which applies the JSON patches it gets (a stale resource
 refused with 422, as the server refuses a failed `test`): the suspect nodes end tainted
 and marked, a node no longer suspect ends untainted, another's taint stays; an unchanged
 set of suspects within the interval reads nothing; a refused write is tried again at the
-next sync; a node that is gone is skipped."""
+next sync; a node changed under a write is read again and written; a node that is
+gone is skipped."""
 
 from __future__ import annotations
 
@@ -100,3 +101,54 @@ async def test_a_refused_write_is_tried_again_at_the_next_sync() -> None:
     api.refuse.clear()
     assert await taints.sync(frozenset({"n1"}), True, NOW) == 1, "not waiting for the interval"
     assert api.ours("n1")
+
+
+async def test_a_node_changed_under_the_write_is_read_again_and_written() -> None:
+    api = Nodes("n1")
+    taints = SuspectNodeTaints(api, 60, lambda: 0.0)  # type: ignore[arg-type]
+    listed = api.list
+
+    async def stale(resource: Any, namespace: str, selector: str) -> list[dict[str, Any]]:
+        found = await listed(resource, namespace, selector)
+        api.nodes["n1"]["metadata"]["resourceVersion"] = "9"  # the node controller wrote it
+        return found
+
+    assert await taints.sync(frozenset({"n1"}), True, NOW) == 1
+    api.list = stale  # type: ignore[method-assign]
+    assert await taints.sync(frozenset(), True, NOW) == 1, "written on a fresh read"
+    assert not api.ours("n1")
+
+
+async def test_the_reconciler_taints_the_nodes_any_object_names_its_own_last_status_first() -> None:
+    """The controller's union: the watch's copies of every object, this operator's last
+    status of each over them (fresher), a deleted object's nodes not counted."""
+    from kubeinfer.operator.api.v1alpha1.status import InferenceDeploymentStatus
+    from kubeinfer.operator.controller import Reconciler
+    from kubeinfer.operator.kube.cache import OWNERS_INDEX, CachedReader
+    from kubeinfer.operator.settings import OperatorSettings
+    from kubeinfer.operator.telemetry.exporter import Report
+
+    def body(namespace: str, name: str, nodes: list[str], deleting: bool = False) -> dict:
+        meta = {"namespace": namespace, "name": name}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-12-02T13:59:00Z"
+        return {"metadata": meta, "status": {"suspectNodes": nodes}}
+
+    api = Nodes("n1", "n2", "n3", "n4")
+    api.nodes["n4"]["metadata"]["labels"][MARK_LABEL] = "true"  # tainted by an earlier pass
+    api.nodes["n4"]["spec"]["taints"].append({"key": TAINT_KEY, "effect": "NoSchedule"})
+    reader = CachedReader(api)  # type: ignore[arg-type]
+    owners = {
+        ("a", "x"): [body("a", "x", ["n1"])],
+        ("b", "y"): [body("b", "y", ["n2"])],
+        ("c", "z"): [body("c", "z", ["n3"], deleting=True)],
+    }
+    reader.attach({OWNERS_INDEX: owners})
+    settings = OperatorSettings.model_validate({"known_answers": {"taint_suspect_nodes": True}})
+    reconciler = Reconciler(api, settings, reader=reader)  # type: ignore[arg-type]
+    reconciler.board.record(("b", "y"), Report(InferenceDeploymentStatus(suspect_nodes=[])))
+    try:
+        await reconciler._sync_taints()
+    finally:
+        await reconciler.close()
+    assert [api.ours(n) for n in ("n1", "n2", "n3", "n4")] == [True, False, False, False]
