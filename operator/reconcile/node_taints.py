@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-TAINT_KEY = "kubeinfer.io/suspect-answers"
+from kubeinfer.operator.state import names
+
+TAINT_KEY = names.TAINT_SUSPECT_ANSWERS
 TAINT_EFFECT = "NoSchedule"
 MARK_LABEL = TAINT_KEY
 """The label on each node the operator tainted: its own taints, found by a label selector."""
