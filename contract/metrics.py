@@ -341,6 +341,22 @@ INFERENCE_DEPLOYMENT_READY_REPLICAS = Series(
     OBJECT_LABELS,
     "Serving pods ready (status.readyReplicas).",
 )
+INFERENCE_DEPLOYMENT_WRONG_ANSWERS = Series(
+    "kubeinfer_inferencedeployment_wrong_answers",
+    "gauge",
+    (*OBJECT_LABELS, "pod", "node", "reason"),
+    "1 for each pod the known-answer checks took out of serving that still exists "
+    "(status.wrongAnswers), labelled with its node and reason (KnownAnswersFailed or "
+    "AnswersDifferFromPeers). A pod taken out leaves its Service and PodMonitor, so its own "
+    "kubeinfer_known_answers_failing is no longer scraped; this series stays.",
+)
+INFERENCE_DEPLOYMENT_SUSPECT_NODE = Series(
+    "kubeinfer_inferencedeployment_suspect_node",
+    "gauge",
+    (*OBJECT_LABELS, "node"),
+    "1 for each node where pods of more than one engine of this InferenceDeployment answered "
+    "wrong (status.suspectNodes): the node, not an engine, is the likely cause.",
+)
 METRICS_READERS = ("shadow", "quality", "scaling")
 """What the operator reads from the serving pods' metrics: the shadow verdict's aggregates,
 the quality watch's window, the autoscaler's signals."""

@@ -53,9 +53,11 @@ from kubeinfer.operator.kube.cache import CachedReader, Lister
 from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, POD_MONITOR, ApiError, KubeClient
 from kubeinfer.operator.kube.gather import gather, pods_lister
 from kubeinfer.operator.kube.known_answers import apply_answers, gather_answers
+from kubeinfer.operator.kube.node_taints import SuspectNodeTaints
 from kubeinfer.operator.kube.nodes import GpuNodes
 from kubeinfer.operator.metrics_sources.factory import MetricsSources
 from kubeinfer.operator.reconcile.decide import decide, decide_forbidden, decide_invalid
+from kubeinfer.operator.reconcile.node_taints import suspects
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state.decision import Decision
 from kubeinfer.operator.state.known_answers import AnswerMemory, AnswerReadings
@@ -144,6 +146,8 @@ class Reconciler:
         """The metrics sources, made once and kept for the operator's life."""
         self.gpu_nodes = GpuNodes(client, settings.requeue.resync_interval_seconds)
         """The cluster's GPU nodes, for objects on a mixed GPU fleet (one list for all)."""
+        self.taints = SuspectNodeTaints(client, settings.requeue.resync_interval_seconds)
+        """The suspect nodes' taints, with known_answers.taint_suspect_nodes (all objects)."""
         self._closed = False
 
     def tracked(self) -> set[tuple[str, str]]:
@@ -216,6 +220,8 @@ class Reconciler:
             except Exception:
                 self._schedule(namespace, name, self.settings.requeue.resync_interval_seconds)
                 raise
+            if self.settings.known_answers.taint_suspect_nodes:
+                await self._sync_taints()  # before `_forget`: no await may follow that
             if outcome.decision is None:
                 self._forget(key)
             else:
@@ -239,6 +245,21 @@ class Reconciler:
         self.board.forget(key)
         if key not in self._queued:
             self._locks.pop(key, None)
+
+    async def _sync_taints(self) -> None:
+        """The suspect nodes of every object (the board's fresher statuses over the watch's
+        copies) tainted, the others' taints removed; only with the watch's index can the
+        operator know no object names a node any more."""
+        listed = self.owners.owners_listed() if self.owners is not None else None
+        stored = {
+            (body["metadata"].get("namespace") or "", body["metadata"]["name"]):
+            (body.get("status") or {}).get("suspectNodes") or []
+            for body in listed or () if not body["metadata"].get("deletionTimestamp")
+        }  # fmt: skip
+        fresh = {key: report.status.suspect_nodes for key, report in self.board.items()}
+        complete = listed is not None
+        fresh = {key: nodes for key, nodes in fresh.items() if not complete or key in stored}
+        await self.taints.sync(suspects(stored, fresh), complete, self.clock())
 
     async def _read(self, key: tuple[str, str]) -> dict[str, Any] | None:
         """The object from the watch's index when it is at least as new as what the

@@ -23,7 +23,9 @@ read the serving pods' /metrics directly when no Prometheus is configured. Disco
 Nodes are read for mixed GPU fleets (`kube.nodes`: which GPU products the cluster has):
 list and watch, nothing else, granted by a ClusterRole of their own (`node_rules`), since
 nodes belong to no namespace; `kubeinfer rbac` prints it beside the Role or ClusterRole
-above, and the chart binds it in both of its modes.
+above, and the chart binds it in both of its modes. Patching nodes (the suspect nodes'
+taint, `kubeinfer.io/suspect-answers`) is granted apart, by `NODE_TAINT_RULES`, and only
+where the setting `known_answers.taint_suspect_nodes` asks for it.
 
 With `--leader-election`, a second Role in the operator's own namespace lets it create
 its Lease and get and update (renew, release) that one Lease by name (`lease_rules`); the
@@ -101,6 +103,12 @@ NODE_RULES: tuple[Rule, ...] = (_rule((NODE,), ("get", "list", "watch")),)
 """The cluster-scoped reads: the GPU nodes, for mixed GPU fleets, and the node of each
 serving pod, for the hardware its known answers are compared on."""
 
+NODE_TAINT_RULES: tuple[Rule, ...] = (_rule((NODE,), ("patch",)),)
+"""Only with the setting `known_answers.taint_suspect_nodes`: the suspect nodes' taint
+(`kubeinfer.io/suspect-answers`) and its mark label, added and removed. A ClusterRole of
+its own, granted only where the setting asks (`kubeinfer rbac --taint-suspect-nodes`, the
+chart's `settings.knownAnswers.taintSuspectNodes`)."""
+
 DEFAULT_LEASE_NAME = "kubeinfer-operator"
 
 
@@ -142,6 +150,16 @@ def node_role_document(name: str = "kubeinfer-operator-nodes") -> dict[str, Any]
         "kind": "ClusterRole",
         "metadata": _metadata(name, None),
         "rules": [rule.to_dict() for rule in NODE_RULES],
+    }
+
+
+def node_taint_role_document(name: str = "kubeinfer-operator-node-taints") -> dict[str, Any]:
+    """The ClusterRole that lets the operator taint suspect nodes (and untaint them)."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": _metadata(name, None),
+        "rules": [rule.to_dict() for rule in NODE_TAINT_RULES],
     }
 
 
@@ -236,6 +254,30 @@ subjects:
   - kind: ServiceAccount
     name: {{{{ .Release.Name }}}}-operator
     namespace: {{{{ .Release.Namespace }}}}
+{{{{- if .Values.settings.knownAnswers.taintSuspectNodes }}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {{{{ .Release.Name }}}}-operator-node-taints
+{{{{- include "kubeinfer.rbacLabels" . }}}}
+rules:
+{node_taint_rules}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {{{{ .Release.Name }}}}-operator-node-taints
+{{{{- include "kubeinfer.rbacLabels" . }}}}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {{{{ .Release.Name }}}}-operator-node-taints
+subjects:
+  - kind: ServiceAccount
+    name: {{{{ .Release.Name }}}}-operator
+    namespace: {{{{ .Release.Namespace }}}}
+{{{{- end }}}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
@@ -273,10 +315,12 @@ def _rule_line(rule: Rule) -> str:
 def helm_template() -> str:
     """The Helm chart's `templates/rbac.yaml`: a Role and RoleBinding per watched
     namespace, else a ClusterRole and ClusterRoleBinding; the nodes' ClusterRole and
-    ClusterRoleBinding; and the leader election Role and RoleBinding in the release's
-    namespace."""
+    ClusterRoleBinding; the suspect nodes' taint ClusterRole and ClusterRoleBinding, only
+    with settings.knownAnswers.taintSuspectNodes; and the leader election Role and
+    RoleBinding in the release's namespace."""
     return HELM_TEMPLATE.format(
         rules="\n".join(_rule_line(rule) for rule in RULES),
         node_rules="\n".join(_rule_line(rule) for rule in NODE_RULES),
+        node_taint_rules="\n".join(_rule_line(rule) for rule in NODE_TAINT_RULES),
         lease_rules="\n".join(_rule_line(rule) for rule in lease_rules(HELM_LEASE_NAME)),
     )

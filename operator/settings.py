@@ -168,6 +168,18 @@ class Metrics(_Group):
         return value
 
 
+class KnownAnswers(_Group):
+    """What the known-answer checks (spec.knownAnswers, docs/known-answers.md) do beyond
+    an InferenceDeployment's own pods."""
+
+    taint_suspect_nodes: bool = False
+    """Taint each node an InferenceDeployment's status.suspectNodes names (pods of more
+    than one engine answered wrong there) with `kubeinfer.io/suspect-answers:NoSchedule`,
+    so nothing new is scheduled there, and remove the taint once no InferenceDeployment
+    names the node. Off: the status names the node and nothing is done to it. On, the
+    operator needs `patch` on nodes (the chart grants it only then)."""
+
+
 class Api(_Group):
     """The operator's requests to the API server (kopf's `networking`)."""
 
@@ -244,6 +256,7 @@ class OperatorSettings(BaseSettings):
     build: Annotated[Build, NoDecode] = Build()
     pods: Annotated[Pods, NoDecode] = Pods()
     metrics: Annotated[Metrics, NoDecode] = Metrics()
+    known_answers: Annotated[KnownAnswers, NoDecode] = KnownAnswers()
     api: Annotated[Api, NoDecode] = Api()
     leader_election: Annotated[LeaderElection, NoDecode] = LeaderElection()
 

@@ -15,7 +15,16 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from kubeinfer.cli.monitoring.values import MonitoringValues
-from kubeinfer.operator.settings import Api, Build, Images, LeaderElection, Metrics, Pods, Requeue
+from kubeinfer.operator.settings import (
+    Api,
+    Build,
+    Images,
+    KnownAnswers,
+    LeaderElection,
+    Metrics,
+    Pods,
+    Requeue,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 OPERATOR_REPOSITORY = "ghcr.io/kubeinfer/kubeinfer-operator"
@@ -87,6 +96,10 @@ class OperatorSettingsValues(_Values):
 
     pods: Pods = Pods()
     """The runtime pods' shutdown."""
+
+    known_answers: KnownAnswers = KnownAnswers()
+    """What the known-answer checks do beyond an object's own pods: with
+    taintSuspectNodes, the chart also grants the operator `patch` on nodes."""
 
     api: Api = Api()
     """The operator's requests to the API server."""

@@ -2,6 +2,8 @@
 
     kubectl infd status NAME       the engine, serving and candidate figures, the quality
                                    watch and the conditions, as a table
+    kubectl infd answers NAME      the replicas taken out for answering wrong (pod, node,
+                                   device, engine, probe, error) and the suspect nodes
     kubectl infd promote NAME      promote the shadow candidate now (--digest: only if it
                                    is still that engine)
     kubectl infd abort NAME        abort the shadow test
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         return sub
 
     command("status", "show the engine, serving and candidate figures and the quality watch")
+    command("answers", "show the replicas taken out for answering wrong, and suspect nodes")
     for action, summary in (
         ("promote", "promote the shadow candidate now, whatever its figures so far"),
         ("abort", "abort the shadow test: remove the candidate, keep serving as it is"),
@@ -106,6 +109,16 @@ def status(api_client: Any, namespace: str, args: argparse.Namespace) -> int:
     from kubeinfer.cli.kubectl_plugin.status_view import render
 
     print(render(_read(api_client, namespace, args.name), datetime.now(UTC)), end="")
+    return 0
+
+
+def answers(api_client: Any, namespace: str, args: argparse.Namespace) -> int:
+    from kubeinfer.cli.kubectl_plugin.status_view import wrong_answers
+
+    found = _read(api_client, namespace, args.name)
+    name = (found.get("metadata") or {}).get("name", args.name)
+    lines = [f"Name:       {name}", "", *wrong_answers(found, datetime.now(UTC), always=True)]
+    print("\n".join(lines))
     return 0
 
 
@@ -191,6 +204,7 @@ def build_logs(api_client: Any, namespace: str, args: argparse.Namespace) -> int
 
 HANDLERS = {
     "status": status,
+    "answers": answers,
     "promote": gate,
     "abort": gate,
     "exemplars": exemplars,

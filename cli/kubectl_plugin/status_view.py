@@ -1,11 +1,13 @@
-"""`kubectl infd status NAME`: an InferenceDeployment's status as a person reads it. Pure:
-the object as the API server returns it, and `now` for the ages, in; lines out.
+"""`kubectl infd status NAME` and `answers NAME`: an InferenceDeployment's status as a
+person reads it. Pure: the object as the API server returns it, and `now` for the ages,
+in; lines out.
 
-Four blocks: the summary (phase, Ready and Degraded with their reasons and messages, the
+Five blocks: the summary (phase, Ready and Degraded with their reasons and messages, the
 replicas), the versions (the engine the spec asks for, the serving version and the shadow
 candidate with its figures against the thresholds), the quality watch (overall, the worst
-class and slice, what drifts) and the conditions. A figure the operator has not read yet
-is `-`.
+class and slice, what drifts), the pods taken out for wrong answers (where there are any;
+`kubectl infd answers NAME` prints that block alone, always) and the conditions. A figure
+the operator has not read yet is `-`.
 """
 
 from __future__ import annotations
@@ -145,6 +147,55 @@ def quality(status: Obj) -> list[str]:
     return lines
 
 
+def _device(record: Obj) -> str:
+    if record.get("gpuProduct"):
+        return " ".join(str(record[k]) for k in ("gpuProduct", "gpuUuid") if record.get(k))
+    return str(record.get("cpuModel") or NONE)
+
+
+def _error(record: Obj) -> str:
+    """The probe's error and its tolerance; `not finite` where the runtime reported a NaN
+    or an infinity (the status leaves the error unset), `-` for a disagreement."""
+    if record.get("error") is None:
+        return "not finite" if record.get("reason") == "KnownAnswersFailed" else NONE
+    error = figure(float(record["error"]))
+    tolerance = record.get("tolerance")
+    return f"{error} (tolerance {figure(float(tolerance))})" if tolerance is not None else error
+
+
+def wrong_answers(obj: Obj, now: datetime, always: bool = False) -> list[str]:
+    """The pods the known-answer checks took out of serving (status.wrongAnswers, newest
+    first) and the suspect nodes. Nothing when there are none, unless `always` (the
+    `answers` command, which then says the checks' state)."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    records = status.get("wrongAnswers") or []
+    if not records and not always:
+        return []
+    lines = ["WRONG ANSWERS"]
+    if spec.get("knownAnswers") is None:
+        lines.append("  Known-answer checks are off (spec.knownAnswers is unset)")
+    else:
+        lines.append(f"  AnswersCorrect: {said(condition(status, 'AnswersCorrect'))}")
+    if records:
+        header = ["POD", "NODE", "DEVICE", "ENGINE", "REASON", "OUTPUT", "PROBE", "ERROR", "AGE"]
+        rows = [
+            [str(r.get("pod", "")), r.get("node") or NONE, _device(r),
+             short(r.get("engineDigest")), str(r.get("reason", "")), r.get("output") or NONE,
+             figure(r.get("probe")), _error(r), age(r.get("detected"), now)]
+            for r in records
+        ]  # fmt: skip
+        lines += table(header, rows)
+    elif always:
+        lines.append("  No pod taken out")
+    suspect = status.get("suspectNodes") or []
+    if suspect:
+        lines.append(
+            f"  Suspect nodes: {', '.join(suspect)} (pods of different engines answered wrong "
+            "there: the node is the likely cause)"
+        )
+    return lines
+
+
 def conditions(status: Obj, now: datetime) -> list[str]:
     rows = [
         [c.get("type", ""), c.get("status", ""), c.get("reason", ""),
@@ -157,5 +208,11 @@ def conditions(status: Obj, now: datetime) -> list[str]:
 def render(obj: Obj, now: datetime) -> str:
     """The whole view, blocks separated by a blank line."""
     status = obj.get("status") or {}
-    blocks = [summary(obj), versions(status), quality(status), conditions(status, now)]
+    blocks = [
+        summary(obj),
+        versions(status),
+        quality(status),
+        wrong_answers(obj, now),
+        conditions(status, now),
+    ]
     return "\n\n".join("\n".join(block) for block in blocks if block) + "\n"

@@ -6,12 +6,13 @@ as `rule_files`).
 
 Two kinds of source. The operator's own series (`kubeinfer operator --metrics-port`) carry
 its verdicts: a failed build, a failed shadow, quality drift, the autoscaler held at
-maxReplicas, metrics it cannot read. An alert on them says what the status says, with the
-operator's own judgement (its significance test, its backoff), so it never disagrees with
-`kubectl describe`. The runtime's series carry what only Prometheus sees over time: p99
-against the object's SLO, and the quality watch's plain thresholds (a class or a slice
-below 90 % agreement over an hour on 200 rows or more; a reference losing most samples),
-which complement the operator's verdict for a dashboard's Prometheus.
+maxReplicas, metrics it cannot read, a pod taken out for wrong answers, a suspect node.
+An alert on them says what the status says, with the operator's own judgement (its
+significance test, its backoff), so it never disagrees with `kubectl describe`. The
+runtime's series carry what only Prometheus sees over time: p99 against the object's SLO,
+and the quality watch's plain thresholds (a class or a slice below 90 % agreement over an
+hour on 200 rows or more; a reference losing most samples), which complement the
+operator's verdict for a dashboard's Prometheus.
 """
 
 from __future__ import annotations
@@ -108,6 +109,33 @@ OPERATOR = Group(
             "The autoscaler is held at spec.autoscaling.maxReplicas; latency grows with the "
             "load from here. Raise maxReplicas or add capacity.",
             for_="15m",
+        ),
+        Alert(
+            "KubeinferWrongAnswers",
+            promql.gauge(
+                series.INFERENCE_DEPLOYMENT_WRONG_ANSWERS, (*OBJECT, "pod", "node", "reason")
+            )
+            + " == 1",
+            "critical",
+            "InferenceDeployment {{ $labels.namespace }}/{{ $labels.name }}: pod "
+            "{{ $labels.pod }} on node {{ $labels.node }} answered wrong "
+            "({{ $labels.reason }})",
+            "The operator's known-answer check found the pod's engine answering its probes "
+            "wrong (KnownAnswersFailed) or otherwise than its peers on the same engine and "
+            "hardware (AnswersDifferFromPeers). The pod was taken out of its Service and "
+            "ReplicaSet (a replacement started) and kept as evidence. Read `kubectl infd "
+            "answers -n {{ $labels.namespace }} {{ $labels.name }}` and `kubectl logs -n "
+            "{{ $labels.namespace }} {{ $labels.pod }}`, then delete the pod; the alert "
+            "resolves when it is gone.",
+        ),
+        Alert(
+            "KubeinferSuspectNode",
+            promql.gauge(series.INFERENCE_DEPLOYMENT_SUSPECT_NODE, ("node",)) + " == 1",
+            "warning",
+            "Node {{ $labels.node }}: pods of different engines answered wrong on it",
+            "The node (its device, its CPU), not one engine, is the likely cause. Cordon it "
+            "(or let the operator taint it: settings.knownAnswers.taintSuspectNodes, "
+            "docs/known-answers.md) and check its hardware.",
         ),
         Alert(
             "KubeinferMetricsUnavailable",

@@ -1,6 +1,7 @@
 """The chart's Grafana dashboard, built with Grafana's own typed builders
 (`grafana-foundation-sdk`) from the contract's series: serving latency by model version,
-the batch queue, batch sizes, the shadow and the quality watch, GPU memory and replicas.
+the batch queue, batch sizes, the shadow and the quality watch, the known-answer checks,
+GPU memory and replicas.
 Rendered once into `helm/kubeinfer/files/monitoring/grafana-dashboard.json`, which the
 chart ships in a ConfigMap for Grafana's dashboard sidecar.
 
@@ -207,6 +208,48 @@ SECTIONS = (
                     ),
                 ),
                 max=1,
+            ),
+        ),
+    ),
+    Section(
+        "Known answers",
+        (
+            PanelSpec(
+                "Pods taken out for wrong answers",
+                "Pods the operator's known-answer checks took out of serving that still exist "
+                "(status.wrongAnswers), per InferenceDeployment, node and reason; each is kept "
+                "as evidence until deleted.",
+                "short",
+                (
+                    Target(
+                        promql.gauge(
+                            series.INFERENCE_DEPLOYMENT_WRONG_ANSWERS,
+                            ("namespace", "name", "node", "reason"),
+                            "sum",
+                            **NAMESPACE,
+                        ),
+                        "{{name}} on {{node}} ({{reason}})",
+                    ),
+                ),
+                min=0,
+            ),
+            PanelSpec(
+                "Known-answer error over tolerance",
+                "Each serving pod's latest known-answer run: its worst probe error on each "
+                "output over that output's tolerance. Above 1 fails; a pod creeping towards "
+                "it computes differently from the build node.",
+                "short",
+                (
+                    Target(
+                        promql.gauge(
+                            series.KNOWN_ANSWER_ERROR_RATIO,
+                            ("namespace", "pod", "output"),
+                            **SERVING,
+                        ),
+                        "{{pod}} {{output}}",
+                    ),
+                ),
+                min=0,
             ),
         ),
     ),

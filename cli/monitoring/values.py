@@ -44,7 +44,8 @@ class RuntimePodMonitor(Toggle):
 class PrometheusRule(Toggle):
     """The alert rules (files/monitoring/prometheus-rules.yaml) as a PrometheusRule: a
     build, a shadow or the quality watch failing, scaling held at maxReplicas, p99 above
-    the object's SLO, metrics the operator cannot read."""
+    the object's SLO, metrics the operator cannot read, a pod taken out for wrong
+    answers, a suspect node."""
 
 
 class Dashboard(Toggle):

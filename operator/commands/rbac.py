@@ -1,5 +1,6 @@
 """`kubeinfer rbac`: prints the operator's RBAC Role or ClusterRole (`kubeinfer.operator.rbac`
-holds the rules), its nodes' ClusterRole, the leader election's Role, or the Helm chart's
+holds the rules), its nodes' ClusterRole, the suspect nodes' taint ClusterRole, the leader
+election's Role, or the Helm chart's
 `templates/rbac.yaml`."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from kubeinfer.operator.rbac import (
     helm_template,
     lease_role_document,
     node_role_document,
+    node_taint_role_document,
     role_document,
 )
 
@@ -37,6 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--lease-namespace", help="the operator's own namespace (default: --namespace)"
     )
     parser.add_argument(
+        "--taint-suspect-nodes",
+        action="store_true",
+        help="also print the ClusterRole that lets the operator taint suspect nodes "
+        "(KUBEINFER_KNOWN_ANSWERS__TAINT_SUSPECT_NODES=true)",
+    )
+    parser.add_argument(
         "--helm", action="store_true", help="print the Helm chart's templates/rbac.yaml"
     )
     parser.set_defaults(handler=_run)
@@ -47,6 +55,8 @@ def _run(args: argparse.Namespace) -> int:
         print(helm_template(), end="")
         return 0
     documents = [role_document(args.name, args.namespace), node_role_document(f"{args.name}-nodes")]
+    if args.taint_suspect_nodes:
+        documents.append(node_taint_role_document(f"{args.name}-node-taints"))
     if args.leader_election:
         namespace = args.lease_namespace or args.namespace
         if not namespace:

@@ -106,6 +106,14 @@ class CachedReader:
             return None
         return next(iter(self._owners.get((namespace, name), ())), None)
 
+    def owners_listed(self) -> list[KubeObject] | None:
+        """Every InferenceDeployment the watch holds; None before there is an index (kopf
+        fills it with its initial listing before any handler runs, so from then on it
+        holds every object the operator watches)."""
+        if self._owners is None:
+            return None
+        return [body for bodies in self._owners.values() for body in bodies]
+
     def cached(self, resource: ResourceType) -> bool:
         return resource.plural in self._indices
 

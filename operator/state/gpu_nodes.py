@@ -8,9 +8,11 @@ not (its NoSchedule and NoExecute taints are tolerated by `runtime.tolerations`)
 product is listed in `runtime.gpuFleet.products` where that lists any.
 
 The taints Kubernetes itself puts on a node that is not ready, unreachable, cordoned or
-under pressure (`node.kubernetes.io/...`) describe the node's state, not a policy: such a
-node keeps its product eligible (its engine is kept, not rebuilt when the node returns)
-but its GPUs do not count towards the product's share of the pods meanwhile.
+under pressure (`node.kubernetes.io/...`) describe the node's state, not a policy, and so
+does the operator's own on a node whose pods answered wrong (`kubeinfer.io/suspect-
+answers`): such a node keeps its product eligible (its engine is kept, not rebuilt when
+the node returns) but its GPUs do not count towards the product's share of the pods
+meanwhile.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.api.v1alpha1.inference_deployment import Toleration
+from kubeinfer.operator.state.names import TAINT_SUSPECT_ANSWERS
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -54,9 +57,7 @@ class GpuNode:
     @property
     def usable(self) -> bool:
         """Ready, schedulable, and free of the node-state taints that keep pods away."""
-        state_taints = [
-            t for t in self.taints if t.key.startswith(NODE_STATE_TAINTS) and _blocks(t)
-        ]
+        state_taints = [t for t in self.taints if _state(t) and _blocks(t)]
         return self.ready and self.schedulable and not state_taints
 
 
@@ -106,6 +107,12 @@ def _blocks(taint: Taint) -> bool:
     return taint.effect in BLOCKING_EFFECTS
 
 
+def _state(taint: Taint) -> bool:
+    """A taint that says what state the node is in: Kubernetes' own, and the operator's
+    for a node whose pods answered wrong (`names.TAINT_SUSPECT_ANSWERS`)."""
+    return taint.key.startswith(NODE_STATE_TAINTS) or taint.key == TAINT_SUSPECT_ANSWERS
+
+
 def tolerates(tolerations: Iterable[Toleration], taint: Taint) -> bool:
     """Whether a pod with `tolerations` tolerates `taint` (core/v1's matching: an empty
     effect matches every effect, Exists with no key every taint)."""
@@ -130,7 +137,7 @@ def eligible(node: GpuNode, spec: InferenceDeploymentSpec) -> bool:
     labels = dict(node.labels)
     if any(labels.get(key) != value for key, value in spec.runtime.node_selector.items()):
         return False
-    policy = [t for t in node.taints if _blocks(t) and not t.key.startswith(NODE_STATE_TAINTS)]
+    policy = [t for t in node.taints if _blocks(t) and not _state(t)]
     return all(tolerates(spec.runtime.tolerations, taint) for taint in policy)
 
 

@@ -70,6 +70,11 @@ its ReplicaSet (which then creates a replacement) nor its Service selects it any
 and kept as evidence."""
 ANNOTATION_WRONG_ANSWERS = "kubeinfer.io/wrong-answers"
 """On a pod taken out of serving: what it answered, where (JSON: the status' record)."""
+TAINT_SUSPECT_ANSWERS = "kubeinfer.io/suspect-answers"
+"""The NoSchedule taint (and the label marking it as the operator's) on a node the
+known-answer checks named suspect, with the setting `known_answers.taint_suspect_nodes`
+(`reconcile.node_taints`). It says what state the node is in, as `node.kubernetes.io/`
+taints do, not a policy: a mixed GPU fleet keeps the node's product, without its GPUs."""
 
 MAX_NAME_LENGTH = 63
 """A label value's limit, and a Service's; Jobs label their pods with their name."""

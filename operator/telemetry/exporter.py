@@ -3,7 +3,8 @@ last pass wrote them, and whether that pass could read the serving pods' metrics
 
 The runtime pods export what they do; what only the operator knows (a build failed, a
 shadow failed, the quality watch found drift, the autoscaler is held at maxReplicas, the
-metrics it decides from cannot be read) is in the status. kube-state-metrics exports a
+metrics it decides from cannot be read, a pod was taken out for answering wrong) is in
+the status. kube-state-metrics exports a
 Deployment's status the same way, and Flux its objects' (`gotk_reconcile_condition`), so
 an alert needs no reader of the API. The series are named in `kubeinfer.contract.metrics`.
 
@@ -97,6 +98,8 @@ def families(reports: Iterable[tuple[Key, Report]]) -> list[Metric]:
     replicas = _gauge(series.INFERENCE_DEPLOYMENT_REPLICAS)
     ready = _gauge(series.INFERENCE_DEPLOYMENT_READY_REPLICAS)
     unavailable = _gauge(series.INFERENCE_DEPLOYMENT_METRICS_UNAVAILABLE)
+    wrong = _gauge(series.INFERENCE_DEPLOYMENT_WRONG_ANSWERS)
+    suspect = _gauge(series.INFERENCE_DEPLOYMENT_SUSPECT_NODE)
     for (namespace, name), report in reports:
         status = report.status
         for c in status.conditions:
@@ -105,7 +108,11 @@ def families(reports: Iterable[tuple[Key, Report]]) -> list[Metric]:
         ready.add_metric([namespace, name], status.ready_replicas)
         for reader, failed in report.unavailable:
             unavailable.add_metric([namespace, name, reader], 1 if failed else 0)
-    return [condition, replicas, ready, unavailable]
+        for record in status.wrong_answers:
+            wrong.add_metric([namespace, name, record.pod, record.node, record.reason], 1)
+        for node in status.suspect_nodes:
+            suspect.add_metric([namespace, name, node], 1)
+    return [condition, replicas, ready, unavailable, wrong, suspect]
 
 
 def activity_families(activity: Activity) -> list[Metric]:

@@ -7,6 +7,11 @@ and the real operator (one namespace and one operator for the module):
 - `shadow`: pinned engines under a shadow test (a candidate stays Pending without
   traffic, until the gate acts).
 
+A third object, `answered`, has no operator on it: its status is written by the test
+through the status subresource, as the known-answer checks write it (two replicas taken
+out, a suspect node), and `answers` prints it back to a user who may only `get`
+InferenceDeployments.
+
 The kubeconfig is a user's: a ServiceAccount's token, the Role the plugin needs, a current
 context in another namespace and a context `ml` in the test's. `status` prints the
 status' figures (read back from the object), `promote`/`abort` set the gate the operator
@@ -414,3 +419,117 @@ def test_status_renders_the_quality_watch_the_operator_wrote() -> None:
         re.M,
     ), out
     assert "Drifting: overall" in out
+
+
+NOW = datetime(2026, 12, 2, 14, 10, tzinfo=UTC)
+WRONG = [
+    {"pod": "answered-runtime-7d9c-x2k4p", "node": "node-1", "cpuModel": "arch amd64",
+     "engineDigest": "sha256:" + "ab" * 32, "reason": "KnownAnswersFailed", "output": "logits",
+     "probe": 6, "error": 0.4001, "tolerance": 0.1398,
+     "message": "output 'logits': probe 6 answered 0.4001", "detected": "2026-12-02T14:06:00Z"},
+    {"pod": "answered-runtime-7d9c-q9w2z", "node": "node-2", "gpuProduct": "NVIDIA-H100",
+     "gpuUuid": "GPU-5f2e", "engineDigest": "sha256:" + "cd" * 32,
+     "reason": "AnswersDifferFromPeers", "probe": 3, "detected": "2026-12-02T14:01:00Z"},
+]  # fmt: skip
+"""status.wrongAnswers as the known-answer decision writes it, newest first."""
+
+
+def answered_object(wrong: list[dict[str, Any]], suspect: list[str]) -> dict[str, Any]:
+    condition = {"type": "AnswersCorrect", "status": "False", "reason": "KnownAnswersFailed",
+                 "message": "2 pod(s) answered wrong and were taken out of serving",
+                 "lastTransitionTime": "2026-12-02T14:06:00Z", "observedGeneration": 1}  # fmt: skip
+    return {
+        "metadata": {"name": "answered", "namespace": "ml", "generation": 1},
+        "spec": {"knownAnswers": {"intervalSeconds": 300}},
+        "status": {"conditions": [condition], "wrongAnswers": wrong, "suspectNodes": suspect},
+    }
+
+
+def answer_rows(out: str) -> list[list[str]]:
+    """The WRONG ANSWERS table's rows, split on the columns' three spaces."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("POD "))
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("  ") or line.strip().startswith("Suspect nodes"):
+            break
+        rows.append(re.split(r"\s{3,}", line.strip()))
+    return rows
+
+
+def test_answers_lists_the_replicas_taken_out_with_node_engine_probe_and_error() -> None:
+    from kubeinfer.cli.kubectl_plugin.status_view import wrong_answers
+
+    out = "\n".join(wrong_answers(answered_object(WRONG, ["node-1"]), NOW, always=True))
+    assert "AnswersCorrect: False  KnownAnswersFailed: 2 pod(s) answered wrong" in out
+    assert answer_rows(out) == [
+        ["answered-runtime-7d9c-x2k4p", "node-1", "arch amd64", "sha256:abababababab",
+         "KnownAnswersFailed", "logits", "6", "0.4001 (tolerance 0.1398)", "4m"],
+        ["answered-runtime-7d9c-q9w2z", "node-2", "NVIDIA-H100 GPU-5f2e", "sha256:cdcdcdcdcdcd",
+         "AnswersDifferFromPeers", "-", "3", "-", "9m"],
+    ]  # fmt: skip
+    assert "Suspect nodes: node-1" in out
+    # An error the runtime reported as a NaN is left unset in the status.
+    nan = [{**WRONG[0], "error": None}]
+    assert answer_rows("\n".join(wrong_answers(answered_object(nan, []), NOW)))[0][7] == (
+        "not finite"
+    )
+
+
+def test_answers_says_when_nothing_is_out_and_when_the_checks_are_off() -> None:
+    from kubeinfer.cli.kubectl_plugin.status_view import wrong_answers
+
+    clean = answered_object([], [])
+    assert wrong_answers(clean, NOW) == [], "status shows the block only when a pod is out"
+    assert "  No pod taken out" in wrong_answers(clean, NOW, always=True)
+    off = {**clean, "spec": {}}
+    assert "  Known-answer checks are off (spec.knownAnswers is unset)" in wrong_answers(
+        off, NOW, always=True
+    )
+    # status: the block between the quality watch and the conditions, only when a pod is out.
+    out = render(answered_object(WRONG, ["node-1"]), NOW)
+    assert out.index("WRONG ANSWERS") < out.index("CONDITIONS")
+    assert "WRONG ANSWERS" not in render(clean, NOW)
+
+
+@pytest.mark.slow
+def test_answers_prints_the_status_the_checks_wrote_to_a_user_who_may_only_get(
+    local_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Through the real kubectl, with no operator: the status written as the operator
+    writes it (the status subresource), read back by the plugin."""
+    namespace = local_cluster.new_namespace("kubectl-infd-answers")
+    world = World(local_cluster, local_cluster.admin(namespace))
+    try:
+        reader = [{"apiGroups": ["kubeinfer.io"], "resources": ["inferencedeployments"],
+                   "verbs": ["get"]}]  # fmt: skip
+        token = grant(world, "reader", reader)
+        config = users_kubeconfig(local_cluster, tmp_path / "kubeconfig", token, namespace)
+        model = tmp_path / "model.onnx"
+        model.write_bytes(b"not read: no operator runs")
+        body = manifest(Model(model), name="answered", knownAnswers={"intervalSeconds": 300})
+        world.kube.create(body)
+        status = answered_object(WRONG, ["node-1"])["status"]
+        world.kube.patch(*IDS, "answered", {"status": status}, subresource="status")
+        setup = Setup(world, local_cluster.cluster.kubectl, config, [])
+        code, out, err = setup.run("answers", "answered", "--context", "ml")
+        assert code == 0, err
+        assert out.startswith("Name:       answered\n"), out
+        assert [row[:5] for row in answer_rows(out)] == [
+            [r["pod"], r["node"], ANY_DEVICE[i], f"sha256:{r['engineDigest'][7:19]}", r["reason"]]
+            for i, r in enumerate(WRONG)
+        ]
+        assert [row[6:8] for row in answer_rows(out)] == [
+            ["6", "0.4001 (tolerance 0.1398)"],
+            ["3", "-"],
+        ]
+        assert "Suspect nodes: node-1" in out
+        code, out, err = setup.run("status", "answered", "--context", "ml")
+        assert code == 0 and "WRONG ANSWERS" in out, err
+        code, _, err = setup.run("answers", "nothing", "--context", "ml")
+        assert code == 1 and f"inferencedeployment {namespace}/nothing not found" in err, err
+    finally:
+        local_cluster.admin().delete("v1", "namespaces", namespace, namespace=None)
+
+
+ANY_DEVICE = ["arch amd64", "NVIDIA-H100 GPU-5f2e"]

@@ -4,7 +4,8 @@ namespaced, one replica and two, monitoring off and on, custom images and settin
 For each: `helm lint --strict` passes; every object `helm template` renders is valid for
 the API server that will receive it (strict schemas: built-in kinds at the control
 plane's release, PodMonitor and PrometheusRule at prometheus-operator's own CRDs); the
-RBAC is exactly `kubeinfer.operator.rbac`'s rules, bound to the chart's ServiceAccount
+RBAC is exactly `kubeinfer.operator.rbac`'s rules (patching nodes only where the settings
+ask to taint suspect nodes), bound to the chart's ServiceAccount
 that the operator's pods run as; the replicas elect a leader on the release's Lease, and
 a PodDisruptionBudget comes with more than one; and the environment the operator gets
 reads back, through `OperatorSettings.from_env`, as the settings the values asked for.
@@ -62,6 +63,7 @@ CUSTOM = {
         "build": {"backoffSeconds": 1.5, "backoffMaxSeconds": 600, "backoffLimit": 3,
                   "activeDeadlineSeconds": 7200, "ttlSecondsAfterFinished": 31_536_000},
         "pods": {"preStopSleepSeconds": 0, "drainGracePeriodSeconds": 45},
+        "knownAnswers": {"taintSuspectNodes": True},
         "api": {"fieldManager": "kubeinfer-ml", "timeoutSeconds": 12, "pageSize": 10_000},
         "leaderElection": {"leaseDurationSeconds": 30, "renewDeadlineSeconds": 20,
                            "retryPeriodSeconds": 4},
@@ -139,10 +141,15 @@ def test_rbac_is_the_operators_rules_bound_to_its_service_account(
     # Nodes belong to no namespace: their ClusterRole in both modes (mixed GPU fleets).
     node_rules = [rule.to_dict() for rule in rbac.NODE_RULES]
     assert roles.pop(("ClusterRole", None, f"{OPERATOR}-nodes"))["rules"] == node_rules
+    # Patching nodes (the suspect nodes' taint) only where the settings ask for it.
+    taints = ((values.get("settings") or {}).get("knownAnswers") or {}).get("taintSuspectNodes")
+    if taints:
+        taint_rules = [rule.to_dict() for rule in rbac.NODE_TAINT_RULES]
+        assert roles.pop(("ClusterRole", None, f"{OPERATOR}-node-taints"))["rules"] == taint_rules
     assert roles.pop(("Role", NAMESPACE, f"{OPERATOR}-leader-election"))["rules"] == lease_rules
     assert roles == {}, "no other role"
     bindings = kinds.get("RoleBinding", []) + kinds.get("ClusterRoleBinding", [])
-    assert len(bindings) == (len(namespaces) if namespaces else 1) + 2
+    assert len(bindings) == (len(namespaces) if namespaces else 1) + 2 + (1 if taints else 0)
     for binding in bindings:
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}

@@ -6,7 +6,9 @@ the operator and the runtime export them, one alert at a time:
 - the operator's verdicts: a failed build, a failed shadow, quality drift fire at once on
   the matching condition, never on the same type with another status or reason; scaling
   held at maxReplicas fires only after 15 minutes; metrics unavailable names its reader
-  and fires after 10 minutes, not for a reader that reads;
+  and fires after 10 minutes, not for a reader that reads; a pod taken out for wrong
+  answers fires at once, critical, and resolves once the pod is deleted; a suspect node
+  fires once, however many objects name it;
 - the quality watch's plain thresholds: a class and a slice below 90 % agreement over an
   hour on 200 rows or more fire, healthy ones and a class with too few rows do not; a
   reference losing most samples fires its own alert.
@@ -181,6 +183,47 @@ def test_metrics_unavailable_names_its_reader_after_ten_minutes(tmp_path: Path) 
         "Prometheus scrapes the serving pods with their namespace and pod labels.",
     }
     run_promtool(tmp_path, inputs, [silent(alert, "9m"), firing(alert, "11m", labels, annotations)])
+
+
+def test_a_pod_taken_out_for_wrong_answers_fires_at_once_and_resolves_when_it_is_gone(
+    tmp_path: Path,
+) -> None:
+    alert = "KubeinferWrongAnswers"
+    wrong = series.INFERENCE_DEPLOYMENT_WRONG_ANSWERS.name
+    pod = f'{OBJECT}, pod="clf-7d9c-x2k4p", node="node-1", reason="KnownAnswersFailed"'
+    # Taken out at minute 5, deleted at minute 20 (the series goes with the pod).
+    inputs = [gauge(wrong, pod, "_x4 1x15 _x20")]
+    labels = {"namespace": "serving", "name": "clf", "pod": "clf-7d9c-x2k4p", "node": "node-1",
+              "reason": "KnownAnswersFailed", "severity": "critical"}  # fmt: skip
+    annotations = {
+        "summary": "InferenceDeployment serving/clf: pod clf-7d9c-x2k4p on node node-1 "
+        "answered wrong (KnownAnswersFailed)",
+        "description": "The operator's known-answer check found the pod's engine answering "
+        "its probes wrong (KnownAnswersFailed) or otherwise than its peers on the same engine "
+        "and hardware (AnswersDifferFromPeers). The pod was taken out of its Service and "
+        "ReplicaSet (a replacement started) and kept as evidence. Read `kubectl infd answers "
+        "-n serving clf` and `kubectl logs -n serving clf-7d9c-x2k4p`, then delete the pod; "
+        "the alert resolves when it is gone.",
+    }
+    cases = [silent(alert, "3m"), firing(alert, "6m", labels, annotations), silent(alert, "30m")]
+    run_promtool(tmp_path, inputs, cases)
+
+
+def test_a_suspect_node_fires_once_per_node_whichever_objects_name_it(tmp_path: Path) -> None:
+    alert = "KubeinferSuspectNode"
+    suspect = series.INFERENCE_DEPLOYMENT_SUSPECT_NODE.name
+    inputs = [
+        gauge(suspect, 'namespace="serving", name="clf", node="node-1"', "1x30"),
+        gauge(suspect, 'namespace="other", name="llm", node="node-1"', "1x30"),
+    ]
+    labels = {"node": "node-1", "severity": "warning"}
+    annotations = {
+        "summary": "Node node-1: pods of different engines answered wrong on it",
+        "description": "The node (its device, its CPU), not one engine, is the likely cause. "
+        "Cordon it (or let the operator taint it: settings.knownAnswers.taintSuspectNodes, "
+        "docs/known-answers.md) and check its hardware.",
+    }
+    run_promtool(tmp_path, inputs, [firing(alert, "5m", labels, annotations)])
 
 
 QUALITY_DESCRIPTION = (

@@ -11,7 +11,8 @@ Prometheus, one load run, every expression in one pass.
   return data like the others.
 - Every alert's expression holds where its situation was made: p99 above the SLO of the
   pod that has one, a shifted slice below 90 % agreement on 200 rows or more, a quality
-  reference nobody answers, and the operator's verdicts on the board.
+  reference nobody answers, and the operator's verdicts on the board (pods taken out for
+  wrong answers and their suspect node among them).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from kubeinfer.operator.api.v1alpha1.conditions import (
     Reason,
     set_condition,
 )
-from kubeinfer.operator.api.v1alpha1.status import InferenceDeploymentStatus
+from kubeinfer.operator.api.v1alpha1.status import InferenceDeploymentStatus, WrongAnswersStatus
 from kubeinfer.operator.telemetry.exporter import Report
 from kubeinfer.runtime.gpu_memory import GpuMemoryReader
 from monitoring_world import World, running_world
@@ -57,6 +58,16 @@ def status(
     for type_, value, reason in conditions:
         listed = set_condition(listed, type_, ConditionStatus(value), reason, "", 1, NOW)
     return InferenceDeploymentStatus(conditions=listed, replicas=replicas, ready_replicas=ready)
+
+
+def wrong_answers(status: InferenceDeploymentStatus) -> InferenceDeploymentStatus:
+    """Two pods of different engines taken out on one node, as the operator records them."""
+    records = [
+        WrongAnswersStatus(pod=f"tiny-{n}", node="node-1", engine_digest=f"sha256:{n}",
+                           reason=Reason.KNOWN_ANSWERS_FAILED, detected=NOW)
+        for n in ("a", "b")
+    ]  # fmt: skip
+    return status.model_copy(update={"wrong_answers": records, "suspect_nodes": ["node-1"]})
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -88,13 +99,15 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, flo
         world.board.record(
             ("ns-a", "tiny"),
             Report(
-                status(
-                    3,
-                    2,
-                    (R.READY, S, Reason.READY),
-                    (R.SHADOW_PASSED, "False", Reason.SHADOW_FAILED),
-                    (R.DEGRADED, S, Reason.QUALITY_DRIFT),
-                    (R.SCALING_LIMITED, S, Reason.TOO_MANY_REPLICAS),
+                wrong_answers(
+                    status(
+                        3,
+                        2,
+                        (R.READY, S, Reason.READY),
+                        (R.SHADOW_PASSED, "False", Reason.SHADOW_FAILED),
+                        (R.DEGRADED, S, Reason.QUALITY_DRIFT),
+                        (R.SCALING_LIMITED, S, Reason.TOO_MANY_REPLICAS),
+                    )
                 ),
                 (("scaling", True), ("quality", False)),
             ),
@@ -145,5 +158,8 @@ def test_every_alert_holds_where_its_situation_was_made(world: tuple[World, floa
     assert labels("KubeinferEngineBuildFailed", "name") == {"broken"}
     assert labels("KubeinferMetricsUnavailable", "reader") == {"scaling"}
     assert labels("KubeinferLatencyAboveSlo", "namespace") == {"ns-a"}  # only it has an SLO
-    for alert in ("KubeinferShadowFailed", "KubeinferQualityDrift", "KubeinferScalingLimitedAtMax"):
+    for alert in ("KubeinferShadowFailed", "KubeinferQualityDrift", "KubeinferScalingLimitedAtMax",
+                  "KubeinferWrongAnswers"):  # fmt: skip
         assert labels(alert, "namespace") == {"ns-a"}, alert
+    assert labels("KubeinferWrongAnswers", "pod") == {"tiny-a", "tiny-b"}
+    assert labels("KubeinferSuspectNode", "node") == {"node-1"}

@@ -10,7 +10,12 @@ import os
 from collections.abc import Callable
 
 import pytest
-from kubeinfer.operator.settings import InvalidSettings, OperatorSettings, misspelt
+from kubeinfer.operator.settings import (
+    InvalidSettings,
+    KnownAnswers,
+    OperatorSettings,
+    misspelt,
+)
 from pydantic import ValidationError
 
 Environ = Callable[[dict[str, str]], None]
@@ -45,6 +50,7 @@ def test_each_field_is_set_by_its_group_and_name(environ: Environ) -> None:
             "KUBEINFER_METRICS__TIMEOUT_SECONDS": "2",
             "KUBEINFER_METRICS__POD_MONITOR_LABELS": "release=kps,team=ml",
             "KUBEINFER_LEADER_ELECTION__LEASE_DURATION_SECONDS": "30",
+            "KUBEINFER_KNOWN_ANSWERS__TAINT_SUSPECT_NODES": "true",
             "kubeinfer_api__page_size": "50",  # names are case-insensitive
         }
     )
@@ -56,6 +62,8 @@ def test_each_field_is_set_by_its_group_and_name(environ: Environ) -> None:
     assert settings.metrics.pod_monitor_labels == {"release": "kps", "team": "ml"}
     assert settings.leader_election.lease_duration_seconds == 30
     assert settings.api.page_size == 50
+    assert settings.known_answers.taint_suspect_nodes is True
+    assert KnownAnswers().taint_suspect_nodes is False, "off by default"
 
 
 @pytest.mark.parametrize(

@@ -208,6 +208,31 @@ def served(cluster: FleetCluster) -> FleetCluster:
             {},
             [ProductCapacity(H100, 4, 2)],
         ),
+        (
+            "a node tainted for suspect answers keeps its product, without its GPUs",
+            [
+                node(
+                    "h1",
+                    H100,
+                    taints=(
+                        GPU_TAINT,
+                        {"key": "kubeinfer.io/suspect-answers", "effect": "NoSchedule"},
+                    ),
+                ),
+                node(
+                    "a1",
+                    L4,
+                    4,
+                    taints=(
+                        GPU_TAINT,
+                        {"key": "kubeinfer.io/suspect-answers", "effect": "NoSchedule"},
+                    ),
+                ),
+                node("h2", H100, 2),
+            ],
+            {},
+            [ProductCapacity(H100, 2, 2), ProductCapacity(L4, 1, 0)],
+        ),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
 )

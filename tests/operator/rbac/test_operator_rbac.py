@@ -1,8 +1,9 @@
 """The RBAC rules as shipped: `kubeinfer rbac` prints a valid Role or ClusterRole (strict
 Kubernetes 1.33 schemas) and the nodes' ClusterRole (get, list and watch only), with
 `--leader-election` also the Lease's Role (create, and get and update of that one Lease by
-name); the Helm chart's `templates/rbac.yaml` is exactly what `kubeinfer rbac --helm`
-generates from `kubeinfer.operator.rbac`. (That those rules are exactly the calls the
+name), with `--taint-suspect-nodes` the ClusterRole that only patches nodes; the Helm
+chart's `templates/rbac.yaml` is exactly what `kubeinfer rbac --helm` generates from
+`kubeinfer.operator.rbac`. (That those rules are exactly the calls the
 operator makes is checked at the end of `test_operator_scenarios.py`.)
 
 What Helm renders from the chart (the roles and bindings in each mode, the leader
@@ -49,6 +50,18 @@ def test_printed_role_is_valid_kubernetes(argv, kind, capsys) -> None:
     }
 
 
+def test_tainting_suspect_nodes_adds_a_cluster_role_that_only_patches_nodes(capsys) -> None:
+    assert main(["rbac", "--taint-suspect-nodes"]) == 0
+    _, nodes, taints = yaml.safe_load_all(capsys.readouterr().out)
+    kubernetes_validate.validate(taints, "1.33", strict=True)
+    assert (taints["kind"], taints["metadata"]["name"]) == (
+        "ClusterRole",
+        "kubeinfer-operator-node-taints",
+    )
+    assert granted_by(taints) == {("patch", "", "nodes")}
+    assert ("patch", "", "nodes") not in granted_by(nodes), "not without the setting"
+
+
 def test_leader_election_adds_a_role_for_one_lease(capsys) -> None:
     argv = ["rbac", "--leader-election", "--lease-namespace", "ops", "--lease-name", "infer"]
     assert main(argv) == 0
@@ -78,5 +91,5 @@ def test_helm_chart_rbac_is_generated_from_the_rules() -> None:
 def test_chart_rules_are_the_rules() -> None:
     lines = [line[4:] for line in CHART_RBAC.read_text().splitlines() if line.startswith("  - {")]
     rules = [yaml.safe_load(line) for line in lines]
-    for rule in (*rbac.RULES, *rbac.NODE_RULES):
+    for rule in (*rbac.RULES, *rbac.NODE_RULES, *rbac.NODE_TAINT_RULES):
         assert rule.to_dict() in rules

@@ -1,6 +1,7 @@
 """The operator's own series (`kubeinfer.operator.telemetry.exporter`), without a
 cluster: a status's conditions and replicas as gauges labelled with the object's
-namespace and name, the metrics readers a pass used with whether each failed, the board
+namespace and name, the metrics readers a pass used with whether each failed, each pod
+taken out for wrong answers and each suspect node as a sample of one, the board
 following records, forgets and a lost lease, and the families served over real HTTP in
 Prometheus' text format. The control-plane test (`test_operator_metrics_endpoint.py`)
 checks the same series from a running operator."""
@@ -20,7 +21,7 @@ from kubeinfer.operator.api.v1alpha1.conditions import (
     Reason,
     set_condition,
 )
-from kubeinfer.operator.api.v1alpha1.status import InferenceDeploymentStatus
+from kubeinfer.operator.api.v1alpha1.status import InferenceDeploymentStatus, WrongAnswersStatus
 from kubeinfer.operator.state.quality_readings import QualityReading
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals
 from kubeinfer.operator.state.shadow_readings import ShadowReading
@@ -76,6 +77,27 @@ def test_each_condition_is_a_sample_of_one_with_its_type_status_and_reason() -> 
         (series.INFERENCE_DEPLOYMENT_METRICS_UNAVAILABLE.name, (*obj, ("reader", "scaling")), 0),
         (series.INFERENCE_DEPLOYMENT_METRICS_UNAVAILABLE.name, (*obj, ("reader", "shadow")), 1),
     }
+
+
+def test_each_pod_taken_out_for_wrong_answers_and_each_suspect_node_is_a_sample_of_one() -> None:
+    records = [
+        WrongAnswersStatus(pod="clf-a", node="node-1", reason="KnownAnswersFailed", detected=NOW),
+        WrongAnswersStatus(pod="clf-b", node="node-1", reason="AnswersDifferFromPeers",
+                           detected=NOW),
+    ]  # fmt: skip
+    built = status(2, 2).model_copy(update={"wrong_answers": records, "suspect_nodes": ["node-1"]})
+    got = samples([(("serving", "clf"), Report(built))])
+    obj = (("name", "clf"), ("namespace", "serving"))
+    wrong = series.INFERENCE_DEPLOYMENT_WRONG_ANSWERS.name
+    assert {s for s in got if s[0] == wrong} == {
+        (wrong, (*obj, ("node", "node-1"), ("pod", "clf-a"), ("reason", "KnownAnswersFailed")), 1),
+        (wrong, (*obj, ("node", "node-1"), ("pod", "clf-b"), ("reason", "AnswersDifferFromPeers")),
+         1),
+    }  # fmt: skip
+    suspect = series.INFERENCE_DEPLOYMENT_SUSPECT_NODE.name
+    assert {s for s in got if s[0] == suspect} == {(suspect, (*obj, ("node", "node-1")), 1)}
+    # Nothing taken out: no sample (an absent series, as for a condition not held).
+    assert not {s for s in samples([(("serving", "clf"), Report(status(1, 1)))]) if s[0] == wrong}
 
 
 def test_only_the_readers_a_pass_used_are_reported_each_failed_when_it_has_an_error() -> None:
