@@ -238,10 +238,6 @@ def test_a_library_whose_private_modules_are_imported_is_pinned_to_the_minor_tes
 TESTS = ROOT / "tests"
 NOT_A_WAIT = "# not a wait:"
 WAITING_NAME = re.compile(r"_?(wait|until|eventually|poll|block_until)(_\w+)?")
-OWNED_ELSEWHERE = {
-    # Its one sleep (a watcher's pacing) is for the known-answer work to mark.
-    "tests/operator/test_operator_known_answers.py",
-}
 
 
 def _is_sleep(node: ast.AST) -> bool:
@@ -296,7 +292,7 @@ def test_tests_wait_on_conditions_through_the_one_helper() -> None:
     helpers: dict[str, list[str]] = {}
     for path in sorted(TESTS.rglob("*.py")):
         name = str(path.relative_to(ROOT))
-        if path.is_relative_to(TESTS / "support") or name in OWNED_ELSEWHERE:
+        if path.is_relative_to(TESTS / "support"):
             continue
         sleeps, defined = _sleeps_and_polling_helpers(path.read_text())
         if sleeps and not path.is_relative_to(TESTS / "benchmarks"):

@@ -85,7 +85,7 @@ async def test_a_replica_that_goes_wrong_is_taken_out_and_replaced(
                 while True:
                     urls = await asyncio.to_thread(ready_urls, world, SERVICE)
                     good_throughout &= good_url in urls
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(0.5)  # not a wait: how often the endpoints are read
 
             watcher = asyncio.create_task(watch_good())
             try:
