@@ -144,6 +144,7 @@ def test_up_detached_serves_reports_and_down_leaves_nothing(tmp_path: Path) -> N
             "READY",
             "PHASE",
             "P99",
+            "ANSWERS",
             "AGE",
         ]
         assert row.split()[:7] == ["tiny", "tiny", "1", "onnxruntime", "fp32", "1/1", "Ready"]
