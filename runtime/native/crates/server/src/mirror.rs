@@ -105,6 +105,10 @@ pub trait Mirror: Send + Sync {
     fn hand_over(&self, batch: MirroredBatch);
 }
 
+/// A sampled request: its index among the batch's answered ones, and the roles (their
+/// indices) that took it.
+pub type Taken = (usize, Vec<usize>);
+
 struct Role {
     role: MirrorRole,
     sampler: Sampler,
@@ -155,7 +159,7 @@ impl Samplers {
     /// Samples a batch's answered requests, each role on its own sampler: the requests
     /// taken by any role (their index in `answered`, and the roles that took them), and
     /// the roles' names. None while nothing is mirrored.
-    pub fn sample(&self, answered: usize) -> Option<(Vec<String>, Vec<(usize, Vec<usize>)>)> {
+    pub fn sample(&self, answered: usize) -> Option<(Vec<String>, Vec<Taken>)> {
         let mut state = lock(&self.state);
         let roles = &mut state.0;
         if roles.is_empty() {
