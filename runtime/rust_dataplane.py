@@ -15,8 +15,10 @@ The admin routes whose data is Python's are answered by `AdminRoutes`, which the
 calls with the GIL on those routes only (never on an infer request): `GET /v2/known-answers`
 and its `POST`, which runs the set again with each probe batch waiting until the Rust
 scheduler is idle (`Server.idle`: the lowest priority, as on the Python data plane), and
-`/v2/shadow`, `/v2/quality` and `/v2/quality/exemplars`. Mirroring is not on the Rust data
-plane yet, so those say nothing is mirrored (and a mirror target file is warned about).
+`/v2/shadow`, `/v2/quality` and `/v2/quality/exemplars`: from the mirrors where a mirror
+target file is followed (`rust_mirroring.RustMirrors`: the server samples each answered
+request and hands a batch's sampled ones over inside its one GIL crossing), else saying
+nothing is mirrored.
 `GET /v2/batching` is the Rust scheduler's, with what the load found (`batching_found`).
 """
 
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from kubeinfer.runtime.engines.base import Engine
     from kubeinfer.runtime.engines.batching_probe import BatchingProbe
     from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck
+    from kubeinfer.runtime.rust_mirroring import RustMirrors
 
 log = logging.getLogger("kubeinfer.serve")
 
@@ -134,12 +137,14 @@ def serve(config: RuntimeConfig, engine: Engine, known_answers: KnownAnswerCheck
     _say_batching_found(config, probe, found.batching.max_batch_size)
     options = server_options(found, engine, probe, config.batching.max_batch_size)
     config = found
-    if config.mirror_target_file:
-        log.warning("Not mirroring on the Rust data plane (not ported yet): the mirror "
-                    "target file %s is not followed", config.mirror_target_file)  # fmt: skip
     admin = AdminRoutes(config.model_version, known_answers)
     server = start_server(options, engine, config.model_name, config.model_version, admin)
     admin.idle = server.idle
+    if config.mirror_target_file:
+        from kubeinfer.runtime.rust_mirroring import RustMirrors
+
+        admin.mirrors = RustMirrors(config, server)
+        admin.mirrors.start()
     stop = threading.Event()
     previous = {n: signal.signal(n, lambda *_: stop.set()) for n in _STOP_SIGNALS}
     try:
@@ -155,6 +160,8 @@ def serve(config: RuntimeConfig, engine: Engine, known_answers: KnownAnswerCheck
             pass
         log.info("Draining model=%s", config.model_name)
     finally:
+        if admin.mirrors is not None:
+            admin.mirrors.stop()  # mirrored work cancelled first: it never holds up a drain
         on_engine = server.shutdown()
         admin.close()
         for signum, handler in previous.items():
@@ -227,6 +234,8 @@ class AdminRoutes:
         self._serving_version = serving_version
         self._known_answers = known_answers
         self.idle: Callable[[], bool] = lambda: True
+        self.mirrors: RustMirrors | None = None
+        """The mirrors, where a mirror target file is followed (`rust_mirroring`)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="kubeinfer-admin", daemon=True
@@ -236,6 +245,13 @@ class AdminRoutes:
     def __call__(self, method: str, path: str) -> Answer:
         if path == "/v2/known-answers":
             return self.known_answers(run=method == "POST")
+        mirrors = self.mirrors
+        if mirrors is not None and path == "/v2/shadow":
+            return _json(mirrors.status())
+        if mirrors is not None and path == "/v2/quality":
+            return _json(mirrors.quality_status())
+        if mirrors is not None and path == "/v2/quality/exemplars":
+            return 200, EXEMPLARS_HEADERS, mirrors.quality_exemplars()
         if path == "/v2/shadow":
             from kubeinfer.runtime.shadow.aggregates import inactive_status
 

@@ -27,7 +27,7 @@ them. `minCosineSimilarity` (the worst row seen) is the one figure kept here onl
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kubeinfer.contract import metrics as series
@@ -54,22 +54,28 @@ OUTCOME_KEYS = {
 class ShadowMetrics:
     """The shadow metric families of one app; series are added per candidate."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        make: Callable[[series.Series, CollectorRegistry], Any] = family,
+    ) -> None:
+        """`make` makes each family (a prometheus_client one in `registry` by default; the
+        Rust data plane's are its server's, `kubeinfer.runtime.rust_mirroring`)."""
         r = registry
-        self.requests = family(series.SHADOW_REQUESTS, r)
-        self.mismatches = family(series.SHADOW_MISMATCHES, r)
-        self.max_abs_difference = family(series.SHADOW_MAX_ABS_DIFFERENCE, r)
-        self.abs_difference = family(series.SHADOW_ABS_DIFFERENCE, r)
-        self.cosine_similarity = family(series.SHADOW_COSINE_SIMILARITY, r)
-        self.top1_rows = family(series.SHADOW_TOP1_ROWS, r)
-        self.top1_agreements = family(series.SHADOW_TOP1_AGREEMENTS, r)
-        self.serving_duration = family(series.SHADOW_SERVING_DURATION, r)
-        self.candidate_duration = family(series.SHADOW_CANDIDATE_DURATION, r)
-        self.class_rows = family(series.SHADOW_CLASS_TOP1_ROWS, r)
-        self.class_agreements = family(series.SHADOW_CLASS_TOP1_AGREEMENTS, r)
-        self.slice_rows = family(series.SHADOW_SLICE_TOP1_ROWS, r)
-        self.slice_agreements = family(series.SHADOW_SLICE_TOP1_AGREEMENTS, r)
-        self.kl_divergence = family(series.SHADOW_KL_DIVERGENCE, r)
+        self.requests = make(series.SHADOW_REQUESTS, r)
+        self.mismatches = make(series.SHADOW_MISMATCHES, r)
+        self.max_abs_difference = make(series.SHADOW_MAX_ABS_DIFFERENCE, r)
+        self.abs_difference = make(series.SHADOW_ABS_DIFFERENCE, r)
+        self.cosine_similarity = make(series.SHADOW_COSINE_SIMILARITY, r)
+        self.top1_rows = make(series.SHADOW_TOP1_ROWS, r)
+        self.top1_agreements = make(series.SHADOW_TOP1_AGREEMENTS, r)
+        self.serving_duration = make(series.SHADOW_SERVING_DURATION, r)
+        self.candidate_duration = make(series.SHADOW_CANDIDATE_DURATION, r)
+        self.class_rows = make(series.SHADOW_CLASS_TOP1_ROWS, r)
+        self.class_agreements = make(series.SHADOW_CLASS_TOP1_AGREEMENTS, r)
+        self.slice_rows = make(series.SHADOW_SLICE_TOP1_ROWS, r)
+        self.slice_agreements = make(series.SHADOW_SLICE_TOP1_AGREEMENTS, r)
+        self.kl_divergence = make(series.SHADOW_KL_DIVERGENCE, r)
 
     def remove(
         self, values: tuple[str, ...], classes: Iterable[str] = (), slices: Iterable[str] = ()

@@ -77,11 +77,14 @@ class ShadowController:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         log_interval_seconds: float = 60.0,
+        metrics: ShadowMetrics | None = None,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self._model = config.model_name
         self._max_batch_rows = config.batching.max_batch_size  # the reference's too
         self._serving_version = config.model_version
-        self._metrics = ShadowMetrics(registry)
+        self._metrics = metrics or ShadowMetrics(registry)
+        self._on_change = on_change or (lambda: None)
         self._clock, self._wall_clock = clock, wall_clock
         self._log_interval = log_interval_seconds
         self._watcher = (
@@ -135,17 +138,20 @@ class ShadowController:
         async with self._applying:
             await self._apply_shadow(file.target)
             await self._apply_watch(file.quality_watch)
+            self._on_change()
 
     async def apply(self, target: MirrorTarget | None) -> None:
         """Makes `target` the shadow candidate (None: none), the watch left as it is; see
         the module for what carries over."""
         async with self._applying:
             await self._apply_shadow(target)
+            self._on_change()
 
     async def apply_watch(self, watch: QualityWatch | None) -> None:
         """Makes `watch` the quality watch (None: none), the shadow left as it is."""
         async with self._applying:
             await self._apply_watch(watch)
+            self._on_change()
 
     async def _apply_shadow(self, target: MirrorTarget | None) -> None:
         old = self._shadow.aggregates
@@ -234,6 +240,47 @@ class ShadowController:
                 if self._offer_failures == 1 or self._offer_failures % 10_000 == 0:
                     log.warning("Failed to offer a request to the mirror role=%s failures=%d",
                                 slot.role, self._offer_failures, exc_info=True)  # fmt: skip
+
+    def mirroring(self) -> list[tuple[str, int, Mirror]]:
+        """The roles mirrored to now: each one's name, share and mirror."""
+        return [
+            (slot.role, slot.mirror.target.traffic_percent, slot.mirror)
+            for slot in (self._shadow, self._quality)
+            if slot.mirror is not None and slot.aggregates is not None
+        ]
+
+    def offer_sampled(
+        self,
+        answered: int,
+        roles: tuple[str, ...],
+        sampled: list[tuple[Outputs, Outputs, float, str | None, tuple[str, ...]]],
+    ) -> None:
+        """`offer` for a data plane that samples itself (the Rust one): `answered`
+        requests were answered 200 while `roles` were mirrored to, and `sampled` are those
+        a role took, each with the roles that took it. Never raises."""
+        for slot in (self._shadow, self._quality):
+            mirror, aggregates = slot.mirror, slot.aggregates
+            if mirror is None or aggregates is None or slot.role not in roles:
+                continue
+            aggregates.answered += answered
+            for inputs, outputs, seconds, slice_value, taken in sampled:
+                if slot.role not in taken:
+                    continue
+                try:
+                    mirror.admit(inputs, outputs, seconds, slice_value)
+                except Exception:
+                    self._offer_failures += 1
+                    if self._offer_failures == 1 or self._offer_failures % 10_000 == 0:
+                        log.warning("Failed to offer a request to the mirror role=%s failures=%d",
+                                    slot.role, self._offer_failures, exc_info=True)  # fmt: skip
+
+    def count_dropped(self, role: str, count: int) -> None:
+        """`count` requests sampled for `role` that never reached its mirror (the data
+        plane could not hand them over in time): counted `dropped`."""
+        for slot in (self._shadow, self._quality):
+            if slot.role == role and slot.aggregates is not None:
+                for _ in range(count):
+                    slot.aggregates.record_outcome("dropped")
 
     def status(self) -> dict[str, Any]:
         """The `GET /v2/shadow` body (the shadow candidate only)."""

@@ -201,6 +201,19 @@ class Mirror:
         Never blocks; the arrays are kept as they are (the caller does not reuse them)."""
         if self._closed or not self._sampler.take():
             return
+        self.admit(inputs, serving, serving_seconds, slice_value)
+
+    def admit(
+        self,
+        inputs: Outputs,
+        serving: Outputs,
+        serving_seconds: float,
+        slice_value: str | None = None,
+    ) -> None:
+        """`offer` of a request sampled already (the Rust data plane samples each request
+        itself, at the target's share): queued if there is room, else `dropped`."""
+        if self._closed:
+            return
         if self._unreachable():
             self._aggregates.record_outcome("candidate_error")  # not tried: see the module
             return

@@ -132,6 +132,21 @@ impl Slot for PySlot {
     ) -> Result<Vec<Tensor>, RunError> {
         attach_counted(|py| self.run_attached(py, rows, shape, fill))
     }
+
+    /// The batch's one crossing: `after` (the answers sent, the mirrored requests handed
+    /// over) runs before the GIL is let go.
+    fn run_then(
+        &mut self,
+        rows: usize,
+        shape: Option<&BatchShape>,
+        fill: &mut dyn FnMut(&mut [InputBuffer<'_>]) -> Result<(), ApiError>,
+        after: &mut dyn FnMut(Result<Vec<Tensor>, RunError>),
+    ) {
+        attach_counted(|py| {
+            let outcome = self.run_attached(py, rows, shape, fill);
+            after(outcome);
+        })
+    }
 }
 
 impl PySlot {

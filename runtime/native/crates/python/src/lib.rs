@@ -5,6 +5,7 @@
 
 mod arrays;
 pub mod engine;
+pub mod mirror;
 pub mod server;
 
 use pyo3::prelude::*;

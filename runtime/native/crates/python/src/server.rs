@@ -7,12 +7,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use dataplane_server::admin::{Admin, AdminAnswer};
 use dataplane_server::dataplane_core::error::ApiError;
+use dataplane_server::mirror::{MirrorRole, Mirroring};
 use dataplane_server::{Server, ServerOptions};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::engine::PyEngine;
+use crate::mirror::PyMirror;
 
 /// A running server; `shutdown()` drains and stops it (also when it is collected).
 #[pyclass(module = "kubeinfer_dataplane", name = "Server", frozen)]
@@ -82,6 +84,76 @@ impl PyServer {
         }
     }
 
+    /// Mirrors from the next batch on as the Python mirrors say (`kubeinfer.runtime.
+    /// rust_mirroring`): `roles` as `(role, traffic_percent, token)` (another token:
+    /// another mirror, sampled from a fresh sampler), `slice_header` the quality watch's
+    /// (None: none read). ValueError for a share above 100.
+    #[pyo3(signature = (roles, slice_header = None))]
+    fn set_mirroring(
+        &self,
+        roles: Vec<(String, u32, u64)>,
+        slice_header: Option<String>,
+    ) -> PyResult<()> {
+        let mirroring = Mirroring {
+            roles: (roles.into_iter())
+                .map(|(role, percent, token)| MirrorRole {
+                    role,
+                    percent,
+                    token,
+                })
+                .collect(),
+            slice_header,
+        };
+        match lock(&self.server).as_ref() {
+            Some(server) => server
+                .set_mirroring(mirroring)
+                .map_err(PyValueError::new_err),
+            None => Ok(()),
+        }
+    }
+
+    /// Hands each batch's sampled requests to `hand_over` (once), called on a slot's
+    /// thread inside the batch's GIL crossing ([`crate::mirror::PyMirror`]).
+    fn set_mirror(&self, hand_over: Py<PyAny>) -> PyResult<()> {
+        match lock(&self.server).as_ref() {
+            Some(server) => server
+                .set_mirror(Arc::new(PyMirror::new(hand_over)))
+                .map_err(PyRuntimeError::new_err),
+            None => Ok(()),
+        }
+    }
+
+    /// Adds `value` to the contract's counter `name` (without `_total`) at `labels`
+    /// (`model` and `version` default to the served model's). ValueError: no such series.
+    fn metric_add(&self, name: &str, labels: Vec<(String, String)>, value: f64) -> PyResult<()> {
+        self.with_metrics(|m| m.add_counter(name, &pairs(&labels), value))
+    }
+
+    /// Sets the contract's gauge `name` at `labels`.
+    fn metric_set(&self, name: &str, labels: Vec<(String, String)>, value: f64) -> PyResult<()> {
+        self.with_metrics(|m| m.set_gauge(name, &pairs(&labels), value))
+    }
+
+    /// Observes `value` in the contract's histogram `name` at `labels`.
+    fn metric_observe(
+        &self,
+        name: &str,
+        labels: Vec<(String, String)>,
+        value: f64,
+    ) -> PyResult<()> {
+        self.with_metrics(|m| m.observe(name, &pairs(&labels), value))
+    }
+
+    /// Makes the series at zero if it is not there yet (Python's `labels()`).
+    fn metric_touch(&self, name: &str, labels: Vec<(String, String)>) -> PyResult<()> {
+        self.with_metrics(|m| m.touch(name, &pairs(&labels)))
+    }
+
+    /// Removes the series; false when it was not there.
+    fn metric_remove(&self, name: &str, labels: Vec<(String, String)>) -> PyResult<bool> {
+        self.with_metrics(|m| m.remove(name, &pairs(&labels)))
+    }
+
     /// Nothing admitted, queued or running (true once shut down): when a lowest-priority
     /// job, such as the known answers run on demand, may take its turn.
     fn idle(&self) -> bool {
@@ -104,6 +176,26 @@ impl PyServer {
             on_engine
         })
     }
+}
+
+impl PyServer {
+    /// `f` on the server's metrics (a shut-down server's: nothing, the default).
+    fn with_metrics<R: Default>(
+        &self,
+        f: impl FnOnce(&dataplane_server::metrics::Metrics) -> Result<R, String>,
+    ) -> PyResult<R> {
+        match lock(&self.server).as_ref() {
+            Some(server) => f(server.metrics()).map_err(PyValueError::new_err),
+            None => Ok(R::default()),
+        }
+    }
+}
+
+fn pairs(labels: &[(String, String)]) -> Vec<(&str, &str)> {
+    labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
 }
 
 impl Drop for PyServer {

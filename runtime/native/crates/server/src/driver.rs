@@ -107,7 +107,8 @@ fn step_once(shared: &Shared, slots: &[mpsc::Sender<Job>]) -> Option<Time> {
     wake_at
 }
 
-/// The thread of one slot: runs each batch it is handed, answers its requests, tells the
+/// The thread of one slot: runs each batch it is handed, answers its requests, hands the
+/// sampled ones to the mirrors (inside the batch's run: [`Slot::run_then`]), tells the
 /// scheduler, until the server drops its sender.
 pub fn slot_thread(shared: Arc<Shared>, mut slot: Box<dyn Slot>, jobs: mpsc::Receiver<Job>) {
     for batch in jobs {
@@ -119,20 +120,21 @@ pub fn slot_thread(shared: Arc<Shared>, mut slot: Box<dyn Slot>, jobs: mpsc::Rec
                 None
             }
         };
-        let run = AssertUnwindSafe(|| run_batch(&shared.model, &pads, slot.as_mut(), &batch));
-        let outcome = std::panic::catch_unwind(run)
-            .unwrap_or_else(|_| Err(engine_failed("the engine panicked")));
-        let compute = outcome.is_ok().then(|| started.elapsed());
-        shared
-            .metrics
-            .batch_finished(compute, outcome.as_ref().err());
-        match outcome {
-            Ok(answers) => {
-                for (member, answer) in batch.members.iter().zip(answers) {
-                    member.payload.reply.send(answer);
-                }
-            }
-            Err(error) => fail_batch(&batch, &error),
+        let mut compute = None;
+        let mut answered = false;
+        let run = AssertUnwindSafe(|| {
+            let mut after = |outputs: Result<Vec<Tensor>, RunError>| {
+                answered = true;
+                let outcome = outputs
+                    .map_err(run_failed)
+                    .and_then(|outputs| split_answers(&shared.model, &batch, &outputs));
+                compute = answer_batch(&shared, &batch, started, outcome);
+            };
+            run_batch(&shared.model, &pads, slot.as_mut(), &batch, &mut after);
+        });
+        if std::panic::catch_unwind(run).is_err() && !answered {
+            let failed = Err(engine_failed("the engine panicked"));
+            compute = answer_batch(&shared, &batch, started, failed);
         }
         {
             let mut core = shared.core();
@@ -141,6 +143,30 @@ pub fn slot_thread(shared: Arc<Shared>, mut slot: Box<dyn Slot>, jobs: mpsc::Rec
         }
         shared.wake.notify_one();
     }
+}
+
+/// Answers a batch's requests from its outcome, counts it, and hands the sampled ones to
+/// the mirrors; returns the compute time of a batch that ran.
+fn answer_batch(
+    shared: &Shared,
+    batch: &Job,
+    started: Instant,
+    outcome: Result<Vec<Answer>, ApiError>,
+) -> Option<std::time::Duration> {
+    let compute = outcome.is_ok().then(|| started.elapsed());
+    shared
+        .metrics
+        .batch_finished(compute, outcome.as_ref().err());
+    match outcome {
+        Ok(answers) => {
+            let mirrored = crate::mirror::answer_mirrored(shared, batch, answers);
+            if let (Some(mirrored), Some(mirror)) = (mirrored, shared.mirror.get()) {
+                mirror.hand_over(mirrored);
+            }
+        }
+        Err(error) => fail_batch(batch, &error),
+    }
+    compute
 }
 
 fn fail_batch(batch: &Job, error: &ApiError) {
@@ -155,25 +181,29 @@ fn engine_failed(message: &str) -> ApiError {
     ))
 }
 
+fn run_failed(error: RunError) -> ApiError {
+    match error {
+        RunError::Engine(message) => engine_failed(&message),
+        RunError::Fill(error) => error,
+    }
+}
+
 /// Runs one batch on `slot`: its members' rows packed into the slot's buffers, the engine
-/// run, and each member's rows of the outputs taken back, checked to be the batch's own
-/// (issue 40: any output short of the batch's rows fails the whole batch).
+/// run, and `after` given the outputs (or why there are none) while the slot still holds
+/// the batch ([`Slot::run_then`]).
 pub fn run_batch(
     model: &Model,
     pads: &dyn Fn(usize) -> Option<f64>,
     slot: &mut dyn Slot,
     batch: &Job,
-) -> Result<Vec<Answer>, ApiError> {
+    after: &mut dyn FnMut(Result<Vec<Tensor>, RunError>),
+) {
     let mut fill = |buffers: &mut [InputBuffer<'_>]| fill_buffers(model, pads, batch, buffers);
-    let outputs = slot
-        .run(batch.rows, batch.shape.as_ref(), &mut fill)
-        .map_err(|error| match error {
-            RunError::Engine(message) => engine_failed(&message),
-            RunError::Fill(error) => error,
-        })?;
-    split_answers(model, batch, &outputs)
+    slot.run_then(batch.rows, batch.shape.as_ref(), &mut fill, after);
 }
 
+/// Each member's rows of the outputs, checked to be the batch's own (issue 40: any output
+/// short of the batch's rows fails the whole batch).
 fn split_answers(model: &Model, batch: &Job, outputs: &[Tensor]) -> Result<Vec<Answer>, ApiError> {
     if outputs.len() != model.outputs.len() {
         return Err(engine_failed(&format!(

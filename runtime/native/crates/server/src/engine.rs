@@ -40,6 +40,21 @@ pub trait Slot: Send + 'static {
         shape: Option<&BatchShape>,
         fill: &mut dyn FnMut(&mut [InputBuffer<'_>]) -> Result<(), ApiError>,
     ) -> Result<Vec<Tensor>, RunError>;
+
+    /// [`Slot::run`], then `after` with its outcome before the slot lets go of what it
+    /// ran the batch with: the Python slot calls `after` with the GIL still held, so what
+    /// the server does there (its mirrored requests handed over) is in the batch's one
+    /// crossing. The default runs, then calls `after`.
+    fn run_then(
+        &mut self,
+        rows: usize,
+        shape: Option<&BatchShape>,
+        fill: &mut dyn FnMut(&mut [InputBuffer<'_>]) -> Result<(), ApiError>,
+        after: &mut dyn FnMut(Result<Vec<Tensor>, RunError>),
+    ) {
+        let outcome = self.run(rows, shape, fill);
+        after(outcome);
+    }
 }
 
 /// A loaded engine.

@@ -11,6 +11,7 @@ pub mod engine;
 mod grpc;
 mod http;
 pub mod metrics;
+pub mod mirror;
 mod model;
 mod options;
 mod server;

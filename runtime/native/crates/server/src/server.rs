@@ -139,6 +139,20 @@ impl Server {
             .map_err(|_| "the server's admin routes are set already".to_string())
     }
 
+    /// Mirrors as `mirroring` says from the next batch on (no roles: nothing): see
+    /// [`crate::mirror`]. Refuses a share above 100.
+    pub fn set_mirroring(&self, mirroring: crate::mirror::Mirroring) -> Result<(), String> {
+        self.shared.samplers.set(mirroring)
+    }
+
+    /// Hands each batch's mirrored requests to `mirror` (once; until then none are).
+    pub fn set_mirror(&self, mirror: Arc<dyn crate::mirror::Mirror>) -> Result<(), String> {
+        self.shared
+            .mirror
+            .set(mirror)
+            .map_err(|_| "the server's mirror is set already".to_string())
+    }
+
     /// Batches handed to a slot that have not come back from the engine (stuck ones
     /// included): after [`Server::shutdown`], a slot's thread still inside the engine,
     /// which the process must not close the engine under.

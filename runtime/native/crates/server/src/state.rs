@@ -19,6 +19,7 @@ use dataplane_core::tensor::Tensor;
 use crate::ServerOptions;
 use crate::admin::Admin;
 use crate::metrics::Metrics;
+use crate::mirror::{Mirror, Samplers};
 use crate::model::Model;
 use crate::shm::Regions;
 
@@ -35,10 +36,12 @@ impl Reply {
         (Arc::new(Reply(Mutex::new(Some(tx)))), rx)
     }
 
-    /// Sends the answer unless one was sent already (or nobody waits any more).
-    pub fn send(&self, answer: Answer) {
-        if let Some(tx) = lock(&self.0).take() {
-            let _ = tx.send(answer);
+    /// Sends the answer unless one was sent already (or nobody waits any more); true when
+    /// it was delivered (to a request still waiting for it).
+    pub fn send(&self, answer: Answer) -> bool {
+        match lock(&self.0).take() {
+            Some(tx) => tx.send(answer).is_ok(),
+            None => false,
         }
     }
 
@@ -58,6 +61,8 @@ pub struct Pending {
     pub cut: Vec<Option<Vec<usize>>>,
     pub reply: Arc<Reply>,
     pub admission: Admission,
+    /// The raw value of the quality watch's slice header, read while a watch names one.
+    pub slice_value: Option<String>,
 }
 
 impl Waiter for Pending {
@@ -94,6 +99,10 @@ pub struct Shared {
     pub shared_memory: Regions,
     /// The Prometheus series (`GET /metrics`).
     pub metrics: Metrics,
+    /// What is mirrored, and each role's sampler ([`crate::mirror`]).
+    pub samplers: Samplers,
+    /// What takes each batch's mirrored requests (none: nothing is handed over).
+    pub mirror: OnceLock<Arc<dyn Mirror>>,
 }
 
 impl Shared {
@@ -125,6 +134,8 @@ impl Shared {
             admin: OnceLock::new(),
             wake: Notify::new(),
             shared_memory: Regions::default(),
+            samplers: Samplers::default(),
+            mirror: OnceLock::new(),
         })
     }
 

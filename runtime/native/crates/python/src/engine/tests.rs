@@ -197,3 +197,64 @@ fn a_refused_packing_is_answered_as_it_says_and_the_engine_does_not_run() {
     let runs: usize = python_eval(&python_engine, "len(engine.slots[0].runs)");
     assert_eq!(runs, 0);
 }
+
+#[test]
+fn a_batchs_mirrored_requests_are_handed_to_python_in_the_batchs_one_crossing() {
+    use dataplane_server::mirror::{Mirror, MirroredBatch, MirroredRequest};
+
+    let _one = ONE_AT_A_TIME.lock().unwrap();
+    let (engine, _) = engine("Engine", "");
+    let mut slot = engine.create_slot().unwrap();
+    let handed: Py<PyAny> = Python::attach(|py| py.eval(c"[]", None, None).unwrap().unbind());
+    let hand_over = Python::attach(|py| {
+        // As globals: a lambda's body looks its names up there, not in eval's locals.
+        let globals = pyo3::types::PyDict::new(py);
+        globals.set_item("handed", handed.bind(py)).unwrap();
+        py.eval(c"lambda *batch: handed.append(batch)", Some(&globals), None)
+            .unwrap()
+            .unbind()
+    });
+    let mirror = crate::mirror::PyMirror::new(hand_over);
+    let before = gil_crossings();
+    slot.run_then(2, None, &mut fill_two_rows, &mut |outputs| {
+        let outputs = outputs.unwrap();
+        mirror.hand_over(MirroredBatch {
+            roles: vec!["shadow".into()],
+            answered: 2,
+            requests: vec![MirroredRequest {
+                inputs: vec![],
+                outputs,
+                server_seconds: 0.5,
+                slice_value: Some("night".into()),
+                roles: vec![0],
+            }],
+        });
+    });
+    assert_eq!(
+        gil_crossings() - before,
+        1,
+        "the hand-over is in the batch's crossing"
+    );
+    let (answered, roles, y_shape, t, slice): (
+        usize,
+        Vec<String>,
+        Vec<usize>,
+        Vec<Vec<u8>>,
+        String,
+    ) = Python::attach(|py| {
+        let locals = pyo3::types::PyDict::new(py);
+        locals.set_item("handed", handed.bind(py)).unwrap();
+        py.eval(
+                c"(lambda b: (b[0], list(b[1]), list(b[2][0][1][0][2]), b[2][0][1][1][3], b[2][0][3]))(handed[0])",
+                None,
+                Some(&locals),
+            )
+            .unwrap()
+            .extract()
+            .unwrap()
+    });
+    assert_eq!((answered, roles), (2, vec!["shadow".to_string()]));
+    assert_eq!(y_shape, vec![2, 3]);
+    assert_eq!(t, vec![b"AB".to_vec(), b"C\0D".to_vec()]);
+    assert_eq!(slice, "night");
+}

@@ -170,14 +170,23 @@ impl GrpcInferenceService for InferenceService {
             .get::<Arrived>()
             .map_or_else(|| shared.now(), |a| a.0);
         let client = client_timeout(request.metadata());
+        let slice = slice_value(shared, request.metadata());
         let message = request.into_inner();
         let watch = RequestWatch::new(shared);
-        let answer = infer(shared, message, arrived, client, &watch).await;
+        let answer = infer(shared, message, arrived, client, &watch, slice).await;
         // Counted by the HTTP status of its answer, as Python's data plane counts both.
         let code = answer.as_ref().map_or_else(ApiError::status, |_| 200);
         watch.answered(code, shared.now().saturating_sub(arrived));
         answered(answer)
     }
+}
+
+/// The value of the quality watch's slice metadata key, while a watch names one (as
+/// Python's gRPC service reads it: the header's name in lower case, a text value).
+fn slice_value(shared: &Shared, metadata: &tonic::metadata::MetadataMap) -> Option<String> {
+    let header = shared.samplers.slice_header()?.to_ascii_lowercase();
+    let value = metadata.get(header.as_str())?;
+    value.to_str().ok().map(str::to_owned)
 }
 
 /// ModelInfer's path: admitted, sized, decoded, bounded by the client, then HTTP's.
@@ -187,6 +196,7 @@ async fn infer(
     arrived: Time,
     client: Option<Duration>,
     watch: &RequestWatch<'_>,
+    slice: Option<String>,
 ) -> Result<ModelInferResponse, ApiError> {
     shared
         .model
@@ -202,7 +212,15 @@ async fn infer(
     check_message_size(shared, prost::Message::encoded_len(&message))?;
     let mut decoded = decode(shared, message).await?;
     bound_by_client(shared, &mut decoded, client);
-    let response = infer_decoded(shared, &mut admitted.admission, decoded, arrived, watch).await?;
+    let response = infer_decoded(
+        shared,
+        &mut admitted.admission,
+        decoded,
+        arrived,
+        watch,
+        slice,
+    )
+    .await?;
     Ok(to_model_infer_response(response))
 }
 

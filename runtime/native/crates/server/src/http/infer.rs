@@ -98,6 +98,7 @@ async fn answer(
     };
     watch.admitted();
     let (parts, body) = request.into_parts();
+    let slice_value = slice_value(shared, &parts.headers);
     let header_length = header_length(&parts.headers)?;
     let encoding = content_encoding(&parts.headers)?;
     let limit = shared.options.max_request_bytes;
@@ -115,7 +116,15 @@ async fn answer(
     admitted.admission.stage = Stage::Waiting;
     watch.waiting();
     let decoded = decode(shared, raw, encoding, header_length).await?;
-    let response = infer_decoded(shared, &mut admitted.admission, decoded, arrived, watch).await?;
+    let response = infer_decoded(
+        shared,
+        &mut admitted.admission,
+        decoded,
+        arrived,
+        watch,
+        slice_value,
+    )
+    .await?;
     encoded(&response)
 }
 
@@ -129,6 +138,7 @@ pub(crate) async fn infer_decoded(
     decoded: InferRequest,
     arrived: Time,
     watch: &RequestWatch<'_>,
+    slice_value: Option<String>,
 ) -> Result<InferResponse, ApiError> {
     let wanted = wanted_outputs(shared, &decoded)?;
     start_deadline(shared, admission, &decoded)?;
@@ -155,6 +165,7 @@ pub(crate) async fn infer_decoded(
             cut,
             reply,
             admission: admission.clone(),
+            slice_value,
         },
     };
     enqueue(shared, admission, queued)?;
@@ -176,6 +187,14 @@ pub(crate) async fn infer_decoded(
             .collect::<Result<_, ApiError>>()?,
     };
     Ok(response)
+}
+
+/// The value of the quality watch's slice header, while a watch names one (a value that
+/// is not text is none, as Python's transports read it).
+pub(crate) fn slice_value(shared: &Shared, headers: &HeaderMap) -> Option<String> {
+    let header = shared.samplers.slice_header()?;
+    let value = headers.get(header.as_str())?;
+    value.to_str().ok().map(str::to_owned)
 }
 
 fn header_length(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {

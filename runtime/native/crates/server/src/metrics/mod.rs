@@ -247,6 +247,17 @@ impl Metrics {
         Ok(())
     }
 
+    /// Makes one series of the contract at zero if it is not there yet (as Python's
+    /// `labels()` does: a mirror target's outcome counters exist from its start).
+    pub fn touch(&self, name: &str, labels: &[(&str, &str)]) -> Result<(), String> {
+        let labels = self.labels(name, labels)?;
+        match &self.families.get(name)?.1 {
+            registry::Family::Counter(_) => self.families.counter(name, &labels).map(drop),
+            registry::Family::Gauge(_) => self.families.gauge(name, &labels).map(drop),
+            registry::Family::Histogram(_) => self.families.histogram(name, &labels).map(drop),
+        }
+    }
+
     /// Removes one series (a mirror target that changed); true when it existed.
     pub fn remove(&self, name: &str, labels: &[(&str, &str)]) -> Result<bool, String> {
         let labels = self.labels(name, labels)?;
