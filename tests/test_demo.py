@@ -74,6 +74,7 @@ def test_the_demo_tells_the_story_through_the_operator(tmp_path: Path) -> None:
     assert "2 pods, as `kubectl scale` asked" in out
     assert "(answering wrong)" in out and "left the Service's endpoints" in out
     assert "$ kubectl infd answers answers" in out and "KnownAnswersFailed" in out
+    assert "its replacement answers-runtime-" in out and "2 pods serve again" in out
     assert "stayed in the Service's endpoints throughout" in out
     assert "caught: pod answers-runtime-" in out and "(engine sha256:" in out
     assert "8 of 8 steps passed" in out and out.rstrip().endswith("Demo finished.")

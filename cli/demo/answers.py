@@ -182,7 +182,13 @@ async def _catch(demo: Demo, step: Step, reference: Any) -> None:
                 f"later (the operator's checks every {INTERVAL_SECONDS} s)"
             )
             await demo.until(lambda: _answers_status(demo, "False"), 20, "AnswersCorrect False")
-            await demo.until(lambda: _replaced(demo, bad, good_ip), 90, "a replacement Ready")
+            replacement = await demo.until(
+                lambda: _replacement(demo, bad, good_ip), 90, "a replacement Ready"
+            )
+            demo.say(
+                f"  its replacement {replacement} Ready {time.monotonic() - started:.0f} s "
+                "after the wrong answers: 2 pods serve again"
+            )
             again = float(np.abs(await answer_of(session, url_of(good), rows) - expected).max())
             assert again < 1e-3, f"the other pod answered wrong: {again}"
         finally:
@@ -218,11 +224,15 @@ async def _out_of_endpoints(demo: Demo, ip: str) -> bool:
     return ip not in await endpoint_ips(demo)
 
 
-async def _replaced(demo: Demo, bad: dict[str, Any], good_ip: str) -> bool:
-    """Two ready serving pods in the Service again, neither the wrong one."""
+async def _replacement(demo: Demo, bad: dict[str, Any], good_ip: str) -> str | None:
+    """The replacement's name once two ready serving pods are in the Service again, the
+    other pod and a new one."""
     ips = await endpoint_ips(demo)
     serving = [
         p for p in await demo.pods(ANSWERS) if p["metadata"]["uid"] != bad["metadata"]["uid"]
     ]
-    ready = {p["status"].get("podIP") for p in serving} & ips
-    return len(ready) == 2 and good_ip in ready
+    ready = [p for p in serving if p["status"].get("podIP") in ips]
+    if len(ready) != 2 or good_ip not in {p["status"]["podIP"] for p in ready}:
+        return None
+    (new,) = [p["metadata"]["name"] for p in ready if p["status"]["podIP"] != good_ip]
+    return str(new)
