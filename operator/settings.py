@@ -130,6 +130,31 @@ class Pods(_Group):
     docs/known-answers.md), so the tests can show wrong answers caught; never set in
     production."""
 
+    testing_faults_objects: Annotated[tuple[str, ...] | None, NoDecode] = None
+    """FOR TESTS ONLY: the InferenceDeployments (`namespace/name`, comma-separated in the
+    environment) whose serving pods get `testing_faults`; unset or empty: every one's.
+    `kubeinfer demo` injects its faults into one object only, so its other steps stay
+    fault-free."""
+
+    @field_validator("testing_faults_objects", mode="before")
+    @classmethod
+    def _split_objects(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = tuple(part.strip() for part in value.split(",") if part.strip())
+        for item in value or ():
+            namespace, _, name = str(item).partition("/")
+            if not (namespace and name) or "/" in name:
+                raise ValueError(f"expected namespace/name, got {item!r}")
+        return value
+
+    def injects_faults_into(self, namespace: str, name: str) -> bool:
+        """Whether the serving pods of `namespace/name` get `testing_faults`."""
+        if not self.testing_faults:
+            return False
+        return not self.testing_faults_objects or f"{namespace}/{name}" in (
+            self.testing_faults_objects
+        )
+
     @property
     def termination_grace_period_seconds(self) -> int:
         """preStop pause + drain + a margin, so the kubelet never kills a draining pod."""

@@ -10,7 +10,10 @@ directory, saying at start where it writes:
   traffic, its quality watch Healthy and then Degraded=True QualityDrift on the shifted
   class and tenant (the figures from status.qualityWatch) with the exemplars fetched from
   the serving pod mostly the shifted rows, a bad candidate failed with serving untouched,
-  `kubectl scale` with autoscaling off; and every process it started gone afterwards;
+  `kubectl scale` with autoscaling off, a replica driven into wrong answers (the tests'
+  fault, on that object only) caught by the operator's known-answer checks, taken out of
+  its Service's endpoints, replaced and named with its node and engine while the other
+  replica served throughout; and every process it started gone afterwards;
 - `kubeinfer demo --serving`: the runtime alone (validate, render, build through the
   cache, serve, load, the batcher's histogram from /metrics, drain), writing under the
   user's state directory when not told where.
@@ -69,7 +72,12 @@ def test_the_demo_tells_the_story_through_the_operator(tmp_path: Path) -> None:
     assert "Healthy, then QualityDrift: class " in out and "are the shifted rows" in out
     assert "Failed (DifferenceTooLarge), serving untouched" in out
     assert "2 pods, as `kubectl scale` asked" in out
-    assert "7 of 7 steps passed" in out and out.rstrip().endswith("Demo finished.")
+    assert "(answering wrong)" in out and "left the Service's endpoints" in out
+    assert "$ kubectl infd answers answers" in out and "KnownAnswersFailed" in out
+    assert "its replacement answers-runtime-" in out and "2 pods serve again" in out
+    assert "stayed in the Service's endpoints throughout" in out
+    assert "caught: pod answers-runtime-" in out and "(engine sha256:" in out
+    assert "8 of 8 steps passed" in out and out.rstrip().endswith("Demo finished.")
     assert processes_mentioning(workdir) == []
 
 

@@ -25,6 +25,12 @@ from inside, sparing the two cores the relay:
 6. a bad candidate (another model behind the same tensor names): Failed, and the serving
    pods untouched;
 7. with autoscaling off, `kubectl scale infd` sets the pods;
+8. a replica that answers wrong (`answers`): an object of two pods with the operator's
+   known-answer checks on, whose pods alone get the tests' fault (the operator is
+   installed with it for that object only), one pod driven past its clean batches: the
+   operator's next check takes it out of the Service's endpoints, its ReplicaSet starts
+   a replacement, AnswersCorrect turns False naming it and `kubectl infd answers` shows
+   its node and engine, while the other pod serves throughout; the object is deleted;
 and a summary. Everything stops at the end, success or not.
 """
 
@@ -33,7 +39,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -41,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from kubeinfer.cli.demo import answers
 from kubeinfer.cli.demo.load import drive
 from kubeinfer.cli.demo.quality import WATCH, watch_quality
 from kubeinfer.cli.local import forward
@@ -131,6 +141,24 @@ class Demo:
         """Runs kubectl and prints its output, as typed."""
         self.say(f"\n$ kubectl {' '.join(args)}")
         for line in (await self.kubectl(*args)).rstrip().splitlines():
+            self.say(f"  {line}")
+
+    async def show_plugin(self, *args: str) -> None:
+        """`kubectl infd ...`, the plugin found on PATH beside this Python, as typed."""
+        cluster = self.session.cluster
+        assert cluster is not None
+        self.say(f"\n$ kubectl {' '.join(args)}")
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [str(cluster.kubectl), *args, "-n", NAMESPACE],
+            env={**os.environ, "PATH": path, "KUBECONFIG": str(cluster.kubeconfig)},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr.strip()}"
+        for line in result.stdout.rstrip().splitlines():
             self.say(f"  {line}")
 
     async def infd(self, name: str) -> dict[str, Any]:
@@ -432,6 +460,10 @@ class Demo:
             lambda step: self.shadow(step, "3", bad, passes=False),
         )
         await self.step("Autoscaling off: `kubectl scale infd` sets the pods", self.kubectl_scale)
+        await self.step(
+            "A replica that answers wrong is caught, taken out of serving, replaced and named",
+            lambda step: answers.wrong_answers(self, step),
+        )
         await self.show("get", "infd")
         return all(step.ok for step in self.steps)
 
@@ -456,7 +488,9 @@ def run_story(workdir: Path, directory: Path) -> bool:
     for path in (models.small, models.other, models.heavy):
         print(f"  {path} ({path.stat().st_size / 1e6:.1f} MB)")
     print("\n$ kubeinfer up   (a control plane, a node, the CRD and the operator)")
-    session = LocalSession(directory, say=lambda line: print(line, flush=True))
+    session = LocalSession(
+        directory, say=lambda line: print(line, flush=True), operator_settings=answers.FAULTS
+    )
     session.prepare()
     try:
         return asyncio.run(_tell(session, models, started))

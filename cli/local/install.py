@@ -12,6 +12,7 @@ the settings a laptop wants (`LOCAL_SETTINGS`): short metrics polls, a shorter d
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from kubeinfer.operator import rbac
@@ -54,9 +55,13 @@ def _binding(kind: str, name: str, namespace: str | None, account: str) -> dict[
     }
 
 
-def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
+def operator_objects(
+    prometheus_url: str | None, settings: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """Namespace, ServiceAccount, the chart's ClusterRole, the nodes' ClusterRole and the
-    Lease Role with their bindings, and the operator's Deployment. Without the nodes' role
+    Lease Role with their bindings, and the operator's Deployment, with `settings` (the
+    operator's variables, `KUBEINFER_<GROUP>__<FIELD>`) over the laptop's where a caller
+    asks for more: `kubeinfer demo` its test faults, `kubeinfer up` none. Without the nodes' role
     the operator stops about a minute after each start: kopf's watch of the GPU nodes is
     refused, and once its retries run out, kopf ends the whole operator."""
     cluster_role = rbac.role_document(OPERATOR_ACCOUNT)
@@ -77,14 +82,18 @@ def operator_objects(prometheus_url: str | None) -> list[dict[str, Any]]:
         _binding("ClusterRole", node_role["metadata"]["name"], None, OPERATOR_ACCOUNT),
         lease_role,
         _binding("Role", lease_role["metadata"]["name"], NAMESPACE, OPERATOR_ACCOUNT),
-        _operator_deployment(_operator_env(prometheus_url)),
+        _operator_deployment(_operator_env(prometheus_url, settings or {})),
     ]
 
 
-def _operator_env(prometheus_url: str | None) -> list[dict[str, object]]:
-    """The laptop's settings, the pod's own name and namespace (the leader election's
-    identity and its Lease's namespace), and Prometheus when the session runs one."""
-    env: list[dict[str, object]] = [{"name": k, "value": v} for k, v in LOCAL_SETTINGS.items()]
+def _operator_env(
+    prometheus_url: str | None, settings: Mapping[str, str]
+) -> list[dict[str, object]]:
+    """The laptop's settings and the caller's, the pod's own name and namespace (the
+    leader election's identity and its Lease's namespace), and Prometheus when the
+    session runs one."""
+    merged = {**LOCAL_SETTINGS, **settings}
+    env: list[dict[str, object]] = [{"name": k, "value": v} for k, v in merged.items()]
     env += [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},

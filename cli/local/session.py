@@ -61,6 +61,8 @@ class LocalSession:
     directory: Path
     cpu: bool = False
     say: Callable[[str], None] = print
+    operator_settings: dict[str, str] = field(default_factory=dict)
+    """Operator variables over the laptop's (`install.operator_objects`): the demo's."""
     entered: namespace.Entered | None = None
     cluster: control_plane.Cluster | None = None
     api: NodeApi | None = None
@@ -123,7 +125,7 @@ class LocalSession:
         await self._wait_for_crd()
         await self._start_prometheus()
         inside_url = PROMETHEUS_INSIDE if self.prometheus_forward else None
-        await self.kubectl_apply(install.operator_objects(inside_url))
+        await self.kubectl_apply(install.operator_objects(inside_url, self.operator_settings))
         self.say(
             f"  operator installed: {install.NAMESPACE}/{install.OPERATOR_ACCOUNT} "
             f"({install.OPERATOR_IMAGE}, the chart's ServiceAccount and RBAC)"

@@ -281,7 +281,7 @@ def build_runtime_deployment(
                     "terminationGracePeriodSeconds": settings.pods.termination_grace_period_seconds,
                     **placement(spec),
                     **_spread(spec, selector),
-                    "containers": [_runtime_container(spec, settings, meta, serving)],
+                    "containers": [_runtime_container(owner, spec, settings, meta, serving)],
                     "volumes": _runtime_volumes(owner, spec, meta, serving),
                     **_readiness_gates(spec, serving),
                 },
@@ -340,6 +340,7 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def _runtime_container(
+    owner: OwnerRef,
     spec: InferenceDeploymentSpec,
     settings: OperatorSettings,
     meta: dict[str, Any],
@@ -354,7 +355,7 @@ def _runtime_container(
         "imagePullPolicy": settings.images.pull_policy,
         "command": ["kubeinfer"],
         "args": ["serve", "--config", f"{CONFIG_MOUNT}/{CONFIG_KEY}"],
-        "env": _runtime_env(settings, serving),
+        "env": _runtime_env(settings, serving, owner),
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             *_grpc_ports(spec.runtime.grpc_port, "containerPort"),
@@ -394,12 +395,16 @@ def _readiness_gates(spec: InferenceDeploymentSpec, serving: bool) -> dict[str, 
     return {"readinessGates": [{"conditionType": GATE_CONDITION}]}
 
 
-def _runtime_env(settings: OperatorSettings, serving: bool) -> list[dict[str, str]]:
+def _runtime_env(
+    settings: OperatorSettings, serving: bool, owner: OwnerRef
+) -> list[dict[str, str]]:
     """HOME, and on serving pods the tests' injected faults where the operator's settings
-    name some (never in production: docs/known-answers.md)."""
+    name some, for this object (`pods.testing_faults_objects`; never in production:
+    docs/known-answers.md)."""
     env = [{"name": "HOME", "value": "/tmp"}]
-    if serving and settings.pods.testing_faults:
-        env.append({"name": TESTING_FAULTS_ENV, "value": settings.pods.testing_faults})
+    pods = settings.pods
+    if serving and pods.testing_faults and pods.injects_faults_into(owner.namespace, owner.name):
+        env.append({"name": TESTING_FAULTS_ENV, "value": pods.testing_faults})
     return env
 
 

@@ -454,6 +454,13 @@ def test_the_operator_is_installed_with_the_charts_rbac() -> None:
     with_prometheus = install.operator_objects("http://10.244.0.1:9090")
     env = with_prometheus[-1]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "KUBEINFER_METRICS__PROMETHEUS_URL", "value": "http://10.244.0.1:9090"} in env
+    names_only = {e["name"] for e in env if "value" in e}
+    assert not any("TESTING" in n for n in names_only), "`kubeinfer up` injects no faults"
+    faults = {"KUBEINFER_PODS__TESTING_FAULTS": "perturb-batches=1"}
+    with_faults = install.operator_objects(None, faults)
+    env = with_faults[-1]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "KUBEINFER_PODS__TESTING_FAULTS", "value": "perturb-batches=1"} in env
+    assert {"name": "KUBEINFER_IMAGES__PULL_POLICY", "value": "Never"} in env, "and the laptop's"
     for name in install.RESTRICTED_NAMESPACES:
         labels = objects[("Namespace", name)]["metadata"]["labels"]
         assert labels["pod-security.kubernetes.io/enforce"] == "restricted"

@@ -14,6 +14,7 @@ from kubeinfer.operator.settings import (
     InvalidSettings,
     KnownAnswers,
     OperatorSettings,
+    Pods,
     misspelt,
 )
 from pydantic import ValidationError
@@ -76,6 +77,8 @@ def test_each_field_is_set_by_its_group_and_name(environ: Environ) -> None:
         ({"KUBEINFER_METRICS__POD_MONITOR_LABELS": "nope"},
          "KUBEINFER_METRICS__POD_MONITOR_LABELS: expected"),
         ({"KUBEINFER_IMAGES__PULL_POLICY": "Sometimes"}, "KUBEINFER_IMAGES__PULL_POLICY: "),
+        ({"KUBEINFER_PODS__TESTING_FAULTS_OBJECTS": "default/a,b"},
+         "KUBEINFER_PODS__TESTING_FAULTS_OBJECTS: expected namespace/name"),
         ({"KUBEINFER_BUILD": '{"backoff_seconds": 3}'},
          "KUBEINFER_BUILD: a group is not set as a whole; set each of its fields as "
          "KUBEINFER_BUILD__<FIELD>"),
@@ -152,3 +155,17 @@ def test_the_local_modes_settings_are_read(environ: Environ) -> None:
     requeue, pods = settings.requeue, settings.pods
     assert (requeue.autoscale_poll_seconds, requeue.shadow_poll_seconds) == (2, 2)
     assert (pods.pre_stop_sleep_seconds, pods.drain_grace_period_seconds) == (5, 5)
+
+
+def test_the_demos_faults_are_read_for_its_one_object(environ: Environ) -> None:
+    from kubeinfer.cli.demo.answers import ANSWERS, FAULTS
+
+    environ(FAULTS)
+    pods = OperatorSettings.from_env().pods
+    assert pods.testing_faults_objects == (f"default/{ANSWERS}",)
+    assert pods.injects_faults_into("default", ANSWERS)
+    assert not pods.injects_faults_into("default", "demo")
+    environ({})
+    assert OperatorSettings.from_env().pods == Pods(), "none unless asked"
+    assert Pods().testing_faults_objects is None
+    assert not Pods().injects_faults_into("default", ANSWERS)

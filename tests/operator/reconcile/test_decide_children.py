@@ -15,6 +15,7 @@ from kubeinfer.operator.reconcile.desired import (
     CONFIG_KEY,
     MIRROR_KEY,
     MIRROR_MOUNT,
+    TESTING_FAULTS_ENV,
     runtime_config,
 )
 from kubeinfer.operator.reconcile.desired_mirror import build_mirror_configmap
@@ -235,3 +236,27 @@ def test_child_names_are_valid_and_deterministic_for_any_owner_name(name):
         assert child_name[0].isalnum() and child_name[-1].isalnum()
     job_name = names.build_job_name(name, "k" * 64, 12)
     assert len(job_name) <= 63
+
+
+def test_the_tests_faults_reach_the_serving_pods_of_the_objects_named_only():
+    def faults(settings, name="demo", namespace="ns", role="Deployment"):
+        cluster = Cluster(make_spec(), name=name, namespace=namespace)
+        cluster.reconcile(T0, settings)
+        (job,) = cluster.jobs()
+        cluster.succeed_job(job["metadata"]["name"], DIGEST_A)
+        cluster.reconcile(T0, settings)
+        (container,) = cluster.get(role)["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        return env.get(TESTING_FAULTS_ENV)
+
+    spec = "perturb-batches=1,perturb-after-batches=40"
+    assert faults(SETTINGS) is None, "none unless the settings name some"
+    everywhere = tuned(SETTINGS, pods={"testing_faults": spec})
+    assert faults(everywhere) == spec, "no objects named: every object's serving pods"
+    named = tuned(everywhere, pods={"testing_faults_objects": "ns/answers, other/demo"})
+    assert named.pods.testing_faults_objects == ("ns/answers", "other/demo")
+    assert faults(named, name="answers") == spec
+    assert faults(named) is None, "ns/demo is not named"
+    assert faults(named, namespace="other") == spec
+    empty = tuned(everywhere, pods={"testing_faults_objects": ()})
+    assert faults(empty) == spec, "an empty list names every object, as unset"
