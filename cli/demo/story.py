@@ -61,11 +61,13 @@ NAMESPACE = "default"
 THRESHOLDS = {
     "maxAbsoluteOutputDifference": 0.5,
     "minTop1Agreement": 0.9,
-    "maxP99LatencyRegressionPercent": 200,
+    "maxP99LatencyRegressionPercent": 400,
 }
 """On this model's logits int8 moves single values by up to about 0.15 and changes about
 one top-1 class in 40; another model moves them by about 2: the limits sit between. The
-pods share two cores with the load, so the latency allowance is wide."""
+pods share two cores with the load, where a candidate's p99 alone can run past three times
+serving's: the latency allowance is wide, so the demo's candidates are judged on their
+answers."""
 
 
 @dataclass
