@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from kubeinfer.contract.runtime_config import RuntimeConfig
     from kubeinfer.runtime.engines.base import Engine
     from kubeinfer.runtime.engines.batching_probe import BatchingProbe
+    from kubeinfer.runtime.known_answers.comparison import Verdict
     from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck
     from kubeinfer.runtime.rust_mirroring import RustMirrors
 
@@ -140,6 +141,10 @@ def serve(config: RuntimeConfig, engine: Engine, known_answers: KnownAnswerCheck
     admin = AdminRoutes(config.model_version, known_answers)
     server = start_server(options, engine, config.model_name, config.model_version, admin)
     admin.idle = server.idle
+    admin.publish = lambda verdict: publish_verdict(server, verdict)
+    if known_answers.latest is not None:
+        admin.publish(known_answers.latest)
+    _say_buffers(engine, options["batching"]["executionSlots"])
     if config.mirror_target_file:
         from kubeinfer.runtime.rust_mirroring import RustMirrors
 
@@ -180,6 +185,33 @@ def serve(config: RuntimeConfig, engine: Engine, known_answers: KnownAnswerCheck
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def publish_verdict(server: Any, verdict: Verdict) -> None:
+    """A run of the known-answer set in the server's metrics, as the contract names them:
+    counted by result; a run that checked sets the failing gauge and each output's error
+    ratio, and adds its compute (the server adds the model's labels)."""
+    server.metric_add("kubeinfer_known_answer_checks", [("result", verdict.result)], 1.0)
+    if not verdict.checked:
+        return
+    server.metric_set("kubeinfer_known_answers_failing", [], 0.0 if verdict.passed else 1.0)
+    server.metric_add("kubeinfer_known_answer_seconds", [], verdict.seconds)
+    for output in verdict.outputs:
+        server.metric_set(
+            "kubeinfer_known_answer_error_ratio", [("output", output.name)], output.error_ratio
+        )
+
+
+def _say_buffers(engine: Engine, slots: int) -> None:
+    """Logs the memory the execution slots' buffers hold (the server exports it as
+    kubeinfer_engine_buffer_bytes)."""
+    from kubeinfer.runtime.engines.base import slot_buffer_bytes
+
+    total = slots * slot_buffer_bytes(engine)
+    log.info(
+        "Allocated engine buffers slots=%d bytes=%d (%.1f MiB) max_batch_size=%d",
+        slots, total, total / 2**20, engine.max_batch_size,
+    )  # fmt: skip
+
+
 def _gil_crossings() -> int:
     """Times the server's threads took the GIL (one per batch, one per slot at start)."""
     import kubeinfer_dataplane
@@ -209,8 +241,8 @@ def start_server(
         return kubeinfer_dataplane.Server(
             json.dumps(options), engine, model_name=name, model_version=version, admin=admin
         )
-    except (RuntimeError, ValueError) as error:
-        raise CannotServe(f"cannot start the Rust data plane: {error}") from None
+    except (RuntimeError, ValueError) as error:  # the server's own sentence: say it as is
+        raise CannotServe(str(error)) from None
 
 
 Answer = tuple[int, list[tuple[str, str]], bytes]
@@ -234,6 +266,8 @@ class AdminRoutes:
         self._serving_version = serving_version
         self._known_answers = known_answers
         self.idle: Callable[[], bool] = lambda: True
+        self.publish: Callable[[Verdict], None] = lambda verdict: None
+        """Puts a verdict in the server's metrics (`publish_verdict`), set once it started."""
         self.mirrors: RustMirrors | None = None
         """The mirrors, where a mirror target file is followed (`rust_mirroring`)."""
         self._loop = asyncio.new_event_loop()
@@ -276,6 +310,7 @@ class AdminRoutes:
             running = check.run_when_idle(lambda: self.idle())
             verdict = asyncio.run_coroutine_threadsafe(running, self._loop).result()
             log_verdict(verdict, "on demand")
+            self.publish(verdict)
         return _json(known_answers_body(check))
 
     def close(self) -> None:

@@ -71,5 +71,5 @@ def test_an_http_port_in_use_stops_the_start_with_a_message(
         )  # fmt: skip
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr
-    assert f"HTTP on 127.0.0.1:{taken}" in result.stderr
-    assert termination.read_text().startswith(f"error: HTTP on 127.0.0.1:{taken}")
+    assert f"cannot listen on 127.0.0.1:{taken} (HTTP)" in result.stderr
+    assert termination.read_text().startswith(f"error: cannot listen on 127.0.0.1:{taken} (HTTP)")

@@ -164,20 +164,25 @@ def test_no_shape_is_a_500(keep_alive: KeepAlive, shape, data, name, datatype, b
     ("raw", "status"),
     [
         (b"GARBAGE /\x01 HTTP/1.1\r\n\r\n", 400),
-        (b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n", 400),
+        (b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 70_000 + b"\r\n\r\n", 431),
         (b"POST /v2/models/spin/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
          b"\r\n\r\nzz\r\n", 400),
     ],
 )  # fmt: skip
-def test_requests_aiohttp_refuses_get_its_400(server: ServeProcess, raw, status) -> None:
+def test_requests_that_are_not_http_get_a_4xx_and_a_close(server: ServeProcess, raw, status) -> None:
+    """Not HTTP, a head past the read buffer, a chunk size that is no number: refused by the
+    HTTP layer, and the connection closed (the read below ends), the server serving on."""
     with server.socket(timeout=10) as sock:
-        sock.sendall(raw)
+        try:
+            sock.sendall(raw)
+        except BrokenPipeError:  # refused before all of the oversized head was sent
+            pass
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
     head_, _, body = data.partition(b"\r\n\r\n")  # the whole answer: then closed
     assert head_.split(b" ", 2)[1] == str(status).encode(), data[:200]
-    assert b"Content-Type: text/plain" in head_ and body  # aiohttp's own: no app saw it
+    assert server.request("GET", "/v2/health/live")[0] == 200
 
 
 def test_a_request_whose_client_left_is_never_executed(server: ServeProcess) -> None:

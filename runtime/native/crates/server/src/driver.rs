@@ -87,6 +87,11 @@ fn step_once(shared: &Shared, slots: &[mpsc::Sender<Job>]) -> Option<Time> {
         );
     }
     for replies in stuck {
+        log::error!(
+            "Engine has not returned a batch past its requests' deadlines requests={}; \
+             readiness is off until it returns",
+            replies.len()
+        );
         let error = ApiError::EngineTimeout(
             "the engine did not finish this request's batch by its deadline; the engine may be stuck".into(),
         );
@@ -136,10 +141,15 @@ pub fn slot_thread(shared: Arc<Shared>, mut slot: Box<dyn Slot>, jobs: mpsc::Rec
             let failed = Err(engine_failed("the engine panicked"));
             compute = answer_batch(&shared, &batch, started, failed);
         }
-        {
+        let was_stuck = {
             let mut core = shared.core();
-            core.running.remove(&batch.id);
+            let was_stuck = core.running.remove(&batch.id).is_none();
             core.scheduler.finished(batch.id, compute, shared.now());
+            was_stuck
+        };
+        if was_stuck {
+            let seconds = started.elapsed().as_secs_f64();
+            log::warn!("Engine returned the stuck batch after {seconds:.3} s");
         }
         shared.wake.notify_one();
     }
@@ -164,9 +174,24 @@ fn answer_batch(
                 mirror.hand_over(mirrored);
             }
         }
-        Err(error) => fail_batch(batch, &error),
+        Err(error) => {
+            log_failed_batch(batch, &error);
+            fail_batch(batch, &error);
+        }
     }
     compute
+}
+
+/// Says in the log why a batch failed: its outputs not holding its rows, or the engine's
+/// own error (a request that could not be packed is its client's, answered 4xx unlogged).
+fn log_failed_batch(batch: &Job, error: &ApiError) {
+    if crate::metrics::is_output_rows_mismatch(error) {
+        let message = error.message();
+        log::error!("Failed a batch whose outputs do not hold its rows: {message}");
+    } else if matches!(error, ApiError::EngineFailed(_)) {
+        let message = error.message();
+        log::error!("Engine failed on a batch of {} rows: {message}", batch.rows);
+    }
 }
 
 fn fail_batch(batch: &Job, error: &ApiError) {

@@ -60,10 +60,10 @@ impl Server {
             .enable_all()
             .build()
             .map_err(|e| format!("cannot start the server's runtime: {e}"))?;
-        let listener = bind(&runtime, &options.host, options.http_port)?;
+        let listener = bind(&runtime, &options.host, options.http_port, "HTTP")?;
         let http_port = listener.local_addr().map_err(|e| e.to_string())?.port();
         let grpc_listener = (options.grpc_port)
-            .map(|port| bind(&runtime, &options.host, port))
+            .map(|port| bind(&runtime, &options.host, port, "gRPC"))
             .transpose()?;
         let grpc_port = (grpc_listener.as_ref())
             .map(|l| l.local_addr().map(|a| a.port()))
@@ -202,9 +202,9 @@ impl Drop for Server {
     }
 }
 
-fn bind(runtime: &Runtime, host: &str, port: u16) -> Result<TcpListener, String> {
+fn bind(runtime: &Runtime, host: &str, port: u16, transport: &str) -> Result<TcpListener, String> {
     let listener = std::net::TcpListener::bind((host, port))
-        .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+        .map_err(|e| format!("cannot listen on {host}:{port} ({transport}): {e}"))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     let _entered = runtime.enter();
     TcpListener::from_std(listener).map_err(|e| e.to_string())
@@ -227,6 +227,10 @@ fn spawn_slots(
     Ok(senders)
 }
 
+/// The most a connection buffers as it reads: a request head that does not fit is refused
+/// (431) before any of it is acted on, and a body is read through it in chunks this size.
+const MAX_READ_BUFFER_BYTES: usize = 64 * 1024;
+
 /// Accepts connections until told to stop, then waits (a little) for them to close.
 async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
     let graceful = GracefulShutdown::new();
@@ -235,6 +239,7 @@ async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Rec
     // names are case-insensitive, but clients that read them into a plain dict are not.
     builder
         .title_case_headers(true)
+        .max_buf_size(MAX_READ_BUFFER_BYTES)
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs_f64(
             shared.options.header_read_timeout_seconds.max(0.001),
@@ -262,6 +267,7 @@ async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Rec
         });
     }
     drop(listener);
+    linger(&graceful).await;
     if tokio::time::timeout(CLOSE_CONNECTIONS_WITHIN, graceful.shutdown())
         .await
         .is_err()
@@ -269,6 +275,21 @@ async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Rec
         log::debug!("Connections still open at stop");
     }
 }
+
+/// Once the drain is over and new connections are refused, leaves the open ones a while
+/// before closing them: a client told to retry after a second before the drain began
+/// comes back on its keep-alive connection within it, and is answered 503 with
+/// `Connection: close` instead of finding the connection closed under its request (which
+/// it cannot tell from a request lost). Ends as soon as no connection is open.
+async fn linger(graceful: &GracefulShutdown) {
+    let until = tokio::time::Instant::now() + KEEP_ALIVE_LINGER;
+    while graceful.count() > 0 && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Longer than the Retry-After the server's refusals carry.
+const KEEP_ALIVE_LINGER: Duration = Duration::from_secs(2);
 
 /// Stops admitting and waits until every admitted request is answered (or `grace` ran
 /// out: false).
