@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-demo test-lifecycle lint bench crds protos clean mutate lock images \
+.PHONY: demo test test-demo test-lifecycle lint bench crds clean mutate lock images \
 	native-test native-lint dataplane native-test-python
 
 # The virtual environment is rebuilt only when the dependencies change, at the versions
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml requirements/constraints.txt requirements/build.txt
 	touch $@
 
 # The Rust data plane as the Python extension kubeinfer_dataplane (runtime/native/crates/
-# python, `kubeinfer serve --data-plane rust`), built by maturin (requirements/build.txt)
+# python: what `kubeinfer serve` serves through), built by maturin (requirements/build.txt)
 # into the venv, again whenever a source of runtime/native changed. Cargo fetches the crates
 # Cargo.lock pins on the first build (from the host's network, before any test runs).
 DATAPLANE     := $(VENV)/.dataplane
@@ -151,26 +151,23 @@ test: $(STAMP) $(PERF_ANALYZER) $(DATAPLANE) native-test native-test-python
 # products, drains, lost nodes and zones), leader election (replicas taking over from each
 # other), the Helm release installed, upgraded and removed, and the images built from a
 # clean clone. Apart from `make test` for its time, as the demo's story is; CI runs both.
-test-lifecycle: $(STAMP)
+test-lifecycle: $(STAMP) $(DATAPLANE)
 	$(BIN)/kubeinfer cluster build
 	$(BIN)/python tests/support/registry_prefetch.py
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m lifecycle
 
 # `make demo`'s whole story, checked: every step passed, nothing left running. Apart from
 # `make test` to keep the suite under ten minutes on two cores; CI runs both.
-test-demo: $(STAMP)
+test-demo: $(STAMP) $(DATAPLANE)
 	$(BIN)/kubeinfer cluster build
 	$(BIN)/python -m pytest -q -m demo tests/test_demo.py
 
-# Types: strict on the contract and the pure cores (every decision of the operator, the
-# batcher's policy and assembler), then the default checks on every source package, through
+# Types: strict on the contract and the pure cores (every decision of the operator; the
+# batcher's are Rust, runtime/native/crates/core), then the default checks on every source package, through
 # a tree of links that gives mypy the import names.
 STRICT_TYPED := kubeinfer/contract kubeinfer/operator/api kubeinfer/operator/state \
 	kubeinfer/operator/reconcile kubeinfer/operator/rollout kubeinfer/operator/scaling \
-	kubeinfer/operator/quality \
-	kubeinfer/runtime/batching/policy.py kubeinfer/runtime/batching/assembler.py \
-	kubeinfer/runtime/batching/admission.py kubeinfer/runtime/batching/adaptive.py \
-	kubeinfer/runtime/batching/shapes.py kubeinfer/runtime/engines/dimensions.py \
+	kubeinfer/operator/quality kubeinfer/runtime/engines/dimensions.py \
 	kubeinfer/runtime/known_answers/probe_file.py \
 	kubeinfer/cli/tune/frontier.py kubeinfer/cli/tune/traffic.py kubeinfer/cli/tune/report.py
 TYPED := kubeinfer/operator kubeinfer/runtime kubeinfer/cluster kubeinfer/cli kubeinfer/contract
@@ -187,19 +184,14 @@ lint: $(STAMP) native-lint
 	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml \
 		--explicit-package-bases $(TYPED)
 
-# Mutation testing of the pure cores (reconcile, shadow verdict, autoscaler, batching
-# policy) with mutmut, in .mutmut/; about an hour on 2 cores. Prints the survivors.
+# Mutation testing of the pure Python cores (reconcile, shadow verdict, autoscaler)
+# with mutmut, in .mutmut/; about an hour on 2 cores. Prints the survivors.
 mutate: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[mutation]'
 	$(BIN)/python tests/mutation/run_mutmut.py
 
 crds: $(STAMP)
 	$(BIN)/kubeinfer crds --write
-
-# The gRPC stubs from the vendored Open Inference Protocol .proto (checked in; a test
-# fails when they are out of date with it).
-protos: $(STAMP)
-	$(BIN)/python tests/runtime/grpc_stubgen.py
 
 clean:
 	rm -rf $(VENV) .bench .mutmut build *.egg-info

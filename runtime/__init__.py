@@ -1,8 +1,11 @@
 """kubeinfer's data plane: the inference server, its dynamic batcher, and the engines.
 
-Two halves share this package. Serving (`kubeinfer serve`) is at the top: `serve_command`,
-`serving` (the data plane assembled once, both transports over it), `dataplane`, `http/`,
-`grpc_service/`, `protocol/`, `batching/`, `shadow/`, `metrics`, `gpu_memory`.
+Two halves share this package. Serving (`kubeinfer serve`) is at the top: `serve_command`
+(configuration, the engine loaded and checked), `rust_dataplane` (the Rust extension
+`kubeinfer_dataplane` from `native/`, which owns every request: transports, decoding,
+admission, batching, metrics), `rust_mirroring` and `shadow/` (the comparisons behind
+shadow and quality), `protocol/` (the OIP v2 tensors the mirrors send and read),
+`metrics`, `gpu_memory`.
 The engine build (`kubeinfer build`) is `building/`. They never import each other; what
 both use stays at the top (the engine cache and its manifest, `engines/`,
 `output_statistics`, `config`, `api_model`): `building/__init__.py` says what went where

@@ -1,7 +1,8 @@
-"""Every Prometheus metric of the runtime, defined in one place.
+"""Every Prometheus metric of the runtime, as `kubeinfer.contract.metrics` names them.
 
-Each app gets its own `CollectorRegistry` (tests start several servers in one process),
-and every series is labelled with the served model's name and version. Seconds are the
+The Rust data plane exports the serving series at `/metrics` from its own registry
+(runtime/native/crates/server/src/metrics, whose table the contract's is checked
+against); every series is labelled with the served model's name and version. Seconds are the
 unit of every duration; counters end in `_total`. The operator's autoscaler and the
 dashboards read these names, so they are a public interface:
 
@@ -35,7 +36,9 @@ dashboards read these names, so they are a public interface:
 upload), `waiting` (decoding or queued: it is not executed) or `running` (its batch was
 on the engine). A request refused at admission (503) is never counted in progress.
 
-The GPU gauges come from `kubeinfer.runtime.gpu_memory` (NVML), read at scrape time.
+The GPU gauges come from `kubeinfer.runtime.gpu_memory` (NVML), read on a thread of their
+own and set in the server's registry (`rust_dataplane.GpuMemoryGauges`); the known-answer
+series are set by `rust_dataplane.publish_verdict` after each run.
 
 While this runtime mirrors requests to a shadow candidate or a quality watch's reference
 (`kubeinfer.runtime.shadow`), it also exports what it compared. Every series is labelled
@@ -82,19 +85,10 @@ scraped buckets, so every reader of these histograms gets the same p99.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from kubeinfer.contract import metrics as series
 from kubeinfer.contract.metrics import Series
-from kubeinfer.runtime.gpu_memory import GpuMemory
-from kubeinfer.runtime.known_answers.comparison import Verdict
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
-
-# `GpuMemoryReader.read` from kubeinfer.runtime.gpu_memory: None where there is no GPU.
-GpuMemoryReader = Callable[[], Iterable[GpuMemory] | None]
 
 
 def family(spec: Series, registry: CollectorRegistry) -> Any:
@@ -102,123 +96,3 @@ def family(spec: Series, registry: CollectorRegistry) -> Any:
     kind = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}[spec.kind]
     extra = {"buckets": spec.buckets} if spec.kind == "histogram" else {}
     return kind(spec.name, spec.help, list(spec.labels), registry=registry, **extra)
-
-
-class _GpuMemoryCollector(Collector):
-    """Reads NVML at scrape time (never on the request path)."""
-
-    def __init__(self, read: GpuMemoryReader) -> None:
-        self._read = read
-
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        used, total = (
-            GaugeMetricFamily(s.name, s.help, labels=list(s.labels))
-            for s in (series.GPU_MEMORY_USED, series.GPU_MEMORY_TOTAL)
-        )
-        try:
-            devices = list(self._read() or ())
-        except Exception:  # a failing NVML read must not fail the whole scrape
-            devices = []
-        for device in devices:
-            used.add_metric([str(device.index), device.name], device.used_bytes)
-            total.add_metric([str(device.index), device.name], device.total_bytes)
-        return [used, total]
-
-
-class RuntimeMetrics:
-    """The metrics of one served model; also the batcher's `BatchObserver`."""
-
-    def __init__(self, model: str, version: str, gpu_memory: GpuMemoryReader | None = None) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        values = (model, version)
-        r = self.registry
-        self._queue_depth = family(series.QUEUE_DEPTH, r).labels(*values)
-        self._inflight = family(series.INFLIGHT_BATCHES, r).labels(*values)
-        self._inflight_requests = family(series.INFLIGHT_REQUESTS, r).labels(*values)
-        self._in_progress = family(series.REQUESTS_IN_PROGRESS, r).labels(*values)
-        self._request = family(series.REQUEST_DURATION, r).labels(*values)
-        self._queue = family(series.QUEUE_DURATION, r).labels(*values)
-        self._compute = family(series.COMPUTE_DURATION, r).labels(*values)
-        self._batch_size = family(series.BATCH_SIZE, r).labels(*values)
-        self._requests = family(series.REQUESTS, r)
-        self._cancelled = family(series.REQUESTS_CANCELLED, r)
-        self._stuck_batches = family(series.ENGINE_STUCK_BATCHES, r).labels(*values)
-        self._row_mismatches = family(series.BATCH_OUTPUT_ROW_MISMATCHES, r).labels(*values)
-        self._slo = family(series.SLO_P99_LATENCY, r)  # a series only once there is an SLO
-        self._queue_delay = family(series.BATCHING_QUEUE_DELAY, r)  # under Adaptive only
-        self._preferred_size = family(series.BATCHING_PREFERRED_BATCH_SIZE, r)
-        self._concurrent_batches = family(series.BATCHING_CONCURRENT_BATCHES, r)
-        self._buffer_bytes = family(series.ENGINE_BUFFER_BYTES, r).labels(*values)
-        self._known_answer_checks = family(series.KNOWN_ANSWER_CHECKS, r)
-        self._known_answers_failing = family(series.KNOWN_ANSWERS_FAILING, r)
-        self._known_answer_ratio = family(series.KNOWN_ANSWER_ERROR_RATIO, r)
-        self._known_answer_seconds = family(series.KNOWN_ANSWER_SECONDS, r)
-        self._values = values
-        self._by_code: dict[int, Counter] = {}
-        if gpu_memory is not None:
-            self.registry.register(_GpuMemoryCollector(gpu_memory))
-
-    # BatchObserver
-    def queue_depth(self, depth: int) -> None:
-        self._queue_depth.set(depth)
-
-    def inflight_batches(self, count: int) -> None:
-        self._inflight.set(count)
-
-    def inflight_requests(self, count: int) -> None:
-        self._inflight_requests.set(count)
-
-    def batch_started(self, rows: int, queue_seconds: Sequence[float]) -> None:
-        self._batch_size.observe(rows)
-        for seconds in queue_seconds:
-            self._queue.observe(seconds)
-
-    def batch_finished(self, compute_seconds: float) -> None:
-        self._compute.observe(compute_seconds)
-
-    def stuck_batches(self, count: int) -> None:
-        self._stuck_batches.set(count)
-
-    def output_rows_mismatched(self) -> None:
-        self._row_mismatches.inc()
-
-    def slo_p99_latency(self, seconds: float) -> None:
-        self._slo.labels(*self._values).set(seconds)
-
-    def engine_buffers(self, total_bytes: int) -> None:
-        self._buffer_bytes.set(total_bytes)
-
-    def batching_setting(
-        self, queue_delay_seconds: float, preferred_batch_size: int, concurrent_batches: int
-    ) -> None:
-        self._queue_delay.labels(*self._values).set(queue_delay_seconds)
-        self._preferred_size.labels(*self._values).set(preferred_batch_size)
-        self._concurrent_batches.labels(*self._values).set(concurrent_batches)
-
-    def known_answers_checked(self, verdict: Verdict) -> None:
-        """A run of the known-answer set: counted by result; a run that checked sets
-        the failing gauge and each output's error ratio, and adds its compute."""
-        self._known_answer_checks.labels(*self._values, verdict.result).inc()
-        if not verdict.checked:
-            return
-        self._known_answers_failing.labels(*self._values).set(0 if verdict.passed else 1)
-        self._known_answer_seconds.labels(*self._values).inc(verdict.seconds)
-        for output in verdict.outputs:
-            self._known_answer_ratio.labels(*self._values, output.name).set(output.error_ratio)
-
-    # Data plane
-    def request_started(self) -> None:
-        self._in_progress.inc()
-
-    def request_finished(self) -> None:
-        self._in_progress.dec()
-
-    def request_cancelled(self, stage: str) -> None:
-        self._cancelled.labels(*self._values, stage).inc()
-
-    def request_answered(self, code: int, seconds: float) -> None:
-        counter = self._by_code.get(code)
-        if counter is None:
-            counter = self._by_code[code] = self._requests.labels(*self._values, str(code))
-        counter.inc()
-        self._request.observe(seconds)

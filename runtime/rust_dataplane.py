@@ -1,25 +1,26 @@
-"""`kubeinfer serve --data-plane rust`: the same model served by the data plane in Rust
-(the extension `kubeinfer_dataplane`, runtime/native), in place of the Python one.
+"""`kubeinfer serve`'s data plane: the model served by the Rust extension
+`kubeinfer_dataplane` (runtime/native; docs/architecture.md draws the request path).
 
-The Python side does what it does for the Python data plane up to the transports: the
-engine is loaded, its known answers checked and whether it batches found out (the same
-code, `serve_command.load_engine_for`, `known_answers`, `engines.batching_probe`). Then
+The Python side loads the engine, checks its known answers and finds out whether it
+batches (`serve_command.load_engine_for`, `known_answers`, `engines.batching_probe`). Then
 `server_options` renders the RuntimeConfig into the server's options (`ServerOptions` in
-crates/server: camelCase JSON), with the batching resolved as the Python batcher resolves
-it, and `serve` starts `kubeinfer_dataplane.Server` on the engine, not ready; it is made
-ready only when the known-answer check allows serving (`KnownAnswerCheck.serving_allowed`).
-The server answers from Rust threads, taking the GIL once per batch to run it on one of the
-engine's execution slots. SIGTERM or SIGINT drains it (`drainGracePeriodSeconds`).
+crates/server: camelCase JSON), and `serve` starts `kubeinfer_dataplane.Server` on the
+engine, not ready; it is made ready only when the known-answer check allows serving
+(`KnownAnswerCheck.serving_allowed`). The server owns every request from its first byte
+to its answer (transports, decoding, admission, the queue, batching, metrics) on its own
+threads, taking the GIL once per batch to run it on one of the engine's execution slots.
+SIGTERM or SIGINT drains it (`drainGracePeriodSeconds`).
 
 The admin routes whose data is Python's are answered by `AdminRoutes`, which the server
 calls with the GIL on those routes only (never on an infer request): `GET /v2/known-answers`
 and its `POST`, which runs the set again with each probe batch waiting until the Rust
-scheduler is idle (`Server.idle`: the lowest priority, as on the Python data plane), and
-`/v2/shadow`, `/v2/quality` and `/v2/quality/exemplars`: from the mirrors where a mirror
-target file is followed (`rust_mirroring.RustMirrors`: the server samples each answered
-request and hands a batch's sampled ones over inside its one GIL crossing), else saying
-nothing is mirrored.
+scheduler is idle (`Server.idle`: the lowest priority), and `/v2/shadow`, `/v2/quality`
+and `/v2/quality/exemplars`: from the mirrors where a mirror target file is followed
+(`rust_mirroring.RustMirrors`: the server samples each answered request and hands a
+batch's sampled ones over inside its one GIL crossing), else saying nothing is mirrored.
 `GET /v2/batching` is the Rust scheduler's, with what the load found (`batching_found`).
+The GPU memory gauges are read through NVML on a thread of their own (`GpuMemoryGauges`)
+and set in the server's registry, never on a request's path.
 """
 
 from __future__ import annotations
@@ -27,15 +28,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kubeinfer.contract.runtime_config import (
+    UNSIZED_REQUEST_BYTES,
+    RuntimeConfig,
+    request_bytes_limit,
+)
+
 if TYPE_CHECKING:
-    from kubeinfer.contract.runtime_config import RuntimeConfig
-    from kubeinfer.runtime.engines.base import Engine
+    from collections.abc import Iterable
+
+    from kubeinfer.runtime.engines.base import Engine, TensorSpec
+    from kubeinfer.runtime.gpu_memory import GpuMemory
+
+    GpuMemoryRead = Callable[[], Iterable[GpuMemory] | None]
+    """`GpuMemoryReader.read` (kubeinfer.runtime.gpu_memory): None where there is no GPU."""
     from kubeinfer.runtime.engines.batching_probe import BatchingProbe
     from kubeinfer.runtime.known_answers.comparison import Verdict
     from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck
@@ -43,8 +56,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kubeinfer.serve")
 
-PRIORITY_LEVELS = 1
-"""The Python data plane has one priority level: every request is at it."""
+PRIORITY_LEVELS = 3
+"""Triton's priority levels: a request's `priority` parameter 1 (most urgent) to this,
+0 or none the default level; under overload the least urgent queued request is shed
+first."""
+
+DEFAULT_PRIORITY_LEVEL = 2
+"""The level of a request that names none: room above it for urgent traffic and below it
+for batch work that may wait."""
+
+GPU_MEMORY_READ_INTERVAL_SECONDS = 5.0
+"""How often the GPU memory gauges are read (NVML; a scrape interval's order)."""
 
 WORKER_THREADS = 2
 """The server's tokio threads (connections, decoding, the scheduler's driver): the
@@ -53,9 +75,9 @@ engine's own threads do the compute."""
 
 def batching_options(config: RuntimeConfig, engine: Engine) -> dict[str, Any]:
     """The batching policy as the Rust scheduler takes it (`BatchingConfig`): execution
-    slots from the engine's default where the policy sets none (as `SlotRunner` does), the
-    largest batch bounded by the engine's, preferred sizes kept within it, the SLO beside
-    it, and the one priority level."""
+    slots from the engine's default where the policy sets none, the largest batch bounded
+    by the engine's, preferred sizes kept within it, the SLO beside it, and the priority
+    levels."""
     policy = config.batching
     max_batch_size = min(policy.max_batch_size, engine.max_batch_size)
     return {
@@ -71,15 +93,15 @@ def batching_options(config: RuntimeConfig, engine: Engine) -> dict[str, Any]:
         "sloMarginPercent": policy.slo_margin_percent,
         "sloP99LatencyMilliseconds": config.slo_p99_latency_milliseconds,
         "priorityLevels": PRIORITY_LEVELS,
-        "defaultPriorityLevel": PRIORITY_LEVELS,
+        "defaultPriorityLevel": DEFAULT_PRIORITY_LEVEL,
     }
 
 
 def batching_found(probe: BatchingProbe | None, configured_max_batch_size: int) -> dict[str, Any]:
-    """What `GET /v2/batching` adds to the Rust scheduler's status, as the Python batcher
-    does (`Batcher.batching_status`): what the load's probe found of whether the model
-    batches (`batchingProbe`: modelBatches and its reason) and the maxBatchSize the
-    configuration asked for (`configuredMaxBatchSize`), as `ServerOptions` takes them."""
+    """What `GET /v2/batching` adds to the Rust scheduler's status: what the load's probe
+    found of whether the model batches (`batchingProbe`: modelBatches and its reason) and
+    the maxBatchSize the configuration asked for (`configuredMaxBatchSize`), as
+    `ServerOptions` takes them."""
     found: dict[str, Any] = {"configuredMaxBatchSize": configured_max_batch_size}
     if probe is not None:
         found["batchingProbe"] = {"batches": probe.batches, "reason": probe.reason}
@@ -93,12 +115,9 @@ def server_options(
     configured_max_batch_size: int | None = None,
 ) -> dict[str, Any]:
     """`ServerOptions` for `config` (the batching found already applied,
-    `serving.with_batching_found`) on `engine`: the request limit resolved as the Python
-    data plane resolves it (`dataplane.request_limit`), pad values from the input shapes,
-    what the load found of the batching (`batching_found`), and readiness held off until
-    `serve` sets it."""
-    from kubeinfer.runtime.dataplane import request_limit
-
+    `batching_probe.with_batching_found`) on `engine`: the request limit
+    (`request_limit`), pad values from the input shapes, what the load found of the
+    batching (`batching_found`), and readiness held off until `serve` sets it."""
     configured = configured_max_batch_size or config.batching.max_batch_size
 
     pad_values = {s.name: s.pad_value for s in config.input_shapes if s.pad_value is not None}
@@ -119,23 +138,54 @@ def server_options(
     }
 
 
+def largest_request_bytes(specs: tuple[TensorSpec, ...], max_rows: int) -> int | None:
+    """The request body limit a model's inputs call for (`request_bytes_limit`: `max_rows`
+    rows at each input's largest shape, as JSON); None when an input has no size in bytes
+    (a string input, or a largest shape no range gives)."""
+    per_row = 0
+    for spec in specs:
+        shape = spec.largest_item_shape
+        if shape is None or spec.dtype.kind == "O":
+            return None
+        per_row += math.prod(shape) * spec.dtype.itemsize
+    return request_bytes_limit(per_row, max_rows)
+
+
+def request_limit(config: RuntimeConfig, engine: Engine) -> int:
+    """The request body limit: `maxRequestBytes` as configured, else the model's largest
+    allowed request (`largest_request_bytes`), else `UNSIZED_REQUEST_BYTES`."""
+    if config.max_request_bytes is not None:
+        return config.max_request_bytes
+    limit = largest_request_bytes(engine.inputs, config.batching.max_batch_size)
+    return limit or UNSIZED_REQUEST_BYTES
+
+
 class CannotServe(Exception):
     """The Rust server could not start (a port taken, options it refuses, a model whose
     shape batching it cannot do): a start-up error, its message saying why."""
 
 
-def serve(config: RuntimeConfig, engine: Engine, known_answers: KnownAnswerCheck) -> int:
-    """Serves the loaded `engine` (the caller's: closed by the caller) through the Rust
-    data plane until SIGTERM or SIGINT, then drains; returns the exit code (0). The known
-    answers are checked and the batching probed first, as for the Python data plane.
-    Raises `CannotServe` when the server cannot start."""
-    from kubeinfer.runtime.engines.batching_probe import probe_batching
-    from kubeinfer.runtime.serving import _say_batching_found, with_batching_found
+def serve(
+    config: RuntimeConfig,
+    engine: Engine,
+    known_answers: KnownAnswerCheck,
+    gpu_memory: GpuMemoryRead | None = None,
+) -> int:
+    """Serves the loaded `engine` (the caller's: closed by the caller) until SIGTERM or
+    SIGINT, then drains; returns the exit code (0). The known answers are checked first
+    (before readiness: a failure holds it false for good), then whether the model batches
+    is found out by trying it (once the engine answered its known answers, which the trial
+    runs would not catch). Raises `CannotServe` when the server cannot start."""
+    from kubeinfer.runtime.engines.batching_probe import (
+        probe_batching,
+        say_batching_found,
+        with_batching_found,
+    )
 
-    known_answers.run()  # before readiness: a failure holds it false for good
+    known_answers.run()
     probe = probe_batching(engine, config.input_shapes)
     found = with_batching_found(config, probe)
-    _say_batching_found(config, probe, found.batching.max_batch_size)
+    say_batching_found(config, probe, found.batching.max_batch_size)
     options = server_options(found, engine, probe, config.batching.max_batch_size)
     config = found
     admin = AdminRoutes(config.model_version, known_answers)
@@ -150,6 +200,8 @@ def serve(config: RuntimeConfig, engine: Engine, known_answers: KnownAnswerCheck
 
         admin.mirrors = RustMirrors(config, server)
         admin.mirrors.start()
+    gpu_gauges = GpuMemoryGauges(server, gpu_memory)
+    gpu_gauges.start()
     stop = threading.Event()
     previous = {n: signal.signal(n, lambda *_: stop.set()) for n in _STOP_SIGNALS}
     try:
@@ -167,6 +219,7 @@ def serve(config: RuntimeConfig, engine: Engine, known_answers: KnownAnswerCheck
     finally:
         if admin.mirrors is not None:
             admin.mirrors.stop()  # mirrored work cancelled first: it never holds up a drain
+        gpu_gauges.stop()
         on_engine = server.shutdown()
         admin.close()
         for signum, handler in previous.items():
@@ -255,11 +308,59 @@ def _json(body: Any, status: int = 200) -> Answer:
     return status, JSON, json.dumps(body).encode()
 
 
+class GpuMemoryGauges:
+    """Sets kubeinfer_gpu_memory_used_bytes and _total_bytes in the server's registry from
+    `read` (NVML), at start and then every `GPU_MEMORY_READ_INTERVAL_SECONDS` on a thread
+    of its own; nothing where there is no GPU (`read` None or answering None). A failing
+    read is logged once and the gauges keep their last values."""
+
+    def __init__(self, server: Any, read: GpuMemoryRead | None) -> None:
+        self._server, self._read = server, read
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failed = False
+
+    def start(self) -> None:
+        if self._read is None or not self.update():
+            return  # no GPU: the gauges are not exported
+        self._thread = threading.Thread(target=self._run, name="kubeinfer-gpu", daemon=True)
+        self._thread.start()
+
+    def update(self) -> bool:
+        """Reads once and sets the gauges; False where there is no GPU to read."""
+        assert self._read is not None
+        try:
+            devices = self._read()
+        except Exception as error:  # NVML failing must not take serving down
+            if not self._failed:
+                log.warning("Cannot read GPU memory through NVML: %s", error)
+            self._failed = True
+            return True
+        if devices is None:
+            return False
+        for device in devices:
+            labels = [("device", str(device.index)), ("name", device.name)]
+            self._server.metric_set("kubeinfer_gpu_memory_used_bytes", labels,
+                                    float(device.used_bytes))  # fmt: skip
+            self._server.metric_set("kubeinfer_gpu_memory_total_bytes", labels,
+                                    float(device.total_bytes))  # fmt: skip
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(GPU_MEMORY_READ_INTERVAL_SECONDS):
+            self.update()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
 class AdminRoutes:
     """The admin routes whose data is Python's, answered for the Rust server
     (`kubeinfer_dataplane.Server(admin=...)`, called on its threads with the GIL, only on
     these routes). The known answers run on demand on an event loop of its own thread, so
-    `KnownAnswerCheck.run_when_idle` (one run at a time) is the Python data plane's own;
+    `KnownAnswerCheck.run_when_idle` allows one run at a time;
     `idle` is the server's (`Server.idle`), set once it started."""
 
     def __init__(self, serving_version: str, known_answers: KnownAnswerCheck) -> None:
@@ -302,7 +403,7 @@ class AdminRoutes:
 
     def known_answers(self, run: bool) -> Answer:
         """The verdicts (`known_answers_body`); `run`: the set run again first, each probe
-        batch once the server is idle, its verdict logged as the Python data plane's."""
+        batch once the server is idle, its verdict logged (`log_verdict`)."""
         from kubeinfer.runtime.known_answers.runner import known_answers_body, log_verdict
 
         check = self._known_answers
@@ -325,4 +426,4 @@ EXEMPLARS_HEADERS = [
     ("Content-Disposition", 'attachment; filename="exemplars.npz"'),
     ("Cache-Control", "no-store"),
 ]
-"""The headers of `GET /v2/quality/exemplars`, the Python data plane's."""
+"""The headers of `GET /v2/quality/exemplars` (a download, never cached)."""

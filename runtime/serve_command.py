@@ -32,9 +32,7 @@ for the tests of that path only (`kubeinfer.runtime.testing_faults`).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -52,7 +50,7 @@ if TYPE_CHECKING:
     from kubeinfer.contract.runtime_config import RuntimeConfig
     from kubeinfer.runtime.engines.base import Engine
     from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck
-    from kubeinfer.runtime.metrics import GpuMemoryReader
+    from kubeinfer.runtime.rust_dataplane import GpuMemoryRead
     from kubeinfer.runtime.testing_faults import InjectedFaults
 
 log = logging.getLogger("kubeinfer.serve")
@@ -158,9 +156,6 @@ class ServeSettings(BaseSettings):
         int | None, Into("mirrorPollIntervalMilliseconds")
     ] = None
     """how often the mirror target file is re-read"""
-    data_plane: Literal["python", "rust"] = "python"
-    """which data plane serves the model: python, or rust (the kubeinfer_dataplane
-    extension, runtime/native; built by make)"""
     testing_faults: str | None = None
     """FOR TESTS ONLY: faults to inject (kubeinfer.runtime.testing_faults), e.g.
     perturb-batches=1,seed=3 or damage-engine-after-digest-check; never set in production"""
@@ -360,7 +355,7 @@ def load_engine_for(
     return engine, check
 
 
-def gpu_memory_reader() -> GpuMemoryReader | None:
+def gpu_memory_reader() -> GpuMemoryRead | None:
     """The NVML reader for the GPU memory gauges, or None where there is no GPU (or no
     NVML binding): then the gauges are not exported at all."""
     from kubeinfer.runtime.gpu_memory import GpuMemoryReader
@@ -414,16 +409,15 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(error, EngineIncompatibleError):
             return _fail_to_start(path, str(error), EXIT_ENGINE_INCOMPATIBLE)
         return _fail_to_start(path, f"cannot load the engine: {error}", 1)
-    if settings.data_plane == "rust":
-        return _serve_rust(config, engine, known_answers, path)
     return _serve(config, engine, known_answers, path)
 
 
-def _serve_rust(
+def _serve(
     config: RuntimeConfig, engine: Engine, known_answers: KnownAnswerCheck, path: Path | None
 ) -> int:
     """Serves the loaded engine through the Rust data plane (`rust_dataplane.serve`) until
-    SIGTERM and its drain; the engine is closed here."""
+    SIGTERM and its drain, once the slots' buffers are known to fit in memory; the engine
+    is closed here."""
     from kubeinfer.runtime.buffer_memory import available_bytes, buffers_problem
     from kubeinfer.runtime.engines.base import slot_buffer_bytes
     from kubeinfer.runtime.rust_dataplane import CannotServe, serve
@@ -435,67 +429,17 @@ def _serve_rust(
     try:
         if problem is not None:
             return _fail_to_start(path, f"cannot serve the model: {problem}", 1)
-        return serve(config, engine, known_answers)
+        return serve(config, engine, known_answers, gpu_memory_reader())
     except CannotServe as error:
         return _fail_to_start(path, str(error), 1)
     finally:
         engine.close()
 
 
-def _serve(
-    config: RuntimeConfig, engine: Engine, known_answers: KnownAnswerCheck, path: Path | None
-) -> int:
-    """Serves the loaded engine until SIGTERM and its drain: whether the model batches
-    found out (`engines.batching_probe`), its known answers checked, the data plane
-    assembled once
-    (`serving.assemble`) and handed to both transports (`serving.serve_transports`). The
-    engine is closed here, unless a batch's thread is still inside it."""
-    from kubeinfer.runtime.buffer_memory import available_bytes, buffers_problem
-    from kubeinfer.runtime.engines.base import UnsupportedModel, slot_buffer_bytes
-    from kubeinfer.runtime.engines.batching_probe import probe_batching
-    from kubeinfer.runtime.serving import CannotListen, assemble, serve_transports
-
-    slots = config.batching.execution_slots or engine.default_execution_slots
-    problem = buffers_problem(
-        slot_buffer_bytes(engine), slots, engine.max_batch_size, available_bytes()
-    )
-    if problem is not None:
-        engine.close()
-        return _fail_to_start(path, f"cannot serve the model: {problem}", 1)
-    known_answers.run()  # before readiness: a failure holds it false (see the module)
-    # Whether the model batches, found out by trying it before anything is served (once
-    # the engine answered its known answers, which the trial runs would not catch).
-    probe = probe_batching(engine, config.input_shapes)
-    try:
-        dataplane = assemble(
-            config, engine, gpu_memory=gpu_memory_reader(), probe=probe,
-            known_answers=known_answers,
-        )  # fmt: skip
-    except UnsupportedModel as error:  # the shape batching asked for cannot be done on it
-        engine.close()
-        return _fail_to_start(path, f"cannot serve the model: {error}", 1)
-    try:
-        code = asyncio.run(serve_transports(dataplane))
-    except CannotListen as error:
-        engine.close()
-        return _fail_to_start(path, str(error), 1)
-    except BaseException:
-        engine.close()
-        raise
-    if dataplane.batcher.stuck_threads:
-        # A worker thread is still inside the engine: closing the engine under it could
-        # crash, and the interpreter would wait for the thread at exit forever.
-        log.error("Exiting with a batch still running on the engine")
-        logging.shutdown()
-        os._exit(code)
-    engine.close()
-    return code
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "serve",
-        help="serve a model over the Open Inference Protocol v2 (HTTP) with dynamic batching",
+        help="serve a model over the Open Inference Protocol v2 (HTTP, gRPC) with dynamic batching",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

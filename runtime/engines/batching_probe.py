@@ -35,12 +35,13 @@ one row (maxBatchSize 1) runs one request per run anyway and is not probed.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from kubeinfer.contract.runtime_config import InputShape
+from kubeinfer.contract.runtime_config import InputShape, RuntimeConfig
 from kubeinfer.runtime.engines.base import BatchShape, Engine, ExecutionSlot, TensorSpec
 
 TRIAL_EXTENT = 8
@@ -53,6 +54,8 @@ FLOAT32_RTOL = 1e-3
 order of the values themselves)."""
 FLOAT16_RTOL = 1e-2
 """fp16 keeps 11 bits: its rounding between batch sizes is about 1e-3 of the scale."""
+log = logging.getLogger(__name__)
+
 REASON_LIMIT = 1000
 """Characters of an engine's error kept in a reason (it goes into the log, /v2/batching,
 the engine manifest and a status condition)."""
@@ -79,6 +82,38 @@ class BatchingProbe:
 def effective_max_batch_size(probe: BatchingProbe, configured: int) -> int:
     """The batcher's maxBatchSize: the configured one for a model that batches, else 1."""
     return configured if probe.batches is True else 1
+
+
+def with_batching_found(config: RuntimeConfig, probe: BatchingProbe) -> RuntimeConfig:
+    """`config` with the maxBatchSize in effect for what the probe found: the configured
+    one for a model that batches; 1 otherwise (and no preferred batch size above it)."""
+    configured = config.batching.max_batch_size
+    effective = effective_max_batch_size(probe, configured)
+    if effective == configured:
+        return config
+    batching = config.batching.model_copy(
+        update={"max_batch_size": effective, "preferred_batch_sizes": []}
+    )
+    return config.model_copy(update={"batching": batching})
+
+
+def say_batching_found(config: RuntimeConfig, probe: BatchingProbe, effective: int) -> None:
+    """Logs what the probe found and the maxBatchSize served (`config`: as configured)."""
+    if probe.batches is True:
+        log.info("Found the model batches model=%s max_batch_size=%d",
+                 config.model_name, effective)  # fmt: skip
+        return
+    configured = config.batching.max_batch_size
+    if configured == 1:  # asked for: nothing is set aside
+        log.info("Serving one request per run model=%s max_batch_size=1 (%s)",
+                 config.model_name, probe.reason)  # fmt: skip
+        return
+    finding = "does not batch" if probe.batches is False else "is not known to batch"
+    set_aside = f"; maxBatchSize {configured} set aside" if configured > effective else ""
+    log.warning(
+        "Serving one request per run: the model %s (%s) model=%s max_batch_size=%d%s",
+        finding, probe.reason, config.model_name, effective, set_aside,
+    )  # fmt: skip
 
 
 def tolerance(dtype: np.dtype) -> float | None:

@@ -1,1 +1,0 @@
-"""The HTTP transport (aiohttp): thin routes over `kubeinfer.runtime.dataplane`."""
