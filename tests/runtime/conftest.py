@@ -1,26 +1,25 @@
 """Fixtures of the runtime server tests: the tiny demo MLP (built once per session, real
 ONNX), the ONNX Runtime engine on it, that engine behind a gate (`gated`) so a test can
-hold an execution slot busy and decide what queues, and `kubeinfer serve`'s own `serve_transports()`
-running in the test's event loop on that gated engine (`serving`), so that a test decides
-by the gate, not by the clock, what is running and queued when a request or SIGTERM
-comes."""
+hold an execution slot busy and decide what queues, and `kubeinfer serve`'s Rust data
+plane serving that gated engine in the test's own process (`serving`, `start_serving`:
+`rust_served`), so that a test decides by the gate, not by the clock, what is running and
+queued when a request or SIGTERM comes."""
 
 from __future__ import annotations
 
 import asyncio
-import socket
+import signal
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
-from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
-from kubeinfer.runtime.serving import assemble, serve_transports
 from onnx_models import build_spin_model
+from rust_served import RustServed, rust_served
 
 
 @pytest.fixture(scope="session")
@@ -136,56 +135,66 @@ def gated_of() -> Iterator[Callable[[OnnxRuntimeEngine], GatedEngine]]:
         engine.gate.set()
 
 
-@dataclass
 class Serving:
-    """`serve_transports()` running in this event loop: its port, data plane, stop event
-    and task (whose result is the exit code)."""
+    """The Rust data plane serving in this process (`rust_served`): its port, what a
+    client sees of it (`served`: requests, /metrics), and its drain: `stop()` (what
+    SIGTERM or SIGINT to this process also does while it serves) starts it, and `drained`
+    is its task, whose result is the batches the drain left on the engine (0: every
+    admitted request answered)."""
 
-    port: int
-    dataplane: DataPlane
-    stop: asyncio.Event
-    task: asyncio.Task[int]
+    def __init__(self, served: RustServed) -> None:
+        self.served = served
+        self.port = served.port
+        self.drained: asyncio.Task[int] | None = None
+
+    def stop(self) -> asyncio.Task[int]:
+        if self.drained is None:
+            self.drained = asyncio.get_running_loop().create_task(
+                asyncio.to_thread(self.served.shutdown)
+            )
+        return self.drained
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @pytest.fixture
 async def start_serving(
     gated: GatedEngine, one_slot_queue_of_two: RuntimeConfig
 ) -> AsyncIterator[Callable[..., Awaitable[Serving]]]:
-    """Starts the gated tiny model served by `serve_transports()` on a loopback port (one slot, a
+    """Starts the gated tiny model on the Rust data plane on a loopback port (one slot, a
     queue of two, a body read timeout of 0.3 s; `start(**updates)` changes the config);
-    each one started is stopped, and its exit awaited, at teardown."""
+    while any serves, SIGTERM and SIGINT to this process drain them, as they drain
+    `kubeinfer serve`. Each one started is drained, and its drain awaited, at teardown."""
     running: list[Serving] = []
+    loop = asyncio.get_running_loop()
+    with ExitStack() as servers:
 
-    async def start(**updates: object) -> Serving:
-        config = one_slot_queue_of_two.model_copy(update={"http_port": free_port(), **updates})
-        dataplane = assemble(config, gated)
-        started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        stop = asyncio.Event()
-        task = asyncio.create_task(
-            serve_transports(dataplane, on_started=started.set_result, stop=stop)
-        )
-        await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
-        if not started.done():
-            task.result()  # serving failed before it started: its error
-        running.append(Serving(started.result(), dataplane, stop, task))
-        return running[-1]
+        def stop_all() -> None:
+            for server in running:
+                server.stop()
 
-    try:
-        yield start
-    finally:
-        gated.gate.set()
-        for server in running:
-            server.stop.set()
-        ends = await asyncio.gather(*(server.task for server in running), return_exceptions=True)
-        for end in ends:
-            if isinstance(end, BaseException):
-                raise end
+        async def start(**updates: object) -> Serving:
+            config = one_slot_queue_of_two.model_copy(update=updates)
+            served = servers.enter_context(rust_served(config, gated))
+            if not running:
+                for signum in STOP_SIGNALS:
+                    loop.add_signal_handler(signum, stop_all)
+            running.append(Serving(served))
+            return running[-1]
+
+        try:
+            yield start
+        finally:
+            for signum in STOP_SIGNALS:
+                loop.remove_signal_handler(signum)
+            gated.gate.set()
+            ends = await asyncio.gather(
+                *(server.stop() for server in running), return_exceptions=True
+            )
+            for end in ends:
+                if isinstance(end, BaseException):
+                    raise end
 
 
 @pytest.fixture

@@ -14,10 +14,11 @@ Covers, each with its own process, SIGTERM sent in the middle of the load:
 - an idle server exits without waiting on a timeout (both of them set to ten minutes),
   with an idle keep-alive connection and one that opened and never sent a byte.
 
-And on `serve()` in the test's own event loop with the engine behind a gate (the
-`start_serving` fixture), where the gate, not the clock, decides what is still queued
-when SIGTERM comes: every request accepted before it is answered with its result, the
-ones after it get 503 with Retry-After, and serve returns 0.
+And on the Rust data plane in the test's own process with the engine behind a gate (the
+`start_serving` fixture, whose server SIGTERM to this process drains as it drains
+`kubeinfer serve`), where the gate, not the clock, decides what is still queued when
+SIGTERM comes: every request accepted before it is answered with its result, the ones
+after it get 503 with Retry-After, and the drain ends with no batch left on the engine.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import onnxruntime as ort
 import pytest
 from aiohttp import ClientSession
 from kubeinfer.contract.runtime_config import BatchingPolicy
-from prometheus_client import generate_latest
 from serve_process import ServeProcess, head, read_response
 from waiting import eventually, wait_for
 
@@ -201,8 +201,6 @@ async def test_sigterm_answers_every_accepted_request_and_exits_0(
     serving = await start_serving(
         batching=BatchingPolicy(execution_slots=1, max_queue_size=64, max_batch_size=4)
     )
-    registry = serving.dataplane.metrics.registry
-    all_in_progress = f'kubeinfer_requests_in_progress{{model="tiny",version="1"}} {count}.0'
     rng = np.random.default_rng(5)
     inputs = [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(count)]
     session = ort.InferenceSession(str(tiny_model), providers=["CPUExecutionProvider"])
@@ -221,10 +219,10 @@ async def test_sigterm_answers_every_accepted_request_and_exits_0(
         # Every request accepted; one batch held on the engine by the gate, the rest queued.
         def all_accepted() -> bool:
             assert not any(task.done() for task in accepted), "answered with the gate shut"
-            return gated.running == 1 and all_in_progress in generate_latest(registry).decode()
+            return gated.running == 1 and serving.served.in_progress() == count
 
         await eventually(all_accepted, what="every request accepted", every=0.002, in_thread=False)
-        os.kill(os.getpid(), signal.SIGTERM)  # to serve's handler, on this loop
+        os.kill(os.getpid(), signal.SIGTERM)  # to the fixture's handler, on this loop
 
         async def unready() -> bool:  # the signal is handled on this loop, soon after
             async with client.get("/v2/health/ready") as readiness:
@@ -233,11 +231,11 @@ async def test_sigterm_answers_every_accepted_request_and_exits_0(
         await eventually(unready, what="unready after the signal", every=0.002)
         status, headers, refusal = await infer(inputs[0])
         assert status == 503 and headers["Retry-After"] == "1", refusal
-        assert not serving.task.done()  # draining: the accepted requests are still held
+        assert serving.drained is not None and not serving.drained.done()  # still held
         assert not any(task.done() for task in accepted)
         gated.gate.set()
         answers = await asyncio.gather(*accepted)
-    assert await serving.task == 0
+    assert await serving.drained == 0  # no batch left on the engine
     for x, (status, _, answer) in zip(inputs, answers, strict=True):
         assert status == 200, answer
         [output] = answer["outputs"]
