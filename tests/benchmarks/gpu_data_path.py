@@ -21,8 +21,9 @@ Run on an H200 on 2026-11-27: the figures are in docs/benchmarks.md.
   One-row requests at 32, 128 and 384 tokens, and of lengths mixed uniformly over 16..384.
 
 Each row of the report: raw (the slots driven directly at the batch size, one thread each,
-as the batcher drives them) and served (the real runtime, `serving.assemble` and
-`serve_transports`, in its own process, loaded by Triton's perf_analyzer over loopback),
+as the batcher drives them) and served (the real runtime, `kubeinfer serve`'s path past
+loading the engine on the Rust data plane, `engine_server.serve_engine`, in its own
+process, loaded by Triton's perf_analyzer over loopback),
 the served/raw ratio, rows and bytes per second through the data path (request and
 response tensors), the served batches' mean size, p50/p99 at the client, the server
 process's CPU in cores, and the GPU's utilisation read by nvidia-smi meanwhile. For each
@@ -38,21 +39,28 @@ the busiest thread's time went.
 use; copies are not made, the compute does nothing, outputs are zeros): the server, the
 perf_analyzer command lines, the metrics and the report. It checks the script, not a GPU.
 
-`--baseline DIR` (a `git archive` of the runtime, contract and cli packages at an earlier
-commit) serves the ResNet-50 FP32 rows again with that runtime and the same engine:
-before and after a change to the data path, in one run. `--compare ROUNDS` runs only that
-comparison, the two in turns (with `--dry-run`, the data path alone on a CPU):
+`--baseline REV` serves the ResNet-50 FP32 rows again with the runtime of an earlier
+commit (c80431e: the last one served through the Python data plane, which it is served
+on where it has it; `engine_server.baseline_plane`) and the same engine: before and after,
+in one run. REV is a commit, checked out once as a detached `git worktree` at
+`.bench/baseline-<rev>` and reused, or a directory holding a checkout or a `git archive`
+of its packages (a machine without the repository: carry one); the baseline's server is
+this Python with a folder linking to its packages first on PYTHONPATH, checked in a child
+before anything runs (`checkout_site`). `--compare ROUNDS` runs only that comparison, the
+two in turns (with `--dry-run`, the data path alone on a CPU); `--plan` prints the rows
+and the servers' command lines and stops:
 
-    git archive b11ca9a runtime contract cli | tar -x -C .baseline/b11ca9a
-    python tests/benchmarks/gpu_data_path.py --dry-run --baseline .baseline/b11ca9a --compare 5
+    python tests/benchmarks/gpu_data_path.py --dry-run --baseline c80431e --compare 5
+    mkdir -p .baseline/c80431e    # a baseline to carry to a machine without the repository
+    git archive c80431e runtime contract cli | tar -x -C .baseline/c80431e
 
-`python gpu_data_path.py serve --workload W --config FILE` is the server process alone.
+`python gpu_data_path.py serve --workload W --config FILE [--data-plane python]` is the
+server process alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import json
 import logging
@@ -72,7 +80,8 @@ import yaml
 
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
-from checkout_site import package_links  # noqa: E402
+from checkout_site import baseline_checkout, imports_from, package_links  # noqa: E402
+from engine_server import PLANES, baseline_plane  # noqa: E402
 from gpu_served import metric_values, nvidia_smi_memory, process_cpu_seconds  # noqa: E402
 from kubeinfer.runtime.engines.base import EngineBase  # noqa: E402
 
@@ -296,25 +305,24 @@ def raw(engine: TorchSlotEngine, n: int, length: int | None, seconds: float) -> 
 
 
 def serve_main(argv: list[str]) -> int:
-    """The runtime's serving path (`serve_command.run` past `load_engine_for`), with this
-    file's engine."""
+    """The runtime's serving path (`engine_server.serve_engine`: `kubeinfer serve`'s past
+    loading the engine), with this file's engine."""
+    from engine_server import serve_engine
     from kubeinfer.contract.runtime_config import RuntimeConfig
-    from kubeinfer.runtime.serve_command import gpu_memory_reader
-    from kubeinfer.runtime.serving import assemble, serve_transports
 
     parser = argparse.ArgumentParser(prog="gpu_data_path.py serve")
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--workload", required=True)
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--data-plane", choices=PLANES, default="rust")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.dry_run:
         install_pycuda_stand_in()
     config = RuntimeConfig.model_validate(yaml.safe_load(args.config.read_text()))
     engine = TorchSlotEngine(workload(args.workload), config.batching.max_batch_size, args.dry_run)
-    dataplane = assemble(config, engine, gpu_memory=None if args.dry_run else gpu_memory_reader())
     try:
-        return asyncio.run(serve_transports(dataplane))
+        return serve_engine(config, engine, args.data_plane, gpu_memory=not args.dry_run)
     finally:
         engine.close()
 
@@ -459,8 +467,10 @@ class Server:
         command = [sys.executable, str(Path(__file__).resolve()), "serve"]
         command += ["--config", str(config), "--workload", load.name]
         command += ["--dry-run"] if dry_run else []
+        command += ["--data-plane", "rust" if baseline is None else baseline_plane(baseline)]
         env = {} if baseline is None else {"PYTHONPATH": str(package_links(baseline, workdir))}
         label = f"{load.name}-{batch}" + ("-baseline" if baseline else "")
+        self.command = command
         self.spec = ServerSpec(label, command, port, MODEL, env=env)
         self._process = ServerProcess(self.spec, workdir / "logs", ready_timeout_s=300)
 
@@ -544,6 +554,23 @@ def plan(quick: bool) -> list[tuple[str, int, list[LoadPoint]]]:
             LoadPoint("http", 1, 128, length=384), LoadPoint("http", 1, 128, mixed=True),
         ]),
     ]  # fmt: skip
+
+
+def plan_text(args: argparse.Namespace) -> str:
+    """`--plan`: the rows in order, and the command line of each server (this checkout's
+    runtime and, with `--baseline`, the baseline's), as the run would start them."""
+    lines = []
+    for name, batch, points in plan(args.quick):
+        sides = [("after", None)]
+        if args.baseline is not None and name == "resnet50-fp32" and batch != 1:
+            sides.append(("before", args.baseline))
+        lines.append(f"{name}, maxBatchSize {batch}: " + "; ".join(p.label for p in points))
+        for side, checkout in sides:
+            server = Server(workload(name), batch, args.workdir, args.dry_run, checkout)
+            path = server.spec.env.get("PYTHONPATH")
+            lines.append(f"  {side}: " + (f"PYTHONPATH={path} " if path else "")
+                         + " ".join(server.command))  # fmt: skip
+    return "\n".join(lines)
 
 
 def baseline_rows(args: argparse.Namespace, raws: dict[Any, Any], results: dict) -> None:
@@ -730,15 +757,25 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--compare-protocol", choices=("http", "grpc"), default="http")
     parser.add_argument(
-        "--baseline", type=Path,
-        help="a checkout of the runtime before a change: its ResNet-50 FP32 rows are served "
-        "again by it",
+        "--baseline", metavar="REV",
+        help="an earlier commit (say c80431e, its worktree at .bench/baseline-<rev>) or a "
+        "checkout's directory: its runtime serves the ResNet-50 FP32 rows again",
     )  # fmt: skip
+    parser.add_argument(
+        "--plan", action="store_true", help="print the rows and the servers' commands, and stop"
+    )
     args = parser.parse_args()
-    if args.dry_run:
-        install_pycuda_stand_in()
     args.workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpu-data-path-"))
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    if args.baseline is not None:
+        args.baseline = baseline_checkout(args.baseline)
+        site = package_links(args.baseline, args.workdir)
+        print(f"baseline {args.baseline}:\n{imports_from(site, args.baseline)}", flush=True)
+    if args.plan:
+        print(plan_text(args))
+        return 0
+    if args.dry_run:
+        install_pycuda_stand_in()
     if args.compare:
         if args.baseline is None:
             parser.error("--compare needs --baseline")

@@ -8,9 +8,12 @@
 #                                                         # the data path cut at SECONDS
 #
 # Carry `.whl` (the wheels listed in gpu_check.py's docstring, plus grpcio, protobuf,
-# aiohttp's, pydantic-settings', py-spy and perf_analyzer; a pycuda wheel built by an
-# earlier setup spares the build) and `.baseline` (a `git archive` of the runtime before
-# the change the data path compares, as `.baseline/<commit>`). Results go to $OUT.
+# aiohttp's, pydantic-settings', py-spy and perf_analyzer; the Rust data plane's, which
+# `kubeinfer serve` answers through: `.venv/bin/maturin build --release -o .whl -m
+# runtime/native/crates/python/Cargo.toml`, abi3; a pycuda wheel built by an earlier setup
+# spares the build) and `.baseline` (a `git archive` of the runtime the data path is
+# compared with, as `.baseline/<commit>`: c80431e's, the last Python data plane, served on
+# it; grpcio, protobuf and aiohttp are its). Results go to $OUT.
 set -u -o pipefail
 export OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -23,11 +26,13 @@ install_and_check() {
     python3 -m pip install -q --no-index --find-links .whl --upgrade aiohttp==3.14.5 \
         pydantic==2.14.4 pydantic-settings orjson py-spy perf_analyzer grpcio==1.85.3 \
         protobuf==6.33.6 pytools platformdirs mako siphash24 $(ls .whl/pycuda-*.whl 2>/dev/null) \
+        $(ls .whl/kubeinfer_dataplane-*.whl 2>/dev/null) \
         2>&1 | tail -5
     python3 -c "import pycuda.driver" 2>/dev/null ||
         GPU_WHEELS=.whl python3 tests/benchmarks/gpu_check.py --save-wheel "$OUT" \
             --no-sanitizer --seconds 0.5 2>&1 | tee "$OUT/gpu-check.log" | tail -60
     python3 -c "import pycuda.driver" || exit 1
+    python3 -c "import kubeinfer_dataplane" || echo "no kubeinfer_dataplane: build its wheel (above)"
     export PYTHONPATH=$site
     # The slot tests again under memcheck: a view or copy past a (flat, per-bucket) buffer
     # is an out-of-bounds access there. In this namespace: compute-sanitizer cannot attach

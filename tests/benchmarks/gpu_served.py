@@ -11,19 +11,20 @@ on the same GPU:
 
 - raw: the slots driven directly, one thread each as the batcher drives them, always at
   `--batch` rows (`gpu_slots.throughput`);
-- served: the real runtime (`serving.assemble`: admission, the dynamic batcher with `--slots`
-  execution slots, the binary tensor codec, metrics; `serve_transports`: the HTTP
-  server) in its own process, loaded over loopback HTTP by perf_analyzer (`--processes`
+- served: the real runtime (`kubeinfer serve`'s path past loading the engine, on the Rust
+  data plane: `engine_server.serve_engine`; admission, the dynamic batcher with `--slots`
+  execution slots, the binary tensor codec, metrics, the HTTP server) in its own process,
+  loaded over loopback HTTP by perf_analyzer (`--processes`
   of them, one by default) with `--clients` closed-loop clients in all, each request
   `--rows` rows in Triton's binary tensor extension. maxBatchSize is `--batch` and the
   queue delay long enough that, saturated, every batch is full.
 
 It prints rows per second both ways and their ratio (served / raw), the served batches'
 mean size (from the runtime's `kubeinfer_batch_size` histogram), the latency percentiles,
-and, read while serving, the runtime's NVML gauges beside `nvidia-smi`'s figures for the
-same device. The load needs perf_analyzer on the machine (`pip install perf-analyzer`,
-from a wheel folder without network; the GPU images' glibc is new enough for it): not yet
-run on a GPU since the load moved to it.
+and, read while serving, the runtime's NVML gauges (where it exports them) beside
+`nvidia-smi`'s figures for the same device. The load needs perf_analyzer on the machine
+(`pip install perf-analyzer`, from a wheel folder without network; the GPU images' glibc
+is new enough for it): not yet run on a GPU since the load moved to it.
 
 `python gpu_served.py serve --config FILE --widths ...` is the server process on its own
 (a RuntimeConfig file, as `kubeinfer serve --config` reads; the engine is this file's).
@@ -32,7 +33,6 @@ run on a GPU since the load moved to it.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
 import logging
@@ -178,23 +178,22 @@ def parse_widths(text: str) -> list[int]:
 
 
 def serve_main(argv: list[str]) -> int:
-    """The runtime's own serving path (`serve_command.run` past `load_engine_for`), with
-    this file's engine."""
+    """The runtime's own serving path (`engine_server.serve_engine`: `kubeinfer serve`'s
+    past loading the engine), with this file's engine."""
+    from engine_server import PLANES, serve_engine
     from kubeinfer.contract.runtime_config import RuntimeConfig
-    from kubeinfer.runtime.serve_command import gpu_memory_reader
-    from kubeinfer.runtime.serving import assemble, serve_transports
 
     parser = argparse.ArgumentParser(prog="gpu_served.py serve")
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--widths", type=parse_widths, required=True)
     parser.add_argument("--graphs", action="store_true")
+    parser.add_argument("--data-plane", choices=PLANES, default="rust")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     config = RuntimeConfig.model_validate(yaml.safe_load(args.config.read_text()))
     engine = GpuMlpEngine(args.widths, config.batching.max_batch_size, capture_graphs=args.graphs)
-    dataplane = assemble(config, engine, gpu_memory=gpu_memory_reader())
     try:
-        return asyncio.run(serve_transports(dataplane))
+        return serve_engine(config, engine, args.data_plane)
     finally:
         engine.close()
 
@@ -402,7 +401,7 @@ def main() -> int:
         f"{served_result['server_cpu_cores']:.2f} |"
     )
     print(f"\nserved / raw: {ratio:.3f}; raw vs numpy: {raw_result['max_relative_error']:.1e}")
-    gauges, smi = served_result["nvml_gauges_bytes"], served_result["nvidia_smi_bytes"]
+    gauges, smi = served_result["nvml_gauges_bytes"], served_result["nvidia_smi_bytes"] or {}
     print(
         f"GPU memory while serving: NVML gauges used {gauges['used']} B / total "
         f"{gauges['total']} B; nvidia-smi used {smi.get('used_bytes')} B / total "
