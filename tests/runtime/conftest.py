@@ -56,8 +56,9 @@ def tiny_engine(tiny_model: Path) -> Iterator[OnnxRuntimeEngine]:
 
 class GatedEngine:
     """The real engine, with every slot's `run` waiting for `gate` (only batches of
-    `held_rows` rows, when set) and recording the batch sizes it executed; a batch of
-    `fail_rows` rows raises."""
+    `held_rows` rows, when set; a batch of rows given to `hold` waits for that gate of its
+    own instead) and recording the batch sizes it executed; a batch of `fail_rows` rows
+    raises."""
 
     def __init__(self, engine: OnnxRuntimeEngine) -> None:
         self.engine = engine
@@ -70,6 +71,7 @@ class GatedEngine:
         self.max_running = 0
         self.fail_rows: int | None = None
         self.held_rows: int | None = None
+        self.row_gates: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
 
     inputs = property(lambda self: self.engine.inputs)
@@ -79,6 +81,17 @@ class GatedEngine:
 
     def create_slot(self) -> GatedSlot:
         return GatedSlot(self, self.engine.create_slot())
+
+    def hold(self, rows: int) -> threading.Event:
+        """A gate of its own, shut, for batches of `rows` rows: set it to let them run."""
+        self.row_gates[rows] = threading.Event()
+        return self.row_gates[rows]
+
+    def open_all(self) -> None:
+        """Every gate opened (a failed test leaves no slot's thread waiting)."""
+        self.gate.set()
+        for gate in self.row_gates.values():
+            gate.set()
 
     def close(self) -> None:
         self.engine.close()
@@ -97,7 +110,10 @@ class GatedSlot:
             owner.running += 1
             owner.max_running = max(owner.max_running, owner.running)
         try:
-            if owner.held_rows in (None, batch_size):
+            own = owner.row_gates.get(batch_size)
+            if own is not None:
+                assert own.wait(10)
+            elif owner.held_rows in (None, batch_size):
                 assert owner.gate.wait(10)
             if batch_size == owner.fail_rows:
                 raise RuntimeError("simulated engine failure")
@@ -117,7 +133,7 @@ class GatedSlot:
 def gated(tiny_engine: OnnxRuntimeEngine) -> Iterator[GatedEngine]:
     engine = GatedEngine(tiny_engine)
     yield engine
-    engine.gate.set()  # a test that failed while holding a slot leaves no thread waiting
+    engine.open_all()  # a test that failed while holding a slot leaves no thread waiting
 
 
 @pytest.fixture
@@ -132,7 +148,7 @@ def gated_of() -> Iterator[Callable[[OnnxRuntimeEngine], GatedEngine]]:
 
     yield wrap
     for engine in made:
-        engine.gate.set()
+        engine.open_all()
 
 
 class Serving:
@@ -188,7 +204,7 @@ async def start_serving(
         finally:
             for signum in STOP_SIGNALS:
                 loop.remove_signal_handler(signum)
-            gated.gate.set()
+            gated.open_all()
             ends = await asyncio.gather(
                 *(server.stop() for server in running), return_exceptions=True
             )
