@@ -1,64 +1,42 @@
 """Thousands of malformed requests against an in-process server, then a valid one.
 
-The app from `served_app.app_of` (real ONNX Runtime engine, tiny MLP) runs on a loopback port
-in a background thread; hypothesis sends random bytes, random JSON, valid requests with
-one field mutated, binary-extension bodies with lying sizes and header lengths, bodies
-that claim a Content-Encoding they do not have, odd model paths. Every answer must be a
-JSON `{"error": ...}` with a 4xx status (or a 200 when a mutation happens to be valid),
-never a 5xx; afterwards a valid request must still succeed with the right output.
+The Rust data plane (`rust_served`, the real ONNX Runtime engine on the tiny MLP) serves
+on a loopback port from its own threads; hypothesis sends random bytes, random JSON,
+valid requests with one field mutated, binary-extension bodies with lying sizes and
+header lengths, bodies that claim a Content-Encoding they do not have, odd model paths.
+Every answer must be a JSON `{"error": ...}` with a 4xx status (or a 200 when a mutation
+happens to be valid), never a 5xx; afterwards a valid request must still succeed with
+the right output.
 """
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import random
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubeinfer.contract.runtime_config import EngineSource, RuntimeConfig
-from kubeinfer.runtime.http.app import RUNNER_OPTIONS
-from served_app import app_of
+from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
+from rust_served import rust_served
 
 
-class InProcessServer:
-    def __init__(self, app: web.Application) -> None:
-        self._app = app
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self.port = 0
+class KeptConnection:
+    """One keep-alive connection to the server, opened again when the server closes it."""
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._runner = web.AppRunner(self._app, **RUNNER_OPTIONS)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = self._runner.addresses[0][1]
-        self._ready.set()
-        self._loop.run_forever()
-        self._loop.run_until_complete(self._runner.cleanup())
-        self._loop.close()
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
 
-    def __enter__(self) -> InProcessServer:
-        self._thread.start()
-        assert self._ready.wait(30)
-        self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+    def reconnect(self) -> None:
         self.connection.close()
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
 
     def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         try:
@@ -66,27 +44,26 @@ class InProcessServer:
             response = self.connection.getresponse()
             payload = response.read()
         except (http.client.HTTPException, OSError, UnicodeError):
-            self.connection.close()  # the server closed a connection it could not parse
-            self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+            self.reconnect()  # the server closed a connection it could not parse
             raise
         if response.getheader("Connection", "").lower() == "close":
-            self.connection.close()
-            self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+            self.reconnect()
         return response.status, payload
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path) -> Iterator[InProcessServer]:
-    from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
-
+def server(tiny_model: Path) -> Iterator[KeptConnection]:
     config = RuntimeConfig(
         model_name="tiny",
         engine=EngineSource(onnx_path=str(tiny_model)),
+        host="127.0.0.1",
         max_request_bytes=32 * 1024,
     )
     engine = OnnxRuntimeEngine(tiny_model, config.batching.max_batch_size, intra_op_threads=1)
-    with InProcessServer(app_of(config, engine)) as running:
-        yield running
+    with rust_served(config, engine) as served:
+        kept = KeptConnection(served.port)
+        yield kept
+        kept.connection.close()
     engine.close()
 
 
@@ -156,7 +133,7 @@ paths = st.one_of(
 )
 
 
-def _check(server: InProcessServer, path: str, body: bytes, headers: dict[str, str]) -> None:
+def _check(server: KeptConnection, path: str, body: bytes, headers: dict[str, str]) -> None:
     status, payload = server.post(path, body, headers)
     assert status < 500, (status, payload)
     if status != 200:
