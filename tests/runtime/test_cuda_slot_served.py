@@ -1,20 +1,20 @@
-"""A `CudaSlot` model with a variable sequence axis served through the batcher and HTTP, on a
-CPU: the stand-in for `pycuda.driver` keeps each device allocation as host bytes and really
-copies them, and the compute reads the device inputs and writes the device outputs. What
-the CPU shows: requests of mixed lengths are padded to their bucket, batched, copied in
-at the bucket's length (no more), computed, copied out, and each client gets its own
+"""A `CudaSlot` model with a variable sequence axis served by the Rust data plane over HTTP,
+on a CPU: the stand-in for `pycuda.driver` keeps each device allocation as host bytes and
+really copies them, and the compute reads the device inputs and writes the device outputs.
+What the CPU shows: requests of mixed lengths are padded to their bucket, batched, copied
+in at the bucket's length (no more), computed, copied out, and each client gets its own
 rows cut back to its own length. What the driver does with real device memory is for the
 `gpu` tests (`test_engines_cuda.py`, under compute-sanitizer on a GPU)."""
 
 from __future__ import annotations
 
-import asyncio
+import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 from kubeinfer.contract.runtime_config import (
     BatchingPolicy,
     EngineSource,
@@ -23,7 +23,7 @@ from kubeinfer.contract.runtime_config import (
 )
 from kubeinfer.runtime.engines.base import TensorSpec
 from kubeinfer.runtime.engines.cuda_streams import CudaContext, CudaSlot
-from served_app import app_of
+from rust_served import rust_served
 from test_gpu_fixes import fake_pycuda, install
 
 LONGEST = 16
@@ -105,6 +105,7 @@ def config() -> RuntimeConfig:
     return RuntimeConfig(
         model_name="seq",
         engine=EngineSource(onnx_path="unused"),
+        host="127.0.0.1",
         batching=BatchingPolicy(
             max_batch_size=8, max_queue_delay_microseconds=50_000, execution_slots=2,
             shape_batching="PadToBuckets", shape_buckets=BUCKETS,
@@ -114,25 +115,28 @@ def config() -> RuntimeConfig:
     )  # fmt: skip
 
 
-async def test_mixed_lengths_come_back_cut_to_their_own_after_bucketed_copies(
+def test_mixed_lengths_come_back_cut_to_their_own_after_bucketed_copies(
     copies: list[tuple[str, int]],
 ) -> None:
     engine = DoublingEngine()
     lengths = [1, 3, 4, 5, 7, 9, 16, 2]
     try:
-        async with TestClient(TestServer(app_of(config(), engine))) as client:
+        with rust_served(config(), engine) as served:
 
-            async def infer(length: int) -> list[list[float]]:
+            def infer(length: int) -> list[list[float]]:
                 ids = [[length * 100 + i for i in range(length)]]
                 body = {"inputs": [{"name": "ids", "datatype": "INT64", "shape": [1, length],
                                     "data": ids}]}  # fmt: skip
-                response = await client.post("/v2/models/seq/infer", json=body)
-                assert response.status == 200, await response.text()
-                [output] = (await response.json())["outputs"]
+                status, _, answer = served.request(
+                    "POST", "/v2/models/seq/infer", json.dumps(body).encode()
+                )
+                assert status == 200, answer
+                [output] = json.loads(answer)["outputs"]
                 assert output["shape"] == [1, length]
                 return output["data"]
 
-            answers = await asyncio.gather(*(infer(n) for n in lengths))
+            with ThreadPoolExecutor(len(lengths)) as pool:
+                answers = list(pool.map(infer, lengths))
     finally:
         engine.close()
     for length, data in zip(lengths, answers, strict=True):

@@ -1,5 +1,5 @@
-"""The mirror's mechanism, in-process against real HTTP servers on loopback (a real
-kubeinfer app on the tiny demo model, and scripted aiohttp candidates that are slow, fail,
+"""The mirror's mechanism, in-process against real HTTP servers on loopback (the Rust data
+plane serving the tiny demo model, and scripted aiohttp candidates that are slow, fail,
 or answer wrongly):
 
 - what goes to the candidate: a v2 request with binary inputs and `binary_data_output`,
@@ -33,7 +33,6 @@ import pytest
 from aiohttp import web
 from kubeinfer.contract.runtime_config import MirrorPolicy, MirrorTarget, RuntimeConfig
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
-from kubeinfer.runtime.http.app import RUNNER_OPTIONS
 from kubeinfer.runtime.protocol.tensor_codec import (
     InvalidResponse,
     decode_infer_request,
@@ -51,7 +50,7 @@ from kubeinfer.runtime.shadow.aggregates import RunningAggregates, ShadowMetrics
 from kubeinfer.runtime.shadow.controller import ShadowController
 from kubeinfer.runtime.shadow.mirror import Mirror
 from prometheus_client import CollectorRegistry, generate_latest
-from served_app import app_of
+from rust_served import rust_served
 from waiting import eventually
 
 X = np.random.default_rng(1).standard_normal((2, 16)).astype(np.float32)
@@ -66,7 +65,7 @@ def free_port() -> int:
 
 async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
     # A short shutdown: a scripted candidate still sleeping in a handler is not waited for.
-    runner = web.AppRunner(app, **RUNNER_OPTIONS, shutdown_timeout=0.1)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
     await runner.setup()
     port = free_port()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -203,28 +202,27 @@ async def test_a_kubeinfer_candidate_is_compared_and_timed_by_its_server_timing(
     tiny_model: Path,
 ) -> None:
     engine = OnnxRuntimeEngine(tiny_model, max_batch_size=32, intra_op_threads=1)
-    config = RuntimeConfig(model_name="m", engine={"onnxPath": str(tiny_model)})
-    runner, url = await serve(app_of(config, engine))
+    config = RuntimeConfig(model_name="m", engine={"onnxPath": str(tiny_model)}, host="127.0.0.1")
     try:
         slot = engine.create_slot()
         slot.input_views(2)["input"][:] = X
         serving = {"logits": ("FP32", slot.run(2)["logits"].copy())}
         slot.close()
-        to = target(url)
-        aggregates = aggregates_for(to)
-        mirror = Mirror(to, aggregates)
-        await mirror.start()
-        for _ in range(5):
-            mirror.offer(INPUTS, serving, 0.0001)
-        await eventually(
-            lambda: aggregates.outcomes["compared"] == 5,
-            what="5 compared",
-            every=0.005,
-            in_thread=False,
-        )
-        await mirror.close()
+        with rust_served(config, engine) as candidate:
+            to = target(f"http://{candidate.address}")
+            aggregates = aggregates_for(to)
+            mirror = Mirror(to, aggregates)
+            await mirror.start()
+            for _ in range(5):
+                mirror.offer(INPUTS, serving, 0.0001)
+            await eventually(
+                lambda: aggregates.outcomes["compared"] == 5,
+                what="5 compared",
+                every=0.005,
+                in_thread=False,
+            )
+            await mirror.close()
     finally:
-        await runner.cleanup()
         engine.close()
     status = aggregates.status()
     assert status["mismatches"] == 0 and status["maxAbsDifference"] < 1e-5
