@@ -4,13 +4,16 @@ connections, each against real `kubeinfer serve` processes on loopback.
 
 A script, not a test (nothing here is named test_*, so pytest never collects it):
 
-    .venv/bin/python tests/benchmarks/bench_hostile.py [--quick] [--baseline TREE]
+    .venv/bin/python tests/benchmarks/bench_hostile.py [--quick] [--baseline REV]
         [--rounds N] [--overload-only | --refusal-cost]
 
-`--baseline TREE` also runs every scenario against the kubeinfer source tree at TREE (a
-`git worktree add --detach /tmp/old <commit>` of an older commit), with the same commands
-and PYTHONPATH pointing there (flags the old server lacks are left out), so the table has
-both sides from the same machine and run.
+`--baseline REV` also runs every scenario against the runtime of an earlier commit (say
+c80431e, the last one served through the Python data plane): a detached `git worktree`
+of it at `.bench/baseline-<rev>`, made once and reused, or a checkout's directory given
+instead (`checkout_site.baseline_checkout`), served by this venv's Python with a folder
+linking to its packages first on PYTHONPATH, with the same commands (and
+`--data-plane python` where that runtime has both planes), so the table has both sides
+from the same machine and run.
 
 The server runs on CPU 0 alone (`taskset`), one ONNX Runtime thread, one execution slot;
 this process, the load generator, runs on CPU 1. The model is the overhead-bound demo MLP
@@ -27,14 +30,17 @@ JSON ~340 KB, binary ~66 KB), as in the issue.
   used in each phase (a core shared with other work shows there). Each request is one
   full batch, served in 1 / capacity; the queue's delay budget is the time a full queue
   takes to serve: `--max-queue-size` (8) / capacity. `--overload-only` stops there.
-- **Refusal cost** (`--refusal-cost`, alone): the CPU time of the server's main thread
-  (its event loop: /proc's schedstat, in nanoseconds) per refused request, for the same
-  32-row bodies, JSON and binary. A request that spins the spin model's loop for longer
-  than the run holds the one execution slot and another the one queue place
-  (`--max-queue-size 1`), so every request sent is refused; 8 keep-alive clients send
-  them in a closed loop. A figure of CPU time, not of throughput: the share of its core
-  the server gets on a shared machine moves it far less than it moves goodput. The trees
-  take turns in each of `--rounds` rounds.
+- **Refusal cost** (`--refusal-cost`, alone): the CPU time of the server's request
+  threads (the Rust data plane's `dataplane-http` threads, and the main thread, the
+  Python data plane's event loop: /proc's schedstat, in nanoseconds; never the engine's
+  slot threads, one of which spins) per refused request, for 32-row bodies of the
+  overload's sizes, JSON and binary, valid requests of a spin model as wide as the MLP
+  (`build_wide_spin_model`: refused for want of room, not for their shape or size). A
+  request that spins its loop for longer than the run holds the one execution slot and
+  another the one queue place (`--max-queue-size 1`), so every request sent is refused;
+  8 keep-alive clients send them in a closed loop. A figure of CPU time, not of
+  throughput: the share of its core the server gets on a shared machine moves it far
+  less than it moves goodput. The trees take turns in each of `--rounds` rounds.
 - **Amplification**: a 64 KiB gzip body that inflates to 64 MiB of empty JSON lists, at
   the default body limit and at the old default of 64 MiB; the time to the answer, the
   growth of the server's peak resident memory (VmHWM, reset before), and the slowest
@@ -61,6 +67,7 @@ import asyncio
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -73,6 +80,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from checkout_site import baseline_checkout, data_plane_flags, imports_from, package_links
 from kubeinfer.cli.tune.load import Connection as _Connection
 from kubeinfer.cli.tune.load import EncodedRequest, LoadGenError, open_connection, run_closed_loop
 from kubeinfer.contract.runtime_config import BatchingPolicy
@@ -93,10 +101,13 @@ SERVER_CPU, CLIENT_CPU = 0, 1
 
 @dataclass
 class Tree:
-    """Which kubeinfer the servers run: this checkout, or a baseline source tree."""
+    """Which kubeinfer the servers run: this checkout, or a baseline source tree (the
+    folder put first on PYTHONPATH), and the `kubeinfer serve` flags that pick its data
+    plane."""
 
     label: str
     pythonpath: str | None = None
+    flags: tuple[str, ...] = ()
 
     @property
     def current(self) -> bool:
@@ -111,20 +122,17 @@ class Tree:
         return "kubeinfer.cli"
 
 
-def baseline_tree(path: Path, scratch: Path) -> Tree:
-    """A `kubeinfer` package whose subpackages are those of `path` (the runtime and the
-    operator, and the contract, cluster and command line where that tree has them)."""
-    package = scratch / "baseline" / "kubeinfer"
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").touch()
-    for part in ("runtime", "operator", "contract", "cluster", "cli"):
-        if not (path / part).is_dir():
-            continue
-        link = package / part
-        if link.is_symlink():
-            link.unlink()
-        link.symlink_to(path.resolve() / part)
-    return Tree(f"baseline ({path})", str(package.parent))
+def trees(baseline: str | None, scratch: Path) -> list[Tree]:
+    """This checkout (on the Rust data plane) and, given `baseline` (a revision or a
+    checkout's directory), that runtime (on its Python data plane, `checkout_site`)."""
+    out = [Tree("this checkout", None, data_plane_flags(REPO, "rust"))]
+    if baseline:
+        checkout = baseline_checkout(baseline)
+        site = package_links(checkout, scratch)
+        print(imports_from(site, checkout), flush=True)
+        name = checkout.name.removeprefix("baseline-")
+        out.append(Tree(f"baseline {name}", str(site), data_plane_flags(checkout, "python")))
+    return out
 
 
 def server(tree: Tree, model: Path, logs: Path, *flags: str) -> ServerProcess:
@@ -133,10 +141,11 @@ def server(tree: Tree, model: Path, logs: Path, *flags: str) -> ServerProcess:
         "taskset", "-c", str(SERVER_CPU), sys.executable, "-m", tree.cli_module,
         "serve", "--onnx", str(model), "--model-name", MODEL, "--host", HOST,
         "--port", str(port), "--intra-op-threads", "1", "--execution-slots", "1",
-        "--max-batch-size", "32", *flags,
+        "--max-batch-size", "32", *tree.flags, *flags,
     ]  # fmt: skip
     env = {"PYTHONPATH": tree.pythonpath} if tree.pythonpath else {}
-    return ServerProcess(ServerSpec("kubeinfer", command, port, MODEL, env=env), logs)
+    label = re.sub(r"[^a-z0-9]+", "-", tree.label.lower()).strip("-")  # a log per tree
+    return ServerProcess(ServerSpec(label, command, port, MODEL, env=env), logs)
 
 
 def memory_kib(pid: int, field_name: str) -> int:
@@ -394,18 +403,70 @@ def _brief(figures: dict) -> str:
 
 # --------------------------------------------------------------------------- refusal cost
 
+SPIN_WIDTH = 512
+"""The wide spin model's `x` and `y` columns: the overload's rows' width, so that its
+32-row requests are the overload's sizes (JSON ~340 KB, binary ~66 KB)."""
+
+
+def build_wide_spin_model(path: Path) -> Path:
+    """tests/support's spin model with `x` and `y` [batch, SPIN_WIDTH] and `ids`
+    [batch, 1] (its loop runs max(ids) times; `x + ids` broadcasts): a 32-row request
+    is valid, so a server refuses it for want of room, not for its shape or size."""
+    import onnx
+
+    narrow = onnx.load(build_spin_model(path.with_name(f"narrow-{path.name}")))
+    widths = {"x": SPIN_WIDTH, "ids": 1, "y": SPIN_WIDTH}
+    for value in (*narrow.graph.input, *narrow.graph.output):
+        value.type.tensor_type.shape.dim[1].dim_value = widths[value.name]
+    onnx.checker.check_model(narrow)
+    path.write_bytes(narrow.SerializeToString(deterministic=True))
+    return path
+
+
+def spin_body(rows: int, binary: bool, trips: int = 0) -> tuple[bytes, dict[str, str]]:
+    """A request of the wide spin model: `rows` rows of zeros, its loop run `trips` times."""
+    x = np.zeros((rows, SPIN_WIDTH), np.float32)
+    ids = np.full((rows, 1), trips, np.int32)
+    tensors = [("x", "FP32", x), ("ids", "INT32", ids)]
+    if not binary:
+        inputs = [{"name": n, "datatype": d, "shape": list(a.shape), "data": a.ravel().tolist()}
+                  for n, d, a in tensors]  # fmt: skip
+        return json.dumps({"inputs": inputs}).encode(), {"Content-Type": "application/json"}
+    header = json.dumps({
+        "inputs": [{"name": n, "datatype": d, "shape": list(a.shape),
+                    "parameters": {"binary_data_size": a.nbytes}} for n, d, a in tensors],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+    }).encode()  # fmt: skip
+    data = header + b"".join(a.tobytes() for _, _, a in tensors)
+    return data, {"Inference-Header-Content-Length": str(len(header))}
+
+
 SPIN_FOREVER = json.dumps({
-    "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [0.0] * 4},
-               {"name": "ids", "datatype": "INT32", "shape": [1, 4],
-                "data": [2_000_000_000, 0, 0, 0]}],
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, SPIN_WIDTH],
+                "data": [0.0] * SPIN_WIDTH},
+               {"name": "ids", "datatype": "INT32", "shape": [1, 1], "data": [2_000_000_000]}],
     "parameters": {"timeout": 3_000_000_000},  # microseconds: far past the run
 }).encode()  # fmt: skip
-"""A request that holds the spin model's slot for about half an hour."""
+"""A request that holds the wide spin model's slot for about half an hour."""
 
 
-def main_thread_cpu_ns(pid: int) -> int:
-    """CPU time of the process's main thread (its event loop), in nanoseconds."""
-    return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[0])
+REQUEST_THREADS = ("dataplane-http",)
+"""The names (/proc's comm) of the Rust data plane's request threads (its tokio runtime's)."""
+
+
+def request_threads_cpu_ns(pid: int) -> int:
+    """CPU time of the process's request threads, in nanoseconds: the main thread (the
+    Python data plane's event loop; the Rust one's waits for a signal) and every thread
+    named in REQUEST_THREADS (never the engine's slot threads)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            if task.name == str(pid) or name.startswith(REQUEST_THREADS):
+                total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total
 
 
 async def refused_in_a_loop(port: int, raw: bytes, count: int, clients: int) -> dict[int, int]:
@@ -427,8 +488,8 @@ async def refused_in_a_loop(port: int, raw: bytes, count: int, clients: int) -> 
 
 
 def refusal_cost(tree: Tree, spin_model: Path, logs: Path, binary: bool, count: int) -> float:
-    """Microseconds of the server's main thread per refused request (see the module)."""
-    body, headers = infer_body(32, binary)
+    """Microseconds of the server's request threads per refused request (see the module)."""
+    body, headers = spin_body(32, binary)
     with server(tree, spin_model, logs, "--max-queue-size", "1") as running:
         port, process = running.spec.port, running.process
         assert process is not None
@@ -441,9 +502,9 @@ def refusal_cost(tree: Tree, spin_model: Path, logs: Path, binary: bool, count: 
             wait_for(lambda: metric(port, "kubeinfer_queue_depth") == 1, within=60,
                      what="the second request queued", every=0.01)  # fmt: skip
             raw = raw_request(port, body, headers)
-            before = main_thread_cpu_ns(process.pid)
+            before = request_threads_cpu_ns(process.pid)
             statuses = asyncio.run(refused_in_a_loop(port, raw, count, 8))
-            spent = main_thread_cpu_ns(process.pid) - before
+            spent = request_threads_cpu_ns(process.pid) - before
         finally:
             for holder in holders:
                 holder.close()
@@ -456,7 +517,7 @@ def refusal_cost(tree: Tree, spin_model: Path, logs: Path, binary: bool, count: 
 def refusal_cost_report(trees: list[Tree], scratch: Path, rounds: int, quick: bool) -> str:
     """`refusal_cost` per tree and encoding in interleaved rounds: a table of medians and
     ranges, and each round's ratio to the first tree's."""
-    spin_model = build_spin_model(scratch / "spin.onnx")
+    spin_model = build_wide_spin_model(scratch / "spin.onnx")
     count = 800 if quick else 4000
     runs: dict[tuple[str, str], list[float]] = {}
     for round_ in range(rounds):
@@ -466,7 +527,7 @@ def refusal_cost_report(trees: list[Tree], scratch: Path, rounds: int, quick: bo
                 runs.setdefault((tree.label, encoding), []).append(us)
                 print(f"round {round_ + 1} {tree.label} {encoding}: {us:.1f} us", flush=True)
     lines = [
-        "### CPU per refused request: the server's main thread, 32-row requests",
+        "### CPU per refused request: the server's request threads, 32-row requests",
         "",
         f"{count} refusals per run over 8 keep-alive clients; load average (1 min) "
         f"{os.getloadavg()[0]:.2f} at the end. Median of {rounds} rounds, range in brackets.",
@@ -731,46 +792,6 @@ def stalled(tree: Tree, model: Path, logs: Path) -> dict:
     return {"open_after_15s": still_open}
 
 
-# --------------------------------------------------------------------------- offload
-
-
-def offload_figures() -> dict:
-    """The codec threads' threshold: JSON decode time by size, and the hand-off's cost."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from kubeinfer.runtime.dataplane import decode_limits
-    from kubeinfer.runtime.engines.base import TensorSpec
-    from kubeinfer.runtime.protocol.tensor_codec import decode_infer_request
-
-    limits = decode_limits((TensorSpec("input", "FP32", (-1, 512)),), 64)
-
-    def best(fn: Callable[[], object], n: int) -> float:
-        times = []
-        for _ in range(5):
-            started = time.perf_counter()
-            for _ in range(n):
-                fn()
-            times.append((time.perf_counter() - started) / n)
-        return min(times)
-
-    executor = ThreadPoolExecutor(2)
-
-    async def hand_off() -> float:
-        loop = asyncio.get_running_loop()
-        started = time.perf_counter()
-        for _ in range(2000):
-            await loop.run_in_executor(executor, int)
-        return (time.perf_counter() - started) / 2000
-
-    hop = min(asyncio.run(hand_off()) for _ in range(3))
-    executor.shutdown()
-    sizes = {}
-    for rows in (1, 2, 4, 8, 32):
-        body, _ = infer_body(rows, binary=False)
-        sizes[len(body)] = best(lambda b=body: decode_infer_request(b, None, limits), 20)
-    return {"hop_us": hop * 1e6, "decode_us": {k: v * 1e6 for k, v in sizes.items()}}
-
-
 # --------------------------------------------------------------------------- report
 
 
@@ -846,12 +867,8 @@ def _overload_rows(rounds: dict[str, dict[str, list[dict]]], keep: Callable[[dic
             )
 
 
-def report(results: dict[str, dict], offload: dict) -> str:
-    lines = ["### Offload threshold (in-process, this machine)", "",
-             f"Hand-off to a codec thread and back: {offload['hop_us']:.0f} us.", "",
-             "| JSON body | decode | hand-off share |", "|--:|--:|--:|"]  # fmt: skip
-    for size, us in offload["decode_us"].items():
-        lines.append(f"| {size / 1024:.0f} KiB | {us:.0f} us | {offload['hop_us'] / us:.0%} |")
+def report(results: dict[str, dict]) -> str:
+    lines: list[str] = []
     for label, r in results.items():
         lines += ["", f"### {label}", "", "| scenario | issue (before) | goal | measured |"]
         lines[-1] += " verdict |"
@@ -926,7 +943,9 @@ def run_tree(tree: Tree, model: Path, big_model: Path, logs: Path, quick: bool) 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter overload windows")
-    parser.add_argument("--baseline", type=Path, metavar="TREE", help="an older source tree")
+    parser.add_argument(
+        "--baseline", metavar="REV", help="an earlier commit (or a checkout's directory)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="overload rounds (default 3)")
     parser.add_argument("--overload-only", action="store_true", help="only the overload")
     parser.add_argument(
@@ -937,21 +956,18 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="bench-hostile-"))
     try:
         model = build_small_mlp(scratch / "small.onnx")
-        trees = [Tree("this checkout")]
-        if args.baseline:
-            trees.append(baseline_tree(args.baseline, scratch))
+        compared = trees(args.baseline, scratch)
         logs = scratch / "logs"
         if args.refusal_cost:
-            print(refusal_cost_report(trees, scratch, args.rounds, args.quick))
+            print(refusal_cost_report(compared, scratch, args.rounds, args.quick))
             return 0
         load_before = os.getloadavg()[0]
-        rounds = overload_rounds(trees, model, logs, args.rounds, args.quick)
+        rounds = overload_rounds(compared, model, logs, args.rounds, args.quick)
         text = overload_report(rounds, (load_before, os.getloadavg()[0]))
         if not args.overload_only:
             big_model = build_mlp(scratch / "big.onnx", 131072, (8,), 8)
-            offload = offload_figures()
-            results = {t.label: run_tree(t, model, big_model, logs, args.quick) for t in trees}
-            text += "\n\n" + report(results, offload)
+            results = {t.label: run_tree(t, model, big_model, logs, args.quick) for t in compared}
+            text += "\n\n" + report(results)
         print(text)
         out = REPO / ".bench" / "hostile.md"
         out.parent.mkdir(exist_ok=True)

@@ -69,7 +69,7 @@ def main() -> int:
         sizes(podman, "cold", built, results)  # type: ignore[arg-type]
         timed("warm call, nothing changed", results,
               lambda: images.ensure_project_images(root=clone))  # fmt: skip
-        source = clone / "runtime" / "dataplane.py"
+        source = clone / "runtime" / "rust_dataplane.py"
         source.write_text(source.read_text() + "# a one-line change\n")
         rebuilt = timed("one-line change in runtime/ (both rebuilt, exported)", results,
                         lambda: images.ensure_project_images(root=clone))  # fmt: skip

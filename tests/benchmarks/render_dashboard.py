@@ -29,7 +29,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "monitoring")]
+sys.path[:0] = [
+    str(ROOT / "tests"),
+    str(ROOT / "tests" / "monitoring"),
+    str(ROOT / "tests" / "support"),
+]
 
 from kubeinfer.cli.monitoring.render import DASHBOARD  # noqa: E402
 from kubeinfer.operator.api.v1alpha1.conditions import (  # noqa: E402
