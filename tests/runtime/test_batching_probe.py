@@ -1,12 +1,12 @@
-"""The pure pieces of "does this model batch?" and of "do a batch's outputs hold its rows?",
-and the probe on real engines.
+"""The pure pieces of "does this model batch?", and the probe on real engines.
 
 Covers: `compare_trial` (stacked answers batch; an output of the wrong row count, of
 another shape, or of values past the tolerance does not; integers and strings compare
 exactly; NaN where the other has NaN is equal); `tolerance` by datatype; `trial_rows`
 (two different rows of valid values for each datatype); `trial_item_shapes` (optShape,
 else one extent per axis name within the range); `effective_max_batch_size`;
-`assembler.check_output_rows` and its error's message; `probe_batching` on ONNX Runtime
+`with_batching_found` (the config served: maxBatchSize 1 and no preferred sizes unless
+the model batches) and what `say_batching_found` logs; `probe_batching` on ONNX Runtime
 engines: the tokenizer-in-graph classifiers, a BERT-style encoder with variable axes, a
 model whose one-row run fails (reported, not raised), one that fails on two rows, and an
 engine loaded for one row.
@@ -14,13 +14,13 @@ engine loaded for one row.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from kubeinfer.contract.runtime_config import InputShape
-from kubeinfer.runtime.batching.assembler import check_output_rows
+from kubeinfer.contract.runtime_config import InputShape, RuntimeConfig
 from kubeinfer.runtime.engines.base import TensorSpec
 from kubeinfer.runtime.engines.batching_probe import (
     FLOAT16_RTOL,
@@ -30,12 +30,13 @@ from kubeinfer.runtime.engines.batching_probe import (
     compare_trial,
     effective_max_batch_size,
     probe_batching,
+    say_batching_found,
     tolerance,
     trial_item_shapes,
     trial_rows,
+    with_batching_found,
 )
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
-from kubeinfer.runtime.protocol.errors import OutputRowsMismatch
 from models.transformer_models import build_encoder
 from onnx import TensorProto, helper
 
@@ -134,17 +135,34 @@ def test_a_model_that_does_not_batch_runs_one_request_per_run() -> None:
     assert BatchingProbe(None).one_request_per_run and not BatchingProbe(True).one_request_per_run
 
 
-def test_outputs_that_do_not_hold_the_batch_s_rows_raise_naming_model_output_and_counts() -> None:
-    outputs = {"probabilities": np.zeros((3, 2)), "logits": np.zeros((2, 2))}
-    check_output_rows("bert", {"probabilities": outputs["probabilities"]}, 3)
-    with pytest.raises(OutputRowsMismatch) as raised:
-        check_output_rows("bert", outputs, 3)
-    assert raised.value.status == 500
-    assert (raised.value.model, raised.value.output, raised.value.rows) == ("bert", "logits", 3)
-    assert raised.value.output_rows == 2
-    assert str(raised.value).startswith("model 'bert' gave output 'logits' 2 rows for a batch of 3")
-    with pytest.raises(OutputRowsMismatch, match="0 rows for a batch of 1"):
-        check_output_rows("m", {"y": np.float32(1.0)}, 1)  # a scalar holds no rows
+def test_the_config_served_is_the_one_what_the_probe_found_allows() -> None:
+    config = RuntimeConfig.model_validate({
+        "modelName": "m", "engine": {"onnxPath": "m.onnx"},
+        "batching": {"maxBatchSize": 16, "preferredBatchSizes": [4, 16]},
+    })  # fmt: skip
+    assert with_batching_found(config, BatchingProbe(True)) is config
+    for probe in (BatchingProbe(False, "why"), BatchingProbe(None, "why")):
+        found = with_batching_found(config, probe)
+        assert (found.batching.max_batch_size, found.batching.preferred_batch_sizes) == (1, [])
+        assert found.batching.execution_slots == config.batching.execution_slots
+
+
+def test_what_the_probe_found_is_said_once_a_warning_when_a_size_is_set_aside(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = RuntimeConfig.model_validate(
+        {"modelName": "m", "engine": {"onnxPath": "m.onnx"}, "batching": {"maxBatchSize": 8}}
+    )
+    caplog.set_level(logging.INFO, logger="kubeinfer.runtime.engines.batching_probe")
+    say_batching_found(config, BatchingProbe(True), 8)
+    say_batching_found(config, BatchingProbe(False, "its output has one row"), 1)
+    found, set_aside = caplog.records
+    assert found.levelno == logging.INFO and "Found the model batches" in found.getMessage()
+    assert set_aside.levelno == logging.WARNING
+    assert set_aside.getMessage() == (
+        "Serving one request per run: the model does not batch (its output has one row) "
+        "model=m max_batch_size=1; maxBatchSize 8 set aside"
+    )
 
 
 # -- the probe on real engines ---------------------------------------------------------------

@@ -1,11 +1,13 @@
-"""BYTES tensors (strings) through every wire form the server reads and writes
-(`kubeinfer.runtime.protocol.bytes_tensors`, the REST codec and the gRPC codec).
+"""BYTES tensors (strings) through the Python REST codec the mirrors speak to their
+candidates (`kubeinfer.runtime.protocol.bytes_tensors`, `tensor_codec`; the Rust data
+plane's own codecs are tested in runtime/native/crates: core's codec/bytes and codec/json,
+server's grpc/codec).
 
 Covers, as properties: any BYTES tensor (empty elements, non-UTF-8 bytes, NUL bytes
 included) serializes exactly as tritonclient's `serialize_byte_tensor` does and reads
 back from it; a request round-trips through REST JSON (UTF-8 text) and the binary
-extension, and through gRPC raw contents and `bytes_contents`; a response written by the
-server reads back through tritonclient's own deserializer. As tables: every malformed
+extension; a response written by the codec reads back through tritonclient's own
+deserializer. As tables: every malformed
 BYTES form (a length past the buffer, bytes left over, too few elements, a number where
 a string belongs) is an `InvalidRequest` naming the tensor; non-UTF-8 output asked for as
 JSON is refused with the remedy.
@@ -20,11 +22,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubeinfer.runtime.grpc_service import open_inference_grpc_pb2 as pb
-from kubeinfer.runtime.grpc_service.codec import (
-    from_model_infer_request,
-    to_model_infer_response,
-)
 from kubeinfer.runtime.protocol import bytes_tensors
 from kubeinfer.runtime.protocol.errors import InvalidRequest
 from kubeinfer.runtime.protocol.tensor_codec import (
@@ -171,81 +168,11 @@ def test_json_strings_are_read_strictly(data, message: str) -> None:
         decode_infer_request(body)
 
 
-def test_string_inputs_must_be_utf8_on_every_wire_form_answers_need_not() -> None:
+def test_string_inputs_must_be_utf8_answers_need_not() -> None:
     array = _array([b"ok", b"\xffbad"], 2)
     refused = r"input 'text'.*element 1 is not UTF-8 text"
     with pytest.raises(InvalidRequest, match=refused):
         decode_infer_request(*_request(array, binary=True))
-    for raw in (True, False):
-        with pytest.raises(InvalidRequest, match=refused):
-            from_model_infer_request(_grpc_request(array, raw))
     response = InferResponse("m", "1", None, [InferOutput("label", "BYTES", array, True)])
     [output] = decode_infer_response(*encode_infer_response(response)).outputs
     assert output.data.tolist() == array.tolist()
-
-
-def _grpc_request(array: np.ndarray, raw: bool) -> pb.ModelInferRequest:
-    message = pb.ModelInferRequest(model_name="m")
-    tensor = message.inputs.add(name="text", datatype="BYTES", shape=array.shape)
-    if raw:
-        message.raw_input_contents.append(_tritons(array))
-    else:
-        tensor.contents.bytes_contents.extend(array.ravel().tolist())
-    return message
-
-
-@settings(max_examples=60, deadline=None)
-@given(array=bytes_arrays(TEXT.map(str.encode)), raw=st.booleans())
-def test_grpc_reads_raw_and_bytes_contents(array: np.ndarray, raw: bool) -> None:
-    [decoded] = from_model_infer_request(_grpc_request(array, raw)).inputs
-    assert decoded.data.shape == array.shape and decoded.data.tolist() == array.tolist()
-
-
-@pytest.mark.parametrize("typed", [False, True])
-def test_grpc_answers_strings_raw_or_typed(typed: bool) -> None:
-    labels = _array([b"cat", b"dog", b""], 3)
-    scores = np.array([[0.5], [0.25], [1.0]], np.float32)
-    response = InferResponse(
-        "m", "1", "r",
-        [InferOutput("label", "BYTES", labels, not typed),
-         InferOutput("score", "FP32", scores, not typed)],
-    )  # fmt: skip
-    message = to_model_infer_response(response)
-    if typed:
-        assert not message.raw_output_contents
-        assert list(message.outputs[0].contents.bytes_contents) == [b"cat", b"dog", b""]
-    else:
-        got = deserialize_bytes_tensor(message.raw_output_contents[0])
-        assert [bytes(e) for e in got] == [b"cat", b"dog", b""]
-        assert np.frombuffer(message.raw_output_contents[1], np.float32).tolist() == [
-            0.5, 0.25, 1.0
-        ]  # fmt: skip
-
-
-def test_grpc_refuses_malformed_raw_strings_and_strings_in_another_field() -> None:
-    message = _grpc_request(_array([b"ab"], 1), raw=True)
-    message.raw_input_contents[0] = LENGTH.pack(9) + b"ab"
-    with pytest.raises(InvalidRequest, match=r"input 'text'.*declares 9 bytes"):
-        from_model_infer_request(message)
-    typed = pb.ModelInferRequest(model_name="m")
-    tensor = typed.inputs.add(name="text", datatype="BYTES", shape=[1, 1])
-    tensor.contents.int_contents.append(3)
-    with pytest.raises(
-        InvalidRequest, match=r"contents\.bytes_contents, not contents\.int_contents"
-    ):
-        from_model_infer_request(typed)
-
-
-def test_requests_of_strings_pack_into_a_slot_and_split_back_to_their_own_rows() -> None:
-    from kubeinfer.runtime.batching.assembler import pack, split
-
-    requests = [
-        {"text": _array([b"a", b"bb"], 2)},
-        {"text": _array([b"ccc"], 1)},
-        {"text": _array([b"", "é".encode(), b"x"], 3)},
-    ]
-    buffer = np.full((8, 1), b"", dtype=object)
-    ranges = pack(requests, {"text": buffer[:6]})
-    outputs = split({"label": buffer[:6]}, ranges)
-    buffer[:] = b"overwritten by the next batch"
-    assert [o["label"].tolist() for o in outputs] == [r["text"].tolist() for r in requests]

@@ -1,5 +1,6 @@
 """The strict JSON tensor reader and the bound on what a body may make the server build
-(`kubeinfer.runtime.protocol.json_tensors`, and `decode_limits` in the data plane).
+(`kubeinfer.runtime.protocol.json_tensors`, and `DecodeLimits` in the Python codec; the
+Rust data plane's own is tested in runtime/native/crates/core/src/codec/json).
 
 Covers, as properties: any array of any datatype reads back equal from its flat and its
 nested JSON form; a valid request at the model's largest size, flat or nested, written
@@ -19,15 +20,18 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubeinfer.runtime.dataplane import decode_limits
-from kubeinfer.runtime.engines.base import V2_TO_NUMPY, TensorSpec
+from kubeinfer.runtime.engines.base import V2_TO_NUMPY
 from kubeinfer.runtime.protocol.errors import InvalidRequest, RequestTooLarge
 from kubeinfer.runtime.protocol.json_tensors import (
     json_value_count,
     model_json_value_limit,
     to_numpy,
 )
-from kubeinfer.runtime.protocol.tensor_codec import COUNT_VALUES_FROM_BYTES, decode_infer_request
+from kubeinfer.runtime.protocol.tensor_codec import (
+    COUNT_VALUES_FROM_BYTES,
+    DecodeLimits,
+    decode_infer_request,
+)
 
 NUMERIC = sorted(d for d in V2_TO_NUMPY if d != "BYTES")  # BYTES: test_bytes_tensors
 SHAPES = st.lists(st.integers(0, 4), min_size=1, max_size=4)
@@ -105,12 +109,13 @@ def test_responses_read_null_as_nan() -> None:
     assert got[0] == 1.0 and math.isnan(got[1])
 
 
-SPECS = (TensorSpec("x", "FP32", (-1, 4)), TensorSpec("ids", "INT32", (-1, 4)))
+ITEM_SHAPES = ((4,), (4,))
+"""A model of two inputs of 4 values a row ("x" FP32, "ids" INT32), at 8 rows."""
+LIMITS = DecodeLimits(max_elements=8 * 4, max_json_values=model_json_value_limit(ITEM_SHAPES, 8))
 
 
 def test_a_large_body_over_the_models_value_bound_is_refused_unparsed() -> None:
-    limits = decode_limits(SPECS, 8)
-    assert limits.max_elements == 32
+    limits = LIMITS
     lists = COUNT_VALUES_FROM_BYTES // 3 + 1  # large enough to be counted
     assert limits.max_json_values is not None and lists > limits.max_json_values
     body = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [' + (
@@ -128,9 +133,8 @@ def test_a_shape_over_the_largest_input_is_refused_before_its_data() -> None:
         {"inputs": [{"name": "x", "datatype": "FP32", "shape": [9, 4], "data": "not read"}]}
     ).encode()
     with pytest.raises(InvalidRequest, match="declares 36 elements"):
-        decode_infer_request(body, None, decode_limits(SPECS, 8))
+        decode_infer_request(body, None, LIMITS)
 
 
 def test_a_model_with_a_dynamic_item_dimension_has_no_value_bound() -> None:
-    limits = decode_limits((TensorSpec("tokens", "INT64", (-1, -1)),), 8)
-    assert limits.max_elements is None and limits.max_json_values is None
+    assert model_json_value_limit(((-1,),), 8) is None

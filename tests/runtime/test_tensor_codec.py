@@ -1,10 +1,9 @@
-"""Packing requests into slot buffers and splitting outputs back (property tests), input
-checks against the model, and the v2 tensor codec (JSON and binary extension) both ways.
+"""The Python v2 tensor codec (JSON and binary extension) both ways, which the mirrors
+speak to their candidates (`kubeinfer.runtime.protocol.tensor_codec`; the Rust data plane
+has its own, tested in runtime/native/crates/core/src/codec).
 
-Covers: pack -> identity "engine" -> split returns every request's own rows, whatever the
-mix of batch dimensions; split copies (the slot's buffers may be overwritten); each
-input mistake is a 400 naming the input; decode(encode) round-trips every datatype through
-JSON and binary; every malformed body is an `InvalidRequest`, never another exception.
+Covers: decode(encode) round-trips every datatype through JSON and binary; every
+malformed body is an `InvalidRequest`, never another exception.
 """
 
 from __future__ import annotations
@@ -15,114 +14,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubeinfer.runtime.batching.assembler import check_inputs, pack, split
-from kubeinfer.runtime.engines.base import V2_TO_NUMPY, TensorSpec
+from kubeinfer.runtime.engines.base import V2_TO_NUMPY
 from kubeinfer.runtime.protocol.errors import InvalidRequest
 from kubeinfer.runtime.protocol.tensor_codec import decode_infer_request, encode_infer_response
 from kubeinfer.runtime.protocol.v2_types import InferOutput, InferResponse
 
 NUMERIC = sorted(d for d in V2_TO_NUMPY if d != "BYTES")  # BYTES: test_bytes_tensors
-SPECS = (TensorSpec("a", "FP32", (-1, 3)), TensorSpec("b", "INT64", (-1, 2, 2)))
-
-
-@settings(max_examples=60, deadline=None)
-@given(rows=st.lists(st.integers(1, 5), min_size=1, max_size=8), seed=st.integers(0, 2**32 - 1))
-def test_pack_then_split_returns_each_requests_rows(rows: list[int], seed: int) -> None:
-    rng = np.random.default_rng(seed)
-    requests = [
-        {
-            "a": rng.standard_normal((n, 3)).astype(np.float32),
-            "b": rng.integers(-100, 100, (n, 2, 2)),
-        }
-        for n in rows
-    ]
-    total = sum(rows)
-    buffers = {"a": np.full((64, 3), np.nan, np.float32), "b": np.zeros((64, 2, 2), np.int64)}
-    views = {name: buffer[:total] for name, buffer in buffers.items()}
-    ranges = pack(requests, views)
-    # The "engine" is the identity: outputs are the input buffers themselves.
-    results = split(views, ranges)
-    buffers["a"].fill(-1)  # the slot's next batch overwrites its buffers
-    for request, result in zip(requests, results, strict=True):
-        np.testing.assert_array_equal(result["a"], request["a"])
-        np.testing.assert_array_equal(result["b"], request["b"])
-
-
-@pytest.mark.parametrize(
-    ("inputs", "message"),
-    [
-        ({"a": ("FP32", np.zeros((1, 3), np.float32))}, "missing input 'b'"),
-        (
-            {
-                "a": ("FP32", np.zeros((1, 3), np.float32)),
-                "b": ("INT64", np.zeros((1, 2, 2), np.int64)),
-                "c": ("FP32", np.zeros((1, 3), np.float32)),
-            },
-            "unknown input 'c'",
-        ),
-        (
-            {"a": ("FP64", np.zeros((1, 3))), "b": ("INT64", np.zeros((1, 2, 2), np.int64))},
-            "datatype FP64",
-        ),
-        (
-            {"a": ("FP32", np.zeros((1, 4), np.float32)), "b": ("INT64", np.zeros((1, 2, 2)))},
-            "shape [1, 4]",
-        ),
-        (
-            {"a": ("FP32", np.zeros((3,), np.float32)), "b": ("INT64", np.zeros((1, 2, 2)))},
-            "shape [3]",
-        ),
-        (
-            {"a": ("FP32", np.zeros((2, 3), np.float32)), "b": ("INT64", np.zeros((1, 2, 2)))},
-            "has 1 rows, other inputs have 2",
-        ),
-        (
-            {"a": ("FP32", np.zeros((0, 3), np.float32)), "b": ("INT64", np.zeros((0, 2, 2)))},
-            "1 to 8",
-        ),
-        (
-            {"a": ("FP32", np.zeros((9, 3), np.float32)), "b": ("INT64", np.zeros((9, 2, 2)))},
-            "carries 9 rows",
-        ),
-    ],
-)
-def test_check_inputs_refuses_with_a_message(inputs, message: str) -> None:
-    with pytest.raises(InvalidRequest, match=message.replace("[", r"\[").replace("]", r"\]")):
-        check_inputs(SPECS, inputs, max_rows=8)
-
-
-@pytest.mark.parametrize("rows", [1, 5, 8])
-def test_check_inputs_returns_the_rows(rows: int) -> None:
-    # 1 to max_rows inclusive: a single-row request and one of exactly max_rows both fit.
-    inputs = {
-        "a": ("FP32", np.zeros((rows, 3), np.float32)),
-        "b": ("INT64", np.zeros((rows, 2, 2), np.int64)),
-    }
-    assert check_inputs(SPECS, inputs, max_rows=8) == rows
-
-
-@pytest.mark.parametrize(
-    ("spec", "array", "message"),
-    [
-        # The message spells the expected shape: fixed dimensions by size, dynamic ones
-        # (-1) as "any", so the client sees what to send.
-        (TensorSpec("t", "FP32", (-1, 3)), np.zeros((2, 4)), "expects ['batch', 3]"),
-        (TensorSpec("t", "FP32", (-1, -1, 3)), np.zeros((2, 5)), "expects ['batch', 'any', 3]"),
-        # A fixed dimension of size 0 is fixed like any other (only negative is dynamic).
-        (TensorSpec("t", "FP32", (-1, 0)), np.zeros((2, 1)), "expects ['batch', 0]"),
-    ],
-)
-def test_a_wrong_shape_names_the_expected_shape(spec, array, message: str) -> None:
-    with pytest.raises(InvalidRequest) as refused:
-        check_inputs([spec], {"t": ("FP32", array.astype(np.float32))}, max_rows=8)
-    assert message in str(refused.value)
-
-
-def test_a_dynamic_item_dimension_takes_any_size() -> None:
-    spec = TensorSpec("t", "FP32", (-1, -1, 3))
-    for width in (1, 7):
-        inputs = {"t": ("FP32", np.zeros((2, width, 3), np.float32))}
-        assert check_inputs([spec], inputs, max_rows=8) == 2
 
 
 def _request_body(tensors: dict[str, np.ndarray], binary: bool) -> tuple[bytes, int | None]:
