@@ -1,10 +1,10 @@
 """The BERT-style encoder and the GPT-2-style decoder (`models.transformer_models`) on the
-real ONNX Runtime engine and the real batcher, in process, each answer judged against
-ONNX Runtime run directly on that request alone.
+real ONNX Runtime engine, and served by the Rust data plane in process, each answer
+judged against ONNX Runtime run directly on that request alone.
 
 Covers: the engine's slots for variable axes (views of one buffer at each batch's shape,
 answers equal to a plain session's at every shape, bindings kept up to their bound, an
-output whose axis no input names allocated by ONNX Runtime); the batcher under both
+output whose axis no input names allocated by ONNX Runtime); the server under both
 strategies with requests of mixed lengths queued while the slot is held: EqualShapes
 runs each length in a batch of its own, PadToBuckets runs the lengths of one bucket in
 one batch, padded, and every request still gets exactly its own answer, cut back to its
@@ -14,16 +14,21 @@ are padded; the slot buffer bytes match what the engine allocated.
 
 from __future__ import annotations
 
-import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from kubeinfer.contract.runtime_config import BatchingPolicy, InputShape, ShapeBatching
-from kubeinfer.runtime.batching.queue import Batcher
-from kubeinfer.runtime.batching.shapes import ShapePlan
+from kubeinfer.contract.runtime_config import (
+    BatchingPolicy,
+    EngineSource,
+    InputShape,
+    RuntimeConfig,
+    ShapeBatching,
+)
 from kubeinfer.runtime.engines import onnxruntime_shapes
 from kubeinfer.runtime.engines.base import slot_buffer_bytes
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
@@ -35,7 +40,8 @@ from models.transformer_models import (
     encoder_inputs,
 )
 from onnx import TensorProto, helper
-from waiting import eventually
+from rust_served import RustServed, rust_served
+from waiting import wait_for
 
 TEXT = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -144,41 +150,46 @@ def test_an_output_named_after_no_input_is_allocated_per_run(tmp_path) -> None:
     np.testing.assert_array_equal(run_slot(slot, {"x": x}, ["x"])["y"], np.hstack([x, x]))
 
 
-async def serve_queued(
-    engine, plan: ShapePlan, requests: list[dict[str, np.ndarray]]
+def infer(served: RustServed, request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One request over HTTP, JSON both ways; its outputs as arrays."""
+    inputs = [
+        {"name": name, "datatype": "INT64" if array.dtype == np.int64 else "FP32",
+         "shape": list(array.shape), "data": array.ravel().tolist()}
+        for name, array in request.items()
+    ]  # fmt: skip
+    status, _, body = served.request(
+        "POST", served.infer_path, json.dumps({"inputs": inputs}).encode()
+    )
+    assert status == 200, body
+    return {
+        output["name"]: np.array(output["data"], np.float32).reshape(output["shape"])
+        for output in json.loads(body)["outputs"]
+    }
+
+
+def serve_queued(
+    engine, input_shapes: list[InputShape], policy: BatchingPolicy, requests: list[dict]
 ) -> list[dict[str, np.ndarray]]:
-    """Holds the slot with the first request, queues the others, then lets them run."""
-    policy = BatchingPolicy(max_batch_size=8, execution_slots=1, max_queue_delay_microseconds=0)
-    batcher = Batcher(engine, policy, shapes=plan, inline_below_seconds=0.0)
-    await batcher.start()
-    engine.gate.clear()
-
-    async def infer(request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows, shape = plan.check(_typed(request), 8)
-        return await batcher.infer(request, rows, shape=shape)
-
-    first = asyncio.create_task(infer(requests[0]))
-    await eventually(
-        lambda: engine.running == 1,
-        what="the first request held in the slot",
-        every=0.001,
-        in_thread=False,
+    """Holds the slot with the first request, queues the others in their order, then lets
+    them run."""
+    batching = policy.model_copy(
+        update={"max_batch_size": 8, "execution_slots": 1, "max_queue_delay_microseconds": 0}
     )
-    others = [asyncio.create_task(infer(r)) for r in requests[1:]]
-    await eventually(
-        lambda: batcher.queued == len(others),
-        what="the others queued",
-        every=0.001,
-        in_thread=False,
-    )
-    engine.gate.set()
-    answers = await asyncio.gather(first, *others)
-    await batcher.close()
-    return answers
-
-
-def _typed(request: dict[str, np.ndarray]) -> dict[str, tuple[str, np.ndarray]]:
-    return {k: ("INT64" if v.dtype == np.int64 else "FP32", v) for k, v in request.items()}
+    config = RuntimeConfig(
+        model_name="m", engine=EngineSource(onnx_path="m.onnx"), host="127.0.0.1",
+        batching=batching, input_shapes=input_shapes,
+    )  # fmt: skip
+    with rust_served(config, engine) as served, ThreadPoolExecutor(len(requests)) as pool:
+        engine.gate.clear()
+        first = pool.submit(infer, served, requests[0])
+        wait_for(lambda: engine.running == 1, what="the first request held", every=0.001)
+        others = []
+        for request in requests[1:]:  # one at a time: they queue in this order
+            others.append(pool.submit(infer, served, request))
+            queued = len(others)
+            wait_for(lambda n=queued: served.queued() == n, what=f"{queued} queued", every=0.001)
+        engine.gate.set()
+        return [answer.result(timeout=60) for answer in (first, *others)]
 
 
 @pytest.mark.parametrize(
@@ -189,17 +200,16 @@ def _typed(request: dict[str, np.ndarray]) -> dict[str, tuple[str, np.ndarray]]:
         (ShapeBatching.PAD_TO_BUCKETS, [(1, 64), (4, 16), (1, 32)]),
     ],
 )
-async def test_mixed_lengths_share_batches_as_the_strategy_says(
+def test_mixed_lengths_share_batches_as_the_strategy_says(
     encoder_path, gated_of, strategy, batches
 ) -> None:
     engine = OnnxRuntimeEngine(encoder_path, 8, intra_op_threads=1, input_shapes=text_shapes())
     gated = gated_of(engine)
     policy = BatchingPolicy(shape_batching=strategy, shape_buckets=[16, 32, 64, 128])
-    plan = ShapePlan(engine.inputs, engine.outputs, policy, text_shapes())
     rng = np.random.default_rng(2)
     requests = [encoder_inputs(rng, 1, n) for n in (40, 5, 9, 12, 9, 30)]
     try:
-        answers = await serve_queued(gated, plan, requests)
+        answers = serve_queued(gated, text_shapes(), policy, requests)
     finally:
         gated.gate.set()
     ran = [(rows, shape[0][0]) for rows, shape in zip(gated.batches, gated.shapes, strict=True)]
@@ -212,20 +222,19 @@ async def test_mixed_lengths_share_batches_as_the_strategy_says(
     engine.close()
 
 
-async def test_a_decoders_past_keeps_requests_apart_while_new_tokens_are_padded(
+def test_a_decoders_past_keeps_requests_apart_while_new_tokens_are_padded(
     decoder_path, gated_of
 ) -> None:
     engine = OnnxRuntimeEngine(decoder_path, 8, intra_op_threads=1, input_shapes=decoder_shapes())
     gated = gated_of(engine)
     policy = BatchingPolicy(max_batch_size=8, shape_batching=ShapeBatching.PAD_TO_BUCKETS)
-    plan = ShapePlan(engine.inputs, engine.outputs, policy, decoder_shapes())
     rng = np.random.default_rng(3)
     # (new tokens, past): the held one, then two prompts of bucket 8, two steps after a
     # past of 9 and one after a past of 4.
     cases = [(3, 0), (5, 0), (7, 0), (1, 9), (1, 9), (1, 4)]
     requests = [decoder_inputs(rng, 1, length, past) for length, past in cases]
     try:
-        answers = await serve_queued(gated, plan, requests)
+        answers = serve_queued(gated, decoder_shapes(), policy, requests)
     finally:
         gated.gate.set()
     ran = [
