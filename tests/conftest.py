@@ -23,13 +23,6 @@ what a test needs from a registry, `make test` fetched before pytest started.
 
 At the end of the session, failed tests included, no process a test started under the
 session's temporary directory may still run (`no_process_left_behind`).
-
-`KUBEINFER_TEST_DATA_PLANE=rust` runs every `kubeinfer serve` the tests start as a process
-on the Rust data plane (`--data-plane rust`, through `KUBEINFER_SERVE_DATA_PLANE`, which
-each such process inherits; a test that passes `--data-plane` itself keeps its own), so the
-black-box tests check both data planes; unset, they run on the default (Python) one. Tests
-that drive the Python data plane in-process (an aiohttp app in the test's event loop) are
-not affected.
 """
 
 from __future__ import annotations
@@ -47,7 +40,6 @@ CUDA_SUCCESS = 0
 
 
 STAY_IN_HOST_NAMESPACE = "KUBEINFER_TESTS_IN_HOST_NAMESPACE"
-TEST_DATA_PLANE = "KUBEINFER_TEST_DATA_PLANE"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,9 +49,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # No test reaches a package registry: what tests need from one, `make test` fetched
     # first (`registry_prefetch`); a test that would download fails everywhere, saying so.
     os.environ.update(OFFLINE_ENVIRONMENT)
-    data_plane = os.environ.get(TEST_DATA_PLANE)
-    if data_plane:  # every `kubeinfer serve` process started from here serves through it
-        os.environ["KUBEINFER_SERVE_DATA_PLANE"] = data_plane
     if os.environ.get(STAY_IN_HOST_NAMESPACE) == "1":
         return
     if os.geteuid() == 0 and netns.host_namespace() is None:

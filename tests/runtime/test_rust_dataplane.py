@@ -1,9 +1,9 @@
-"""`kubeinfer serve --data-plane rust`: the model served by the Rust data plane (the
-extension `kubeinfer_dataplane`, which `make test` builds into the venv), as a real process
-driven with `tritonclient.http`.
+"""`kubeinfer serve`: the model served by the Rust data plane (the extension
+`kubeinfer_dataplane`, which `make test` builds into the venv), as a real process driven
+with `tritonclient.http`.
 
 Covers: the options the RuntimeConfig renders into (`rust_dataplane.server_options`: the
-batching resolved as the Python batcher resolves it); infer answers over JSON and the binary
+batching resolved against the engine); infer answers over JSON and the binary
 tensor extension equal ONNX Runtime's own on the same inputs, for one row and several;
 health, readiness and metadata; concurrent requests, batched together, each answered with
 its own rows; an unknown model's 404; SIGTERM drains and exits 0. The model is the digits
@@ -52,8 +52,8 @@ def server(digits_mlp: Path) -> Iterator[ServeProcess]:
         import kubeinfer_dataplane  # noqa: F401
     except ImportError as error:  # never a skip: `make test` builds it
         pytest.fail(f"the extension kubeinfer_dataplane is not built ({error}): make dataplane")
-    flags = ("--data-plane", "rust", "--max-batch-size", "8", "--max-queue-delay-microseconds",
-             "5000", "--intra-op-threads", "1")  # fmt: skip
+    flags = ("--max-batch-size", "8", "--max-queue-delay-microseconds", "5000",
+             "--intra-op-threads", "1")  # fmt: skip
     with ServeProcess(digits_mlp, NAME, *flags) as running:
         yield running
         assert running.stop() == 0, running.output()
@@ -108,7 +108,7 @@ def test_the_runtime_config_renders_into_the_servers_options() -> None:
     assert batching["preferredBatchSizes"] == [4], "none above the largest batch"
     assert batching["executionSlots"] == 2, "the engine's default where the policy sets none"
     assert (batching["policy"], batching["shapeBatching"]) == ("Static", "EqualShapes")
-    assert (batching["priorityLevels"], batching["defaultPriorityLevel"]) == (1, 1)
+    assert (batching["priorityLevels"], batching["defaultPriorityLevel"]) == (3, 2)
     assert options["padValues"] == {"ids": 0}
     assert (options["httpPort"], options["maxRequestBytes"]) == (9000, 4096)
     assert options["startReady"] is False, "ready only once the known answers allow it"
@@ -192,8 +192,7 @@ def tiny_request(server: ServeProcess) -> int:
 @pytest.mark.slow
 def test_readiness_follows_the_known_answer_check(built_engine: tuple[str, Path]) -> None:
     digest, cache = built_engine
-    source = ("--engine", digest, "--cache", str(cache), "--max-batch-size", "16",
-              "--data-plane", "rust")  # fmt: skip
+    source = ("--engine", digest, "--cache", str(cache), "--max-batch-size", "16")
     with ServeProcess(None, "tiny", *source) as sound:
         assert sound.request("GET", "/v2/health/ready")[0] == 200
         assert tiny_request(sound) == 200

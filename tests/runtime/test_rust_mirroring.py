@@ -1,5 +1,5 @@
 """Mirroring on the Rust data plane, between real `kubeinfer serve` processes on loopback:
-a serving on `--data-plane rust` with a mirror target file, and as its candidate a second
+a serving with a mirror target file, and as its candidate a second
 `kubeinfer serve` of the same model. Covers:
 
 - every request answered 200 is compared with the candidate's answer (the same model:
@@ -10,8 +10,7 @@ a serving on `--data-plane rust` with a mirror target file, and as its candidate
 - mirroring on, the server still takes the GIL once per batch: the `gil_crossings` its
   stop logs are its slot's one at start plus one per batch `/metrics` counted.
 
-The Python data plane's own mirroring tests (test_shadow_e2e.py, test_quality_e2e.py) run
-on the Rust one with KUBEINFER_TEST_DATA_PLANE=rust.
+The mirroring end to end (test_shadow_e2e.py, test_quality_e2e.py) is tested there.
 """
 
 from __future__ import annotations
@@ -108,7 +107,7 @@ class World:
     mirror_file: Path
 
     def serving(self, name: str) -> Served:
-        return serve(self.root, name, self.model, "--data-plane", "rust",
+        return serve(self.root, name, self.model,
                      "--mirror-target-file", str(self.mirror_file),
                      "--mirror-poll-interval-milliseconds", "100",
                      "--execution-slots", "1", "--max-queue-delay-microseconds", "0")  # fmt: skip

@@ -1,4 +1,4 @@
-"""Triton's system shared-memory extension on `kubeinfer serve --data-plane rust`, driven
+"""Triton's system shared-memory extension on `kubeinfer serve` (the Rust data plane), driven
 the way a Triton client drives it: regions made with `tritonclient.utils.shared_memory`
 (POSIX objects in /dev/shm), registered, read and listed with `tritonclient.http`.
 
@@ -9,8 +9,8 @@ all regions and of one; places outside a region, a size that does not match the 
 output region too small and an unregistered region are 400s naming what is wrong, as is a
 second registration of a name and a key with no object; unregistering one and all.
 
-Needs the extension `kubeinfer_dataplane` built into the venv (`make dataplane`) and the
-`--data-plane rust` flag of `kubeinfer serve`: without either, the tests fail (never skip).
+Needs the extension `kubeinfer_dataplane` built into the venv (`make dataplane`): without
+it, the tests fail (never skip).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def server(tiny_model: Path) -> Iterator[ServeProcess]:
         import kubeinfer_dataplane  # noqa: F401
     except ImportError as error:  # never a skip: `make test` builds it
         pytest.fail(f"the extension kubeinfer_dataplane is not built ({error}): make dataplane")
-    flags = ("--data-plane", "rust", "--max-batch-size", "8", "--intra-op-threads", "1")
+    flags = ("--max-batch-size", "8", "--intra-op-threads", "1")
     with ServeProcess(tiny_model, NAME, *flags) as running:
         yield running
         assert running.stop() == 0, running.output()
