@@ -9,11 +9,11 @@ example, `serve --help`); uid and gid 65532; a read-only root filesystem (no tmp
 either) with every capability dropped and no network but loopback or none; no pip,
 setuptools, wheel, compiler, cargo or rustc; the runtime's s3:// and gs:// file systems;
 an inference over HTTP and over gRPC by the runtime image serving a model mounted
-read-only, equal to ONNX Runtime's answer here, and SIGTERM answered with exit status 0
-while a client sends requests (drain semantics themselves: tests/runtime's in-process
-SIGTERM tests); the same over HTTP on the Rust data plane (`serve --data-plane rust`, the
-extension kubeinfer_dataplane the Dockerfile builds from runtime/native); a one-line
-source change rebuilding the project's layer only (not the Rust extension's); an image of
+read-only on its Rust data plane (the extension kubeinfer_dataplane the Dockerfile builds
+from runtime/native), equal to ONNX Runtime's answer here, and SIGTERM answered with exit
+status 0 while a client sends requests (drain semantics themselves: tests/runtime's
+SIGTERM tests); a one-line source change rebuilding the project's layer only (not the
+Rust extension's); an image of
 one static Go binary (`ensure_binary_image`) run as 65532 or as root. The host's links,
 addresses, routes and firewall rules are the same after all of it.
 
@@ -23,7 +23,6 @@ machine adds the base (mmdebstrap, about two minutes) and those layers (about tw
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import http.client
 import json
@@ -255,17 +254,14 @@ class Served:
     """The runtime image serving `model` on loopback ports of the host (`--network host`:
     no namespace or rule is made), the model mounted read-only."""
 
-    def __init__(self, podman: list[str], image: str, model: Path, data_plane: str) -> None:
+    def __init__(self, podman: list[str], image: str, model: Path) -> None:
         self.podman, self.name = podman, f"kubeinfer-test-{uuid.uuid4().hex[:8]}"
         self.http, self.grpc = free_port(), free_port()
-        # gRPC on the Python data plane; the Rust one is driven over HTTP here.
-        serve = ["--grpc-port", str(self.grpc)] if data_plane == "python" else []
         subprocess.run(
             [*podman, "run", "--detach", "--name", self.name, "--network", "host", *CONTAINER,
              "--volume", f"{model.parent}:/models:ro", image,
              "serve", "--onnx", f"/models/{model.name}", "--model-name", "tiny",
-             "--host", "127.0.0.1", "--port", str(self.http), "--data-plane", data_plane,
-             *serve],
+             "--host", "127.0.0.1", "--port", str(self.http), "--grpc-port", str(self.grpc)],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
 
@@ -305,42 +301,18 @@ class Served:
         self._podman("rm", "--force", "--time", "0", self.name)
 
 
-@contextlib.contextmanager
-def serving(
-    podman: list[str], runtime: str, folder: Path, data_plane: str
-) -> Iterator[tuple[Served, Path]]:
-    models = folder / "models"
+@pytest.fixture
+def served(podman: list[str], runtime: str, tmp_path: Path) -> Iterator[tuple[Served, Path]]:
+    models = tmp_path / "models"
     model = build_tiny_mlp(models / "tiny.onnx")
     models.chmod(0o755)  # the container's user reads it, as from a volume
     model.chmod(0o644)
-    server = Served(podman, runtime, model, data_plane)
+    server = Served(podman, runtime, model)
     try:
         server.wait_ready()
         yield server, model
     finally:
         server.remove()
-
-
-@pytest.fixture
-def served(podman: list[str], runtime: str, tmp_path: Path) -> Iterator[tuple[Served, Path]]:
-    with serving(podman, runtime, tmp_path, "python") as found:
-        yield found
-
-
-def test_the_runtime_image_serves_on_the_rust_data_plane(
-    podman: list[str], runtime: str, tmp_path: Path
-) -> None:
-    with serving(podman, runtime, tmp_path, "rust") as (server, model):
-        rows = np.random.default_rng(11).standard_normal((2, 16)).astype(np.float32)
-        expected = ort.InferenceSession(str(model)).run(None, {"input": rows})[0]
-        body = {"inputs": [{"name": "input", "shape": [2, 16], "datatype": "FP32",
-                            "data": rows.ravel().tolist()}]}  # fmt: skip
-        status, answer = server.request("POST", "/v2/models/tiny/infer", body)
-        assert status == 200, answer
-        got = np.array(answer["outputs"][0]["data"], dtype=np.float32).reshape(2, 10)
-        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
-        server._podman("kill", "--signal", "TERM", server.name)
-        assert server._podman("wait", server.name).strip() == "0", server.logs()
 
 
 def test_the_runtime_image_serves_over_http_and_grpc_and_exits_0_on_sigterm(
@@ -401,7 +373,7 @@ def test_a_one_line_source_change_rebuilds_only_the_projects_layer(
     podman: list[str], built: dict[str, Path], clone: Path, cache: Path
 ) -> None:
     before = {reference: layers(archive) for reference, archive in built.items()}
-    source = clone / "runtime" / "dataplane.py"
+    source = clone / "runtime" / "rust_dataplane.py"
     source.write_text(source.read_text() + "# a one-line change\n")
     rebuilt = make_images(clone, cache)
     for reference, archive in rebuilt.items():
@@ -411,7 +383,9 @@ def test_a_one_line_source_change_rebuilds_only_the_projects_layer(
         after = layers(archive)
         assert after[:-1] == before[reference][:-1], "a layer below the project's changed"
         assert after[-1] != before[reference][-1]
-    last_line = "import kubeinfer.runtime.dataplane as d; print(open(d.__file__).readlines()[-1])"
+    last_line = (
+        "import kubeinfer.runtime.rust_dataplane as d; print(open(d.__file__).readlines()[-1])"
+    )
     changed = python_in(podman, image_id(rebuilt[RUNTIME]), last_line)
     assert changed.strip() == "# a one-line change"
 
