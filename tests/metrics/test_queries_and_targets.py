@@ -4,9 +4,10 @@ read's reductions, where pods are scraped, the shadow window and the source choi
 Covers: the regex of an owner matches every pod name Kubernetes can generate for its
 runtime Deployment (long names cut to 58 characters included) and no pod of any other
 owner (a property over DNS-label owners up to the API's 52 characters); a windowed or
-per-candidate query refuses to bind without its window or digest; the reductions over a
-real exposition of the runtime's registry (sum and max by exact labels, a GPU ratio with
-a zero total skipped, a p99 of buckets summed over pods); pod targets from Pod objects
+per-candidate query refuses to bind without its window or digest; the reductions over an
+exposition of the runtime's series (rendered from the contract, `contract_exposition`:
+sum and max by exact labels, a GPU ratio with a zero total skipped, a p99 of buckets
+summed over pods); pod targets from Pod objects
 (ready or not, no IP, the port found by name in any container, IPv6); the window covers
 the shadow's age plus the margin; the factory prefers the object's Prometheus, then the
 operator's, then the direct read.
@@ -18,8 +19,10 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from contract_exposition import ContractExposition
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubeinfer.contract import metrics as series
 from kubeinfer.contract.metrics import histogram_quantile
 from kubeinfer.operator.metrics_sources import queries as q
 from kubeinfer.operator.metrics_sources.direct import DirectRead
@@ -33,8 +36,6 @@ from kubeinfer.operator.metrics_sources.shadow import WINDOW_MARGIN_SECONDS, sha
 from kubeinfer.operator.metrics_sources.source import MetricsUnavailable
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.runtime.gpu_memory import GpuMemory
-from kubeinfer.runtime.metrics import RuntimeMetrics
-from prometheus_client import generate_latest
 from prometheus_harness import pod_object
 
 ALPHANUMERIC = "bcdfghjklmnpqrstvwxz2456789"  # Kubernetes' safe alphabet for generated names
@@ -116,11 +117,12 @@ def test_queries_bind_only_with_their_arguments() -> None:
 
 
 def exposition(model: str, readings: tuple[GpuMemory, ...], latencies: list[float]) -> str:
-    metrics = RuntimeMetrics(model, "1", gpu_memory=lambda: readings)
+    pod = ContractExposition(model)
+    pod.gpu_memory(readings)
     for seconds in latencies:
-        metrics.request_answered(200, seconds)
-    metrics.queue_depth(len(latencies))
-    return generate_latest(metrics.registry).decode()
+        pod.answered(seconds)
+    pod.set(series.QUEUE_DEPTH, len(latencies))
+    return pod.text()
 
 
 def test_reductions_over_real_expositions() -> None:

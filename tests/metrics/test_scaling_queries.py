@@ -3,9 +3,9 @@ placeholders of `spec.monitoring.queries` overrides, and which PromQL `scaling_q
 
 Covers: the PromQL form sums each pod's `kubeinfer_requests_in_progress` series before
 averaging over pods (so a pod counts once, whatever other labels its series carry); the
-direct form over real expositions of the runtime's registry (the gauge moved by
-`request_started`/`request_finished`, as `DataPlane.admitted` moves it) is the same mean
-over the pods, and reads neither of the batcher's gauges; a pod without the series (a
+direct form over expositions of the runtime's series (rendered from the contract:
+`contract_exposition`) is the same mean over the pods, and reads neither of the
+scheduler's gauges; a pod without the series (a
 runtime from before it) is left out of the mean as PromQL's `avg` leaves it out;
 `$namespace`/`${pods}` become the escaped contents of a double-quoted string, other `$`
 words stay, `$$` is one `$`; an override replaces the PromQL and names its field, never
@@ -16,6 +16,8 @@ its window.
 from __future__ import annotations
 
 import pytest
+from contract_exposition import ContractExposition
+from kubeinfer.contract import metrics as series
 from kubeinfer.operator.api.v1alpha1.inference_deployment import QueryOverrides
 from kubeinfer.operator.metrics_sources import queries as q
 from kubeinfer.operator.metrics_sources.promql import substitute_placeholders
@@ -26,8 +28,6 @@ from kubeinfer.operator.metrics_sources.scaling import (
     checked_signals,
     scaling_queries,
 )
-from kubeinfer.runtime.metrics import RuntimeMetrics
-from prometheus_client import generate_latest
 
 SCOPE = Scope("serving", "demo")
 
@@ -35,16 +35,15 @@ SCOPE = Scope("serving", "demo")
 def exposition(
     in_progress: int, *, answered: int = 0, queued: int = 0, running: int = 0, model: str = "m"
 ) -> str:
-    """A scrape of the runtime's own registry after `in_progress + answered` requests
-    started and `answered` of them finished; the batcher's gauges at `queued`/`running`."""
-    metrics = RuntimeMetrics(model, "1")
-    for _ in range(in_progress + answered):
-        metrics.request_started()
+    """A scrape of a runtime after `in_progress + answered` requests started and
+    `answered` of them finished; the scheduler's gauges at `queued`/`running`."""
+    pod = ContractExposition(model)
+    pod.set(series.REQUESTS_IN_PROGRESS, in_progress)
     for _ in range(answered):
-        metrics.request_finished()
-    metrics.queue_depth(queued)
-    metrics.inflight_requests(running)
-    return generate_latest(metrics.registry).decode()
+        pod.answered(0.001)
+    pod.set(series.QUEUE_DEPTH, queued)
+    pod.set(series.INFLIGHT_REQUESTS, running)
+    return pod.text()
 
 
 def pod(name: str, in_progress: int, **batcher: int) -> PodSamples:

@@ -9,15 +9,15 @@ Three kinds of pod, each in its own scope:
   `kubeinfer_requests_in_progress` above 0 on each pod at some scrape. Under load the
   sources read different instants (the last scrape, now); they are compared exactly at a
   quiet moment, after a scrape that followed the load: 0 from both.
-- `held`: a fixed load, for exact agreement on figures other than 0: the runtime's own
-  HTTP app (`create_app` over the data plane `serving.assemble` makes: batcher, metrics)
-  over the real ONNX Runtime engine, in this process, on a loopback port, its slot held at
-  a gate and real HTTP requests queued behind it, so the data plane counts them in
-  progress. Nothing moves
-  while it is held, so Prometheus' last scrape and the direct read's scrape (both of the
-  app's own /metrics) see the same state: pods of 1+3 and 1+0 requests, 2.5 from both.
-- `gpu`: the runtime's metrics with its NVML reader replaced by fixed device readings
-  (no GPU here): the ratio from both; the CPU pods' GPU figure is None, without error.
+- `held`: a fixed load, for exact agreement on figures other than 0: the Rust data plane
+  serving the real ONNX Runtime engine in this process (`rust_served`) on a loopback port,
+  its slot held at a gate and real HTTP requests queued behind it, so the server counts
+  them in progress. Nothing moves while it is held, so Prometheus' last scrape and the
+  direct read's scrape (both of the server's own /metrics) see the same state: pods of 1+3
+  and 1+0 requests, 2.5 from both.
+- `gpu`: a Rust runtime whose GPU memory gauges are set from fixed device readings as
+  NVML's would set them (no GPU here): the ratio from both; the CPU pods' GPU figure is
+  None, without error.
 
 Also: overrides (a doubled load signal, a minimum instead of a maximum GPU ratio) are
 what Prometheus answers and change nothing in the direct read; their placeholders reach
@@ -31,20 +31,19 @@ back on its port (its TSDB kept) gives figures again.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
 from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
 from kubeinfer.operator.api.v1alpha1.inference_deployment import QueryOverrides
 from kubeinfer.operator.metrics_sources.direct import DirectRead
@@ -53,25 +52,20 @@ from kubeinfer.operator.metrics_sources.queries import Scope
 from kubeinfer.operator.metrics_sources.scaling import read_scaling_signals, scaling_queries
 from kubeinfer.operator.metrics_sources.source import MetricsSource, MetricsUnavailable
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals
-from kubeinfer.runtime.dataplane import DataPlane
 from kubeinfer.runtime.demo_models import build_mlp, build_tiny_mlp
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from kubeinfer.runtime.gpu_memory import GpuMemory
-from kubeinfer.runtime.http.app import RUNNER_OPTIONS, create_app
-from kubeinfer.runtime.metrics import RuntimeMetrics
-from kubeinfer.runtime.serving import assemble
-from prometheus_client import start_http_server
 from prometheus_harness import (
     PrometheusServer,
     RuntimeProcess,
     ScrapeTarget,
-    free_port,
     infer,
     pod_object,
     running_prometheus,
     start_runtime,
 )
-from waiting import eventually
+from rust_served import RustServed, gpu_runtime, rust_served
+from waiting import eventually, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -109,13 +103,13 @@ class HeldSlot:
     def __init__(self, owner: HeldEngine, slot: Any) -> None:
         self.owner, self.slot = owner, slot
 
-    def input_views(self, rows: int) -> Any:
-        return self.slot.input_views(rows)
+    def input_views(self, rows: int, shape: Any = None) -> Any:
+        return self.slot.input_views(rows, shape)
 
-    def run(self, rows: int) -> Any:
+    def run(self, rows: int, shape: Any = None) -> Any:
         self.owner.running += 1
         assert self.owner.gate.wait(120), "the held batch was never released"
-        return self.slot.run(rows)
+        return self.slot.run(rows, shape)
 
     def close(self) -> None:
         self.slot.close()
@@ -126,81 +120,47 @@ def infer_body(rows: int) -> dict[str, Any]:
                         "data": [0.5] * (rows * 16)}]}  # fmt: skip
 
 
+def post(served: RustServed, rows: int) -> int:
+    body = json.dumps(infer_body(rows)).encode()
+    return served.request("POST", served.infer_path, body, timeout=900)[0]
+
+
 @contextmanager
 def held_runtimes(model: Path, queued: Sequence[int]) -> Iterator[list[int]]:
-    """Per entry, the runtime's HTTP app on a loopback port, its engine held at the gate,
+    """Per entry, the Rust data plane on a loopback port, its engine held at the gate,
     with one 4-row request running and `queued` 1-row requests behind it, all sent over
-    HTTP; yields the ports. The apps and their client live on an event loop in a thread of
-    their own; requests wait up to 10 minutes in the queue (no deadline passes while the
-    module's tests run)."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="held-runtimes", daemon=True)
-    thread.start()
+    HTTP from threads; yields the ports. Requests wait up to 10 minutes in the queue (no
+    deadline passes while the module's tests run)."""
     engines: list[HeldEngine] = []
-    runners: list[web.AppRunner] = []
-    dataplanes: list[DataPlane] = []
-    requests: list[asyncio.Future[int]] = []
-    sessions: list[aiohttp.ClientSession] = []
-
-    async def post(url: str, rows: int) -> int:
-        async with sessions[0].post(url, json=infer_body(rows)) as response:
-            await response.read()
-            return response.status
-
-    async def hold(count: int) -> int:
-        if not sessions:
-            sessions.append(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)))
-        engine = HeldEngine(OnnxRuntimeEngine(model, max_batch_size=32, intra_op_threads=1))
-        engines.append(engine)
-        config = RuntimeConfig(
-            model_name="tiny",
-            engine=EngineSource(onnx_path=str(model)),
-            batching=BatchingPolicy(execution_slots=1, default_timeout_milliseconds=600_000),
-        )
-        dataplane = assemble(config, engine)
-        await dataplane.start()
-        dataplanes.append(dataplane)
-        runner = web.AppRunner(create_app(dataplane), **RUNNER_OPTIONS)
-        await runner.setup()
-        runners.append(runner)
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        url = f"http://127.0.0.1:{port}/v2/models/tiny/infer"
-        requests.append(asyncio.ensure_future(post(url, 4)))
-        await eventually(lambda: engine.running == 1, what="the held batch running",
-                         every=0.002, in_thread=False)  # fmt: skip
-        requests.extend(asyncio.ensure_future(post(url, 1)) for _ in range(count))
-        await eventually(lambda: dataplane.batcher.queued == count,
-                         what=f"{count} requests queued", every=0.002, in_thread=False)  # fmt: skip
-        in_progress = dataplane.metrics.registry.get_sample_value(
-            "kubeinfer_requests_in_progress", {"model": "tiny", "version": "1"}
-        )
-        assert in_progress == count + 1, "the held requests are not all counted in progress"
-        return port
-
-    async def release() -> None:
-        for engine in engines:
-            engine.gate.set()
+    requests: list[Future[int]] = []
+    with ExitStack() as stack:
+        pool = stack.enter_context(ThreadPoolExecutor(len(queued) + sum(queued)))
         try:
-            statuses = await asyncio.gather(*requests, return_exceptions=True)
-            assert statuses == [200] * len(requests), statuses
+            ports = []
+            for count in queued:
+                engine = HeldEngine(OnnxRuntimeEngine(model, max_batch_size=32, intra_op_threads=1))
+                engines.append(engine)
+                stack.callback(engine.engine.close)
+                config = RuntimeConfig(
+                    model_name="tiny", engine=EngineSource(onnx_path=str(model)),
+                    host="127.0.0.1", batching=BatchingPolicy(
+                        execution_slots=1, default_timeout_milliseconds=600_000
+                    ),
+                )  # fmt: skip
+                served = stack.enter_context(rust_served(config, engine))
+                requests.append(pool.submit(post, served, 4))
+                wait_for(lambda e=engine: e.running == 1, what="the held batch", every=0.002)
+                requests.extend(pool.submit(post, served, 1) for _ in range(count))
+                wait_for(lambda s=served, n=count: s.queued() == n, what=f"{count} queued",
+                         every=0.002)  # fmt: skip
+                assert served.in_progress() == count + 1, "not all counted in progress"
+                ports.append(served.port)
+            yield ports
         finally:
-            for session in sessions:
-                await session.close()
-            for runner in runners:
-                await runner.cleanup()
-            for dataplane in dataplanes:
-                await dataplane.close()  # stops the batcher
-
-    try:
-        yield [asyncio.run_coroutine_threadsafe(hold(n), loop).result(30) for n in queued]
-    finally:
-        asyncio.run_coroutine_threadsafe(release(), loop).result(30)
-        for engine in engines:
-            engine.engine.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        loop.close()
+            for engine in engines:
+                engine.gate.set()
+            statuses = [request.result(timeout=30) for request in requests]
+            assert statuses == [200] * len(requests), statuses
 
 
 @pytest.fixture(scope="module")
@@ -235,15 +195,11 @@ def held(models: dict[str, Path]) -> Iterator[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def gpu_exporter() -> Iterator[int]:
-    """The runtime's metrics, its NVML reader replaced by fixed readings, on a port."""
-    metrics = RuntimeMetrics("big", "1", gpu_memory=lambda: GPU_READINGS)
-    port = free_port()
-    server, thread = start_http_server(port, "127.0.0.1", registry=metrics.registry)
-    yield port
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+def gpu_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A Rust runtime's /metrics, its GPU memory gauges set from fixed readings: its port."""
+    model = build_tiny_mlp(tmp_path_factory.mktemp("gpu-model") / "tiny.onnx")
+    with gpu_runtime(model, "big", GPU_READINGS) as served:
+        yield served.port
 
 
 def all_targets(

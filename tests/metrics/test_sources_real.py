@@ -2,13 +2,14 @@
 processes (and a GPU exporter), and the direct read of the same processes.
 
 Covers: the scope's PromQL selector picks exactly the owner's pods (not another owner's
-whose name starts with ours, not the same pod name in another namespace); after real
-load, request p99, queue depth and GPU memory ratio agree between Prometheus and the
-direct read (the GPU gauges are the runtime's own collector, fed device readings, as no
-GPU is here); a stopped Prometheus, a silent one, a non-Prometheus server and a query
-Prometheus refuses each give one MetricsUnavailable in time with a clear message; a pod
-that does not answer, a dead pod and a failing pod listing make the direct read
-unavailable, naming the pod; `pods_lister` asks the real API server for the scope's pods.
+whose name starts with ours, not the same pod name in another namespace); after real load,
+request p99, queue depth and GPU memory ratio agree between Prometheus and the direct read
+(the GPU gauges are a Rust runtime's, set from fixed device readings as NVML's would set
+them, as no GPU is here: `rust_served.gpu_runtime`); a stopped Prometheus, a silent one, a
+non-Prometheus server and a query Prometheus refuses each give one MetricsUnavailable in
+time with a clear message; a pod that does not answer, a dead pod and a failing pod
+listing make the direct read unavailable, naming the pod; `pods_lister` asks the real API
+server for the scope's pods.
 """
 
 from __future__ import annotations
@@ -35,9 +36,7 @@ from kubeinfer.operator.metrics_sources.queries import Query, Scope
 from kubeinfer.operator.metrics_sources.source import MetricsUnavailable
 from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.gpu_memory import GpuMemory
-from kubeinfer.runtime.metrics import RuntimeMetrics
 from ports import free_port
-from prometheus_client import start_http_server
 from prometheus_harness import (
     PrometheusServer,
     RuntimeProcess,
@@ -47,6 +46,7 @@ from prometheus_harness import (
     running_prometheus,
     start_runtime,
 )
+from rust_served import gpu_runtime
 
 pytestmark = pytest.mark.slow
 
@@ -80,15 +80,11 @@ def runtimes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RuntimeP
 
 
 @pytest.fixture(scope="module")
-def gpu_exporter() -> Iterator[int]:
-    """The runtime's metrics (its NVML collector fed fixed readings) on an HTTP port."""
-    metrics = RuntimeMetrics("big", "1", gpu_memory=lambda: GPU_READINGS)
-    port = free_port()
-    server, thread = start_http_server(port, "127.0.0.1", registry=metrics.registry)
-    yield port
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
+def gpu_exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """A Rust runtime's /metrics, its GPU memory gauges set from fixed readings: its port."""
+    model = build_tiny_mlp(tmp_path_factory.mktemp("gpu-model") / "tiny.onnx")
+    with gpu_runtime(model, "big", GPU_READINGS) as served:
+        yield served.port
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.engines.base import Engine
+from kubeinfer.runtime.gpu_memory import GpuMemory
 from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck
 from kubeinfer.runtime.rust_dataplane import (
     AdminRoutes,
@@ -185,3 +187,28 @@ def rust_served(
         if admin.mirrors is not None:
             admin.mirrors.stop()
         served.shutdown()
+
+
+@contextmanager
+def gpu_runtime(model: Path, name: str, readings: Sequence[GpuMemory]) -> Iterator[RustServed]:
+    """The Rust server on the ONNX model `model`, served as `name`, its GPU memory gauges
+    set from fixed `readings` as NVML's would set them (`rust_dataplane.GpuMemoryGauges`):
+    a GPU pod's /metrics, where there is no GPU."""
+    from kubeinfer.contract.runtime_config import EngineSource
+    from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
+    from kubeinfer.runtime.rust_dataplane import GpuMemoryGauges
+
+    config = RuntimeConfig(
+        model_name=name, engine=EngineSource(onnx_path=str(model)), host="127.0.0.1"
+    )
+    engine = OnnxRuntimeEngine(model, 8, intra_op_threads=1)
+    try:
+        with rust_served(config, engine) as served:
+            gauges = GpuMemoryGauges(served.server, lambda: list(readings))
+            gauges.start()
+            try:
+                yield served
+            finally:
+                gauges.stop()
+    finally:
+        engine.close()
