@@ -2,8 +2,9 @@
 
 The cores are the decisions that are pure by design (docs/STYLE: gather → decide → apply):
 the reconcile decisions, the shadow verdict and rollout plan, the autoscaler's
-recommendation, and the batcher's flush policy, assembler and admission rules. Each is
-mutated and its fast, server-free tests run against every mutant.
+recommendation and the quality watch's verdict. Each is mutated and its fast,
+server-free tests run against every mutant. (The batcher's flush policy, assembly and
+admission rules are the Rust data plane's, runtime/native/crates/core: not mutated here.)
 
 Why a staging folder: mutmut names a mutant by its file's path (`operator/x.py` →
 `operator.x`) while the code runs as `kubeinfer.operator.x` (pyproject.toml's
@@ -14,7 +15,7 @@ runs there; mutants/ inside it puts the mutated copy first on sys.path.
 
     python tests/mutation/run_mutmut.py            # stage, run, print the survivors
     python tests/mutation/run_mutmut.py --report   # print the last run's survivors again
-    python tests/mutation/run_mutmut.py --only 'kubeinfer/runtime/batching/*.py'
+    python tests/mutation/run_mutmut.py --only 'kubeinfer/operator/scaling/*.py'
         # only the cores matching the glob (repeatable): one module's score in minutes
 """
 
@@ -37,9 +38,6 @@ CORES = [
     "kubeinfer/operator/state/*.py",
     "kubeinfer/operator/scaling/*.py",
     "kubeinfer/operator/quality/*.py",
-    "kubeinfer/runtime/batching/policy.py",
-    "kubeinfer/runtime/batching/assembler.py",
-    "kubeinfer/runtime/batching/admission.py",
 ]
 """What is mutated: the pure decision modules (globs in the staged layout)."""
 
@@ -78,9 +76,6 @@ FAST_TESTS = [
     "tests/operator/quality/test_quality_verdict.py",
     "tests/operator/quality/test_quality_verdict_bounds.py",
     "tests/operator/quality/test_quality_watch_children.py",
-    "tests/runtime/test_batching_policy.py",
-    "tests/runtime/test_assembler_and_codec.py",
-    "tests/runtime/test_batch_admission_rules.py",
     "tests/api/test_conditions.py",
 ]
 """The tests run against each mutant: the cores' own tests, none of which starts a
@@ -160,7 +155,7 @@ def main() -> int:
         default=[],
         metavar="GLOB",
         help="mutate only the cores matching GLOB (repeatable), e.g. "
-        "'kubeinfer/runtime/batching/*.py'",
+        "'kubeinfer/operator/scaling/*.py'",
     )
     parser.add_argument(
         "--max-children",
