@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from kubeinfer.cli.main import build_parser
+from kubeinfer.contract.runtime_config import BatchingPolicy
 from kubeinfer.runtime.serve_command import config_from_args
 
 
@@ -89,6 +90,11 @@ def test_a_flag_given_twice_or_with_commas_lists_its_sizes() -> None:
     argv = ("--model-name", "m", "--onnx", "/m.onnx", "--max-batch-size", "16")
     sizes = ("--preferred-batch-sizes", "4", "--preferred-batch-sizes", "8,16")
     assert config_from_args(parse(*argv, *sizes)).batching.preferred_batch_sizes == [4, 8, 16]
+
+
+def test_preferred_sizes_are_kept_sorted_and_unique() -> None:
+    # The scheduler's per-decision lookup relies on it and sorts nothing itself.
+    assert BatchingPolicy(preferred_batch_sizes=[16, 4, 8, 4]).preferred_batch_sizes == [4, 8, 16]
 
 
 @pytest.mark.parametrize(

@@ -6,16 +6,25 @@ assembly).
 Covers: axis names and sums (`engines.dimensions`); configured ranges checked against
 the model (a variable axis with no range, a range of the wrong rank, a fixed axis given
 another range, an unknown input); the request body limit from the largest allowed
-request (`rust_dataplane.largest_request_bytes`) and the buffers' size; the buffer fit
+request (`rust_dataplane.largest_request_bytes`), the limit served (`request_limit`: the
+configured one, else the model's, else a default) and the buffers' size; the buffer fit
 decision and the memory read from cgroup files; `--input-shape`'s form.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from kubeinfer.contract.runtime_config import InputShape, request_bytes_limit
+from kubeinfer.contract.runtime_config import (
+    UNSIZED_REQUEST_BYTES,
+    BatchingPolicy,
+    EngineSource,
+    InputShape,
+    RuntimeConfig,
+    request_bytes_limit,
+)
 from kubeinfer.runtime.buffer_memory import available_bytes, buffers_problem
 from kubeinfer.runtime.engines.base import TensorSpec, buffer_bytes
 from kubeinfer.runtime.engines.dimensions import (
@@ -24,7 +33,7 @@ from kubeinfer.runtime.engines.dimensions import (
     resolve_ranges,
     sum_terms,
 )
-from kubeinfer.runtime.rust_dataplane import largest_request_bytes
+from kubeinfer.runtime.rust_dataplane import largest_request_bytes, request_limit
 from kubeinfer.runtime.serve_command import parse_input_shape
 
 SEQ, PAST, TOTAL = (
@@ -115,6 +124,18 @@ def test_the_request_limit_follows_the_largest_allowed_request() -> None:
     assert largest_request_bytes((unbounded,), 32) is None
     assert largest_request_bytes((TensorSpec("text", "BYTES", (-1, 1)),), 32) is None
     assert buffer_bytes((*inputs, *outputs), 4) == 4 * (3 * 512 * 8 + 3 * 4 + 512 * 8 * 4)
+
+
+def test_the_request_limit_is_the_configured_one_else_the_models_else_a_default() -> None:
+    inputs, _ = encoder_specs(high=512)
+    engine = SimpleNamespace(inputs=tuple(inputs))
+    text = SimpleNamespace(inputs=(TensorSpec("text", "BYTES", (-1, 1)),))
+    config = RuntimeConfig(model_name="m", engine=EngineSource(onnx_path="m.onnx"),
+                           batching=BatchingPolicy(max_batch_size=32))  # fmt: skip
+    assert request_limit(config, engine) == largest_request_bytes(tuple(inputs), 32)
+    assert request_limit(config, text) == UNSIZED_REQUEST_BYTES
+    configured = config.model_copy(update={"max_request_bytes": 4096})
+    assert request_limit(configured, engine) == request_limit(configured, text) == 4096
 
 
 def test_buffers_that_do_not_fit_say_what_to_lower() -> None:
