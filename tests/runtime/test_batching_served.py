@@ -30,6 +30,7 @@ from kubeinfer.contract.runtime_config import BatchingPolicy
 from waiting import eventually
 
 GAUGES = ("kubeinfer_queue_depth", "kubeinfer_inflight_requests", "kubeinfer_inflight_batches")
+ANSWERED = "still counted after every answer came: a scrape must not lag the answers"
 
 
 @pytest.fixture
@@ -120,7 +121,7 @@ async def test_an_engine_error_fails_its_batch_only(client, gated, reference) ->
     for status, body in await asyncio.gather(*batch):
         assert status == 500 and "simulated engine failure" in body["error"], body
     assert gated.batches == [1]
-    assert served.gauges() == (0, 0, 0)  # nothing left in flight
+    assert served.gauges() == (0, 0, 0), ANSWERED  # nothing left in flight
     gated.fail_rows = None
     after = served.logits(await served.infer(rows(1, 5)))
     np.testing.assert_allclose(after, reference(rows(1, 5)), rtol=1e-5, atol=1e-6)
@@ -169,7 +170,7 @@ async def test_unset_execution_slots_take_the_engines_choice(client, gated) -> N
 
 async def test_requests_in_running_batches_are_in_flight_and_the_rest_queued(client, gated) -> None:
     served = await client(batching=one_slot())
-    assert served.gauges() == (0, 0, 0)
+    assert served.gauges() == (0, 0, 0), ANSWERED
     gated.gate.clear()
     first = asyncio.create_task(served.infer(rows(4, 0)))
     await running(gated)
@@ -185,4 +186,4 @@ async def test_requests_in_running_batches_are_in_flight_and_the_rest_queued(cli
     next_batch.set()
     assert [status for status, _ in await asyncio.gather(*queued)] == [200] * 3
     assert gated.batches == [4, 6]
-    assert served.gauges() == (0, 0, 0)
+    assert served.gauges() == (0, 0, 0), ANSWERED

@@ -25,6 +25,7 @@ from waiting import eventually
 
 INFER = "/v2/models/tiny/infer"
 GAUGES = ("kubeinfer_requests_in_progress", "kubeinfer_queue_depth", "kubeinfer_inflight_requests")
+ANSWERED = "still counted after every answer came: a scrape must not lag the answers"
 
 
 def body(width: int = 16) -> dict:
@@ -95,7 +96,7 @@ async def test_requests_are_in_progress_from_their_start_to_their_answer(runtime
     gated.gate.set()
     assert await asyncio.gather(*held) == [200] * 3
     assert gated.batches == [1, 2]
-    assert await runtime.scraped() == (0, 0, 0)
+    assert await runtime.scraped() == (0, 0, 0), ANSWERED
 
 
 @pytest.mark.parametrize(
@@ -119,7 +120,7 @@ async def test_a_request_answered_with_an_error_is_no_longer_in_progress(
     assert await runtime.scraped() == (3, 2, 1)
     gated.gate.set()
     assert await asyncio.gather(*held) == [200] * 3
-    assert await runtime.scraped() == (0, 0, 0)
+    assert await runtime.scraped() == (0, 0, 0), ANSWERED
 
 
 async def test_a_request_whose_client_went_away_is_no_longer_in_progress(runtime, gated) -> None:
@@ -143,5 +144,5 @@ async def test_a_request_whose_client_went_away_is_no_longer_in_progress(runtime
     gated.gate.set()
     assert await running == 200
     assert gated.batches == [1]  # the request that went away never ran
-    assert await runtime.scraped() == (0, 0, 0)
+    assert await runtime.scraped() == (0, 0, 0), ANSWERED
     assert served.metric("kubeinfer_requests_cancelled_total", stage="waiting") == 1
