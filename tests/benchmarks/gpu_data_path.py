@@ -590,7 +590,8 @@ def baseline_rows(args: argparse.Namespace, raws: dict[Any, Any], results: dict)
                 base = raws[(name, batch, None)]
                 if "rows_per_s" in served and "rows_per_s" in base:
                     served["served_over_raw"] = served["rows_per_s"] / base["rows_per_s"]
-                label = f"{point.label} (before: {args.baseline.name})"
+                plane = baseline_plane(args.baseline)
+                label = f"{point.label} (before: {args.baseline.name}, its {plane} data plane)"
                 results["rows"].append({"workload": name, "batch": batch, "load": label,
                                         "raw": base, "served": served})  # fmt: skip
                 print(f"{label}: {served}", flush=True)
@@ -616,7 +617,8 @@ def compare(args: argparse.Namespace) -> str:
     return (
         f"ResNet-50 FP32, {point.label}, {args.compare} rounds in turns "
         f"({'data path alone, no GPU' if args.dry_run else 'on the GPU'}):\n"
-        f"  before ({args.baseline.name}): median {before:,.0f} rows/s "
+        f"  before ({args.baseline.name}, its {baseline_plane(args.baseline)} data plane): "
+        f"median {before:,.0f} rows/s "
         f"({float(np.median(cores['before'])):.2f} server cores), rounds {rates['before']}\n"
         f"  after: median {after:,.0f} rows/s "
         f"({float(np.median(cores['after'])):.2f} server cores), rounds {rates['after']}\n"
