@@ -19,6 +19,8 @@ Covers:
   (a header block past the server's 64 KiB limit: 431);
 - clients that leave after their head are given back their admission, leaving nothing
   admitted or in progress;
+- a queue full of default-level requests refuses a newcomer at that level once it has
+  read it, and a more urgent one (priority 1) sheds the newest of them (503) for its place;
 - a flood of refusals over many connections does not starve the admitted requests: the
   held and queued ones are answered 200 while it goes on, and the flood's own requests
   are then admitted and answered 200 between its refusals.
@@ -322,6 +324,28 @@ async def test_admissions_of_clients_that_leave_are_given_back(load: Load) -> No
     await load.release()
     status, _, answer = await load.infer()
     assert status == 200, answer
+
+
+async def test_a_more_urgent_request_sheds_the_newest_less_urgent_one(load: Load) -> None:
+    """A queue full of default-level requests (priority 2 of 3) reads a newcomer's body:
+    at its level it is refused; at priority 1 it takes the place of the newest queued
+    request, which is answered 503, and the rest are answered."""
+    served = load.serving.served
+    load.gated.gate.clear()
+    load.held.append(asyncio.create_task(load.infer()))
+    await eventually(lambda: load.gated.running == 1, what="the slot held", every=0.002)
+    older = asyncio.create_task(load.infer())
+    await eventually(lambda: served.queued() == 1, what="one queued", every=0.002)
+    newest = asyncio.create_task(load.infer())
+    await eventually(lambda: served.queued() == 2, what="the queue full", every=0.002)
+    status, _, body = await load.infer()  # at the default level: nothing it may shed
+    assert status == 503 and "queue is full" in json.loads(body)["error"], body
+    urgent = asyncio.create_task(load.infer(valid_body(priority=1)))
+    status, headers, body = await asyncio.wait_for(newest, 10)
+    assert status == 503 and headers["retry-after"] == "1", body
+    await eventually(lambda: served.queued() == 2, what="the urgent one queued", every=0.002)
+    load.held += [older, urgent]
+    await load.release()
 
 
 async def test_a_flood_of_refusals_does_not_starve_admitted_requests(load: Load) -> None:
