@@ -10,6 +10,7 @@ mod driver;
 pub mod engine;
 mod grpc;
 mod http;
+mod lingering;
 pub mod metrics;
 pub mod mirror;
 mod model;

@@ -2,13 +2,14 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
+use std::task::Poll;
 use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
@@ -19,6 +20,7 @@ use crate::ServerOptions;
 use crate::admin::Admin;
 use crate::driver::{Job, drive, slot_thread};
 use crate::engine::Engine;
+use crate::lingering::{Bounds, Lingering};
 use crate::model::Model;
 use crate::state::{Shared, lock};
 
@@ -227,9 +229,10 @@ fn spawn_slots(
     Ok(senders)
 }
 
-/// The most a connection buffers as it reads: a request head that does not fit is refused
-/// (431) before any of it is acted on, and a body is read through it in chunks this size.
-const MAX_READ_BUFFER_BYTES: usize = 64 * 1024;
+/// The most a connection buffers as it reads: a request head (its line and headers) past
+/// it is refused (431) before any of it is acted on, and a body is read through it in
+/// chunks this size.
+pub(crate) const MAX_READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Accepts connections until told to stop, then waits (a little) for them to close.
 async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
@@ -240,10 +243,34 @@ async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Rec
     builder
         .title_case_headers(true)
         .max_buf_size(MAX_READ_BUFFER_BYTES)
+        // The buffer's limit alone lets a head a little past it through (a read may fill
+        // the buffer past the limit before it is checked): the head's own limit is exact.
+        .max_header_size(MAX_READ_BUFFER_BYTES)
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs_f64(
             shared.options.header_read_timeout_seconds.max(0.001),
         ));
+    let options = &shared.options;
+    let bounds = Bounds::of(
+        options.max_request_bytes,
+        MAX_READ_BUFFER_BYTES,
+        options.body_read_timeout_seconds,
+    );
+    let serve = |stream: TcpStream| {
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let service = service_fn(move |request| crate::http::handle(shared.clone(), request));
+        // Closed by lingering (crate::lingering): an answer sent before the request was
+        // all read reaches its client.
+        let io = TokioIo::new(Lingering::new(stream, bounds));
+        let connection = builder.serve_connection(io, service);
+        let watched = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = watched.await {
+                log::debug!("Connection ended error={error}");
+            }
+        });
+    };
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -255,16 +282,13 @@ async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Rec
             },
             _ = stop.changed() => break,
         };
-        let _ = stream.set_nodelay(true);
-        let shared = shared.clone();
-        let service = service_fn(move |request| crate::http::handle(shared.clone(), request));
-        let connection = builder.serve_connection(TokioIo::new(stream), service);
-        let watched = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(error) = watched.await {
-                log::debug!("Connection ended error={error}");
-            }
-        });
+        serve(stream);
+    }
+    // The connections the kernel has completed and queued by now are served (their
+    // requests get the drain's 503 and `Connection: close`) rather than reset by the
+    // listener's close under a request their client has sent.
+    while let Some((stream, _)) = queued(&listener).await {
+        serve(stream);
     }
     drop(listener);
     linger(&graceful).await;
@@ -274,6 +298,15 @@ async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Rec
     {
         log::debug!("Connections still open at stop");
     }
+}
+
+/// A connection the listener has queued already (None when it has none now).
+async fn queued(listener: &TcpListener) -> Option<(TcpStream, std::net::SocketAddr)> {
+    std::future::poll_fn(|cx| match listener.poll_accept(cx) {
+        Poll::Ready(Ok(accepted)) => Poll::Ready(Some(accepted)),
+        Poll::Ready(Err(_)) | Poll::Pending => Poll::Ready(None),
+    })
+    .await
 }
 
 /// Once the drain is over and new connections are refused, leaves the open ones a while
@@ -326,5 +359,9 @@ fn fail_queued(shared: &Shared) {
     }
 }
 
+#[cfg(test)]
+mod close_tests;
+#[cfg(test)]
+mod priority_tests;
 #[cfg(test)]
 pub(crate) mod tests;
