@@ -1,7 +1,8 @@
 //! The data plane's one error type: every refusal and failure a request can meet, each
 //! carrying its HTTP status, and through it its gRPC code, so one error has one meaning on
 //! both transports (a refusal worth retrying later, 503, is gRPC's UNAVAILABLE with the same
-//! Retry-After; a deadline passed, 504 and 408, is DEADLINE_EXCEEDED). The REST body is
+//! Retry-After; a deadline passed, 504 and 408, is DEADLINE_EXCEEDED), but for a name taken
+//! already, which Triton answers 400 over HTTP and ALREADY_EXISTS over gRPC. The REST body is
 //! always `{"error": "..."}`, the shape the Open Inference Protocol and Triton use; over
 //! gRPC the message is the status details. The requests metric counts both transports'
 //! answers by [`ApiError::status`].
@@ -18,6 +19,9 @@ pub enum ApiError {
     InvalidRequest(String),
     /// No model (or version), or no route, of that name here (404).
     NotFound(String),
+    /// The name is taken already (a shared-memory region registered twice): 400 over HTTP
+    /// and ALREADY_EXISTS over gRPC, as Triton answers it.
+    AlreadyExists(String),
     /// The body stalled, or did not come by the request's deadline (408); the connection
     /// is closed, since the rest of the body may still come.
     RequestTimeout(String),
@@ -44,6 +48,7 @@ pub enum GrpcCode {
     InvalidArgument = 3,
     DeadlineExceeded = 4,
     NotFound = 5,
+    AlreadyExists = 6,
     ResourceExhausted = 8,
     Internal = 13,
     Unavailable = 14,
@@ -62,7 +67,7 @@ impl ApiError {
     /// The HTTP status: the single status mapping of the server.
     pub fn status(&self) -> u16 {
         match self {
-            ApiError::InvalidRequest(_) => 400,
+            ApiError::InvalidRequest(_) | ApiError::AlreadyExists(_) => 400,
             ApiError::NotFound(_) => 404,
             ApiError::RequestTimeout(_) => 408,
             ApiError::TooLarge(_) => 413,
@@ -72,8 +77,11 @@ impl ApiError {
         }
     }
 
-    /// The gRPC code that follows from the HTTP status.
+    /// The gRPC code that follows from the HTTP status (a name taken: its own).
     pub fn grpc_code(&self) -> GrpcCode {
+        if let ApiError::AlreadyExists(_) = self {
+            return GrpcCode::AlreadyExists;
+        }
         match self.status() {
             400 => GrpcCode::InvalidArgument,
             404 => GrpcCode::NotFound,
@@ -102,6 +110,7 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest(m)
             | ApiError::NotFound(m)
+            | ApiError::AlreadyExists(m)
             | ApiError::RequestTimeout(m)
             | ApiError::TooLarge(m)
             | ApiError::Overloaded(m)
@@ -137,6 +146,11 @@ mod tests {
         let cases = [
             (ApiError::invalid("x"), 400, GrpcCode::InvalidArgument),
             (ApiError::NotFound("x".into()), 404, GrpcCode::NotFound),
+            (
+                ApiError::AlreadyExists("x".into()),
+                400,
+                GrpcCode::AlreadyExists,
+            ),
             (
                 ApiError::RequestTimeout("x".into()),
                 408,

@@ -14,11 +14,10 @@
 //! an output's place holds it until written, so unregistering a region in use takes it out
 //! of the registry at once and unmaps it when its last request is done.
 //!
-//! The registry is the transports' one: HTTP's routes (`http::shm`) call it, and gRPC's
-//! SystemSharedMemoryRegister/Unregister/Status RPCs are to call the same [`Regions`]
-//! methods (not written yet: the gRPC transport had not landed when this was). Infer
-//! requests meet it in `http::infer` (inputs' views, outputs' places), the path gRPC's
-//! decoded requests share.
+//! The registry is the transports' one: HTTP's routes (`http::shm`) and gRPC's
+//! SystemSharedMemoryStatus/Register/Unregister RPCs (`grpc::shm`) call the same
+//! [`Regions`] methods. Infer requests of both meet it in `http::infer` (inputs' views,
+//! outputs' places), the path gRPC's decoded requests share.
 //!
 //! The client owns the memory's contents: it must not change an input, nor read an output,
 //! while its request is in flight (the extension's contract).
@@ -179,8 +178,8 @@ impl AsRef<[u8]> for View {
 pub struct Regions(Mutex<BTreeMap<String, Arc<Region>>>);
 
 impl Regions {
-    /// Registers `name`: opens and maps its object (a 400 when the name is taken, or the
-    /// object cannot be opened or is too small).
+    /// Registers `name`: opens and maps its object (AlreadyExists when the name is taken,
+    /// a 400 when the object cannot be opened or is too small); logged.
     pub fn register(
         &self,
         name: &str,
@@ -190,13 +189,16 @@ impl Regions {
     ) -> Result<(), ApiError> {
         let mut regions = lock(&self.0);
         if regions.contains_key(name) {
-            return Err(ApiError::invalid(format!(
+            return Err(ApiError::AlreadyExists(format!(
                 "shared memory region {} already in manager",
                 quoted(name)
             )));
         }
         let region = Region::open(name, key, offset, byte_size)?;
         regions.insert(name.to_string(), Arc::new(region));
+        log::info!(
+            "Registered system shared memory region name={name} key={key} offset={offset} byte_size={byte_size}"
+        );
         Ok(())
     }
 

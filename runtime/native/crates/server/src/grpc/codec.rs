@@ -22,7 +22,7 @@ use dataplane_core::codec::{DecodeLimits, binary, repr};
 use dataplane_core::error::ApiError;
 use dataplane_core::request::{
     BINARY_DATA_OUTPUT_PARAMETER, BINARY_DATA_PARAMETER, DecodedInput, InferRequest, InferResponse,
-    InputSource, PRIORITY_PARAMETER, RequestedOutput, TIMEOUT_PARAMETER,
+    InputSource, PRIORITY_PARAMETER, RequestedOutput, SharedMemoryRef, TIMEOUT_PARAMETER,
 };
 use dataplane_core::tensor::{DataType, Tensor, TensorData};
 
@@ -343,7 +343,7 @@ impl LittleEndian<2> for u16 {
 fn decode_input(
     index: usize,
     tensor: &InferInputTensor,
-    raw: Option<&Bytes>,
+    source: Source<'_>,
     limits: &DecodeLimits,
 ) -> Result<DecodedInput, ApiError> {
     if tensor.name.is_empty() {
@@ -361,21 +361,32 @@ fn decode_input(
         )));
     };
     let shape = shape_of(tensor, limits)?;
-    let data = match raw {
-        Some(_) if tensor.contents.is_some() => {
+    let source = match source {
+        Source::SharedMemory(place) => super::shm::input_source(tensor, datatype, &shape, place)?,
+        Source::Raw(_) if tensor.contents.is_some() => {
             return Err(ApiError::invalid(format!(
                 "input {name} has contents beside raw_input_contents; use one"
             )));
         }
-        Some(raw) => from_raw(tensor, datatype, &shape, raw)?,
-        None => from_contents(tensor, datatype, &shape)?,
+        Source::Raw(raw) => InputSource::Data(from_raw(tensor, datatype, &shape, raw)?),
+        Source::Contents => InputSource::Data(from_contents(tensor, datatype, &shape)?),
     };
     Ok(DecodedInput {
         name: tensor.name.clone(),
         datatype,
         shape,
-        source: InputSource::Data(data),
+        source,
     })
+}
+
+/// Where an input's elements are in the message.
+enum Source<'m> {
+    /// Its entry of `raw_input_contents`.
+    Raw(&'m Bytes),
+    /// Its typed `contents`.
+    Contents,
+    /// A registered shared-memory region (its parameters name it).
+    SharedMemory(SharedMemoryRef),
 }
 
 /// The data plane's request from a ModelInferRequest (its model name and version are the
@@ -387,20 +398,33 @@ pub fn from_model_infer_request(
     if message.inputs.is_empty() {
         return Err(ApiError::invalid("inputs must not be empty"));
     }
+    // Triton's clients send raw contents for the inputs that are not in shared memory only.
+    let places = (message.inputs.iter())
+        .map(|t| super::shm::place(&t.parameters, &format!("input {}", repr::string(&t.name))))
+        .collect::<Result<Vec<_>, _>>()?;
     let raw = &message.raw_input_contents;
-    if !raw.is_empty() && raw.len() != message.inputs.len() {
+    let in_message = places.iter().filter(|p| p.is_none()).count();
+    if !raw.is_empty() && raw.len() != in_message {
+        let which = if in_message == message.inputs.len() {
+            String::new()
+        } else {
+            " not in shared memory".to_string()
+        };
         return Err(ApiError::invalid(format!(
-            "raw_input_contents has {} entries for {} inputs; give one per input, in the \
-             order of inputs",
+            "raw_input_contents has {} entries for {in_message} inputs{which}; give one per \
+             input{which}, in the order of inputs",
             raw.len(),
-            message.inputs.len()
         )));
     }
-    let inputs = message
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(index, tensor)| decode_input(index, tensor, raw.get(index), limits))
+    let mut raws = raw.iter();
+    let inputs = (message.inputs.iter().zip(places).enumerate())
+        .map(|(index, (tensor, place))| {
+            let source = match place {
+                Some(place) => Source::SharedMemory(place),
+                None => raws.next().map_or(Source::Contents, Source::Raw),
+            };
+            decode_input(index, tensor, source, limits)
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let parameters = &message.parameters;
     let timeout_microseconds = timeout_parameter(parameters)?;
@@ -433,12 +457,16 @@ fn requested_outputs(
             Ok(RequestedOutput {
                 name: output.name.clone(),
                 binary: bool_parameter(&output.parameters, BINARY_DATA_PARAMETER, &where_)?,
-                shared_memory: None,
+                shared_memory: super::shm::place(&output.parameters, &format!("outputs[{index}]"))?,
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;
-    let raw = |o: &RequestedOutput| o.binary.unwrap_or(default_raw);
-    if outputs.iter().any(|o| raw(o) != raw(&outputs[0])) {
+    // Outputs written into shared memory have no contents either way.
+    let raw = (outputs.iter())
+        .filter(|o| o.shared_memory.is_none())
+        .map(|o| o.binary.unwrap_or(default_raw))
+        .collect::<Vec<_>>();
+    if raw.iter().any(|&r| r != raw[0]) {
         return Err(ApiError::invalid(
             "outputs ask for raw and for typed contents at once; a gRPC response has either \
              raw_output_contents for every output or contents for every one",
@@ -448,12 +476,18 @@ fn requested_outputs(
 }
 
 /// The ModelInferResponse of an answer: raw unless every output asked for typed contents
-/// (and has a typed field).
+/// (and has a typed field). An output written into shared memory has its place as its
+/// parameters and no contents: an empty entry of `raw_output_contents` in a raw answer (as
+/// Triton answers, one entry per output, so that clients find each output's by its index).
 pub fn to_model_infer_response(response: InferResponse) -> ModelInferResponse {
-    let raw = response
-        .outputs
-        .iter()
-        .any(|o| o.binary || contents_field(o.tensor.datatype).is_none());
+    let in_message = || {
+        response
+            .outputs
+            .iter()
+            .filter(|o| o.shared_memory.is_none())
+    };
+    let raw = in_message().next().is_none()
+        || in_message().any(|o| o.binary || contents_field(o.tensor.datatype).is_none());
     let mut message = ModelInferResponse {
         model_name: response.model_name,
         model_version: response.model_version,
@@ -468,7 +502,12 @@ pub fn to_model_infer_response(response: InferResponse) -> ModelInferResponse {
             shape: tensor.shape.iter().map(|&d| d as i64).collect(),
             ..InferOutputTensor::default()
         };
-        if raw {
+        if let Some(place) = &output.shared_memory {
+            entry.parameters = super::shm::output_parameters(place);
+            if raw {
+                message.raw_output_contents.push(Bytes::new());
+            }
+        } else if raw {
             message
                 .raw_output_contents
                 .push(binary::tensor_part(&tensor));

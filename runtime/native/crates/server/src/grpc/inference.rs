@@ -382,6 +382,64 @@ pub struct ModelConfig {
     #[prost(message, repeated, tag = "6")]
     pub output: ::prost::alloc::vec::Vec<ModelOutput>,
 }
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct SystemSharedMemoryStatusRequest {
+    /// The region to give the status of; empty: every registered region.
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct SystemSharedMemoryStatusResponse {
+    /// The regions by name.
+    #[prost(map = "string, message", tag = "1")]
+    pub regions: ::std::collections::HashMap<
+        ::prost::alloc::string::String,
+        system_shared_memory_status_response::RegionStatus,
+    >,
+}
+/// Nested message and enum types in `SystemSharedMemoryStatusResponse`.
+pub mod system_shared_memory_status_response {
+    #[derive(Clone, PartialEq, ::prost::Message)]
+    pub struct RegionStatus {
+        /// The name the region was registered by.
+        #[prost(string, tag = "1")]
+        pub name: ::prost::alloc::string::String,
+        /// The key of the shared-memory object holding the region.
+        #[prost(string, tag = "2")]
+        pub key: ::prost::alloc::string::String,
+        /// Where in the object the region starts, in bytes.
+        #[prost(uint64, tag = "3")]
+        pub offset: u64,
+        /// The region's size in bytes.
+        #[prost(uint64, tag = "4")]
+        pub byte_size: u64,
+    }
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct SystemSharedMemoryRegisterRequest {
+    /// The name to register the region by.
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    /// The key of the shared-memory object holding the region.
+    #[prost(string, tag = "2")]
+    pub key: ::prost::alloc::string::String,
+    /// Where in the object the region starts, in bytes.
+    #[prost(uint64, tag = "3")]
+    pub offset: u64,
+    /// The region's size in bytes.
+    #[prost(uint64, tag = "4")]
+    pub byte_size: u64,
+}
+#[derive(Clone, Copy, PartialEq, ::prost::Message)]
+pub struct SystemSharedMemoryRegisterResponse {}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct SystemSharedMemoryUnregisterRequest {
+    /// The region to unregister; empty: every registered region.
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+}
+#[derive(Clone, Copy, PartialEq, ::prost::Message)]
+pub struct SystemSharedMemoryUnregisterResponse {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum DataType {
@@ -718,6 +776,95 @@ pub mod grpc_inference_service_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// Triton's system shared-memory extension (see the end of this file): the status of
+        /// the registered regions (or of one), and registering and unregistering them.
+        pub async fn system_shared_memory_status(
+            &mut self,
+            request: impl tonic::IntoRequest<super::SystemSharedMemoryStatusRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::SystemSharedMemoryStatusResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic::codec::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/inference.GRPCInferenceService/SystemSharedMemoryStatus",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "inference.GRPCInferenceService",
+                        "SystemSharedMemoryStatus",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn system_shared_memory_register(
+            &mut self,
+            request: impl tonic::IntoRequest<super::SystemSharedMemoryRegisterRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::SystemSharedMemoryRegisterResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic::codec::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/inference.GRPCInferenceService/SystemSharedMemoryRegister",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "inference.GRPCInferenceService",
+                        "SystemSharedMemoryRegister",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
+        pub async fn system_shared_memory_unregister(
+            &mut self,
+            request: impl tonic::IntoRequest<super::SystemSharedMemoryUnregisterRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::SystemSharedMemoryUnregisterResponse>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic::codec::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/inference.GRPCInferenceService/SystemSharedMemoryUnregister",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "inference.GRPCInferenceService",
+                        "SystemSharedMemoryUnregister",
+                    ),
+                );
+            self.inner.unary(req, path, codec).await
+        }
     }
 }
 /// Generated server implementations.
@@ -794,6 +941,29 @@ pub mod grpc_inference_service_server {
             request: tonic::Request<super::ModelConfigRequest>,
         ) -> std::result::Result<
             tonic::Response<super::ModelConfigResponse>,
+            tonic::Status,
+        >;
+        /// Triton's system shared-memory extension (see the end of this file): the status of
+        /// the registered regions (or of one), and registering and unregistering them.
+        async fn system_shared_memory_status(
+            &self,
+            request: tonic::Request<super::SystemSharedMemoryStatusRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::SystemSharedMemoryStatusResponse>,
+            tonic::Status,
+        >;
+        async fn system_shared_memory_register(
+            &self,
+            request: tonic::Request<super::SystemSharedMemoryRegisterRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::SystemSharedMemoryRegisterResponse>,
+            tonic::Status,
+        >;
+        async fn system_shared_memory_unregister(
+            &self,
+            request: tonic::Request<super::SystemSharedMemoryUnregisterRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::SystemSharedMemoryUnregisterResponse>,
             tonic::Status,
         >;
     }
@@ -1185,6 +1355,167 @@ pub mod grpc_inference_service_server {
                     let inner = self.inner.clone();
                     let fut = async move {
                         let method = ModelConfigSvc(inner);
+                        let codec = tonic::codec::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/inference.GRPCInferenceService/SystemSharedMemoryStatus" => {
+                    #[allow(non_camel_case_types)]
+                    struct SystemSharedMemoryStatusSvc<T: GrpcInferenceService>(
+                        pub Arc<T>,
+                    );
+                    impl<
+                        T: GrpcInferenceService,
+                    > tonic::server::UnaryService<super::SystemSharedMemoryStatusRequest>
+                    for SystemSharedMemoryStatusSvc<T> {
+                        type Response = super::SystemSharedMemoryStatusResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                super::SystemSharedMemoryStatusRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as GrpcInferenceService>::system_shared_memory_status(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SystemSharedMemoryStatusSvc(inner);
+                        let codec = tonic::codec::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/inference.GRPCInferenceService/SystemSharedMemoryRegister" => {
+                    #[allow(non_camel_case_types)]
+                    struct SystemSharedMemoryRegisterSvc<T: GrpcInferenceService>(
+                        pub Arc<T>,
+                    );
+                    impl<
+                        T: GrpcInferenceService,
+                    > tonic::server::UnaryService<
+                        super::SystemSharedMemoryRegisterRequest,
+                    > for SystemSharedMemoryRegisterSvc<T> {
+                        type Response = super::SystemSharedMemoryRegisterResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                super::SystemSharedMemoryRegisterRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as GrpcInferenceService>::system_shared_memory_register(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SystemSharedMemoryRegisterSvc(inner);
+                        let codec = tonic::codec::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/inference.GRPCInferenceService/SystemSharedMemoryUnregister" => {
+                    #[allow(non_camel_case_types)]
+                    struct SystemSharedMemoryUnregisterSvc<T: GrpcInferenceService>(
+                        pub Arc<T>,
+                    );
+                    impl<
+                        T: GrpcInferenceService,
+                    > tonic::server::UnaryService<
+                        super::SystemSharedMemoryUnregisterRequest,
+                    > for SystemSharedMemoryUnregisterSvc<T> {
+                        type Response = super::SystemSharedMemoryUnregisterResponse;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::Response>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<
+                                super::SystemSharedMemoryUnregisterRequest,
+                            >,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as GrpcInferenceService>::system_shared_memory_unregister(
+                                        &inner,
+                                        request,
+                                    )
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = SystemSharedMemoryUnregisterSvc(inner);
                         let codec = tonic::codec::ProstCodec::default();
                         let mut grpc = tonic::server::Grpc::new(codec)
                             .apply_compression_config(

@@ -11,6 +11,7 @@
 
 mod codec;
 mod service;
+mod shm;
 mod timeout;
 
 // Generated (see tests/generated.rs); its client serves the tests only.

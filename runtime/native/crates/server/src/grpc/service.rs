@@ -4,7 +4,8 @@
 //! size checked, decoded, bounded by the client's own deadline, and from there takes the
 //! one path HTTP's requests take ([`infer_decoded`]): the same queue, batches and slots.
 //! Every `ApiError` is answered with its gRPC code and its message as the details (a 503's
-//! Retry-After as trailing metadata, as the Python runtime sends its headers).
+//! Retry-After as trailing metadata, as the Python runtime sends its headers). The system
+//! shared-memory RPCs answer from the registry HTTP's routes use (`super::shm`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +27,9 @@ use super::inference::{
     ModelInput, ModelMetadataRequest, ModelMetadataResponse, ModelOutput, ModelReadyRequest,
     ModelReadyResponse, ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest,
     ServerMetadataResponse, ServerReadyRequest, ServerReadyResponse,
+    SystemSharedMemoryRegisterRequest, SystemSharedMemoryRegisterResponse,
+    SystemSharedMemoryStatusRequest, SystemSharedMemoryStatusResponse,
+    SystemSharedMemoryUnregisterRequest, SystemSharedMemoryUnregisterResponse,
 };
 use super::timeout::client_timeout;
 use crate::http::infer::{Admitted, infer_decoded};
@@ -178,6 +182,32 @@ impl GrpcInferenceService for InferenceService {
         let code = answer.as_ref().map_or_else(ApiError::status, |_| 200);
         watch.answered(code, shared.now().saturating_sub(arrived));
         answered(answer)
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        request: Request<SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<SystemSharedMemoryStatusResponse>, Status> {
+        answered(super::shm::status(
+            &self.shared.shared_memory,
+            request.get_ref(),
+        ))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        request: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryRegisterResponse>, Status> {
+        let registered = super::shm::register(&self.shared.shared_memory, request.get_ref());
+        answered(registered.map(|()| SystemSharedMemoryRegisterResponse {}))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        request: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<SystemSharedMemoryUnregisterResponse>, Status> {
+        super::shm::unregister(&self.shared.shared_memory, request.get_ref());
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 }
 

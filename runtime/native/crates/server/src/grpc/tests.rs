@@ -147,7 +147,10 @@ fn options(max_queue_delay_microseconds: u64) -> ServerOptions {
 }
 
 /// A started server (HTTP and gRPC) and the count of its engine's runs.
-fn serve(delay: Duration, max_queue_delay_microseconds: u64) -> (Server, Arc<AtomicUsize>) {
+pub(super) fn serve(
+    delay: Duration,
+    max_queue_delay_microseconds: u64,
+) -> (Server, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
     let engine = Doubler {
         inputs: vec![spec("x", DataType::F32, vec![-1, 2])],
@@ -164,7 +167,7 @@ fn serve(delay: Duration, max_queue_delay_microseconds: u64) -> (Server, Arc<Ato
 }
 
 /// The client's own runtime (the server has its own; shutdown blocks, so it runs outside).
-fn runtime() -> tokio::runtime::Runtime {
+pub(super) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -172,7 +175,7 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-async fn connect(server: &Server) -> GrpcInferenceServiceClient<Channel> {
+pub(super) async fn connect(server: &Server) -> GrpcInferenceServiceClient<Channel> {
     let port = server.grpc_port().expect("a gRPC port");
     let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
         .unwrap()
@@ -182,11 +185,11 @@ async fn connect(server: &Server) -> GrpcInferenceServiceClient<Channel> {
     GrpcInferenceServiceClient::new(channel)
 }
 
-fn floats(values: &[f32]) -> Bytes {
+pub(super) fn floats(values: &[f32]) -> Bytes {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-fn read_floats(raw: &[u8]) -> Vec<f32> {
+pub(super) fn read_floats(raw: &[u8]) -> Vec<f32> {
     raw.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
@@ -210,7 +213,7 @@ fn raw_request(model: &str, rows: &[[f32; 2]]) -> ModelInferRequest {
 }
 
 /// The output of this name's raw contents.
-fn raw_output<'a>(answer: &'a ModelInferResponse, name: &str) -> &'a [u8] {
+pub(super) fn raw_output<'a>(answer: &'a ModelInferResponse, name: &str) -> &'a [u8] {
     let index = answer.outputs.iter().position(|o| o.name == name).unwrap();
     &answer.raw_output_contents[index]
 }

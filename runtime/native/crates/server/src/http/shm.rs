@@ -84,9 +84,6 @@ async fn register(
     shared
         .shared_memory
         .register(name, &key, offset, byte_size)?;
-    log::info!(
-        "Registered system shared memory region name={name} key={key} offset={offset} byte_size={byte_size}"
-    );
     Ok(empty())
 }
 
