@@ -42,19 +42,30 @@ pub struct PyEngine {
     inputs: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
     max_batch_size: usize,
+    platform: String,
 }
 
 impl PyEngine {
-    /// Reads the engine's `inputs`, `outputs` and `max_batch_size` (the GIL held).
+    /// Reads the engine's `inputs`, `outputs`, `max_batch_size` and platform (the GIL held).
     pub fn new(engine: &Bound<'_, PyAny>, name: String, version: String) -> PyResult<PyEngine> {
         Ok(PyEngine {
             inputs: specs(&engine.getattr("inputs")?)?,
             outputs: specs(&engine.getattr("outputs")?)?,
             max_batch_size: engine.getattr("max_batch_size")?.extract()?,
+            platform: platform(engine)?,
             engine: engine.clone().unbind(),
             name,
             version,
         })
+    }
+}
+
+/// The model's `platform`, as the Python runtime named it: the engine's own `platform`
+/// attribute when it has one, else its class's name (`OnnxRuntimeEngine`).
+fn platform(engine: &Bound<'_, PyAny>) -> PyResult<String> {
+    match engine.getattr_opt("platform")? {
+        Some(platform) => platform.extract(),
+        None => engine.get_type().name()?.extract(),
     }
 }
 
@@ -98,6 +109,10 @@ impl Engine for PyEngine {
 
     fn max_batch_size(&self) -> usize {
         self.max_batch_size
+    }
+
+    fn platform(&self) -> &str {
+        &self.platform
     }
 
     fn create_slot(&self) -> Result<Box<dyn Slot>, String> {

@@ -47,9 +47,11 @@ class Engine:
     outputs = (Spec("y", "FP32", (-1, 3)), Spec("t", "BYTES", (-1,)))
     max_batch_size = 4
 
-    def __init__(self, layout="rows", fail=False):
+    def __init__(self, layout="rows", fail=False, platform=None):
         self.layout, self.fail = layout, fail
         self.slots = []
+        if platform is not None:
+            self.platform = platform
 
     def create_slot(self):
         self.slots.append(Slot(self))

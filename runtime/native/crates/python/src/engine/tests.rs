@@ -84,6 +84,15 @@ fn the_engine_is_described_by_its_python_specs() {
 }
 
 #[test]
+fn the_platform_is_the_engines_own_or_its_class_name() {
+    let _one = ONE_AT_A_TIME.lock().unwrap();
+    let (named, _) = engine("Engine", "platform='onnxruntime_onnx'");
+    assert_eq!(named.platform(), "onnxruntime_onnx");
+    let (unnamed, _) = engine("ShapedEngine", "");
+    assert_eq!(unnamed.platform(), "ShapedEngine");
+}
+
+#[test]
 fn a_batch_is_written_into_the_slots_buffers_and_its_outputs_copied_out_in_one_crossing() {
     let _one = ONE_AT_A_TIME.lock().unwrap();
     let (engine, python_engine) = engine("Engine", "");
