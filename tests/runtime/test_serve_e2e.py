@@ -99,7 +99,8 @@ def test_health_and_metadata(server) -> None:
     metadata = client.get_model_metadata("tiny")
     assert metadata["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 16]}]
     assert metadata["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
-    assert client.get_server_metadata()["extensions"] == ["binary_tensor_data", "system_shared_memory"]
+    extensions = client.get_server_metadata()["extensions"]
+    assert extensions == ["binary_tensor_data", "system_shared_memory"]
     assert not client.is_model_ready("other")
     status, _, body = server.request("GET", "/v2/models/tiny/versions/9")
     assert status == 404 and "version" in json.loads(body)["error"]
