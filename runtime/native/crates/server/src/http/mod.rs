@@ -3,7 +3,8 @@
 //! Retry-After; a 408 closes its connection, and so does every answer once draining began.
 //! A body a route left unread (a refusal before reading it) is read and discarded before
 //! the answer, or the answer says `Connection: close`: no keep-alive connection is closed
-//! without saying so.
+//! without saying so. A connection closes by lingering (`crate::lingering`): what its
+//! client still sends after the answer is read and dropped, so the answer is not reset.
 
 mod body;
 pub(crate) mod infer;
