@@ -119,6 +119,20 @@ fn the_server_is_idle_only_while_nothing_is_queued_or_running() {
     );
     let (status, _, _) = runtime.block_on(running).unwrap();
     assert_eq!(status, StatusCode::OK);
-    assert!(server.idle());
+    // The answer goes out before the slot's thread reports the batch done to the driver:
+    // idle again soon after, not necessarily as the answer arrives.
+    let idle_again = runtime.block_on(async {
+        for _ in 0..500 {
+            if server.idle() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        false
+    });
+    assert!(
+        idle_again,
+        "the server stayed busy after its batch was answered"
+    );
     server.shutdown();
 }
