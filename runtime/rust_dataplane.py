@@ -61,9 +61,11 @@ PRIORITY_LEVELS = 3
 0 or none the default level; under overload the least urgent queued request is shed
 first."""
 
-DEFAULT_PRIORITY_LEVEL = 2
-"""The level of a request that names none: room above it for urgent traffic and below it
-for batch work that may wait."""
+DEFAULT_PRIORITY_LEVEL = 1
+"""The level of a request that names none: the most urgent, so that only work a client
+marks as able to wait (levels 2 and 3) is ever shed for it. A default above 1 would make
+every queued request sheddable, and a full queue would read and decode the body of every
+newcomer (its level is inside it) only to refuse most of them."""
 
 GPU_MEMORY_READ_INTERVAL_SECONDS = 5.0
 """How often the GPU memory gauges are read (NVML; a scrape interval's order)."""
