@@ -1,20 +1,19 @@
 """The Open Inference Protocol over gRPC, against a real `kubeinfer serve --grpc-port`
 process on the tiny demo model (as the REST tests), driven with `tritonclient.grpc` and,
-where tritonclient cannot say it (typed contents, typed outputs, malformed messages),
-with its own `service_pb2` messages on a plain grpc channel.
+where tritonclient cannot say it (typed contents, typed outputs, malformed messages), with
+its own `service_pb2` messages on a plain grpc channel.
 
-Covers: liveness, readiness and metadata equal to REST's (the engine's platform too, once
-the Rust data plane names it); FP32 inference with raw input
-and output contents equal to ONNX Runtime run in-process and to REST's answer; typed
-input contents, and typed output contents when the request asks; bad input (an unknown
-model or version, a wrong shape, a wrong datatype, raw contents of the wrong size, a
-value out of its datatype's range, typed values in another datatype's field, a mix of
-raw and typed) answered with the right status code and a message, while concurrent good
-requests are all answered correctly; gRPC answers counted in the same
-`kubeinfer_requests_total` and duration series as REST's, by the same status; and
-answered gRPC requests offered to the mirrors like REST's (a shadow candidate and a
-quality watch's reference, both a real `kubeinfer serve`), with the slice read from the
-request's metadata.
+Covers: liveness, readiness and metadata equal to REST's (the engine's platform too); FP32
+inference with raw input and output contents equal to ONNX Runtime run in-process and to
+REST's answer; typed input contents, and typed output contents when the request asks; bad
+input (an unknown model or version, a wrong shape, a wrong datatype, raw contents of the
+wrong size, a value out of its datatype's range, typed values in another datatype's field,
+a mix of raw and typed) answered with the right status code and a message, while
+concurrent good requests are all answered correctly; gRPC answers counted in the same
+`kubeinfer_requests_total` and duration series as REST's, by the same status; and answered
+gRPC requests offered to the mirrors like REST's (a shadow candidate and a quality watch's
+reference, both a real `kubeinfer serve`), with the slice read from the request's
+metadata.
 """
 
 from __future__ import annotations
@@ -130,9 +129,7 @@ def test_liveness_readiness_and_metadata_are_rests(served: GrpcServing) -> None:
         assert "not served" in refused.value.message() or "no version" in refused.value.message()
 
 
-@pytest.mark.xfail(strict=True, reason="Rust data plane: the model's platform is empty")
 def test_the_model_metadata_names_the_engines_platform_as_rest_does(served: GrpcServing) -> None:
-    # protobuf's JSON leaves an empty string out: the key is there once there is a platform
     model = served.client.get_model_metadata("tiny", as_json=True)
     rest = triton_http.InferenceServerClient(f"127.0.0.1:{served.serving.port}")
     assert model.get("platform") == rest.get_model_metadata("tiny")["platform"]
