@@ -60,7 +60,7 @@ impl PyEngine {
     }
 }
 
-/// The model's `platform`, as the Python runtime named it: the engine's own `platform`
+/// The model's `platform` in its metadata: the engine's own `platform`
 /// attribute when it has one, else its class's name (`OnnxRuntimeEngine`).
 fn platform(engine: &Bound<'_, PyAny>) -> PyResult<String> {
     match engine.getattr_opt("platform")? {

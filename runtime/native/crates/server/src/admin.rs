@@ -13,8 +13,8 @@ use dataplane_core::error::ApiError;
 use crate::http::{Parts, error};
 use crate::state::Shared;
 
-/// The routes an [`Admin`] answers, each with the methods it takes (the Python runtime's
-/// `create_app`: a POST of the known answers runs the set again first).
+/// The routes an [`Admin`] answers, each with the methods it takes (a POST of the known
+/// answers runs the set again first).
 pub const ADMIN_ROUTES: &[(&str, &[Method])] = &[
     ("/v2/known-answers", &[Method::GET, Method::POST]),
     ("/v2/shadow", &[Method::GET]),

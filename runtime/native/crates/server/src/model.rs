@@ -10,8 +10,8 @@ use dataplane_core::tensor::{DataType, TensorSpec};
 
 use crate::engine::Engine;
 
-/// The server's name and version in `GET /v2` (the Python runtime's, so clients see one
-/// server whichever path serves).
+/// The server's name and version in `GET /v2` and gRPC's ServerMetadata (what clients and
+/// the black-box tests read).
 pub const SERVER_NAME: &str = "kubeinfer";
 pub const SERVER_VERSION: &str = "0.1.0";
 pub const EXTENSIONS: [&str; 2] = ["binary_tensor_data", "system_shared_memory"];
@@ -137,9 +137,9 @@ fn config_type(datatype: DataType) -> String {
     }
 }
 
-/// A name as Python's `repr` writes it (the Python runtime's messages use `{name!r}`, and
-/// its tests assert on them): in single quotes, or double ones when it holds a single quote
-/// and no double one.
+/// A name as Python's `repr` writes it (the messages quote names as `{name!r}` does, and
+/// Python clients and tests assert on them): in single quotes, or double ones when it holds
+/// a single quote and no double one.
 pub fn quoted(name: &str) -> String {
     if name.contains('\'') && !name.contains('"') {
         format!("\"{name}\"")

@@ -18,7 +18,8 @@ pub struct ServerOptions {
     pub batching: BatchingConfig,
     /// The largest request body taken (`maxRequestBytes`, resolved by the Python side).
     pub max_request_bytes: usize,
-    /// Longest the request line and headers may take to arrive (408 past it).
+    /// Longest the request line and headers may take to arrive: past it hyper closes the
+    /// connection without an answer.
     pub header_read_timeout_seconds: f64,
     /// Longest between two parts of a body (408 past it).
     pub body_read_timeout_seconds: f64,

@@ -91,7 +91,7 @@ impl Server {
         });
         log::info!("Serving HTTP port={http_port}");
         if let Some(port) = grpc_port {
-            // The Python runtime's words (its black-box tests read them).
+            // Worded exactly: the black-box tests read this line.
             let (model, host) = (&shared.model.name, &shared.options.host);
             log::info!("Started serving gRPC model={model} address={host}:{port}");
         }
@@ -127,7 +127,7 @@ impl Server {
     }
 
     /// [`Server::set_ready`], with what a refused infer's 503 says while held off (the
-    /// Python runtime's: the known-answer probe that failed).
+    /// known-answer probe that failed).
     pub fn hold(&self, ready: bool, reason: Option<String>) {
         self.shared.hold(ready, reason);
     }
@@ -238,7 +238,7 @@ pub(crate) const MAX_READ_BUFFER_BYTES: usize = 64 * 1024;
 async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Receiver<bool>) {
     let graceful = GracefulShutdown::new();
     let mut builder = http1::Builder::new();
-    // Headers go out as the Python runtime (aiohttp) writes them, `Content-Type`: HTTP
+    // Headers go out in title case, `Content-Type`: HTTP
     // names are case-insensitive, but clients that read them into a plain dict are not.
     builder
         .title_case_headers(true)

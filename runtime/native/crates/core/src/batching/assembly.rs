@@ -363,9 +363,9 @@ fn split_error(model: &str, output: &str, what: &str) -> ApiError {
     ))
 }
 
-/// A name as Python's `repr` writes it (the Python runtime's messages use `{name!r}`, and
-/// its tests assert on them): in single quotes, or double ones when it holds a single quote
-/// and no double one.
+/// A name as Python's `repr` writes it (the messages quote names as `{name!r}` does, and
+/// Python clients and tests assert on them): in single quotes, or double ones when it holds
+/// a single quote and no double one.
 pub(crate) fn quoted(name: &str) -> String {
     if name.contains('\'') && !name.contains('"') {
         format!("\"{name}\"")

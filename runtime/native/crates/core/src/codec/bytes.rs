@@ -77,7 +77,7 @@ pub fn check_text(elements: &[Bytes], what: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Python's reason for the same error (the Python runtime's message, kept).
+/// Python's reason for the same error (`bytes.decode`'s words, which Python clients know).
 fn utf8_reason(element: &[u8], error: &std::str::Utf8Error) -> &'static str {
     match error.error_len() {
         None => "unexpected end of data",

@@ -5,8 +5,8 @@
 //! BOOL tensor booleans only, a BYTES tensor strings only: `null`, `"1.5"`, `true` and
 //! `1.7` in the wrong tensor are a 400 naming the first offending value, never coerced.
 //! The data may be flat (row-major) or nested to match the shape: nested when the shape
-//! has two axes or more and the first element is a list. The errors are those of the
-//! Python runtime, in its order: the rows (or the flat length), then each depth's lists,
+//! has two axes or more and the first element is a list. The errors come in a fixed order,
+//! most fundamental first: the rows (or the flat length), then each depth's lists,
 //! then the values' kinds, then their ranges; so the one pass records the first error of
 //! each class and stops converting, and the most fundamental one is answered.
 
@@ -233,7 +233,7 @@ impl Reader<'_> {
         let (low, high, numpy) = integer_range(self.datatype);
         if !(low..=high).contains(&value) {
             if self.errors.range.is_none() {
-                // numpy 2's OverflowError, which the Python runtime's message carries.
+                // Worded as numpy 2's OverflowError (the words Python clients know).
                 self.errors.range = Some(format!(
                     "{}: data is not a valid {} tensor: Python integer {value} out of bounds \
                      for {numpy}",
@@ -317,7 +317,7 @@ fn takes(datatype: DataType) -> &'static str {
     }
 }
 
-/// An integer datatype's bounds and numpy's name for it (the Python runtime's words).
+/// An integer datatype's bounds and numpy's name for it (which the range error names).
 fn integer_range(datatype: DataType) -> (i128, i128, &'static str) {
     match datatype {
         DataType::U8 => (0, u8::MAX.into(), "uint8"),

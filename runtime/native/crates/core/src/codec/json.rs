@@ -1,7 +1,7 @@
 //! The REST body's JSON: an infer request decoded strictly, an answer encoded.
 //!
-//! Decoding checks the request's fields in the Python runtime's order with its words (the
-//! black-box tests read them): the value count of a large body before it is parsed, then
+//! Decoding checks the request's fields in a fixed order, in the words the black-box tests
+//! read: the value count of a large body before it is parsed, then
 //! the JSON, the id, each input (name, datatype, shape, its element count against the
 //! model's largest input, its parameters, then its data: binary, shared memory or JSON),
 //! the binary bytes no input claims, the request's parameters, the outputs asked for.
@@ -147,7 +147,7 @@ fn natural_parameter(
 }
 
 /// The request's `binary_data_output`: false when absent; anything but a boolean, null
-/// too, is refused (the Python runtime's `parameters.get(name, False)`).
+/// too, is refused (a null is given, not absent, and is no boolean).
 fn binary_data_output(parameters: &Map<String, Value>) -> Result<bool, ApiError> {
     match parameters.get(BINARY_DATA_OUTPUT_PARAMETER) {
         None => Ok(false),
@@ -174,7 +174,7 @@ fn decode_inputs(
         .collect()
 }
 
-/// One input: its fields checked in the Python runtime's order, then its data.
+/// One input: its fields checked in order (name, datatype, shape, ...), then its data.
 fn decode_input(
     index: usize,
     input: ObjectOf<'_>,

@@ -4,7 +4,7 @@
 //! 400 naming the field (`inputs must be a non-empty list`). Tensor data stays raw text
 //! for [`crate::codec::data`] to read straight into the tensor: nothing is built for it.
 //!
-//! A key given twice keeps its last value, as the Python runtime's parser (orjson) does. A
+//! A key given twice keeps its last value, as orjson does. A
 //! key the decoder does not read is parsed and dropped: its numbers and escapes are checked
 //! as orjson checks them (a raw value's are not until it is read).
 

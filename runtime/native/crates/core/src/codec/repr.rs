@@ -1,6 +1,6 @@
-//! Values as the Python runtime's error messages show them (Python's `repr`): clients and
-//! the Python tests read `input 'x'`, `holds a string ('1.5')`, `holds a boolean (True)`,
-//! and the Rust path keeps those words.
+//! Values as the error messages show them (Python's `repr`): clients and the Python tests
+//! read `input 'x'`, `holds a string ('1.5')`, `holds a boolean (True)`, so the messages
+//! keep those words.
 
 use serde_json::Value;
 
@@ -140,7 +140,7 @@ pub fn shown(value: &Value) -> String {
     format!("{cut}...")
 }
 
-/// What a value is, in the words of the Python runtime's messages.
+/// What a value is, in the messages' words (`a boolean`, `a string`).
 pub fn kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",

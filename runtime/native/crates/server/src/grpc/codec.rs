@@ -1,5 +1,5 @@
-//! The Open Inference Protocol's gRPC messages to the data plane's types and back, as the
-//! Python runtime's `grpc_service/codec.py` (direction in the name, its words kept).
+//! The Open Inference Protocol's gRPC messages to the data plane's types and back (the
+//! direction in each function's name), refusing in the words the black-box tests read.
 //!
 //! Inputs come either all in `raw_input_contents` (little-endian bytes, one entry per
 //! input, in order: the form Triton's clients send) or all as typed `contents` (the

@@ -1,10 +1,10 @@
-//! `inference.GRPCInferenceService` over the shared state: thin, as the HTTP routes are
-//! (the Python runtime's `grpc_service/service.py`). ModelInfer is admitted (an unknown
-//! model, a held-not-ready, full or draining server refused before anything else), its
-//! size checked, decoded, bounded by the client's own deadline, and from there takes the
-//! one path HTTP's requests take ([`infer_decoded`]): the same queue, batches and slots.
+//! `inference.GRPCInferenceService` over the shared state: thin, as the HTTP routes are.
+//! ModelInfer is admitted (an unknown model, a held-not-ready, full or draining server
+//! refused before anything else), its size checked, decoded, bounded by the client's own
+//! deadline, and from there takes the one path HTTP's requests take ([`infer_decoded`]):
+//! the same queue, batches and slots.
 //! Every `ApiError` is answered with its gRPC code and its message as the details (a 503's
-//! Retry-After as trailing metadata, as the Python runtime sends its headers). The system
+//! Retry-After as trailing metadata, where HTTP sends it as a header). The system
 //! shared-memory RPCs answer from the registry HTTP's routes use (`super::shm`).
 
 use std::sync::Arc;
@@ -178,7 +178,7 @@ impl GrpcInferenceService for InferenceService {
         let message = request.into_inner();
         let watch = RequestWatch::new(shared);
         let answer = infer(shared, message, arrived, client, &watch, slice).await;
-        // Counted by the HTTP status of its answer, as Python's data plane counts both.
+        // Counted by the HTTP status of its answer: one `code` label for both transports.
         let code = answer.as_ref().map_or_else(ApiError::status, |_| 200);
         watch.answered(code, shared.now().saturating_sub(arrived));
         answered(answer)
@@ -211,8 +211,8 @@ impl GrpcInferenceService for InferenceService {
     }
 }
 
-/// The value of the quality watch's slice metadata key, while a watch names one (as
-/// Python's gRPC service reads it: the header's name in lower case, a text value).
+/// The value of the quality watch's slice metadata key, while a watch names one (the
+/// header's name in lower case, as gRPC metadata keys are; a value that is not text is none).
 fn slice_value(shared: &Shared, metadata: &tonic::metadata::MetadataMap) -> Option<String> {
     let header = shared.samplers.slice_header()?.to_ascii_lowercase();
     let value = metadata.get(header.as_str())?;

@@ -32,8 +32,8 @@ pub trait Clock {
 
 /// The whole body, at most `limit` bytes, each part within `idle` of the previous one and
 /// all of it by `deadline`. `client_left` is told when the connection closed mid-body (the
-/// request is then counted cancelled while reading, as Python's `ClientGone`, not
-/// answered: its 400 reaches nobody).
+/// request is then counted cancelled while reading, not answered: its 400 reaches
+/// nobody).
 pub async fn read_body<B>(
     body: &mut B,
     limit: usize,

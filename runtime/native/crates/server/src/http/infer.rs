@@ -129,7 +129,7 @@ async fn answer(
 }
 
 /// The path of every admitted infer request once its transport decoded it (REST's body,
-/// gRPC's message), as the Python runtime's `DataPlane.infer_decoded`: its outputs and
+/// gRPC's message), one path for both transports: its outputs and
 /// inputs checked against the model, its own timeout applied from its arrival, queued (its
 /// place in the admissions handed to the queue) and answered from its batch.
 pub(crate) async fn infer_decoded(
@@ -190,7 +190,7 @@ pub(crate) async fn infer_decoded(
 }
 
 /// The value of the quality watch's slice header, while a watch names one (a value that
-/// is not text is none, as Python's transports read it).
+/// is not text is none, as over gRPC).
 pub(crate) fn slice_value(shared: &Shared, headers: &HeaderMap) -> Option<String> {
     let header = shared.samplers.slice_header()?;
     let value = headers.get(header.as_str())?;
@@ -206,7 +206,7 @@ fn header_length(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .map(Some)
-        // Named as the Python runtime names it (the header's canonical spelling).
+        // Named in the header's canonical spelling, as clients send it.
         .ok_or_else(|| ApiError::invalid("Inference-Header-Content-Length must be an integer"))
 }
 

@@ -153,7 +153,7 @@ pub async fn handle(
 
 /// What the route leaves of a request's body is read and discarded (bounded as a body
 /// is: `maxRequestBytes`, the body read timeout) so that its connection can take the next
-/// request, as aiohttp's lingering read does for the Python runtime. Where it cannot be
+/// request rather than be closed under a keep-alive client. Where it cannot be
 /// (too large, too slow, or a client waiting for `100 Continue` before it sends it), the
 /// answer says `Connection: close`: hyper closes a connection whose body was left unread
 /// after its answer, and a client told nothing sees a reset keep-alive connection.

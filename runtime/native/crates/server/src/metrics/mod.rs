@@ -16,11 +16,13 @@
 //! - the Python side, through [`Metrics::set_gauge`], [`Metrics::add_counter`],
 //!   [`Metrics::observe`], [`Metrics::remove`] and [`Metrics::clear`]: the known-answer,
 //!   shadow and quality series; and at scrape time through
-//!   [`Metrics::on_scrape`]: the GPU gauges (NVML, read then, as Python's collector does).
+//!   [`Metrics::on_scrape`]: the GPU gauges (NVML, read then, so each scrape is current).
 //!
-//! Against Python's exposition: the same samples (names, labels, values; the serving
-//! histograms' `le` written alike, "2.0"); a family with no series yet prints nothing
-//! (Python prints its HELP and TYPE alone), and no `_created` samples are written.
+//! Against prometheus_client's exposition (the mirrors' series are written with it, and
+//! scrapers and tests compare the two): the same samples (names, labels, values; the
+//! serving histograms' `le` written alike, "2.0"); a family with no series yet prints
+//! nothing (prometheus_client prints its HELP and TYPE alone), and no `_created` samples
+//! are written.
 
 mod contract;
 mod registry;

@@ -1,4 +1,4 @@
-//! The metrics: the contract's listing against the Python runtime's own tables and
+//! The metrics: the contract's listing against `runtime/metrics.py`'s tables and the
 //! contract, the exposition's format, the API the Python side pushes through, and the
 //! counts a real server exports over HTTP on 127.0.0.1 (a Rust engine that doubles FP32).
 
@@ -224,7 +224,8 @@ fn every_name_the_server_uses_is_a_contract_series_of_the_kind_it_is_used_as() {
     }
 }
 
-/// The series Python's `RuntimeMetrics` makes (at 0) as it starts, without an SLO.
+/// The series a server makes (at 0) as it starts, without an SLO: a scrape before any
+/// request shows them.
 const MADE_AT_START: [&str; 11] = [
     "kubeinfer_queue_depth",
     "kubeinfer_inflight_batches",

@@ -1,5 +1,5 @@
 //! JSON tensor data read strictly: what each datatype takes, flat and nested forms, and
-//! which error is answered when several are present (the Python runtime's order).
+//! which error is answered when several are present (the most fundamental).
 
 use super::*;
 

@@ -1,10 +1,10 @@
-//! An answer as the REST body: a JSON header (keys in the Python runtime's order), then the
+//! An answer as the REST body: a JSON header (keys in a fixed order), then the
 //! binary outputs' bytes, each a part of its own.
 //!
 //! JSON numbers are written by serde_json: an integer exactly, a float in its shortest
 //! round-trip form for its own precision (ryu: an FP32 output reads back bit-exact; FP16
 //! is written as the FP32 of the same value, which reads back exactly too), NaN and
-//! infinities as null, as the Python runtime's orjson does.
+//! infinities as null, as orjson writes them.
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -138,7 +138,7 @@ fn output_json<'a>(output: &'a ResponseOutput, binary_parts: &mut Vec<Bytes>) ->
 
 /// An output whose data is not its shape's elements of its datatype is the engine
 /// adapter's bug (500); a BYTES output that is not UTF-8 cannot be JSON (400, with the
-/// remedy, as the Python runtime words it).
+/// remedy: ask for it in binary).
 fn check_output(output: &ResponseOutput) -> Result<(), ApiError> {
     let tensor = &output.tensor;
     let count = tensor.element_count();

@@ -329,7 +329,8 @@ fn a_key_given_twice_keeps_its_last_value_as_the_python_parser_does() {
     assert_eq!(raw(&request), vec![2]);
 }
 
-/// Each malformed request and its refusal, word for word (the Python runtime's).
+/// Each malformed request and its refusal, word for word (the messages the black-box tests
+/// read).
 #[test]
 fn each_malformed_request_is_refused_with_its_message() {
     let good = || input("FP32", json!([1, 2]), json!([1.0, 2.0]));
@@ -1225,7 +1226,7 @@ fn shapes_numpy_cannot_hold_are_400_in_json_and_binary() {
     }
 }
 
-/// The Python runtime's fuzz (test_strict_tensors): any rank up to 100, extreme dimensions,
+/// A fuzz of shapes: any rank up to 100, extreme dimensions,
 /// JSON or binary data: a decoded request or a 400, never a panic or another status.
 #[test]
 fn no_shape_makes_the_decoder_fail_other_than_with_a_400() {

@@ -1,5 +1,5 @@
 //! The gRPC codec's decisions on messages built in memory: raw and typed inputs, the
-//! Python runtime's refusals word for word, raw or typed answers.
+//! refusals word for word (the messages the black-box tests read), raw or typed answers.
 
 use bytes::Bytes;
 
