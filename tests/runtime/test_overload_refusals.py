@@ -19,8 +19,9 @@ Covers:
   (a header block past the server's 64 KiB limit: 431);
 - clients that leave after their head are given back their admission, leaving nothing
   admitted or in progress;
-- a queue full of default-level requests refuses a newcomer at that level once it has
-  read it, and a more urgent one (priority 1) sheds the newest of them (503) for its place;
+- a queue full of requests marked as able to wait (priority 3) refuses a newcomer at that
+  level once it has read it, and a default-level one (the most urgent) sheds the newest
+  of them (503) for its place;
 - a flood of refusals over many connections does not starve the admitted requests: the
   held and queued ones are answered 200 while it goes on, and the flood's own requests
   are then admitted and answered 200 between its refusals.
@@ -93,9 +94,9 @@ class Load:
         return self.serving.served.metrics().get((name, key))
 
     async def fill(self) -> None:
-        """Holds the slot with one request and queues two more at the most urgent
-        priority level (1): the queue is full of requests no newcomer could shed, so it
-        refuses one before reading its body. (A queue of less urgent requests reads a
+        """Holds the slot with one request and queues two more at the default level, the
+        most urgent: the queue is full of requests no newcomer could shed, so it refuses
+        one before reading its body. (A queue of requests marked as able to wait reads a
         newcomer's body first: its `priority` may shed one.)"""
         served = self.serving.served
         self.gated.gate.clear()
@@ -103,7 +104,7 @@ class Load:
         await eventually(
             lambda: self.gated.running == 1, what="the slot held", every=0.002, in_thread=False
         )
-        self.held += [asyncio.create_task(self.infer(valid_body(priority=1))) for _ in range(2)]
+        self.held += [asyncio.create_task(self.infer()) for _ in range(2)]
         await eventually(
             lambda: served.queued() == 2, what="the queue full", every=0.002, in_thread=False
         )
@@ -327,20 +328,20 @@ async def test_admissions_of_clients_that_leave_are_given_back(load: Load) -> No
 
 
 async def test_a_more_urgent_request_sheds_the_newest_less_urgent_one(load: Load) -> None:
-    """A queue full of default-level requests (priority 2 of 3) reads a newcomer's body:
-    at its level it is refused; at priority 1 it takes the place of the newest queued
-    request, which is answered 503, and the rest are answered."""
+    """A queue full of requests marked as able to wait (priority 3 of 3) reads a
+    newcomer's body: at their level it is refused; at the default level (1, the most
+    urgent) it takes the place of the newest queued request, which is answered 503."""
     served = load.serving.served
     load.gated.gate.clear()
     load.held.append(asyncio.create_task(load.infer()))
     await eventually(lambda: load.gated.running == 1, what="the slot held", every=0.002)
-    older = asyncio.create_task(load.infer())
+    older = asyncio.create_task(load.infer(valid_body(priority=3)))
     await eventually(lambda: served.queued() == 1, what="one queued", every=0.002)
-    newest = asyncio.create_task(load.infer())
+    newest = asyncio.create_task(load.infer(valid_body(priority=3)))
     await eventually(lambda: served.queued() == 2, what="the queue full", every=0.002)
-    status, _, body = await load.infer()  # at the default level: nothing it may shed
+    status, _, body = await load.infer(valid_body(priority=3))  # nothing it may shed
     assert status == 503 and "queue is full" in json.loads(body)["error"], body
-    urgent = asyncio.create_task(load.infer(valid_body(priority=1)))
+    urgent = asyncio.create_task(load.infer())
     status, headers, body = await asyncio.wait_for(newest, 10)
     assert status == 503 and headers["retry-after"] == "1", body
     await eventually(lambda: served.queued() == 2, what="the urgent one queued", every=0.002)

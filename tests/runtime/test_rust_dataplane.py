@@ -108,7 +108,7 @@ def test_the_runtime_config_renders_into_the_servers_options() -> None:
     assert batching["preferredBatchSizes"] == [4], "none above the largest batch"
     assert batching["executionSlots"] == 2, "the engine's default where the policy sets none"
     assert (batching["policy"], batching["shapeBatching"]) == ("Static", "EqualShapes")
-    assert (batching["priorityLevels"], batching["defaultPriorityLevel"]) == (3, 2)
+    assert (batching["priorityLevels"], batching["defaultPriorityLevel"]) == (3, 1)
     assert options["padValues"] == {"ids": 0}
     assert (options["httpPort"], options["maxRequestBytes"]) == (9000, 4096)
     assert options["startReady"] is False, "ready only once the known answers allow it"
