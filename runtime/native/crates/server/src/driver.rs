@@ -125,29 +125,29 @@ pub fn slot_thread(shared: Arc<Shared>, mut slot: Box<dyn Slot>, jobs: mpsc::Rec
                 None
             }
         };
-        let mut compute = None;
-        let mut answered = false;
+        let mut was_stuck = None; // Some once the batch's end is recorded
         let run = AssertUnwindSafe(|| {
             let mut after = |outputs: Result<Vec<Tensor>, RunError>| {
-                answered = true;
                 let outcome = outputs
                     .map_err(run_failed)
                     .and_then(|outputs| split_answers(&shared.model, &batch, &outputs));
-                compute = answer_batch(&shared, &batch, started, outcome);
+                was_stuck = Some(finish_batch(
+                    &shared,
+                    &batch,
+                    started,
+                    outcome.as_ref().err(),
+                ));
+                answer_batch(&shared, &batch, outcome);
             };
             run_batch(&shared.model, &pads, slot.as_mut(), &batch, &mut after);
         });
-        if std::panic::catch_unwind(run).is_err() && !answered {
-            let failed = Err(engine_failed("the engine panicked"));
-            compute = answer_batch(&shared, &batch, started, failed);
+        if std::panic::catch_unwind(run).is_err() && was_stuck.is_none() {
+            let failed = engine_failed("the engine panicked");
+            was_stuck = Some(finish_batch(&shared, &batch, started, Some(&failed)));
+            answer_batch(&shared, &batch, Err(failed));
         }
-        let was_stuck = {
-            let mut core = shared.core();
-            let was_stuck = core.running.remove(&batch.id).is_none();
-            core.scheduler.finished(batch.id, compute, shared.now());
-            was_stuck
-        };
-        if was_stuck {
+        if was_stuck.unwrap_or_else(|| shared.core().remove_finished(batch.id, None, shared.now()))
+        {
             let seconds = started.elapsed().as_secs_f64();
             log::warn!("Engine returned the stuck batch after {seconds:.3} s");
         }
@@ -155,18 +155,25 @@ pub fn slot_thread(shared: Arc<Shared>, mut slot: Box<dyn Slot>, jobs: mpsc::Rec
     }
 }
 
-/// Answers a batch's requests from its outcome, counts it, and hands the sampled ones to
-/// the mirrors; returns the compute time of a batch that ran.
-fn answer_batch(
+/// Records the end of a batch that ran or failed (counted, out of the running ones, its
+/// compute time given to the scheduler) before any of its answers goes out, so that a
+/// client reading the metrics after its answer sees its batch gone; true when the watchdog
+/// had taken the batch for stuck.
+fn finish_batch(
     shared: &Shared,
     batch: &Job,
     started: Instant,
-    outcome: Result<Vec<Answer>, ApiError>,
-) -> Option<std::time::Duration> {
-    let compute = outcome.is_ok().then(|| started.elapsed());
+    failure: Option<&ApiError>,
+) -> bool {
+    let compute = failure.is_none().then(|| started.elapsed());
+    shared.metrics.batch_finished(compute, failure);
     shared
-        .metrics
-        .batch_finished(compute, outcome.as_ref().err());
+        .core()
+        .remove_finished(batch.id, compute, shared.now())
+}
+
+/// Answers a batch's requests from its outcome and hands the sampled ones to the mirrors.
+fn answer_batch(shared: &Shared, batch: &Job, outcome: Result<Vec<Answer>, ApiError>) {
     match outcome {
         Ok(answers) => {
             let mirrored = crate::mirror::answer_mirrored(shared, batch, answers);
@@ -179,7 +186,6 @@ fn answer_batch(
             fail_batch(batch, &error);
         }
     }
-    compute
 }
 
 /// Says in the log why a batch failed: its outputs not holding its rows, or the engine's

@@ -79,6 +79,21 @@ pub struct Core {
     pub running: HashMap<BatchId, Vec<Arc<Reply>>>,
 }
 
+impl Core {
+    /// A batch off its slot: out of the running ones, its compute time (None: it did not
+    /// run) given to the scheduler; true when the watchdog had already taken it for stuck.
+    pub fn remove_finished(
+        &mut self,
+        batch: BatchId,
+        compute: Option<Duration>,
+        now: Time,
+    ) -> bool {
+        let was_stuck = self.running.remove(&batch).is_none();
+        self.scheduler.finished(batch, compute, now);
+        was_stuck
+    }
+}
+
 /// Everything shared, once per server.
 pub struct Shared {
     pub options: ServerOptions,

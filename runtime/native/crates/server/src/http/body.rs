@@ -46,7 +46,11 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::error::Error + 'static,
 {
-    let mut parts: Vec<Bytes> = Vec::new();
+    let declared = body
+        .size_hint()
+        .exact()
+        .and_then(|n| usize::try_from(n).ok());
+    let mut parts = Parts::for_declared(declared.filter(|&n| n <= limit));
     let mut filled = 0usize;
     loop {
         let remaining = deadline.saturating_sub(clock.now());
@@ -80,7 +84,57 @@ where
         filled += data.len();
         parts.push(data);
     }
-    Ok(join(parts, filled))
+    Ok(parts.join(filled))
+}
+
+/// Declared bodies this large are assembled in an anonymous mapping of their own.
+const MAPPED_BODY_BYTES: usize = 1024 * 1024;
+
+/// A body as it comes: hyper's parts kept (joined at the end), or, for a large declared
+/// length, copied as they come into a mapping of that length. The mapping is returned to
+/// the system as soon as the request's last view of it goes (an abandoned upload's at
+/// once), where parts kept in the allocator's arenas would stay resident after they are
+/// freed, scattered among the small allocations of the other requests.
+enum Parts {
+    Kept(Vec<Bytes>),
+    Mapped(memmap2::MmapMut, usize),
+}
+
+impl Parts {
+    fn for_declared(declared: Option<usize>) -> Parts {
+        match declared {
+            Some(length) if length >= MAPPED_BODY_BYTES => {
+                match memmap2::MmapMut::map_anon(length) {
+                    Ok(map) => Parts::Mapped(map, 0),
+                    Err(_) => Parts::Kept(Vec::new()), // no mapping: the allocator's then
+                }
+            }
+            _ => Parts::Kept(Vec::new()),
+        }
+    }
+
+    fn push(&mut self, data: Bytes) {
+        match self {
+            Parts::Kept(parts) => parts.push(data),
+            Parts::Mapped(map, at) if *at + data.len() <= map.len() => {
+                map[*at..*at + data.len()].copy_from_slice(&data);
+                *at += data.len();
+            }
+            Parts::Mapped(map, at) => {
+                // More than declared (hyper refuses that): kept as parts from here on.
+                let mut kept = vec![Bytes::copy_from_slice(&map[..*at])];
+                kept.push(data);
+                *self = Parts::Kept(kept);
+            }
+        }
+    }
+
+    fn join(self, total: usize) -> Bytes {
+        match self {
+            Parts::Kept(parts) => join(parts, total),
+            Parts::Mapped(map, at) => Bytes::from_owner(map).slice(..at),
+        }
+    }
 }
 
 /// A request's body as its route reads it, watched so that what the route left unread
@@ -180,3 +234,6 @@ fn join(mut parts: Vec<Bytes>, total: usize) -> Bytes {
     }
     joined.freeze()
 }
+
+#[cfg(test)]
+mod tests;
