@@ -46,7 +46,9 @@ class Counts:
 def read_counts(
     metrics_text: str, model: str | None = None, batch_size: str = BATCH_SIZE
 ) -> Counts:
-    """The counters of a Prometheus exposition (of one model's series, when named)."""
+    """The counters of a Prometheus exposition, text or OpenMetrics (of one model's series,
+    when named). Samples are matched by their own names: the text-format parser names an
+    OpenMetrics counter's family after its `_total` sample."""
     from prometheus_client.parser import text_string_to_metric_families
 
     rows = batches = answered = None
@@ -54,11 +56,11 @@ def read_counts(
         for sample in family.samples:
             if model is not None and model not in sample.labels.values():
                 continue
-            if family.name == batch_size and sample.name.endswith("_sum"):
+            if sample.name == f"{batch_size}_sum":
                 rows = (rows or 0.0) + sample.value
-            elif family.name == batch_size and sample.name.endswith("_count"):
+            elif sample.name == f"{batch_size}_count":
                 batches = (batches or 0.0) + sample.value
-            elif family.name == REQUESTS and sample.labels.get("code") == "200":
+            elif sample.name == f"{REQUESTS}_total" and sample.labels.get("code") == "200":
                 answered = (answered or 0.0) + sample.value
     return Counts(rows, batches, answered)
 

@@ -160,12 +160,6 @@ def test_perf_analyzer_drives_kubeinfer_serve_and_its_figures_agree(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="Rust data plane: /metrics is OpenMetrics (a counter's family named without "
-    "_total), which tune's server_side.read_counts reads with the text-format parser: the "
-    "requests answered come back None",
-)
 @pytest.mark.parametrize(
     ("wire", "load"),
     [("binary", perf.Load(rows=2, concurrency=4)), ("grpc", perf.Load(rows=3, concurrency=4))],
