@@ -1,71 +1,67 @@
-"""gRPC requests batch as REST's do: a real `kubeinfer serve --grpc-port` on the tiny model
-(fast batches), 32 concurrent gRPC clients in a closed loop are served in batches of
-several rows, where each RPC could find the slot free and run alone. (How the Rust
-scheduler forms batches is tested in runtime/native/crates/core/src/batching.)
+"""gRPC requests batch as REST's do: with the gated tiny model's one slot held, gRPC
+ModelInfer calls that arrive meanwhile queue, and run as one batch once the slot is
+free, each answered its own rows (ONNX Runtime's own outputs). The gate, not the clock,
+decides what is running and queued. (How the Rust scheduler forms batches is tested in
+runtime/native/crates/core/src/batching.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import grpc
 import numpy as np
-import pytest
+import onnxruntime as ort
+from kubeinfer.contract.runtime_config import BatchingPolicy
 from ports import free_port
-from serve_process import ServeProcess
 from tritonclient.grpc import service_pb2 as pb
+from waiting import eventually
 
-CLIENTS = 32
-REQUESTS_PER_CLIENT = 40
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-def batches_and_rows(server: ServeProcess) -> tuple[float, float]:
-    return (
-        server.metric("kubeinfer_batch_size_count"),
-        server.metric("kubeinfer_batch_size_sum"),
-    )
-
-
-async def closed_loop(address: str) -> None:
-    """CLIENTS clients, each on its own channel, each sending its next request when its
-    last is answered."""
+def request_of(x: np.ndarray) -> bytes:
     request = pb.ModelInferRequest(model_name="tiny")
-    request.inputs.add(name="input", datatype="FP32", shape=[1, 16])
-    request.raw_input_contents.append(np.full((1, 16), 0.5, "<f4").tobytes())
-    raw = request.SerializeToString()
-    channels = [grpc.aio.insecure_channel(address) for _ in range(CLIENTS)]
-
-    async def client(channel: grpc.aio.Channel) -> None:
-        call = channel.unary_unary(MODEL_INFER)
-        for _ in range(REQUESTS_PER_CLIENT):
-            answer = pb.ModelInferResponse.FromString(await call(raw, timeout=30))
-            assert answer.outputs[0].shape == [1, 10]
-
-    try:
-        await asyncio.gather(*(client(channel) for channel in channels))
-    finally:
-        await asyncio.gather(*(channel.close() for channel in channels))
+    request.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
+    request.raw_input_contents.append(x.astype("<f4").tobytes())
+    return request.SerializeToString()
 
 
-@pytest.mark.slow
-def test_concurrent_grpc_clients_of_a_fast_model_are_served_in_batches(tiny_model: Path) -> None:
-    grpc_port = free_port()
-    with ServeProcess(
-        tiny_model, "tiny", "--grpc-port", str(grpc_port), "--intra-op-threads", "1",
-        "--execution-slots", "1", "--max-batch-size", "32",
-    ) as server:  # fmt: skip
-        asyncio.run(closed_loop(f"127.0.0.1:{grpc_port}"))  # warm: small batches measured fast
-        batches_before, rows_before = batches_and_rows(server)
-        started = time.monotonic()
-        asyncio.run(closed_loop(f"127.0.0.1:{grpc_port}"))
-        batches_after, rows_after = batches_and_rows(server)
-    rows = rows_after - rows_before
-    assert rows == CLIENTS * REQUESTS_PER_CLIENT
-    mean_batch = rows / (batches_after - batches_before)
-    assert mean_batch >= 3, (
-        f"{rows:.0f} requests ran in batches of {mean_batch:.2f} rows on average "
-        f"({time.monotonic() - started:.1f} s)"
+def logits_of(raw: bytes) -> np.ndarray:
+    answer = pb.ModelInferResponse.FromString(raw)
+    [output] = answer.outputs
+    return np.frombuffer(answer.raw_output_contents[0], "<f4").reshape(output.shape)
+
+
+async def test_grpc_calls_queued_while_busy_run_as_one_batch(
+    start_serving, gated, tiny_model: Path
+) -> None:
+    serving = await start_serving(
+        grpc_port=free_port(), batching=BatchingPolicy(execution_slots=1, max_queue_size=16)
     )
+    session = ort.InferenceSession(str(tiny_model), providers=["CPUExecutionProvider"])
+    inputs = [np.random.default_rng(seed).standard_normal((1, 16)).astype(np.float32)
+              for seed in range(9)]  # fmt: skip
+    channels = [grpc.aio.insecure_channel(serving.served.grpc_address) for _ in inputs]
+    try:
+        calls = [channel.unary_unary(MODEL_INFER) for channel in channels]
+        gated.gate.clear()
+        first = asyncio.ensure_future(calls[0](request_of(inputs[0]), timeout=30))
+        await eventually(lambda: gated.running == 1, what="the slot held", every=0.002)
+        waiting = [
+            asyncio.ensure_future(call(request_of(x), timeout=30))
+            for call, x in zip(calls[1:], inputs[1:], strict=True)
+        ]
+        await eventually(
+            lambda: serving.served.queued() == len(waiting), what="8 queued", every=0.002
+        )
+        gated.gate.set()
+        answers = await asyncio.gather(first, *waiting)
+    finally:
+        gated.gate.set()
+        await asyncio.gather(*(channel.close() for channel in channels))
+    assert gated.batches == [1, len(waiting)]
+    for x, answer in zip(inputs, answers, strict=True):
+        expected = session.run(None, {"input": x})[0]
+        np.testing.assert_allclose(logits_of(answer), expected, rtol=1e-5, atol=1e-6)
