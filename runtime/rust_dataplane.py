@@ -190,18 +190,8 @@ def serve(
     say_batching_found(config, probe, found.batching.max_batch_size)
     options = server_options(found, engine, probe, config.batching.max_batch_size)
     config = found
-    admin = AdminRoutes(config.model_version, known_answers)
-    server = start_server(options, engine, config.model_name, config.model_version, admin)
-    admin.idle = server.idle
-    admin.publish = lambda verdict: publish_verdict(server, verdict)
-    if known_answers.latest is not None:
-        admin.publish(known_answers.latest)
+    server, admin = start_serving(config, engine, known_answers, options)
     _say_buffers(engine, options["batching"]["executionSlots"])
-    if config.mirror_target_file:
-        from kubeinfer.runtime.rust_mirroring import RustMirrors
-
-        admin.mirrors = RustMirrors(config, server)
-        admin.mirrors.start()
     gpu_gauges = GpuMemoryGauges(server, gpu_memory)
     gpu_gauges.start()
     stop = threading.Event()
@@ -238,6 +228,31 @@ def serve(
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def start_serving(
+    config: RuntimeConfig,
+    engine: Engine,
+    known_answers: KnownAnswerCheck,
+    options: dict[str, Any],
+) -> tuple[Any, AdminRoutes]:
+    """The server started on `engine` with `options` (not ready), its admin routes wired
+    to it (the idle check, the verdicts published, the latest one at once) and the mirrors
+    following the config's target file, if it names one; `CannotServe` saying why not.
+    The caller sets readiness, stops the mirrors, shuts the server down and closes the
+    admin routes."""
+    admin = AdminRoutes(config.model_version, known_answers)
+    server = start_server(options, engine, config.model_name, config.model_version, admin)
+    admin.idle = server.idle
+    admin.publish = lambda verdict: publish_verdict(server, verdict)
+    if known_answers.latest is not None:
+        admin.publish(known_answers.latest)
+    if config.mirror_target_file:
+        from kubeinfer.runtime.rust_mirroring import RustMirrors
+
+        admin.mirrors = RustMirrors(config, server)
+        admin.mirrors.start()
+    return server, admin
 
 
 def publish_verdict(server: Any, verdict: Verdict) -> None:

@@ -1,7 +1,7 @@
 """`kubeinfer serve`'s Rust data plane in the test's own process: the extension's server
 (`kubeinfer_dataplane.Server`) started on an engine of the test's, as
-`rust_dataplane.serve` starts it (`server_options`, `start_server` with the Python admin
-routes, `AdminRoutes`), made ready, and shut down (drained) when the test is done.
+`rust_dataplane.serve` starts it (`server_options`, `start_serving`: the server with its
+Python admin routes and mirrors), made ready, and shut down (drained) when the test is done.
 
 For tests that must hold the engine itself (a `GatedEngine` whose gate decides what is
 running and queued, a slot that counts its calls) or that send thousands of requests
@@ -27,12 +27,7 @@ from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.engines.base import Engine
 from kubeinfer.runtime.gpu_memory import GpuMemory
 from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck
-from kubeinfer.runtime.rust_dataplane import (
-    AdminRoutes,
-    publish_verdict,
-    server_options,
-    start_server,
-)
+from kubeinfer.runtime.rust_dataplane import AdminRoutes, server_options, start_serving
 from prometheus_client.parser import text_string_to_metric_families
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -167,17 +162,7 @@ def rust_served(
         )
         known_answers.run()
     options = {**server_options(config, engine), "httpPort": 0}
-    admin = AdminRoutes(config.model_version, known_answers)
-    server = start_server(options, engine, config.model_name, config.model_version, admin)
-    admin.idle = server.idle
-    admin.publish = lambda verdict: publish_verdict(server, verdict)
-    if known_answers.latest is not None:
-        admin.publish(known_answers.latest)
-    if config.mirror_target_file:
-        from kubeinfer.runtime.rust_mirroring import RustMirrors
-
-        admin.mirrors = RustMirrors(config, server)
-        admin.mirrors.start()
+    server, admin = start_serving(config, engine, known_answers, options)
     served = RustServed(server, config, options, admin)
     try:
         if ready:
