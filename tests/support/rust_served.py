@@ -15,7 +15,6 @@ waits for SIGTERM; the process tests (`serve_process.ServeProcess`) cover those.
 
 from __future__ import annotations
 
-import http.client
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from kubeinfer.runtime.gpu_memory import GpuMemory
 from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck
 from kubeinfer.runtime.rust_dataplane import AdminRoutes, server_options, start_serving
 from prometheus_client.parser import text_string_to_metric_families
+from serve_process import LoopbackHttp
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -41,7 +41,7 @@ def require_extension() -> None:
         pytest.fail(f"the extension kubeinfer_dataplane is not built ({error}): make dataplane")
 
 
-class RustServed:
+class RustServed(LoopbackHttp):
     """A started Rust server on the test's engine: its ports, and a client's view of it."""
 
     def __init__(
@@ -54,10 +54,6 @@ class RustServed:
         """Set by `shutdown`: the batches its drain left on the engine (a stuck one)."""
 
     @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
     def grpc_address(self) -> str:
         assert self.grpc_port is not None, "the config names no grpcPort"
         return f"127.0.0.1:{self.grpc_port}"
@@ -65,25 +61,6 @@ class RustServed:
     @property
     def infer_path(self) -> str:
         return f"/v2/models/{self.config.model_name}/infer"
-
-    def connect(self, timeout: float = 30) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: float = 30,
-    ) -> tuple[int, dict[str, str], bytes]:
-        connection = self.connect(timeout)
-        try:
-            connection.request(method, path, body, headers or {})
-            response = connection.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        finally:
-            connection.close()
 
     def get_json(self, path: str) -> Any:
         status, _, body = self.request("GET", path)

@@ -22,7 +22,40 @@ from processes import stop, wait_ready
 from prometheus_client.parser import text_string_to_metric_families
 
 
-class ServeProcess:
+class LoopbackHttp:
+    """A client's plain HTTP to a server on the loopback `port`: a connection, a raw
+    socket, one request."""
+
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def connect(self, timeout: float = 30) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def socket(self, timeout: float = 30) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30,
+    ) -> tuple[int, dict[str, str], bytes]:
+        connection = self.connect(timeout)
+        try:
+            connection.request(method, path, body, headers or {})
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        finally:
+            connection.close()
+
+
+class ServeProcess(LoopbackHttp):
     """One `kubeinfer serve --onnx MODEL --model-name NAME FLAGS...` process, started and
     ready (its readiness route answers 200; `ready_path` another route to wait for, such
     as liveness for a process that must never become ready). With `model` None the flags
@@ -51,34 +84,8 @@ class ServeProcess:
         )  # fmt: skip
 
     @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
     def infer_path(self) -> str:
         return f"/v2/models/{self.name}/infer"
-
-    def connect(self, timeout: float = 30) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-
-    def socket(self, timeout: float = 30) -> socket.socket:
-        return socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: float = 30,
-    ) -> tuple[int, dict[str, str], bytes]:
-        connection = self.connect(timeout)
-        try:
-            connection.request(method, path, body, headers or {})
-            response = connection.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        finally:
-            connection.close()
 
     def infer(self, request: dict[str, Any], **kwargs: Any) -> tuple[int, dict[str, Any]]:
         status, _, payload = self.request(
