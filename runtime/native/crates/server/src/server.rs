@@ -284,14 +284,16 @@ async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Rec
         };
         serve(stream);
     }
-    // The connections the kernel has completed and queued by now are served (their
-    // requests get the drain's 503 and `Connection: close`) rather than reset by the
-    // listener's close under a request their client has sent.
-    while let Some((stream, _)) = queued(&listener).await {
-        serve(stream);
-    }
+    // The listener stays open, answering the drain's 503 with `Connection: close`, until
+    // no connection has been open for a while: a client told `close` with its last result
+    // reconnects at once, and a listener closed under its connect resets it (the kernel
+    // resets what it has queued), which the client cannot tell from a request lost. A
+    // client told to retry comes back after Retry-After, longer than the quiet wait, and
+    // finds the port closed: refused at connect, which loses nothing.
+    let until = tokio::time::Instant::now() + KEEP_ALIVE_LINGER;
+    accept_until_quiet(&listener, &graceful, until, serve).await;
     drop(listener);
-    linger(&graceful).await;
+    linger(&graceful, until).await;
     if tokio::time::timeout(CLOSE_CONNECTIONS_WITHIN, graceful.shutdown())
         .await
         .is_err()
@@ -299,6 +301,39 @@ async fn accept(shared: Arc<Shared>, listener: TcpListener, mut stop: watch::Rec
         log::debug!("Connections still open at stop");
     }
 }
+
+/// Serves what connects after the stop until no connection has been open for
+/// `LISTENER_QUIET` (or `until`); the connections the kernel has queued are served first.
+async fn accept_until_quiet(
+    listener: &TcpListener,
+    graceful: &GracefulShutdown,
+    until: tokio::time::Instant,
+    mut serve: impl FnMut(TcpStream),
+) {
+    while let Some((stream, _)) = queued(listener).await {
+        serve(stream);
+    }
+    let mut quiet_since = tokio::time::Instant::now();
+    loop {
+        let now = tokio::time::Instant::now();
+        if graceful.count() > 0 {
+            quiet_since = now;
+        }
+        if now >= until || now >= quiet_since + LISTENER_QUIET {
+            return;
+        }
+        tokio::select! {
+            accepted = listener.accept() => if let Ok((stream, _)) = accepted {
+                serve(stream);
+            },
+            _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+        }
+    }
+}
+
+/// Shorter than the Retry-After the drain's refusals carry, longer than a client takes to
+/// reconnect after a `Connection: close`.
+const LISTENER_QUIET: Duration = Duration::from_millis(250);
 
 /// A connection the listener has queued already (None when it has none now).
 async fn queued(listener: &TcpListener) -> Option<(TcpStream, std::net::SocketAddr)> {
@@ -309,13 +344,12 @@ async fn queued(listener: &TcpListener) -> Option<(TcpStream, std::net::SocketAd
     .await
 }
 
-/// Once the drain is over and new connections are refused, leaves the open ones a while
-/// before closing them: a client told to retry after a second before the drain began
+/// Once the listener is closed, leaves the open connections until `until` before closing
+/// them: a client told to retry after a second before the drain began
 /// comes back on its keep-alive connection within it, and is answered 503 with
 /// `Connection: close` instead of finding the connection closed under its request (which
 /// it cannot tell from a request lost). Ends as soon as no connection is open.
-async fn linger(graceful: &GracefulShutdown) {
-    let until = tokio::time::Instant::now() + KEEP_ALIVE_LINGER;
+async fn linger(graceful: &GracefulShutdown, until: tokio::time::Instant) {
     while graceful.count() > 0 && tokio::time::Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
