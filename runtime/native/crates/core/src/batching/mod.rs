@@ -23,6 +23,8 @@ pub mod assembly;
 pub mod config;
 pub mod policy;
 pub mod scheduler;
+#[cfg(test)]
+mod seeded;
 pub mod shapes;
 
 /// A reading of the server's monotonic clock: the time since its origin (the server's

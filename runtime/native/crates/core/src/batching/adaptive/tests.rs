@@ -1,7 +1,8 @@
 //! The Python policy's tables (`tests/runtime/test_adaptive_policy.py`), ported: an engine
 //! whose batch of `b` rows takes 8 ms + 0.5 ms * b, every time (no deviation), two slots
 //! as fast side by side as alone unless a test says otherwise, maxBatchSize 64, and an
-//! SLO less its 20 % margin.
+//! SLO less its 20 % margin. Overlapping and serialized batches are in `overlap`, the SLO
+//! property over generated measured states in `slo_property`.
 
 use super::*;
 
@@ -57,6 +58,18 @@ fn decide(
     engine: &EngineProfile,
 ) -> BatchSetting {
     let target = LatencyTarget::of_slo(slo_ms, margin, 64, 2);
+    next_setting(&target, engine, rate, queued, &unmeasured(), None)
+}
+
+/// The setting for an SLO less the usual 20 % margin, on `slots` execution slots.
+fn decide_on_slots(
+    slots: usize,
+    slo_ms: f64,
+    rate: f64,
+    queued: usize,
+    engine: &EngineProfile,
+) -> BatchSetting {
+    let target = LatencyTarget::of_slo(slo_ms, 20.0, 64, slots);
     next_setting(&target, engine, rate, queued, &unmeasured(), None)
 }
 
@@ -380,3 +393,85 @@ fn a_measured_setting_replaces_the_configured_rules_and_an_unmeasured_one_keeps_
     assert_eq!(rules.max_queue_delay, Duration::from_micros(300));
     assert_eq!(rules.max_batch_size, 16);
 }
+
+#[test]
+fn a_noisy_engine_gets_a_smaller_batch_and_a_shorter_wait_than_a_steady_one() {
+    // The same means; the noisy engine's batches deviate by a quarter of their time, so its
+    // tail (mean + 4 deviations) is twice its mean. At 1500 rows/s within 88 ms the steady
+    // engine waits 40 ms for 32 rows; 32 noisy rows take 24 ms + 48 ms, leaving 16 ms to
+    // wait where they need 21 ms to come, so 16 rows, waited for twice their 10 ms.
+    let steady = steady();
+    let noisy = ComputeProfile {
+        buckets: steady
+            .buckets
+            .iter()
+            .map(|&(bucket, e)| {
+                let deviation_seconds = e.seconds / 4.0;
+                (
+                    bucket,
+                    ComputeEstimate {
+                        deviation_seconds,
+                        ..e
+                    },
+                )
+            })
+            .collect(),
+    };
+    let calm = decide(110.0, 1500.0, 0, 20.0, &side_by_side(steady));
+    let shaky = decide(110.0, 1500.0, 0, 20.0, &side_by_side(noisy));
+    assert_eq!(
+        (calm.preferred_batch_size, calm.queue_delay_microseconds),
+        (32, 40_000)
+    );
+    assert_eq!(
+        (shaky.preferred_batch_size, shaky.reason),
+        (16, SettingReason::WithinSlo)
+    );
+    assert!(
+        shaky.queue_delay_microseconds.abs_diff(20_000) <= 2,
+        "{shaky:?}"
+    );
+    assert!(shaky.predicted_p99_seconds.unwrap() <= 0.088 + 1e-9);
+}
+
+#[test]
+fn a_size_above_the_largest_measured_is_never_waited_for() {
+    // Only batches of 1 and 2 rows were seen: 4 and more are taken to cost proportionally
+    // more, so nothing beyond 2 rows looks more efficient than 2 rows, at any rate.
+    let engine = side_by_side(steady_profile(&[1, 2], 1.0));
+    let setting = decide(500.0, 3000.0, 0, 20.0, &engine);
+    assert_eq!(setting.preferred_batch_size, 2, "{setting:?}");
+    for rate in [0.0, 50.0, 200.0, 1000.0, 3000.0, 100_000.0] {
+        for slo in [20.0, 110.0, 500.0, 5000.0] {
+            let setting = decide(slo, rate, 0, 20.0, &engine);
+            assert!(
+                setting.preferred_batch_size <= 2,
+                "{rate} {slo}: {setting:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_batch_ahead_counts_at_its_mean_and_its_own_at_its_tail() {
+    // One row takes 10 ms on average, deviating by 2 ms: a request may find a batch running
+    // (10 ms, its mean), then runs in its own (10 + 4 * 2 ms, its tail). Idle: no wait.
+    let estimate = ComputeEstimate {
+        rows: 1.0,
+        seconds: 10.0 * MS,
+        deviation_seconds: 2.0 * MS,
+    };
+    let jittery = ComputeProfile {
+        buckets: vec![(0, estimate)],
+    };
+    let setting = decide(1000.0, 0.0, 0, 20.0, &side_by_side(jittery));
+    assert_eq!(setting.queue_delay_microseconds, 0);
+    let predicted = setting.predicted_p99_seconds.unwrap();
+    assert!(
+        close(predicted, (10.0 + 10.0 + 4.0 * 2.0) * MS),
+        "{predicted}"
+    );
+}
+
+mod overlap;
+mod slo_property;

@@ -7,6 +7,7 @@
 //! draining never waits. Then the shapes' grouping, and the invariants over random queues.
 
 use super::*;
+use crate::batching::seeded::Seeded;
 
 const FAR: Time = Duration::from_secs(1_000_000);
 
@@ -353,21 +354,9 @@ fn a_batch_takes_the_first_requests_shape_and_the_others_keep_their_places() {
     assert_eq!(mixed.action, flush([0], 1));
 }
 
-/// A small deterministic generator (xorshift), so the random queues replay.
-struct Random(u64);
-
-impl Random {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
-
 #[test]
 fn invariants_over_random_queues() {
-    let mut random = Random(0x9E37_79B9_7F4A_7C15);
+    let mut random = Seeded::new(0x9E37_79B9_7F4A_7C15);
     for _ in 0..2000 {
         let length = random.below(40) as usize;
         let queue: Vec<Pending> = (0..length)

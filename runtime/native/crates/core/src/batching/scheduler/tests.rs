@@ -429,3 +429,23 @@ fn a_stuck_batch_does_not_count_against_adaptives_one_batch_at_a_time() {
     );
     assert_eq!(stuck.run[0].slot, 1);
 }
+
+#[test]
+fn a_freed_slot_takes_the_queued_batch_before_the_finished_batchs_answers() {
+    // The Python scheduler started what a freed slot could take before it answered the
+    // batch that freed it: answering first would leave the engine idle while the answers
+    // went out. Here `finished` frees the slot and the very next step, at the same instant
+    // with no other event, starts the queued batch on it: nothing waits for the finished
+    // batch's answers (the core never holds them; the driver sends them).
+    let mut s = scheduler(1, 50, &[8]);
+    s.push(request(1, 2, 2, FAR), ms(0));
+    let first = s.step(ms(0)).run.remove(0);
+    s.push(request(2, 1, 2, FAR), ms(1));
+    s.push(request(3, 1, 2, FAR), ms(2));
+    assert!(s.step(ms(2)).run.is_empty(), "the one slot is busy");
+    s.finished(first.id, Some(ms(3)), ms(3));
+    let next = s.step(ms(3));
+    assert_eq!(batches(&next), vec![vec![2, 3]]);
+    assert_eq!(next.run[0].slot, first.slot);
+    assert_eq!(s.running(), (1, 2), "only the new batch holds a slot");
+}
