@@ -19,6 +19,9 @@
 //!    configured, `maxBatchSize`. Reaching a preferred size, or passing the largest one,
 //!    flushes at once. With no batch in flight nothing waits, so a lone request on an idle
 //!    server pays no delay. Requests of another shape waiting behind flush it at once too.
+//!    A wait never reaches a queued request's deadline (one woken at its deadline has
+//!    expired): a batch with a member whose deadline comes by the end of the delay goes at
+//!    once. (The Python policy waited until that deadline, and the request expired.)
 //! 4. While draining nothing waits: everything queued goes as fast as slots free up.
 //!
 //! A request whose deadline is now or past is expired: reported, never run, and left out.
@@ -102,24 +105,23 @@ pub fn next_decision(
         .min()
         .unwrap_or(now);
     let whole_queue = flush.members.len() == live.len();
+    let flush_at = oldest + rules.max_queue_delay;
+    // Waiting for the whole queue, whose earliest deadline is then a member's: a request
+    // woken at its deadline has expired, so a wait that would reach it goes now instead.
+    let wait_reaches_a_deadline = earliest_deadline.is_some_and(|d| d <= flush_at);
     let flush_now = !whole_queue
         || rows >= rules.max_batch_size
         || draining
         || busy_slots == 0
         || !better_size_ahead(&rules.preferred_batch_sizes, rows)
-        || now >= oldest + rules.max_queue_delay;
-    if flush_now {
-        return Decision {
-            expired,
-            action: Action::Flush(flush),
-        };
-    }
-    let flush_at = oldest + rules.max_queue_delay;
-    let wake = earliest_deadline.map_or(flush_at, |d| d.min(flush_at));
-    Decision {
-        expired,
-        action: Action::WaitUntil(Some(wake)),
-    }
+        || now >= flush_at
+        || wait_reaches_a_deadline;
+    let action = if flush_now {
+        Action::Flush(flush)
+    } else {
+        Action::WaitUntil(Some(flush_at))
+    };
+    Decision { expired, action }
 }
 
 /// Whether waiting can reach a better size than `rows`: a preferred size above it (rows

@@ -2,7 +2,7 @@
 //! hand-set clock: a lone request on an idle server runs at once; nothing runs without a
 //! free slot; a free slot takes the queue at once up to maxBatchSize; requests carrying
 //! their own batch dimension count by rows and are never split; waiting (up to the delay
-//! after the longest-queued request, never past a deadline) happens only while another
+//! after the longest-queued request, never up to a deadline) happens only while another
 //! batch runs and a better size is ahead; expired requests are reported and left out;
 //! draining never waits. Then the shapes' grouping, and the invariants over random queues.
 
@@ -218,13 +218,29 @@ fn cases() -> Vec<Case> {
         )
         .expect(vec![], flush(0..5, 5)),
         case(
-            "a wait never runs past a queued request's deadline",
+            "a request whose deadline comes within the delay goes at once, not to expire waiting",
             rules(&[4], 1000, 8),
             vec![p(1, 0, us(600))],
             1,
             1,
         )
-        .expect(vec![], wait(Some(us(600)))),
+        .expect(vec![], flush([0], 1)),
+        case(
+            "a deadline at the end of the delay is reached by the wait: at once too",
+            rules(&[4], 1000, 8),
+            vec![p(1, 0, FAR), p(1, 0, us(1000))],
+            1,
+            1,
+        )
+        .expect(vec![], flush([0, 1], 2)),
+        case(
+            "a deadline after the delay lets the batch wait the delay",
+            rules(&[4], 1000, 8),
+            vec![p(1, 0, us(1001))],
+            1,
+            1,
+        )
+        .expect(vec![], wait(Some(us(1000)))),
         case(
             "a request past its deadline is expired and left out of the batch",
             default_rules(),
@@ -401,6 +417,8 @@ fn invariants_over_random_queues() {
                 assert!(live.is_empty() || free == 0 || busy > 0);
                 if let Some(earliest) = live.iter().map(|&i| queue[i].deadline).min() {
                     assert!(at.is_some_and(|at| at <= earliest && at > now));
+                    // Held back with a slot free: woken before any deadline comes.
+                    assert!(free == 0 || at.is_some_and(|at| at < earliest));
                 }
             }
         }

@@ -1,5 +1,6 @@
 //! Replays events on a fake clock (plain durations, never sleeping): what each step runs
-//! on which slot, reports (expired, gone, stuck) and when it asks to be woken.
+//! on which slot, reports (expired, gone, stuck) and when it asks to be woken. The SLO
+//! property over generated arrival sequences is in `replay`.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -449,3 +450,5 @@ fn a_freed_slot_takes_the_queued_batch_before_the_finished_batchs_answers() {
     assert_eq!(next.run[0].slot, first.slot);
     assert_eq!(s.running(), (1, 2), "only the new batch holds a slot");
 }
+
+mod replay;
