@@ -1,4 +1,4 @@
-//! Reading an infer request's body, bounded in size and time (`runtime/http/body.py`): a
+//! Reading an infer request's body, bounded in size and time: a
 //! declared Content-Length over the limit is refused before a byte is read, any other
 //! body as soon as it passes the limit; each part must come within the body read timeout
 //! of the previous one, and the whole body by the request's deadline (408 otherwise, and
@@ -51,6 +51,60 @@ where
         .exact()
         .and_then(|n| usize::try_from(n).ok());
     let mut parts = Parts::for_declared(declared.filter(|&n| n <= limit));
+    let bounds = ReadBounds {
+        limit,
+        deadline,
+        idle,
+    };
+    let filled = read_parts(body, bounds, clock, client_left, |data| parts.push(data)).await?;
+    Ok(parts.join(filled))
+}
+
+/// Reads what is left of a body and drops it, within the same bounds as [`read_body`]:
+/// the bytes dropped.
+pub async fn discard_body<B>(
+    body: &mut B,
+    limit: usize,
+    deadline: Time,
+    idle: Duration,
+    clock: &(dyn Clock + Sync),
+) -> Result<usize, ApiError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::error::Error + 'static,
+{
+    let bounds = ReadBounds {
+        limit,
+        deadline,
+        idle,
+    };
+    read_parts(body, bounds, clock, &|| {}, drop).await
+}
+
+#[derive(Clone, Copy)]
+struct ReadBounds {
+    limit: usize,
+    deadline: Time,
+    idle: Duration,
+}
+
+/// Each part of the body handed to `keep` as it comes, within `bounds`: the bytes read.
+async fn read_parts<B>(
+    body: &mut B,
+    bounds: ReadBounds,
+    clock: &(dyn Clock + Sync),
+    client_left: &(dyn Fn() + Sync),
+    mut keep: impl FnMut(Bytes),
+) -> Result<usize, ApiError>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::error::Error + 'static,
+{
+    let ReadBounds {
+        limit,
+        deadline,
+        idle,
+    } = bounds;
     let mut filled = 0usize;
     loop {
         let remaining = deadline.saturating_sub(clock.now());
@@ -62,7 +116,7 @@ where
         let frame = match tokio::time::timeout(idle.min(remaining), body.frame()).await {
             Err(_) if idle < remaining => return Err(stalled(filled, idle)),
             Err(_) => continue, // the deadline: answered at the top
-            Ok(None) => break,
+            Ok(None) => return Ok(filled),
             Ok(Some(Err(error))) => {
                 if closed_mid_body(&error) {
                     client_left();
@@ -82,9 +136,8 @@ where
             )));
         }
         filled += data.len();
-        parts.push(data);
+        keep(data);
     }
-    Ok(parts.join(filled))
 }
 
 /// Declared bodies this large are assembled in an anonymous mapping of their own.

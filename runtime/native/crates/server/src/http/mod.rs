@@ -1,9 +1,9 @@
 //! The HTTP transport (hyper, HTTP/1.1): the v2 routes, which only translate HTTP to the
 //! shared state and back. Every error is `{"error": ...}` JSON with its status; 503s carry
 //! Retry-After; a 408 closes its connection, and so does every answer once draining began.
-//! A body a route left unread (a refusal before reading it) is read and discarded before
-//! the answer, or the answer says `Connection: close`: no keep-alive connection is closed
-//! without saying so. A connection closes by lingering (`crate::lingering`): what its
+//! A body a route left unread (a refusal before reading it) is read and discarded after
+//! the answer is sent, or the answer says `Connection: close`: a refusal is not held
+//! behind its body, and no keep-alive connection is closed without saying so. A connection closes by lingering (`crate::lingering`): what its
 //! client still sends after the answer is read and dropped, so the answer is not reset.
 
 mod body;
@@ -24,7 +24,7 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use dataplane_core::error::ApiError;
 
-use body::{Watched, read_body};
+use body::{Watched, discard_body};
 
 use crate::model::server_metadata;
 use crate::state::Shared;
@@ -147,19 +147,22 @@ pub async fn handle(
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    settle_unread_body(&shared, &mut body, expects_continue, &mut response).await;
+    settle_unread_body(&shared, body, expects_continue, &mut response);
     Ok(response)
 }
 
-/// What the route leaves of a request's body is read and discarded (bounded as a body
-/// is: `maxRequestBytes`, the body read timeout) so that its connection can take the next
-/// request rather than be closed under a keep-alive client. Where it cannot be
-/// (too large, too slow, or a client waiting for `100 Continue` before it sends it), the
-/// answer says `Connection: close`: hyper closes a connection whose body was left unread
-/// after its answer, and a client told nothing sees a reset keep-alive connection.
-async fn settle_unread_body(
-    shared: &Shared,
-    body: &mut Watched,
+/// What the route leaves of a request's body (a refusal sent before it: unknown model,
+/// a full queue) is read and discarded after the answer is sent, on a task of its own and
+/// bounded as a body is (`maxRequestBytes`, the body read timeout), so that the refusal
+/// reaches its client at once and the connection takes the next request in step rather
+/// than be closed under a keep-alive client. Where it cannot be (declared too large, or a
+/// client waiting for `100 Continue` before it sends it), the answer says
+/// `Connection: close`. A body that breaks its bounds later (one without a length that
+/// goes on past the limit, one sent too slowly) is dropped, and hyper closes the
+/// connection after the answer already sent.
+fn settle_unread_body(
+    shared: &Arc<Shared>,
+    mut body: Watched,
     expects_continue: bool,
     response: &mut Response<Parts>,
 ) {
@@ -172,18 +175,20 @@ async fn settle_unread_body(
     }
     let limit = shared.options.max_request_bytes;
     let fits = body.size_hint().exact().is_none_or(|n| n <= limit as u64);
-    let drained = fits && !(expects_continue && body.untouched()) && {
-        let idle = Duration::from_secs_f64(shared.options.body_read_timeout_seconds.max(0.001));
-        let deadline = shared.now() + idle;
-        read_body(body, limit, deadline, idle, shared, &|| {})
-            .await
-            .is_ok()
-    };
-    if !drained {
+    if !fits || (expects_continue && body.untouched()) {
         response
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
+        return;
     }
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let idle = Duration::from_secs_f64(shared.options.body_read_timeout_seconds.max(0.001));
+        let deadline = shared.now() + idle;
+        if let Err(failure) = discard_body(&mut body, limit, deadline, idle, &*shared).await {
+            log::debug!("An unread body was dropped: {}", failure.message());
+        }
+    });
 }
 
 /// The answer of the route a request names.

@@ -60,7 +60,7 @@ mod keep_alive {
         pub(super) status: u16,
         pub(super) closes: bool,
         retry_after: bool,
-        body: Vec<u8>,
+        pub(super) body: Vec<u8>,
     }
 
     /// Reads one whole answer (head, then Content-Length bytes); Err when the connection
@@ -105,6 +105,19 @@ mod keep_alive {
             retry_after: header("retry-after:").is_some(),
             body,
         })
+    }
+
+    /// A whole infer request of `rows` for the test server's `double` model.
+    pub(super) fn infer_head_and_body(rows: &[[f32; 2]]) -> Vec<u8> {
+        let body = infer_body(rows);
+        let mut request = format!(
+            "POST /v2/models/double/infer HTTP/1.1\r\nHost: x\r\nContent-Type: \
+             application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        request.extend_from_slice(&body);
+        request
     }
 
     /// `requests` infer requests, each head written a moment before its body (as a client
@@ -201,6 +214,41 @@ mod unread_bodies {
         stream.write_all(head.as_bytes()).await.unwrap();
         let answer = read_answer(&mut stream, &mut Vec::new()).await.unwrap();
         (answer.status, answer.closes, started.elapsed())
+    }
+
+    #[test]
+    fn a_refusal_is_sent_before_its_body_and_the_connection_stays_in_step() {
+        let (server, _) = serve_with(0, Duration::ZERO, options());
+        let port = server.http_port();
+        // Within the test server's request limit, so read and dropped, not refused.
+        let garbage = b"this is not JSON \x00\xff".repeat(100);
+        let refused = format!(
+            "POST /v2/models/other/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            garbage.len()
+        );
+        let valid = super::keep_alive::infer_head_and_body(&[[1.0, 2.0]]);
+        let (first, second) = client().block_on(async {
+            let mut stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            let mut pending = Vec::new();
+            stream.write_all(refused.as_bytes()).await.unwrap();
+            // Answered with none of its body sent: the refusal did not wait on it.
+            let first = read_answer(&mut stream, &mut pending).await.unwrap();
+            stream.write_all(&garbage).await.unwrap();
+            stream.write_all(&valid).await.unwrap();
+            let second = read_answer(&mut stream, &mut pending).await.unwrap();
+            (first, second)
+        });
+        server.shutdown();
+        assert_eq!((first.status, first.closes), (404, false));
+        // The garbage was dropped as the refused request's body, not parsed as a request.
+        assert_eq!(
+            second.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&second.body)
+        );
+        let answer: serde_json::Value = serde_json::from_slice(&second.body).unwrap();
+        assert_eq!(answer["outputs"][0]["data"], serde_json::json!([2.0, 4.0]));
     }
 
     #[test]
