@@ -137,6 +137,9 @@ pub fn slot_thread(shared: Arc<Shared>, mut slot: Box<dyn Slot>, jobs: mpsc::Rec
                     started,
                     outcome.as_ref().err(),
                 ));
+                // The slot is free in the scheduler from here: the driver forms the next
+                // batch while this one's answers go out, not after.
+                shared.wake.notify_one();
                 answer_batch(&shared, &batch, outcome);
             };
             run_batch(&shared.model, &pads, slot.as_mut(), &batch, &mut after);
