@@ -287,7 +287,7 @@ def test_the_operator_image_runs_its_commands_without_the_runtime_libraries() ->
 def test_the_runtime_image_runs_its_commands_without_the_operator_libraries(
     tmp_path: Path,
 ) -> None:
-    from kubeinfer.runtime.demo_models import build_tiny_mlp
+    from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 
     model = build_tiny_mlp(tmp_path / "tiny.onnx")
     built = run_without(OPERATOR_ONLY, "build", "--model", str(model), "--cache", str(tmp_path))

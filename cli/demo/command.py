@@ -75,9 +75,9 @@ def show_children(path: Path) -> None:
 
 def build_engines(workdir: Path) -> tuple[dict[str, str], str]:
     """The demo model's fp32 and int8 engines; returns the digests and the cache."""
+    from kubeinfer.cli.demo.mlp_models import build_small_mlp
     from kubeinfer.runtime.building.calibration import write_demo_samples
     from kubeinfer.runtime.building.engine_build import build_engine
-    from kubeinfer.runtime.demo_models import build_small_mlp
 
     model = build_small_mlp(workdir / "models" / "small-mlp.onnx")
     calibration = write_demo_samples(model, workdir / "models" / "calibration.npz")

@@ -87,8 +87,8 @@ class Models:
 
     @staticmethod
     def build(folder: Path) -> Models:
+        from kubeinfer.cli.demo.mlp_models import build_mlp, build_small_mlp
         from kubeinfer.runtime.building.calibration import write_demo_samples
-        from kubeinfer.runtime.demo_models import build_mlp, build_small_mlp
 
         folder.mkdir(parents=True, exist_ok=True)
         small = build_small_mlp(folder / "small-mlp.onnx")

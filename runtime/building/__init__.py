@@ -27,6 +27,6 @@ which stay at the top:
 - `config` (the runtime's config models) and `api_model` (the base of every API and
   config model, the operator's too).
 
-`commands` mounts both commands on the `kubeinfer` CLI; `demo_models` makes the small
-ONNX models the demo, the benchmarks and the tests build and serve.
+`commands` mounts both commands on the `kubeinfer` CLI. The small ONNX models the demo,
+the benchmarks and the tests build and serve are the demo's (`kubeinfer.cli.demo.mlp_models`).
 """

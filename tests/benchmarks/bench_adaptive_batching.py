@@ -56,9 +56,9 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+from kubeinfer.cli.demo.mlp_models import build_memory_bound_mlp
 from kubeinfer.cli.tune.load import LoadGenError, open_connection
 from kubeinfer.cli.tune.server import HOST, ServerProcess, ServerSpec, free_port, http_get
-from kubeinfer.runtime.demo_models import build_memory_bound_mlp
 
 MODEL = "bench"
 INPUT, OUTPUT, ITEM = "input", "logits", 1024

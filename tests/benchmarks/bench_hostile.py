@@ -81,10 +81,10 @@ from pathlib import Path
 
 import numpy as np
 from checkout_site import baseline_checkout, data_plane_flags, imports_from, package_links
+from kubeinfer.cli.demo.mlp_models import build_mlp, build_small_mlp
 from kubeinfer.cli.tune.load import Connection as _Connection
 from kubeinfer.cli.tune.load import EncodedRequest, LoadGenError, open_connection, run_closed_loop
 from kubeinfer.contract.runtime_config import BatchingPolicy
-from kubeinfer.runtime.demo_models import build_mlp, build_small_mlp
 from servers import HOST, REPO, ServerProcess, ServerSpec, free_port, http_get
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # the spin model

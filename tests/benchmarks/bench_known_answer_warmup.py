@@ -40,8 +40,8 @@ from ports import free_port  # noqa: E402
 
 def _models(work: Path) -> dict[str, tuple[Path, str, dict[str, str]]]:
     """name -> (model file, precision, extra build arguments)."""
+    from kubeinfer.cli.demo.mlp_models import build_memory_bound_mlp, build_small_mlp
     from kubeinfer.runtime.building.calibration import write_demo_samples
-    from kubeinfer.runtime.demo_models import build_memory_bound_mlp, build_small_mlp
     from models.transformer_models import build_encoder
 
     small = build_small_mlp(work / "small.onnx")

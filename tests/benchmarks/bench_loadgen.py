@@ -34,9 +34,9 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+from kubeinfer.cli.demo.mlp_models import build_small_mlp
 from kubeinfer.cli.tune import perf
 from kubeinfer.cli.tune.server_side import Snapshot, between, snapshot
-from kubeinfer.runtime.demo_models import build_small_mlp
 from servers import HOST, REPO, KubeinferSpec, ServerProcess, kubeinfer_spec
 
 MODEL, INPUT, OUTPUT, WIDTH = "small-mlp", "input", "logits", 512

@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from kubeinfer.runtime.demo_models import build_tiny_mlp
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 
 KUBEINFER = [sys.executable, "-m", "kubeinfer.cli.main"]
 BODY = json.dumps(

@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.cluster import cgroups, control_plane, files, netns
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 
 FETCH_AND_SERVE = (
     "import os, urllib.request; "

@@ -4,7 +4,7 @@ A script, not a test (nothing here is named test_*, so pytest never collects it)
 
     .venv/bin/python tests/benchmarks/bench_serving.py [--quick] [--out .bench/results.md]
 
-For each deterministic model from `kubeinfer.runtime.demo_models` (the overhead-bound
+For each deterministic model from `kubeinfer.cli.demo.mlp_models` (the overhead-bound
 small MLP and the ~170 MB memory-bound MLP) it measures the in-process ONNX Runtime
 ceiling at batch 1..64, then starts each server as a subprocess on a loopback port (one
 at a time), checks its answers against ONNX Runtime in-process (through tritonclient),
@@ -43,9 +43,9 @@ from pathlib import Path
 
 import numpy as np
 from engine_ceiling import measure_ceiling, reference_outputs
+from kubeinfer.cli.demo.mlp_models import build_memory_bound_mlp, build_small_mlp
 from kubeinfer.cli.tune import perf
 from kubeinfer.cli.tune.server_side import BATCH_SIZE, Counts, read_counts
-from kubeinfer.runtime.demo_models import build_memory_bound_mlp, build_small_mlp
 from report import (
     Int8Comparison,
     Row,

@@ -2,7 +2,7 @@
 expected answers (ONNX Runtime's own, each request run alone), the `kubeinfer serve` flags
 it is served with, and ONNX Runtime in this process at the batch sizes the servers formed.
 
-For each model (`kubeinfer.runtime.demo_models`: the overhead-bound small MLP and the
+For each model (`kubeinfer.cli.demo.mlp_models`: the overhead-bound small MLP and the
 ~170 MB memory-bound MLP; and a BERT-shaped encoder (`bert-encoder`), bench_transformers'
 size, requests of 8 to 128 tokens served with PadToBuckets at 16/32/64/128, max batch 16).
 The raw engine runs with the servers' session settings (`engine_ceiling.open_session`);

@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-from kubeinfer.runtime import demo_models
+from kubeinfer.cli.demo import mlp_models
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import BuildResult, build_engine
 from kubeinfer.runtime.engines.loader import load_engine
 
 MODELS = {
-    "small": demo_models.build_small_mlp,
-    "memory-bound": demo_models.build_memory_bound_mlp,
+    "small": mlp_models.build_small_mlp,
+    "memory-bound": mlp_models.build_memory_bound_mlp,
 }
 BATCH_SIZES = (1, 32)
 

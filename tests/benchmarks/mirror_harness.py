@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+from kubeinfer.cli.demo.mlp_models import build_memory_bound_mlp, build_small_mlp
 from kubeinfer.cli.tune import perf
 from kubeinfer.cli.tune.server_side import Snapshot, between, process_cpu_seconds, snapshot
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
-from kubeinfer.runtime.demo_models import build_memory_bound_mlp, build_small_mlp
 from servers import (
     HOST,
     REPO,

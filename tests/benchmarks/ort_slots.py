@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from kubeinfer.runtime import demo_models
+from kubeinfer.cli.demo import mlp_models
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine, serving_session_options
 
 BUILDERS = {
-    "tiny": demo_models.build_tiny_mlp,
-    "small": demo_models.build_small_mlp,
-    "memory-bound": demo_models.build_memory_bound_mlp,
+    "tiny": mlp_models.build_tiny_mlp,
+    "small": mlp_models.build_small_mlp,
+    "memory-bound": mlp_models.build_memory_bound_mlp,
 }
 
 

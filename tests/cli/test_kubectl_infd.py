@@ -48,12 +48,12 @@ from cluster_harness import LocalCluster, file_url
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
 from decide_scenarios import tuned
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.cli.kubectl_plugin.status_view import render
 from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
 from kubeinfer.operator.state import names
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from operator_harness import (
     FAST,
     IDS,

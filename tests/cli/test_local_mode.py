@@ -34,12 +34,12 @@ from pathlib import Path
 import host_network
 import pytest
 import yaml
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.cli.local import forward, install, substitutions, table
 from kubeinfer.cli.main import main
 from kubeinfer.cluster import cgroups, control_plane, netns, teardown
 from kubeinfer.cluster.binaries import ensure_binaries
 from kubeinfer.operator import rbac
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from processes_left import processes_mentioning
 from waiting import wait_for
 

@@ -32,6 +32,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.cli.main import main
 from kubeinfer.cli.tune import perf
 from kubeinfer.cli.tune.frontier import (
@@ -58,7 +59,6 @@ from kubeinfer.cli.tune.traffic import (
     replay_trace,
 )
 from kubeinfer.contract.runtime_config import BatchingPolicy
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from pydantic import ValidationError
 
 KUBEINFER = [sys.executable, "-m", "kubeinfer.cli.main"]

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.cli.tune import perf
 from kubeinfer.cli.tune.server import HOST, ServerProcess, ServerSpec, free_port
 from kubeinfer.cli.tune.server_side import between, snapshot
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 
 HTTP = perf.Target("127.0.0.1:8000", "m")
 

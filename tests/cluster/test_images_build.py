@@ -43,10 +43,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.grpc as triton_grpc
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.cluster import images
 from kubeinfer.cluster.gobuild import BuildError, find_go
 from kubeinfer.cluster.podman import ensure_programs
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from ports import free_port
 from waiting import wait_for
 

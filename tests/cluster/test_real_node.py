@@ -56,7 +56,7 @@ def not_programmed_yet(reason: object) -> bool:
 def test_a_runtime_pod_serves_at_its_ip_its_cluster_ip_and_its_dns_name(
     local_cluster: LocalCluster, model_directory: Path
 ) -> None:
-    from kubeinfer.runtime.demo_models import build_tiny_mlp
+    from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 
     namespace = restricted_namespace(local_cluster)
     model = build_tiny_mlp(model_directory / f"{namespace}.onnx")

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from kubeinfer.cli.demo.mlp_models import build_small_mlp, build_tiny_mlp
 from kubeinfer.runtime.building.calibration import write_demo_samples
-from kubeinfer.runtime.demo_models import build_small_mlp, build_tiny_mlp
 
 
 @pytest.fixture(scope="session")

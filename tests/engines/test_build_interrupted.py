@@ -15,9 +15,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from kubeinfer.cli.demo.mlp_models import build_mlp
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
-from kubeinfer.runtime.demo_models import build_mlp
 from kubeinfer.runtime.engine_cache import EngineCache
 
 

@@ -50,7 +50,7 @@ def save_with_external_data(model: onnx.ModelProto, folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def external(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from kubeinfer.runtime.demo_models import build_small_mlp
+    from kubeinfer.cli.demo.mlp_models import build_small_mlp
 
     root = tmp_path_factory.mktemp("external")
     single = build_small_mlp(root / "single.onnx")

@@ -31,8 +31,8 @@ OPERATOR_TESTS = [
 sys.path[:0] = [str(TESTS / "support"), *map(str, OPERATOR_TESTS), str(TESTS / "gitops")]
 
 from cluster_harness import start_local_cluster  # noqa: E402
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp  # noqa: E402
 from kubeinfer.operator.commands.gate import gate_patch  # noqa: E402
-from kubeinfer.runtime.demo_models import build_tiny_mlp  # noqa: E402
 from operator_harness import Model, World, grant_operator_role  # noqa: E402
 from operator_statuses import CUSTOMIZATION, as_testdata, capture  # noqa: E402
 

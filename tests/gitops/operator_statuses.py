@@ -34,10 +34,10 @@ from typing import Any
 import argocd_lua
 from cluster_harness import file_url
 from decide_scenarios import tuned
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.operator.state import names
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from operator_harness import (
     FAST,
     IDS,

@@ -25,8 +25,8 @@ import kstatus
 import pytest
 import yaml
 from cluster_harness import LocalCluster
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from operator_harness import Model, World, grant_operator_role
 from operator_statuses import CUSTOMIZATION, capture, projection
 from test_argocd_health import HEALTH_TESTS, KSTATUS

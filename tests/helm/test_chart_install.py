@@ -29,8 +29,8 @@ import pytest
 import yaml
 from cluster_harness import LocalCluster
 from helm_harness import CHART, REPO, Helm, KubeObject, names
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.cluster import control_plane, files
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubernetes.client.exceptions import ApiException
 from prometheus_operator_crds import crd_file
 from waiting import wait_for

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubeinfer.cli.demo.mlp_models import build_mlp, build_tiny_mlp
 from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
 from kubeinfer.operator.api.v1alpha1.inference_deployment import QueryOverrides
 from kubeinfer.operator.metrics_sources.direct import DirectRead
@@ -52,7 +53,6 @@ from kubeinfer.operator.metrics_sources.queries import Scope
 from kubeinfer.operator.metrics_sources.scaling import read_scaling_signals, scaling_queries
 from kubeinfer.operator.metrics_sources.source import MetricsSource, MetricsUnavailable
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals
-from kubeinfer.runtime.demo_models import build_mlp, build_tiny_mlp
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from kubeinfer.runtime.gpu_memory import GpuMemory
 from prometheus_harness import (

@@ -24,12 +24,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.operator.metrics_sources.direct import DirectRead
 from kubeinfer.operator.metrics_sources.prometheus import PrometheusSource
 from kubeinfer.operator.metrics_sources.queries import Scope
 from kubeinfer.operator.metrics_sources.shadow import read_shadow_aggregates
 from kubeinfer.operator.state.shadow_readings import ShadowAggregates
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from prometheus_harness import (
     PrometheusServer,
     RuntimeProcess,

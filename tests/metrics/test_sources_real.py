@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from cluster_harness import restricted
 from kopf import ConnectionInfo
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.operator.kube.client import KubeClient
 from kubeinfer.operator.kube.gather import pods_lister
 from kubeinfer.operator.metrics_sources import queries as q
@@ -34,7 +35,6 @@ from kubeinfer.operator.metrics_sources.prometheus import PrometheusSource
 from kubeinfer.operator.metrics_sources.promql import promql_string
 from kubeinfer.operator.metrics_sources.queries import Query, Scope
 from kubeinfer.operator.metrics_sources.source import MetricsUnavailable
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.gpu_memory import GpuMemory
 from ports import free_port
 from prometheus_harness import (

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 import yaml
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.operator.telemetry.exporter import StatusBoard, board_registry
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from processes import wait_ready
 from prometheus_client import start_http_server
 from prometheus_harness import _launch, free_port, http_get

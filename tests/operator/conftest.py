@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from cluster_harness import LocalCluster
-from kubeinfer.runtime.demo_models import build_tiny_mlp
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from operator_harness import SCENARIOS_RUN, Model, World, grant_operator_role, revoke_node_role
 
 

@@ -42,10 +42,10 @@ from typing import Any
 import kopf
 import pytest
 from decide_scenarios import tuned
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.operator.controller import Reconciler
 from kubeinfer.operator.kube.client import KubeClient
 from kubeinfer.operator.state import names
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from operator_harness import (
     FAST,
     IDS,

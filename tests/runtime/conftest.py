@@ -15,8 +15,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.contract.runtime_config import BatchingPolicy, EngineSource, RuntimeConfig
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from onnx_models import build_spin_model
 from rust_served import RustServed, rust_served

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from kubeinfer.runtime import demo_models
+from kubeinfer.cli.demo import mlp_models
 from kubeinfer.runtime.engines.base import BatchSizeError, TensorSpec, UnsupportedModel
 from kubeinfer.runtime.engines.loader import load_engine
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
@@ -33,8 +33,8 @@ from onnx import TensorProto, helper
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("engine-models")
     return {
-        "tiny": demo_models.build_tiny_mlp(root / "tiny.onnx"),
-        "small": demo_models.build_small_mlp(root / "small.onnx"),
+        "tiny": mlp_models.build_tiny_mlp(root / "tiny.onnx"),
+        "small": mlp_models.build_small_mlp(root / "small.onnx"),
     }
 
 
@@ -121,7 +121,7 @@ def test_the_hot_path_allocates_no_buffer(tmp_path: Path) -> None:
       `session.run`'s outputs grows the heap by a row per run, which shows the
       instrument does see ONNX Runtime's allocations.
     """
-    path = demo_models.build_mlp(tmp_path / "wide.onnx", 64, (64,), 4096)
+    path = mlp_models.build_mlp(tmp_path / "wide.onnx", 64, (64,), 4096)
     engine = OnnxRuntimeEngine(path, max_batch_size=8, intra_op_threads=1)
     slot = engine.create_slot()
     data = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.runtime.building.calibration import write_demo_samples, write_samples
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from models.sklearn_models import build_text_classifier, text_split
 from ports import free_port
 from serve_process import ServeProcess

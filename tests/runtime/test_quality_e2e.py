@@ -42,9 +42,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from ports import free_port
 from test_shadow_e2e import SLOW_CANDIDATE, Process, launch, serve, wait_ready
 from waiting import wait_for

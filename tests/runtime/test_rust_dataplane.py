@@ -28,9 +28,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as triton
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.building.calibration import write_demo_samples
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.engines.base import TensorSpec
 from kubeinfer.runtime.rust_dataplane import server_options
 from models.sklearn_models import build_digits_mlp, digits

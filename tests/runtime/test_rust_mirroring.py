@@ -28,7 +28,7 @@ from pathlib import Path
 
 import processes
 import pytest
-from kubeinfer.runtime.demo_models import build_tiny_mlp
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_for

@@ -44,10 +44,10 @@ import numpy as np
 import processes
 import pytest
 import tritonclient.http as triton
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.contract.metrics import histogram_quantile
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.protocol.v2_types import parse_server_timing
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from kubeinfer.runtime.engine_cache import load_cached, resolve_engine
 from kubeinfer.runtime.engine_manifest import sha256_file
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine

@@ -1,6 +1,6 @@
 """Small real ONNX models that tests in more than one folder build with onnx.helper
 (nothing is downloaded). The MLPs the benchmarks and the demo use are in
-`kubeinfer.runtime.demo_models`.
+`kubeinfer.cli.demo.mlp_models`.
 
 `build_reduced_batch_model`: the maximum over the batch, one row whatever the batch size: a
 model `kubeinfer serve` refuses (an output that does not follow the batch), so

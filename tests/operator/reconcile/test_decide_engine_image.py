@@ -386,8 +386,8 @@ def test_the_operator_reads_the_runtimes_own_exit_code():
 
 @pytest.mark.slow
 def test_a_real_runtime_refusing_its_pinned_engine_is_reported_with_its_own_words(tmp_path):
+    from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
     from kubeinfer.runtime.building.engine_build import build_engine
-    from kubeinfer.runtime.demo_models import build_tiny_mlp
     from test_operator_engine_image import publish_as_built_by
 
     # An engine entry as ONNX Runtime 1.16.3 would have written it into the cache.

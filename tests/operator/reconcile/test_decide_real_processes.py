@@ -24,10 +24,10 @@ import onnxruntime as ort
 import pytest
 import yaml
 from decide_scenarios import T0, Cluster, make_spec
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.contract.runtime_config import request_bytes_limit
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType
 from kubeinfer.operator.reconcile.desired import CACHE_MOUNT, CONFIG_KEY, TERMINATION_LOG
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from ports import free_port
 from processes import stop, wait_ready
 

@@ -36,11 +36,11 @@ import numpy as np
 import pytest
 from cluster_harness import file_url
 from decide_scenarios import tuned
+from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
 from kubeinfer.operator.state import names
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
-from kubeinfer.runtime.demo_models import build_tiny_mlp
 from operator_harness import (
     FAST,
     Model,

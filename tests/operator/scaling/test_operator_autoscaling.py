@@ -40,8 +40,8 @@ import aiohttp
 import numpy as np
 import pytest
 from decide_scenarios import tuned
+from kubeinfer.cli.demo.mlp_models import build_mlp
 from kubeinfer.operator.state import names
-from kubeinfer.runtime.demo_models import build_mlp
 from operator_harness import (
     FAST,
     IDS,
