@@ -36,7 +36,7 @@ dashboards read these names, so they are a public interface:
 upload), `waiting` (decoding or queued: it is not executed) or `running` (its batch was
 on the engine). A request refused at admission (503) is never counted in progress.
 
-The GPU gauges come from `kubeinfer.runtime.gpu_memory` (NVML), read on a thread of their
+The GPU gauges come from `kubeinfer.runtime.engines.gpu_memory` (NVML), read on a thread of their
 own and set in the server's registry (`rust_dataplane.GpuMemoryGauges`); the known-answer
 series are set by `rust_dataplane.publish_verdict` after each run.
 

@@ -45,10 +45,10 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from kubeinfer.runtime.engines.base import Engine, TensorSpec
-    from kubeinfer.runtime.gpu_memory import GpuMemory
+    from kubeinfer.runtime.engines.gpu_memory import GpuMemory
 
     GpuMemoryRead = Callable[[], Iterable[GpuMemory] | None]
-    """`GpuMemoryReader.read` (kubeinfer.runtime.gpu_memory): None where there is no GPU."""
+    """`GpuMemoryReader.read` (kubeinfer.runtime.engines.gpu_memory): None where there is no GPU."""
     from kubeinfer.runtime.engines.batching_probe import BatchingProbe
     from kubeinfer.runtime.known_answers.comparison import Verdict
     from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck

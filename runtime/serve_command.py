@@ -358,7 +358,7 @@ def load_engine_for(
 def gpu_memory_reader() -> GpuMemoryRead | None:
     """The NVML reader for the GPU memory gauges, or None where there is no GPU (or no
     NVML binding): then the gauges are not exported at all."""
-    from kubeinfer.runtime.gpu_memory import GpuMemoryReader
+    from kubeinfer.runtime.engines.gpu_memory import GpuMemoryReader
 
     reader = GpuMemoryReader()
     return reader.read if reader.read() is not None else None
@@ -418,8 +418,8 @@ def _serve(
     """Serves the loaded engine through the Rust data plane (`rust_dataplane.serve`) until
     SIGTERM and its drain, once the slots' buffers are known to fit in memory; the engine
     is closed here."""
-    from kubeinfer.runtime.buffer_memory import available_bytes, buffers_problem
     from kubeinfer.runtime.engines.base import slot_buffer_bytes
+    from kubeinfer.runtime.engines.buffer_fit import available_bytes, buffers_problem
     from kubeinfer.runtime.rust_dataplane import CannotServe, serve
 
     slots = config.batching.execution_slots or engine.default_execution_slots

@@ -35,7 +35,7 @@ from kubeinfer.operator.metrics_sources.samples import parse_exposition, quantil
 from kubeinfer.operator.metrics_sources.shadow import WINDOW_MARGIN_SECONDS, shadow_window_seconds
 from kubeinfer.operator.metrics_sources.source import MetricsUnavailable
 from kubeinfer.operator.settings import OperatorSettings
-from kubeinfer.runtime.gpu_memory import GpuMemory
+from kubeinfer.runtime.engines.gpu_memory import GpuMemory
 from prometheus_harness import pod_object
 
 ALPHANUMERIC = "bcdfghjklmnpqrstvwxz2456789"  # Kubernetes' safe alphabet for generated names

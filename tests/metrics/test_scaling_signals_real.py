@@ -53,8 +53,8 @@ from kubeinfer.operator.metrics_sources.queries import Scope
 from kubeinfer.operator.metrics_sources.scaling import read_scaling_signals, scaling_queries
 from kubeinfer.operator.metrics_sources.source import MetricsSource, MetricsUnavailable
 from kubeinfer.operator.state.scaling_inputs import ScalingSignals
+from kubeinfer.runtime.engines.gpu_memory import GpuMemory
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
-from kubeinfer.runtime.gpu_memory import GpuMemory
 from prometheus_harness import (
     PrometheusServer,
     RuntimeProcess,

@@ -35,7 +35,7 @@ from kubeinfer.operator.metrics_sources.prometheus import PrometheusSource
 from kubeinfer.operator.metrics_sources.promql import promql_string
 from kubeinfer.operator.metrics_sources.queries import Query, Scope
 from kubeinfer.operator.metrics_sources.source import MetricsUnavailable
-from kubeinfer.runtime.gpu_memory import GpuMemory
+from kubeinfer.runtime.engines.gpu_memory import GpuMemory
 from ports import free_port
 from prometheus_harness import (
     PrometheusServer,

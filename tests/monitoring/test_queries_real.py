@@ -6,7 +6,7 @@ Prometheus, one load run, every expression in one pass.
 - Every dashboard query returns data, finite figures, with the dashboard's variables set
   to all values and Grafana's `$__rate_interval` to a window spanning the load. The GPU panel
   is the exception on a machine without a GPU: the runtime exports GPU memory only where
-  NVML sees a device (`kubeinfer.runtime.gpu_memory`), so there the test checks that
+  NVML sees a device (`kubeinfer.runtime.engines.gpu_memory`), so there the test checks that
   Prometheus accepts the query and that no GPU gauge exists, and on a GPU machine it must
   return data like the others.
 - Every alert's expression holds where its situation was made: p99 above the SLO of the
@@ -36,7 +36,7 @@ from kubeinfer.operator.api.v1alpha1.conditions import (
 )
 from kubeinfer.operator.api.v1alpha1.status import InferenceDeploymentStatus, WrongAnswersStatus
 from kubeinfer.operator.telemetry.exporter import Report
-from kubeinfer.runtime.gpu_memory import GpuMemoryReader
+from kubeinfer.runtime.engines.gpu_memory import GpuMemoryReader
 from monitoring_world import World, running_world
 from prometheus_harness import require_prometheus
 

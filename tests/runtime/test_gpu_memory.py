@@ -16,7 +16,7 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
-from kubeinfer.runtime.gpu_memory import GpuMemory, GpuMemoryReader, read_gpu_memory
+from kubeinfer.runtime.engines.gpu_memory import GpuMemory, GpuMemoryReader, read_gpu_memory
 
 
 class _NoDriver:

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 from kubeinfer.contract.runtime_config import EngineSource, RuntimeConfig
+from kubeinfer.runtime.engines.gpu_memory import GpuMemoryReader
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
-from kubeinfer.runtime.gpu_memory import GpuMemoryReader
 from kubeinfer.runtime.rust_dataplane import GpuMemoryGauges
 from rust_served import RustServed, rust_served
 

@@ -25,8 +25,8 @@ from kubeinfer.contract.runtime_config import (
     RuntimeConfig,
     request_bytes_limit,
 )
-from kubeinfer.runtime.buffer_memory import available_bytes, buffers_problem
 from kubeinfer.runtime.engines.base import TensorSpec, buffer_bytes
+from kubeinfer.runtime.engines.buffer_fit import available_bytes, buffers_problem
 from kubeinfer.runtime.engines.dimensions import (
     ShapeConfigError,
     evaluate,

@@ -17,7 +17,7 @@ from typing import Any
 
 from kubeinfer.contract import metrics as series
 from kubeinfer.contract.metrics import MODEL_LABELS, Series
-from kubeinfer.runtime.gpu_memory import GpuMemory
+from kubeinfer.runtime.engines.gpu_memory import GpuMemory
 from kubeinfer.runtime.metrics import family
 from prometheus_client import CollectorRegistry, generate_latest
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.engines.base import Engine
-from kubeinfer.runtime.gpu_memory import GpuMemory
+from kubeinfer.runtime.engines.gpu_memory import GpuMemory
 from kubeinfer.runtime.known_answers.runner import KnownAnswerCheck
 from kubeinfer.runtime.rust_dataplane import AdminRoutes, server_options, start_serving
 from prometheus_client.parser import text_string_to_metric_families
