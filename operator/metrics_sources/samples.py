@@ -1,6 +1,6 @@
 """The runtime pods' current samples, and the reductions the direct read applies to them.
 Pure: parsing is `prometheus_client`'s own parser, the quantile Prometheus' estimator (the
-one the runtime uses too, `kubeinfer.runtime.metrics.histogram_quantile`).
+one the runtime uses too, `kubeinfer.contract.metrics.histogram_quantile`).
 
 Each reduction is the direct read's form of one PromQL aggregation in
 `kubeinfer.operator.metrics_sources.queries`: the same series (by name and exact labels), reduced
