@@ -5,9 +5,9 @@ Two halves share this package. Serving (`kubeinfer serve`) is at the top: `serve
 `kubeinfer_dataplane` from `native/`, which owns every request: transports, decoding,
 admission, batching, metrics), `rust_mirroring` and `shadow/` (the comparisons behind
 shadow and quality), `protocol/` (the OIP v2 tensors the mirrors send and read),
-`metrics`; and, in `engines/` but serving's only, the GPU memory gauges' reader
-(`engines.gpu_memory`) and the check that the slots' buffers fit in memory
-(`engines.buffer_fit`).
+`exported_series` (the checked table of what it exports at /metrics); and, in `engines/`
+but serving's only, the GPU memory gauges' reader (`engines.gpu_memory`) and the check
+that the slots' buffers fit in memory (`engines.buffer_fit`).
 The engine build (`kubeinfer build`) is `building/`. They never import each other; what
 both use stays at the top (the engine cache and its manifest, `engines/`,
 `output_statistics`, `config`, `api_model`): `building/__init__.py` says what went where

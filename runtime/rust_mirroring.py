@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
-from kubeinfer.contract.metrics import Series
+from kubeinfer.contract.metric_series import Series
 from kubeinfer.contract.runtime_config import RuntimeConfig
 from kubeinfer.runtime.engines.base import V2_TO_NUMPY
 from kubeinfer.runtime.shadow.aggregates import ShadowMetrics

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kubeinfer.cli.monitoring import promql
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from kubeinfer.operator.api.v1alpha1.conditions import ConditionStatus, ConditionType, Reason
 
 Severity = Literal["critical", "warning", "info"]

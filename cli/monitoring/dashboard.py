@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kubeinfer.cli.monitoring import promql
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 
 UID = "kubeinfer"
 WINDOW = "$__rate_interval"

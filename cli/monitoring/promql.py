@@ -1,5 +1,5 @@
 """PromQL written from the contract's series: the dashboard's panels and the alert rules
-both build their expressions here, so a series renamed in `kubeinfer.contract.metrics`
+both build their expressions here, so a series renamed in `kubeinfer.contract.metric_series`
 renames every query, and a label a series does not carry fails at generation time rather
 than as an empty panel. Pure string building.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from kubeinfer.contract.metrics import Series
+from kubeinfer.contract.metric_series import Series
 
 SCRAPE_LABELS = ("namespace", "pod")
 """What Prometheus attaches to every runtime series (the PodMonitor's or the annotation

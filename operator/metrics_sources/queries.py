@@ -47,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from kubeinfer.operator.metrics_sources import samples
 from kubeinfer.operator.metrics_sources.promql import (
     deployment_pod_regex,

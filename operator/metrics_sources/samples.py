@@ -1,6 +1,6 @@
 """The runtime pods' current samples, and the reductions the direct read applies to them.
 Pure: parsing is `prometheus_client`'s own parser, the quantile Prometheus' estimator (the
-one the runtime uses too, `kubeinfer.contract.metrics.histogram_quantile`).
+one the runtime uses too, `kubeinfer.contract.metric_series.histogram_quantile`).
 
 Each reduction is the direct read's form of one PromQL aggregation in
 `kubeinfer.operator.metrics_sources.queries`: the same series (by name and exact labels), reduced
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from kubeinfer.contract.metrics import histogram_quantile
+from kubeinfer.contract.metric_series import histogram_quantile
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 

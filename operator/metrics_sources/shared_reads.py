@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from kubeinfer.operator.metrics_sources import queries as q
 from kubeinfer.operator.metrics_sources.promql import MAX_GENERATED_NAME_BASE, TEMPLATE_HASH_MAX
 from kubeinfer.operator.metrics_sources.queries import Query, Scope

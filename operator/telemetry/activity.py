@@ -15,7 +15,7 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 
 
 @dataclass

@@ -6,7 +6,7 @@ shadow failed, the quality watch found drift, the autoscaler is held at maxRepli
 metrics it decides from cannot be read, a pod was taken out for answering wrong) is in
 the status. kube-state-metrics exports a
 Deployment's status the same way, and Flux its objects' (`gotk_reconcile_condition`), so
-an alert needs no reader of the API. The series are named in `kubeinfer.contract.metrics`.
+an alert needs no reader of the API. The series are named in `kubeinfer.contract.metric_series`.
 
 `StatusBoard` is what the reconciler records after each pass (and forgets when the object
 is gone); `BoardCollector` turns the board into metric families at scrape time, so a
@@ -21,7 +21,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from kubeinfer.operator.api.v1alpha1.status import InferenceDeploymentStatus
 from kubeinfer.operator.state.observed import ObservedState
 from kubeinfer.operator.telemetry.activity import Activity

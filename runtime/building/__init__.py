@@ -10,7 +10,7 @@ operator's build Jobs), never loaded by a serving pod.
     build_command.py   `kubeinfer build`'s flags, exit codes and termination message
 
 Serving is the other half (`serving`, `dataplane`, `serve_command`, `http/`, `protocol/`,
-`batching/`, `shadow/`, `metrics`, at the top of `kubeinfer.runtime`, and
+`batching/`, `shadow/`, `exported_series`, at the top of `kubeinfer.runtime`, and
 `engines.gpu_memory` and `engines.buffer_fit`, which serving alone imports). The
 two halves never import each other (`.importlinter`); they meet in the modules both use,
 which stay at the top:

@@ -1,7 +1,7 @@
 """The running aggregates of one mirror target, and the mirror metrics that export them.
 
 `ShadowMetrics` holds the metric families (names and meanings: the series in
-`kubeinfer.contract.metrics`), registered once in the app's registry. `RunningAggregates`
+`kubeinfer.contract.metric_series`), registered once in the app's registry. `RunningAggregates`
 is one candidate's tally: every outcome, comparison and latency is recorded in it and, at
 the same time, in that candidate's series of the families, so `GET /v2/shadow` (its
 `status()`) and `/metrics` say the same thing. When the candidate goes (another target,
@@ -30,11 +30,11 @@ import bisect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kubeinfer.contract import metrics as series
-from kubeinfer.contract.metrics import OTHER_SLICE, SHADOW_LATENCY_BUCKETS, histogram_quantile
-from kubeinfer.contract.metrics import SHADOW_OUTCOMES as OUTCOMES
+from kubeinfer.contract import metric_series as series
+from kubeinfer.contract.metric_series import OTHER_SLICE, SHADOW_LATENCY_BUCKETS, histogram_quantile
+from kubeinfer.contract.metric_series import SHADOW_OUTCOMES as OUTCOMES
 from kubeinfer.contract.runtime_config import MirrorTarget
-from kubeinfer.runtime.metrics import family
+from kubeinfer.runtime.exported_series import family
 from kubeinfer.runtime.shadow.comparison import Outputs, RequestComparison, Trusted
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from kubeinfer.contract.metrics import OTHER_SLICE
+from kubeinfer.contract.metric_series import OTHER_SLICE
 
 MAX_SLICE_LABEL_CHARS = 64
 _NOT_PRINTABLE = re.compile(r"[^\x20-\x7e]")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kubeinfer.cluster import control_plane
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 
 HOT_EVERY = 10
 HOT_LOAD = 20.0

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubeinfer.cluster import control_plane
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from prometheus_client.parser import text_string_to_metric_families
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

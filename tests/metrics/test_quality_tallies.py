@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 
 import pytest
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from kubeinfer.operator.api.v1alpha1.enums import QualityGroupKind as GroupKind
 from kubeinfer.operator.metrics_sources import queries as q
 from kubeinfer.operator.metrics_sources.quality import (

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from kubeinfer.operator.metrics_sources.direct import DirectRead
 from kubeinfer.operator.metrics_sources.prometheus import PrometheusSource
 from kubeinfer.operator.metrics_sources.quality import read_quality_tallies

@@ -22,8 +22,8 @@ import pytest
 from contract_exposition import ContractExposition
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubeinfer.contract import metrics as series
-from kubeinfer.contract.metrics import histogram_quantile
+from kubeinfer.contract import metric_series as series
+from kubeinfer.contract.metric_series import histogram_quantile
 from kubeinfer.operator.metrics_sources import queries as q
 from kubeinfer.operator.metrics_sources.direct import DirectRead
 from kubeinfer.operator.metrics_sources.factory import MetricsSources

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 from contract_exposition import ContractExposition
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from kubeinfer.operator.api.v1alpha1.inference_deployment import QueryOverrides
 from kubeinfer.operator.metrics_sources import queries as q
 from kubeinfer.operator.metrics_sources.promql import substitute_placeholders

@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from kubeinfer.operator.api.v1alpha1.inference_deployment import QueryOverrides
 from kubeinfer.operator.metrics_sources.prometheus import PrometheusSource
 from kubeinfer.operator.metrics_sources.queries import Scope

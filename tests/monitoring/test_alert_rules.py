@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 from kubeinfer.cli.monitoring.render import RULES
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILE = ROOT / RULES

@@ -12,7 +12,7 @@ from pathlib import Path
 from kubeinfer.cli.monitoring import dashboard
 from kubeinfer.cli.monitoring.__main__ import main
 from kubeinfer.cli.monitoring.render import DASHBOARD, RULES, rendered
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubeinfer.cli.monitoring.render import DASHBOARD, RULES
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from kubeinfer.operator.api.v1alpha1.conditions import (
     ConditionStatus,
     ConditionType,

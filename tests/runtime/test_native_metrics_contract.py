@@ -1,5 +1,5 @@
 """The Rust data plane registers the runtime's Prometheus series from a listing generated
-from `kubeinfer.contract.metrics` (`runtime/native/crates/server/src/metrics/contract.tsv`,
+from `kubeinfer.contract.metric_series` (`runtime/native/crates/server/src/metrics/contract.tsv`,
 written by `contract_tsv.py` beside it), so it exports the names, types, labels, help and
 buckets the operator reads. A contract change that does not regenerate the listing fails
 here, before a Rust server exports stale names; and a scrape of a Rust server serving a
@@ -12,7 +12,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from kubeinfer.contract import metrics
+from kubeinfer.contract import metric_series
 from kubeinfer.contract.runtime_config import EngineSource, RuntimeConfig
 from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
@@ -34,11 +34,12 @@ def listed() -> list[str]:
 
 
 def test_the_rust_servers_listing_is_what_the_contract_declares() -> None:
-    assert generator().rows(metrics) == listed(), "regenerate contract.tsv (contract_tsv.py)"
+    assert generator().rows(metric_series) == listed(), "regenerate contract.tsv (contract_tsv.py)"
 
 
 def test_a_served_models_scrape_exports_contract_series_only(tiny_model: Path) -> None:
-    contract = {v.name: v for v in vars(metrics).values() if isinstance(v, metrics.Series)}
+    members = vars(metric_series).values()
+    contract = {v.name: v for v in members if isinstance(v, metric_series.Series)}
     config = RuntimeConfig(
         model_name="tiny", engine=EngineSource(onnx_path=str(tiny_model)), host="127.0.0.1"
     )

@@ -21,7 +21,7 @@ import json
 
 import numpy as np
 import pytest
-from kubeinfer.contract.metrics import OTHER_SLICE
+from kubeinfer.contract.metric_series import OTHER_SLICE
 from kubeinfer.contract.runtime_config import (
     MirrorFile,
     MirrorPolicy,

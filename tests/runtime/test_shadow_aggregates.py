@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kubeinfer.contract.metrics import SHADOW_LATENCY_BUCKETS, histogram_quantile
+from kubeinfer.contract.metric_series import SHADOW_LATENCY_BUCKETS, histogram_quantile
 from kubeinfer.contract.runtime_config import MirrorTarget
 from kubeinfer.runtime.shadow.aggregates import RunningAggregates, ShadowMetrics
 from kubeinfer.runtime.shadow.comparison import RequestComparison

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kubeinfer.contract.metrics import SHADOW_LATENCY_BUCKETS, histogram_quantile
+from kubeinfer.contract.metric_series import SHADOW_LATENCY_BUCKETS, histogram_quantile
 from kubeinfer.runtime.building.accuracy import compare_output
 from kubeinfer.runtime.output_statistics import compare_arrays
 from kubeinfer.runtime.protocol.v2_types import format_server_timing, parse_server_timing

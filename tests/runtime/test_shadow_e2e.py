@@ -45,7 +45,7 @@ import processes
 import pytest
 import tritonclient.http as triton
 from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
-from kubeinfer.contract.metrics import histogram_quantile
+from kubeinfer.contract.metric_series import histogram_quantile
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.protocol.v2_types import parse_server_timing

@@ -1,4 +1,4 @@
-"""A runtime pod's /metrics text rendered from the contract (`kubeinfer.contract.metrics`
+"""A runtime pod's /metrics text rendered from the contract (`kubeinfer.contract.metric_series`
 names every series: its type, labels, help and buckets), for the operator's tests that
 need a scrape in a state they choose (a queue of 3, 90 fast answers and 10 slow ones, two
 GPUs' memory) without a server to drive into it. Tests that can drive one scrape a real
@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from kubeinfer.contract import metrics as series
-from kubeinfer.contract.metrics import MODEL_LABELS, Series
+from kubeinfer.contract import metric_series as series
+from kubeinfer.contract.metric_series import MODEL_LABELS, Series
 from kubeinfer.runtime.engines.gpu_memory import GpuMemory
-from kubeinfer.runtime.metrics import family
+from kubeinfer.runtime.exported_series import family
 from prometheus_client import CollectorRegistry, generate_latest
 
 AT_START = (

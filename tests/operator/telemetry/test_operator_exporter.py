@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from decide_scenarios import Cluster, make_spec
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from kubeinfer.operator.api.v1alpha1.conditions import (
     ConditionStatus,
     ConditionType,

@@ -2,7 +2,7 @@
 `--metrics-port`) on the real control plane: a served object's Ready condition and its
 replicas, a failed build's EngineReady=False EngineBuildFailed, each labelled with the
 object's namespace and name, as the chart's alerts select them; a deleted object's series
-go with it. Series names and labels come from `kubeinfer.contract.metrics`.
+go with it. Series names and labels come from `kubeinfer.contract.metric_series`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import http.client
 from pathlib import Path
 
 from decide_scenarios import tuned
-from kubeinfer.contract import metrics as series
+from kubeinfer.contract import metric_series as series
 from operator_harness import FAST, IDS, Model, World, eventually, manifest, start_operator
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families

@@ -1,4 +1,4 @@
-//! The runtime's series as `kubeinfer/contract/metrics.py` names them, read from
+//! The runtime's series as `kubeinfer/contract/metric_series.py` names them, read from
 //! `contract.tsv` (generated from the Python contract by `contract_tsv.py`, beside it), so
 //! the Rust server exports the very names, types, labels, help and buckets the operator's
 //! autoscaler, quality watch, dashboards and alerts read.
@@ -17,7 +17,7 @@ pub enum Kind {
     Histogram,
 }
 
-/// One metric family of the contract (Python's `contract.metrics.Series`).
+/// One metric family of the contract (Python's `contract.metric_series.Series`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SeriesSpec {
     /// The family's name (a counter's samples add `_total`).

@@ -1,4 +1,4 @@
-"""Writes `contract.tsv`: the runtime's Prometheus series as `kubeinfer/contract/metrics.py`
+"""Writes `contract.tsv`: the runtime's Prometheus series as `kubeinfer/contract/metric_series.py`
 names them (every `Series` but the operator's own), which the Rust server registers as
 they are. Run from the repository root after changing the contract:
 
@@ -21,8 +21,9 @@ OPERATOR_PREFIXES = ("kubeinfer_operator_", "kubeinfer_inferencedeployment_")
 
 
 def contract_module() -> ModuleType:
-    """`kubeinfer/contract/metrics.py`, loaded from this checkout."""
-    spec = importlib.util.spec_from_file_location("contract_metrics", ROOT / "contract/metrics.py")
+    """`kubeinfer/contract/metric_series.py`, loaded from this checkout."""
+    path = ROOT / "contract/metric_series.py"
+    spec = importlib.util.spec_from_file_location("contract_metric_series", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses looks its module up

@@ -1,7 +1,8 @@
 //! The runtime's Prometheus metrics at `GET /metrics`: the series of
-//! `kubeinfer/runtime/metrics.py`'s table, as `kubeinfer/contract/metrics.py` names them
-//! (`contract.tsv`, generated from it), labelled with the served model's name and version,
-//! in the OpenMetrics text format (`prometheus_client`'s parsers and Prometheus read it).
+//! `kubeinfer/runtime/exported_series.py`'s table, as `kubeinfer/contract/metric_series.py`
+//! names them (`contract.tsv`, generated from it), labelled with the served model's name and
+//! version, in the OpenMetrics text format (`prometheus_client`'s parsers and Prometheus read
+//! it).
 //!
 //! Where each comes from:
 //! - the request hooks of the HTTP handler ([`RequestWatch`]): requests by code, their

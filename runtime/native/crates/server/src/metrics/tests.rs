@@ -1,4 +1,4 @@
-//! The metrics: the contract's listing against `runtime/metrics.py`'s tables and the
+//! The metrics: the contract's listing against `runtime/exported_series.py`'s tables and the
 //! contract, the exposition's format, the API the Python side pushes through, and the
 //! counts a real server exports over HTTP on 127.0.0.1 (a Rust engine that doubles FP32).
 
@@ -106,10 +106,10 @@ fn repository_file(path: &str) -> String {
     std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The rows of the markdown tables in `kubeinfer/runtime/metrics.py`'s docstring: name,
+/// The rows of the markdown tables in `kubeinfer/runtime/exported_series.py`'s docstring: name,
 /// type (its first word) and the third column.
 fn python_table_rows() -> Vec<(String, String, String)> {
-    repository_file("runtime/metrics.py")
+    repository_file("runtime/exported_series.py")
         .lines()
         .filter(|line| line.starts_with("| kubeinfer_"))
         .map(|line| {
@@ -132,7 +132,11 @@ fn kind_name(kind: Kind) -> &'static str {
 fn the_listing_holds_every_series_of_the_python_runtimes_tables_with_its_type_and_labels() {
     let listing = contract::series();
     let rows = python_table_rows();
-    assert_eq!(rows.len(), 37, "the two tables of runtime/metrics.py");
+    assert_eq!(
+        rows.len(),
+        37,
+        "the two tables of runtime/exported_series.py"
+    );
     assert_eq!(listing.len(), rows.len(), "one listed series per table row");
     for (name, kind, third) in rows {
         let family = name.trim_end_matches("_total");

@@ -1,4 +1,4 @@
-"""Every Prometheus metric of the runtime, as `kubeinfer.contract.metrics` names them.
+"""Every Prometheus metric of the runtime, as `kubeinfer.contract.metric_series` names them.
 
 The Rust data plane exports the serving series at `/metrics` from its own registry
 (runtime/native/crates/server/src/metrics, whose table the contract's is checked
@@ -87,7 +87,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeinfer.contract.metrics import Series
+from kubeinfer.contract.metric_series import Series
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
