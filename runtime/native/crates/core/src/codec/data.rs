@@ -15,14 +15,33 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-use crate::codec::repr;
+use crate::codec::{flat, repr};
 use crate::error::ApiError;
 use crate::tensor::{DataType, TensorData};
 
 /// `data` (flat or nested, already known to be a JSON list) as `count` elements of
 /// `datatype` in `shape` (`count`: the shape's element count, or `usize::MAX` when that is
 /// past `usize`, which no data matches); `what` names the tensor in the error.
+///
+/// The common case, a flat list of plain numbers that all fit, is read without serde
+/// ([`flat`]); anything else by the strict reader ([`read_strictly`]), which answers the
+/// same for that case, bit for bit.
 pub fn read(
+    data: &RawValue,
+    datatype: DataType,
+    shape: &[usize],
+    count: usize,
+    what: &str,
+) -> Result<TensorData, ApiError> {
+    match flat::read(data.get(), datatype, count) {
+        Some(raw) => Ok(TensorData::Raw(Bytes::from(raw))),
+        None => read_strictly(data, datatype, shape, count, what),
+    }
+}
+
+/// [`read`] by the strict one-pass reader, whatever the data: every error it answers is
+/// this reader's.
+pub(crate) fn read_strictly(
     data: &RawValue,
     datatype: DataType,
     shape: &[usize],
@@ -318,7 +337,7 @@ fn takes(datatype: DataType) -> &'static str {
 }
 
 /// An integer datatype's bounds and numpy's name for it (which the range error names).
-fn integer_range(datatype: DataType) -> (i128, i128, &'static str) {
+pub(super) fn integer_range(datatype: DataType) -> (i128, i128, &'static str) {
     match datatype {
         DataType::U8 => (0, u8::MAX.into(), "uint8"),
         DataType::U16 => (0, u16::MAX.into(), "uint16"),

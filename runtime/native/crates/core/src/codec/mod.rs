@@ -29,6 +29,7 @@
 pub mod binary;
 pub mod bytes;
 pub mod data;
+mod flat;
 pub mod inflate;
 pub mod json;
 mod loose;
