@@ -18,7 +18,11 @@ links to the worktree's packages (`checkout_site`); a child process prints where
 and the run stops unless it is the worktree. The flags that pick each runtime's data
 plane come from what it has (`checkout_site.data_plane_flags`): `--data-plane python`
 for the baseline, nothing (or `--data-plane rust` while this checkout still has both) for
-this commit.
+this commit. A baseline that has only the Rust data plane (a commit from after the Python
+one was removed) serves through its own build of it:
+`checkout_site.extension_into` builds its `kubeinfer_dataplane` with maturin and unpacks
+it into the baseline's folder, so two builds of the Rust path compare side by side
+(`--baseline <an earlier commit> --models small-mlp --no-overload`).
 
 For each model (`dataplane_workloads`: the overhead-bound small MLP, the ~170 MB
 memory-bound MLP and a BERT-shaped encoder with requests of 8 to 128 tokens served with
@@ -84,6 +88,7 @@ from checkout_site import (
     DEFAULT_BASELINE,
     baseline_checkout,
     data_plane_flags,
+    extension_into,
     imports_from,
     package_links,
 )
@@ -147,12 +152,17 @@ def runtimes(rev: str) -> Runtimes:
     made and checked in a child process; this checkout's flags."""
     checkout = baseline_checkout(rev)
     site = package_links(checkout, REPO / ".bench" / "sites")
+    # A baseline that still has the Python data plane is served through it; one that has
+    # only the Rust one, through its own build of it.
+    plane = "python" if (checkout / "runtime" / "serving.py").is_file() else "rust"
+    if plane == "rust" and extension_into(checkout, site, PYTHON) is None:
+        raise ValueError(f"{checkout} has no data plane to serve through")
     imports = imports_from(site, checkout, PYTHON)
     print(f"baseline {rev}: {checkout}\n{imports}", flush=True)
     name = rev if not Path(rev).is_dir() else checkout.name
     return Runtimes(
-        checkout, site, data_plane_flags(checkout, "python"), data_plane_flags(REPO, "rust"),
-        Labels(f"baseline {name} (Python data plane)"), imports,
+        checkout, site, data_plane_flags(checkout, plane), data_plane_flags(REPO, "rust"),
+        Labels(f"baseline {name} ({plane.capitalize()} data plane)"), imports,
     )  # fmt: skip
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 PACKAGES = ("runtime", "contract", "cli", "operator", "cluster")
@@ -76,9 +77,12 @@ def imports_from(site: Path, checkout: Path, python: str = sys.executable) -> st
     `site` and its runtime and command line from `checkout` (their `__file__`s, links
     resolved, printed by a child); returns what it printed. Raises RuntimeError where
     they come from elsewhere."""
+    modules = "kubeinfer, kubeinfer.runtime, kubeinfer.cli"
+    if (site / "kubeinfer_dataplane").is_dir():  # the checkout's own build (extension_into)
+        modules += ", kubeinfer_dataplane"
     code = (
-        "import kubeinfer, kubeinfer.runtime, kubeinfer.cli, os\n"
-        "for m in (kubeinfer, kubeinfer.runtime, kubeinfer.cli):\n"
+        f"import os, {modules}\n"
+        f"for m in ({modules}):\n"
         "    print(m.__name__, os.path.realpath(m.__file__ or list(m.__path__)[0]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
@@ -87,10 +91,35 @@ def imports_from(site: Path, checkout: Path, python: str = sys.executable) -> st
         raise RuntimeError(f"{python} cannot import kubeinfer from {site}: {done.stderr[-600:]}")
     for line in done.stdout.splitlines():
         name, path = line.split(" ", 1)
-        root = site.resolve() if name == "kubeinfer" else checkout.resolve()
+        own = name in ("kubeinfer", "kubeinfer_dataplane")
+        root = site.resolve() if own else checkout.resolve()
         if not Path(path).is_relative_to(root):
             raise RuntimeError(f"{name} imports from {path}, not from under {root}")
     return done.stdout.strip()
+
+
+def extension_into(checkout: Path, site: Path, python: str = sys.executable) -> Path | None:
+    """`checkout`'s own Rust data plane (`kubeinfer_dataplane`, built by maturin from its
+    `runtime/native`, release, its Cargo.lock) unpacked into `site`, so that a process with
+    `site` first on PYTHONPATH serves through that build and not this venv's; None for a
+    checkout without one. Cargo's target folder is this checkout's, so only the crates
+    that differ are compiled again."""
+    manifest = checkout / "runtime" / "native" / "crates" / "python" / "Cargo.toml"
+    if not manifest.is_file():
+        return None
+    wheels = site.parent / f"wheels-{checkout.name}"
+    maturin = Path(python).parent / "maturin"
+    env = {**os.environ, "CARGO_TARGET_DIR": str(REPO / "runtime" / "native" / "target")}
+    print(f"building {checkout.name}'s kubeinfer_dataplane (maturin, release)", flush=True)
+    subprocess.run(
+        [str(maturin), "build", "--quiet", "--release", "--locked", "-o", str(wheels),
+         "-m", str(manifest), "--interpreter", python],
+        check=True, env=env, cwd=manifest.parent,
+    )  # fmt: skip
+    wheel = max(wheels.glob("kubeinfer_dataplane-*.whl"), key=lambda w: w.stat().st_mtime)
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(site)
+    return site / "kubeinfer_dataplane"
 
 
 def data_plane_flags(checkout: Path, plane: str) -> tuple[str, ...]:
