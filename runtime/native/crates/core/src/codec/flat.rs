@@ -17,6 +17,17 @@
 
 use crate::tensor::DataType;
 
+/// The scan of an integer tensor whose elements are `$int`: each number read as an
+/// integer, then kept only within `$int`'s bounds.
+macro_rules! integers {
+    ($text:expr, $count:expr, $int:ty) => {
+        scan($text, $count, |text| {
+            let (value, used) = integer(text)?;
+            Some((<$int>::try_from(value).ok()?.to_le_bytes(), used))
+        })
+    };
+}
+
 /// `text` (a JSON value) as `count` elements of `datatype`, little-endian, when it is a
 /// flat list of plain numbers that the strict reader would take as they are; None for
 /// anything else, which the strict reader then reads.
@@ -36,38 +47,14 @@ pub fn read(text: &str, datatype: DataType, count: usize) -> Option<Vec<u8>> {
         DataType::F64 => scan(text, count, |text| {
             float(text).map(|(value, used)| (value.to_le_bytes(), used))
         }),
-        DataType::U8 => scan(text, count, |text| {
-            let (value, used) = integer(text)?;
-            Some((u8::try_from(value).ok()?.to_le_bytes(), used))
-        }),
-        DataType::U16 => scan(text, count, |text| {
-            let (value, used) = integer(text)?;
-            Some((u16::try_from(value).ok()?.to_le_bytes(), used))
-        }),
-        DataType::U32 => scan(text, count, |text| {
-            let (value, used) = integer(text)?;
-            Some((u32::try_from(value).ok()?.to_le_bytes(), used))
-        }),
-        DataType::U64 => scan(text, count, |text| {
-            let (value, used) = integer(text)?;
-            Some((u64::try_from(value).ok()?.to_le_bytes(), used))
-        }),
-        DataType::I8 => scan(text, count, |text| {
-            let (value, used) = integer(text)?;
-            Some((i8::try_from(value).ok()?.to_le_bytes(), used))
-        }),
-        DataType::I16 => scan(text, count, |text| {
-            let (value, used) = integer(text)?;
-            Some((i16::try_from(value).ok()?.to_le_bytes(), used))
-        }),
-        DataType::I32 => scan(text, count, |text| {
-            let (value, used) = integer(text)?;
-            Some((i32::try_from(value).ok()?.to_le_bytes(), used))
-        }),
-        DataType::I64 => scan(text, count, |text| {
-            let (value, used) = integer(text)?;
-            Some((i64::try_from(value).ok()?.to_le_bytes(), used))
-        }),
+        DataType::U8 => integers!(text, count, u8),
+        DataType::U16 => integers!(text, count, u16),
+        DataType::U32 => integers!(text, count, u32),
+        DataType::U64 => integers!(text, count, u64),
+        DataType::I8 => integers!(text, count, i8),
+        DataType::I16 => integers!(text, count, i16),
+        DataType::I32 => integers!(text, count, i32),
+        DataType::I64 => integers!(text, count, i64),
         DataType::Bool | DataType::Bytes => None,
     }
 }

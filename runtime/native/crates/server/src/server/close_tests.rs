@@ -143,3 +143,54 @@ fn an_idle_keep_alive_connection_sees_a_clean_close_at_shutdown_within_the_bound
     assert_eq!(read.expect("a FIN, not a reset"), 0);
     drop(silent);
 }
+
+/// One GET on a new connection: its status and whether it said `Connection: close`; Err
+/// when the connection was refused or reset.
+async fn get_once(port: u16, path: &str) -> Result<(u16, bool), std::io::Error> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await?; // the drain's answers close the connection
+    let (status, head, _) = parsed(&answer);
+    Ok((status, head.contains("connection: close")))
+}
+
+#[test]
+fn after_the_drain_a_client_that_reconnects_at_once_is_answered_not_reset() {
+    use std::io::{Read, Write};
+    let (server, _) = serve_with(0, Duration::ZERO, options());
+    let port = server.http_port();
+    // An idle keep-alive connection, which the server leaves open a while after its drain
+    // (so the listener is not quiet yet).
+    let mut idle = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    idle.write_all(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut first = [0u8; 12];
+    idle.read_exact(&mut first).unwrap();
+    assert_eq!(&first[9..12], b"200");
+    std::thread::scope(|scope| {
+        scope.spawn(|| server.shutdown());
+        // Until the drain shows (nothing is queued, so it ends at once), then clients
+        // reconnecting one after another, as one told `close` does: each answered 503
+        // with `close`, none refused at connect or reset.
+        let answered = client().block_on(async {
+            let mut answered_in_drain = 0;
+            while answered_in_drain < 5 {
+                match get_once(port, "/v2/health/ready").await {
+                    Ok((503, true)) => answered_in_drain += 1,
+                    Ok((200, _)) if answered_in_drain == 0 => {}
+                    other => return Err(format!("{other:?} after {answered_in_drain}")),
+                }
+            }
+            Ok(answered_in_drain)
+        });
+        drop(idle);
+        assert_eq!(
+            answered,
+            Ok(5),
+            "a client reconnecting in the drain was not answered"
+        );
+    });
+}
