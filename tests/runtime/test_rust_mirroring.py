@@ -16,7 +16,6 @@ The mirroring end to end (test_shadow_e2e.py, test_quality_e2e.py) is tested the
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import re
@@ -31,6 +30,7 @@ import pytest
 from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
+from serve_process import LoopbackHttp
 from waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ BODY = json.dumps(
 
 
 @dataclass
-class Served:
+class Served(LoopbackHttp):
     process: subprocess.Popen[bytes]
     port: int
     log: Path
@@ -51,31 +51,16 @@ class Served:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, bytes]:
-        connection = http.client.HTTPConnection(HOST, self.port, timeout=30)
-        try:
-            connection.request(method, path, body, headers or {})
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
-
     def infer(self, headers: dict[str, str] | None = None) -> None:
         assert self.request("POST", "/v2/models/tiny/infer", BODY, headers)[0] == 200
 
     def get(self, path: str) -> dict:
-        status, body = self.request("GET", path)
+        status, _, body = self.request("GET", path)
         assert status == 200
         return json.loads(body)
 
     def samples(self) -> dict[tuple, float]:
-        _, body = self.request("GET", "/metrics")
+        _, _, body = self.request("GET", "/metrics")
         return {
             (s.name, tuple(sorted(s.labels.items()))): s.value
             for f in text_string_to_metric_families(body.decode())
@@ -225,7 +210,7 @@ def test_a_quality_watch_is_mirrored_with_its_role(world):
         ]
         assert compared == [6]
         assert serving.get("/v2/quality")["answered"] == 6  # counted by the Rust server
-        status, body = serving.request("GET", "/v2/quality/exemplars")
+        status, _, body = serving.request("GET", "/v2/quality/exemplars")
         assert status == 200 and body[:2] == b"PK"  # an .npz
     finally:
         assert processes.stop(serving.process) == 0

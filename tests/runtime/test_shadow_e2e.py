@@ -28,7 +28,6 @@ Load comes from `tritonclient.http` and from the demo's async load generator. Co
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import subprocess
@@ -51,6 +50,7 @@ from kubeinfer.runtime.building.engine_build import build_engine
 from kubeinfer.runtime.protocol.v2_types import parse_server_timing
 from ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
+from serve_process import LoopbackHttp
 from waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -74,7 +74,7 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, shutdown_t
 
 
 @dataclass
-class Process:
+class Process(LoopbackHttp):
     process: subprocess.Popen[bytes]
     port: int
     log: Path
@@ -82,21 +82,6 @@ class Process:
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> tuple[int, dict[str, str], bytes]:
-        connection = http.client.HTTPConnection(HOST, self.port, timeout=30)
-        try:
-            connection.request(method, path, body, headers or {})
-            response = connection.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        finally:
-            connection.close()  # fmt: skip
 
     def shadow(self) -> dict:
         status, _, body = self.request("GET", "/v2/shadow")
