@@ -13,6 +13,7 @@ the variable."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
@@ -205,6 +206,50 @@ class KnownAnswers(_Group):
     operator needs `patch` on nodes (the chart grants it only then)."""
 
 
+class Cost(_Group):
+    """What serving costs: status.cost, the cost of 1,000 inferences over the last window
+    (docs/operating.md#the-cost-of-1000-inferences)."""
+
+    price_per_node_hour: Annotated[dict[str, float], NoDecode] = Field(default_factory=dict)
+    """The price of one node for one hour, by the node's GPU product (its
+    `nvidia.com/gpu.product` label, as GPU feature discovery sets it), and under `cpu` for
+    nodes without one (`product=price,cpu=price` in the environment). A plain number in
+    your currency: the cost is in the same. Empty: no cost is computed or shown. A pod on a
+    node without a price is left out of the figure, its inferences too."""
+
+    window_seconds: int = Field(default=3600, ge=60, le=7 * 86_400)
+    """The window the cost covers: the pods' seconds and the inferences answered in it."""
+
+    refresh_seconds: int = Field(default=300, ge=10, le=86_400)
+    """How often status.cost is computed again (the inferences read, the status written);
+    between, the figure stands. The pods are watched at every pass all the same."""
+
+    @field_validator("price_per_node_hour", mode="before")
+    @classmethod
+    def _split_prices(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            pairs = [part.strip() for part in value.split(",") if part.strip()]
+            if not all("=" in pair for pair in pairs):
+                raise ValueError("expected product=price pairs separated by commas")
+            value = dict(pair.split("=", 1) for pair in pairs)
+        return value
+
+    @field_validator("price_per_node_hour", mode="after")
+    @classmethod
+    def _prices_are_prices(cls, value: dict[str, float]) -> dict[str, float]:
+        for product, price in value.items():
+            if not product.strip():
+                raise ValueError("a price needs a GPU product (or cpu) before its =")
+            if not (math.isfinite(price) and price >= 0):
+                raise ValueError(f"the price of {product} must be a number at least 0")
+        return value
+
+    @property
+    def priced(self) -> bool:
+        """Whether any node has a price: the cost is computed only then."""
+        return bool(self.price_per_node_hour)
+
+
 class Api(_Group):
     """The operator's requests to the API server (kopf's `networking`)."""
 
@@ -282,6 +327,7 @@ class OperatorSettings(BaseSettings):
     pods: Annotated[Pods, NoDecode] = Pods()
     metrics: Annotated[Metrics, NoDecode] = Metrics()
     known_answers: Annotated[KnownAnswers, NoDecode] = KnownAnswers()
+    cost: Annotated[Cost, NoDecode] = Cost()
     api: Annotated[Api, NoDecode] = Api()
     leader_election: Annotated[LeaderElection, NoDecode] = LeaderElection()
 

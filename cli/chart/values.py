@@ -18,6 +18,7 @@ from kubeinfer.cli.monitoring.values import MonitoringValues
 from kubeinfer.operator.settings import (
     Api,
     Build,
+    Cost,
     Images,
     KnownAnswers,
     LeaderElection,
@@ -100,6 +101,10 @@ class OperatorSettingsValues(_Values):
     known_answers: KnownAnswers = KnownAnswers()
     """What the known-answer checks do beyond an object's own pods: with
     taintSuspectNodes, the chart also grants the operator `patch` on nodes."""
+
+    cost: Cost = Cost()
+    """What serving costs: with prices per node-hour, status.cost (`kubectl get infd -o
+    wide`'s Cost/1k) and the dashboard's cost panel show the cost of 1,000 inferences."""
 
     api: Api = Api()
     """The operator's requests to the API server."""

@@ -64,6 +64,9 @@ CUSTOM = {
                   "activeDeadlineSeconds": 7200, "ttlSecondsAfterFinished": 31_536_000},
         "pods": {"preStopSleepSeconds": 0, "drainGracePeriodSeconds": 45},
         "knownAnswers": {"taintSuspectNodes": True},
+        "cost": {"pricePerNodeHour": {"NVIDIA-A100-SXM4-80GB": 32.77, "cpu": 0.34,
+                                      "NVIDIA-H100-80GB-HBM3": 2_500_000},
+                 "windowSeconds": 1800, "refreshSeconds": 120},
         "api": {"fieldManager": "kubeinfer-ml", "timeoutSeconds": 12, "pageSize": 10_000},
         "leaderElection": {"leaseDurationSeconds": 30, "renewDeadlineSeconds": 20,
                            "retryPeriodSeconds": 4},
@@ -277,3 +280,18 @@ def test_bad_values_are_refused_by_helm_naming_the_value(helm: Helm, setting: st
     assert refused.returncode == 1
     assert "values don't meet the specifications of the schema(s)" in refused.stderr
     assert BAD_VALUES[setting] in refused.stderr, refused.stderr
+
+
+def test_prices_per_node_hour_reach_the_operator_as_one_variable(helm: Helm) -> None:
+    """`settings.cost.pricePerNodeHour` is one variable of `product=price` pairs (keys in
+    order, as Go ranges over a map); left `{}`, it is empty, and no cost is computed."""
+    prices = {"cpu": 0.34, "NVIDIA-A100-SXM4-80GB": 32.77}
+    values = {"settings": {"cost": {"pricePerNodeHour": prices, "windowSeconds": 900}}}
+    (deployment,) = by_kind(helm.template(values))["Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = env_of(container)
+    assert env["KUBEINFER_COST__PRICE_PER_NODE_HOUR"] == "NVIDIA-A100-SXM4-80GB=32.77,cpu=0.34"
+    assert env["KUBEINFER_COST__WINDOW_SECONDS"] == "900"
+    (default,) = by_kind(helm.template({}))["Deployment"]
+    (container,) = default["spec"]["template"]["spec"]["containers"]
+    assert env_of(container)["KUBEINFER_COST__PRICE_PER_NODE_HOUR"] == ""
