@@ -106,7 +106,7 @@ def test_kubectl_facing_parts() -> None:
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == [
         "Model", "Version", "Backend", "Precision", "Ready", "Phase", "Engines", "P99",
-        "Answers", "Age",
+        "Cost/1k", "Answers", "Age",
     ]  # fmt: skip
     conditions = schema()["properties"]["status"]["properties"]["conditions"]
     assert conditions["x-kubernetes-list-type"] == "map"
@@ -372,3 +372,17 @@ def test_cel_and_pydantic_agree_on_every_manifest_near_a_rule(document: dict[str
     event("rejected" if cel else "accepted")
     assert bool(cel) == bool(pydantic), (cel, pydantic)
     assert set(pydantic) <= set(cel), (cel, pydantic)
+
+
+def test_the_cost_of_a_thousand_inferences_is_a_wide_column_of_the_status_field() -> None:
+    """`kubectl get infd -o wide` shows Cost/1k (priority 1: not in the plain listing), read
+    from the status field the model generates."""
+    version = build_crd()["spec"]["versions"][0]
+    (column,) = [c for c in version["additionalPrinterColumns"] if c["name"] == "Cost/1k"]
+    assert column["priority"] == 1 and column["type"] == "number"
+    assert column["jsonPath"] == ".status.cost.perThousandInferences"
+    cost = schema()["properties"]["status"]["properties"]["cost"]
+    assert cost["properties"]["perThousandInferences"]["type"] == "number"
+    assert set(cost["properties"]) == {
+        "perThousandInferences", "windowSeconds", "inferences", "podHours", "lastEvaluated",
+    }  # fmt: skip

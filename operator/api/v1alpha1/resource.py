@@ -40,6 +40,14 @@ PRINTER_COLUMNS = [
         "description": "p99 request latency in milliseconds",
     },
     {
+        "name": "Cost/1k",
+        "type": "number",
+        "jsonPath": ".status.cost.perThousandInferences",
+        "description": "the cost of 1,000 inferences over the last window, in the currency "
+        "of the operator's prices per node-hour (empty: no price, or no inference)",
+        "priority": 1,
+    },
+    {
         "name": "Answers",
         "type": "string",
         "jsonPath": '.status.conditions[?(@.type=="AnswersCorrect")].reason',

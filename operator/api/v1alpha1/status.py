@@ -164,6 +164,30 @@ class SloStatus(ApiModel):
     """When the operator last read the p99 against the objective."""
 
 
+class CostStatus(ApiModel):
+    """The cost of 1,000 inferences over the last window: what the serving pods on priced
+    nodes cost in it (each pod's share of its node times the node's price per hour, for the
+    seconds it ran, idle or not) over the inferences they answered in it. Written where the
+    operator's settings price nodes (cost.pricePerNodeHour), in their currency."""
+
+    per_thousand_inferences: float | None = Field(default=None, ge=0)
+    """1000 x the pods' cost in the window / the inferences they answered in it; unset when
+    they answered none (an idle window has a cost but no price per inference)."""
+
+    window_seconds: int = Field(ge=1)
+    """The window: the last cost.windowSeconds up to lastEvaluated."""
+
+    inferences: int = Field(ge=0)
+    """Inference requests the priced pods answered (HTTP 200) in the window."""
+
+    pod_hours: float = Field(ge=0)
+    """Hours the priced pods ran in the window, added up (two pods the whole hour: 2);
+    time with no pod at all adds nothing."""
+
+    last_evaluated: datetime
+    """When the operator computed these figures (again every cost.refreshSeconds)."""
+
+
 class AutoscalingStatus(ApiModel):
     """What the autoscaler decided last, and what it knows of the pods."""
 
@@ -397,6 +421,10 @@ class InferenceDeploymentStatus(ApiModel):
 
     slo: SloStatus | None = None
     """The p99 against spec.slo, while an objective is set."""
+
+    cost: CostStatus | None = None
+    """The cost of 1,000 inferences over the last window, where the operator's settings
+    price nodes."""
 
     wrong_answers: list[WrongAnswersStatus] = Field(default_factory=list, max_length=32)
     """Pods taken out of serving for wrong answers, newest first, while they exist."""
