@@ -357,9 +357,18 @@ INFERENCE_DEPLOYMENT_SUSPECT_NODE = Series(
     "1 for each node where pods of more than one engine of this InferenceDeployment answered "
     "wrong (status.suspectNodes): the node, not an engine, is the likely cause.",
 )
-METRICS_READERS = ("shadow", "quality", "scaling")
+INFERENCE_DEPLOYMENT_POD_PRICE_PER_HOUR = Series(
+    "kubeinfer_inferencedeployment_pod_price_per_hour",
+    "gauge",
+    (*OBJECT_LABELS, "pod"),
+    "For each serving pod on a node the operator has a price for (settings cost."
+    "pricePerNodeHour), what the pod costs per hour: its share of the node (requested GPUs "
+    "over the node's, or requested CPU over its allocatable CPU) times the node's price per "
+    "hour, in the currency of the prices. Absent while the pod is not on a priced node.",
+)
+METRICS_READERS = ("shadow", "quality", "scaling", "cost")
 """What the operator reads from the serving pods' metrics: the shadow verdict's aggregates,
-the quality watch's window, the autoscaler's signals."""
+the quality watch's window, the autoscaler's signals, the inferences the cost divides."""
 INFERENCE_DEPLOYMENT_METRICS_UNAVAILABLE = Series(
     "kubeinfer_inferencedeployment_metrics_unavailable",
     "gauge",
