@@ -51,6 +51,7 @@ from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_sp
 from kubeinfer.operator.kube import apply
 from kubeinfer.operator.kube.cache import CachedReader, Lister
 from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, POD_MONITOR, ApiError, KubeClient
+from kubeinfer.operator.kube.cost_reads import CostInputs, PricedNodes
 from kubeinfer.operator.kube.gather import gather, pods_lister
 from kubeinfer.operator.kube.known_answers import apply_answers, gather_answers
 from kubeinfer.operator.kube.node_taints import SuspectNodeTaints
@@ -59,6 +60,7 @@ from kubeinfer.operator.metrics_sources.factory import MetricsSources
 from kubeinfer.operator.reconcile.decide import decide, decide_forbidden, decide_invalid
 from kubeinfer.operator.reconcile.node_taints import suspects
 from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.operator.state.cost_readings import CostHistory
 from kubeinfer.operator.state.decision import Decision
 from kubeinfer.operator.state.known_answers import AnswerMemory, AnswerReadings
 from kubeinfer.operator.state.observed import (
@@ -69,7 +71,7 @@ from kubeinfer.operator.state.observed import (
 )
 from kubeinfer.operator.state.quality_readings import QualityHistory
 from kubeinfer.operator.state.scaling_inputs import ScalingHistory
-from kubeinfer.operator.telemetry.exporter import Report, StatusBoard, metrics_readers
+from kubeinfer.operator.telemetry.exporter import Report, StatusBoard, metrics_readers, pod_prices
 
 logger = logging.getLogger(__name__)
 
@@ -138,6 +140,8 @@ class Reconciler:
         """The autoscaler's memory per object (as the HPA controller keeps it: in memory)."""
         self._quality_histories: dict[tuple[str, str], QualityHistory] = {}
         """The quality watch's past counts per object, for a direct read's window."""
+        self._cost_histories: dict[tuple[str, str], CostHistory] = {}
+        """The pods of each object's cost window (and a direct read's past counts)."""
         self._answers: dict[tuple[str, str], AnswerMemory] = {}
         """When each serving pod was last asked its known answers, and what it answered."""
         self._pod_monitors: tuple[float, bool] | None = None
@@ -148,6 +152,8 @@ class Reconciler:
         """The cluster's GPU nodes, for objects on a mixed GPU fleet (one list for all)."""
         self.taints = SuspectNodeTaints(client, settings.requeue.resync_interval_seconds)
         """The suspect nodes' taints, with known_answers.taint_suspect_nodes (all objects)."""
+        self.priced_nodes = PricedNodes(client, settings.requeue.resync_interval_seconds)
+        """Every node, for the cost's prices where the settings set any (one list for all)."""
         self._closed = False
 
     def tracked(self) -> set[tuple[str, str]]:
@@ -158,6 +164,7 @@ class Reconciler:
             *self._queued,
             *self._histories,
             *self._quality_histories,
+            *self._cost_histories,
             *self._answers,
             *self._acted_on,
             *self._written,
@@ -239,6 +246,7 @@ class Reconciler:
         self._schedule(*key, None)
         self._histories.pop(key, None)
         self._quality_histories.pop(key, None)
+        self._cost_histories.pop(key, None)
         self._answers.pop(key, None)
         self._acted_on.pop(key, None)
         self._written.pop(key, None)
@@ -305,6 +313,7 @@ class Reconciler:
             self._quality_histories.get(key),
             gpu_nodes=lambda: self.gpu_nodes.read(key),
             answers=self._answers_reader(key, owner, spec),
+            cost=self._cost_inputs(key),
         )
         if spec.quality_watch.enabled:
             self._quality_histories[key] = observed.quality_history
@@ -312,6 +321,10 @@ class Reconciler:
             self._quality_histories.pop(key, None)
         if spec.known_answers is None:
             self._answers.pop(key, None)
+        if observed.cost_history.runs or observed.cost_history.snapshots:
+            self._cost_histories[key] = observed.cost_history
+        else:
+            self._cost_histories.pop(key, None)
         decision = decide(observed, self.settings, now)
         if decision.scaling_history is not None:
             self._histories[key] = decision.scaling_history
@@ -334,6 +347,14 @@ class Reconciler:
             raise
         writes += await self._carry_out(body, decision, observed.status, observed)
         return Outcome(decision, writes)
+
+    def _cost_inputs(self, key: tuple[str, str]) -> CostInputs | None:
+        """The cost's reads where the settings price nodes (None: no cost at all)."""
+        cost = self.settings.cost
+        if not cost.priced:
+            return None
+        history = self._cost_histories.get(key, CostHistory())
+        return CostInputs(cost, self.priced_nodes.read, history)
 
     def _answers_reader(
         self, key: tuple[str, str], owner: OwnerRef, spec: InferenceDeploymentSpec
@@ -393,7 +414,8 @@ class Reconciler:
             self._written[(owner.namespace, owner.name)] = stored.get("status")
             writes += 1
         readers = metrics_readers(observed) if observed is not None else ()
-        self.board.record((owner.namespace, owner.name), Report(decision.status, readers))
+        prices = pod_prices(observed) if observed is not None else ()
+        self.board.record((owner.namespace, owner.name), Report(decision.status, readers, prices))
         await apply.post_events(self.client, owner, decision.events, self.clock())
         return writes + len(decision.events)
 

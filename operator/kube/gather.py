@@ -24,6 +24,7 @@ from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec
 from kubeinfer.operator.kube.cache import Lister
 from kubeinfer.operator.kube.children import read_children, read_pod_monitor
 from kubeinfer.operator.kube.client import POD, KubeObject
+from kubeinfer.operator.kube.cost_reads import CostInputs, read_cost
 from kubeinfer.operator.metrics_sources.direct import ListPods
 from kubeinfer.operator.metrics_sources.factory import MetricsSources
 from kubeinfer.operator.metrics_sources.quality import read_quality_tallies
@@ -65,6 +66,7 @@ async def gather(
     quality_history: QualityHistory | None = None,
     gpu_nodes: Callable[[], Awaitable[tuple[GpuNode, ...]]] | None = None,
     answers: Callable[[], Awaitable[AnswerReadings]] | None = None,
+    cost: CostInputs | None = None,
 ) -> ObservedState:
     """Everything one pass decides from, for the InferenceDeployment in `body` (whose
     `spec` is already parsed): its children, then what `signals_to_read` names of the
@@ -72,11 +74,14 @@ async def gather(
     watch's window (with the direct read's `quality_history`, returned updated in the
     observed state), the GPU nodes (`gpu_nodes`), the serving pods' known answers
     (`answers`: the controller's, which keeps their schedule) and the PodMonitor
-    (`pod_monitors`: the cluster serves them and the settings allow them). Every read of
+    (`pod_monitors`: the cluster serves them and the settings allow them), and where the
+    settings price nodes the cost's reads (`cost`: its settings, the shared node list and
+    the window's memory, returned updated in the observed state). Every read of
     objects goes through
     `client`: the API, or the operator's cache of its watches."""
     children = await read_children(client, body, spec)
-    observed = replace(children, pod_monitors_available=pod_monitors)
+    cost_settings = cost.settings if cost is not None else None
+    observed = replace(children, pod_monitors_available=pod_monitors, cost_settings=cost_settings)
     wanted = signals_to_read(observed, now)
     owner = observed.owner
     source = sources.for_object(spec.monitoring.prometheus.url)
@@ -101,6 +106,8 @@ async def gather(
         update["gpu_nodes"] = await gpu_nodes()
     if wanted.answers and answers is not None:
         update["answers"] = await answers()
+    if wanted.cost is not None and cost is not None:
+        update.update(await read_cost(client, source, observed, wanted.cost, cost, now))
     if wanted.pod_monitor:
         update["pod_monitor"] = await read_pod_monitor(client, owner)
     return replace(observed, **update)  # type: ignore[arg-type]

@@ -34,6 +34,7 @@ from kubeinfer.operator.quality.reference import reference_spec
 from kubeinfer.operator.quality.report import QualityReport
 from kubeinfer.operator.reconcile import desired as build
 from kubeinfer.operator.reconcile.child_writes import needs_write
+from kubeinfer.operator.reconcile.cost_status import cost_record
 from kubeinfer.operator.reconcile.decide_quality import (
     quality_report,
     reference_children,
@@ -183,9 +184,11 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     quality = _quality(observed, wanted, passes, now)
     read = observed.answers if wanted.answers else None
     answers = decide_answers(read, now) if read is not None else None
+    cost = cost_record(observed, wanted, now)
     status = compute_status(
-        observed, passes, rollouts, total, now, _shadow(passes), scaling, quality, slo, answers
-    )
+        observed, passes, rollouts, total, now, _shadow(passes), scaling, quality, slo, answers,
+        cost,
+    )  # fmt: skip
     return Decision(
         apply=tuple(child for child in children if needs_write(child, observed)),
         delete=_deletions(observed, passes, rollouts, total),

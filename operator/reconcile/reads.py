@@ -20,7 +20,10 @@ PodMonitors and whose Deployments are settled costs no request beyond its childr
 - the quality watch's window of tallies, once the reference engine exists and the watch
   has begun on the engine serving (`quality.report.window_to_read`);
 - the cluster's GPU nodes, for an object on a mixed GPU fleet;
-- the PodMonitor, where the cluster serves PodMonitors and the settings allow them.
+- the PodMonitor, where the cluster serves PodMonitors and the settings allow them;
+- while the settings price nodes (`cost.pricePerNodeHour`) and a runtime Deployment
+  exists, the serving pods and the nodes they run on at every pass, and once the stored
+  cost is `cost.refreshSeconds` old the inferences they answered over the window.
 """
 
 from __future__ import annotations
@@ -46,6 +49,16 @@ class QualityWindow:
 
 
 @dataclass(frozen=True)
+class CostRead:
+    """The cost's reads: the serving pods and the nodes at every pass (the pods of the
+    window are remembered), and the inferences over `window_seconds` when the figure is due
+    (`cost.refreshSeconds` after the stored one)."""
+
+    window_seconds: int
+    inferences: bool
+
+
+@dataclass(frozen=True)
 class Reads:
     """The signals one pass reads beyond the objects (see the module's docstring); what
     is not named stays as `ObservedState` has it by default: nothing read."""
@@ -64,6 +77,9 @@ class Reads:
     answers: bool = False
     """The serving pods' known answers (`answers`): the pods listed, those due asked, by
     the controller, which keeps their schedule."""
+    cost: CostRead | None = None
+    """While the settings price nodes: the serving pods' runs, with the cost's memory of
+    the window (`cost_history`), and when due the inferences (`cost`)."""
 
 
 SIGNALS: dict[str, tuple[str, ...]] = {
@@ -76,6 +92,7 @@ SIGNALS: dict[str, tuple[str, ...]] = {
     "gpu_nodes": ("gpu_nodes",),
     "pod_monitor": ("pod_monitor",),
     "answers": ("answers",),
+    "cost": ("cost", "cost_history"),
 }
 """Each of `Reads`' signals, and the `ObservedState` fields the gather fills with it."""
 
@@ -104,7 +121,21 @@ def signals_to_read(observed: ObservedState, now: datetime) -> Reads:
         gpu_nodes=in_fleet_mode(spec),
         pod_monitor=observed.pod_monitors_available,
         answers=bool(runtimes) and spec.known_answers is not None,
+        cost=_cost_read(observed, bool(runtimes), now),
     )
+
+
+def _cost_read(observed: ObservedState, runtimes: bool, now: datetime) -> CostRead | None:
+    """The cost's reads while the settings price nodes and a runtime Deployment exists (at
+    zero replicas too: the window still holds the pods it had); the inferences only once the
+    stored figure is `refresh_seconds` old (or there is none)."""
+    settings = observed.cost_settings
+    if settings is None or not runtimes:
+        return None
+    stored = observed.status.cost
+    age = (now - stored.last_evaluated).total_seconds() if stored is not None else None
+    due = age is None or not 0 <= age < settings.refresh_seconds
+    return CostRead(settings.window_seconds, due)
 
 
 def _quality_window(observed: ObservedState, now: datetime) -> QualityWindow | None:

@@ -51,6 +51,7 @@ from kubeinfer.operator.api.v1alpha1.inference_deployment import (
     VersionStatus,
     in_fleet_mode,
 )
+from kubeinfer.operator.api.v1alpha1.status import CostStatus
 from kubeinfer.operator.quality.report import QualityReport
 from kubeinfer.operator.reconcile.engines import EnginePass
 from kubeinfer.operator.reconcile.rollout_progress import RolloutProgress
@@ -94,12 +95,14 @@ def compute_status(
     quality: QualityReport | None = None,
     slo: SloReport | None = None,
     answers: AnswersReport | None = None,
+    cost: CostStatus | None = None,
 ) -> InferenceDeploymentStatus:
     """The whole status for this pass: `passes` are the engines the object runs (its own,
     or each eligible GPU product's, with its share of the pods), `rollouts` each one's
     roll, `total` the pods wanted over all of them (a fleet's shares hold more while pods
     move); `shadow` is what a shadow rollout adds, `scaling` what the autoscaler adds
-    (None: autoscaling is off), `quality` what the quality watch adds (None: it is off)."""
+    (None: autoscaling is off), `quality` what the quality watch adds (None: it is off),
+    `cost` the cost of 1,000 inferences (None: no price is set)."""
     quality = quality or QualityReport()
     generation, previous = observed.owner.generation, observed.status
     facts = _facts(observed, passes, rollouts, total, shadow or ShadowReport(), quality)
@@ -141,6 +144,7 @@ def compute_status(
             "metrics": scaling.metrics if scaling else previous.metrics,
             "quality_watch": quality.status,
             "slo": slo.status if slo else None,
+            "cost": cost,
             **_answers_records(observed, answers),
         }
     )

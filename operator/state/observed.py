@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
+from kubeinfer.operator.settings import Cost
+from kubeinfer.operator.state.cost_readings import CostHistory, CostReading
 from kubeinfer.operator.state.gpu_nodes import GpuNode
 from kubeinfer.operator.state.known_answers import AnswerReadings
 from kubeinfer.operator.state.quality_readings import QualityHistory, QualityReading
@@ -102,6 +104,15 @@ class ObservedState:
     gpu_nodes: tuple[GpuNode, ...] | None = None
     """The cluster's GPU nodes, read for an object on a mixed GPU fleet; None when not
     read (the object runs one engine)."""
+    cost_settings: Cost | None = None
+    """The operator's prices per node-hour and the cost's window (`settings.cost`), where
+    they price any node; None: no cost is computed."""
+    cost: CostReading | None = None
+    """The inferences the priced serving pods answered over the cost's window, read when
+    the figure is due; None when not read."""
+    cost_history: CostHistory = field(default_factory=CostHistory)
+    """The serving pods of the cost's window, this pass' among them, and a direct read's
+    earlier counts (kept by the reconciler between passes, returned updated)."""
 
 
 def owner_ref_from_body(body: dict[str, Any]) -> OwnerRef:

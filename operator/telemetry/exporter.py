@@ -45,17 +45,31 @@ class Report:
 
     status: InferenceDeploymentStatus
     unavailable: tuple[tuple[str, bool], ...] = ()
+    pod_prices: tuple[tuple[str, float], ...] = ()
+    """(pod, price per hour) of each serving pod running on a priced node (the cost)."""
 
 
 def metrics_readers(observed: ObservedState) -> tuple[tuple[str, bool], ...]:
     """(reader, failed) for each read of the serving pods' metrics the gather step made:
-    the shadow's aggregates, the quality watch's window, the autoscaler's signals."""
+    the shadow's aggregates, the quality watch's window, the autoscaler's signals, the
+    inferences the cost divides."""
     readings = (
         ("shadow", observed.shadow),
         ("quality", observed.quality),
         ("scaling", observed.scaling_signals),
+        ("cost", observed.cost),
     )
     return tuple((reader, bool(reading.error)) for reader, reading in readings if reading)
+
+
+def pod_prices(observed: ObservedState) -> tuple[tuple[str, float], ...]:
+    """(pod, price per hour) of each serving pod the pass found running on a priced node:
+    what the dashboard's cost panel sums over time."""
+    return tuple(
+        (run.pod, run.price_per_hour)
+        for run in observed.cost_history.runs
+        if run.running and run.price_per_hour is not None
+    )
 
 
 class StatusBoard:
@@ -100,6 +114,7 @@ def families(reports: Iterable[tuple[Key, Report]]) -> list[Metric]:
     unavailable = _gauge(series.INFERENCE_DEPLOYMENT_METRICS_UNAVAILABLE)
     wrong = _gauge(series.INFERENCE_DEPLOYMENT_WRONG_ANSWERS)
     suspect = _gauge(series.INFERENCE_DEPLOYMENT_SUSPECT_NODE)
+    price = _gauge(series.INFERENCE_DEPLOYMENT_POD_PRICE_PER_HOUR)
     for (namespace, name), report in reports:
         status = report.status
         for c in status.conditions:
@@ -112,7 +127,9 @@ def families(reports: Iterable[tuple[Key, Report]]) -> list[Metric]:
             wrong.add_metric([namespace, name, record.pod, record.node, record.reason], 1)
         for node in status.suspect_nodes:
             suspect.add_metric([namespace, name, node], 1)
-    return [condition, replicas, ready, unavailable, wrong, suspect]
+        for pod, per_hour in report.pod_prices:
+            price.add_metric([namespace, name, pod], per_hour)
+    return [condition, replicas, ready, unavailable, wrong, suspect, price]
 
 
 def activity_families(activity: Activity) -> list[Metric]:

@@ -24,8 +24,9 @@ from kubeinfer.operator.api.v1alpha1.conditions import ConditionType
 from kubeinfer.operator.reconcile.decide import decide
 from kubeinfer.operator.reconcile.reads import SIGNALS, signals_to_read
 from kubeinfer.operator.rollout.shadow import metrics_query
-from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.operator.settings import Cost, OperatorSettings
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.cost_readings import CostHistory, CostReading
 from kubeinfer.operator.state.decision import Decision
 from kubeinfer.operator.state.observed import KubeObject, ObservedState, OwnerRef
 from kubeinfer.operator.state.quality_readings import QualityReading
@@ -161,6 +162,11 @@ class Cluster:
         self.candidate_pods: list[KubeObject] = []
         self.quality: QualityReading | None = None
         """The quality watch's window the gather step reads in the next passes."""
+        self.cost_settings: Cost | None = None
+        self.cost: CostReading | None = None
+        self.cost_history = CostHistory()
+        """The prices the gather is handed (None: none set), the inferences it reads when
+        the cost is due, and the pods of the cost's window it returns."""
         """The serving and candidate pods the gather step lists (see `runtime_pod`)."""
 
     # -- the object itself --------------------------------------------------------------
@@ -194,6 +200,9 @@ class Cluster:
             runtime_pods=tuple(copy.deepcopy(self.runtime_pods)),
             candidate_pods=tuple(copy.deepcopy(self.candidate_pods)),
             quality=self.quality,
+            cost_settings=self.cost_settings,
+            cost=self.cost,
+            cost_history=self.cost_history,
             **singles,
         )
 

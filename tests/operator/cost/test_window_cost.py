@@ -89,7 +89,7 @@ def test_a_pods_share_of_its_node(gpus, node_gpus, cpu, node_cpu, share) -> None
     ],
 )
 def test_figures_that_cannot_be_a_pod_are_refused(pod) -> None:
-    with pytest.raises(ValueError, match="must be|at most"):
+    with pytest.raises(ValueError, match=r"must be|at most"):
         pod()
 
 

@@ -26,8 +26,10 @@ import pytest
 from decide_scenarios import DIGEST_B, T0, Cluster, Unread, as_gathered, make_spec
 from kubeinfer.operator.kube import gather as gather_step
 from kubeinfer.operator.kube.client import POD, POD_MONITOR
+from kubeinfer.operator.kube.cost_reads import CostInputs
 from kubeinfer.operator.metrics_sources.source import MetricsUnavailable
 from kubeinfer.operator.reconcile.reads import SIGNALS, Reads, signals_to_read
+from kubeinfer.operator.settings import Cost
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.gpu_nodes import gpu_node
 from kubeinfer.operator.state.known_answers import AnswerReadings
@@ -82,6 +84,14 @@ def shadow_pending(candidate_settled: bool) -> Cluster:
     return cluster
 
 
+def priced(rolled_out: bool = True) -> Cluster:
+    cluster = Cluster(make_spec())
+    cluster.cost_settings = Cost(price_per_node_hour={"cpu": 0.4})
+    if rolled_out:
+        cluster.build_to_ready()
+    return cluster
+
+
 def quality_watched() -> Cluster:
     cluster = Cluster(watched(), name="demo")
     watching(cluster)
@@ -110,6 +120,11 @@ STATES = {
     ),
     "a quality watch begun: its window": (quality_watched, {"quality"}),
     "a mixed fleet: the GPU nodes": (lambda: served(two_products()), {"gpu_nodes"}),
+    "prices set, a Deployment: the serving pods and their nodes for the cost": (
+        priced,
+        {"cost"},
+    ),
+    "prices set, no Deployment yet: nothing": (lambda: priced(False), set()),
 }
 
 
@@ -142,7 +157,8 @@ def test_each_feature_reads_its_own_signals_once_there_is_something_to_read(stat
 
 def test_every_observed_field_is_a_child_the_discovery_or_a_declared_signal():
     """The children's fields are those `read_children` fills; the rest must be declared
-    signals (or the PodMonitor discovery's answer), so none can be read unannounced."""
+    signals (or the PodMonitor discovery's answer, or the cost's settings the gather is
+    handed), so none can be read unannounced."""
     tree = ast.parse((ROOT / "operator" / "kube" / "children.py").read_text())
     calls = [
         node
@@ -154,7 +170,7 @@ def test_every_observed_field_is_a_child_the_discovery_or_a_declared_signal():
     signals = {field for fields in SIGNALS.values() for field in fields}
     everything = {f.name for f in dataclasses.fields(ObservedState)}
     assert children.isdisjoint(signals)
-    assert everything == children | signals | {"pod_monitors_available"}
+    assert everything == children | signals | {"pod_monitors_available", "cost_settings"}
 
 
 # -- the gather reads exactly what is declared ---------------------------------------------
@@ -241,16 +257,23 @@ def what_the_gather_read(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> s
         nodes.append("answers")
         return AnswerReadings((), {}, {}, (), None)
 
+    async def no_nodes() -> dict:
+        return {}
+
+    prices = cluster.cost_settings
+    cost = CostInputs(prices, no_nodes) if prices is not None else None
     lister = InMemoryCluster(cluster)
     observed = asyncio.run(
         gather_step.gather(
             lister, Sources(), body_of(cluster), cluster.spec, ScalingHistory(),  # type: ignore[arg-type]
-            cluster.pod_monitors, LATER, gpu_nodes=gpu_nodes, answers=answers,
+            cluster.pod_monitors, LATER, gpu_nodes=gpu_nodes, answers=answers, cost=cost,
         )
     )  # fmt: skip
     runtime = names.selector_string(names.runtime_selector(cluster.name))
     candidate = names.selector_string(names.candidate_selector(cluster.name))
+    serving = names.selector_string(names.serving_selector(cluster.name))
     listed = {
+        "cost": ("Pod", serving) in lister.lists,
         "runtime_pods": ("Pod", runtime) in lister.lists,
         "candidate_pods": ("Pod", candidate) in lister.lists,
         "pod_monitor": any(kind == POD_MONITOR.kind for kind, _ in lister.lists),
