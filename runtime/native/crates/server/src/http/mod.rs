@@ -6,7 +6,7 @@
 //! behind its body, and no keep-alive connection is closed without saying so. A connection closes by lingering (`crate::lingering`): what its
 //! client still sends after the answer is read and dropped, so the answer is not reset.
 
-mod body;
+pub(crate) mod body;
 pub(crate) mod infer;
 mod shm;
 
@@ -24,7 +24,7 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use dataplane_core::error::ApiError;
 
-use body::{Watched, discard_body};
+use body::{Clock, Watched, discard_body};
 
 use crate::model::server_metadata;
 use crate::state::Shared;
@@ -147,8 +147,21 @@ pub async fn handle(
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    settle_unread_body(&shared, body, expects_continue, &mut response);
+    let bounds = UnreadBounds {
+        limit: shared.options.max_request_bytes,
+        idle: Duration::from_secs_f64(shared.options.body_read_timeout_seconds.max(0.001)),
+    };
+    settle_unread_body(body, expects_continue, &mut response, bounds, shared);
     Ok(response)
+}
+
+/// What an unread body may still take to be read and dropped: the request's bounds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct UnreadBounds {
+    /// The largest body taken (`maxRequestBytes`).
+    pub limit: usize,
+    /// The longest between two parts of it (the body read timeout).
+    pub idle: Duration,
 }
 
 /// What the route leaves of a request's body (a refusal sent before it: unknown model,
@@ -159,12 +172,14 @@ pub async fn handle(
 /// client waiting for `100 Continue` before it sends it), the answer says
 /// `Connection: close`. A body that breaks its bounds later (one without a length that
 /// goes on past the limit, one sent too slowly) is dropped, and hyper closes the
-/// connection after the answer already sent.
-fn settle_unread_body(
-    shared: &Arc<Shared>,
+/// connection after the answer already sent. The activator's refusals settle theirs here
+/// too (`crate::activator`).
+pub(crate) fn settle_unread_body<B>(
     mut body: Watched,
     expects_continue: bool,
-    response: &mut Response<Parts>,
+    response: &mut Response<B>,
+    bounds: UnreadBounds,
+    clock: Arc<dyn Clock + Send + Sync>,
 ) {
     let closes = response
         .headers()
@@ -173,7 +188,7 @@ fn settle_unread_body(
     if closes || body.ended() {
         return;
     }
-    let limit = shared.options.max_request_bytes;
+    let UnreadBounds { limit, idle } = bounds;
     let fits = body.size_hint().exact().is_none_or(|n| n <= limit as u64);
     if !fits || (expects_continue && body.untouched()) {
         response
@@ -181,11 +196,9 @@ fn settle_unread_body(
             .insert(CONNECTION, HeaderValue::from_static("close"));
         return;
     }
-    let shared = shared.clone();
     tokio::spawn(async move {
-        let idle = Duration::from_secs_f64(shared.options.body_read_timeout_seconds.max(0.001));
-        let deadline = shared.now() + idle;
-        if let Err(failure) = discard_body(&mut body, limit, deadline, idle, &*shared).await {
+        let deadline = clock.now() + idle;
+        if let Err(failure) = discard_body(&mut body, limit, deadline, idle, &*clock).await {
             log::debug!("An unread body was dropped: {}", failure.message());
         }
     });
