@@ -315,6 +315,59 @@ SHADOW_CANDIDATE_DURATION = Series(
 )
 
 
+# -- the activator (`kubeinfer activator`, issue 44) -----------------------------------------
+# It holds the requests of an InferenceDeployment scaled to zero until a pod is ready; the
+# operator reads held counts to wake it (from /v2/activator, or these). Its own /metrics,
+# apart from any runtime pod's: labelled by the InferenceDeployment's public Service.
+ACTIVATOR_LABELS = ("namespace", "service")
+ACTIVATOR_OUTCOMES = (
+    "forwarded",
+    "refused_full",
+    "refused_hold_timeout",
+    "refused_draining",
+    "refused_body",
+    "cancelled",
+    "backend_error",
+)
+"""How a routed request ended at the activator: sent to a ready pod, refused at once
+(its route held maxHeldRequestsPerRoute), refused when holdTimeoutSeconds passed, refused
+because the activator stopped before a pod was ready, refused for its body (413, 408),
+left by its client while held, or failed by the pod (502)."""
+# From a warm start's milliseconds to a cold one's minutes (image pull, engine load), up
+# to past the default hold timeout (120 s).
+ACTIVATOR_HOLD_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0,
+    300.0,
+)  # fmt: skip
+ACTIVATOR_HELD_REQUESTS = Series(
+    "kubeinfer_activator_held_requests",
+    "gauge",
+    ACTIVATOR_LABELS,
+    "Requests the activator holds for this Service until one of its pods is ready.",
+)
+ACTIVATOR_REQUESTS = Series(
+    "kubeinfer_activator_requests",
+    "counter",
+    (*ACTIVATOR_LABELS, "outcome"),
+    "Requests routed to this Service by the activator, by how they ended: forwarded, "
+    "refused_full, refused_hold_timeout, refused_draining, refused_body, cancelled, "
+    "backend_error.",
+)
+ACTIVATOR_HOLD_DURATION = Series(
+    "kubeinfer_activator_hold_seconds",
+    "histogram",
+    ACTIVATOR_LABELS,
+    "Time from a request's arrival at the activator to its forwarding to a ready pod.",
+    ACTIVATOR_HOLD_BUCKETS,
+)
+ACTIVATOR_UNROUTED_REQUESTS = Series(
+    "kubeinfer_activator_unrouted_requests",
+    "counter",
+    (),
+    "Requests the activator answered 404: no route of its table is for their host or model.",
+)
+
+
 # -- the operator's own series (its /metrics, `kubeinfer operator --metrics-port`) ----------
 # Each InferenceDeployment's state as the operator's last pass wrote it, as kube-state-
 # metrics exports a Deployment's and Flux its objects' (`gotk_reconcile_condition`): what

@@ -1,7 +1,8 @@
 """The Rust data plane registers the runtime's Prometheus series from a listing generated
 from `kubeinfer.contract.metric_series` (`runtime/native/crates/server/src/metrics/contract.tsv`,
 written by `contract_tsv.py` beside it), so it exports the names, types, labels, help and
-buckets the operator reads. A contract change that does not regenerate the listing fails
+buckets the operator reads; the activator's own series likewise (`activator.tsv`, written by
+`contract_tsv.py --activator`). A contract change that does not regenerate a listing fails
 here, before a Rust server exports stale names; and a scrape of a Rust server serving a
 model, after a request, is OpenMetrics (as its Content-Type says) of contract series only,
 each with its contract type, help and labels."""
@@ -29,12 +30,18 @@ def generator() -> ModuleType:
     return module
 
 
-def listed() -> list[str]:
-    return (LISTING / "contract.tsv").read_text().splitlines()
+def listed(name: str = "contract.tsv") -> list[str]:
+    return (LISTING / name).read_text().splitlines()
 
 
 def test_the_rust_servers_listing_is_what_the_contract_declares() -> None:
     assert generator().rows(metric_series) == listed(), "regenerate contract.tsv (contract_tsv.py)"
+
+
+def test_the_rust_activators_listing_is_what_the_contract_declares() -> None:
+    rows = generator().rows(metric_series, activator=True)
+    assert rows == listed("activator.tsv"), "regenerate activator.tsv (contract_tsv.py --activator)"
+    assert all(row.startswith("kubeinfer_activator_") for row in rows)
 
 
 def test_a_served_models_scrape_exports_contract_series_only(tiny_model: Path) -> None:

@@ -31,11 +31,14 @@ AT_START = (
 
 OPERATOR_PREFIXES = ("kubeinfer_operator_", "kubeinfer_inferencedeployment_")
 """The operator's own series (its exporter's, not a runtime pod's)."""
+ACTIVATOR_PREFIX = "kubeinfer_activator_"
+"""The activator's own series (its /metrics, not a runtime pod's)."""
 
 RUNTIME_SERIES = tuple(
     value
     for value in vars(series).values()
-    if isinstance(value, Series) and not value.name.startswith(OPERATOR_PREFIXES)
+    if isinstance(value, Series)
+    and not value.name.startswith((*OPERATOR_PREFIXES, ACTIVATOR_PREFIX))
 )
 
 

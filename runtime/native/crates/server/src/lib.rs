@@ -3,8 +3,11 @@
 //!
 //! The entry point is [`Server::start`]: it binds, makes the engine's slots (one OS thread
 //! each) and serves on a tokio runtime of its own, so the Python extension only holds a
-//! [`Server`] and calls [`Server::set_ready`] and [`Server::shutdown`].
+//! [`Server`] and calls [`Server::set_ready`] and [`Server::shutdown`]. The same crate
+//! holds the activator ([`Activator`]: scale to zero's request holder, issue 44), which
+//! shares the runtime's transports and limits but serves no model.
 
+pub mod activator;
 pub mod admin;
 mod driver;
 pub mod engine;
@@ -19,6 +22,7 @@ mod server;
 mod shm;
 mod state;
 
+pub use activator::{Activator, ActivatorOptions};
 pub use dataplane_core;
 pub use options::ServerOptions;
 pub use server::Server;

@@ -33,7 +33,13 @@ pub struct SeriesSpec {
 /// Every series of the contract, in its order. Panics on a malformed listing: it is
 /// compiled in, and a test reads it.
 pub fn series() -> Vec<SeriesSpec> {
-    CONTRACT_TSV
+    series_of(CONTRACT_TSV)
+}
+
+/// The series of a listing written by `contract_tsv.py` (this one's, or the activator's:
+/// `activator.tsv`), in its order; panics on a malformed one, as [`series`].
+pub fn series_of(listing: &'static str) -> Vec<SeriesSpec> {
+    listing
         .lines()
         .filter(|line| !line.trim().is_empty())
         .map(|line| parse_line(line).unwrap_or_else(|e| panic!("contract.tsv: {e}: {line}")))

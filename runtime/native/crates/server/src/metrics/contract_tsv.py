@@ -1,9 +1,13 @@
 """Writes `contract.tsv`: the runtime's Prometheus series as `kubeinfer/contract/metric_series.py`
-names them (every `Series` but the operator's own), which the Rust server registers as
-they are. Run from the repository root after changing the contract:
+names them (every `Series` but the operator's and the activator's own), which the Rust
+server registers as they are; with `--activator`, `activator.tsv`: the activator's series,
+which the Rust activator registers (`crate::activator::metrics`). Run from the repository
+root after changing the contract:
 
     python runtime/native/crates/server/src/metrics/contract_tsv.py > \
         runtime/native/crates/server/src/metrics/contract.tsv
+    python runtime/native/crates/server/src/metrics/contract_tsv.py --activator > \
+        runtime/native/crates/server/src/metrics/activator.tsv
 
 Columns: name, kind, labels (comma-separated), buckets (Python's repr, comma-separated),
 help. Reads the contract module by path, so it needs nothing installed (the module imports
@@ -18,6 +22,7 @@ from types import ModuleType
 
 ROOT = pathlib.Path(__file__).resolve().parents[6]
 OPERATOR_PREFIXES = ("kubeinfer_operator_", "kubeinfer_inferencedeployment_")
+ACTIVATOR_PREFIX = "kubeinfer_activator_"
 
 
 def contract_module() -> ModuleType:
@@ -31,11 +36,14 @@ def contract_module() -> ModuleType:
     return module
 
 
-def rows(module: ModuleType) -> list[str]:
-    """One line per runtime series of the contract `module`, in its order."""
+def rows(module: ModuleType, activator: bool = False) -> list[str]:
+    """One line per runtime series of the contract `module` (`activator`: per activator
+    series instead), in its order."""
     lines = []
     for value in vars(module).values():
         if not isinstance(value, module.Series) or value.name.startswith(OPERATOR_PREFIXES):
+            continue
+        if value.name.startswith(ACTIVATOR_PREFIX) != activator:
             continue
         fields = (
             value.name,
@@ -50,4 +58,4 @@ def rows(module: ModuleType) -> list[str]:
 
 
 if __name__ == "__main__":
-    print("\n".join(rows(contract_module())))
+    print("\n".join(rows(contract_module(), activator="--activator" in sys.argv[1:])))

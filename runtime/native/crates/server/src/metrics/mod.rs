@@ -25,8 +25,8 @@
 //! nothing (prometheus_client prints its HELP and TYPE alone), and no `_created` samples
 //! are written.
 
-mod contract;
-mod registry;
+pub(crate) mod contract;
+pub(crate) mod registry;
 mod request;
 mod routes;
 
