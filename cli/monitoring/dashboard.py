@@ -1,7 +1,7 @@
 """The chart's Grafana dashboard, built with Grafana's own typed builders
 (`grafana-foundation-sdk`) from the contract's series: serving latency by model version,
 the batch queue, batch sizes, the shadow and the quality watch, the known-answer checks,
-GPU memory and replicas.
+GPU memory and replicas, and the cost of 1,000 inferences.
 Rendered once into `helm/kubeinfer/files/monitoring/grafana-dashboard.json`, which the
 chart ships in a ConfigMap for Grafana's dashboard sidecar.
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from kubeinfer.cli.monitoring import promql
+from kubeinfer.contract import cost
 from kubeinfer.contract import metric_series as series
 
 UID = "kubeinfer"
@@ -24,6 +25,11 @@ WINDOW = "$__rate_interval"
 NAMESPACE = {"namespace": "=~$namespace"}
 SERVING = {**NAMESPACE, "model": "=~$model"}
 VERSION = ("model", "version")
+COST_WINDOW_SECONDS = 3600
+"""The cost panel's window: the hour `cost.windowSeconds` defaults to."""
+COST_RESOLUTION_SECONDS = 15
+"""How finely the cost panel counts the pods' seconds: each pod's start and end to within
+this (a subquery step)."""
 
 
 @dataclass(frozen=True)
@@ -293,6 +299,30 @@ SECTIONS = (
                             **NAMESPACE,
                         ),
                         "{{name}} ready",
+                    ),
+                ),
+                min=0,
+            ),
+        ),
+    ),
+    Section(
+        "Cost",
+        (
+            PanelSpec(
+                "Cost of 1,000 inferences (last hour)",
+                "What 1,000 inferences cost over the hour before each point, per "
+                "InferenceDeployment: each serving pod's share of its node times the node's "
+                "price per hour (the operator's settings.cost.pricePerNodeHour, in their "
+                "currency), for the seconds it ran, idle or not, over the inferences those pods "
+                "answered (HTTP 200). The status shows the same formula over cost.windowSeconds "
+                "(`kubectl get infd -o wide`, Cost/1k). Empty without prices or inferences.",
+                "short",
+                (
+                    Target(
+                        cost.per_thousand_inferences_promql(
+                            COST_WINDOW_SECONDS, COST_RESOLUTION_SECONDS, 'namespace=~"$namespace"'
+                        ),
+                        "{{namespace}}/{{name}}",
                     ),
                 ),
                 min=0,

@@ -13,6 +13,8 @@ Prometheus, one load run, every expression in one pass.
   pod that has one, a shifted slice below 90 % agreement on 200 rows or more, a quality
   reference nobody answers, and the operator's verdicts on the board (pods taken out for
   wrong answers and their suspect node among them).
+- The cost panel returns data for the serving pod the board prices (its figure against the
+  formula, on hand-made series: test_cost_panel_real.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from kubeinfer.cli.monitoring import dashboard
 from kubeinfer.cli.monitoring.render import DASHBOARD, RULES
 from kubeinfer.contract import metric_series as series
 from kubeinfer.operator.api.v1alpha1.conditions import (
@@ -110,8 +113,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, flo
                     )
                 ),
                 (("scaling", True), ("quality", False)),
+                pod_prices=(("tiny-serving", 3.6),),  # its node's share, for the cost panel
             ),
         )
+        priced = time.time()
         world.board.record(
             ("ns-b", "broken"),
             Report(status(1, 0, (R.ENGINE_READY, "False", Reason.ENGINE_BUILD_FAILED))),
@@ -121,6 +126,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, flo
             world.load(requests=REQUESTS // CHUNKS, seed=chunk)
             world.wait_for_scrape_after(time.time())  # each chunk in a scrape of its own
         world.settle()
+        # The cost panel counts a pod's seconds in subquery steps: one at least since priced.
+        time.sleep(max(0.0, priced + dashboard.COST_RESOLUTION_SECONDS + 1 - time.time()))
         loaded = time.time()
         world.wait_for_scrape_after(loaded)
         assert set(world.statuses) == {200}
