@@ -17,7 +17,8 @@ of request sizes, which it cannot send in one run, goes through kubeinfer's own 
 Then stdout gets the points, the throughput/p99 frontier, and the `runtime.batching`
 block of the highest-throughput point whose p99 meets the SLO (with every request
 answered), with what it serves per CPU-second (per GPU-second for a GPU engine) and,
-given the node's price, what 1,000 inferences (rows) cost; `--json` gives the same as one
+given the node's price, what 1,000 inferences (requests answered) cost, by the formula of
+the operator's status.cost (`kubeinfer.contract.cost`); `--json` gives the same as one
 JSON object.
 
 Traffic: `--concurrency N` closed-loop clients, or `--rate R` requests per second
@@ -157,7 +158,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--node-cost-per-hour",
         type=_positive(float),
         metavar="PRICE",
-        help="the node's price per hour, for the cost of 1,000 inferences",
+        help="the node's price per hour, for the cost of 1,000 inferences (requests answered)",
     )
     add(
         "--cache",

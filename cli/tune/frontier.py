@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kubeinfer.contract.cost import PodUsage, WindowCost, window_cost
 from kubeinfer.contract.runtime_config import BatchingPolicy, BatchingPolicyKind
 
 
@@ -190,12 +191,16 @@ def _negated(key: tuple[int, int, int]) -> tuple[int, int, int]:
     return (-key[0], -key[1], -key[2])
 
 
-def cost_per_thousand_inferences(node_cost_per_hour: float, rows_per_second: float) -> float:
-    """What 1,000 inferences (rows) cost on a node of `node_cost_per_hour` serving them at
-    `rows_per_second` (the node doing nothing else)."""
-    if rows_per_second <= 0:
-        return math.inf
-    return node_cost_per_hour / 3600 / rows_per_second * 1000
+def window_cost_of(point: Measurement, node_cost_per_hour: float) -> WindowCost:
+    """What the point's window cost and 1,000 of its inferences, by the formula the
+    operator's status.cost and the dashboard use (`kubeinfer.contract.cost`): one server
+    holding the whole node (the node serving only this) for the window, over the requests
+    it answered in it (an inference is a request answered, whatever its rows)."""
+    pod = PodUsage(
+        node_share=1.0, node_price_per_hour=node_cost_per_hour, running_seconds=point.window_seconds
+    )
+    answered = max(0.0, point.requests_per_second * point.window_seconds)
+    return window_cost([pod], answered if math.isfinite(answered) else 0.0)
 
 
 def eta_seconds(points_done: int, points_total: int, elapsed_seconds: float) -> float | None:

@@ -15,9 +15,10 @@ from kubeinfer.cli.tune.frontier import (
     Choice,
     Measurement,
     Setting,
-    cost_per_thousand_inferences,
     meets_slo,
+    window_cost_of,
 )
+from kubeinfer.contract.cost import WindowCost
 
 
 @dataclass(frozen=True)
@@ -117,23 +118,43 @@ class Economics:
 
     requests_per_cpu_second: float | None
     requests_per_gpu_second: float | None
-    cost_per_thousand_inferences: float | None
+    cost: WindowCost | None = None
+    """Its window's cost at the node's price (None: no price given)."""
+
+    @property
+    def cost_per_thousand_inferences(self) -> float | None:
+        return _number(self.cost.per_thousand_inferences) if self.cost else None
 
 
 def economics(point: Measurement, context: Context) -> Economics:
     """Requests per second of the server's CPU; per GPU-second (one GPU per server, so
-    its throughput) for a GPU engine; the cost of 1,000 inferences (rows) at the node's
-    price."""
+    its throughput) for a GPU engine; the cost of 1,000 inferences at the node's price,
+    by the operator's formula (`frontier.window_cost_of`)."""
     cost = (
-        cost_per_thousand_inferences(context.node_cost_per_hour, point.rows_per_second)
+        window_cost_of(point, context.node_cost_per_hour)
         if context.node_cost_per_hour is not None
         else None
     )
     return Economics(
         point.requests_per_cpu_second,
         point.requests_per_second if context.gpu_engine else None,
-        _number(cost),
+        cost,
     )
+
+
+def cost_line(money: Economics, context: Context) -> str | None:
+    """The report's line of the cost of 1,000 inferences, with what it is computed from."""
+    figure, price = money.cost, context.node_cost_per_hour
+    if figure is None or price is None:
+        return None
+    inputs = (
+        f"the node at {price:g} per node-hour for {figure.pod_hours * 3600:.1f} s "
+        f"(serving only this) over the {figure.inferences:.0f} inferences (requests answered) "
+        "of the window"
+    )
+    if money.cost_per_thousand_inferences is None:
+        return f"1,000 inferences: no figure, none answered ({inputs})"
+    return f"1,000 inferences cost {money.cost_per_thousand_inferences:.6f}: {inputs}"
 
 
 def text_report(
@@ -173,11 +194,9 @@ def text_report(
         out.append(f"At this point: {money.requests_per_cpu_second:.0f} requests per CPU-second")
     if money.requests_per_gpu_second is not None:
         out.append(f"At this point: {money.requests_per_gpu_second:.0f} requests per GPU-second")
-    if money.cost_per_thousand_inferences is not None:
-        out.append(
-            f"1,000 inferences (rows) cost {money.cost_per_thousand_inferences:.6f} at "
-            f"{context.node_cost_per_hour:g} per node-hour (the node serving only this)"
-        )
+    line = cost_line(money, context)
+    if line is not None:
+        out.append(line)
     return "\n".join(out) + "\n"
 
 

@@ -6,7 +6,9 @@ a real (in-process) server, bad arguments, and two real sweeps end to end.
   refusing what `kubeinfer serve` would; the frontier (tables, and a property: no frontier
   point dominated, every other point dominated by one); the choice (the SLO met at the
   highest throughput, else the closest point, else the fewest failures); the cost of
-  1,000 inferences; the printed block read back as a `BatchingPolicy`.
+  1,000 inferences by the operator's formula (`contract.cost`: the node for the window over
+  the requests answered) and the report's line with its inputs; the printed block read
+  back as a `BatchingPolicy`.
 - The open loop charges a server that falls behind for the queue it builds (latency from
   when a request was due) and counts what is still unanswered after the drain as failed.
 - Bad arguments: one line on stderr naming what to change, exit 2, nothing started.
@@ -39,7 +41,6 @@ from kubeinfer.cli.tune.frontier import (
     Measurement,
     Setting,
     choose,
-    cost_per_thousand_inferences,
     default_max_batch_sizes,
     dominates,
     eta_seconds,
@@ -48,7 +49,13 @@ from kubeinfer.cli.tune.frontier import (
     sweep_grid,
 )
 from kubeinfer.cli.tune.load import EncodedRequest, run_open_loop
-from kubeinfer.cli.tune.report import Context, batching_block, economics, progress_line
+from kubeinfer.cli.tune.report import (
+    Context,
+    batching_block,
+    economics,
+    progress_line,
+    text_report,
+)
 from kubeinfer.cli.tune.traffic import (
     Arrival,
     RowsMix,
@@ -58,6 +65,7 @@ from kubeinfer.cli.tune.traffic import (
     poisson_arrivals,
     replay_trace,
 )
+from kubeinfer.contract.cost import PodUsage, window_cost
 from kubeinfer.contract.runtime_config import BatchingPolicy
 from pydantic import ValidationError
 
@@ -317,17 +325,26 @@ def test_with_nothing_measured_nothing_is_chosen() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cost_per_hour", "rows_per_second", "cost"),
+    ("cost_per_hour", "requests_per_second", "cost"),
     [
-        (3.6, 1000, 0.001),  # 0.001 per second of the node, 1000 rows in it
+        (3.6, 1000, 0.001),  # 0.001 per second of the node, 1000 requests in it
         (3.6, 10, 0.1),
-        (0.5, 0, math.inf),
+        (0.5, 0, None),  # nothing answered: no figure
     ],
 )
 def test_the_cost_of_a_thousand_inferences(
-    cost_per_hour: float, rows_per_second: float, cost: float
+    cost_per_hour: float, requests_per_second: float, cost: float | None
 ) -> None:
-    assert cost_per_thousand_inferences(cost_per_hour, rows_per_second) == pytest.approx(cost)
+    """An inference is a request answered (4 rows each here), as the operator counts."""
+    measured = point(requests_per_second, 4.0, rows_per_request=4)
+    money = economics(measured, Context(10, "t", "e", "w", False, node_cost_per_hour=cost_per_hour))
+    if cost is None:
+        assert money.cost_per_thousand_inferences is None
+    else:
+        assert money.cost_per_thousand_inferences == pytest.approx(cost)
+    # The operator's function itself, on the same inputs: the node for the window.
+    same = window_cost([PodUsage(1.0, cost_per_hour, 1.0)], requests_per_second)
+    assert money.cost == same
 
 
 def test_the_economics_of_the_chosen_point() -> None:
@@ -337,9 +354,22 @@ def test_the_economics_of_the_chosen_point() -> None:
     on_cpu, on_gpu = economics(chosen, cpu), economics(chosen, gpu)
     assert on_cpu.requests_per_cpu_second == 1000  # 500 requests on half a core-second
     assert on_cpu.requests_per_gpu_second is None
-    assert on_cpu.cost_per_thousand_inferences == pytest.approx(7.2 / 3600 / 2000 * 1000)
+    assert on_cpu.cost_per_thousand_inferences == pytest.approx(7.2 / 3600 / 500 * 1000)
     assert on_gpu.requests_per_gpu_second == 500
     assert on_gpu.cost_per_thousand_inferences is None
+
+
+def test_the_report_says_the_cost_with_what_it_is_computed_from() -> None:
+    chosen = point(500, 4.0, rows_per_request=4)
+    choice = choose([chosen], 10)
+    context = Context(10, "t", "e", "w", gpu_engine=False, node_cost_per_hour=7.2)
+    text = text_report([chosen], [chosen], choice, context)
+    assert (
+        "1,000 inferences cost 0.004000: the node at 7.2 per node-hour for 1.0 s (serving "
+        "only this) over the 500 inferences (requests answered) of the window"
+    ) in text
+    without = text_report([chosen], [chosen], choice, Context(10, "t", "e", "w", False))
+    assert "1,000 inferences" not in without
 
 
 @pytest.mark.parametrize("queue_size", [None, 64])
@@ -628,7 +658,7 @@ def test_a_tiny_sweep_end_to_end_from_onnx_then_from_its_engine(
     assert chosen["p99Milliseconds"] == closest["p99Milliseconds"]
     assert BatchingPolicy.model_validate(chosen["batching"]).max_batch_size == 4
     assert chosen["costPerThousandInferences"] == pytest.approx(
-        3.6 / 3600 / chosen["rowsPerSecond"] * 1000
+        3.6 / 3600 / chosen["requestsPerSecond"] * 1000
     )
     assert chosen["requestsPerGpuSecond"] is None  # an ONNX Runtime engine, on CPU
     as_measured = [
