@@ -59,7 +59,8 @@ class ServeProcess(LoopbackHttp):
     """One `kubeinfer serve --onnx MODEL --model-name NAME FLAGS...` process, started and
     ready (its readiness route answers 200; `ready_path` another route to wait for, such
     as liveness for a process that must never become ready). With `model` None the flags
-    name the source (`--engine DIGEST --cache DIR`, `--config FILE`)."""
+    name the source (`--engine DIGEST --cache DIR`, `--config FILE`). `port`: the one to
+    listen on (default: a free one), for a client told it before the process starts."""
 
     def __init__(
         self,
@@ -68,9 +69,10 @@ class ServeProcess(LoopbackHttp):
         *flags: str,
         ready_timeout: float = 60,
         ready_path: str = "/v2/health/ready",
+        port: int | None = None,
     ) -> None:
         self.name = name
-        self.port = free_port()
+        self.port = port or free_port()
         self._log = tempfile.TemporaryFile()
         source = ["--onnx", str(model)] if model is not None else []
         self.process = subprocess.Popen(

@@ -2,7 +2,10 @@
 //! extension. The Python side loads the engine and checks its known answers as before, then
 //! hands the engine to [`server::PyServer`] (`kubeinfer_dataplane.Server`), which serves it
 //! over HTTP (and gRPC) from Rust threads, taking the GIL once per batch ([`engine`]).
+//! [`activator::PyActivator`] (`kubeinfer_dataplane.Activator`) is the activator of
+//! `kubeinfer activator`, which serves no model and never calls Python.
 
+pub mod activator;
 mod arrays;
 pub mod engine;
 pub mod mirror;
@@ -25,6 +28,7 @@ fn kubeinfer_dataplane(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     module.add_function(wrap_pyfunction!(gil_crossings, module)?)?;
     module.add_class::<server::PyServer>()?;
+    module.add_class::<activator::PyActivator>()?;
     Ok(())
 }
 
