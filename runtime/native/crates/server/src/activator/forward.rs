@@ -11,7 +11,9 @@ use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, CONTENT_TYPE, HOST, HeaderMap, HeaderName, HeaderValue, TE};
+use hyper::header::{
+    CONNECTION, CONTENT_TYPE, EXPECT, HOST, HeaderMap, HeaderName, HeaderValue, TE,
+};
 use hyper::http::request::Parts;
 use hyper::{Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
@@ -147,8 +149,8 @@ fn authority(host: &str, port: u16) -> String {
 }
 
 /// The request to send: the client's method, path, query and headers (less the
-/// hop-by-hop ones, and its Host: the backend's is set from the URI), `X-Forwarded-For`
-/// with the client's address added.
+/// hop-by-hop ones, its Host, the backend's being set from the URI, and its Expect),
+/// `X-Forwarded-For` with the client's address added.
 fn upstream_request(
     head: &Parts,
     body: Bytes,
@@ -165,6 +167,8 @@ fn upstream_request(
     let headers = request.headers_mut();
     *headers = end_to_end(&head.headers);
     headers.remove(HOST);
+    // The body was read whole already: the backend is not to be asked to invite it.
+    headers.remove(EXPECT);
     if let Some(address) = client {
         let forwarded = match head.headers.get(X_FORWARDED_FOR).map(HeaderValue::to_str) {
             Some(Ok(earlier)) => format!("{earlier}, {address}"),

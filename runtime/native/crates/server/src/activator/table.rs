@@ -73,7 +73,8 @@ impl Tables {
                 let count = routes.len();
                 self.install(routes, context);
                 self.read.store(true, Ordering::Relaxed);
-                log::info!("Loaded routes file={} routes={count}", path.display());
+                let (file, missing) = (path.display(), content.is_none());
+                log::info!("Loaded routes file={file} routes={count} missing={missing}");
             }
             Err(error) => {
                 log::warn!(

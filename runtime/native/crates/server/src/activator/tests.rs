@@ -2,7 +2,8 @@
 //! reloading (`tests/reload.rs`); and over real sockets on 127.0.0.1 against toy hyper
 //! backends started by the test (`tests/holding.rs`: held then forwarded, the bound, the
 //! hold timeout, clients that leave, the drain; `tests/grpc.rs`: gRPC through it, its
-//! trailers passed on); its series against the contract's listing (`tests/series.rs`). The activator runs on its own runtime (its start and shutdown
+//! trailers passed on); its series against the contract's listing (`tests/series.rs`);
+//! its wake-ups (`tests/wake.rs`). The activator runs on its own runtime (its start and shutdown
 //! block), the clients and backends on the test's own, as the server's tests do; waits
 //! are on conditions, polled.
 
@@ -11,6 +12,7 @@ mod holding;
 mod reload;
 mod routes;
 mod series;
+mod wake;
 
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
