@@ -167,23 +167,22 @@ def test_the_panel_and_the_function_agree_on_the_same_samples(world: World) -> N
     pods[A].answered, pods[D].answered = 50, 5
     world.running(A, C, D)
     world.wait_for_scrapes()
-    time.sleep(3)  # a's 50 and d's 5 lie well before the window
-    walls = {A: time.time(), C: time.time(), D: time.time()}
+    time.sleep(3)  # not a wait: a's 50 and d's 5 lie well before the window
     change = time.time()
     at = change + WINDOW - 2  # the window starts 2 s before the change
     pods[A].answered, pods[B].answered, pods[D].answered = 80, 10, 15
     world.running(A, B, C, D)
-    walls[B] = time.time()
+    started = {B: time.time()}
     world.wait_for_scrapes()
     pods[B].answered = 40
     world.wait_for_scrapes()
-    time.sleep(max(0.0, change + 6 - time.time()))
+    time.sleep(max(0.0, change + 6 - time.time()))  # not a wait: b runs 6 s of the window
     world.running(A, C, D)  # b leaves
     ends = {B: time.time()}
-    time.sleep(max(0.0, change + 14 - time.time()))
+    time.sleep(max(0.0, change + 14 - time.time()))  # not a wait: a and c run on, c idle
     world.running(D)  # a and c leave; clf has no pod from here on
     ends[A] = ends[C] = time.time()
-    time.sleep(max(0.0, at + 1 - time.time()))
+    time.sleep(max(0.0, at + 1 - time.time()))  # not a wait: the window's last 4 s at zero
     world.wait_for_scrapes()
 
     expr = cost.per_thousand_inferences_promql(WINDOW, RESOLUTION, f'namespace="{NAMESPACE}"')
@@ -199,7 +198,7 @@ def test_the_panel_and_the_function_agree_on_the_same_samples(world: World) -> N
     # The seconds measured are the pods' runs in the window, to a step and a scrape or two.
     window_start = at - WINDOW
     spans = {
-        A: ends[A] - window_start, B: ends[B] - walls[B], C: ends[C] - window_start,
+        A: ends[A] - window_start, B: ends[B] - started[B], C: ends[C] - window_start,
         D: WINDOW,
     }  # fmt: skip
     for pod, span in spans.items():

@@ -126,7 +126,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, flo
             world.load(requests=REQUESTS // CHUNKS, seed=chunk)
             world.wait_for_scrape_after(time.time())  # each chunk in a scrape of its own
         world.settle()
-        # The cost panel counts a pod's seconds in subquery steps: one at least since priced.
+        # not a wait: the cost panel counts a pod's seconds in subquery steps, one at least
         time.sleep(max(0.0, priced + dashboard.COST_RESOLUTION_SECONDS + 1 - time.time()))
         loaded = time.time()
         world.wait_for_scrape_after(loaded)
