@@ -188,6 +188,7 @@ impl Activator {
             started.elapsed().as_secs_f64()
         );
         runtime.shutdown_timeout(Duration::from_secs(1));
+        self.context.tables.clear();
     }
 
     /// [`Activator::shutdown`] with the options' drain grace.

@@ -23,6 +23,15 @@ pub struct Table {
     pub holds: Vec<Arc<Hold>>,
 }
 
+impl Table {
+    fn empty() -> Arc<Table> {
+        Arc::new(Table {
+            routes: Vec::new(),
+            holds: Vec::new(),
+        })
+    }
+}
+
 /// The table in force, swapped whole on a reload.
 pub struct Tables {
     current: RwLock<Arc<Table>>,
@@ -35,10 +44,7 @@ pub struct Tables {
 impl Tables {
     pub fn new() -> Tables {
         Tables {
-            current: RwLock::new(Arc::new(Table {
-                routes: Vec::new(),
-                holds: Vec::new(),
-            })),
+            current: RwLock::new(Table::empty()),
             read: AtomicBool::new(false),
             last: Mutex::new(None),
         }
@@ -83,6 +89,15 @@ impl Tables {
                 );
             }
         }
+    }
+
+    /// No routes any more: the activator stopped. Each route's state holds the activator's
+    /// context, which holds this table: emptied, the two let each other go.
+    pub fn clear(&self) {
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Table::empty();
     }
 
     /// `routes` in force, each keeping the state it had under the table before.

@@ -133,6 +133,12 @@ fn requests_held_until_a_backend_started_late_is_ready_are_all_forwarded_as_they
             Some(0.0)
         );
     });
+    activator.stop();
+    assert_eq!(
+        Arc::strong_count(&activator.context),
+        1,
+        "its state let go once stopped"
+    );
 }
 
 #[test]
