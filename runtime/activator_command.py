@@ -208,13 +208,11 @@ def _serve(activator: Any, settings: ActivatorSettings) -> int:
         )  # fmt: skip
         while not stop.wait(1.0):  # a timed wait, so the signal handler runs promptly
             pass
-        log.info("Draining the activator grace_period_seconds=%g",
-                 settings.drain_grace_period_seconds)  # fmt: skip
     finally:
+        # The activator logs its drain (what it held, how long it took).
         activator.shutdown(settings.drain_grace_period_seconds)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        log.info("Stopped the activator")
     return 0
 
 

@@ -168,7 +168,7 @@ impl Activator {
             .map(|h| h.held(tokio::time::Instant::now()).0)
             .sum();
         log::info!(
-            "Activator draining held={held} grace_period_seconds={}",
+            "Started draining the activator held={held} grace_period_seconds={}",
             grace.as_secs_f64()
         );
         let started = Instant::now();
@@ -176,7 +176,7 @@ impl Activator {
             self.context.stage.send_replace(Stage::Draining);
             if let Some(mut served) = served {
                 if tokio::time::timeout(grace, &mut served).await.is_err() {
-                    log::warn!("Activator drain grace period ran out");
+                    log::warn!("Drain grace period ran out: refusing the requests still held");
                     self.context.stage.send_replace(Stage::Stopped);
                     let _ = served.await;
                 }
@@ -184,7 +184,7 @@ impl Activator {
             self.context.stage.send_replace(Stage::Stopped);
         });
         log::info!(
-            "Activator stopped seconds={:.3}",
+            "Stopped the activator seconds={:.3}",
             started.elapsed().as_secs_f64()
         );
         runtime.shutdown_timeout(Duration::from_secs(1));

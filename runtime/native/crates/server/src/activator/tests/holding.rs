@@ -1,8 +1,9 @@
 //! Requests through the activator over HTTP/1: held until a backend started late is
 //! ready, then all forwarded as they came; past the route's bound refused at once, before
 //! their body; refused when their hold time passes; a client that leaves while held
-//! counted and given back its place; a forward that cannot connect held again; the
-//! drain's 503s and forwards; requests for no route, and the activator's own routes.
+//! counted and given back its place; a forward that cannot connect held again, one the
+//! backend fails answered 502; the drain's 503s and forwards; requests for no route (a
+//! model two namespaces serve among them), and the activator's own routes.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -379,5 +380,72 @@ fn a_request_for_no_route_is_404_and_the_activator_answers_its_own_routes() {
             (status.as_u16(), body.as_ref()),
             (200, b"{\"ready\":true}".as_ref())
         );
+    });
+}
+
+#[test]
+fn a_model_two_namespaces_serve_sent_to_an_address_is_404_naming_both() {
+    let scratch = Scratch::new("ambiguous");
+    let routes = scratch.path("routes.json");
+    let mut other = super::route(free_port(), None);
+    other["namespace"] = json!("other");
+    super::write_routes(&routes, &[super::route(free_port(), None), other]);
+    let changes = json!({"holdTimeoutSeconds": 0.2});
+    let activator = Activator::start(super::options(&routes, changes)).unwrap();
+    let port = activator.http_port();
+    client_runtime().block_on(async {
+        let (status, _, body) = call(port, "POST", "/v2/models/m/infer", "10.0.0.1", b"{}").await;
+        assert_eq!(status, 404);
+        let error: Value = serde_json::from_slice(&body).unwrap();
+        let error = error["error"].as_str().unwrap();
+        assert!(
+            error.contains("more than one namespace (ns, other)"),
+            "{error}"
+        );
+        // Its Service's name says which.
+        let by_name = call(port, "GET", "/v2/models/m", "svc.other", b"").await;
+        assert_eq!(
+            by_name.0, 503,
+            "held for other/svc, whose backend never starts"
+        );
+    });
+}
+
+/// A backend that answers its readiness and drops every other request unanswered.
+async fn dropping_backend(port: u16) {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut head = vec![0u8; 4096];
+            let read = stream.read(&mut head).await.unwrap_or(0);
+            if head[..read].starts_with(b"GET /v2/health/ready ") {
+                let ready = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+                let _ = stream.write_all(ready.as_bytes()).await;
+            }
+        }
+    });
+}
+
+#[test]
+fn a_backend_that_fails_a_forwarded_request_is_answered_502() {
+    let scratch = Scratch::new("502");
+    let backend_port = free_port();
+    let activator = activator(&scratch, backend_port, None, json!({}));
+    let port = activator.http_port();
+    client_runtime().block_on(async {
+        dropping_backend(backend_port).await;
+        let (status, headers, body) = infer(port, 0).await;
+        assert_eq!(status, 502);
+        assert_eq!(headers["content-type"], "application/json");
+        let error: Value = serde_json::from_slice(&body).unwrap();
+        let error = error["error"].as_str().unwrap();
+        assert!(
+            error.starts_with("the backend failed the request: "),
+            "{error}"
+        );
+        assert_eq!(counted(port, "backend_error").await, Some(1.0));
     });
 }
