@@ -49,6 +49,7 @@ from typing import Any
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentSpec, InferenceDeploymentStatus
 from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_spec
 from kubeinfer.operator.kube import apply
+from kubeinfer.operator.kube.activator import ActivatorReader, RouteTable
 from kubeinfer.operator.kube.cache import CachedReader, Lister
 from kubeinfer.operator.kube.client import INFERENCE_DEPLOYMENT, POD_MONITOR, ApiError, KubeClient
 from kubeinfer.operator.kube.cost_reads import CostInputs, PricedNodes
@@ -154,6 +155,12 @@ class Reconciler:
         """The suspect nodes' taints, with known_answers.taint_suspect_nodes (all objects)."""
         self.priced_nodes = PricedNodes(client, settings.requeue.resync_interval_seconds)
         """Every node, for the cost's prices where the settings set any (one list for all)."""
+        self.activator = ActivatorReader(
+            client, settings.activator, settings.metrics.timeout_seconds
+        )
+        """The activator pods' routes and held requests (objects with minReplicas 0)."""
+        self.routes = RouteTable(client, settings.activator)
+        """The activator's route table: one route per object with minReplicas 0."""
         self._closed = False
 
     def tracked(self) -> set[tuple[str, str]]:
@@ -291,6 +298,7 @@ class Reconciler:
         key = (namespace, name)
         body = await self._read(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
+            await self.routes.set(key, None)
             return Outcome(None)
         self._acted_on[key] = int(body["metadata"].get("generation") or 0)
         owner = owner_ref_from_body(body)
@@ -314,6 +322,7 @@ class Reconciler:
             gpu_nodes=lambda: self.gpu_nodes.read(key),
             answers=self._answers_reader(key, owner, spec),
             cost=self._cost_inputs(key),
+            activator=self.activator.read,
         )
         if spec.quality_watch.enabled:
             self._quality_histories[key] = observed.quality_history
@@ -331,6 +340,8 @@ class Reconciler:
         else:
             self._histories.pop(key, None)
         try:
+            # The route first: an object goes to zero only once the activator serves it.
+            await self.routes.set(key, decision.activator_route)
             writes = await apply.apply_children(self.client, decision.apply)
             writes += await apply.delete_children(self.client, decision.delete, observed)
             if decision.answers is not None:
@@ -436,6 +447,16 @@ class Reconciler:
         self._pod_monitors = (clock, serves)
         return serves
 
+    def wake(self, namespace: str, service: str) -> bool:
+        """An activator holds a request for the object of `service`: a pass now, reading
+        the activator afresh (the pass checks the held count itself: a wake is only a
+        hint, so a forged one costs a read)."""
+        if self._closed:
+            return False
+        self.activator.forget()
+        self.trigger(namespace, service, delay=0)  # the Service keeps the object's name
+        return True
+
     def trigger(self, namespace: str, name: str, delay: float = TRIGGER_DELAY_SECONDS) -> None:
         """Asks for a pass within `delay` seconds without waiting for it (a watch event's
         way in): a pass already due sooner stands, so a burst of events costs one pass,
@@ -495,3 +516,4 @@ class Reconciler:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         await self.metrics.close()
+        await self.activator.close()

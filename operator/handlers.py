@@ -46,6 +46,7 @@ from kubeinfer.operator.kube.child_events import ChildEvents
 from kubeinfer.operator.kube.client import (
     CONFIGMAP,
     DEPLOYMENT,
+    ENDPOINT_SLICE,
     JOB,
     PDB,
     POD,
@@ -63,7 +64,7 @@ from kubeinfer.operator.state.names import LABEL_INSTANCE, LABEL_MANAGED_BY, MAN
 from kubeinfer.operator.telemetry.activity import Activity
 from kubeinfer.operator.telemetry.exporter import StatusBoard
 
-CHILD_RESOURCES = (JOB, POD, DEPLOYMENT, CONFIGMAP, SERVICE, PVC, PDB)
+CHILD_RESOURCES = (JOB, POD, DEPLOYMENT, CONFIGMAP, SERVICE, PVC, PDB, ENDPOINT_SLICE)
 
 Login = Callable[..., Awaitable[kopf.ConnectionInfo | None] | kopf.ConnectionInfo | None]
 
@@ -94,10 +95,13 @@ class OperatorContext:
         self.reconciler = Reconciler(
             self.client, self.settings, board=self.board, reader=self.cache
         )
+        self.board.wake = self.reconciler.wake
 
     async def close(self) -> None:
         """Stops the reconciler (its requeues included); the vault, which holds the
         sessions, is kopf's to close."""
+        if self.board is not None:
+            self.board.wake = None
         await self.reconciler.close()
 
 

@@ -41,6 +41,7 @@ from typing import Any
 from kubeinfer.operator.kube.resources import (
     CONFIGMAP,
     DEPLOYMENT,
+    ENDPOINT_SLICE,
     EVENT,
     INFERENCE_DEPLOYMENT,
     JOB,
@@ -96,6 +97,8 @@ RULES: tuple[Rule, ...] = (
     _rule((DEPLOYMENT,), ("list", "watch", "create", "patch", "delete")),
     _rule((JOB,), ("list", "watch", "create", "patch", "delete")),
     _rule((PDB,), ("list", "watch", "create", "patch")),
+    # An object at zero pods: its Service's endpoints are the activator's (desired_activator).
+    _rule((ENDPOINT_SLICE,), ("list", "watch", "create", "patch", "delete")),
     _rule((POD_MONITOR,), ("list", "create", "patch")),
 )
 

@@ -206,6 +206,37 @@ class KnownAnswers(_Group):
     operator needs `patch` on nodes (the chart grants it only then)."""
 
 
+class Activator(_Group):
+    """Where the activator runs (the Deployment the chart and `kubeinfer up` install,
+    docs/scale-to-zero.md): the pods an object at zero pods is routed to, and the route
+    table they read."""
+
+    namespace: str | None = Field(default=None, min_length=1, max_length=63)
+    """The activator pods' namespace; unset: the operator's own (`POD_NAMESPACE`, which the
+    chart and `kubeinfer up` set, else `kubeinfer-system`), where both install it."""
+
+    def namespace_or(self, own: str | None) -> str:
+        """The activator's namespace, with `own` the operator's (None: not known)."""
+        return self.namespace or own or "kubeinfer-system"
+
+    pod_selector: str = Field(
+        default="app.kubernetes.io/name=kubeinfer-activator", min_length=1, max_length=512
+    )
+    """The label selector of the activator pods."""
+
+    routes_config_map: str = Field(
+        default="kubeinfer-activator-routes", min_length=1, max_length=253
+    )
+    """The ConfigMap (in `namespace`) whose `routes.json` the operator writes and the
+    activator pods mount: one route per object with minReplicas 0."""
+
+    http_port: int = Field(default=8000, ge=1, le=65535)
+    """The activator pods' HTTP port (also its /v2/activator, which the operator reads)."""
+
+    grpc_port: int = Field(default=8001, ge=1, le=65535)
+    """The activator pods' gRPC port."""
+
+
 class Cost(_Group):
     """What serving costs: status.cost, the cost of 1,000 inferences over the last window
     (docs/operating.md#the-cost-of-1000-inferences)."""
@@ -328,6 +359,7 @@ class OperatorSettings(BaseSettings):
     metrics: Annotated[Metrics, NoDecode] = Metrics()
     known_answers: Annotated[KnownAnswers, NoDecode] = KnownAnswers()
     cost: Annotated[Cost, NoDecode] = Cost()
+    activator: Annotated[Activator, NoDecode] = Activator()
     api: Annotated[Api, NoDecode] = Api()
     leader_election: Annotated[LeaderElection, NoDecode] = LeaderElection()
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from kubeinfer.cli.monitoring.values import MonitoringValues
 from kubeinfer.operator.settings import (
+    Activator,
     Api,
     Build,
     Cost,
@@ -102,6 +103,10 @@ class OperatorSettingsValues(_Values):
     """What the known-answer checks do beyond an object's own pods: with
     taintSuspectNodes, the chart also grants the operator `patch` on nodes."""
 
+    activator: Activator = Activator()
+    """Where the operator finds the activator (scale to zero: docs/scale-to-zero.md); the
+    chart installs it in the release's namespace, the operator's own."""
+
     cost: Cost = Cost()
     """What serving costs: with prices per node-hour, status.cost (`kubectl get infd -o
     wide`'s Cost/1k) and the dashboard's cost panel show the cost of 1,000 inferences."""
@@ -111,6 +116,41 @@ class OperatorSettingsValues(_Values):
 
     leader_election: LeaderElection = LeaderElection()
     """Leader election's timings (the Lease is the release's, `<release>-operator`)."""
+
+
+class ActivatorResources(_Values):
+    """Requests and limits of an activator container: it holds requests' bodies while a
+    pod starts (at most maxHeldRequests a route, each within the runtime's body limit)."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=lambda: dict[str, str | int | float](cpu="100m", memory="128Mi")
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=lambda: dict[str, str | int | float](memory="512Mi")
+    )
+
+
+class ActivatorValues(_Values):
+    """The activator (docs/scale-to-zero.md): where the traffic of an InferenceDeployment
+    at zero pods goes, held until a pod is ready. Its pods run the runtime image
+    (`settings.images.runtime`), with no API token."""
+
+    enabled: bool = True
+    """Install it; off, no object goes to zero (ScaledToZero says the activator does not
+    route it)."""
+
+    replicas: int = Field(default=2, ge=1, le=20)
+    """Activator pods; a disruption budget keeps all but one through a drain."""
+
+    max_held_requests: int = Field(default=256, ge=1, le=1_000_000)
+    """Requests held at once for one object; the next is refused with 503 and
+    Retry-After at once."""
+
+    hold_timeout_seconds: int = Field(default=120, ge=1, le=3600)
+    """Longest a request is held, from its arrival, before a 503 (cold starts without the
+    engine in the node's cache take longer: raise it where engines are built on demand)."""
+
+    resources: ActivatorResources = ActivatorResources()
 
 
 class ChartValues(_Values):
@@ -152,5 +192,7 @@ class ChartValues(_Values):
 
     affinity: dict[str, Any] = Field(default_factory=dict)
     """The operator's pods' affinity (Kubernetes' Affinity object)."""
+
+    activator: ActivatorValues = ActivatorValues()
 
     monitoring: MonitoringValues = MonitoringValues()

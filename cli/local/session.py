@@ -33,10 +33,13 @@ from typing import Any
 
 import yaml
 from kubeinfer.cli.local import install, namespace, prometheus, substitutions, table
+from kubeinfer.cli.local.activator import NAME as ACTIVATOR_NAME
+from kubeinfer.cli.local.activator import activator_objects
 from kubeinfer.cli.local.api import ApiError, NodeApi
 from kubeinfer.cli.local.forward import Forwarder, Target, fixed
 from kubeinfer.cluster import control_plane, files, netns, processes
 from kubeinfer.operator.crdgen.crd import build_crd
+from kubeinfer.operator.settings import Activator
 from kubeinfer.operator.state import names
 
 SESSION_FILE = "session.json"
@@ -130,6 +133,10 @@ class LocalSession:
             f"  operator installed: {install.NAMESPACE}/{install.OPERATOR_ACCOUNT} "
             f"({install.OPERATOR_IMAGE}, the chart's ServiceAccount and RBAC)"
         )
+        # The operator polls an object at zero every autoscale poll (LOCAL_SETTINGS), so
+        # the activator here wakes it without a wake URL.
+        await self.kubectl_apply(activator_objects(Activator()))
+        self.say(f"  activator installed: {install.NAMESPACE}/{ACTIVATOR_NAME} (2 replicas)")
         self._write_state(phase="started")
 
     async def _forward_to(self, target: Target) -> Forwarder:

@@ -123,7 +123,7 @@ async def run_operator(
 
     board = board if board is not None else StatusBoard()
     if metrics_port is not None:
-        async with serve_metrics(board_registry(board), metrics_port):
+        async with serve_metrics(board_registry(board), metrics_port, board=board):
             await _run_operator(settings, clusterwide, namespaces, election, liveness_endpoint,
                                 login, kopf_settings, stop_flag, board, kopf_options)  # fmt: skip
         return

@@ -17,6 +17,7 @@ from kubeinfer.operator.kube.cache import Lister
 from kubeinfer.operator.kube.client import (
     CONFIGMAP,
     DEPLOYMENT,
+    ENDPOINT_SLICE,
     JOB,
     PDB,
     POD,
@@ -53,13 +54,16 @@ async def read_children(
     through `client`: the API, or the operator's cache of its watches (`kube.cache`)."""
     owner = owner_ref_from_body(body)
     selector = names.children_selector(owner.name)
-    kinds = (PVC, CONFIGMAP, DEPLOYMENT, SERVICE, JOB, PDB)
+    kinds = [PVC, CONFIGMAP, DEPLOYMENT, SERVICE, JOB, PDB]
+    if spec.autoscaling.enabled and spec.autoscaling.min_replicas == 0:
+        kinds.append(ENDPOINT_SLICE)  # the activator's, while at zero
     # One after another: from the cache each answers at once, and a task each would cost
     # more than the reading; from the API, a pass has its slot's one request at a time.
     listed = [await client.list(kind, owner.namespace, selector) for kind in kinds]
-    pvcs, configmaps, deployments, services, jobs, budgets = (
+    pvcs, configmaps, deployments, services, jobs, budgets, *more = (
         [o for o in objects if owned_by(o, owner.uid)] for objects in listed
     )
+    slices = more[0] if more else []
     jobs.sort(key=lambda o: o["metadata"]["name"])
     pods: list[KubeObject] = []
     if jobs:
@@ -87,6 +91,8 @@ async def read_children(
         reference_configmap=_named(configmaps, reference),
         reference_deployment=_named(deployments, reference),
         reference_service=_named(services, reference),
+        backend_service=_named(services, names.backend_service_name(owner.name)),
+        activator_slice=_named(slices, names.activator_slice_name(owner.name)),
         annotations=dict(body["metadata"].get("annotations") or {}),
         disruption_budget=_named(budgets, runtime),
         product_configmaps=_of_products(configmaps),

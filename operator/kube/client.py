@@ -35,6 +35,7 @@ from kopf._cogs.structs.credentials import Vault
 from kubeinfer.operator.kube.resources import (
     CONFIGMAP,
     DEPLOYMENT,
+    ENDPOINT_SLICE,
     EVENT,
     INFERENCE_DEPLOYMENT,
     JOB,
@@ -57,6 +58,7 @@ from kubernetes.aio.utils.retry import retry_after_seconds
 __all__ = [
     "CONFIGMAP",
     "DEPLOYMENT",
+    "ENDPOINT_SLICE",
     "EVENT",
     "INFERENCE_DEPLOYMENT",
     "JOB",

@@ -32,14 +32,16 @@ from kubeinfer.operator.metrics_sources.queries import Scope
 from kubeinfer.operator.metrics_sources.scaling import read_scaling_signals
 from kubeinfer.operator.metrics_sources.shadow import read_shadow_aggregates
 from kubeinfer.operator.metrics_sources.source import MetricsSource, MetricsUnavailable
+from kubeinfer.operator.metrics_sources.wake import read_wake_signals
 from kubeinfer.operator.reconcile.reads import Reads, runtime_deployments, signals_to_read
 from kubeinfer.operator.rollout.shadow import ShadowQuery
 from kubeinfer.operator.state import names
+from kubeinfer.operator.state.activator_view import ActivatorView
 from kubeinfer.operator.state.gpu_nodes import GpuNode
 from kubeinfer.operator.state.known_answers import AnswerReadings
 from kubeinfer.operator.state.observed import ObservedState
 from kubeinfer.operator.state.quality_readings import QualityHistory
-from kubeinfer.operator.state.scaling_inputs import ScalingHistory
+from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ServingPods
 from kubeinfer.operator.state.serving_pods import serving_pods
 from kubeinfer.operator.state.shadow_readings import ShadowReading
 
@@ -67,13 +69,15 @@ async def gather(
     gpu_nodes: Callable[[], Awaitable[tuple[GpuNode, ...]]] | None = None,
     answers: Callable[[], Awaitable[AnswerReadings]] | None = None,
     cost: CostInputs | None = None,
+    activator: Callable[[], Awaitable[ActivatorView]] | None = None,
 ) -> ObservedState:
     """Everything one pass decides from, for the InferenceDeployment in `body` (whose
     `spec` is already parsed): its children, then what `signals_to_read` names of the
     shadow's aggregates, the pods, the load and the autoscaler's `history`, the quality
     watch's window (with the direct read's `quality_history`, returned updated in the
     observed state), the GPU nodes (`gpu_nodes`), the serving pods' known answers
-    (`answers`: the controller's, which keeps their schedule) and the PodMonitor
+    (`answers`: the controller's, which keeps their schedule), with minReplicas 0 the
+    wake signals (the activator's view from `activator`, shared by all passes) and the PodMonitor
     (`pod_monitors`: the cluster serves them and the settings allow them), and where the
     settings price nodes the cost's reads (`cost`: its settings, the shared node list and
     the window's memory, returned updated in the observed state). Every read of
@@ -95,6 +99,14 @@ async def gather(
     if wanted.scaling_signals:
         update["scaling_signals"] = await read_scaling_signals(
             source, scope, spec.monitoring.queries, now
+        )
+    if wanted.wake_signals:
+        counted = update.get("serving_pods")
+        at_zero = isinstance(counted, ServingPods) and counted.desired == 0
+        view = await activator() if activator is not None else ActivatorView(error="not read")
+        route = (owner.namespace, names.service_name(owner.name))
+        update["wake_signals"] = await read_wake_signals(
+            source, scope, spec.autoscaling, at_zero, view, route, now
         )
     if wanted.quality is not None:
         window = wanted.quality

@@ -49,6 +49,9 @@ POD_MONITOR = ResourceType("monitoring.coreos.com", "v1", "podmonitors", "PodMon
 NODE = ResourceType("", "v1", "nodes", "Node", namespaced=False)
 """Read (listed and watched, never written) for mixed GPU fleets: which GPU products the
 cluster has (`kube.nodes`)."""
+ENDPOINT_SLICE = ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
+"""With autoscaling.minReplicas 0, while at zero: the slice that points an object's
+Service at the activator pods (in the operator's namespace, so no selector can)."""
 LEASE = ResourceType("coordination.k8s.io", "v1", "leases", "Lease")
 """Leader election's lock, in the operator's own namespace (`kube.leader_election`)."""
 
@@ -65,6 +68,7 @@ RESOURCES: dict[str, ResourceType] = {
         JOB,
         PDB,
         POD_MONITOR,
+        ENDPOINT_SLICE,
         LEASE,
         NODE,
     )

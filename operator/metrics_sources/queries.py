@@ -291,6 +291,12 @@ QUEUE_DEPTH = NamedQuery(
     "queue_depth", "Requests waiting in the batch queues of all serving pods, now.",
     series.QUEUE_DEPTH.name, SUM_NOW,
 )  # fmt: skip
+REQUESTS_ANSWERED = NamedQuery(
+    "requests_answered",
+    "Inference requests the serving pods answered, summed over them, now: with "
+    "autoscaling.minReplicas 0, its changes are the activity the idle window watches.",
+    series.REQUESTS.total, SUM_NOW,
+)  # fmt: skip
 REQUESTS_IN_PROGRESS_PER_REPLICA = NamedQuery(
     "requests_in_progress_per_replica",
     "Requests received and not yet answered (queued, running, or waiting on the runtime's "

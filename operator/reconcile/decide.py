@@ -33,6 +33,7 @@ from kubeinfer.operator.quality.fallback import fallback_spec
 from kubeinfer.operator.quality.reference import reference_spec
 from kubeinfer.operator.quality.report import QualityReport
 from kubeinfer.operator.reconcile import desired as build
+from kubeinfer.operator.reconcile import desired_activator
 from kubeinfer.operator.reconcile.child_writes import needs_write
 from kubeinfer.operator.reconcile.cost_status import cost_record
 from kubeinfer.operator.reconcile.decide_quality import (
@@ -180,6 +181,12 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     for each in passes:
         if each.reference is not None:
             children += reference_children(each.view, settings, each.reference)
+    wake = observed.wake_signals if wanted.wake_signals else None
+    addresses = wake.activator_addresses if wake is not None else ()
+    counted = observed.serving_pods if wanted.serving_pods else None
+    ready = counted.ready if counted is not None else 0
+    routed = desired_activator.routing(observed, children, total, ready, addresses, settings)
+    children = list(routed.children)
     scaling = scaling_of(observed, recommendation, now)
     quality = _quality(observed, wanted, passes, now)
     read = observed.answers if wanted.answers else None
@@ -191,7 +198,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
     )  # fmt: skip
     return Decision(
         apply=tuple(child for child in children if needs_write(child, observed)),
-        delete=_deletions(observed, passes, rollouts, total),
+        delete=(*_deletions(observed, passes, rollouts, total), *routed.deletions),
         status=status,
         events=_events(observed, status, passes, scaling, answers),
         requeue_after_seconds=_sooner(
@@ -208,6 +215,7 @@ def decide(observed: ObservedState, settings: OperatorSettings, now: datetime) -
         desired=tuple(children),
         scaling_history=recommendation.history if recommendation else None,
         answers=answers,
+        activator_route=desired_activator.route(observed),
     )
 
 

@@ -201,7 +201,9 @@ def runtime_children(
             )
             configmaps.append(configmap)
             deployments.append(deployment)
-        rollout = rollout_progress(each.view.deployment, deployment, each.replicas)
+        scaling = each.view.spec.autoscaling
+        on_demand = scaling.enabled and scaling.min_replicas == 0
+        rollout = rollout_progress(each.view.deployment, deployment, each.replicas, on_demand)
         rollouts.append(rollout)
         passes[index] = replace(each, plan=promotion_complete(each.plan, rollout.complete))
     serving = [(each, each.plan.serving) for each in passes if each.plan.serving is not None]

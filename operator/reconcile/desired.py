@@ -215,9 +215,10 @@ def build_runtime_configmap(
 def desired_replicas(spec: InferenceDeploymentSpec) -> int:
     """Pods to run where the autoscaler has no say: `runtime.replicas` with autoscaling off;
     with it on, only before the serving Deployment exists (the autoscaler sets the count
-    from then on), so a new Deployment starts at minReplicas."""
+    from then on), so a new Deployment starts at minReplicas (one pod at least: an object
+    that scales to zero starts serving, and goes to zero once idle)."""
     scaling = spec.autoscaling
-    return scaling.min_replicas if scaling.enabled else spec.runtime.replicas
+    return max(1, scaling.min_replicas) if scaling.enabled else spec.runtime.replicas
 
 
 def _runtime_resources(spec: InferenceDeploymentSpec) -> dict[str, Any]:
@@ -436,30 +437,43 @@ def _grpc_ports(grpc_port: int | None, key: str) -> list[dict[str, Any]]:
 
 
 def build_service(
-    owner: OwnerRef, version: str, role: str = names.ROLE_SERVING, grpc_port: int | None = None
+    owner: OwnerRef,
+    version: str,
+    role: str = names.ROLE_SERVING,
+    grpc_port: int | None = None,
+    *,
+    name: str | None = None,
+    selects_pods: bool = True,
 ) -> KubeObject:
     """The runtime's Service: `http` for inference, `metrics` for scrapers selecting a
     named port (the runtime serves /metrics on its http port), and `grpc` when the spec
     sets a gRPC port. The serving Service selects the serving role only; the candidate's
-    and the reference's Services (the mirrors' targets) their own pods."""
-    body = {
-        "spec": {
-            "type": "ClusterIP",
-            "selector": _pods_of(owner.name, role),
-            "ports": [
-                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
-                {
-                    "name": "metrics",
-                    "port": METRICS_SERVICE_PORT,
-                    "targetPort": "http",
-                    "protocol": "TCP",
-                },
-                *_grpc_ports(grpc_port, "port"),
-            ],
-        }
+    and the reference's Services (the mirrors' targets) their own pods. `name` another
+    Service of the serving pods (the activator's backend); `selects_pods` False while the
+    object is at zero pods and its EndpointSlice points at the activator
+    (`desired_activator`)."""
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "ports": [
+            {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+            {
+                "name": "metrics",
+                "port": METRICS_SERVICE_PORT,
+                "targetPort": "http",
+                "protocol": "TCP",
+            },
+            *_grpc_ports(grpc_port, "port"),
+        ],
     }
-    name, component = _role_names(owner.name, role)
-    if role == names.ROLE_SERVING:
-        name = names.service_name(owner.name)
+    if selects_pods:
+        # Without one, kube-proxy takes the EndpointSlice's port of each port's name.
+        spec["selector"] = _pods_of(owner.name, role)
+    body = {"spec": spec}
+    if name is None:
+        name, component = _role_names(owner.name, role)
+        if role == names.ROLE_SERVING:
+            name = names.service_name(owner.name)
+    else:
+        component = names.COMPONENT_RUNTIME
     labels = names.common_labels(owner.name, version, component)
     return finish_child("v1", "Service", name, owner, labels, body)

@@ -69,6 +69,9 @@ class Reads:
     serving_pods: bool = False
     """The serving pods counted, and the autoscaler's memory (`scaling_history`)."""
     scaling_signals: bool = False
+    wake_signals: bool = False
+    """With autoscaling.minReplicas 0: the request counter, the activator's view of the
+    object and, at zero, the wake query (`wake_signals`)."""
     quality: QualityWindow | None = None
     """The window's tallies (`quality`), with the direct read's past counts
     (`quality_history`)."""
@@ -88,6 +91,7 @@ SIGNALS: dict[str, tuple[str, ...]] = {
     "candidate_pods": ("candidate_pods",),
     "serving_pods": ("serving_pods", "scaling_history"),
     "scaling_signals": ("scaling_signals",),
+    "wake_signals": ("wake_signals",),
     "quality": ("quality", "quality_history"),
     "gpu_nodes": ("gpu_nodes",),
     "pod_monitor": ("pod_monitor",),
@@ -117,6 +121,7 @@ def signals_to_read(observed: ObservedState, now: datetime) -> Reads:
         candidate_pods=unsettled(observed.candidate_deployment),
         serving_pods=autoscaled,
         scaling_signals=autoscaled or (objective and bool(runtimes)),
+        wake_signals=autoscaled and spec.autoscaling.min_replicas == 0,
         quality=_quality_window(observed, now),
         gpu_nodes=in_fleet_mode(spec),
         pod_monitor=observed.pod_monitors_available,

@@ -31,11 +31,18 @@ class RolloutProgress:
 
 
 def rollout_progress(
-    observed: KubeObject | None, desired: KubeObject | None, replicas: int
+    observed: KubeObject | None,
+    desired: KubeObject | None,
+    replicas: int,
+    on_demand: bool = False,
 ) -> RolloutProgress:
     """Complete means: the observed Deployment is the desired one (same input hash), its
     controller has seen that generation, and all `replicas` pods are updated, ready and
     available with no old pod left.
+
+    Available means a pod serves, or, `on_demand` (autoscaling.minReplicas 0), the
+    Deployment is settled at zero pods: the activator holds the object's requests and
+    starts one (the zero step goes to zero only with the activator routing it).
 
     A Deployment this pass creates (`observed` None, `desired` not) reads as it will once
     created, with nothing counted yet: the status is written only after the pass's
@@ -81,9 +88,8 @@ def rollout_progress(
         and progressing.get("reason") == "NewReplicaSetAvailable"
     )
     replacing = rolled_out and not complete and not stalled
-    return RolloutProgress(
-        True, complete, available_count > 0, stalled, ready, message, replacing=replacing
-    )
+    serves = available_count > 0 or (on_demand and complete and replicas == 0)
+    return RolloutProgress(True, complete, serves, stalled, ready, message, replacing=replacing)
 
 
 def available(deployment: KubeObject | None) -> bool:

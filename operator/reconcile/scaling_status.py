@@ -34,6 +34,7 @@ class ScalingReport:
     autoscaling: AutoscalingStatus
     metrics: MetricsStatus | None
     events: tuple[Event, ...] = ()
+    scaled_to_zero: ConditionValue | None = None
 
 
 def scaling_report(
@@ -81,7 +82,12 @@ def scaling_report(
         pod_startup_seconds=round(startup, 1) if startup is not None else None,
     )
     return ScalingReport(
-        (status, reason, message), recommendation.limited, autoscaling, metrics, events
+        (status, reason, message),
+        recommendation.limited,
+        autoscaling,
+        metrics,
+        events,
+        recommendation.scaled_to_zero,
     )
 
 

@@ -125,6 +125,7 @@ def compute_status(
         (ConditionType.CACHE_ATTACH_RISK, cache_attach_risk(observed)),
         (ConditionType.SCALING_ACTIVE, scaling.active if scaling else None),
         (ConditionType.SCALING_LIMITED, scaling.limited if scaling else None),
+        (ConditionType.SCALED_TO_ZERO, scaling.scaled_to_zero if scaling else None),
         (ConditionType.SLO_MET, slo.condition if slo else None),
         (ConditionType.ANSWERS_CORRECT, _answers_condition(observed, answers)),
     ]

@@ -7,6 +7,7 @@ Kubernetes object dicts, exactly as they are server-side applied.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from kubeinfer.operator.api.v1alpha1 import InferenceDeploymentStatus
 from kubeinfer.operator.state.events import Event
@@ -35,6 +36,9 @@ class Decision:
     answers: AnswersReport | None = None
     """The serving pods' readiness gates to set and the pods to take out of serving for
     wrong answers (None: no known-answer verdicts were read this pass)."""
+    activator_route: dict[str, Any] | None = None
+    """The object's entry in the activator's route table (None: minReplicas above 0, no
+    entry), which the controller keeps in the table's ConfigMap."""
 
 
 __all__ = ["Decision", "Event"]

@@ -147,6 +147,18 @@ def service_name(owner: str) -> str:
     return owner
 
 
+def backend_service_name(owner: str) -> str:
+    """With autoscaling.minReplicas 0: the Service that always selects the serving pods,
+    which the activator forwards to (the owner's Service selects none while at zero)."""
+    return child_name(owner, "backend")
+
+
+def activator_slice_name(owner: str) -> str:
+    """The EndpointSlice that sends the owner's Service's traffic to the activator pods
+    while it has no serving pod."""
+    return child_name(owner, "activator")
+
+
 def build_job_name(owner: str, build_key: str, attempt: int) -> str:
     """`<owner>-build-<hash>-<attempt>`: the hash covers the owner and the build key, so a
     truncated owner name cannot collide with another owner's Job; at most 63 characters

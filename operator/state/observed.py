@@ -18,7 +18,12 @@ from kubeinfer.operator.state.cost_readings import CostHistory, CostReading
 from kubeinfer.operator.state.gpu_nodes import GpuNode
 from kubeinfer.operator.state.known_answers import AnswerReadings
 from kubeinfer.operator.state.quality_readings import QualityHistory, QualityReading
-from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
+from kubeinfer.operator.state.scaling_inputs import (
+    ScalingHistory,
+    ScalingSignals,
+    ServingPods,
+    WakeSignals,
+)
 from kubeinfer.operator.state.shadow_readings import ShadowReading
 from pydantic import ValidationError
 
@@ -64,6 +69,10 @@ class ObservedState:
     reference_deployment: KubeObject | None = None
     reference_service: KubeObject | None = None
     """The quality watch's reference runtime (its own children, like the candidate's)."""
+    backend_service: KubeObject | None = None
+    activator_slice: KubeObject | None = None
+    """With autoscaling.minReplicas 0: the Service the activator forwards to, and the
+    EndpointSlice that points the object's Service at the activator while at zero."""
     annotations: dict[str, str] = field(default_factory=dict)
     """The InferenceDeployment's annotations (the shadow's manual gate is one)."""
     shadow: ShadowReading | None = None
@@ -81,6 +90,8 @@ class ObservedState:
     """The shadow candidate's pods, listed only while its Deployment is not settled."""
     scaling_history: ScalingHistory = field(default_factory=ScalingHistory)
     """The autoscaler's memory of this object (kept by the reconciler between passes)."""
+    wake_signals: WakeSignals | None = None
+    """With autoscaling.minReplicas 0: what keeps the object from zero or wakes it."""
     quality: QualityReading | None = None
     """The quality watch's window of tallies, read by the gather step while the serving
     pods mirror to the reference; None when nothing was read."""

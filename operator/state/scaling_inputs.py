@@ -105,6 +105,41 @@ class ScalingHistory:
     ready) at the previous pass, to tell the backlog built during the startup draining
     from demand that grows."""
 
+    activity: tuple[datetime, float | None] | None = None
+    """With minReplicas 0: when a request was last seen (the request counter moving, a
+    request in progress or held) and the counter's value then; the idle window counts
+    from it. None: not seen yet (a restarted operator starts the window over)."""
+
+
+@dataclass(frozen=True)
+class WakeSignals:
+    """What keeps an object with minReplicas 0 from zero pods, or wakes it, read in the
+    pass: the requests its pods answered, the requests the activator holds for it, and its
+    wake query."""
+
+    requests_answered: float | None = None
+    """The runtime's request counter summed over the serving pods, now (its changes are
+    the activity; a restarted pod's reset is a change too); None unread or no pod."""
+
+    held_requests: int | None = None
+    """Requests the activator pods hold for this object, summed; None unread."""
+
+    activator_routing: bool = False
+    """Every ready activator pod routes this object's Service: it may go to zero."""
+
+    activator_addresses: tuple[str, ...] = ()
+    """The ready activator pods' addresses (the object's endpoints while at zero)."""
+
+    activator_message: str = ""
+    """Why the activator does not route it (not installed, route not loaded yet, not
+    reachable), said in the ScaledToZero condition."""
+
+    wake_query_value: float | None = None
+    """spec.autoscaling.wakeOn.prometheus' value, read at zero only."""
+
+    wake_query_error: str = ""
+    """Why the wake query gave no value."""
+
 
 @dataclass(frozen=True)
 class Recommendation:
@@ -127,3 +162,6 @@ class Recommendation:
 
     history: ScalingHistory = field(default_factory=ScalingHistory)
     """The history to pass to the next call."""
+
+    scaled_to_zero: ConditionValue | None = None
+    """The ScaledToZero condition, with minReplicas 0 (`scaling.zero`)."""

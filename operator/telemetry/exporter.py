@@ -18,7 +18,7 @@ is empty (only the leader reconciles), so the series come from one replica at a 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from kubeinfer.contract import metric_series as series
@@ -80,6 +80,9 @@ class StatusBoard:
     def __init__(self) -> None:
         self._reports: dict[Key, Report] = {}
         self.activity = Activity()
+        self.wake: Callable[[str, str], bool] | None = None
+        """The reconciler's wake, while this replica reconciles (an activator holding a
+        request for an object at zero posts it: `serve_metrics`)."""
 
     def record(self, key: Key, report: Report) -> None:
         self._reports[key] = report
@@ -169,20 +172,43 @@ def board_registry(board: StatusBoard) -> CollectorRegistry:
     return registry
 
 
+WAKE_PATH = "/v1/activator/wake"
+"""Where an activator posts `{"namespace": ..., "service": ...}` when it holds a request
+for an object at zero pods (its `--wake-url`)."""
+
+
 @contextlib.asynccontextmanager
 async def serve_metrics(
-    registry: CollectorRegistry, port: int, host: str = "0.0.0.0"
+    registry: CollectorRegistry, port: int, host: str = "0.0.0.0", board: StatusBoard | None = None
 ) -> AsyncIterator[int]:
-    """Serves `registry` at http://host:port/metrics for the block; yields the port bound
-    (`port` 0 picks a free one)."""
+    """Serves `registry` at http://host:port/metrics for the block, and with `board` the
+    activator's wakes at WAKE_PATH (202, or 503 on a replica that does not reconcile);
+    yields the port bound (`port` 0 picks a free one)."""
     from aiohttp import web
+    from kubeinfer.operator.state.activator_view import parse_wake
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
+    async def wake(request: web.Request) -> web.Response:
+        try:
+            asked = parse_wake(await request.json())
+        except ValueError:
+            asked = None
+        if asked is None:
+            return web.json_response(
+                {"error": 'expected {"namespace": "...", "service": "..."}'}, status=400
+            )
+        handler = board.wake if board is not None else None
+        if handler is None or not handler(*asked):
+            return web.json_response({"error": "this replica does not reconcile"}, status=503)
+        return web.json_response({"woken": f"{asked[0]}/{asked[1]}"}, status=202)
+
+    app = web.Application(client_max_size=4096)
     app.router.add_get("/metrics", metrics)
+    if board is not None:
+        app.router.add_post(WAKE_PATH, wake)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -22,8 +22,9 @@ import pytest
 from helm_harness import CHART, Helm, KubeObject, by_kind, env_of, merged, validate
 from kubeinfer.cli.chart import render
 from kubeinfer.cli.chart.values import ChartValues
+from kubeinfer.cli.local.activator import activator_objects
 from kubeinfer.operator import rbac
-from kubeinfer.operator.settings import OperatorSettings
+from kubeinfer.operator.settings import DEFAULT_RUNTIME_IMAGE, Activator, OperatorSettings
 from pydantic.alias_generators import to_snake
 
 RELEASE, NAMESPACE = "rel", "ops"
@@ -74,6 +75,19 @@ CUSTOM = {
 }  # fmt: skip
 """Every setting changed from its default (a number past 1e6 among them, which Go would
 print in exponent form), images from another registry, and the pod's placement."""
+
+ACTIVATOR_NAME = "kubeinfer-activator"
+
+
+def operator_kinds(objects: list[KubeObject]) -> dict[str, list[KubeObject]]:
+    """The release's objects by kind, the activator's left out (its own test)."""
+    return by_kind([o for o in objects if not is_activator(o)])
+
+
+def is_activator(obj: KubeObject) -> bool:
+    labels = obj["metadata"].get("labels") or {}
+    return labels.get("app.kubernetes.io/name") == ACTIVATOR_NAME
+
 
 Rendering = tuple[dict[str, Any], list[KubeObject]]
 """A case's values and the objects Helm rendered from them."""
@@ -128,7 +142,7 @@ def test_rbac_is_the_operators_rules_bound_to_its_service_account(
     rendering: Rendering,
 ) -> None:
     values, objects = rendering
-    kinds = by_kind(objects)
+    kinds = operator_kinds(objects)
     (account,) = kinds["ServiceAccount"]
     assert account["metadata"]["name"] == OPERATOR
     namespaces = values.get("watchNamespaces")
@@ -171,7 +185,7 @@ def test_the_operator_pods_elect_a_leader_under_the_charts_account(
     rendering: Rendering,
 ) -> None:
     values, objects = rendering
-    kinds = by_kind(objects)
+    kinds = operator_kinds(objects)
     (deployment,) = kinds["Deployment"]
     replicas = values.get("replicas", 2)
     assert deployment["spec"]["replicas"] == replicas
@@ -205,7 +219,7 @@ def test_the_operator_reads_the_settings_the_values_ask_for(
     rendering: Rendering, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     values, objects = rendering
-    (deployment,) = by_kind(objects)["Deployment"]
+    (deployment,) = operator_kinds(objects)["Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = env_of(container)
     for name in [n for n in os.environ if n.upper().startswith("KUBEINFER_")]:
@@ -218,7 +232,9 @@ def test_the_operator_reads_the_settings_the_values_ask_for(
               for field in info.annotation.model_fields}  # type: ignore[union-attr]  # fmt: skip
     # For tests only: no chart renders them.
     nested -= {"KUBEINFER_PODS__TESTING_FAULTS", "KUBEINFER_PODS__TESTING_FAULTS_OBJECTS"}
-    assert set(env) == nested - ({"KUBEINFER_METRICS__PROMETHEUS_URL"} - set(env)), (
+    # Unset by default: the operator's own namespace, where the chart installs it.
+    optional = {"KUBEINFER_METRICS__PROMETHEUS_URL", "KUBEINFER_ACTIVATOR__NAMESPACE"}
+    assert set(env) == nested - (optional - set(env)), (
         "every setting is passed by its own name (the Prometheus URL only when set)"
     )
     downward = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
@@ -227,7 +243,7 @@ def test_the_operator_reads_the_settings_the_values_ask_for(
 
 
 def test_custom_images_and_placement_reach_the_pod(helm: Helm) -> None:
-    (deployment,) = by_kind(helm.template(CUSTOM))["Deployment"]
+    (deployment,) = operator_kinds(helm.template(CUSTOM))["Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "registry.example.com/ml/kubeinfer-operator:1.2.3"
@@ -237,15 +253,15 @@ def test_custom_images_and_placement_reach_the_pod(helm: Helm) -> None:
         assert pod[key] == CUSTOM[key]
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations == CUSTOM["podAnnotations"]
-    (default,) = by_kind(helm.template({}))["Deployment"]
+    (default,) = operator_kinds(helm.template({}))["Deployment"]
     (container,) = default["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "ghcr.io/kubeinfer/kubeinfer-operator:0.1.0"
 
 
 def test_monitoring_renders_only_when_asked(helm: Helm) -> None:
     monitoring_kinds = {"PodMonitor", "PrometheusRule", "ConfigMap"}
-    assert not monitoring_kinds & set(by_kind(helm.template({})))
-    assert monitoring_kinds <= set(by_kind(helm.template(MONITORING_ON)))
+    assert not monitoring_kinds & set(operator_kinds(helm.template({})))
+    assert monitoring_kinds <= set(operator_kinds(helm.template(MONITORING_ON)))
 
 
 def test_notes_say_what_to_apply_next(helm: Helm) -> None:
@@ -287,11 +303,48 @@ def test_prices_per_node_hour_reach_the_operator_as_one_variable(helm: Helm) -> 
     order, as Go ranges over a map); left `{}`, it is empty, and no cost is computed."""
     prices = {"cpu": 0.34, "NVIDIA-A100-SXM4-80GB": 32.77}
     values = {"settings": {"cost": {"pricePerNodeHour": prices, "windowSeconds": 900}}}
-    (deployment,) = by_kind(helm.template(values))["Deployment"]
+    (deployment,) = operator_kinds(helm.template(values))["Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     env = env_of(container)
     assert env["KUBEINFER_COST__PRICE_PER_NODE_HOUR"] == "NVIDIA-A100-SXM4-80GB=32.77,cpu=0.34"
     assert env["KUBEINFER_COST__WINDOW_SECONDS"] == "900"
-    (default,) = by_kind(helm.template({}))["Deployment"]
+    (default,) = operator_kinds(helm.template({}))["Deployment"]
     (container,) = default["spec"]["template"]["spec"]["containers"]
     assert env_of(container)["KUBEINFER_COST__PRICE_PER_NODE_HOUR"] == ""
+
+
+def test_the_activator_renders_as_kubeinfer_up_installs_it(helm: Helm) -> None:
+    """The chart's activator and `kubeinfer up`'s (cli.local.activator) are the same pod:
+    no API token, the route table mounted optionally, non-root on a read-only root, the
+    operator's view of its ports; the chart adds its bounds, resources and the wake URL of
+    the operator's Service, and installs nothing of it when `activator.enabled` is off."""
+    values = {"activator": {"maxHeldRequests": 100, "holdTimeoutSeconds": 30}}
+    rendered = [o for o in helm.template(values, RELEASE, NAMESPACE) if is_activator(o)]
+    kinds = by_kind(rendered)
+    (deployment,) = kinds["Deployment"]
+    assert {k: len(v) for k, v in kinds.items()} == {
+        "ServiceAccount": 1, "Deployment": 1, "PodDisruptionBudget": 1,
+    }  # fmt: skip
+    built = by_kind(activator_objects(Activator(), image=DEFAULT_RUNTIME_IMAGE,
+                                      pull_policy="IfNotPresent"))  # fmt: skip
+    (expected,) = built["Deployment"]
+    pod, want = deployment["spec"]["template"]["spec"], expected["spec"]["template"]["spec"]
+    for key in ("serviceAccountName", "automountServiceAccountToken", "securityContext",
+                "volumes"):  # fmt: skip
+        assert pod[key] == want[key], key
+    (container,), (wanted,) = pod["containers"], want["containers"]
+    for key in ("image", "imagePullPolicy", "ports", "readinessProbe", "livenessProbe",
+                "securityContext", "volumeMounts"):  # fmt: skip
+        assert container[key] == wanted[key], key
+    assert container["args"][: len(wanted["args"])] == wanted["args"]
+    wake = f"--wake-url=http://{OPERATOR}.{NAMESPACE}.svc:8080/v1/activator/wake"
+    assert container["args"][len(wanted["args"]) :] == [
+        "--max-held-requests=100", "--hold-timeout-seconds=30", wake,
+    ]  # fmt: skip
+    assert deployment["spec"]["replicas"] == 2
+    (service,) = operator_kinds(helm.template(values, RELEASE, NAMESPACE))["Service"]
+    assert service["metadata"]["name"] == OPERATOR
+    assert service["spec"]["ports"][0]["port"] == 8080
+    off = helm.template({"activator": {"enabled": False}}, RELEASE, NAMESPACE)
+    assert not [o for o in off if is_activator(o)]
+    assert "Service" not in operator_kinds(off)

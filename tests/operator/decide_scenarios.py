@@ -30,7 +30,12 @@ from kubeinfer.operator.state.cost_readings import CostHistory, CostReading
 from kubeinfer.operator.state.decision import Decision
 from kubeinfer.operator.state.observed import KubeObject, ObservedState, OwnerRef
 from kubeinfer.operator.state.quality_readings import QualityReading
-from kubeinfer.operator.state.scaling_inputs import ScalingHistory, ScalingSignals, ServingPods
+from kubeinfer.operator.state.scaling_inputs import (
+    ScalingHistory,
+    ScalingSignals,
+    ServingPods,
+    WakeSignals,
+)
 from kubeinfer.operator.state.shadow_readings import ShadowReading
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -67,6 +72,8 @@ def singletons(owner: str) -> dict[tuple[str, str], str]:
         ("Service", names.reference_name(owner)): "reference_service",
         ("PodMonitor", names.runtime_name(owner)): "pod_monitor",
         ("PodDisruptionBudget", names.runtime_name(owner)): "disruption_budget",
+        ("Service", names.backend_service_name(owner)): "backend_service",
+        ("EndpointSlice", names.activator_slice_name(owner)): "activator_slice",
     }
 
 
@@ -157,6 +164,8 @@ class Cluster:
         """The load and the pods the gather step reads for an autoscaled object."""
         self.history = ScalingHistory()
         """The autoscaler's memory, kept between passes as the reconciler keeps it."""
+        self.wake: WakeSignals | None = None
+        """What the gather step reads for an object with minReplicas 0."""
         self.pod_monitors = False
         self.runtime_pods: list[KubeObject] = []
         self.candidate_pods: list[KubeObject] = []
@@ -196,6 +205,7 @@ class Cluster:
             scaling_signals=self.signals,
             serving_pods=self.serving_pods,
             scaling_history=self.history,
+            wake_signals=self.wake,
             pod_monitors_available=self.pod_monitors,
             runtime_pods=tuple(copy.deepcopy(self.runtime_pods)),
             candidate_pods=tuple(copy.deepcopy(self.candidate_pods)),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kubeinfer.contract.api_model import ApiModel, CrossFieldRule
+from kubeinfer.operator.api.v1alpha1.wake_on import WakeOnSpec
 from pydantic import Field
 
 
@@ -18,14 +19,40 @@ class AutoscalingSpec(ApiModel):
             field="minReplicas",
             holds=lambda a: a.min_replicas <= a.max_replicas,
         ),
+        CrossFieldRule(
+            cel="!has(self.wakeOn) || !has(self.wakeOn.prometheus) || self.minReplicas == 0",
+            message="wakeOn.prometheus wakes an object from zero pods: it needs minReplicas 0",
+            field="wakeOn.prometheus",
+            holds=lambda a: a.wake_on.prometheus is None or a.min_replicas == 0,
+        ),
+        CrossFieldRule(
+            cel="!has(self.wakeOn) || !has(self.wakeOn.schedules) || "
+            "self.wakeOn.schedules.all(s, !has(s.replicas) || s.replicas <= self.maxReplicas)",
+            message="a schedule's replicas must be at most maxReplicas",
+            field="wakeOn.schedules",
+            holds=lambda a: all(s.replicas <= a.max_replicas for s in a.wake_on.schedules),
+        ),
     )
 
     enabled: bool = False
     """Scale automatically; runtime.replicas (and `kubectl scale`) is then ignored, and a
     condition says so."""
 
-    min_replicas: int = Field(default=1, ge=1, le=1000)
-    """Fewest pods."""
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    """Fewest pods. 0 scales to zero: after scaleToZeroAfterSeconds without a request the
+    serving pods are removed and the Service's traffic goes to the activator, which holds
+    the next requests while a pod starts (docs/scale-to-zero.md); Ready stays True and the
+    ScaledToZero condition says so. The autoscaler itself never goes below one pod: only
+    the idle window takes the last one away."""
+
+    scale_to_zero_after_seconds: int = Field(default=300, ge=10, le=7 * 24 * 3600)
+    """With minReplicas 0: how long without a request answered or in progress before the
+    last pod is removed."""
+
+    wake_on: WakeOnSpec = Field(default_factory=WakeOnSpec)
+    """Signals other than a held request that start pods: a Prometheus query (work waiting
+    upstream; at zero only) and schedules (hours when traffic is known to come, a floor
+    on the count during them, so a batch job does not wait for a cold start)."""
 
     max_replicas: int = Field(default=4, ge=1, le=1000)
     """Most pods."""

@@ -30,6 +30,10 @@ class ConditionType(StrEnum):
     ANSWERS_CORRECT = "AnswersCorrect"
     """Present while spec.knownAnswers turns the operator's checks on: whether every
     serving pod checked answered its known-answer set correctly."""
+    SCALED_TO_ZERO = "ScaledToZero"
+    """Present while autoscaling.minReplicas is 0: whether the object is at zero pods (its
+    Service's traffic going to the activator), and what would keep it from going there or
+    wake it."""
     CACHE_ATTACH_RISK = "CacheAttachRisk"
     """Present (True) only while the engine cache claim is ReadWriteOnce and the pods that
     mount it may land on more than one node."""
@@ -108,6 +112,15 @@ class Reason(StrEnum):
     SCALE_DOWN_STABILIZED = "ScaleDownStabilized"
     PODS_STARTING = "PodsStarting"
     GPU_MEMORY_HIGH = "GpuMemoryHigh"
+    IDLE = "Idle"
+    """ScaledToZero True: no request for scaleToZeroAfterSeconds; the activator holds the
+    next ones."""
+    RECENTLY_ACTIVE = "RecentlyActive"
+    SCHEDULE_OPEN = "ScheduleOpen"
+    WAKE_QUERY_ABOVE_THRESHOLD = "WakeQueryAboveThreshold"
+    REQUESTS_HELD = "RequestsHeld"
+    ACTIVATOR_NOT_ROUTING = "ActivatorNotRouting"
+    SCALED_FROM_ZERO = "ScaledFromZero"
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"
     READ_WRITE_ONCE_ACROSS_NODES = "ReadWriteOnceAcrossNodes"
