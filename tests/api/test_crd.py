@@ -105,7 +105,7 @@ def test_kubectl_facing_parts() -> None:
     }
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
     assert columns == [
-        "Model", "Version", "Backend", "Precision", "Ready", "Phase", "Engines", "P99",
+        "Model", "Version", "Backend", "Precision", "Ready", "Phase", "Engines", "Zero", "P99",
         "Cost/1k", "Answers", "Age",
     ]  # fmt: skip
     conditions = schema()["properties"]["status"]["properties"]["conditions"]

@@ -216,16 +216,19 @@ def test_kubectl_get_prints_the_printer_columns(
     local_cluster: LocalCluster, namespace: str
 ) -> None:
     create_minimal(local_cluster, namespace, "columns")
-    status = {"ready": "2/2", "phase": "Ready", "metrics": {"p99Milliseconds": 12.5}}
+    zero = {"type": "ScaledToZero", "status": "True", "reason": "Idle", "message": "Zero pods.",
+            "lastTransitionTime": "2026-12-04T00:00:00Z"}  # fmt: skip
+    status = {"ready": "0/0", "phase": "Ready", "metrics": {"p99Milliseconds": 12.5},
+              "conditions": [zero]}  # fmt: skip
     patch_status(local_cluster, namespace, "columns", status)
     table = kubectl(local_cluster, "get", "infd", "columns", "-n", namespace)
     header, row = table.splitlines()
     assert header.split() == [
-        "NAME", "MODEL", "VERSION", "BACKEND", "PRECISION", "READY", "PHASE", "P99",
+        "NAME", "MODEL", "VERSION", "BACKEND", "PRECISION", "READY", "PHASE", "ZERO", "P99",
         "ANSWERS", "AGE",
     ]  # fmt: skip
-    assert row.split()[:-1] == ["columns", "resnet", "1", "onnxruntime", "fp32", "2/2", "Ready",
-                                "12.5"]  # fmt: skip
+    assert row.split()[:-1] == ["columns", "resnet", "1", "onnxruntime", "fp32", "0/0", "Ready",
+                                "True", "12.5"]  # fmt: skip
     # The short name and the categories reach it too.
     assert "columns" in kubectl(local_cluster, "get", "kubeinfer", "-n", namespace, "-o", "name")
     assert "inferencedeployment.kubeinfer.io/columns" in kubectl(

@@ -34,6 +34,13 @@ PRINTER_COLUMNS = [
         "priority": 1,
     },
     {
+        "name": "Zero",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="ScaledToZero")].status',
+        "description": "True while at zero pods, the activator holding the next requests "
+        "(empty: autoscaling.minReplicas is not 0)",
+    },
+    {
         "name": "P99",
         "type": "number",
         "jsonPath": ".status.metrics.p99Milliseconds",
