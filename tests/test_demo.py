@@ -77,7 +77,7 @@ def test_the_demo_tells_the_story_through_the_operator(tmp_path: Path) -> None:
     assert "its replacement answers-runtime-" in out and "2 pods serve again" in out
     assert "stayed in the Service's endpoints throughout" in out
     assert "caught: pod answers-runtime-" in out and "(engine sha256:" in out
-    assert "8 of 8 steps passed" in out and out.rstrip().endswith("Demo finished.")
+    assert "9 of 9 steps passed" in out and out.rstrip().endswith("Demo finished.")
     assert processes_mentioning(workdir) == []
 
 

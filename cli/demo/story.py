@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from kubeinfer.cli.demo import answers
+from kubeinfer.cli.demo import answers, zero
 from kubeinfer.cli.demo.load import drive
 from kubeinfer.cli.demo.quality import WATCH, watch_quality
 from kubeinfer.cli.local import forward
@@ -465,6 +465,10 @@ class Demo:
         await self.step(
             "A replica that answers wrong is caught, taken out of serving, replaced and named",
             lambda step: answers.wrong_answers(self, step),
+        )
+        await self.step(
+            "Idle, a model goes to zero pods; its next request starts one and is answered",
+            lambda step: zero.scale_to_zero(self, step, manifest, source(self.models.small)),
         )
         await self.show("get", "infd")
         return all(step.ok for step in self.steps)

@@ -27,6 +27,7 @@ NEEDED = [
     "test_the_manual_gate_acts_only_on_the_digest_it_names",
     "test_a_leader_whose_lease_is_taken_stops_requeues_included",
     "test_a_replica_that_goes_wrong_is_taken_out_and_replaced",
+    "test_idle_goes_to_zero_and_100_first_requests_are_all_answered",
 ]
 """Scenarios whose calls together use every rule."""
 

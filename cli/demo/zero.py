@@ -1,0 +1,110 @@
+"""The demo's scale to zero: a model with `minReplicas: 0` goes to zero pods once idle, its
+Service handed to the activator (which `kubeinfer up` installs), and its next request is
+held there while a pod starts, then answered (docs/scale-to-zero.md).
+
+The object goes to zero only once both activator pods have loaded its route, which the
+kubelet delivers through a ConfigMap volume on its own period (up to about a minute): the
+step waits for that, then for the idle window, then shows `kubectl get infd` (READY 0/0,
+ZERO True), sends one request to the Service and prints how long its answer took: the
+cold start, with the engine in the node's cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+import numpy as np
+
+NAME = "idle"
+WINDOW_SECONDS = 10
+ZERO_WITHIN_SECONDS = 180
+"""The route's delivery to the activator pods, then the idle window."""
+
+
+class _Models(Protocol):
+    @property
+    def small(self) -> Path: ...
+
+
+class Demo(Protocol):
+    """What this step uses of the story that runs it (`story.Demo`)."""
+
+    @property
+    def models(self) -> _Models: ...
+    def say(self, text: str) -> None: ...
+    async def show(self, *args: str) -> None: ...
+    async def apply(self, objects: list[dict[str, Any]]) -> None: ...
+    async def infd(self, name: str) -> dict[str, Any]: ...
+    def condition(self, infd: dict[str, Any], kind: str) -> dict[str, Any]: ...
+    async def ready(self, name: str, generation: int | None = None) -> bool: ...
+    async def endpoint(self, name: str) -> str: ...
+    async def until(
+        self, check: Callable[[], Awaitable[Any]], seconds: float, what: str
+    ) -> Any: ...
+
+
+class Step(Protocol):
+    outcome: str
+
+
+def spec_of(source: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "model": {"name": NAME, "version": "1", "source": source},
+        "engine": {"backend": "onnxruntime", "precision": "fp32", "maxBatchSize": 8},
+        "runtime": {"batching": {"maxBatchSize": 8}},
+        "autoscaling": {
+            "enabled": True,
+            "minReplicas": 0,
+            "maxReplicas": 2,
+            "scaleToZeroAfterSeconds": WINDOW_SECONDS,
+        },
+    }
+
+
+def _body(rows: np.ndarray) -> dict[str, Any]:
+    return {"inputs": [{"name": "input", "shape": list(rows.shape), "datatype": "FP32",
+                        "data": rows.ravel().tolist()}]}  # fmt: skip
+
+
+async def _ask(url: str, rows: np.ndarray) -> int:
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.post(url, json=_body(rows)) as answer,
+    ):
+        await answer.read()
+        return answer.status
+
+
+async def scale_to_zero(
+    demo: Demo, step: Step, manifest: Callable[[str, dict[str, Any]], dict[str, Any]],
+    source: dict[str, Any],
+) -> None:  # fmt: skip
+    """The step: serve, go to zero, answer the next request from zero."""
+    await demo.apply([manifest(NAME, spec_of(source))])
+    await demo.until(lambda: demo.ready(NAME), 120, f"{NAME} to be Ready")
+    url = await demo.endpoint(NAME)
+    rows = np.random.default_rng(5).standard_normal((1, 512)).astype(np.float32)
+    assert await _ask(url, rows) == 200, "the first request was not answered"
+    demo.say(f"  idle for scaleToZeroAfterSeconds {WINDOW_SECONDS}: zero pods once the "
+             "activator routes it")  # fmt: skip
+
+    async def at_zero() -> bool:
+        infd = await demo.infd(NAME)
+        return demo.condition(infd, "ScaledToZero").get("status") == "True" and (
+            (infd.get("status") or {}).get("ready") == "0/0"
+        )
+
+    await demo.until(at_zero, ZERO_WITHIN_SECONDS, f"{NAME} at zero pods")
+    await demo.show("get", "infd", NAME)
+    sent = time.monotonic()
+    status = await _ask(url, rows)
+    cold = time.monotonic() - sent
+    assert status == 200, f"the request from zero was answered {status}"
+    demo.say(f"  the request from zero: {status} after {cold:.1f} s (a pod started for it)")
+    await demo.show("get", "infd", NAME)
+    step.outcome = f"zero pods when idle; the next request answered in {cold:.1f} s"
