@@ -42,6 +42,7 @@ from kubeinfer.operator.kube.resources import (
     CONFIGMAP,
     DEPLOYMENT,
     ENDPOINT_SLICE,
+    ENDPOINTS,
     EVENT,
     INFERENCE_DEPLOYMENT,
     JOB,
@@ -99,6 +100,7 @@ RULES: tuple[Rule, ...] = (
     _rule((PDB,), ("list", "watch", "create", "patch")),
     # An object at zero pods: its Service's endpoints are the activator's (desired_activator).
     _rule((ENDPOINT_SLICE,), ("list", "watch", "create", "patch", "delete")),
+    _rule((ENDPOINTS,), ("delete",)),
     _rule((POD_MONITOR,), ("list", "create", "patch")),
 )
 

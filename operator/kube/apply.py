@@ -24,6 +24,7 @@ from kubeinfer.operator.kube.client import (
     KubeClient,
     KubeObject,
 )
+from kubeinfer.operator.state import names
 from kubeinfer.operator.state.decision import Event
 from kubeinfer.operator.state.observed import ObservedState, OwnerRef
 
@@ -50,12 +51,22 @@ def observed_children(observed: ObservedState) -> set[tuple[str, str]]:
         *(("Deployment", d) for d in observed.product_deployments),
         *(("ConfigMap", c) for c in observed.product_configmaps),
         ("EndpointSlice", observed.activator_slice),
+        *(("EndpointSlice", s) for s in observed.service_slices),
         ("PodMonitor", observed.pod_monitor),
         ("PodDisruptionBudget", observed.disruption_budget),
         *(("Job", job) for job in observed.jobs),
     ]
     # Items of a LIST carry no kind of their own, so the slot names it.
-    return {(kind, o["metadata"]["name"]) for kind, o in slots if o is not None}
+    live = {(kind, o["metadata"]["name"]) for kind, o in slots if o is not None}
+    if any(mirrored(s) for s in observed.service_slices):  # the Endpoints it copies exist
+        live.add(("Endpoints", names.service_name(observed.owner.name)))
+    return live
+
+
+def mirrored(slice_: KubeObject) -> bool:
+    """A slice the mirroring controller copied from its Service's Endpoints."""
+    labels = slice_["metadata"].get("labels") or {}
+    return labels.get(names.LABEL_SLICE_MANAGED_BY) == names.SLICE_MIRROR
 
 
 async def apply_children(client: KubeClient, children: Iterable[KubeObject]) -> int:

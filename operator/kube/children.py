@@ -41,6 +41,15 @@ def owned_by(obj: KubeObject, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in refs)
 
 
+def is_controller_slice(obj: KubeObject, owner: str) -> bool:
+    """Whether `obj` is a slice of `owner`'s Service that Kubernetes' controllers keep:
+    the EndpointSlice controller's, or the mirroring controller's copy of its Endpoints."""
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return labels.get(names.LABEL_SERVICE_NAME) == names.service_name(owner) and labels.get(
+        names.LABEL_SLICE_MANAGED_BY
+    ) in (names.SLICE_CONTROLLER, names.SLICE_MIRROR)
+
+
 def _named(objects: list[KubeObject], name: str) -> KubeObject | None:
     """The owned object of that name: children are told apart by their deterministic
     names (a kind may have several: the serving and the candidate Deployment)."""
@@ -64,6 +73,11 @@ async def read_children(
         [o for o in objects if owned_by(o, owner.uid)] for objects in listed
     )
     slices = more[0] if more else []
+    # The EndpointSlice controller's slices of the object's Service carry its labels, and
+    # are owned by the Service: found by their service-name label.
+    service_slices = [
+        o for o in (listed[6] if len(listed) > 6 else []) if is_controller_slice(o, owner.name)
+    ]
     jobs.sort(key=lambda o: o["metadata"]["name"])
     pods: list[KubeObject] = []
     if jobs:
@@ -93,6 +107,7 @@ async def read_children(
         reference_service=_named(services, reference),
         backend_service=_named(services, names.backend_service_name(owner.name)),
         activator_slice=_named(slices, names.activator_slice_name(owner.name)),
+        service_slices=tuple(sorted(service_slices, key=lambda o: o["metadata"]["name"])),
         annotations=dict(body["metadata"].get("annotations") or {}),
         disruption_budget=_named(budgets, runtime),
         product_configmaps=_of_products(configmaps),

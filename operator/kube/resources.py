@@ -52,6 +52,10 @@ cluster has (`kube.nodes`)."""
 ENDPOINT_SLICE = ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
 """With autoscaling.minReplicas 0, while at zero: the slice that points an object's
 Service at the activator pods (in the operator's namespace, so no selector can)."""
+ENDPOINTS = ResourceType("", "v1", "endpoints", "Endpoints")
+"""Only deleted: the Endpoints controller leaves a Service's Endpoints as they were once
+the Service has no selector, and the mirroring controller copies them into an
+EndpointSlice, so the pods a Service at zero listed would still take its traffic."""
 LEASE = ResourceType("coordination.k8s.io", "v1", "leases", "Lease")
 """Leader election's lock, in the operator's own namespace (`kube.leader_election`)."""
 
@@ -69,6 +73,7 @@ RESOURCES: dict[str, ResourceType] = {
         PDB,
         POD_MONITOR,
         ENDPOINT_SLICE,
+        ENDPOINTS,
         LEASE,
         NODE,
     )

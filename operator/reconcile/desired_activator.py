@@ -5,13 +5,16 @@ The activator pods live in the operator's namespace, which no Service selector o
 namespace can reach, so the object's Service is switched as Knative switches a revision's:
 while at zero it selects nothing, and an EndpointSlice the operator writes for it lists
 the activator pods' addresses; the activator forwards what it held to the `-backend`
-Service, which always selects the serving pods. Once a serving pod is ready the Service
-selects the pods again (the EndpointSlice controller lists them), and the activator's
-slice is deleted one pass later, when the Service read back has its selector: both slices
-serve for that pass, so there is no instant without an endpoint.
+Service, which always selects the serving pods. The EndpointSlice controller does nothing
+for a Service without a selector, not even drop the pods it listed, and the Endpoints
+controller leaves its Endpoints, which the mirroring controller then copies into a slice:
+the passes at zero delete both (only what they observe). Once a serving pod is ready
+the Service selects the pods again (the controller lists them), and the activator's slice
+is deleted one pass later, when the Service read back has its selector: both slices serve
+for that pass, so there is no instant without an endpoint.
 
 The route table the activator reads (`route`) is the operator's to write, one entry per
-object with minReplicas 0 (`kube.activator_routes`).
+object with minReplicas 0 (`kube.activator.RouteTable`).
 """
 
 from __future__ import annotations
@@ -24,10 +27,6 @@ from kubeinfer.operator.reconcile.desired import HTTP_PORT, build_service
 from kubeinfer.operator.settings import OperatorSettings
 from kubeinfer.operator.state import names
 from kubeinfer.operator.state.observed import KubeObject, ObservedState
-
-MANAGED_BY = "kubeinfer.io/operator"
-"""The EndpointSlice's `endpointslice.kubernetes.io/managed-by`: not the EndpointSlice
-controller's, so it leaves the slice alone."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +97,12 @@ def routing(
         ]
         runtime = [c for c in routed if c["kind"] == "Deployment"]
         routed = [c for c in routed if c["kind"] != "Deployment"] + runtime
+        # Kubernetes' controllers do nothing more for a Service without a selector, not
+        # even remove the pods they listed: its slices go (after the writes), and its
+        # Endpoints, which the mirroring controller would copy into a slice again.
+        deletions += [("EndpointSlice", s["metadata"]["name"]) for s in observed.service_slices]
+        if observed.service_slices:
+            deletions.append(("Endpoints", service_name))
     else:
         routed.append(backend_service)
         if held_by_activator:
@@ -127,8 +132,8 @@ def activator_slice(
         "ports": ports,
     }
     labels = names.common_labels(owner.name, version, names.COMPONENT_RUNTIME)
-    labels["kubernetes.io/service-name"] = names.service_name(owner.name)
-    labels["endpointslice.kubernetes.io/managed-by"] = MANAGED_BY
+    labels[names.LABEL_SERVICE_NAME] = names.service_name(owner.name)
+    labels[names.LABEL_SLICE_MANAGED_BY] = names.ACTIVATOR_SLICE_MANAGER
     name = names.activator_slice_name(owner.name)
     return finish_child("discovery.k8s.io/v1", "EndpointSlice", name, owner, labels, body)
 

@@ -41,8 +41,10 @@ def rollout_progress(
     available with no old pod left.
 
     Available means a pod serves, or, `on_demand` (autoscaling.minReplicas 0), the
-    Deployment is settled at zero pods: the activator holds the object's requests and
-    starts one (the zero step goes to zero only with the activator routing it).
+    Deployment is at zero pods: the activator holds the object's requests and starts one
+    (the zero step goes to zero only with the activator routing it, and the Service is
+    switched to it before the pods are removed), so pods still leaving keep nothing from
+    complete either.
 
     A Deployment this pass creates (`observed` None, `desired` not) reads as it will once
     created, with nothing counted yet: the status is written only after the pass's
@@ -71,7 +73,7 @@ def rollout_progress(
         and updated >= replicas
         and ready >= replicas
         and available_count >= replicas
-        and total == replicas
+        and (total == replicas or (on_demand and replicas == 0))
     )
     if total > updated:
         message = f"Deployment {name}: {updated} of {replicas} pods updated, {ready} ready"

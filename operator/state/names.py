@@ -153,6 +153,17 @@ def backend_service_name(owner: str) -> str:
     return child_name(owner, "backend")
 
 
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+"""An EndpointSlice's Service."""
+LABEL_SLICE_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
+SLICE_CONTROLLER = "endpointslice-controller.k8s.io"
+"""The EndpointSlice controller's `managed-by`: its slices of a Service with a selector."""
+SLICE_MIRROR = "endpointslicemirroring-controller.k8s.io"
+"""The mirroring controller's: a selector-less Service's Endpoints copied into a slice."""
+ACTIVATOR_SLICE_MANAGER = "operator.kubeinfer.io"
+"""The activator's slice's `managed-by`: not the controller's, so it leaves it alone."""
+
+
 def activator_slice_name(owner: str) -> str:
     """The EndpointSlice that sends the owner's Service's traffic to the activator pods
     while it has no serving pod."""

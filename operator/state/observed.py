@@ -73,6 +73,9 @@ class ObservedState:
     activator_slice: KubeObject | None = None
     """With autoscaling.minReplicas 0: the Service the activator forwards to, and the
     EndpointSlice that points the object's Service at the activator while at zero."""
+    service_slices: tuple[KubeObject, ...] = ()
+    """With autoscaling.minReplicas 0: the EndpointSlice controller's slices of the
+    object's Service, which it leaves as they are once the Service has no selector."""
     annotations: dict[str, str] = field(default_factory=dict)
     """The InferenceDeployment's annotations (the shadow's manual gate is one)."""
     shadow: ShadowReading | None = None

@@ -166,6 +166,8 @@ class Cluster:
         """The autoscaler's memory, kept between passes as the reconciler keeps it."""
         self.wake: WakeSignals | None = None
         """What the gather step reads for an object with minReplicas 0."""
+        self.service_slices: list[KubeObject] = []
+        """The EndpointSlice controller's slices of the object's Service."""
         self.pod_monitors = False
         self.runtime_pods: list[KubeObject] = []
         self.candidate_pods: list[KubeObject] = []
@@ -206,6 +208,7 @@ class Cluster:
             serving_pods=self.serving_pods,
             scaling_history=self.history,
             wake_signals=self.wake,
+            service_slices=tuple(self.service_slices),
             pod_monitors_available=self.pod_monitors,
             runtime_pods=tuple(copy.deepcopy(self.runtime_pods)),
             candidate_pods=tuple(copy.deepcopy(self.candidate_pods)),

@@ -53,7 +53,14 @@ def test_an_idle_object_goes_to_zero_through_the_activator_in_order():
     assert cluster.get("Deployment")["spec"]["replicas"] == 1, "a new object starts serving"
     quiet(cluster, ready=1)
     cluster.reconcile(T0 + timedelta(seconds=100))  # the idle window starts
+    labels = {
+        names.LABEL_SERVICE_NAME: cluster.name,
+        names.LABEL_SLICE_MANAGED_BY: names.SLICE_CONTROLLER,
+    }
+    controllers = {"metadata": {"name": "demo-x7k2p", "labels": labels}}
+    cluster.service_slices = [controllers]
     decision = cluster.reconcile(T0 + timedelta(seconds=161))
+    assert ("EndpointSlice", "demo-x7k2p") in decision.delete, "the controller's stale slice"
     kinds = [(c["kind"], c["metadata"]["name"]) for c in decision.apply]
     slice_name = names.activator_slice_name(cluster.name)
     assert kinds.index(("EndpointSlice", slice_name)) < kinds.index(("Service", cluster.name))
@@ -74,6 +81,14 @@ def test_an_idle_object_goes_to_zero_through_the_activator_in_order():
     assert backend["spec"]["selector"] == names.serving_selector(cluster.name)
     zero = cluster.condition(ConditionType.SCALED_TO_ZERO)
     assert (zero.status, zero.reason) == (ConditionStatus.TRUE, Reason.IDLE)
+    leaving = cluster.get("Deployment")
+    leaving["status"] = {
+        **leaving["status"],
+        "observedGeneration": leaving["metadata"]["generation"],
+    }
+    cluster.reconcile(T0 + timedelta(seconds=165))  # its pod still leaving: Ready stays True
+    ready = cluster.condition(ConditionType.READY)
+    assert ready.status == ConditionStatus.TRUE, ready.message
     cluster.roll_out()  # the Deployment controller: zero pods, none ready
     quiet(cluster, ready=0)
     cluster.reconcile(T0 + timedelta(seconds=170))

@@ -3,7 +3,8 @@
 //! bound before its body is read (refused at once past it, the body left to
 //! `settle_unread_body`), its body read, and forwarded once the backend is ready, or
 //! refused when its hold time passes. A forward that cannot connect sends the request
-//! back to waiting (its body is kept whole, so it can be sent again). A gRPC call sent to
+//! back to waiting (its body is kept whole, so it can be sent again), and so does a held
+//! request a pod answers 503 (one draining as it leaves: it admitted nothing). A gRPC call sent to
 //! an address rather than a route's name names its model only in its message: its body
 //! is read (bounded as any) to find its route, before its admission.
 
@@ -231,6 +232,14 @@ impl<'a> Proxied<'a> {
                 }
             }
             match self.send(bytes.clone()).await {
+                Ok(response) if held.is_some() && refused_by_a_leaving_pod(&response) => {
+                    // A held request reached a pod that no longer admits (one draining as
+                    // it leaves, which kube-proxy still sends to while no other is ready):
+                    // it waits for a pod that does, within its hold time.
+                    let route = self.hold.route().key();
+                    log::debug!("Backend refused a held request with 503 route={route}");
+                    self.hold.not_ready();
+                }
                 Ok(response) => {
                     let waited = arrival.arrived.elapsed().as_secs_f64();
                     self.hold.series.hold_duration.observe(waited);
@@ -329,6 +338,13 @@ async fn read_whole(context: &Context, body: &mut Watched) -> Result<Bytes, ApiE
 }
 
 /// A backend that failed a forwarded request: 502 over HTTP, UNAVAILABLE over gRPC.
+/// An HTTP answer 503: the backend pod did not admit the request (it is draining, or not
+/// ready yet), so it was not run and may be sent again. gRPC answers 200 with its status
+/// in the trailers, so a gRPC call is never sent twice.
+fn refused_by_a_leaving_pod(response: &Response<ProxyBody>) -> bool {
+    response.status() == hyper::StatusCode::SERVICE_UNAVAILABLE
+}
+
 fn bad_gateway(error: &str, transport: Transport) -> Response<ProxyBody> {
     let message = format!("the backend failed the request: {error}");
     match transport {
