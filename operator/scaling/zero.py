@@ -13,7 +13,8 @@ A schedule's window is also a floor while pods run, whatever minReplicas is: the
 autoscaler's lower bound is `floor` while one is open.
 
 Missing data never takes the last pod away: a pass whose request counter could not be
-read counts as a request seen, so the idle window starts over.
+read counts as a request seen, so the idle window starts over; so does a pass with pods
+still starting (the wake's pod among them), whose requests may not have reached them.
 """
 
 from __future__ import annotations
@@ -96,7 +97,10 @@ def _activity(
     unread = pods.ready > 0 and (seen is None or signals.error != "")
     moved = seen is not None and previous_seen is not None and seen != previous_seen
     busy = (signals.requests_in_progress_per_replica or 0) > 0 or (wake.held_requests or 0) > 0
-    if unread or moved or busy:
+    # Pods still starting are a scale-up under way (a wake from zero among them), whose
+    # requests may not have reached them yet: the window starts when they serve.
+    starting = pods.ready < pods.desired
+    if unread or moved or busy or starting:
         return now, seen if seen is not None else previous_seen
     return since, seen if seen is not None else previous_seen
 

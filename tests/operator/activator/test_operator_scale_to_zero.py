@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -171,15 +172,19 @@ async def test_idle_goes_to_zero_and_100_first_requests_are_all_answered(
             await eventually(answered, 60, "the Service to answer")
             await at_zero(world)
             assert zero_condition(world).get("status") == "True"
+            await eventually(lambda: (world.infd() or {})["status"]["ready"] == "0/0", 30,
+                             "the status counting no pod")  # fmt: skip
             ready = condition(world.infd(), "Ready") or {}
             assert ready.get("status") == "True", ready
-            assert (world.infd() or {})["status"]["ready"] == "0/0"
             sent = time.monotonic()
             answers = await asyncio.gather(*(infer(session, url, row) for row in rows))
             cold_start = time.monotonic() - sent
         statuses = [status for status, _ in answers]
         refused = [payload for status, (payload, _) in answers if status != 200]
-        assert statuses == [200] * 100, (statuses, refused[:3])
+        scaled = [(e["lastTimestamp"], e["message"][:40], e.get("count")) for e in world.events()
+                  if e["reason"].startswith("Scaled") or e["reason"] in ("Killing", "Started")]  # fmt: skip
+        Path("/tmp/zero-debug.txt").write_text("\n".join(map(str, scaled)) + f"\nsent {sent} {time.time()}\n")
+        assert statuses == [200] * 100, (statuses.count(503), refused[:1], scaled)
         got = np.array([payload["outputs"][0]["data"] for _, (payload, _) in answers])
         np.testing.assert_allclose(got, expected.reshape(100, -1), rtol=1e-5, atol=1e-5)
         print(f"cold start, engine in the node's cache: {cold_start:.2f} s for 100 requests")

@@ -78,6 +78,16 @@ def test_a_request_seen_or_missing_data_starts_the_window_over(signals, wake, wh
     assert verdict.condition is not None and verdict.condition[1] == Reason.RECENTLY_ACTIVE
 
 
+def test_a_pod_still_starting_keeps_the_window_from_running():
+    """The pod a wake started, not ready yet and nothing held any more (the activator's
+    read failed, or its requests went to the pod): not idle."""
+    starting = ServingPods(desired=1, ready=0, starting=1)
+    wake = WakeSignals(requests_answered=None, held_requests=None, activator_routing=True)
+    verdict = zero.decide(spec_of(), seen(WINDOW * 3), QUIET, wake, starting, NOW)
+    assert verdict.replicas is None
+    assert verdict.activity is not None and verdict.activity[0] == NOW
+
+
 def test_within_the_window_the_pods_stay_and_the_time_of_the_last_request_is_kept():
     verdict = zero.decide(spec_of(), seen(WINDOW - 1), QUIET, ROUTED, pods(2), NOW)
     assert verdict.replicas is None

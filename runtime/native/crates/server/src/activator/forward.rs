@@ -2,7 +2,11 @@
 //! HTTP port; a call of the gRPC listener over HTTP/2 with prior knowledge to their gRPC
 //! port), its answer streamed back as it comes (status, headers, body, trailers: gRPC's
 //! status is in its trailers); readiness probes and wake-ups, through the same HTTP/1
-//! client. hyper-util's pooled client: one connection pool per backend, kept alive.
+//! client. hyper-util's client, with no idle connection kept: the backend is a Service's
+//! cluster IP, whose kube-proxy picks a pod per connection, so a kept connection would
+//! stay with the pod it first reached: a probe's answered by a pod leaving (draining, its
+//! readiness 503) would carry the held requests to it once another pod is ready. A
+//! connection per request, only while an object wakes, is the price.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -63,6 +67,7 @@ impl Upstream {
         connector.set_connect_timeout(Some(CONNECT_WITHIN));
         let mut builder = Client::builder(TokioExecutor::new());
         builder.pool_timer(TokioTimer::new());
+        builder.pool_max_idle_per_host(0);
         let http1 = builder.build(connector.clone());
         let h2c = builder.http2_only(true).build(connector);
         Upstream { http1, h2c }
@@ -99,7 +104,7 @@ impl Upstream {
         let asked = tokio::time::timeout(PROBE_WITHIN, async {
             let response = self.http1.request(request).await.ok()?;
             let status = response.status();
-            // Read to its end, so the connection goes back to the pool.
+            // Read to its end, so the connection ends cleanly.
             response.into_body().collect().await.ok()?;
             Some(status)
         });
