@@ -11,6 +11,7 @@ cold start, with the engine in the node's cache.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -36,6 +37,7 @@ class Demo(Protocol):
     @property
     def models(self) -> _Models: ...
     def say(self, text: str) -> None: ...
+    async def kubectl(self, *args: str) -> str: ...
     async def show(self, *args: str) -> None: ...
     async def apply(self, objects: list[dict[str, Any]]) -> None: ...
     async def infd(self, name: str) -> dict[str, Any]: ...
@@ -99,7 +101,14 @@ async def scale_to_zero(
             (infd.get("status") or {}).get("ready") == "0/0"
         )
 
+    async def no_pod_left() -> bool:
+        # Its last pod gone, draining included: zero pods indeed.
+        listing = await demo.kubectl("get", "pods", "-l", f"app.kubernetes.io/instance={NAME}",
+                                     "-o", "json")  # fmt: skip
+        return not json.loads(listing)["items"]
+
     await demo.until(at_zero, ZERO_WITHIN_SECONDS, f"{NAME} at zero pods")
+    await demo.until(no_pod_left, 60, f"the last pod of {NAME} gone")
     await demo.show("get", "infd", NAME)
     sent = time.monotonic()
     status = await _ask(url, rows)
