@@ -91,7 +91,15 @@ async def scale_to_zero(
     await demo.until(lambda: demo.ready(NAME), 120, f"{NAME} to be Ready")
     url = await demo.endpoint(NAME)
     rows = np.random.default_rng(5).standard_normal((1, 512)).astype(np.float32)
-    assert await _ask(url, rows) == 200, "the first request was not answered"
+
+    async def answered() -> bool:
+        # kube-proxy refuses a new Service's cluster IP until it has programmed its rules.
+        try:
+            return await _ask(url, rows) == 200
+        except aiohttp.ClientConnectorError:
+            return False
+
+    await demo.until(answered, 60, f"{NAME}'s Service to answer")
     demo.say(f"  idle for scaleToZeroAfterSeconds {WINDOW_SECONDS}: zero pods once the "
              "activator routes it")  # fmt: skip
 
