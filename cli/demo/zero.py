@@ -111,7 +111,8 @@ async def scale_to_zero(
 
     async def no_pod_left() -> bool:
         # Its last pod gone, draining included: zero pods indeed.
-        listing = await demo.kubectl("get", "pods", "-l", f"app.kubernetes.io/instance={NAME}",
+        serving = f"app.kubernetes.io/instance={NAME},kubeinfer.io/role=serving"
+        listing = await demo.kubectl("get", "pods", "-l", serving,
                                      "-o", "json")  # fmt: skip
         return not json.loads(listing)["items"]
 
