@@ -101,6 +101,10 @@ class RouteTable:
     async def set(self, key: tuple[str, str], route: dict[str, Any] | None) -> None:
         """`key`'s route is `route` (None: it has none); the ConfigMap is written when
         the table changed."""
+        if route is None and self._routes is None:
+            # Nothing to remove from a table not read: an operator whose objects never
+            # scale to zero never reads or needs the activator's namespace.
+            return
         async with self._lock:
             routes = await self._loaded()
             if routes.get(key) == route:
