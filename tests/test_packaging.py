@@ -219,11 +219,18 @@ def distribution_of(module: str) -> str:
 
 
 @pytest.mark.parametrize(
-    ("folder", "extra", "also"),
-    [("operator", "operator", ()), ("runtime", "runtime", ()), ("cluster", "local", ())],
+    ("folder", "extra", "also", "loads"),
+    [
+        ("operator", "operator", (), ()),
+        # Both images' `kubeinfer` registers every command, and the commands load the API
+        # models (pydantic only, croniter for the wake schedules): the runtime image imports
+        # operator/api too.
+        ("runtime", "runtime", (), ("operator/api",)),
+        ("cluster", "local", (), ()),
+    ],
 )
 def test_each_sides_imports_are_declared_in_its_extra_and_nothing_more(
-    folder: str, extra: str, also: tuple[str, ...]
+    folder: str, extra: str, also: tuple[str, ...], loads: tuple[str, ...]
 ) -> None:
     base, resolved = extras()
     allowed = base | resolved[extra]
@@ -243,6 +250,9 @@ def test_each_sides_imports_are_declared_in_its_extra_and_nothing_more(
     assert resolved["dev"] >= resolved["operator"] | resolved["runtime"]
     # The base dependencies are the two planes' common ground; the local cluster needs
     # only its own extra (and PyYAML).
+    for loaded in loads:
+        used |= {distribution_of(module) for module in imported_modules(loaded)}
+        assert used & base, f"{loaded} is said to be loaded but imports no base dependency"
     expected = resolved[extra] | (base if folder != "cluster" else set())
     assert not expected - used, "declared but never imported"
 
