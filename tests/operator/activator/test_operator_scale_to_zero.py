@@ -243,7 +243,12 @@ async def test_a_schedule_and_a_prometheus_query_wake_the_object_with_no_request
             window = {"start": "* * * * *", "durationSeconds": 120, "replicas": 1}
             world.patch_spec({"autoscaling": {"wakeOn": {"schedules": [window]}}})
             await eventually(lambda: replicas(world) == 1, 30, "woken by the schedule")
-            assert zero_condition(world).get("reason") in ("ScheduleOpen", "RecentlyActive")
+            # The Deployment is written before the status, in the same pass.
+            await eventually(
+                lambda: zero_condition(world).get("reason") in ("ScheduleOpen", "RecentlyActive"),
+                30,
+                "ScaledToZero says why the pod is up",
+            )
             world.patch_spec({"autoscaling": {"wakeOn": {"schedules": None}}})
             await at_zero(world)
             # Work waiting upstream: a query that passes its threshold a few seconds on.

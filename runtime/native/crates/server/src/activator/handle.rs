@@ -3,10 +3,12 @@
 //! bound before its body is read (refused at once past it, the body left to
 //! `settle_unread_body`), its body read, and forwarded once the backend is ready, or
 //! refused when its hold time passes. A forward that cannot connect sends the request
-//! back to waiting (its body is kept whole, so it can be sent again), and so does a held
-//! request a pod answers 503 (one draining as it leaves: it admitted nothing). A gRPC call sent to
-//! an address rather than a route's name names its model only in its message: its body
-//! is read (bounded as any) to find its route, before its admission.
+//! back to waiting (its body is kept whole, so it can be sent again), and so does one a
+//! pod refuses before running it (a 503 with Retry-After, or a trailers-only UNAVAILABLE with
+//! retry-after: one draining as it leaves, which kube-proxy still sends to while no other
+//! pod is ready, admitted nothing). A gRPC call sent to an address rather than a route's
+//! name names its model only in its message: its body is read (bounded as any) to find its
+//! route, before its admission.
 
 use std::convert::Infallible;
 use std::net::IpAddr;
@@ -14,7 +16,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use hyper::body::{Body, Incoming};
-use hyper::header::{CONNECTION, EXPECT, HOST, HeaderValue};
+use hyper::header::{CONNECTION, EXPECT, HOST, HeaderValue, RETRY_AFTER};
 use hyper::http::request::Parts;
 use hyper::{Request, Response, StatusCode};
 use tokio::time::Instant;
@@ -232,13 +234,19 @@ impl<'a> Proxied<'a> {
                 }
             }
             match self.send(bytes.clone()).await {
-                Ok(response) if held.is_some() && refused_by_a_leaving_pod(&response) => {
-                    // A held request reached a pod that no longer admits (one draining as
-                    // it leaves, which kube-proxy still sends to while no other is ready):
-                    // it waits for a pod that does, within its hold time.
+                Ok(response) if not_admitted(&response, arrival.transport) => {
+                    // A pod that no longer admits (one draining as it leaves) ran nothing:
+                    // the request waits for a pod that does, within its hold time, whether
+                    // it was held on arrival or sent straight to a backend known ready.
                     let route = self.hold.route().key();
-                    log::debug!("Backend refused a held request with 503 route={route}");
+                    log::debug!("Backend did not admit a request (retry later) route={route}");
                     self.hold.not_ready();
+                    if held.is_none() {
+                        held = match self.hold.hold(arrival.arrived) {
+                            Some(guard) => Some(guard),
+                            None => return self.refuse(Outcome::RefusedFull, self.full()),
+                        };
+                    }
                 }
                 Ok(response) => {
                     let waited = arrival.arrived.elapsed().as_secs_f64();
@@ -337,14 +345,30 @@ async fn read_whole(context: &Context, body: &mut Watched) -> Result<Bytes, ApiE
         .map_err(too_large)
 }
 
-/// A backend that failed a forwarded request: 502 over HTTP, UNAVAILABLE over gRPC.
-/// An HTTP answer 503: the backend pod did not admit the request (it is draining, or not
-/// ready yet), so it was not run and may be sent again. gRPC answers 200 with its status
-/// in the trailers, so a gRPC call is never sent twice.
-fn refused_by_a_leaving_pod(response: &Response<ProxyBody>) -> bool {
-    response.status() == hyper::StatusCode::SERVICE_UNAVAILABLE
+/// The backend pod refused the request before running it, and says to retry (it is
+/// draining, not started, or full): over HTTP a 503 with Retry-After, over gRPC a
+/// trailers-only answer (its status in the headers, before any message) UNAVAILABLE or
+/// RESOURCE_EXHAUSTED with retry-after, as the runtime refuses at admission. It may be sent
+/// again. A 503 with no Retry-After, or a gRPC status in the trailers after a message, is
+/// the client's answer.
+fn not_admitted(response: &Response<ProxyBody>, transport: Transport) -> bool {
+    let headers = response.headers();
+    let says_retry = headers.contains_key(RETRY_AFTER);
+    match transport {
+        Transport::Http => says_retry && response.status() == StatusCode::SERVICE_UNAVAILABLE,
+        Transport::Grpc => {
+            let refused = (headers.get("grpc-status"))
+                .is_some_and(|code| code == UNAVAILABLE || code == RESOURCE_EXHAUSTED);
+            says_retry && refused
+        }
+    }
 }
 
+/// gRPC's status numbers of a refusal at admission.
+const UNAVAILABLE: &str = "14";
+const RESOURCE_EXHAUSTED: &str = "8";
+
+/// A backend that failed a forwarded request: 502 over HTTP, UNAVAILABLE over gRPC.
 fn bad_gateway(error: &str, transport: Transport) -> Response<ProxyBody> {
     let message = format!("the backend failed the request: {error}");
     match transport {

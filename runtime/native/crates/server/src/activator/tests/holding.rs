@@ -450,10 +450,11 @@ fn a_backend_that_fails_a_forwarded_request_is_answered_502() {
     });
 }
 
-/// A backend ready to its readiness probe that refuses with 503 (a pod draining as it
-/// leaves, still sent to) while `refusing` is above 0, counting it down, and answers 200
+/// A backend ready to its readiness probe that refuses with 503 and Retry-After (a pod
+/// draining as it leaves, still sent to) while `refusing` is above 0, counting it down;
+/// with a bare 503 (no Retry-After: its own failure) while `failing` is; and answers 200
 /// otherwise.
-async fn refusing_backend(port: u16, refusing: Arc<AtomicUsize>) {
+async fn refusing_backend(port: u16, refusing: Arc<AtomicUsize>, failing: Arc<AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .unwrap();
@@ -463,12 +464,16 @@ async fn refusing_backend(port: u16, refusing: Arc<AtomicUsize>) {
             let mut head = vec![0u8; 4096];
             let read = stream.read(&mut head).await.unwrap_or(0);
             let probe = head[..read].starts_with(b"GET /v2/health/ready ");
+            let taken = |count: &AtomicUsize| {
+                (count.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)))
+                    .is_ok()
+            };
             let answer = if probe {
                 "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            } else if refusing
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-            {
+            } else if taken(&refusing) {
+                "HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 2\r\n\
+                 Connection: close\r\n\r\n{}"
+            } else if taken(&failing) {
                 "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"
             } else {
                 "HTTP/1.1 200 OK\r\nContent-Length: 11\r\nConnection: close\r\n\r\n{\"ok\":true}"
@@ -479,24 +484,34 @@ async fn refusing_backend(port: u16, refusing: Arc<AtomicUsize>) {
 }
 
 #[test]
-fn a_held_request_a_leaving_pod_refuses_waits_for_one_that_admits_it() {
+fn a_request_a_leaving_pod_refuses_waits_for_one_that_admits_it_held_or_not() {
     let scratch = Scratch::new("leaving");
     let backend_port = free_port();
     let activator = activator(&scratch, backend_port, None, json!({}));
     let port = activator.http_port();
     client_runtime().block_on(async {
         let refusing = Arc::new(AtomicUsize::new(0));
-        refusing_backend(backend_port, refusing.clone()).await;
+        let failing = Arc::new(AtomicUsize::new(0));
+        refusing_backend(backend_port, refusing.clone(), failing.clone()).await;
         // Held (no backend known ready yet): refused twice, then answered.
         refusing.store(2, Ordering::SeqCst);
         let (status, _, body) = infer(port, 0).await;
         assert_eq!(status, 200, "{body:?}");
         assert_eq!(&body[..], b"{\"ok\":true}");
         assert_eq!(refusing.load(Ordering::SeqCst), 0, "both refusals were met");
-        // Sent straight (the backend known ready): its 503 is the client's answer.
+        // Sent straight (the backend known ready), refused at admission: held, sent again.
         refusing.store(1, Ordering::SeqCst);
-        let (status, _, _) = infer(port, 1).await;
-        assert_eq!(status, 503, "a request not held is never sent twice");
-        assert_eq!(counted(port, "forwarded").await, Some(2.0));
+        let (status, _, body) = infer(port, 1).await;
+        assert_eq!(status, 200, "{body:?}");
+        assert_eq!(refusing.load(Ordering::SeqCst), 0);
+        // A 503 that does not say to retry is the backend's answer: never sent twice.
+        failing.store(1, Ordering::SeqCst);
+        let (status, headers, _) = infer(port, 2).await;
+        assert_eq!(status, 503);
+        assert!(
+            !headers.contains_key("retry-after"),
+            "the backend's own answer"
+        );
+        assert_eq!(counted(port, "forwarded").await, Some(3.0));
     });
 }
