@@ -32,6 +32,7 @@ import math
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -184,13 +185,17 @@ def serve(
         with_batching_found,
     )
 
+    checking = time.monotonic()
     known_answers.run()
+    probing = time.monotonic()
     probe = probe_batching(engine, config.input_shapes)
     found = with_batching_found(config, probe)
     say_batching_found(config, probe, found.batching.max_batch_size)
     options = server_options(found, engine, probe, config.batching.max_batch_size)
     config = found
+    starting = time.monotonic()
     server, admin = start_serving(config, engine, known_answers, options)
+    started = time.monotonic()
     _say_buffers(engine, options["batching"]["executionSlots"])
     gpu_gauges = GpuMemoryGauges(server, gpu_memory)
     gpu_gauges.start()
@@ -201,9 +206,11 @@ def serve(
         server.set_ready(allowed, None if allowed else known_answers.hold_reason)
         log.info(
             "Serving through the Rust data plane model=%s port=%d max_batch_size=%d "
-            "execution_slots=%d ready=%s",
+            "execution_slots=%d ready=%s known_answers_seconds=%.3f "
+            "batching_probe_seconds=%.3f server_start_seconds=%.3f",
             config.model_name, server.http_port, options["batching"]["maxBatchSize"],
             options["batching"]["executionSlots"], known_answers.serving_allowed,
+            probing - checking, starting - probing, started - starting,
         )  # fmt: skip
         while not stop.wait(1.0):  # a timed wait, so the signal handler runs promptly
             pass

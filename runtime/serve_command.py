@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -398,6 +399,7 @@ def run(args: argparse.Namespace) -> int:
         faults = parse_testing_faults(settings.testing_faults)
     except ValueError as error:
         return _fail_to_start(path, f"invalid configuration:\n{error}", 2)
+    loading = time.monotonic()
     try:
         engine, known_answers = load_engine_for(config, faults)
     except Exception as error:  # any load failure is a clean exit with its message
@@ -409,6 +411,8 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(error, EngineIncompatibleError):
             return _fail_to_start(path, str(error), EXIT_ENGINE_INCOMPATIBLE)
         return _fail_to_start(path, f"cannot load the engine: {error}", 1)
+    # A cold start's breakdown (docs/scale-to-zero.md) reads this line and the next.
+    log.info("Engine loaded in %.3f s model=%s", time.monotonic() - loading, config.model_name)
     return _serve(config, engine, known_answers, path)
 
 
