@@ -24,6 +24,12 @@ OPERATOR_ACCOUNT = f"{RELEASE}-operator"
 OPERATOR_IMAGE = DEFAULT_RUNTIME_IMAGE.replace("kubeinfer-runtime", "kubeinfer-operator")
 PROMETHEUS_ACCOUNT = "prometheus"
 LABELS = {"app.kubernetes.io/name": "kubeinfer", "app.kubernetes.io/instance": RELEASE}
+OPERATOR_SELECTOR = {**LABELS, "app.kubernetes.io/component": "operator"}
+METRICS_PORT = 8080
+"""The operator's metrics port (the chart's `metricsPort`), which also takes the
+activator's wakes."""
+METRICS_CONTAINER_PORT = {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}
+WAKE_URL = f"http://{OPERATOR_ACCOUNT}.{NAMESPACE}.svc:{METRICS_PORT}/v1/activator/wake"
 
 LOCAL_SETTINGS = {
     "KUBEINFER_REQUEUE__AUTOSCALE_POLL_SECONDS": "2",
@@ -82,8 +88,25 @@ def operator_objects(
         _binding("ClusterRole", node_role["metadata"]["name"], None, OPERATOR_ACCOUNT),
         lease_role,
         _binding("Role", lease_role["metadata"]["name"], NAMESPACE, OPERATOR_ACCOUNT),
+        _operator_service(),
         _operator_deployment(_operator_env(prometheus_url, settings or {})),
     ]
+
+
+def _operator_service() -> dict[str, Any]:
+    """The operator's metrics port as a Service (the chart's): where the activator posts
+    its wakes, so a held request starts a pod at once rather than at the next poll."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": OPERATOR_ACCOUNT, "namespace": NAMESPACE, "labels": LABELS},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": OPERATOR_SELECTOR,
+            "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics",
+                       "protocol": "TCP"}],
+        },
+    }  # fmt: skip
 
 
 def _operator_env(
@@ -106,7 +129,7 @@ def _operator_env(
 def _operator_deployment(env: list[dict[str, object]]) -> dict[str, Any]:
     """The operator's Deployment with the chart's arguments: one replica of the operator
     image (imported into the node, never pulled), non-root, read-only root filesystem."""
-    selector = {**LABELS, "app.kubernetes.io/component": "operator"}
+    selector = OPERATOR_SELECTOR
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -134,8 +157,10 @@ def _operator_deployment(env: list[dict[str, object]]) -> dict[str, Any]:
                                 "--all-namespaces",
                                 "--leader-election",
                                 f"--lease-name={OPERATOR_ACCOUNT}",
+                                f"--metrics-port={METRICS_PORT}",
                             ],
                             "env": env,
+                            "ports": [METRICS_CONTAINER_PORT],
                             "securityContext": {
                                 "allowPrivilegeEscalation": False,
                                 "readOnlyRootFilesystem": True,

@@ -133,9 +133,9 @@ class LocalSession:
             f"  operator installed: {install.NAMESPACE}/{install.OPERATOR_ACCOUNT} "
             f"({install.OPERATOR_IMAGE}, the chart's ServiceAccount and RBAC)"
         )
-        # The operator polls an object at zero every autoscale poll (LOCAL_SETTINGS), so
-        # the activator here wakes it without a wake URL.
-        await self.kubectl_apply(activator_objects(Activator()))
+        # The activator posts a wake to the operator's Service as it holds a request (the
+        # operator's poll of an object at zero is the fallback, as in the chart).
+        await self.kubectl_apply(activator_objects(Activator(), wake_url=install.WAKE_URL))
         self.say(f"  activator installed: {install.NAMESPACE}/{ACTIVATOR_NAME} (2 replicas)")
         self._write_state(phase="started")
 

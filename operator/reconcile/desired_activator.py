@@ -84,6 +84,12 @@ def routing(
     through = replicas == 0 or (held_by_activator and ready == 0)
     routed = list(children)
     backend_service = build_service(owner, version, grpc_port=spec.runtime.grpc_port, name=backend)
+    # The activator asks each pod's readiness itself (every 100 ms while it holds), so its
+    # Service lists a pod as soon as it has an address, not once the kubelet's probe, the
+    # EndpointSlice controller and kube-proxy have each seen it ready: seconds of a cold
+    # start. A pod not ready (starting, held off by its known answers, draining) refuses
+    # an inference with 503 and Retry-After, which the activator sends again.
+    backend_service["spec"]["publishNotReadyAddresses"] = True
     deletions: list[tuple[str, str]] = []
     if through:
         # Applied in this order: the backend Service and the slice to the activator

@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import json
 import re
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ import numpy as np
 from kubeinfer.cli.demo.story import Models, manifest
 from kubeinfer.cli.local.session import LocalSession
 from kubeinfer.operator.state import names
+from report import rounds_table
 
 NAME = "cold"
 NAMESPACE = "default"
@@ -232,12 +232,8 @@ def main() -> None:
                 await session.stop()
 
         results = asyncio.run(run())
-    print(f"\n| from zero, the engine in the cache ({args.model}) | median s | rounds |")
-    print("|---|---:|---|")
-    for key in results[0]:
-        values = [r[key] for r in results]
-        listed = ", ".join(f"{v:.2f}" for v in values)
-        print(f"| {key} | {statistics.median(values):.2f} | {listed} |")
+    title = f"from zero, the engine in the cache ({args.model})"
+    print("\n" + rounds_table(title, results, digits=2))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import yaml
 from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
+from report import rounds_table
 
 KUBEINFER = [sys.executable, "-m", "kubeinfer.cli.main"]
 BODY = json.dumps(
@@ -100,12 +100,7 @@ def main() -> None:
             rounds.append(one_round(folder, file))
             said = ", ".join(f"{key} {value:.1f} s" for key, value in rounds[-1].items())
             print(f"round {index + 1}: {said}", flush=True)
-    print("\n| from `kubeinfer up` started | median s | rounds |")
-    print("|---|---:|---|")
-    for key in rounds[0]:
-        values = [r[key] for r in rounds]
-        listed = ", ".join(f"{v:.1f}" for v in values)
-        print(f"| {key} | {statistics.median(values):.1f} | {listed} |")
+    print("\n" + rounds_table("from `kubeinfer up` started", rounds))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ Pure: rows in, text out, so the ratios and the target verdicts are computed in o
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -212,3 +213,14 @@ def targets_table(verdicts: Sequence[Verdict]) -> str:
     mark = {True: "met", False: "**missed**", None: "not measured"}
     lines = [f"| {v.target} | {v.measured} | {mark[v.met]} |" for v in verdicts]
     return "| target | measured | verdict |\n|---|---|---|\n" + "\n".join(lines) + "\n"
+
+
+def rounds_table(title: str, rounds: Sequence[dict[str, float]], digits: int = 1) -> str:
+    """A table of timed rounds: each measure's median (in seconds) and every round's
+    value, in the rounds' order; the measures are the first round's keys."""
+    lines = [f"| {title} | median s | rounds |", "|---|---:|---|"]
+    for key in rounds[0]:
+        values = [r[key] for r in rounds]
+        listed = ", ".join(f"{v:.{digits}f}" for v in values)
+        lines.append(f"| {key} | {statistics.median(values):.{digits}f} | {listed} |")
+    return "\n".join(lines)

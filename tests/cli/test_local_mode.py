@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import host_network
 import pytest
@@ -430,6 +431,10 @@ def test_the_local_install_grants_every_rule_kubeinfer_rbac_prints(
     assert rules(install.operator_objects(None)) == rules(printed)
 
 
+def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    return dict(deployment["spec"]["template"]["metadata"]["labels"])
+
+
 def test_the_operator_is_installed_with_the_charts_rbac() -> None:
     objects = {(o["kind"], o["metadata"]["name"]): o for o in install.operator_objects(None)}
     role = objects[("ClusterRole", install.OPERATOR_ACCOUNT)]
@@ -451,6 +456,17 @@ def test_the_operator_is_installed_with_the_charts_rbac() -> None:
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The activator's wakes reach the operator's metrics port through its Service.
+    service = objects[("Service", install.OPERATOR_ACCOUNT)]
+    assert service["spec"]["selector"].items() <= pod_labels(deployment).items()
+    (port,) = service["spec"]["ports"]
+    assert f"--metrics-port={port['port']}" in container["args"]
+    assert {"name": port["targetPort"], "containerPort": port["port"]}.items() <= (
+        container["ports"][0].items()
+    )
+    assert install.WAKE_URL.startswith(
+        f"http://{install.OPERATOR_ACCOUNT}.{install.NAMESPACE}.svc:{port['port']}/"
+    )
     with_prometheus = install.operator_objects("http://10.244.0.1:9090")
     env = with_prometheus[-1]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "KUBEINFER_METRICS__PROMETHEUS_URL", "value": "http://10.244.0.1:9090"} in env

@@ -79,6 +79,8 @@ def test_an_idle_object_goes_to_zero_through_the_activator_in_order():
     }
     backend = cluster.get("Service", names.backend_service_name(cluster.name))
     assert backend["spec"]["selector"] == names.serving_selector(cluster.name)
+    # Listed before ready: the activator asks each pod itself, not kube-proxy's rules.
+    assert backend["spec"]["publishNotReadyAddresses"] is True
     zero = cluster.condition(ConditionType.SCALED_TO_ZERO)
     assert (zero.status, zero.reason) == (ConditionStatus.TRUE, Reason.IDLE)
     leaving = cluster.get("Deployment")
