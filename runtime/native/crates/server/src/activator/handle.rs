@@ -249,6 +249,7 @@ impl<'a> Proxied<'a> {
                     }
                 }
                 Ok(response) => {
+                    self.hold.answered();
                     let waited = arrival.arrived.elapsed().as_secs_f64();
                     self.hold.series.hold_duration.observe(waited);
                     self.ended = true;

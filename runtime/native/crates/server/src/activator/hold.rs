@@ -26,8 +26,10 @@ pub struct Hold {
     /// The route as the table says now (its backend may move on a reload).
     route: Mutex<Route>,
     /// Whether the backend is known ready: set by the prober, cleared by a forward that
-    /// could not connect.
+    /// could not connect or was refused, and by its age (`known_ready`).
     ready: watch::Sender<bool>,
+    /// When the backend last answered: the prober's ready, or a forwarded request's answer.
+    answered_at: Mutex<Option<Instant>>,
     held: Mutex<Held>,
     pub series: RouteSeries,
 }
@@ -75,6 +77,7 @@ impl Hold {
             context,
             route: Mutex::new(route),
             ready: watch::channel(false).0,
+            answered_at: Mutex::new(None),
             held: Mutex::new(Held::default()),
             series,
         })
@@ -97,13 +100,22 @@ impl Hold {
         }
     }
 
+    /// Whether the backend is known ready, and answered within `known_ready`.
     pub fn ready(&self) -> bool {
-        *self.ready.borrow()
+        let recent = lock(&self.answered_at)
+            .is_some_and(|at| at.elapsed() < self.context.options.known_ready());
+        *self.ready.borrow() && recent
     }
 
     /// The backend answered ready: the held requests go.
     pub fn mark_ready(&self) {
+        self.answered();
         self.ready.send_replace(true);
+    }
+
+    /// The backend answered a forwarded request: it stays known ready a while longer.
+    pub fn answered(&self) {
+        *lock(&self.answered_at) = Some(Instant::now());
     }
 
     /// A forward found the backend unreachable: requests wait for it again (and are
@@ -124,6 +136,11 @@ impl Hold {
     /// Holds a request that arrived at `arrived`, unless the route holds its most (None:
     /// refused); the first one held for a backend not known ready starts the prober.
     pub fn hold(self: &Arc<Self>, arrived: Instant) -> Option<HeldGuard> {
+        if *self.ready.borrow() && !self.ready() {
+            // Known ready too long ago: the held request waits for the prober, not on a
+            // readiness that may be stale.
+            self.ready.send_replace(false);
+        }
         let (id, start) = {
             let mut held = lock(&self.held);
             if held.arrivals.len() >= self.context.options.max_held_requests_per_route {

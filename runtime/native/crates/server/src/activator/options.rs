@@ -31,6 +31,14 @@ pub struct ActivatorOptions {
     /// readiness.
     #[serde(default = "defaults::probe_interval")]
     pub probe_interval_milliseconds: u64,
+    /// How long a backend stays known ready after it last answered (the prober, or a
+    /// forwarded request): a request that comes later is held and the backend asked
+    /// again, not sent to a backend that may have no pod left (a connection to a Service
+    /// with no endpoint is not refused but waits for the connect timeout). The activator
+    /// only receives an object's traffic while it is at zero or waking, so a backend
+    /// that answered long ago has most likely gone.
+    #[serde(default = "defaults::known_ready")]
+    pub known_ready_milliseconds: u64,
     /// The Retry-After of every 503 the activator answers itself.
     #[serde(default = "defaults::retry_after")]
     pub retry_after_seconds: u32,
@@ -63,6 +71,10 @@ impl ActivatorOptions {
 
     pub fn probe_interval(&self) -> Duration {
         Duration::from_millis(self.probe_interval_milliseconds.max(1))
+    }
+
+    pub fn known_ready(&self) -> Duration {
+        Duration::from_millis(self.known_ready_milliseconds)
     }
 
     pub fn drain_grace(&self) -> Duration {
@@ -100,6 +112,12 @@ mod defaults {
 
     pub fn probe_interval() -> u64 {
         100
+    }
+
+    /// Shorter than any idle window before zero (scaleToZeroAfterSeconds is at least
+    /// 10 s), longer than the handover back to the pods while requests keep coming.
+    pub fn known_ready() -> u64 {
+        5000
     }
 
     pub fn retry_after() -> u32 {

@@ -112,3 +112,28 @@ fn a_wake_url_that_is_not_http_is_refused_at_start() {
         assert!(refused.contains("wakeUrl"), "{url}: {refused}");
     }
 }
+
+#[test]
+fn a_backend_known_ready_long_ago_is_asked_again_and_woken_before_a_request_goes() {
+    let runtime = client_runtime();
+    let (url, wakes) = runtime.block_on(wake_receiver());
+    let scratch = Scratch::new("wake-stale");
+    let backend_port = free_port();
+    let changes = json!({"wakeUrl": url, "knownReadyMilliseconds": 300});
+    let activator = activator(&scratch, backend_port, None, changes);
+    let port = activator.http_port();
+    runtime.block_on(async {
+        let _backend = Backend::start(backend_port).await;
+        // Not known ready: held, woken once, forwarded once the prober finds it ready.
+        assert_eq!(call(port, "POST", "/", "svc.ns", b"{}").await.0, 200);
+        until("the first wake-up", || count(&wakes) == 1).await;
+        // Answered just now: sent straight, nobody woken.
+        assert_eq!(call(port, "POST", "/", "svc.ns", b"{}").await.0, 200);
+        // Past knownReadyMilliseconds since its last answer: held and woken again (at
+        // zero a forward would wait for its connect timeout before being held).
+        tokio::time::sleep(Duration::from_millis(1100)).await; // past the wake rate too
+        assert_eq!(count(&wakes), 1, "a request sent straight wakes nobody");
+        assert_eq!(call(port, "POST", "/", "svc.ns", b"{}").await.0, 200);
+        until("a second wake-up", || count(&wakes) == 2).await;
+    });
+}
