@@ -20,12 +20,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 import numpy as np
+from kubeinfer.cli.demo.step_protocol import Demo, Step
 from kubeinfer.operator.state import names
 
 NAMESPACE = "default"
@@ -43,34 +42,6 @@ FAULTS = {
 """The operator's settings the demo installs it with (FOR TESTS ONLY, never in production):
 the faults, for `ANSWERS` only."""
 HTTP_PORT = 8000
-
-
-class _Models(Protocol):
-    @property
-    def small(self) -> Path: ...
-
-
-class Demo(Protocol):
-    """What this step uses of the story that runs it (`story.Demo`)."""
-
-    @property
-    def models(self) -> _Models: ...
-    def say(self, text: str) -> None: ...
-    async def kubectl(self, *args: str) -> str: ...
-    async def show(self, *args: str) -> None: ...
-    async def show_plugin(self, *args: str) -> None: ...
-    async def apply(self, objects: list[dict[str, Any]]) -> None: ...
-    async def infd(self, name: str) -> dict[str, Any]: ...
-    def condition(self, infd: dict[str, Any], kind: str) -> dict[str, Any]: ...
-    async def pods(self, name: str) -> list[dict[str, Any]]: ...
-    async def until(
-        self, check: Callable[[], Awaitable[Any]], seconds: float, what: str
-    ) -> Any: ...
-    def demo_spec(self, version: str, **changes: Any) -> dict[str, Any]: ...
-
-
-class Step(Protocol):
-    outcome: str
 
 
 def _body(rows: np.ndarray) -> dict[str, Any]:

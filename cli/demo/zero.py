@@ -13,44 +13,17 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import numpy as np
+from kubeinfer.cli.demo.step_protocol import Demo, Step
 
 NAME = "idle"
 WINDOW_SECONDS = 10
 ZERO_WITHIN_SECONDS = 180
 """The route's delivery to the activator pods, then the idle window."""
-
-
-class _Models(Protocol):
-    @property
-    def small(self) -> Path: ...
-
-
-class Demo(Protocol):
-    """What this step uses of the story that runs it (`story.Demo`)."""
-
-    @property
-    def models(self) -> _Models: ...
-    def say(self, text: str) -> None: ...
-    async def kubectl(self, *args: str) -> str: ...
-    async def show(self, *args: str) -> None: ...
-    async def apply(self, objects: list[dict[str, Any]]) -> None: ...
-    async def infd(self, name: str) -> dict[str, Any]: ...
-    def condition(self, infd: dict[str, Any], kind: str) -> dict[str, Any]: ...
-    async def ready(self, name: str, generation: int | None = None) -> bool: ...
-    async def endpoint(self, name: str) -> str: ...
-    async def until(
-        self, check: Callable[[], Awaitable[Any]], seconds: float, what: str
-    ) -> Any: ...
-
-
-class Step(Protocol):
-    outcome: str
 
 
 def spec_of(source: dict[str, Any]) -> dict[str, Any]:

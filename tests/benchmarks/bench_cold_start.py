@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import json
 import re
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import onnx
 from kubeinfer.cli.demo.story import Models, manifest
 from kubeinfer.cli.local.session import LocalSession
 from kubeinfer.operator.state import names
@@ -68,9 +70,12 @@ def spec_of(model: Path) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def body() -> dict[str, Any]:
-    rows = np.random.default_rng(3).standard_normal((1, 512)).astype(np.float32)
-    return {"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
+def body_for(model: Path) -> dict[str, Any]:
+    """One row of the model's one input (the demo models' width differs)."""
+    (declared,) = onnx.load(str(model), load_external_data=False).graph.input
+    width = declared.type.tensor_type.shape.dim[1].dim_value
+    rows = np.random.default_rng(3).standard_normal((1, width)).astype(np.float32)
+    return {"inputs": [{"name": declared.name, "shape": [1, width], "datatype": "FP32",
                         "data": rows.ravel().tolist()}]}  # fmt: skip
 
 
@@ -123,10 +128,10 @@ async def start_lines(session: LocalSession, pod: str) -> tuple[float, float, fl
     return loaded, loaded_seconds, serving
 
 
-async def ask(url: str, timeout_seconds: float = 150) -> int:
+async def ask(url: str, body: dict[str, Any], timeout_seconds: float = 150) -> int:
     timeout = aiohttp.ClientTimeout(total=timeout_seconds)
     async with aiohttp.ClientSession(timeout=timeout) as client:
-        async with client.post(url, json=body()) as answer:
+        async with client.post(url, json=body) as answer:
             await answer.read()
             return answer.status
 
@@ -139,10 +144,13 @@ async def until(check: Any, seconds: float, what: str) -> None:
         await asyncio.sleep(0.2)
 
 
-async def first_answer(url: str) -> None:
+async def first_answer(url: str, body: dict[str, Any]) -> None:
     async def answered() -> bool:
         try:  # kube-proxy refuses a new ClusterIP until it has programmed it
-            return await ask(url, 10) == 200
+            status = await ask(url, body, 10)
+            if 400 <= status < 500:
+                raise SystemExit(f"the first request was refused {status}")
+            return status == 200
         except (TimeoutError, aiohttp.ClientError):
             return False
 
@@ -162,12 +170,12 @@ async def at_zero(session: LocalSession) -> None:
     await until(zero, 300, "zero pods, the last one gone")
 
 
-async def one_round(session: LocalSession, url: str) -> dict[str, float]:
+async def one_round(session: LocalSession, url: str, body: dict[str, Any]) -> dict[str, float]:
     seen, stop = PodTimes(), asyncio.Event()
     watcher = asyncio.create_task(watch_pods(session, seen, stop))
     try:
         sent = time.time()
-        status = await ask(url)
+        status = await ask(url, body)
         answered = time.time()
     finally:
         stop.set()
@@ -199,14 +207,15 @@ async def bench(session: LocalSession, model: Path, rounds: int) -> list[dict[st
         address = await session.service_address(NAMESPACE, names.service_name(NAME))
         await asyncio.sleep(0.2)
     url = f"http://{address[0]}:{address[1]}/v2/models/{NAME}/infer"
-    await first_answer(url)
+    body = body_for(model)
+    await first_answer(url, body)
     uncached = time.monotonic() - applied
     print(f"first apply, the engine not in the cache (built first): first answer after "
           f"{uncached:.1f} s", flush=True)  # fmt: skip
     results = []
     for index in range(rounds):
         await at_zero(session)
-        results.append(await one_round(session, url))
+        results.append(await one_round(session, url, body))
         said = ", ".join(f"{k.strip()} {v:.2f}" for k, v in results[-1].items())
         print(f"round {index + 1}: {said}", flush=True)
     return results
@@ -226,6 +235,9 @@ def main() -> None:
         session.prepare()
 
         async def run() -> list[dict[str, float]]:
+            main = asyncio.current_task()
+            if main is not None:  # SIGTERM as Ctrl-C: the session is stopped first
+                asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
             try:
                 return await bench(session, model, args.rounds)
             finally:
