@@ -35,11 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from kubeinfer.contract.runtime_config import UNSIZED_REQUEST_BYTES
-from pydantic import Field, ValidationError, field_validator
+from kubeinfer.runtime import command_settings
+from pydantic import Field, field_validator
 from pydantic_settings import (
-    BaseSettings,
-    CliSettingsSource,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
@@ -50,7 +48,7 @@ TERMINATION_MESSAGE_LIMIT = 4000
 """Kubernetes keeps at most 4096 bytes of a termination message."""
 
 
-class ActivatorSettings(BaseSettings):
+class ActivatorSettings(command_settings.FlagsThenEnvironment):
     """`kubeinfer activator`'s flags, each also read from `KUBEINFER_ACTIVATOR_<FLAG>`
     (`--max-held-requests`: `KUBEINFER_ACTIVATOR_MAX_HELD_REQUESTS`); a flag wins over its
     variable."""
@@ -96,36 +94,11 @@ class ActivatorSettings(BaseSettings):
             raise ValueError("must be an http:// URL")
         return value
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """The flags, then the environment; no .env or secrets files."""
-        return init_settings, env_settings
-
-
-SETTINGS_SOURCE = "activator_settings_source"
-"""Where `register` leaves the parser's CliSettingsSource in the parsed arguments."""
-
 
 def settings_from_args(args: argparse.Namespace) -> ActivatorSettings:
-    """The flags parsed by `kubeinfer activator`'s parser, over `KUBEINFER_ACTIVATOR_*`;
-    raises ValueError naming each bad flag and its variable."""
-    source: CliSettingsSource[argparse.ArgumentParser] = getattr(args, SETTINGS_SOURCE)
-    try:
-        return ActivatorSettings(_cli_settings_source=source(parsed_args=args))
-    except ValidationError as error:
-        problems = []
-        for e in error.errors(include_url=False):
-            name = str(e["loc"][0]) if e["loc"] else ""
-            flag = f"--{name.replace('_', '-')} (KUBEINFER_ACTIVATOR_{name.upper()})"
-            problems.append(f"{flag}: {e['msg']}")
-        raise ValueError("\n".join(problems)) from None
+    """The flags parsed by `kubeinfer activator`'s parser, over `KUBEINFER_ACTIVATOR_*`; raises
+    ValueError naming each bad flag and its variable."""
+    return command_settings.from_args(ActivatorSettings, args)
 
 
 def activator_options(settings: ActivatorSettings) -> dict[str, Any]:
@@ -223,5 +196,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    source = CliSettingsSource[argparse.ArgumentParser](ActivatorSettings, root_parser=parser)
-    parser.set_defaults(handler=run, **{SETTINGS_SOURCE: source})
+    command_settings.attach(parser, ActivatorSettings, run)

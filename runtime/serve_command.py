@@ -38,12 +38,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from kubeinfer.runtime import command_settings
 from pydantic import ValidationError, field_validator
 from pydantic_settings import (
-    BaseSettings,
-    CliSettingsSource,
     NoDecode,
-    PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
 
@@ -69,7 +67,7 @@ class Into:
         self.path = path
 
 
-class ServeSettings(BaseSettings):
+class ServeSettings(command_settings.FlagsThenEnvironment):
     """`kubeinfer serve`'s flags, each also read from `KUBEINFER_SERVE_<FLAG>` (`--max-batch-size`:
     `KUBEINFER_SERVE_MAX_BATCH_SIZE`); a flag wins over its variable. A field marked
     `Into(path)` overrides that field of the `--config` file; unset ones leave it alone."""
@@ -185,19 +183,6 @@ class ServeSettings(BaseSettings):
             return [part.strip() for item in value for part in str(item).split(",") if part.strip()]
         return value
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        """The flags (put first by pydantic-settings), then the environment; no .env or
-        secrets files: `--config` is the file."""
-        return init_settings, env_settings
-
 
 def parse_input_shape(text: str) -> dict[str, Any]:
     """`input_ids=1:64:128:0` as an InputShape's fields (camelCase); ValueError naming the
@@ -219,23 +204,10 @@ def parse_input_shape(text: str) -> dict[str, Any]:
     return fields
 
 
-SETTINGS_SOURCE = "serve_settings_source"
-"""Where `register` leaves the parser's CliSettingsSource in the parsed arguments."""
-
-
 def settings_from_args(args: argparse.Namespace) -> ServeSettings:
     """The flags parsed by `kubeinfer serve`'s parser, over `KUBEINFER_SERVE_*`; raises
     ValueError naming each bad flag and its variable."""
-    source: CliSettingsSource[argparse.ArgumentParser] = getattr(args, SETTINGS_SOURCE)
-    try:
-        return ServeSettings(_cli_settings_source=source(parsed_args=args))
-    except ValidationError as error:
-        problems = []
-        for e in error.errors(include_url=False):
-            name = str(e["loc"][0]) if e["loc"] else ""
-            flag = f"--{name.replace('_', '-')} (KUBEINFER_SERVE_{name.upper()})"
-            problems.append(f"{flag}: {e['msg']}")
-        raise ValueError("\n".join(problems)) from None
+    return command_settings.from_args(ServeSettings, args)
 
 
 def config_from_args(args: argparse.Namespace) -> RuntimeConfig:
@@ -447,5 +419,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    source = CliSettingsSource[argparse.ArgumentParser](ServeSettings, root_parser=parser)
-    parser.set_defaults(handler=run, **{SETTINGS_SOURCE: source})
+    command_settings.attach(parser, ServeSettings, run)
