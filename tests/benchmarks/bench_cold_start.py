@@ -34,6 +34,7 @@ import asyncio
 import json
 import re
 import signal
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ from kubeinfer.cli.demo.story import Models, manifest
 from kubeinfer.cli.local.session import LocalSession
 from kubeinfer.operator.state import names
 from report import rounds_table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # waiting
+from waiting import eventually
 
 NAME = "cold"
 NAMESPACE = "default"
@@ -136,14 +140,6 @@ async def ask(url: str, body: dict[str, Any], timeout_seconds: float = 150) -> i
             return answer.status
 
 
-async def until(check: Any, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not await check():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        await asyncio.sleep(0.2)
-
-
 async def first_answer(url: str, body: dict[str, Any]) -> None:
     async def answered() -> bool:
         try:  # kube-proxy refuses a new ClusterIP until it has programmed it
@@ -154,7 +150,7 @@ async def first_answer(url: str, body: dict[str, Any]) -> None:
         except (TimeoutError, aiohttp.ClientError):
             return False
 
-    await until(answered, 600, "the first answer")
+    await eventually(answered, 600, "the first answer", every=0.2)
 
 
 async def at_zero(session: LocalSession) -> None:
@@ -167,7 +163,7 @@ async def at_zero(session: LocalSession) -> None:
                                                 "-o", "json"))["items"]  # fmt: skip
         return scaled and not pods
 
-    await until(zero, 300, "zero pods, the last one gone")
+    await eventually(zero, 300, "zero pods, the last one gone", every=0.2)
 
 
 async def one_round(session: LocalSession, url: str, body: dict[str, Any]) -> dict[str, float]:
