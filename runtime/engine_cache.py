@@ -323,10 +323,11 @@ class CachedEngine:
     resolved: ResolvedEngine
 
 
-AfterDigestCheck = Callable[[ResolvedEngine], None]
+AfterDigestCheck = Callable[[ResolvedEngine], ResolvedEngine | None]
 """Called between the entry's verification and the engine's load: the window in which a
 file changed on the node goes unseen by the digest check (a fault `kubeinfer serve`'s
-`testing_faults` makes there, for its tests)."""
+`testing_faults` makes there, for its tests). It returns the entry to load instead, or
+None to load the one checked."""
 
 
 def load_cached(
@@ -352,7 +353,7 @@ def load_cached(
             f"engine with --max-batch-size {max_batch_size}"
         )
     if after_digest_check is not None:
-        after_digest_check(resolved)
+        resolved = after_digest_check(resolved) or resolved
     engine = load_engine(
         resolved.engine_path,
         key.backend,

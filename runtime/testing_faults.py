@@ -14,9 +14,11 @@ list:
   check at start and goes wrong later).
 - `seed=N`: the draws' seed (0).
 - `damage-engine-after-digest-check`: between the cache's verification of the entry and
-  the engine's load, the engine file is changed in place, its size kept: the largest
-  weight tensor's elements have a bit flipped (a file changed on the node after its
-  digest was checked). ONNX engines only.
+  the engine's load, the engine file is changed, its size kept: the largest weight
+  tensor's elements have a bit flipped (a file changed on the node after its digest was
+  checked). In place where the cache is writable; where it is not (a serving pod mounts
+  it read-only), in a copy of the entry in the temporary directory, which is what loads.
+  ONNX engines only.
 
 A perturbed batch's outputs are changed in every element, in place, as a fault in the
 device's memory or arithmetic would leave them: a float's highest mantissa bit flipped
@@ -29,7 +31,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from dataclasses import dataclass
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -215,13 +221,29 @@ def _largest_weight(model: Any, engine_path: Path) -> tuple[Path, int, int, int]
     return best
 
 
-def damage_engine_file(resolved: ResolvedEngine) -> None:
-    """Flips a bit of every element of the engine's largest weight tensor, in its file,
-    in place (see the module)."""
+def _writable(path: Path) -> bool:
+    return os.access(path, os.W_OK)  # False on a read-only mount, for root too (EROFS)
+
+
+def damage_engine_file(
+    resolved: ResolvedEngine, writable: Callable[[Path], bool] = _writable
+) -> ResolvedEngine | None:
+    """Flips a bit of every element of the engine's largest weight tensor, in its file in
+    place, or in a copy of the entry when the cache is read-only: then the copy is the
+    entry to load (see the module)."""
     import onnx
 
     if resolved.manifest.key.backend != "onnxruntime":
         raise ValueError("damage-engine-after-digest-check damages ONNX engines only")
+    copied = None
+    if not writable(resolved.engine_path):
+        directory = Path(tempfile.mkdtemp(prefix="kubeinfer-damaged-")) / resolved.directory.name
+        shutil.copytree(resolved.directory, directory)
+        copied = replace(
+            resolved, directory=directory,
+            engine_path=directory / resolved.engine_path.relative_to(resolved.directory),
+        )  # fmt: skip
+        resolved = copied
     model = onnx.load(str(resolved.engine_path), load_external_data=False)
     found = _largest_weight(model, resolved.engine_path)
     if found is None:
@@ -234,6 +256,7 @@ def damage_engine_file(resolved: ResolvedEngine) -> None:
         handle.seek(offset)
         handle.write(data.tobytes())
     log.warning(
-        "Damaged the engine file after its digest check (a test fault) path=%s offset=%d bytes=%d",
-        path, offset, length,
+        "Damaged the engine file after its digest check (a test fault) path=%s offset=%d "
+        "bytes=%d copy=%s", path, offset, length, copied is not None,
     )  # fmt: skip
+    return copied

@@ -23,6 +23,7 @@ from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
 from kubeinfer.runtime.testing_faults import (
     InjectedFaults,
     PerturbingEngine,
+    damage_engine_file,
     parse_testing_faults,
     perturb,
 )
@@ -117,8 +118,9 @@ def test_the_engine_file_is_damaged_in_place_and_still_loads_answering_wrong(
         after_digest_check=lambda entry: (
             parse_testing_faults("damage-engine-after-digest-check").after_digest_check()(entry),  # type: ignore[misc]
             damaged.append(entry.digest),
-        ),
+        )[0],
     )  # fmt: skip
+    assert cached.resolved == resolved, "damaged in place: the entry checked is the one loaded"
     cached.engine.close()
     assert damaged == [built.digest]
     assert {name: path.stat().st_size for name, path in files.items()} == sizes
@@ -128,3 +130,27 @@ def test_the_engine_file_is_damaged_in_place_and_still_loads_answering_wrong(
     assert after.shape == before.shape and np.all(np.isfinite(after))
     assert not np.allclose(after, before, atol=0.05)
     shutil.rmtree(tmp_path / "cache")
+
+
+def test_a_read_only_cache_is_damaged_in_a_copy_which_is_what_loads(tmp_path: Path) -> None:
+    """A serving pod mounts its cache read-only: the entry is copied to the temporary
+    directory and damaged there, the cache left as it was, and the copy loads."""
+    model = build_tiny_mlp(tmp_path / "tiny.onnx")
+    built = build_engine(str(model), "onnxruntime", "fp32", tmp_path / "cache", max_batch_size=4)
+    resolved = resolve_engine(tmp_path / "cache", built.digest)
+    digests = {n: sha256_file(resolved.directory / n) for n in resolved.manifest.entry_files}
+    copy = damage_engine_file(resolved, writable=lambda _: False)
+    assert copy is not None and copy.digest == resolved.digest
+    assert copy.directory != resolved.directory and copy.engine_path.is_relative_to(copy.directory)
+    assert {n: sha256_file(resolved.directory / n) for n in digests} == digests, "cache untouched"
+    assert sha256_file(copy.engine_path) != digests["model.onnx"]
+    x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
+    clean = ort.InferenceSession(str(resolved.engine_path)).run(None, {"input": x})[0]
+    wrong = ort.InferenceSession(str(copy.engine_path)).run(None, {"input": x})[0]
+    assert not np.allclose(wrong, clean, atol=0.05)
+    read_only = lambda entry: damage_engine_file(entry, lambda _: False)  # noqa: E731
+    cached = load_cached(tmp_path / "cache", built.digest, 4, after_digest_check=read_only)
+    assert cached.resolved.directory != resolved.directory, "the copy is what loads"
+    cached.engine.close()
+    for each in (copy, cached.resolved):
+        shutil.rmtree(each.directory.parent)
