@@ -39,6 +39,7 @@ from kubeinfer.operator.state.known_answers import (
     due_pods,
     evidence_json,
     hardware_of,
+    held_off_due,
     next_check_in_seconds,
     pod_name,
     pod_node,
@@ -63,15 +64,16 @@ def _digest(pod: Mapping[str, Any]) -> str:
     return str(annotations.get(names.ANNOTATION_ENGINE_DIGEST) or "")
 
 
-async def _ask(session: aiohttp.ClientSession, pod: KubeObject) -> PodAnswers:
-    """One pod's verdict, or why it could not be read."""
+async def _ask(session: aiohttp.ClientSession, pod: KubeObject, at_start: bool) -> PodAnswers:
+    """One pod's verdict, or why it could not be read: a POST runs the set again; with
+    `at_start` a GET reads the verdict of the pod's check at start (a held-off pod's)."""
     ip, port = (pod.get("status") or {}).get("podIP"), http_port(pod)
     if not ip or port is None:
         return unread_answers(pod, _digest(pod), "no IP or no container port named 'http'")
     host = f"[{ip}]" if ":" in ip else ip
     url = f"http://{host}:{port}{PATH}"
     try:
-        async with session.post(url) as response:
+        async with session.request("GET" if at_start else "POST", url) as response:
             if response.status != 200:
                 return unread_answers(pod, _digest(pod), f"{url} answered HTTP {response.status}")
             body = await response.json(content_type=None)
@@ -79,18 +81,24 @@ async def _ask(session: aiohttp.ClientSession, pod: KubeObject) -> PodAnswers:
         return unread_answers(pod, _digest(pod), f"{url}: {str(error) or type(error).__name__}")
     if not isinstance(body, dict):
         return unread_answers(pod, _digest(pod), f"{url} answered no JSON object")
-    return answers_from_wire(pod, _digest(pod), body)
+    return answers_from_wire(pod, _digest(pod), body, at_start=at_start)
 
 
-async def ask_pods(pods: Sequence[KubeObject]) -> list[PodAnswers]:
-    """The pods' verdicts, asked at once."""
-    if not pods:
-        return []
+async def ask_pods(
+    pods: Sequence[KubeObject], held_off: Sequence[KubeObject] = ()
+) -> tuple[list[PodAnswers], list[PodAnswers]]:
+    """The checkable pods' verdicts (their sets run again) and the held-off pods' verdicts
+    at start (read only), all asked at once."""
+    if not pods and not held_off:
+        return [], []
     timeout = aiohttp.ClientTimeout(
         total=ANSWER_TIMEOUT_SECONDS, sock_connect=CONNECT_TIMEOUT_SECONDS
     )
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        return list(await asyncio.gather(*(_ask(session, pod) for pod in pods)))
+        asked = [_ask(session, pod, at_start=False) for pod in pods]
+        read = [_ask(session, pod, at_start=True) for pod in held_off]
+        answered = await asyncio.gather(*asked, *read)
+    return list(answered[: len(pods)]), list(answered[len(pods) :])
 
 
 async def read_hardware(client: KubeClient, nodes: Iterable[str]) -> dict[str, Hardware]:
@@ -122,8 +130,9 @@ async def gather_answers(
     pods = [pod for pod in listed if pod_uid(pod) not in memory.taken_out]
     taken_selector = names.selector_string(names.wrong_answers_selector(owner.name))
     taken_out = await reader.list(POD, owner.namespace, taken_selector)
-    due = due_pods(pods, memory, interval_seconds, clock())
-    asked = await ask_pods(due)
+    started_seconds = clock()
+    due = due_pods(pods, memory, interval_seconds, started_seconds)
+    asked, read_held_off = await ask_pods(due, held_off_due(pods, memory, started_seconds))
     now_seconds = clock()
     uids = {pod_uid(pod) for pod in pods}
     checked = {uid: t for uid, t in memory.checked_at_seconds.items() if uid in uids}
@@ -136,11 +145,17 @@ async def gather_answers(
         else:
             unread[each.uid] = (now_seconds, unread.get(each.uid, (0.0, 0))[1] + 1)
             logger.info("Known answers not read: pod=%s reason=%s", each.pod, each.unread)
+    held_off_read = {uid: t for uid, t in memory.held_off_read_at_seconds.items() if uid in uids}
+    for each in read_held_off:
+        held_off_read[each.uid] = now_seconds
+        # Only a failure at start counts: a pod that passed it is checked once ready.
+        if each.unread is None and each.at_start and each.result == "failed":
+            answers[each.uid] = each
     nodes = {pod_node(p) for p in pods}
     hardware = {n: h for n, h in memory.hardware.items() if n in nodes}
     hardware.update(await read_hardware(client, nodes - set(hardware)))
     taken = memory.taken_out & {pod_uid(p) for p in listed}  # forgotten once the watch agrees
-    kept = AnswerMemory(checked, answers, hardware, unread, frozenset(taken))
+    kept = AnswerMemory(checked, answers, hardware, unread, frozenset(taken), held_off_read)
     readings = AnswerReadings(
         pods=tuple(pods),
         answers=answers,
@@ -243,4 +258,10 @@ async def apply_answers(
         except ApiError as error:
             logger.warning("Event not posted: pod=%s error=%s", name, error)
         writes += 2
+    for held in report.held_off:
+        try:
+            await client.create(_pod_event(held.pod, owner, held.event, now))
+        except ApiError as error:
+            logger.warning("Event not posted: pod=%s error=%s", pod_name(held.pod), error)
+        writes += 1
     return writes, taken

@@ -10,10 +10,12 @@ What follows, in the order the controller applies it: each checked pod's readine
 (`kubeinfer.io/answers-correct`) True where it answered right, False where wrong (the pod
 leaves its Service's endpoints at once, without being killed); a wrong pod is then taken
 out of its ReplicaSet (relabelled: a replacement is created, the pod and its evidence
-stay), with a Warning Event on the InferenceDeployment and on the pod. The status lists
-the pods taken out while they exist, and names a node where pods of different engines
-answered wrong. A pod that could not be read keeps its gate as it was: a read that
-failed is no evidence against its answers.
+stay), with a Warning Event on the InferenceDeployment and on the pod. A pod that failed
+its own check at start (never ready) is named and gated False, with its Events once, but
+not taken out: it serves nothing, and a replacement would load the same engine. The
+status lists the pods taken out while they exist and those held off, and names a node
+where pods of different engines answered wrong. A pod that could not be read keeps its
+gate as it was: a read that failed is no evidence against its answers.
 """
 
 from __future__ import annotations
@@ -89,7 +91,9 @@ def _record(
         error=worst.error if worst else None,
         tolerance=worst.tolerance if worst else None,
         message=(
-            answers.reason[:2048]
+            (f"at start, never ready: {answers.reason}" if answers.at_start else answers.reason)[
+                :2048
+            ]
             if failed
             else f"probe {odd_probe} answered otherwise than a majority of its peers "
             "(same engine, same hardware)"
@@ -119,6 +123,17 @@ def _take_out_event(record: WrongAnswersStatus) -> Event:
         str(record.reason),
         f"Pod {record.pod} answered wrong on {_where(record)}: {what}; taken out of its "
         "Service and ReplicaSet (a replacement starts), kept for examination",
+    )
+
+
+def _held_off_event(record: WrongAnswersStatus) -> Event:
+    return Event(
+        "Warning",
+        str(record.reason),
+        f"Pod {record.pod} failed its known-answer check at start on {_where(record)}: "
+        f"output {record.output!r} probe {record.probe} error {record.error} over tolerance "
+        f"{record.tolerance}; it never becomes ready and serves nothing (kept in its "
+        "ReplicaSet: a rollout waits, the pods before it serve)",
     )
 
 
@@ -165,8 +180,9 @@ def _condition(
         return (
             ConditionStatus.FALSE,
             Reason(newest.reason),
-            f"{len(records)} pod(s) answered wrong and were taken out of serving: {listed}; "
-            f"{serving} serving pod(s) answer correctly. Delete a pod taken out once examined",
+            f"{len(records)} pod(s) answered wrong and serve nothing (taken out of serving, "
+            f"or never ready): {listed}; {serving} serving pod(s) answer correctly. Delete a "
+            "pod taken out once examined",
         )
     if not checked:
         return (ConditionStatus.UNKNOWN, Reason.ANSWERS_UNCHECKED, "No serving pod checked yet")
@@ -184,16 +200,24 @@ def decide_answers(readings: AnswerReadings, now: datetime) -> AnswersReport:
     odd = disagreeing(read, readings.hardware)
     gates: list[GateWrite] = []
     take_out: list[TakeOut] = []
+    held_off: list[TakeOut] = []
     for answers in sorted(read, key=lambda a: a.pod):
         pod = by_uid[answers.uid]
         wrong = answers.result == "failed" or answers.uid in odd
         if (gate := _gate(pod, answers, wrong)) is not None:
             gates.append(gate)
-        if wrong:
-            hardware = readings.hardware.get(answers.node, Hardware(answers.node))
-            record = _record(answers, hardware, odd.get(answers.uid), now)
+        if not wrong:
+            continue
+        hardware = readings.hardware.get(answers.node, Hardware(answers.node))
+        record = _record(answers, hardware, odd.get(answers.uid), now)
+        if not answers.at_start:
             take_out.append(TakeOut(pod, record, _take_out_event(record)))
-    fresh = [t.record for t in take_out]
+        else:
+            # Never ready, it serves nothing and holds its rollout: it stays where it is,
+            # named, and its Event goes once (with its gate's first write).
+            held_off.append(TakeOut(pod, record, _held_off_event(record)))
+    noticed = [t for t in held_off if any(g.pod is t.pod for g in gates)]
+    fresh = [t.record for t in (*take_out, *held_off)]
     taken = {r.pod for r in fresh}
     kept = [r for r in _kept_records(readings.taken_out) if r.pod not in taken]
     records = sorted([*fresh, *kept], key=lambda r: (r.detected, r.pod), reverse=True)
@@ -204,7 +228,8 @@ def decide_answers(readings: AnswerReadings, now: datetime) -> AnswersReport:
         condition=_condition(correct, records, len(correct)),
         wrong_answers=tuple(records[:MAX_LISTED]),
         suspect_nodes=suspect_nodes(records)[:MAX_LISTED],
-        events=tuple(t.event for t in take_out),
+        events=tuple(t.event for t in (*take_out, *noticed)),
+        held_off=tuple(noticed),
         requeue_after_seconds=readings.next_check_in_seconds,
     )
 

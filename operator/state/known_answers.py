@@ -88,6 +88,9 @@ class PodAnswers:
     answer_digests: tuple[str, ...] = ()
     worst: OutputFailure | None = None
     unread: str | None = None
+    at_start: bool = False
+    """The verdict of the pod's own check at start, read while it is not ready: a failure
+    holds its readiness false for good."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,9 @@ class AnswerMemory:
     taken_out: frozenset[str] = frozenset()
     """Uids of the pods this operator took out: no longer serving, whatever a watch that
     lags still says of their labels."""
+    held_off_read_at_seconds: Mapping[str, float] = field(default_factory=dict)
+    """Per uid of a pod whose containers run but are not ready, when its verdict at start
+    was last read (`held_off_due`)."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +156,8 @@ class AnswersReport:
     wrong_answers: tuple[WrongAnswersStatus, ...] = ()
     suspect_nodes: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()
+    held_off: tuple[TakeOut, ...] = ()
+    """Pods newly found failed at start: not taken out, but each gets its Event."""
     requeue_after_seconds: float | None = None
 
 
@@ -182,6 +190,39 @@ def checkable(pod: Mapping[str, Any]) -> bool:
         and pod_condition(pod, "ContainersReady") == "True"
         and bool((pod.get("status") or {}).get("podIP"))
     )
+
+
+def held_off(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's containers run but are not ready, and it is addressable and not
+    going away: a runtime whose check at start failed holds its readiness false for good
+    and says why at `GET /v2/known-answers` (one still loading does not listen yet)."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    containers = status.get("containerStatuses") or []
+    return (
+        not meta.get("deletionTimestamp")
+        and bool(status.get("podIP"))
+        and bool(containers)
+        and all("running" in (c.get("state") or {}) for c in containers)
+        and pod_condition(pod, "ContainersReady") != "True"
+    )
+
+
+def held_off_due(
+    pods: Iterable[KubeObject], memory: AnswerMemory, now_seconds: float
+) -> list[KubeObject]:
+    """The held-off pods whose verdict at start to read now: not known failed already (the
+    failure is for good), and not read within UNREAD_RETRY_SECONDS. Kept apart from the
+    checks' schedule, so that a pod asked while it loads is checked at once when ready."""
+    due = []
+    for pod in pods:
+        uid = pod_uid(pod)
+        known = memory.answers.get(uid)
+        if not held_off(pod) or (known is not None and known.at_start):
+            continue
+        last = memory.held_off_read_at_seconds.get(uid)
+        if last is None or now_seconds >= last + UNREAD_RETRY_SECONDS:
+            due.append(pod)
+    return due
 
 
 def awaits_answer_check(pod: Mapping[str, Any]) -> bool:
@@ -227,12 +268,15 @@ def due_pods(
 def next_check_in_seconds(
     pods: Iterable[KubeObject], memory: AnswerMemory, interval_seconds: float, now_seconds: float
 ) -> float | None:
-    """Seconds until the earliest checkable pod is due (None without any)."""
-    waits = [
-        max(0.0, due_at_seconds(pod, memory, interval_seconds) - now_seconds)
-        for pod in pods
-        if checkable(pod)
-    ]
+    """Seconds until the earliest checkable pod is due, or a held-off pod's verdict at
+    start is to be read (None without any)."""
+    waits = []
+    for pod in pods:
+        if checkable(pod):
+            waits.append(max(0.0, due_at_seconds(pod, memory, interval_seconds) - now_seconds))
+        elif held_off_due([pod], memory, math.inf):
+            last = memory.held_off_read_at_seconds.get(pod_uid(pod), -math.inf)
+            waits.append(max(0.0, last + UNREAD_RETRY_SECONDS - now_seconds))
     return min(waits) if waits else None
 
 
@@ -284,10 +328,16 @@ def _worst(outputs: Iterable[Mapping[str, Any]]) -> OutputFailure | None:
     )
 
 
-def answers_from_wire(pod: Mapping[str, Any], digest: str, body: Mapping[str, Any]) -> PodAnswers:
-    """The pod's latest verdict from its `/v2/known-answers` answer."""
-    latest = body.get("latest") or body.get("atStart") or {}
+def answers_from_wire(
+    pod: Mapping[str, Any], digest: str, body: Mapping[str, Any], *, at_start: bool = False
+) -> PodAnswers:
+    """The pod's verdict from its `/v2/known-answers` answer: its latest run, or with
+    `at_start` its check at start (a held-off pod's; the runtime reports that run as its
+    latest too, so the body alone cannot say which was asked for)."""
+    wanted = body.get("atStart") if at_start else body.get("latest") or body.get("atStart")
+    latest = wanted or {}
     return PodAnswers(
+        at_start=at_start and bool(wanted),
         pod=pod_name(pod),
         uid=pod_uid(pod),
         node=pod_node(pod),

@@ -245,3 +245,56 @@ def test_decide_folds_the_verdicts_into_the_status_events_and_requeue() -> None:
     assert "KnownAnswersFailed" in {e.reason for e in decision.events}
     assert decision.answers is not None and decision.answers.take_out[0].record.pod == "bad"
     assert decision.requeue_after_seconds == 7.0
+
+
+def held_off_pod(name: str, gate: str | None = None) -> Any:
+    """A pod whose runtime runs but is not ready (its check at start failed)."""
+    held = pod(name, gate=gate, ready=False)
+    held["status"]["containerStatuses"] = [{"name": "runtime", "state": {"running": {}}}]
+    return held
+
+
+def at_start_failure(held: Any) -> PodAnswers:
+    body = verdict("failed")  # as the runtime says it: its run at start is its latest too
+    body["servingAllowed"] = False
+    return answers_from_wire(held, DIGEST, body, at_start=True)
+
+
+def test_a_pod_that_failed_at_start_is_named_gated_false_once_and_not_taken_out() -> None:
+    good, held = pod("good", gate="True"), held_off_pod("held")
+    answers = [answers_from_wire(good, DIGEST, verdict()), at_start_failure(held)]
+    assert answers[1].at_start and not answers[0].at_start
+    report = decide_answers(readings([good, held], answers), NOW)
+    assert report.take_out == (), "never ready: nothing to take out of serving"
+    assert [(g.pod["metadata"]["name"], g.correct) for g in report.gates] == [("held", False)]
+    (record,) = report.wrong_answers
+    assert (record.pod, record.node, record.engine_digest) == ("held", "node-1", DIGEST)
+    assert record.message.startswith("at start, never ready: ")
+    assert report.condition is not None
+    assert report.condition[:2] == (ConditionStatus.FALSE, Reason.KNOWN_ANSWERS_FAILED)
+    ((noticed, event),) = [(t.pod, t.event) for t in report.held_off]
+    assert noticed is held and "at start" in event.message and "node-1" in event.message
+    assert [e.message for e in report.events] == [event.message]
+    # Its gate False already (a later pass): still named, no Event again.
+    again = held_off_pod("held", gate="False")
+    report = decide_answers(readings([good, again], answers), NOW)
+    assert report.gates == () and report.held_off == () and report.events == ()
+    assert [r.pod for r in report.wrong_answers] == ["held"]
+
+
+def test_held_off_pods_are_read_apart_from_the_checks_schedule() -> None:
+    from kubeinfer.operator.state.known_answers import UNREAD_RETRY_SECONDS, held_off_due
+
+    loading, ready = held_off_pod("loading"), pod("ready")
+    ready["status"]["containerStatuses"] = [{"name": "runtime", "state": {"running": {}}}]
+    memory = AnswerMemory()
+    assert held_off_due([loading, ready], memory, 100.0) == [loading]
+    read_once = AnswerMemory(held_off_read_at_seconds={"uid-loading": 100.0})
+    assert held_off_due([loading], read_once, 100.0 + UNREAD_RETRY_SECONDS / 2) == []
+    assert held_off_due([loading], read_once, 100.0 + UNREAD_RETRY_SECONDS) == [loading]
+    known = AnswerMemory(answers={"uid-loading": at_start_failure(loading)})
+    assert held_off_due([loading], known, 1e9) == [], "a failure at start is for good"
+    # Read while it loaded, then ready: checked at once, no backoff carried over.
+    now_ready = pod("loading")
+    assert due_pods([now_ready], read_once, 300, 101.0) == [now_ready]
+    assert next_check_in_seconds([loading], read_once, 300, 102.0) == UNREAD_RETRY_SECONDS - 2

@@ -151,3 +151,42 @@ async def test_the_due_pods_are_asked_and_the_wrong_one_is_gated_then_taken_out(
     assert client.calls == [] and again.next_check_in_seconds == 20.5
     assert [p["metadata"]["name"] for p in again.pods] == ["good"]
     assert decide_answers(again, NOW).wrong_answers[0].pod == "bad"  # the evidence, listed
+
+
+async def test_a_held_off_pod_is_read_with_get_named_and_given_its_event_once(
+    unused_tcp_port_factory: Any,
+) -> None:
+    """A runtime whose check at start failed answers GET only (a POST would run its set
+    again); a pod still loading does not listen: unread, not remembered as failed."""
+    failed = verdict("failed")
+    body = {"servingAllowed": False, "atStart": failed["atStart"], "latest": failed["latest"]}
+
+    async def answer(_: web.Request) -> web.Response:
+        return web.json_response(body)
+
+    app = web.Application()
+    app.router.add_get("/v2/known-answers", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = unused_tcp_port_factory()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        held, loading = pod("held", port), pod("loading", unused_tcp_port_factory())
+        for each in (held, loading):
+            each["status"]["conditions"] = [{"type": "ContainersReady", "status": "False"}]
+            each["status"]["containerStatuses"] = [{"name": "runtime", "state": {"running": {}}}]
+        client = Recorder([held, loading])
+        readings, memory = await gather_answers(
+            client, client, OWNER, AnswerMemory(), 30, iter([50.0, 50.5]).__next__,  # type: ignore[arg-type]
+        )  # fmt: skip
+        assert set(readings.answers) == {"uid-held"} and readings.answers["uid-held"].at_start
+        assert memory.held_off_read_at_seconds == {"uid-held": 50.5, "uid-loading": 50.5}
+        assert memory.checked_at_seconds == {} and memory.unread == {}
+        report = decide_answers(readings, NOW)
+        writes, taken = await apply_answers(client, OWNER, report, NOW)  # type: ignore[arg-type]
+        assert taken == set() and writes == 2  # its gate, its Event
+        assert not [c for c in client.calls if c[0] == "patch"], "not taken out"
+        assert ("event", "Pod", "KnownAnswersFailed") in client.calls
+        assert report.wrong_answers[0].pod == "held"
+    finally:
+        await runner.cleanup()

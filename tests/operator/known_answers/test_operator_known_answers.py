@@ -121,3 +121,52 @@ async def test_a_replica_that_goes_wrong_is_taken_out_and_replaced(
         assert not any(o.get("controller") for o in evidence["metadata"]["ownerReferences"])
         reasons = {e["reason"] for e in world.events()}
         assert "KnownAnswersFailed" in reasons
+
+
+def held_off_pods(world: World) -> list[dict[str, Any]]:
+    """Serving pods whose runtime runs but is not ready."""
+    return [
+        pod
+        for pod in serving_pods(world)
+        if pod_condition(pod, "ContainersReady") == "False"
+        and all("running" in (c.get("state") or {})
+                for c in (pod.get("status") or {}).get("containerStatuses") or [{}])
+    ]  # fmt: skip
+
+
+async def test_a_replica_whose_engine_fails_its_check_at_start_holds_the_rollout_and_is_named(
+    world: World, tiny: Model
+) -> None:
+    """A rollout's new pod loads an engine damaged after its digest check (the runtime's
+    `damage-engine-after-digest-check`, brought by a change of the operator's settings,
+    which rolls the pods): it never becomes ready, the pod before it serves throughout,
+    and the status, the condition and an Event on the pod name it, its node and engine."""
+    document = manifest(
+        tiny, runtime={"replicas": 1}, knownAnswers={"intervalSeconds": INTERVAL_SECONDS}
+    )
+    async with start_operator(world, FAST):
+        world.create(document)
+        await eventually(lambda: len(ready_urls(world, SERVICE)) == 1, 180, "one ready pod")
+        await eventually(lambda: answers(world).get("status") == "True", 30, "AnswersCorrect")
+    (serving,) = ready_urls(world, SERVICE)
+    damaging = tuned(FAST, pods={"testing_faults": "damage-engine-after-digest-check"})
+    async with start_operator(world, damaging), aiohttp.ClientSession() as session:
+        (held,) = await eventually(
+            lambda: held_off_pods(world), 180, "the new pod running, never ready"
+        )
+        await eventually(lambda: answers(world).get("status") == "False", 60, "named")
+        assert ready_urls(world, SERVICE) == [serving], "the pod before it serves"
+        assert await infer(session, serving) == 200
+    status = world.infd()["status"]  # type: ignore[index]
+    (record,) = status["wrongAnswers"]
+    assert (record["pod"], record["node"]) == (held["metadata"]["name"], held["spec"]["nodeName"])
+    digest = held["metadata"]["annotations"][names.ANNOTATION_ENGINE_DIGEST]
+    assert record["engineDigest"] == digest and record["reason"] == "KnownAnswersFailed"
+    assert record["message"].startswith("at start, never ready: "), record["message"]
+    assert answers(world)["reason"] == "KnownAnswersFailed"
+    on_pod = [e for e in world.events()
+              if e["involvedObject"].get("name") == held["metadata"]["name"]
+              and e["reason"] == "KnownAnswersFailed"]  # fmt: skip
+    assert len(on_pod) == 1 and "at start" in on_pod[0]["message"], on_pod
+    (still,) = [p for p in serving_pods(world) if p["metadata"]["uid"] == held["metadata"]["uid"]]
+    assert pod_condition(still, GATE_CONDITION) == "False", "gated, kept in its ReplicaSet"
