@@ -63,6 +63,15 @@ async def infer(session: aiohttp.ClientSession, url: str) -> int:
         return answer.status
 
 
+async def applied_and_answering(world: World, document: dict[str, Any], replicas: int) -> None:
+    """The object created and its `replicas` pods ready, AnswersCorrect True."""
+    world.create(document)
+    await eventually(
+        lambda: len(ready_urls(world, SERVICE)) == replicas, 180, f"{replicas} ready pod(s)"
+    )
+    await eventually(lambda: answers(world).get("status") == "True", 30, "AnswersCorrect")
+
+
 async def test_a_replica_that_goes_wrong_is_taken_out_and_replaced(
     world: World, tiny: Model
 ) -> None:
@@ -70,9 +79,7 @@ async def test_a_replica_that_goes_wrong_is_taken_out_and_replaced(
         tiny, runtime={"replicas": 2}, knownAnswers={"intervalSeconds": INTERVAL_SECONDS}
     )
     async with start_operator(world, SETTINGS):
-        world.create(document)
-        await eventually(lambda: len(ready_urls(world, SERVICE)) == 2, 180, "two ready pods")
-        await eventually(lambda: answers(world).get("status") == "True", 30, "AnswersCorrect")
+        await applied_and_answering(world, document, 2)
         bad, good = sorted(serving_pods(world), key=lambda p: p["metadata"]["name"])
         bad_url, good_url = url_of(bad), url_of(good)
         async with aiohttp.ClientSession() as session:
@@ -145,9 +152,7 @@ async def test_a_replica_whose_engine_fails_its_check_at_start_holds_the_rollout
         tiny, runtime={"replicas": 1}, knownAnswers={"intervalSeconds": INTERVAL_SECONDS}
     )
     async with start_operator(world, FAST):
-        world.create(document)
-        await eventually(lambda: len(ready_urls(world, SERVICE)) == 1, 180, "one ready pod")
-        await eventually(lambda: answers(world).get("status") == "True", 30, "AnswersCorrect")
+        await applied_and_answering(world, document, 1)
     (serving,) = ready_urls(world, SERVICE)
     damaging = tuned(FAST, pods={"testing_faults": "damage-engine-after-digest-check"})
     async with start_operator(world, damaging), aiohttp.ClientSession() as session:
