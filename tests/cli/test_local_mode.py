@@ -144,6 +144,7 @@ def test_up_detached_serves_reports_and_down_leaves_nothing(tmp_path: Path) -> N
             "PRECISION",
             "READY",
             "PHASE",
+            "ZERO",
             "P99",
             "ANSWERS",
             "AGE",
