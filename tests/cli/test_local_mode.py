@@ -185,8 +185,10 @@ def test_up_detached_serves_reports_and_down_leaves_nothing(tmp_path: Path) -> N
         assert routes_into_the_cluster(during, pod_ip) == []
         assert host_network.changes(before, during) == []
 
-        operator = json.loads(run("get", "pods", "-n", install.NAMESPACE, "-o", "json"))
-        (pod,) = operator["items"]
+        selector = ",".join(f"{k}={v}" for k, v in install.OPERATOR_SELECTOR.items())
+        operator = json.loads(run("get", "pods", "-n", install.NAMESPACE, "-l", selector,
+                                  "-o", "json"))  # fmt: skip
+        (pod,) = operator["items"]  # the activator's pods beside it are not the operator
         assert pod["spec"]["serviceAccountName"] == install.OPERATOR_ACCOUNT
         assert pod["spec"]["containers"][0]["image"] == install.OPERATOR_IMAGE
 

@@ -49,6 +49,7 @@ PLURALS = {
     "Deployment": ("apps/v1", "deployments"),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets"),
     "ConfigMap": ("v1", "configmaps"),
+    "Service": ("v1", "services"),
     "PodMonitor": ("monitoring.coreos.com/v1", "podmonitors"),
     "PrometheusRule": ("monitoring.coreos.com/v1", "prometheusrules"),
 }
