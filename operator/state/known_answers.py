@@ -213,16 +213,23 @@ def held_off_due(
     """The held-off pods whose verdict at start to read now: not known failed already (the
     failure is for good), and not read within UNREAD_RETRY_SECONDS. Kept apart from the
     checks' schedule, so that a pod asked while it loads is checked at once when ready."""
-    due = []
-    for pod in pods:
-        uid = pod_uid(pod)
-        known = memory.answers.get(uid)
-        if not held_off(pod) or (known is not None and known.at_start):
-            continue
-        last = memory.held_off_read_at_seconds.get(uid)
-        if last is None or now_seconds >= last + UNREAD_RETRY_SECONDS:
-            due.append(pod)
-    return due
+    return [
+        pod
+        for pod in pods
+        if _awaits_verdict_at_start(pod, memory)
+        and now_seconds >= _held_off_read_due_at(pod, memory)
+    ]
+
+
+def _awaits_verdict_at_start(pod: KubeObject, memory: AnswerMemory) -> bool:
+    """Held off, and not known failed at start already (that failure is for good)."""
+    known = memory.answers.get(pod_uid(pod))
+    return held_off(pod) and not (known is not None and known.at_start)
+
+
+def _held_off_read_due_at(pod: KubeObject, memory: AnswerMemory) -> float:
+    last = memory.held_off_read_at_seconds.get(pod_uid(pod))
+    return -math.inf if last is None else last + UNREAD_RETRY_SECONDS
 
 
 def awaits_answer_check(pod: Mapping[str, Any]) -> bool:
@@ -274,9 +281,8 @@ def next_check_in_seconds(
     for pod in pods:
         if checkable(pod):
             waits.append(max(0.0, due_at_seconds(pod, memory, interval_seconds) - now_seconds))
-        elif held_off_due([pod], memory, math.inf):
-            last = memory.held_off_read_at_seconds.get(pod_uid(pod), -math.inf)
-            waits.append(max(0.0, last + UNREAD_RETRY_SECONDS - now_seconds))
+        elif _awaits_verdict_at_start(pod, memory):
+            waits.append(max(0.0, _held_off_read_due_at(pod, memory) - now_seconds))
     return min(waits) if waits else None
 
 
