@@ -253,15 +253,23 @@ async def apply_answers(
         taken.add(pod_uid(pod))
         logger.warning("Pod taken out of serving: pod=%s/%s %s", owner.namespace, name,
                        take_out.event.message)  # fmt: skip
-        try:
-            await client.create(_pod_event(pod, owner, take_out.event, now))
-        except ApiError as error:
-            logger.warning("Event not posted: pod=%s error=%s", name, error)
+        await _post_pod_event(client, pod, owner, take_out.event, now)
         writes += 2
     for held in report.held_off:
-        try:
-            await client.create(_pod_event(held.pod, owner, held.event, now))
-        except ApiError as error:
-            logger.warning("Event not posted: pod=%s error=%s", pod_name(held.pod), error)
+        if (gated := written.get(pod_name(held.pod))) is None:
+            continue  # its gate not written: gone meanwhile
+        logger.warning("Pod failed its check at start: pod=%s/%s %s", owner.namespace,
+                       pod_name(gated), held.event.message)  # fmt: skip
+        await _post_pod_event(client, gated, owner, held.event, now)
         writes += 1
     return writes, taken
+
+
+async def _post_pod_event(
+    client: KubeClient, pod: KubeObject, owner: OwnerRef, event: Event, now: datetime
+) -> None:
+    """The pod's Event; one not posted is logged, not retried (the status names it)."""
+    try:
+        await client.create(_pod_event(pod, owner, event, now))
+    except ApiError as error:
+        logger.warning("Event not posted: pod=%s error=%s", pod_name(pod), error)

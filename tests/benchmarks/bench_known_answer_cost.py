@@ -73,9 +73,16 @@ class Checker:
     def __init__(self, url: str) -> None:
         self._url, self._stop = url, threading.Event()
         self.walls: list[float] = []
+        self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
+        try:
+            self._check_until_stopped()
+        except BaseException as error:  # raised again in the caller's thread, on exit
+            self.error = error
+
+    def _check_until_stopped(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
             request = urllib.request.Request(self._url, method="POST", data=b"")
@@ -92,6 +99,8 @@ class Checker:
     def __exit__(self, *_: object) -> None:
         self._stop.set()
         self._thread.join(timeout=90)
+        if self.error is not None:
+            raise RuntimeError("a check failed under load") from self.error
 
 
 def one_round(spec, samples, args, work: Path) -> Round:  # type: ignore[no-untyped-def]
