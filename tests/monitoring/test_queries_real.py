@@ -116,12 +116,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[World, flo
                 pod_prices=(("tiny-serving", 3.6),),  # its node's share, for the cost panel
             ),
         )
-        priced = time.time()
         world.board.record(
             ("ns-b", "broken"),
             Report(status(1, 0, (R.ENGINE_READY, "False", Reason.ENGINE_BUILD_FAILED))),
         )
-        world.wait_for_scrape_after(time.time())  # targets are scraped from the start
+        # Prometheus scrapes its targets only seconds after it starts (its discovery sends
+        # targets in batches): the price is in from the first scrape after the record.
+        world.wait_for_scrape_after(time.time())
+        priced = time.time()
         for chunk in range(CHUNKS):  # over many scrapes, as counters grow in production
             world.load(requests=REQUESTS // CHUNKS, seed=chunk)
             world.wait_for_scrape_after(time.time())  # each chunk in a scrape of its own
