@@ -12,6 +12,10 @@ list:
   seeded by (`seed`, i) falls below SHARE, so a run is reproducible.
 - `perturb-after-batches=N`: the first N batches run clean (a replica that passes its
   check at start and goes wrong later).
+- `perturb-lowest-bit`: a perturbed batch's floats have their lowest mantissa bit flipped
+  instead (one unit in the last place; labels, booleans and text unchanged): a stand-in
+  for a replica of another runtime version, whose kernels sum in another order, answering
+  inside every tolerance but not bit for bit as its peers.
 - `seed=N`: the draws' seed (0).
 - `damage-engine-after-digest-check`: between the cache's verification of the entry and
   the engine's load, the engine file is changed, its size kept: the largest weight
@@ -59,6 +63,7 @@ class InjectedFaults:
     perturb_batches: float = 0.0
     perturb_after_batches: int = 0
     seed: int = 0
+    perturb_lowest_bit: bool = False
     damage_engine_after_digest_check: bool = False
 
     @property
@@ -81,15 +86,15 @@ def parse_testing_faults(text: str | None) -> InjectedFaults:
     if not text or not text.strip():
         return InjectedFaults()
     form = (
-        "perturb-batches=SHARE, perturb-after-batches=N, seed=N, "
+        "perturb-batches=SHARE, perturb-after-batches=N, perturb-lowest-bit, seed=N, "
         "damage-engine-after-digest-check (comma-separated)"
     )
     fields: dict[str, Any] = {}
     for part in (p.strip() for p in text.split(",")):
         name, equals, value = part.partition("=")
         try:
-            if name == "damage-engine-after-digest-check" and not equals:
-                fields["damage_engine_after_digest_check"] = True
+            if name in ("damage-engine-after-digest-check", "perturb-lowest-bit") and not equals:
+                fields[name.replace("-", "_")] = True
             elif name == "perturb-batches" and 0 <= float(value) <= 1:
                 fields["perturb_batches"] = float(value)
             elif name in ("perturb-after-batches", "seed") and int(value) >= 0:
@@ -110,10 +115,16 @@ def _perturbed(batch: int, faults: InjectedFaults) -> bool:
     return int.from_bytes(seed[:8], "little") / 2**64 < faults.perturb_batches
 
 
-def perturb(array: np.ndarray) -> np.ndarray:
-    """`array` with every element changed (see the module): in place where it is
+def perturb(array: np.ndarray, lowest_bit: bool = False) -> np.ndarray:
+    """`array` with every element changed (see the module), or with `lowest_bit` every
+    float moved by one unit in the last place and nothing else: in place where it is
     writable, else a changed copy."""
     target = array if array.flags.writeable else array.copy()
+    if lowest_bit:
+        if target.dtype.kind == "f" and target.dtype.itemsize in UNSIGNED:
+            bits = target.view(UNSIGNED[target.dtype.itemsize])
+            bits ^= bits.dtype.type(1)
+        return target
     if target.dtype.kind == "O":
         for index, item in np.ndenumerate(target):
             text = bytes(item)
@@ -146,7 +157,8 @@ class PerturbingSlot:
         if not _perturbed(batch, self._engine.faults):
             return outputs
         self._engine.perturbed += 1
-        return {name: perturb(array) for name, array in outputs.items()}
+        lowest = self._engine.faults.perturb_lowest_bit
+        return {name: perturb(array, lowest) for name, array in outputs.items()}
 
     def close(self) -> None:
         self._slot.close()

@@ -36,7 +36,8 @@ def test_the_setting_selects_faults_and_nothing_by_default() -> None:
     assert faults == InjectedFaults(perturb_batches=0.25, perturb_after_batches=3, seed=7)
     assert parse_testing_faults("damage-engine-after-digest-check").after_digest_check()
     assert InjectedFaults().after_digest_check() is None
-    for bad in ("perturb-batches=2", "seed=-1", "sabotage", "damage-engine-after-digest-check=1"):
+    for bad in ("perturb-batches=2", "seed=-1", "sabotage", "damage-engine-after-digest-check=1",
+                "perturb-lowest-bit=yes"):  # fmt: skip
         with pytest.raises(ValueError, match="is not one of perturb-batches=SHARE"):
             parse_testing_faults(bad)
 
@@ -87,6 +88,16 @@ def test_every_element_of_a_perturbed_output_changes_and_stays_finite() -> None:
     frozen = np.ones(3, dtype=np.float16)
     frozen.flags.writeable = False
     assert np.all(perturb(frozen) != 1.0) and np.all(frozen == 1.0)  # a copy, not in place
+
+
+def test_the_lowest_bit_moves_each_float_by_one_unit_in_the_last_place_and_nothing_else() -> None:
+    floats = np.array([[1.0, -2.5, 1e-3, 3e38]], dtype=np.float32)
+    moved = perturb(floats.copy(), lowest_bit=True)
+    assert np.all(moved != floats)
+    assert np.all(np.abs(moved - floats) == np.spacing(np.abs(floats)))  # one ulp each
+    assert perturb(np.array([3, 4], dtype=np.int64), lowest_bit=True).tolist() == [3, 4]
+    assert perturb(np.array([b"cat"], dtype=object), lowest_bit=True).tolist() == [b"cat"]
+    assert parse_testing_faults("perturb-batches=1, perturb-lowest-bit").perturb_lowest_bit
 
 
 @pytest.mark.parametrize(
