@@ -5,7 +5,8 @@ A script, not a test (nothing here is named test_*, so pytest never collects it)
 
     .venv/bin/python tests/benchmarks/bench_fleet.py [--sizes 10,100,1000] [--nodes 300]
         [--steady-seconds 60] [--churn-minutes 2] [--autoscale-seconds 60]
-        [--failover-at 1000] [--cache shared|per-object] [--json out.json]
+        [--failover-at 1000] [--cache shared|per-object] [--known-answers off|on|both]
+        [--json out.json]
 
 The cluster is `kubeinfer cluster up`'s (etcd, kube-apiserver, kube-controller-manager,
 kube-scheduler and the real node) with `--nodes` simulated GPU nodes (`cluster.fleet`:
@@ -32,6 +33,10 @@ objects scaled; at
 `--failover-at`, a leader failover: a second replica waits on the Lease, the leader is
 killed, one object's spec changes, and the time until its status shows the new
 generation is the failover's cost. The namespace is deleted before the next size.
+With `--known-answers on` the objects' known-answer checks are on (every
+`--known-answers-interval` s), and with `both` each size runs twice, off then on: one real
+runtime answers the checks of every simulated pod at its own address (fleet_answers), and
+the steady phase counts the sets it ran.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fleet_answers
 import fleet_load
 import fleet_probe as probe
 from checkout_site import package_links
@@ -69,9 +75,13 @@ SHARED_CACHE = "fleet-engine-cache"
 """The engine cache claim every object of a namespace shares (`--cache shared`)."""
 
 
-def manifest(namespace: str, index: int, storage_class: str, shared: bool) -> dict[str, Any]:
+def manifest(
+    namespace: str, index: int, storage_class: str, shared: bool, answers_every: int = 0
+) -> dict[str, Any]:
+    """Object `index`; with `answers_every` (seconds), its known-answer checks on."""
     own = {"storageClassName": storage_class, "size": "1Gi", "accessMode": "ReadWriteMany"}
     cache = {"existingClaim": SHARED_CACHE} if shared else own
+    checks = {"knownAnswers": {"intervalSeconds": answers_every}} if answers_every else {}
     return {
         "apiVersion": "kubeinfer.io/v1alpha1",
         "kind": "InferenceDeployment",
@@ -90,6 +100,7 @@ def manifest(namespace: str, index: int, storage_class: str, shared: bool) -> di
                                  "effect": "NoSchedule"}],
                 "batching": {"maxBatchSize": 8},
             },
+            **checks,
         },
     }  # fmt: skip
 
@@ -115,6 +126,7 @@ class Fleet:
         print(f"# {nodes} simulated nodes Ready in {time.monotonic() - t0:.1f} s", flush=True)
         self.storage_class = fleet_stages.STORAGE_CLASS
         self.load: fleet_load.FleetLoad | None = None
+        self.answers: fleet_answers.FleetAnswers | None = None
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "") -> Any:
         import urllib.error
@@ -427,22 +439,28 @@ AUTOSCALE_POLL_SECONDS = 15.0
 """The operator's default `requeue.autoscale_poll_seconds`."""
 
 
-def phase(fleet: Fleet, n: int, args: argparse.Namespace, directory: Path) -> dict[str, Any]:
+def phase(
+    fleet: Fleet, n: int, args: argparse.Namespace, directory: Path, answers_every: int = 0
+) -> dict[str, Any]:
+    """One size's run; with `answers_every`, its objects' known-answer checks on, every
+    that many seconds, answered by `fleet.answers`."""
     spaces = Spaces.of_size(n, args.namespaces)
     for namespace in spaces.names:
         fleet.namespace(namespace)
         if args.cache == "shared":
             fleet.shared_cache(namespace)
-    operator = operator_process(fleet, directory / f"operator-{n}.log")
-    result: dict[str, Any] = {"n": n, "nodes": args.nodes, "namespaces": len(spaces.names)}
+    log = f"operator-{n}{'-answers' if answers_every else ''}.log"
+    operator = operator_process(fleet, directory / log)
+    result: dict[str, Any] = {"n": n, "nodes": args.nodes, "namespaces": len(spaces.names),
+                              "known_answers_interval_seconds": answers_every}  # fmt: skip
     try:
         time.sleep(2)  # its watches started
         start = probe.read(fleet.cluster, operator)
         processes_before, machine_before = probe.cpu_by_process_name(), probe.MachineCpu.read()
         if args.pprof_seconds:
             probe.start_go_profiles(fleet.cluster, args.pprof_seconds, directory / f"pprof-{n}")
-        objects = [manifest(spaces.of(i), i, fleet.storage_class, args.cache == "shared")
-                   for i in range(n)]  # fmt: skip
+        objects = [manifest(spaces.of(i), i, fleet.storage_class, args.cache == "shared",
+                            answers_every) for i in range(n)]  # fmt: skip
         result["create_seconds"] = round(fleet.create_all(objects), 1)
         result["ready"] = wait_ready(fleet, operator, n, args.ready_timeout)
         ready = probe.read(fleet.cluster, operator)
@@ -458,9 +476,14 @@ def phase(fleet: Fleet, n: int, args: argparse.Namespace, directory: Path) -> di
         time.sleep(args.settle_seconds)  # build Jobs' last events, requeues after Ready
         quiet = probe.read(fleet.cluster, operator)
         processes_quiet, machine_quiet = probe.cpu_by_process_name(), probe.MachineCpu.read()
+        checks_before = fleet.answers.checks() if answers_every and fleet.answers else {}
         writes = writes_during(fleet, args.steady_seconds)
         steady = probe.read(fleet.cluster, operator)
         result["steady"] = summary(quiet, steady)
+        if answers_every and fleet.answers:
+            result["steady"]["known_answer_sets_run"] = probe.difference(
+                fleet.answers.checks(), checks_before
+            )
         # What the fleet costs with nothing changing (node heartbeats, Leases): the part
         # of the time to Ready that grows with the time itself.
         result["steady"]["cpu_seconds_by_process"] = probe.cpu_spent(
@@ -522,6 +545,17 @@ def main() -> int:
         "--namespaces", type=int, default=1,
         help="spread each size's objects over this many namespaces (default: all in one)",
     )  # fmt: skip
+    parser.add_argument(
+        "--known-answers", choices=("off", "on", "both"), default="off",
+        help="the objects' known-answer checks: off, on, or each size run twice, off then "
+        "on (side by side in one run); one real runtime answers every simulated pod "
+        "(fleet_answers)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--known-answers-interval", type=int, default=30,
+        help="knownAnswers.intervalSeconds with checks on (30, the least the API allows, "
+        "puts checks inside the steady phase)",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory")
     parser.add_argument("--profile", type=Path, help="write each operator's cProfile here")
@@ -558,16 +592,24 @@ def main() -> int:
         if args.autoscale_seconds:
             fleet.load = fleet_load.FleetLoad(fleet.cluster, directory)
             PROMETHEUS_URL = fleet.load.url
+        if args.known_answers != "off":
+            fleet.answers = fleet_answers.FleetAnswers(directory)
+        every = {"off": (0,), "on": (args.known_answers_interval,),
+                 "both": (0, args.known_answers_interval)}[args.known_answers]  # fmt: skip
         for n in (int(s) for s in args.sizes.split(",")):
-            print(f"# N = {n}", flush=True)
-            results.append(phase(fleet, n, args, directory))
-            print(json.dumps(results[-1]), flush=True)
-            if args.json:
-                args.json.write_text(json.dumps(results, indent=1) + "\n")
+            for answers_every in every:
+                checks = f", checks every {answers_every} s" if answers_every else ""
+                print(f"# N = {n}{checks}", flush=True)
+                results.append(phase(fleet, n, args, directory, answers_every))
+                print(json.dumps(results[-1]), flush=True)
+                if args.json:
+                    args.json.write_text(json.dumps(results, indent=1) + "\n")
     finally:
         if fleet is not None:
             if fleet.load is not None:
                 fleet.load.stop()
+            if fleet.answers is not None:
+                fleet.answers.stop()
             fleet.control_plane.down(fleet.cluster.directory)
         if not args.keep:
             shutil.rmtree(directory, ignore_errors=True)
