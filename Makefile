@@ -138,10 +138,14 @@ native-lint: $(STAMP)
 		-- -D warnings
 
 test: $(STAMP) $(PERF_ANALYZER) $(DATAPLANE) native-test native-test-python
-	@command -v prometheus >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-		&& { apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 \
+	@# Debian packages the tests run (a real Prometheus; qemu-user for other CPUs' kernels)
+	@for need in prometheus:prometheus qemu-x86_64:qemu-user; do \
+		command -v $${need%%:*} >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& echo "installing $${need#*:} (Debian)" \
+		&& { apt-get install -y --no-install-recommends $${need#*:} >/dev/null 2>&1 \
 		|| { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends \
-		prometheus >/dev/null 2>&1; }; }; } || echo "prometheus not installed: its tests will skip"
+		$${need#*:} >/dev/null 2>&1; }; }; } || echo "$${need#*:} not installed: its tests will skip"; \
+	done
 	$(BIN)/kubeinfer cluster build
 	$(BIN)/python tests/support/registry_prefetch.py
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile

@@ -60,7 +60,9 @@ class ServeProcess(LoopbackHttp):
     ready (its readiness route answers 200; `ready_path` another route to wait for, such
     as liveness for a process that must never become ready). With `model` None the flags
     name the source (`--engine DIGEST --cache DIR`, `--config FILE`). `port`: the one to
-    listen on (default: a free one), for a client told it before the process starts."""
+    listen on (default: a free one), for a client told it before the process starts.
+    `launcher`: what runs the Python process (`qemu-x86_64 -cpu MODEL`: another CPU's
+    instructions)."""
 
     def __init__(
         self,
@@ -70,14 +72,15 @@ class ServeProcess(LoopbackHttp):
         ready_timeout: float = 60,
         ready_path: str = "/v2/health/ready",
         port: int | None = None,
+        launcher: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.port = port or free_port()
         self._log = tempfile.TemporaryFile()
         source = ["--onnx", str(model)] if model is not None else []
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "kubeinfer.cli", "serve", *source, "--model-name", name,
-             "--host", "127.0.0.1", "--port", str(self.port), *flags],
+            [*launcher, sys.executable, "-m", "kubeinfer.cli", "serve", *source,
+             "--model-name", name, "--host", "127.0.0.1", "--port", str(self.port), *flags],
             stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip
         wait_ready(
