@@ -8,7 +8,11 @@ AnswersCorrect turns False, while the other replica serves throughout.
 The fault: every serving pod runs `--testing-faults perturb-batches=1,
 perturb-after-batches=N` (the operator's `pods.testing_faults`), so a pod answers wrong
 from its (N+1)th batch on; the test sends N requests to one pod only, so that pod goes
-wrong and the other (which runs only its checks' few batches) stays right.
+wrong and the others (which run only their checks' few batches) stay right. With
+`perturb-lowest-bit` too, the pod that goes wrong answers like a replica of another
+runtime version, one unit in the last place off and inside its tolerance: it passes its
+own set, and is taken out because its two peers on the same engine and node agree with
+each other and not with it.
 """
 
 from __future__ import annotations
@@ -31,10 +35,6 @@ CLEAN_BATCHES = 40
 """Batches a pod runs right: its check at start and the operator's first checks take a
 few each (1 + 2 for the tiny model's probes in batches of up to 8)."""
 INTERVAL_SECONDS = 30
-SETTINGS = tuned(
-    FAST,
-    pods={"testing_faults": f"perturb-batches=1,perturb-after-batches={CLEAN_BATCHES}"},
-)
 SERVICE = names.service_name("resnet")
 ROW = np.random.default_rng(1).standard_normal((1, 16)).astype(np.float32)
 
@@ -72,16 +72,20 @@ async def applied_and_answering(world: World, document: dict[str, Any], replicas
     await eventually(lambda: answers(world).get("status") == "True", 30, "AnswersCorrect")
 
 
-async def test_a_replica_that_goes_wrong_is_taken_out_and_replaced(
-    world: World, tiny: Model
-) -> None:
+async def taken_out_after_going_wrong(
+    world: World, tiny: Model, replicas: int, faults: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`replicas` pods, each with `faults` (wrong after CLEAN_BATCHES), the first of them
+    loaded past its clean batches: it leaves the Service's endpoints within one interval
+    while the others serve throughout, and is replaced and kept as evidence, gated and
+    alive. The pod and its record in status.wrongAnswers."""
     document = manifest(
-        tiny, runtime={"replicas": 2}, knownAnswers={"intervalSeconds": INTERVAL_SECONDS}
+        tiny, runtime={"replicas": replicas}, knownAnswers={"intervalSeconds": INTERVAL_SECONDS}
     )
-    async with start_operator(world, SETTINGS):
-        await applied_and_answering(world, document, 2)
-        bad, good = sorted(serving_pods(world), key=lambda p: p["metadata"]["name"])
-        bad_url, good_url = url_of(bad), url_of(good)
+    async with start_operator(world, tuned(FAST, pods={"testing_faults": faults})):
+        await applied_and_answering(world, document, replicas)
+        bad, *good = sorted(serving_pods(world), key=lambda p: p["metadata"]["name"])
+        bad_url, good_urls = url_of(bad), {url_of(pod) for pod in good}
         async with aiohttp.ClientSession() as session:
             for _ in range(CLEAN_BATCHES + 5):  # one pod only: past its clean batches
                 assert await infer(session, bad_url) == 200
@@ -91,7 +95,7 @@ async def test_a_replica_that_goes_wrong_is_taken_out_and_replaced(
                 nonlocal good_throughout
                 while True:
                     urls = await asyncio.to_thread(ready_urls, world, SERVICE)
-                    good_throughout &= good_url in urls
+                    good_throughout &= good_urls <= set(urls)
                     await asyncio.sleep(0.5)  # not a wait: how often the endpoints are read
 
             watcher = asyncio.create_task(watch_good())
@@ -104,30 +108,51 @@ async def test_a_replica_that_goes_wrong_is_taken_out_and_replaced(
                 await eventually(lambda: answers(world).get("status") == "False", 15, "False")
                 await eventually(
                     lambda: len([p for p in serving_pods(world)
-                                 if p["metadata"]["uid"] != bad["metadata"]["uid"]]) == 2,
+                                 if p["metadata"]["uid"] != bad["metadata"]["uid"]]) == replicas,
                     60, "a replacement created",
                 )  # fmt: skip
-                assert await infer(session, good_url) == 200
+                for url in good_urls:
+                    assert await infer(session, url) == 200
             finally:
                 watcher.cancel()
-        assert good_throughout, "the good pod left the Service's endpoints"
-        status = world.infd()["status"]  # type: ignore[index]
-        (record,) = status["wrongAnswers"]
-        assert record["pod"] == bad["metadata"]["name"]
-        assert record["node"] == bad["spec"]["nodeName"]
-        digest = bad["metadata"]["annotations"][names.ANNOTATION_ENGINE_DIGEST]
-        assert record["engineDigest"] == digest
-        assert record["reason"] == "KnownAnswersFailed" and record["output"]
-        assert answers(world)["reason"] == "KnownAnswersFailed"
-        kept = world.pods(names.selector_string(names.wrong_answers_selector("resnet")))
-        assert [p["metadata"]["name"] for p in kept] == [bad["metadata"]["name"]]
-        (evidence,) = kept  # alive, unready by its gate, no longer the ReplicaSet's
-        assert not evidence["metadata"].get("deletionTimestamp")
-        assert pod_condition(evidence, GATE_CONDITION) == "False"
-        assert pod_condition(evidence, "Ready") == "False"
-        assert not any(o.get("controller") for o in evidence["metadata"]["ownerReferences"])
-        reasons = {e["reason"] for e in world.events()}
-        assert "KnownAnswersFailed" in reasons
+        assert good_throughout, "a good pod left the Service's endpoints"
+    status = world.infd()["status"]  # type: ignore[index]
+    (record,) = status["wrongAnswers"]
+    assert record["pod"] == bad["metadata"]["name"]
+    assert record["node"] == bad["spec"]["nodeName"]
+    digest = bad["metadata"]["annotations"][names.ANNOTATION_ENGINE_DIGEST]
+    assert record["engineDigest"] == digest
+    kept = world.pods(names.selector_string(names.wrong_answers_selector("resnet")))
+    assert [p["metadata"]["name"] for p in kept] == [bad["metadata"]["name"]]
+    (evidence,) = kept  # alive, unready by its gate, no longer the ReplicaSet's
+    assert not evidence["metadata"].get("deletionTimestamp")
+    assert pod_condition(evidence, GATE_CONDITION) == "False"
+    assert pod_condition(evidence, "Ready") == "False"
+    assert not any(o.get("controller") for o in evidence["metadata"]["ownerReferences"])
+    return bad, record
+
+
+async def test_a_replica_that_goes_wrong_is_taken_out_and_replaced(
+    world: World, tiny: Model
+) -> None:
+    faults = f"perturb-batches=1,perturb-after-batches={CLEAN_BATCHES}"
+    _, record = await taken_out_after_going_wrong(world, tiny, 2, faults)
+    assert record["reason"] == "KnownAnswersFailed" and record["output"]
+    assert answers(world)["reason"] == "KnownAnswersFailed"
+    assert "KnownAnswersFailed" in {e["reason"] for e in world.events()}
+
+
+async def test_a_replica_answering_unlike_its_peers_is_taken_out_and_replaced(
+    world: World, tiny: Model
+) -> None:
+    """The stand-in for a replica of another runtime version (`perturb-lowest-bit`: one
+    unit in the last place off, inside every tolerance) among three: it passes its own set,
+    and its two peers on the same engine and node outvote it."""
+    faults = f"perturb-batches=1,perturb-after-batches={CLEAN_BATCHES},perturb-lowest-bit"
+    _, record = await taken_out_after_going_wrong(world, tiny, 3, faults)
+    assert record["reason"] == "AnswersDifferFromPeers", record
+    assert answers(world)["reason"] == "AnswersDifferFromPeers"
+    assert "AnswersDifferFromPeers" in {e["reason"] for e in world.events()}
 
 
 def held_off_pods(world: World) -> list[dict[str, Any]]:
