@@ -18,8 +18,6 @@ the rendered annotations."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -28,6 +26,7 @@ import pytest
 import yaml
 from kubeinfer.cli.monitoring.render import RULES
 from kubeinfer.contract import metric_series as series
+from required_tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILE = ROOT / RULES
@@ -40,13 +39,11 @@ DESCRIBE = "`kubectl describe infd -n serving clf`"
 
 
 def promtool() -> str:
-    binary = shutil.which("promtool")
-    if binary is None:
-        message = "promtool is not installed (it comes with Debian's prometheus package)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message}: CI must run the real-Prometheus tests", pytrace=False)
-        pytest.skip(message)
-    return binary
+    return require_tool(
+        "promtool",
+        "promtool is not installed (it comes with Debian's prometheus package)",
+        "the real-Prometheus tests",
+    )
 
 
 def counter(name: str, labels: str, per_minute: float, minutes: int = 120) -> dict[str, str]:

@@ -17,9 +17,7 @@ agree, and the tolerance's margin for other CPUs is not even spent.
 from __future__ import annotations
 
 import json
-import os
 import platform
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +27,7 @@ import pytest
 from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.runtime.building.calibration import write_demo_samples
 from kubeinfer.runtime.building.engine_build import build_engine
+from required_tools import require_tool
 from serve_process import ServeProcess
 
 pytestmark = pytest.mark.slow
@@ -44,12 +43,11 @@ def emulated(cpu: str) -> tuple[str, ...]:
     run these) or off x86."""
     if platform.machine() != "x86_64":
         pytest.skip("x86 CPU models only")
-    qemu = shutil.which("qemu-x86_64")
-    if qemu is None:
-        message = "qemu-x86_64 is not installed (apt-get install qemu-user; `make test` tries)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message}: CI must run the other CPUs' tests", pytrace=False)
-        pytest.skip(message)
+    qemu = require_tool(
+        "qemu-x86_64",
+        "qemu-x86_64 is not installed (apt-get install qemu-user; `make test` tries)",
+        "the other CPUs' tests",
+    )
     return (qemu, "-cpu", cpu)
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -55,6 +54,7 @@ import yaml
 from kubeinfer.cluster import binaries
 from ports import free_port
 from processes import stop, wait_ready
+from required_tools import require_tool
 from waiting import wait_for
 
 SCRAPE_INTERVAL = "500ms"
@@ -63,13 +63,11 @@ JOB = "kubeinfer"
 
 def require_prometheus() -> str:
     """The prometheus binary; skips the test without one, or fails it when CI=true."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        message = "prometheus is not installed (apt-get install prometheus; `make test` tries)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{message}: CI must run the real-Prometheus tests", pytrace=False)
-        pytest.skip(message)
-    return binary
+    return require_tool(
+        "prometheus",
+        "prometheus is not installed (apt-get install prometheus; `make test` tries)",
+        "the real-Prometheus tests",
+    )
 
 
 def http_get(port: int, path: str, timeout: float = 10) -> tuple[int, bytes]:

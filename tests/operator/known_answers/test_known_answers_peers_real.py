@@ -25,9 +25,7 @@ import pytest
 from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
 from kubeinfer.operator.api.v1alpha1.conditions import Reason
 from kubeinfer.operator.reconcile.known_answers import decide_answers
-from kubeinfer.operator.state import names
 from kubeinfer.operator.state.known_answers import (
-    GATE_CONDITION,
     AnswerReadings,
     Hardware,
     PodAnswers,
@@ -35,6 +33,7 @@ from kubeinfer.operator.state.known_answers import (
 )
 from kubeinfer.runtime.building.engine_build import build_engine
 from serve_process import ServeProcess
+from test_known_answers_decision import pod
 
 pytestmark = pytest.mark.slow
 
@@ -68,26 +67,6 @@ def replicas(engine: tuple[str, Path]) -> Iterator[list[ServeProcess]]:
             server.stop()
 
 
-def pod(name: str, digest: str) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "resourceVersion": "1",
-            "labels": {names.LABEL_COMPONENT: names.COMPONENT_RUNTIME},
-            "annotations": {names.ANNOTATION_ENGINE_DIGEST: digest},
-        },
-        "spec": {"nodeName": NODE.node, "readinessGates": [{"conditionType": GATE_CONDITION}]},
-        "status": {
-            "podIP": "10.0.0.1",
-            "conditions": [
-                {"type": "ContainersReady", "status": "True"},
-                {"type": GATE_CONDITION, "status": "True"},
-            ],
-        },
-    }
-
-
 def asked(
     servers: list[ServeProcess], digest: str
 ) -> tuple[list[Any], list[PodAnswers], list[dict[str, Any]]]:
@@ -96,7 +75,7 @@ def asked(
     for index, server in enumerate(servers):
         status, _, body = server.request("POST", "/v2/known-answers", timeout=30)
         assert status == 200, body
-        pods.append(pod(f"tiny-{index}", digest))
+        pods.append(pod(f"tiny-{index}", NODE.node, gate="True"))
         bodies.append(json.loads(body))
         answers.append(answers_from_wire(pods[-1], digest, bodies[-1]))
     return pods, answers, bodies
