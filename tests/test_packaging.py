@@ -102,6 +102,24 @@ def test_the_runtime_never_imports_the_control_plane() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_command_line_loads_no_operator_machinery_before_a_command_runs() -> None:
+    """Every `kubeinfer` process builds the whole parser, so a runtime pod's `kubeinfer
+    serve` paid for the operator's API models, CRD generator and settings it never uses
+    (about a third of its start) while the operator's registrations imported them: they
+    import them in their handlers instead."""
+    code = (
+        "import sys, kubeinfer.cli.main as m; m.build_parser();"
+        "allowed = ('kubeinfer.operator.commands', 'kubeinfer.operator.kube.resources',"
+        " 'kubeinfer.operator.rbac');"
+        "bad = [n for n in sys.modules if n.startswith('kubeinfer.operator.')"
+        " and n != 'kubeinfer.operator.kube' and not n.startswith(allowed)];"
+        "bad += [n for n in ('kopf', 'kubernetes', 'numpy', 'onnxruntime') if n in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = run(sys.executable, "-c", code)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_wheel_ships_the_example_manifests(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for example in (ROOT / "examples").glob("*.yaml"):

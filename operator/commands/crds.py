@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 from kubeinfer.contract.generated_files import write_or_check
-from kubeinfer.operator.crdgen.crd import CRD_FILE, HELM_CRD_FILE, render_crd_yaml
 
 
 def run(write: bool, check: bool, root: Path) -> int:
+    from kubeinfer.operator.crdgen.crd import CRD_FILE, HELM_CRD_FILE, render_crd_yaml
+
     text = render_crd_yaml()
     if not (write or check):
         sys.stdout.write(text)

@@ -24,9 +24,6 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from kubeinfer.operator.api.v1alpha1.resource import GROUP, PLURAL, VERSION
-from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
-
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient, CustomObjectsApi
 
@@ -62,6 +59,8 @@ def gate_patch(body: dict[str, Any], action: str, digest: str | None) -> tuple[d
     """The merge patch that sets the gate on the InferenceDeployment `body` (what the
     commands, and Argo CD's promote and abort actions, write), and the digest it names.
     GateRefused when there is no candidate under test, or it is not engine `digest`."""
+    from kubeinfer.operator.rollout.shadow import GATE_ANNOTATION
+
     metadata = body.get("metadata") or {}
     where = f"{metadata.get('namespace')}/{metadata.get('name')}"
     candidate = (body.get("status") or {}).get("candidate") or {}
@@ -84,6 +83,7 @@ def set_gate(
     api: CustomObjectsApi, namespace: str, name: str, action: str, digest: str | None
 ) -> str:
     """Writes `<action> <digest>` on the InferenceDeployment; returns the digest acted on."""
+    from kubeinfer.operator.api.v1alpha1.resource import GROUP, PLURAL, VERSION
     from kubernetes.client.exceptions import ApiException
 
     try:

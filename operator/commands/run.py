@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubeinfer.operator.rbac import DEFAULT_LEASE_NAME
-from kubeinfer.operator.settings import InvalidSettings, OperatorSettings
 
 if TYPE_CHECKING:
     import kopf
     from kubeinfer.operator.handlers import Login
     from kubeinfer.operator.kube.leader_election import Election
+    from kubeinfer.operator.settings import OperatorSettings
     from kubeinfer.operator.telemetry.exporter import StatusBoard
 
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -192,6 +192,7 @@ def election_of(args: argparse.Namespace, settings: OperatorSettings) -> Electio
     suffix as client-go adds), or None without `--leader-election`. Raises InvalidSettings
     when the Lease's namespace cannot be found."""
     from kubeinfer.operator.kube.leader_election import Election
+    from kubeinfer.operator.settings import InvalidSettings
 
     if not args.leader_election:
         return None
@@ -252,6 +253,8 @@ def tune_garbage_collector() -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from kubeinfer.operator.settings import InvalidSettings, OperatorSettings
+
     try:
         settings = OperatorSettings.from_env()
     except InvalidSettings as error:

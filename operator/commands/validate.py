@@ -15,12 +15,14 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from kubeinfer.operator.api.v1alpha1.validation import InvalidManifest, parse_inference_deployment
-
 
 def validate_file(path: Path) -> tuple[list[str], list[str]]:
     """Returns (problems, summaries of valid documents) for one file."""
     from kubeinfer.operator.api.manifest_loader import ManifestSyntaxError, load_documents
+    from kubeinfer.operator.api.v1alpha1.validation import (
+        InvalidManifest,
+        parse_inference_deployment,
+    )
 
     try:
         data = path.read_bytes()
