@@ -4,9 +4,10 @@ Each subcommand lives in the package that owns its concept and registers itself 
 through a `register(subparsers)` function: the operator's (`operator`, `validate`,
 `render`, `crds`, `rbac`, `promote`, `abort`), the runtime's (`serve`, `build`), the
 local cluster's (`cluster`), the local mode's (`up`, `down`), the demo (`demo`) and the
-batcher's tuning sweep (`tune`). A
-handler imports what it needs when it runs, so `kubeinfer validate` never loads ONNX Runtime and
-`kubeinfer serve` never loads kopf. Handlers return the process exit code.
+batcher's tuning sweep (`tune`). A handler imports what it needs when it runs, so `kubeinfer
+validate` never loads ONNX Runtime and `kubeinfer serve` never loads kopf, nor the operator's
+API models and settings: every process builds the whole parser, so a registration imports only
+what its arguments need (tests/test_packaging.py). Handlers return the process exit code.
 """
 
 from __future__ import annotations
