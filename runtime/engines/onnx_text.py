@@ -12,10 +12,11 @@ with one runs `InferenceSession.run` on its buffers instead (`run_unbound`).
 
 onnxruntime-extensions (the optional extra `kubeinfer[extensions]`) adds operators such
 as tokenizers, string and image operators in the `ai.onnx.contrib` domain, so that pre-
-and post-processing run inside the served graph. Its library is registered with every
-session when it is installed (`register_extensions`; registering is cheap and changes
-nothing for a graph that does not use it); a model that needs it where it is missing is
-refused with the install command (`load_hint`).
+and post-processing run inside the served graph. A serving session registers its
+library only once ONNX Runtime has refused the graph for an operator of that domain
+(`open_session`): the library imports `onnx`, a sizeable share of `kubeinfer serve`'s
+start, and most models use none of its operators. A model that needs it where it is
+missing is refused with the install command (`load_hint`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,21 @@ def register_extensions(options: ort.SessionOptions) -> bool:
         return False
     options.register_custom_ops_library(get_library_path())
     return True
+
+
+def open_session(
+    path: str, options: ort.SessionOptions, providers: Sequence[str]
+) -> ort.InferenceSession:
+    """ONNX Runtime's session of the model at `path`; a graph refused for an operator of
+    the extensions' domain (ONNX Runtime names it in its error) is loaded again with the
+    library registered, when it is installed. Other errors, and that one where it is not,
+    are ONNX Runtime's own."""
+    try:
+        return ort.InferenceSession(path, options, providers=list(providers))
+    except Exception as error:  # ONNX Runtime raises its own exception types
+        if EXTENSIONS_DOMAIN not in str(error) or not register_extensions(options):
+            raise
+    return ort.InferenceSession(path, options, providers=list(providers))
 
 
 def load_hint(error: str) -> str:

@@ -45,7 +45,7 @@ from kubeinfer.runtime.engines.onnx_text import (
     empty_strings,
     load_hint,
     non_tensor_message,
-    register_extensions,
+    open_session,
     run_unbound,
 )
 from kubeinfer.runtime.engines.onnxruntime_shapes import ShapedOnnxRuntimeSlot, with_ranges
@@ -93,7 +93,6 @@ def serving_session_options(intra_op_threads: int | None) -> ort.SessionOptions:
     options.enable_cpu_mem_arena = True
     options.enable_mem_pattern = True
     options.log_severity_level = 3
-    register_extensions(options)
     return options
 
 
@@ -299,7 +298,7 @@ class OnnxRuntimeEngine(EngineBase):
 
     def _new_session(self) -> ort.InferenceSession:
         try:
-            return ort.InferenceSession(
+            return open_session(
                 self._path,
                 serving_session_options(self._intra_op_threads),
                 providers=["CPUExecutionProvider"],

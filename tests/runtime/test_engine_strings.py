@@ -120,6 +120,25 @@ OnnxRuntimeEngine({str(path)!r}, max_batch_size=2)
     assert "pip install 'kubeinfer[extensions]'" in result.stderr, result.stderr
 
 
+def test_a_graph_of_standard_operators_loads_without_importing_the_library(
+    tmp_path: Path,
+) -> None:
+    """The library (and the onnx package it imports) stays out of a process serving a
+    model that needs none of its operators: a share of every start."""
+    from kubeinfer.cli.demo.mlp_models import build_tiny_mlp
+
+    path = build_tiny_mlp(tmp_path / "tiny.onnx")
+    code = f"""
+import sys
+from kubeinfer.runtime.engines.onnxruntime import OnnxRuntimeEngine
+OnnxRuntimeEngine({str(path)!r}, max_batch_size=2).close()
+print(sorted(m for m in ("onnxruntime_extensions", "onnx") if m in sys.modules))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", result.stdout
+
+
 def test_a_zipmap_output_is_refused_naming_the_skl2onnx_option(tmp_path: Path) -> None:
     path, _ = build_digits_mlp(tmp_path / "digits-zipmap.onnx", zipmap=True)
     with pytest.raises(UnsupportedModel) as refused:

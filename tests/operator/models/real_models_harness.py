@@ -23,6 +23,7 @@ from cluster_harness import file_url
 from decide_scenarios import tuned
 from kubeinfer.operator.state import names
 from kubeinfer.runtime.engine_cache import resolve_engine
+from kubeinfer.runtime.engines.onnx_text import open_session
 from kubeinfer.runtime.engines.onnxruntime import serving_session_options
 from operator_harness import FAST, IDS, Model, World, condition, eventually
 from test_operator_shadow_rollout import ready_urls, runs_engine, traffic_to
@@ -102,7 +103,7 @@ def engine_session(world: World, digest: str) -> tuple[ort.InferenceSession, str
     with the runtime's session options (one thread), and the engine's precision."""
     cache = world.cluster.claim_directory(world.namespace, names.cache_claim_name(OWNER))
     resolved = resolve_engine(cache, digest)
-    session = ort.InferenceSession(
+    session = open_session(
         str(resolved.engine_path), serving_session_options(1), providers=["CPUExecutionProvider"]
     )
     return session, str(resolved.manifest.key.precision)
