@@ -145,16 +145,42 @@ fn an_idle_keep_alive_connection_sees_a_clean_close_at_shutdown_within_the_bound
 }
 
 /// One GET on a new connection: its status and whether it said `Connection: close`; Err
-/// when the connection was refused or reset.
+/// when the connection was refused or reset. An answer that closes its connection is read
+/// to the server's FIN (a reset is an Err); one that keeps it open (the readiness's 200
+/// before the drain shows) is read to the end of its body and its connection dropped.
 async fn get_once(port: u16, path: &str) -> Result<(u16, bool), std::io::Error> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
     stream
         .write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
         .await?;
     let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).await?; // the drain's answers close the connection
-    let (status, head, _) = parsed(&answer);
-    Ok((status, head.contains("connection: close")))
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = whole_answer(&answer) {
+            let (status, head, _) = parsed(&answer[..end]);
+            let close = head.contains("connection: close");
+            if close {
+                stream.read_to_end(&mut answer).await?;
+            }
+            return Ok((status, close));
+        }
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        answer.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Where the answer in `bytes` ends, once its head and its Content-Length of body are in.
+fn whole_answer(bytes: &[u8]) -> Option<usize> {
+    let head_end = bytes.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let head = String::from_utf8_lossy(&bytes[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .map_or(0, |value| value.trim().parse().expect("a Content-Length"));
+    (bytes.len() >= head_end + length).then_some(head_end + length)
 }
 
 #[test]
