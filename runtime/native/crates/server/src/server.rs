@@ -178,9 +178,12 @@ impl Server {
         let served = lock(&self.served).take();
         let started = std::time::Instant::now();
         runtime.block_on(async {
+            // Read before the log, never inside its arguments: a guard there lives through
+            // the log call, which takes the GIL (pyo3-log), while a slot's thread holds the
+            // GIL over its batch and needs the core to finish it: a deadlock.
+            let admitted = self.shared.core().scheduler.queued();
             log::info!(
-                "Started draining admitted={} grace_period_seconds={}",
-                self.shared.core().scheduler.queued(),
+                "Started draining admitted={admitted} grace_period_seconds={}",
                 grace.as_secs_f64()
             );
             if drain(&self.shared, grace).await {

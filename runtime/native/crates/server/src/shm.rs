@@ -196,6 +196,9 @@ impl Regions {
         }
         let region = Region::open(name, key, offset, byte_size)?;
         regions.insert(name.to_string(), Arc::new(region));
+        // The log takes the GIL (pyo3-log): never with a lock held that a thread holding
+        // the GIL may wait for.
+        drop(regions);
         log::info!(
             "Registered system shared memory region name={name} key={key} offset={offset} byte_size={byte_size}"
         );

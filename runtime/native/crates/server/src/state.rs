@@ -159,6 +159,9 @@ impl Shared {
         self.origin.elapsed()
     }
 
+    /// The core, locked. Never held over anything that takes the GIL, a log call above
+    /// all (pyo3-log hands it to Python's logging): a slot's thread holds the GIL over its
+    /// batch and takes the core to finish it, so the GIL comes first, the core second.
     pub fn core(&self) -> MutexGuard<'_, Core> {
         lock(&self.core)
     }
