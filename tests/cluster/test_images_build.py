@@ -250,6 +250,10 @@ def test_the_runtime_image_has_the_rust_data_plane_and_no_rust_toolchain(
         assert run(podman, image, "-c", toolchain, options=("--entrypoint", "sh")) == ""
 
 
+EXIT_AFTER_SIGTERM_SECONDS = 60.0
+"""Longer than the runtime's drain grace period (30 s by default) and its close."""
+
+
 class Served:
     """The runtime image serving `model` on loopback ports of the host (`--network host`:
     no namespace or rule is made), the model mounted read-only."""
@@ -296,6 +300,17 @@ class Served:
     def _podman(self, *argv: str) -> str:
         result = subprocess.run([*self.podman, *argv], capture_output=True, text=True, check=False)
         return result.stdout + result.stderr
+
+    def wait_exit(self, within: float) -> str:
+        """The container's exit code once it stops; fails, with its logs, when it has not
+        stopped `within` seconds (a drain that hangs fails here rather than holding the
+        suite until its timeout)."""
+        try:
+            result = subprocess.run([*self.podman, "wait", self.name], capture_output=True,
+                                    text=True, check=False, timeout=within)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running {within} s after SIGTERM: {self.logs()}") from None
+        return (result.stdout + result.stderr).strip()
 
     def remove(self) -> None:
         self._podman("rm", "--force", "--time", "0", self.name)
@@ -352,7 +367,7 @@ def test_the_runtime_image_serves_over_http_and_grpc_and_exits_0_on_sigterm(
     wait_for(lambda: len(answers) >= 20, 60, "20 answers before SIGTERM", every=0.01)
     terminated.set()
     server._podman("kill", "--signal", "TERM", server.name)
-    exit_code = server._podman("wait", server.name).strip()
+    exit_code = server.wait_exit(EXIT_AFTER_SIGTERM_SECONDS)
     stop.set()
     for thread in clients:
         thread.join(timeout=30)
